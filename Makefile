@@ -1,0 +1,49 @@
+# proxy-dedup: build the Wasm filter, test it natively, in host-test and in real Envoy.
+SHELL := /bin/bash
+.DEFAULT_GOAL := wasm
+
+# rustup on this kind of machine has no wasm32 std; Debian's rustc-web with
+# build-std does (see README, "Building").
+DEB_CARGO   ?= /usr/bin/cargo
+WASM_TARGET ?= wasm32-wasip1
+WASM_DIR    := target/wasm
+WASM_ENV    := RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc CARGO_TARGET_DIR=$(WASM_DIR) \
+	CARGO_TARGET_WASM32_WASIP1_LINKER=/usr/lib/llvm-19/bin/wasm-ld RUSTFLAGS=-L/usr/lib/wasm32-wasi
+WASM_CRATES := dedup_filter empty_filter shared_data_probe
+CARGO       ?= cargo
+
+.PHONY: deps wasm test test-native test-host test-envoy lint fmt bench bench-envoy demo clean
+
+deps:
+	@bash .ci/install-deps.sh
+
+wasm: deps
+	$(WASM_ENV) $(DEB_CARGO) build --release --locked -Zbuild-std=std,panic_abort --target $(WASM_TARGET) \
+		$(addprefix -p ,$(subst _,-,$(WASM_CRATES)))
+	@mkdir -p dist
+	@for c in $(WASM_CRATES); do cp $(WASM_DIR)/$(WASM_TARGET)/release/$$c.wasm dist/; done
+	@ls -l dist/*.wasm
+
+# Everything: native logic tests, host-test scenarios on the built module,
+# real-Envoy end-to-end tests (they start Envoy, the demo upstream and etcd).
+test: wasm
+	$(CARGO) test --locked --workspace --exclude dedup-filter --exclude empty-filter --exclude shared-data-probe
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+bench: wasm
+	$(CARGO) bench --locked -p dedup-benches
+
+bench-envoy: wasm
+	$(CARGO) run --locked --release -p dedup-envoy --bin bench-envoy
+
+demo: wasm
+	$(CARGO) run --locked --release -p dedup-envoy --bin demo
+
+clean:
+	rm -rf target dist
