@@ -1,1 +1,21 @@
-//! placeholder
+//! proxy-dedup in real Envoy: harness for the end-to-end tests, the demo and the load benchmark.
+//!
+//! Everything listens and connects on 127.0.0.1 only. Child processes (Envoy,
+//! wrk) are killed on drop and, should the harness itself die, by the kernel
+//! (`PR_SET_PDEATHSIG`).
+
+pub mod client;
+pub mod config;
+pub mod envoy;
+pub mod error;
+pub mod http;
+pub mod paths;
+pub mod ports;
+pub mod process;
+pub mod upstream;
+
+pub use client::{Request, Response};
+pub use config::EnvoyConfig;
+pub use envoy::Envoy;
+pub use error::{Error, Result};
+pub use upstream::DemoUpstream;

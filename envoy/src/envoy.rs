@@ -1,0 +1,281 @@
+//! A real Envoy process on loopback: start from a rendered config, wait for
+//! `/ready`, talk to its listener and admin, stop (kill) on drop.
+
+use crate::client::{self, Request, Response};
+use crate::config::EnvoyConfig;
+use crate::paths::scratch_dir;
+use crate::process::{spawn, ChildGuard};
+use crate::{fail, Result};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long Envoy may take to become ready (V8 compiles the module per worker).
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Worker threads: the machine has 2 cores, and 2 workers exercise the
+/// cross-worker claim (two VMs sharing one shared-data store).
+pub const WORKERS: u32 = 2;
+
+fn envoy_binary() -> String {
+    std::env::var("ENVOY_BIN").unwrap_or_else(|_| "envoy".into())
+}
+
+fn envoy_command(config: &Path, log: &Path, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(envoy_binary());
+    cmd.arg("-c")
+        .arg(config)
+        .arg("--concurrency")
+        .arg(WORKERS.to_string())
+        // No hot restart: no shared-memory segment, so parallel Envoys never
+        // clash on a base id.
+        .arg("--disable-hot-restart")
+        .arg("--log-path")
+        .arg(log)
+        .arg("--log-level")
+        .arg("info")
+        .args(extra)
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+pub struct Envoy {
+    // Declared first: dropped (killed) first.
+    child: ChildGuard,
+    pub config: EnvoyConfig,
+    pub dir: PathBuf,
+    pub log_path: PathBuf,
+}
+
+impl Envoy {
+    /// Render `config`, start Envoy and wait until `/ready` says LIVE.
+    /// Retries with new ports if a port was taken in the meantime.
+    pub fn start(name: &str, mut config: EnvoyConfig) -> Result<Envoy> {
+        let mut last = String::new();
+        for _attempt in 0..3 {
+            let dir = scratch_dir(name)?;
+            let cfg_path = dir.join("envoy.yaml");
+            std::fs::write(&cfg_path, config.render()?)?;
+            let log_path = dir.join("envoy.log");
+            let mut cmd = envoy_command(&cfg_path, &log_path, &[]);
+            cmd.stdout(Stdio::from(std::fs::File::create(dir.join("stdout.log"))?));
+            cmd.stderr(Stdio::from(std::fs::File::create(dir.join("stderr.log"))?));
+            let child = spawn(cmd)?;
+            let mut envoy = Envoy {
+                child,
+                config: config.clone(),
+                dir,
+                log_path,
+            };
+            match envoy.wait_ready() {
+                Ok(()) => return Ok(envoy),
+                Err(e) => {
+                    let log = envoy.log();
+                    envoy.child.stop();
+                    if log.contains("Address already in use") || log.contains("cannot bind") {
+                        last = e.0;
+                        config.reassign_ports()?;
+                        continue;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        fail!("Envoy could not bind its ports: {last}")
+    }
+
+    /// Start Envoy with a config it must refuse. Returns its exit code and log.
+    pub fn start_expect_failure(name: &str, config: &EnvoyConfig) -> Result<(i32, String)> {
+        let dir = scratch_dir(name)?;
+        let cfg_path = dir.join("envoy.yaml");
+        std::fs::write(&cfg_path, config.render()?)?;
+        let log_path = dir.join("envoy.log");
+        let mut cmd = envoy_command(&cfg_path, &log_path, &[]);
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        let mut child = spawn(cmd)?;
+        match child.wait_exit(READY_TIMEOUT) {
+            Some(code) => Ok((code, std::fs::read_to_string(&log_path).unwrap_or_default())),
+            None => fail!(
+                "Envoy accepted a config it should refuse (still running after {READY_TIMEOUT:?}); log:\n{}",
+                tail(&log_path, 20)
+            ),
+        }
+    }
+
+    /// `envoy --mode validate`: parses the config and builds every listener,
+    /// filter (loading the Wasm module and running on_configure) and cluster
+    /// without serving. Returns the log on failure.
+    pub fn validate(name: &str, yaml: &str) -> Result<()> {
+        let dir = scratch_dir(name)?;
+        let cfg_path = dir.join("envoy.yaml");
+        std::fs::write(&cfg_path, yaml)?;
+        let log_path = dir.join("envoy.log");
+        let mut cmd = envoy_command(&cfg_path, &log_path, &["--mode", "validate"]);
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        let mut child = spawn(cmd)?;
+        match child.wait_exit(READY_TIMEOUT) {
+            Some(0) => Ok(()),
+            Some(code) => fail!(
+                "envoy --mode validate {} exited {code}:\n{}",
+                cfg_path.display(),
+                tail(&log_path, 15)
+            ),
+            None => fail!("envoy --mode validate did not finish"),
+        }
+    }
+
+    fn wait_ready(&mut self) -> Result<()> {
+        let end = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(code) = self.child.try_exit() {
+                fail!(
+                    "Envoy exited with {code} before it was ready; log {}:\n{}",
+                    self.log_path.display(),
+                    tail(&self.log_path, 20)
+                );
+            }
+            let req = Request::get("/ready").timeout(Duration::from_secs(2));
+            if let Ok(r) = client::send(self.admin_addr(), &req) {
+                if r.status == 200 && r.text().trim() == "LIVE" {
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= end {
+                fail!(
+                    "Envoy not ready after {READY_TIMEOUT:?}; log {}:\n{}",
+                    self.log_path.display(),
+                    tail(&self.log_path, 20)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.config.listen_port))
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.config.admin_port))
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr())
+    }
+
+    pub fn admin_url(&self) -> String {
+        format!("http://{}", self.admin_addr())
+    }
+
+    /// One request to the listener on a fresh connection.
+    pub fn send(&self, req: &Request) -> Result<Response> {
+        client::send(self.addr(), req)
+    }
+
+    /// One request to the admin interface.
+    pub fn admin(&self, path: &str) -> Result<Response> {
+        let r = client::send(self.admin_addr(), &Request::get(path))?;
+        if r.status != 200 {
+            fail!("admin {path} answered {}: {}", r.status, r.text());
+        }
+        Ok(r)
+    }
+
+    /// `/stats?filter=REGEX` as name -> value (counters and gauges).
+    pub fn stats(&self, filter: &str) -> Result<BTreeMap<String, u64>> {
+        let r = self.admin(&format!("/stats?filter={}", url_escape(filter)))?;
+        Ok(parse_stats(&r.text()))
+    }
+
+    /// One counter or gauge by its exact name; missing is an error.
+    pub fn stat(&self, name: &str) -> Result<u64> {
+        let all = self.stats(&format!("^{}$", regex_escape(name)))?;
+        match all.get(name) {
+            Some(v) => Ok(*v),
+            None => fail!("stat {name} not in /stats (have: {:?})", all.keys()),
+        }
+    }
+
+    /// A filter counter: `dedup_counter("executed")` reads `wasmcustom.proxy_dedup_executed`.
+    pub fn dedup_counter(&self, short: &str) -> Result<u64> {
+        self.stat(&format!("wasmcustom.proxy_dedup_{short}"))
+    }
+
+    /// All filter counters, short names.
+    pub fn dedup_counters(&self) -> Result<BTreeMap<String, u64>> {
+        Ok(self
+            .stats("wasmcustom\\.proxy_dedup_")?
+            .into_iter()
+            .filter_map(|(k, v)| {
+                k.strip_prefix("wasmcustom.proxy_dedup_")
+                    .map(|s| (s.to_string(), v))
+            })
+            .collect())
+    }
+
+    /// `/stats/prometheus`.
+    pub fn prometheus(&self) -> Result<String> {
+        Ok(self.admin("/stats/prometheus")?.text())
+    }
+
+    /// Downstream connections each worker accepted on the listener.
+    pub fn connections_per_worker(&self) -> Result<Vec<u64>> {
+        let stats = self.stats("^listener\\.127\\.0\\.0\\.1_.*worker_.*downstream_cx_total$")?;
+        Ok(stats.values().copied().collect())
+    }
+
+    /// Envoy's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stop Envoy now (also done on drop).
+    pub fn stop(&mut self) {
+        self.child.stop();
+    }
+}
+
+pub fn parse_stats(text: &str) -> BTreeMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(": ")?;
+            Some((k.trim().to_string(), v.trim().parse::<u64>().ok()?))
+        })
+        .collect()
+}
+
+fn regex_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            if ".^$*+?()[]{}|\\".contains(c) {
+                vec!['\\', c]
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
+}
+
+fn url_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}

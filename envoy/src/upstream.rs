@@ -1,0 +1,298 @@
+//! The demo upstream: a small "orders" service that counts how often each
+//! request was really executed, so a test can prove a duplicate never got here.
+//!
+//! Every executed request gets a fresh `order_id`, so a replayed response is
+//! recognisable (same id as the first). On demand it is slow or failing:
+//! header `x-demo-delay-ms: 2000` / query `delay_ms=2000`, header
+//! `x-demo-status: 503` / query `status=503`. `GET /__executions` returns the
+//! counts as JSON, `POST /__reset` clears them; neither is counted.
+//!
+//! std threads, one per connection, HTTP/1.1 keep-alive, content-length and
+//! chunked request bodies (Envoy forwards chunked when the client sent chunked).
+
+use crate::http::{read_body, read_head, Head};
+use crate::Result;
+use serde_json::{json, Value};
+use std::collections::hash_map::DefaultHasher;
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::io::{BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Longest delay honoured, so a typo cannot hang a test.
+const MAX_DELAY_MS: u64 = 30_000;
+
+#[derive(Default)]
+struct Counts {
+    next_order_id: u64,
+    total: u64,
+    /// Executions per `idempotency-key` header value (requests with one).
+    by_key: BTreeMap<String, u64>,
+    /// Executions per path (query excluded).
+    by_path: BTreeMap<String, u64>,
+    /// Executions per `METHOD path #body-hash`.
+    by_request: BTreeMap<String, u64>,
+}
+
+struct Shared {
+    counts: Mutex<Counts>,
+    stop: AtomicBool,
+    log: bool,
+}
+
+impl Shared {
+    fn counts(&self) -> MutexGuard<'_, Counts> {
+        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A running demo upstream; stops accepting when dropped.
+pub struct DemoUpstream {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl DemoUpstream {
+    /// Listen on 127.0.0.1:`port` (0: any free port). `log`: one line per request on stderr.
+    pub fn start(port: u16, log: bool) -> Result<Self> {
+        let listener = TcpListener::bind(("127.0.0.1", port))?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            counts: Mutex::new(Counts {
+                next_order_id: 1000,
+                ..Counts::default()
+            }),
+            stop: AtomicBool::new(false),
+            log,
+        });
+        let s = shared.clone();
+        std::thread::Builder::new()
+            .name("demo-upstream-accept".into())
+            .spawn(move || accept_loop(listener, s))?;
+        Ok(DemoUpstream { addr, shared })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// Executions of requests to `path` since start or the last reset.
+    pub fn executions_for_path(&self, path: &str) -> u64 {
+        self.shared.counts().by_path.get(path).copied().unwrap_or(0)
+    }
+
+    /// Executions of requests carrying `idempotency-key: key`.
+    pub fn executions_for_key(&self, key: &str) -> u64 {
+        self.shared.counts().by_key.get(key).copied().unwrap_or(0)
+    }
+
+    pub fn total_executions(&self) -> u64 {
+        self.shared.counts().total
+    }
+
+    /// The same JSON as `GET /__executions`.
+    pub fn executions_json(&self) -> Value {
+        executions_json(&self.shared.counts())
+    }
+
+    pub fn reset(&self) {
+        let mut c = self.shared.counts();
+        let next = c.next_order_id;
+        *c = Counts {
+            next_order_id: next,
+            ..Counts::default()
+        };
+    }
+}
+
+impl Drop for DemoUpstream {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop so it sees the flag.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    for conn in listener.incoming() {
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(stream) = conn else { continue };
+        let s = shared.clone();
+        let _ = std::thread::Builder::new()
+            .name("demo-upstream-conn".into())
+            .spawn(move || {
+                let _ = serve_connection(stream, &s);
+            });
+    }
+}
+
+fn serve_connection(stream: TcpStream, shared: &Shared) -> Result<()> {
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut out = stream;
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let Some(head) = read_head(&mut reader)? else {
+            return Ok(());
+        };
+        let body = read_body(&mut reader, &head, false)?;
+        let (status, payload, delay) = handle(&head, &body, shared);
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
+        let close = head.wants_close();
+        let text = payload.to_string();
+        let mut resp = format!(
+            "HTTP/1.1 {status} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+            reason(status),
+            text.len()
+        );
+        if let Some(id) = payload.get("order_id") {
+            resp.push_str(&format!("x-order-id: {id}\r\n"));
+        }
+        if close {
+            resp.push_str("connection: close\r\n");
+        }
+        resp.push_str("\r\n");
+        resp.push_str(&text);
+        out.write_all(resp.as_bytes())?;
+        out.flush()?;
+        if close {
+            return Ok(());
+        }
+    }
+}
+
+/// Decide the answer; counts the execution. Returns status, JSON body, delay.
+fn handle(head: &Head, body: &[u8], shared: &Shared) -> (u16, Value, Duration) {
+    let mut parts = head.start.split_whitespace();
+    let method = parts.next().unwrap_or("").to_string();
+    let target = parts.next().unwrap_or("/").to_string();
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p.to_string(), q.to_string()),
+        None => (target.clone(), String::new()),
+    };
+    let query_param = |name: &str| {
+        query
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.to_string())
+    };
+    match (method.as_str(), path.as_str()) {
+        ("GET", "/__executions") => {
+            return (200, executions_json(&shared.counts()), Duration::ZERO);
+        }
+        ("POST", "/__reset") => {
+            let mut c = shared.counts();
+            let next = c.next_order_id;
+            *c = Counts {
+                next_order_id: next,
+                ..Counts::default()
+            };
+            return (200, json!({"reset": true}), Duration::ZERO);
+        }
+        ("GET", "/healthz") => return (200, json!({"ok": true}), Duration::ZERO),
+        _ => {}
+    }
+
+    let delay_ms = head
+        .header("x-demo-delay-ms")
+        .map(str::to_string)
+        .or_else(|| query_param("delay_ms"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        .min(MAX_DELAY_MS);
+    let status = head
+        .header("x-demo-status")
+        .map(str::to_string)
+        .or_else(|| query_param("status"))
+        .and_then(|v| v.trim().parse::<u16>().ok())
+        .filter(|s| (200..=599).contains(s))
+        .unwrap_or(200);
+    let key = head.header("idempotency-key").map(str::to_string);
+    let mut h = DefaultHasher::new();
+    body.hash(&mut h);
+    let request_id = format!("{method} {path} #{:016x}", h.finish());
+
+    let (order_id, executions) = {
+        let mut c = shared.counts();
+        c.next_order_id += 1;
+        c.total += 1;
+        let id = c.next_order_id;
+        *c.by_path.entry(path.clone()).or_default() += 1;
+        let per_request = {
+            let e = c.by_request.entry(request_id).or_default();
+            *e += 1;
+            *e
+        };
+        let n = match &key {
+            Some(k) => {
+                let e = c.by_key.entry(k.clone()).or_default();
+                *e += 1;
+                *e
+            }
+            None => per_request,
+        };
+        (id, n)
+    };
+    if shared.log {
+        eprintln!(
+            "demo-upstream: {method} {target} key={} body={}B chunked={} -> order {order_id} (execution #{executions}) status {status} after {delay_ms} ms",
+            key.as_deref().unwrap_or("-"),
+            body.len(),
+            head.is_chunked()
+        );
+    }
+    let mut payload = json!({
+        "order_id": order_id,
+        "executions": executions,
+        "method": method,
+        "path": path,
+        "key": key,
+        "tenant": head.header("x-tenant"),
+        "body_bytes": body.len(),
+        "body_chunked": head.is_chunked(),
+    });
+    if status >= 400 {
+        payload["error"] = json!(format!("failing on demand with {status}"));
+    }
+    (status, payload, Duration::from_millis(delay_ms))
+}
+
+fn executions_json(c: &Counts) -> Value {
+    json!({
+        "total": c.total,
+        "by_key": c.by_key,
+        "by_path": c.by_path,
+        "by_request": c.by_request,
+    })
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        201 => "Created",
+        400 => "Bad Request",
+        404 => "Not Found",
+        409 => "Conflict",
+        422 => "Unprocessable Entity",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Status",
+    }
+}

@@ -1,0 +1,166 @@
+//! Every Envoy config in envoy/configs is loaded by the real Envoy; the main
+//! ones also serve traffic. The Istio example cannot be loaded by Envoy: its
+//! plugin configuration is checked by the filter instead.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use dedup_envoy::config::render;
+use dedup_envoy::paths::{dedup_wasm, dist_wasm, empty_wasm, workspace_root};
+use dedup_envoy::{DemoUpstream, Envoy, EnvoyConfig, Request};
+use serde_json::json;
+use std::time::Duration;
+
+fn config_files() -> Vec<std::path::PathBuf> {
+    let dir = workspace_root().join("envoy").join("configs");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 3, "configs in {}: {files:?}", dir.display());
+    files
+}
+
+fn is_istio(text: &str) -> bool {
+    text.contains("kind: WasmPlugin")
+}
+
+#[test]
+fn every_envoy_config_passes_envoy_validate() {
+    let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
+    for file in config_files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        if is_istio(&text) {
+            continue;
+        }
+        let yaml = render(
+            &text,
+            &[
+                ("LISTEN_PORT", "10000".into()),
+                ("ADMIN_PORT", "9901".into()),
+                ("UPSTREAM_PORT", "8080".into()),
+                ("WASM_PATH", wasm.display().to_string()),
+                ("FILTER_CONFIG", r#"{"key": {"required": true}}"#.into()),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        Envoy::validate("validate", &yaml).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    }
+}
+
+#[test]
+fn single_node_and_no_filter_configs_serve_traffic() {
+    let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
+    let upstream = DemoUpstream::start(0, false).unwrap();
+    for cfg in [
+        EnvoyConfig::single_node(upstream.port(), &wasm, "{}").unwrap(),
+        EnvoyConfig::no_filter(upstream.port()).unwrap(),
+    ] {
+        let name = cfg
+            .template
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let envoy = Envoy::start("configs", cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let r = envoy.send(&Request::get("/healthz")).unwrap();
+        assert_eq!(r.status, 200, "{name}: {}", r.summary());
+        let r = envoy
+            .send(&Request::post("/orders/config-check").key(&name).body("{}"))
+            .unwrap();
+        assert_eq!(r.status, 200, "{name}: {}", r.summary());
+    }
+}
+
+/// The Istio WasmPlugin's `pluginConfig` is the filter's configuration; it is
+/// written as a JSON flow mapping between marker comments so that this test can
+/// hand it to the filter in a real Envoy.
+#[test]
+fn istio_example_plugin_config_is_accepted_by_the_filter() {
+    let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
+    let mut checked = 0;
+    for file in config_files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        if !is_istio(&text) {
+            continue;
+        }
+        let start = text
+            .find("# pluginConfig-begin")
+            .expect("pluginConfig-begin marker");
+        let end = text
+            .find("# pluginConfig-end")
+            .expect("pluginConfig-end marker");
+        let block = &text[start..end];
+        let json_text: String = block
+            .lines()
+            .skip(1)
+            .map(|l| l.split_once("pluginConfig:").map(|(_, r)| r).unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let value: serde_json::Value = serde_json::from_str(json_text.trim()).unwrap_or_else(|e| {
+            panic!(
+                "{}: pluginConfig is not JSON ({e}): {json_text}",
+                file.display()
+            )
+        });
+        let cfg = EnvoyConfig::single_node(8080, &wasm, &value.to_string()).unwrap();
+        Envoy::validate("istio-plugin-config", &cfg.render().unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        checked += 1;
+    }
+    assert!(checked >= 1, "no Istio WasmPlugin example found");
+}
+
+#[test]
+fn a_missing_module_says_run_make_wasm() {
+    let e = dist_wasm("no_such_module.wasm").unwrap_err();
+    assert!(e.0.contains("run `make wasm`"), "{e}");
+}
+
+/// The harness itself, with the do-nothing filter: Envoy starts, chunked and
+/// kept-alive requests reach the upstream, stats and prometheus are readable.
+#[test]
+fn harness_runs_envoy_with_the_empty_filter() {
+    let wasm = empty_wasm().unwrap_or_else(|e| panic!("{e}"));
+    let upstream = DemoUpstream::start(0, false).unwrap();
+    let cfg = EnvoyConfig::single_node(upstream.port(), &wasm, "{}").unwrap();
+    let envoy = Envoy::start("harness-empty", cfg).unwrap();
+    let mut conn =
+        dedup_envoy::client::Connection::open(envoy.addr(), Duration::from_secs(5)).unwrap();
+    for i in 0..3 {
+        let r = conn
+            .send(&Request::post("/orders/harness").key("k").chunked(
+                vec![b"{\"a\":".to_vec(), format!("{i}}}").into_bytes()],
+                Duration::from_millis(10),
+            ))
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.summary());
+        assert_eq!(json(&r)["executions"], i + 1);
+        assert_eq!(json(&r)["body_bytes"], 7);
+    }
+    let r = conn
+        .send(&Request::get("/orders/harness?status=503&delay_ms=10"))
+        .unwrap();
+    assert_eq!(r.status, 503);
+    assert_eq!(upstream.executions_for_path("/orders/harness"), 4);
+    let execs = envoy.send(&Request::get("/__executions")).unwrap();
+    assert_eq!(json(&execs)["by_key"]["k"], 3);
+    assert_eq!(envoy.send(&Request::post("/__reset")).unwrap().status, 200);
+    assert_eq!(upstream.total_executions(), 0);
+    assert!(
+        envoy
+            .stat("http.ingress_http.downstream_rq_completed")
+            .unwrap()
+            >= 4
+    );
+    assert!(envoy
+        .prometheus()
+        .unwrap()
+        .contains("envoy_http_downstream_rq_completed"));
+    let per_worker = envoy.connections_per_worker().unwrap();
+    assert_eq!(per_worker.len(), 2, "{per_worker:?}");
+    let _ = json!({});
+}

@@ -1,0 +1,445 @@
+//! The filter's contract (README) in a real Envoy with 2 workers: one shared
+//! Envoy for the default-like configuration, one Envoy each for TTL, scopes,
+//! JSON-pointer keys and keyless fingerprints, and refused configurations.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use dedup_envoy::{Envoy, EnvoyConfig, Request};
+use serde_json::json;
+use std::sync::{Arc, Barrier, OnceLock};
+use std::time::Duration;
+
+const MAIN_CONFIG: &str =
+    r#"{"key": {"required": true}, "max_body_bytes": 65536, "retry_after_seconds": 2}"#;
+
+/// Shared by the tests below; each uses its own paths and keys. A static is
+/// never dropped: Envoy dies with the test process (PR_SET_PDEATHSIG).
+fn main_stack() -> &'static Stack {
+    static MAIN: OnceLock<Stack> = OnceLock::new();
+    MAIN.get_or_init(|| Stack::start("e2e-main", MAIN_CONFIG))
+}
+
+#[test]
+fn first_request_executes_and_a_repeat_is_replayed() {
+    let s = main_stack();
+    let path = "/orders/replay";
+    let req = post(path, "replay-1", &json!({"item": "book", "qty": 1}));
+    let first = s.send(&req);
+    assert_executed(&first);
+    assert_eq!(json(&first)["executions"], 1);
+    let second = s.send(&req);
+    assert_replay_of(&second, &first);
+    let third = s.send(&req);
+    assert_replay_of(&third, &first);
+    assert_eq!(s.executions(path), 1, "the upstream ran a duplicate");
+}
+
+#[test]
+fn duplicate_while_in_flight_gets_409_with_retry_after() {
+    let s = main_stack();
+    let path = "/orders/in-flight";
+    let req = post(path, "in-flight-1", &json!({"item": "slow"}));
+    let slow = req.clone().header("x-demo-delay-ms", "1500");
+    let first = std::thread::spawn(move || main_stack().send(&slow));
+    s.wait_executions(path, 1, Duration::from_secs(5));
+    let dup = s.send(&req);
+    assert_problem(&dup, 409, "in-flight");
+    assert_eq!(
+        dup.header("retry-after"),
+        Some("2"),
+        "retry-after from retry_after_seconds"
+    );
+    let first = first.join().unwrap();
+    assert_executed(&first);
+    assert_replay_of(&s.send(&req), &first);
+    assert_eq!(s.executions(path), 1);
+}
+
+#[test]
+fn same_key_with_another_payload_gets_422() {
+    let s = main_stack();
+    let path = "/orders/mismatch";
+    let first = s.send(&post(path, "mismatch-1", &json!({"amount": 10})));
+    assert_executed(&first);
+    let other_body = s.send(&post(path, "mismatch-1", &json!({"amount": 11})));
+    assert_problem(&other_body, 422, "payload-mismatch");
+    let other_path = s.send(&post(
+        "/orders/mismatch-other",
+        "mismatch-1",
+        &json!({"amount": 10}),
+    ));
+    assert_problem(&other_path, 422, "payload-mismatch");
+    let other_method = s.send(
+        &Request::new("PATCH", path)
+            .key("mismatch-1")
+            .json(&json!({"amount": 10})),
+    );
+    assert_problem(&other_method, 422, "payload-mismatch");
+    assert_eq!(s.executions(path), 1);
+    assert_eq!(s.executions("/orders/mismatch-other"), 0);
+}
+
+#[test]
+fn missing_key_gets_400_when_required() {
+    let s = main_stack();
+    let path = "/orders/no-key";
+    let r = s.send(&Request::post(path).json(&json!({"a": 1})));
+    assert_problem(&r, 400, "missing-key");
+    assert_eq!(s.executions(path), 0);
+}
+
+#[test]
+fn too_long_or_control_character_keys_get_400() {
+    let s = main_stack();
+    let path = "/orders/bad-key";
+    let long = "k".repeat(256);
+    assert_problem(&s.send(&post(path, &long, &json!({}))), 400, "invalid-key");
+    assert_problem(
+        &s.send(&post(path, "tab\there", &json!({}))),
+        400,
+        "invalid-key",
+    );
+    assert_eq!(s.executions(path), 0);
+    // The limit itself is fine.
+    let ok = s.send(&post(path, &"k".repeat(255), &json!({})));
+    assert_executed(&ok);
+    assert_eq!(s.executions(path), 1);
+}
+
+#[test]
+fn get_and_other_methods_pass_untouched() {
+    let s = main_stack();
+    let path = "/orders/get";
+    for _ in 0..2 {
+        let r = s.send(&Request::get(path).key("get-1"));
+        assert_executed(&r);
+        // key.required applies only to deduplicated methods.
+        let r = s.send(&Request::get(path));
+        assert_executed(&r);
+        let r = s.send(&Request::new("PUT", path).key("get-1").body("x"));
+        assert_executed(&r);
+    }
+    assert_eq!(s.executions(path), 6);
+}
+
+#[test]
+fn upstream_5xx_releases_the_claim_and_a_retry_executes() {
+    let s = main_stack();
+    let path = "/orders/flaky";
+    let req = post(path, "flaky-1", &json!({"charge": 5}));
+    let failed = s.send(&req.clone().header("x-demo-status", "503"));
+    assert_eq!(
+        failed.status,
+        503,
+        "the upstream's 503 passes through: {}",
+        failed.summary()
+    );
+    assert!(!is_replayed(&failed));
+    let retry = s.send(&req);
+    assert_executed(&retry);
+    assert_eq!(json(&retry)["executions"], 2);
+    assert_replay_of(&s.send(&req), &retry);
+    assert_eq!(s.executions(path), 2);
+}
+
+#[test]
+fn chunked_bodies_are_decided_at_the_end_of_the_body() {
+    let s = main_stack();
+    let path = "/orders/chunked";
+    let parts = |b: &str| -> Vec<Vec<u8>> { b.as_bytes().chunks(7).map(<[u8]>::to_vec).collect() };
+    let body = r#"{"item": "chunked", "qty": 3, "note": "sent in pieces"}"#;
+    let chunked = Request::post(path)
+        .key("chunked-1")
+        .header("content-type", "application/json")
+        .chunked(parts(body), Duration::from_millis(20));
+    let first = s.send(&chunked);
+    assert_executed(&first);
+    assert_replay_of(&s.send(&chunked), &first);
+    // The same body with content-length is the same payload.
+    assert_replay_of(
+        &s.send(&Request::post(path).key("chunked-1").body(body)),
+        &first,
+    );
+    let changed = Request::post(path)
+        .key("chunked-1")
+        .chunked(parts(&body.replace('3', "4")), Duration::ZERO);
+    assert_problem(&s.send(&changed), 422, "payload-mismatch");
+    assert_eq!(s.executions(path), 1);
+
+    // A slow chunked request does not claim its key at the headers: a
+    // duplicate whose body completes first executes, and the slow one, once
+    // its body is complete, is answered by the filter; the upstream never
+    // sees it.
+    let path = "/orders/chunked-race";
+    let slow = Request::post(path)
+        .key("chunked-race-1")
+        .chunked(parts(body), Duration::from_millis(150));
+    let slow = std::thread::spawn(move || main_stack().send(&slow));
+    std::thread::sleep(Duration::from_millis(250));
+    let fast = s.send(&Request::post(path).key("chunked-race-1").body(body));
+    assert_executed(&fast);
+    let slow = slow.join().unwrap();
+    assert_replay_of(&slow, &fast);
+    assert_eq!(s.executions(path), 1, "the upstream saw a duplicate");
+}
+
+#[test]
+fn a_burst_over_40_connections_executes_once() {
+    let s = main_stack();
+    let path = "/orders/burst";
+    const N: usize = 40;
+    let before_workers = s.envoy.connections_per_worker().unwrap();
+    let burst = |delay: &str| {
+        let barrier = Arc::new(Barrier::new(N));
+        let req = post(path, "burst-1", &json!({"item": "burst", "qty": 40}))
+            .header("x-demo-delay-ms", delay);
+        let handles: Vec<_> = (0..N)
+            .map(|_| {
+                let (barrier, req) = (barrier.clone(), req.clone());
+                std::thread::spawn(move || {
+                    let mut conn = dedup_envoy::client::Connection::open(
+                        main_stack().envoy.addr(),
+                        Duration::from_secs(5),
+                    )
+                    .unwrap();
+                    barrier.wait();
+                    conn.send(&req).unwrap()
+                })
+            })
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>();
+        handles
+    };
+    // Note: the payload excludes headers, so every request is the same payload.
+    let answers = burst("300");
+    let executed: Vec<_> = answers
+        .iter()
+        .filter(|r| r.status == 200 && !is_replayed(r))
+        .collect();
+    assert_eq!(
+        executed.len(),
+        1,
+        "exactly one execution, got {:?}",
+        answers.iter().map(|r| r.summary()).collect::<Vec<_>>()
+    );
+    for r in &answers {
+        if r.status == 409 {
+            assert_problem(r, 409, "in-flight");
+        } else {
+            assert_eq!(r.status, 200, "{}", r.summary());
+            if is_replayed(r) {
+                assert_replay_of(r, executed[0]);
+            }
+        }
+    }
+    assert_eq!(s.executions(path), 1, "the upstream ran a duplicate");
+    // After completion every duplicate is a replay.
+    let again = burst("0");
+    for r in &again {
+        assert_replay_of(r, executed[0]);
+    }
+    assert_eq!(s.executions(path), 1);
+    let after_workers = s.envoy.connections_per_worker().unwrap();
+    assert_eq!(after_workers.len(), 2, "two workers: {after_workers:?}");
+    for (b, a) in before_workers.iter().zip(&after_workers) {
+        assert!(a > b, "every worker took part of the burst: before {before_workers:?} after {after_workers:?}");
+    }
+}
+
+#[test]
+fn body_above_max_body_bytes_gets_413() {
+    let s = main_stack();
+    let path = "/orders/big";
+    let r = s.send(&Request::post(path).key("big-1").body(vec![b'a'; 100_000]));
+    assert_problem(&r, 413, "body-too-large");
+    assert_eq!(s.executions(path), 0);
+}
+
+#[test]
+fn filter_metrics_are_in_stats_and_prometheus() {
+    let s = main_stack();
+    let before = s.envoy.dedup_counters().unwrap();
+    let path = "/orders/metrics";
+    let req = post(path, "metrics-1", &json!({"m": 1}));
+    assert_executed(&s.send(&req));
+    assert!(is_replayed(&s.send(&req)));
+    assert_problem(
+        &s.send(&post(path, "metrics-1", &json!({"m": 2}))),
+        422,
+        "payload-mismatch",
+    );
+    assert_problem(&s.send(&Request::post(path).body("{}")), 400, "missing-key");
+    let after = s.envoy.dedup_counters().unwrap();
+    let names = [
+        "requests",
+        "executed",
+        "replayed",
+        "rejected_in_flight",
+        "rejected_completed",
+        "payload_mismatch",
+        "bad_key",
+        "bypassed",
+        "store_errors",
+        "failed_open",
+        "evictions_unexpired",
+        "released",
+        "body_too_large",
+        "response_not_stored",
+    ];
+    for n in names {
+        assert!(
+            after.contains_key(n),
+            "wasmcustom.proxy_dedup_{n} missing from /stats: {after:?}"
+        );
+    }
+    let grew = |n: &str, by: u64| {
+        let (b, a) = (before.get(n).copied().unwrap_or(0), after[n]);
+        assert!(a >= b + by, "proxy_dedup_{n}: {b} -> {a}, expected +{by}");
+    };
+    grew("requests", 4);
+    grew("executed", 1);
+    grew("replayed", 1);
+    grew("payload_mismatch", 1);
+    grew("bad_key", 1);
+    let prom = s.envoy.prometheus().unwrap();
+    for n in names {
+        assert!(
+            prom.lines()
+                .any(|l| !l.starts_with('#') && l.contains(&format!("proxy_dedup_{n}"))),
+            "proxy_dedup_{n} missing from /stats/prometheus"
+        );
+    }
+}
+
+#[test]
+fn ttl_expiry_lets_the_key_execute_again() {
+    let s = Stack::start("e2e-ttl", r#"{"ttl_seconds": 1}"#);
+    let path = "/orders/ttl";
+    let req = post(path, "ttl-1", &json!({"t": 1}));
+    let first = s.send(&req);
+    assert_executed(&first);
+    assert_replay_of(&s.send(&req), &first);
+    std::thread::sleep(Duration::from_millis(2500));
+    let later = s.send(&req);
+    assert_executed(&later);
+    assert_ne!(json(&later)["order_id"], json(&first)["order_id"]);
+    assert_eq!(s.executions(path), 2);
+}
+
+#[test]
+fn scopes_isolate_tenants_and_envoy_buffer_limit_gives_413() {
+    let s = Stack::start(
+        "e2e-scope",
+        r#"{"scope": {"headers": ["x-tenant"]}, "max_body_bytes": 4194304}"#,
+    );
+    let path = "/orders/scoped";
+    let req = post(path, "shared-key", &json!({"same": "body"}));
+    let a = s.send(&req.clone().header("x-tenant", "alpha"));
+    assert_executed(&a);
+    assert_eq!(json(&a)["tenant"], "alpha");
+    let b = s.send(&req.clone().header("x-tenant", "beta"));
+    assert_executed(&b);
+    assert_eq!(
+        json(&b)["tenant"],
+        "beta",
+        "tenant beta got another tenant's response"
+    );
+    // No scope header is the empty scope: a third namespace.
+    let none = s.send(&req);
+    assert_executed(&none);
+    assert_replay_of(&s.send(&req.clone().header("x-tenant", "alpha")), &a);
+    assert_replay_of(&s.send(&req.clone().header("x-tenant", "beta")), &b);
+    assert_eq!(s.executions(path), 3);
+
+    // The filter may read up to 4 MiB, but the listener buffers at most 1 MiB:
+    // Envoy itself answers 413 and the upstream is never contacted.
+    let path = "/orders/huge";
+    let r = s.send(
+        &Request::post(path)
+            .key("huge-1")
+            .body(vec![b'x'; 2 * 1024 * 1024])
+            .timeout(Duration::from_secs(10)),
+    );
+    assert_eq!(r.status, 413, "{}", r.summary());
+    assert_eq!(s.executions(path), 0);
+}
+
+#[test]
+fn json_pointer_keys() {
+    let s = Stack::start("e2e-pointer", r#"{"key": {"json_pointer": "/msgId"}}"#);
+    let path = "/messages";
+    let msg = json!({"msgId": "m-1", "text": "hello"});
+    let first = s.send(&Request::post(path).json(&msg));
+    assert_executed(&first);
+    assert_replay_of(&s.send(&Request::post(path).json(&msg)), &first);
+    let changed = json!({"msgId": "m-1", "text": "changed"});
+    assert_problem(
+        &s.send(&Request::post(path).json(&changed)),
+        422,
+        "payload-mismatch",
+    );
+    assert_eq!(s.executions(path), 1);
+
+    let int = json!({"msgId": 42, "text": "integer id"});
+    let first_int = s.send(&Request::post(path).json(&int));
+    assert_executed(&first_int);
+    assert_replay_of(&s.send(&Request::post(path).json(&int)), &first_int);
+    assert_eq!(s.executions(path), 2);
+
+    let obj = json!({"msgId": {"nested": true}});
+    assert_problem(&s.send(&Request::post(path).json(&obj)), 400, "invalid-key");
+
+    // A header key wins over the pointer.
+    let with_header = s.send(&Request::post(path).key("header-key").json(&msg));
+    assert_executed(&with_header);
+    assert_eq!(s.executions(path), 3);
+
+    // No key anywhere and not required: passed through, every time.
+    let keyless = json!({"text": "no id"});
+    assert_executed(&s.send(&Request::post(path).json(&keyless)));
+    assert_executed(&s.send(&Request::post(path).json(&keyless)));
+    assert_eq!(s.executions(path), 5);
+}
+
+#[test]
+fn keyless_fingerprint_mode() {
+    let s = Stack::start(
+        "e2e-fingerprint",
+        r#"{"key": {"fingerprint": ["method", "path", "body"]}}"#,
+    );
+    let path = "/webhooks/push";
+    let event = json!({"event": "paid", "invoice": 7});
+    let first = s.send(&Request::post(path).json(&event));
+    assert_executed(&first);
+    assert_replay_of(&s.send(&Request::post(path).json(&event)), &first);
+    // Another body is another fingerprint: it executes.
+    let other = s.send(&Request::post(path).json(&json!({"event": "paid", "invoice": 8})));
+    assert_executed(&other);
+    // Another path too.
+    assert_executed(&s.send(&Request::post("/webhooks/other").json(&event)));
+    assert_eq!(s.executions(path), 2);
+    assert_eq!(s.executions("/webhooks/other"), 1);
+}
+
+#[test]
+fn envoy_refuses_a_bad_filter_config_naming_the_field() {
+    let wasm = dedup_envoy::paths::dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
+    for (config, field) in [
+        (r#"{"ttl_seconds": "x"}"#, "ttl_seconds"),
+        (r#"{"no_such_field": 1}"#, "no_such_field"),
+        (r#"{"capacity": 1}"#, "capacity"),
+    ] {
+        let cfg = EnvoyConfig::single_node(1, &wasm, config).unwrap();
+        let (code, log) = Envoy::start_expect_failure("e2e-bad-config", &cfg).unwrap();
+        assert_ne!(code, 0, "Envoy started with {config}");
+        let named = log
+            .lines()
+            .any(|l| l.contains(field) && (l.contains("[wasm]") || l.contains("wasm")));
+        assert!(
+            named,
+            "no wasm log line names {field:?} for {config}; log:\n{log}"
+        );
+    }
+}
