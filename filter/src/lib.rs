@@ -1,1 +1,115 @@
-//! proxy-dedup filter glue.
+//! proxy-dedup as a proxy-wasm module: registration, the root context (configuration and
+//! metrics) and the HTTP context that feeds Envoy's callbacks into `dedup_core`.
+
+mod abi;
+mod http;
+
+use dedup_core::{Config, Counter, Plugin};
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::ContextType;
+use std::cell::Cell;
+use std::rc::Rc;
+
+proxy_wasm::main! {{
+    // A panic would trap the VM; say why at critical level first.
+    std::panic::set_hook(Box::new(|info| {
+        abi::log(abi::LOG_CRITICAL, &format!("proxy-dedup panicked: {info}"));
+    }));
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(DedupRoot::new()) });
+}}
+
+/// Per-VM state shared by the root and its HTTP contexts.
+pub(crate) struct Shared {
+    pub plugin: Plugin,
+    /// Metric ids indexed by `Counter::index`; `None` if the host refused to define one.
+    pub metrics: Vec<Option<u32>>,
+    /// Claim tokens: a random per-VM seed mixed with a counter.
+    pub token_seed: u64,
+    pub token_counter: Cell<u64>,
+}
+
+struct DedupRoot {
+    shared: Option<Rc<Shared>>,
+}
+
+impl DedupRoot {
+    fn new() -> Self {
+        DedupRoot { shared: None }
+    }
+}
+
+/// A random seed from WASI `random_get` (std's RandomState draws its keys from it).
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(abi::now_ms());
+    h.finish()
+}
+
+impl Context for DedupRoot {}
+
+impl RootContext for DedupRoot {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let bytes = match abi::buffer(abi::BUFFER_PLUGIN_CONFIGURATION, 0, usize::MAX) {
+            Ok(b) => b,
+            Err(status) => {
+                abi::log(
+                    abi::LOG_ERROR,
+                    &format!("proxy-dedup: cannot read plugin configuration (status {status})"),
+                );
+                return false;
+            }
+        };
+        let config = match Config::parse(&bytes) {
+            Ok(c) => c,
+            Err(e) => {
+                abi::log(abi::LOG_ERROR, &format!("proxy-dedup: {e}"));
+                return false;
+            }
+        };
+        let metrics = Counter::ALL
+            .iter()
+            .map(|c| match abi::define_counter(c.name()) {
+                Ok(id) => Some(id),
+                Err(status) => {
+                    abi::log(
+                        abi::LOG_WARN,
+                        &format!(
+                            "proxy-dedup: cannot define metric {} (status {status})",
+                            c.name()
+                        ),
+                    );
+                    None
+                }
+            })
+            .collect();
+        let plugin = Plugin::new(config);
+        abi::log(
+            abi::LOG_INFO,
+            &format!(
+                "proxy-dedup: configured; {} buckets, at most {} shared-data keys",
+                plugin.layout.buckets,
+                plugin.layout.max_keys()
+            ),
+        );
+        self.shared = Some(Rc::new(Shared {
+            plugin,
+            metrics,
+            token_seed: random_seed(),
+            token_counter: Cell::new(0),
+        }));
+        true
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        // The SDK traps if this returns None; a context without configuration passes through.
+        Some(Box::new(http::DedupHttp::new(
+            context_id,
+            self.shared.clone(),
+        )))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}

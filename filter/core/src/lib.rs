@@ -1,1 +1,22 @@
-//! proxy-dedup core logic.
+//! proxy-dedup's logic, with no proxy-wasm dependency: configuration, request keys, the
+//! per-stream decision machine, and the claim/complete/release store on Envoy shared data.
+//! The cdylib in `filter/` is thin glue that feeds Envoy's callbacks into `DedupStream`.
+
+pub mod config;
+pub mod key;
+pub mod metrics;
+pub mod reply;
+pub mod response;
+pub mod store;
+pub mod stream;
+pub mod wire;
+
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod tests;
+
+pub use config::{Config, ConfigError};
+pub use metrics::Counter;
+pub use reply::LocalReply;
+pub use stream::{Action, DedupStream, Env, Plugin};

@@ -1,0 +1,402 @@
+//! Plugin configuration: the JSON contract, parsed strictly and checked once at `on_configure`.
+
+use serde::Deserialize;
+use std::fmt;
+
+/// A configuration error: the dotted path of the offending field and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub field: String,
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid configuration: field `{}`: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err(field: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.to_string(),
+        reason: reason.into(),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    key: Option<RawKey>,
+    scope: Option<RawScope>,
+    methods: Option<Vec<String>>,
+    on_duplicate: Option<OnDuplicate>,
+    ttl_seconds: Option<u64>,
+    in_flight_timeout_seconds: Option<u64>,
+    retry_after_seconds: Option<u64>,
+    capacity: Option<u64>,
+    max_body_bytes: Option<u64>,
+    max_replay_body_bytes: Option<u64>,
+    store_statuses: Option<Vec<String>>,
+    replayed_header: Option<String>,
+    failure_mode: Option<FailureMode>,
+    store: Option<RawStore>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawKey {
+    headers: Option<Vec<String>>,
+    json_pointer: Option<String>,
+    fingerprint: Option<Vec<String>>,
+    required: Option<bool>,
+    max_length: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawScope {
+    headers: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    kind: Option<String>,
+    namespace: Option<String>,
+}
+
+/// What a completed duplicate gets.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDuplicate {
+    /// Replay the stored response.
+    Replay,
+    /// Answer 409 `already-completed`.
+    Reject,
+}
+
+/// What to do when the store cannot answer.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureMode {
+    /// Pass the request through, counted.
+    Open,
+    /// Answer 503 `store-unavailable`.
+    Closed,
+}
+
+/// One part of a keyless fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FingerprintPart {
+    Method,
+    Path,
+    Query,
+    Body,
+    Header(String),
+}
+
+/// A range of upstream statuses whose responses are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusRange {
+    pub low: u16,
+    pub high: u16,
+}
+
+/// The validated configuration. Header names are lower-case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub key_headers: Vec<String>,
+    pub json_pointer: Option<String>,
+    pub fingerprint: Vec<FingerprintPart>,
+    pub key_required: bool,
+    pub key_max_length: usize,
+    pub scope_headers: Vec<String>,
+    pub methods: Vec<String>,
+    pub on_duplicate: OnDuplicate,
+    pub ttl_ms: u64,
+    pub in_flight_timeout_ms: u64,
+    pub retry_after_seconds: u64,
+    pub capacity: u64,
+    pub max_body_bytes: usize,
+    pub max_replay_body_bytes: usize,
+    pub store_statuses: Vec<StatusRange>,
+    pub replayed_header: String,
+    pub failure_mode: FailureMode,
+    pub namespace: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            key_headers: vec!["idempotency-key".to_string()],
+            json_pointer: None,
+            fingerprint: Vec::new(),
+            key_required: false,
+            key_max_length: 255,
+            scope_headers: Vec::new(),
+            methods: vec!["POST".to_string(), "PATCH".to_string()],
+            on_duplicate: OnDuplicate::Replay,
+            ttl_ms: 86_400_000,
+            in_flight_timeout_ms: 30_000,
+            retry_after_seconds: 1,
+            capacity: 100_000,
+            max_body_bytes: 1_048_576,
+            max_replay_body_bytes: 65_536,
+            store_statuses: vec![StatusRange {
+                low: 200,
+                high: 499,
+            }],
+            replayed_header: "idempotent-replayed".to_string(),
+            failure_mode: FailureMode::Open,
+            namespace: "proxy-dedup".to_string(),
+        }
+    }
+}
+
+impl Config {
+    /// Parses and validates the plugin configuration. Empty input means all defaults.
+    pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+        let text = std::str::from_utf8(bytes).map_err(|_| err("(root)", "not UTF-8"))?;
+        if text.trim().is_empty() {
+            return Ok(Config::default());
+        }
+        let mut de = serde_json::Deserializer::from_str(text);
+        let raw: RawConfig = serde_path_to_error::deserialize(&mut de).map_err(serde_error)?;
+        de.end().map_err(|e| err("(root)", e.to_string()))?;
+        Config::try_from(raw)
+    }
+
+    /// Whether an upstream status's response is stored (otherwise the claim is released).
+    pub fn stores_status(&self, status: u16) -> bool {
+        self.store_statuses
+            .iter()
+            .any(|r| status >= r.low && status <= r.high)
+    }
+
+    /// Whether requests with this method are deduplicated.
+    pub fn dedups_method(&self, method: &str) -> bool {
+        self.methods.iter().any(|m| m == method)
+    }
+
+    /// Whether the request body takes part in the keyless fingerprint.
+    pub fn fingerprint_uses_body(&self) -> bool {
+        self.fingerprint.contains(&FingerprintPart::Body)
+    }
+}
+
+/// Turns a serde error into a field-naming error, e.g. `key.max_length`.
+fn serde_error(e: serde_path_to_error::Error<serde_json::Error>) -> ConfigError {
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    let mut reason = inner.to_string();
+    // Unknown fields are reported at their parent's path; name the field itself.
+    if let Some(rest) = reason.strip_prefix("unknown field `") {
+        if let Some(end) = rest.find('`') {
+            let name = &rest[..end];
+            let field = if path == "." { name.to_string() } else { format!("{path}.{name}") };
+            return err(&field, "unknown field");
+        }
+    }
+    if let Some(at) = reason.find(" at line ") {
+        reason.truncate(at);
+    }
+    let field = if path == "." { "(root)".to_string() } else { path };
+    err(&field, reason)
+}
+
+fn header_names(field: &str, names: Vec<String>, allow_empty: bool) -> Result<Vec<String>, ConfigError> {
+    if !allow_empty && names.is_empty() {
+        return Err(err(field, "must list at least one header"));
+    }
+    if names.len() > 16 {
+        return Err(err(field, "at most 16 headers"));
+    }
+    names
+        .into_iter()
+        .map(|n| {
+            if n.is_empty() || !n.bytes().all(is_token_byte) {
+                Err(err(field, format!("`{n}` is not a valid header name")))
+            } else {
+                Ok(n.to_ascii_lowercase())
+            }
+        })
+        .collect()
+}
+
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+fn in_range(field: &str, v: Option<u64>, default: u64, low: u64, high: u64) -> Result<u64, ConfigError> {
+    let v = v.unwrap_or(default);
+    if v < low || v > high {
+        return Err(err(field, format!("{v} is out of range {low}..={high}")));
+    }
+    Ok(v)
+}
+
+fn parse_status(field: &str, s: &str) -> Result<StatusRange, ConfigError> {
+    let bad = || err(field, format!("`{s}` is neither a status class like \"2xx\" nor a code 100..=599"));
+    if s.len() == 3 && s.ends_with("xx") {
+        let class = s[..1].parse::<u16>().map_err(|_| bad())?;
+        if !(1..=5).contains(&class) {
+            return Err(bad());
+        }
+        return Ok(StatusRange {
+            low: class * 100,
+            high: class * 100 + 99,
+        });
+    }
+    let code = s.parse::<u16>().map_err(|_| bad())?;
+    if !(100..=599).contains(&code) {
+        return Err(bad());
+    }
+    Ok(StatusRange { low: code, high: code })
+}
+
+impl TryFrom<RawConfig> for Config {
+    type Error = ConfigError;
+
+    fn try_from(raw: RawConfig) -> Result<Self, ConfigError> {
+        let d = Config::default();
+        let key = raw.key.unwrap_or_default();
+        let key_headers = match key.headers {
+            Some(h) => header_names("key.headers", h, false)?,
+            None => d.key_headers,
+        };
+        let json_pointer = match key.json_pointer {
+            Some(p) if p.is_empty() || !p.starts_with('/') => {
+                return Err(err("key.json_pointer", format!("`{p}` is not an RFC 6901 pointer (must start with '/')")));
+            }
+            Some(p) => {
+                if let Some(bad) = invalid_escape(&p) {
+                    return Err(err("key.json_pointer", format!("`{p}` has an invalid escape `~{bad}` (only ~0 and ~1)")));
+                }
+                Some(p)
+            }
+            None => None,
+        };
+        let fingerprint = match key.fingerprint {
+            Some(parts) => {
+                if parts.is_empty() {
+                    return Err(err("key.fingerprint", "must list at least one part"));
+                }
+                let mut out = Vec::new();
+                for p in parts {
+                    let part = match p.as_str() {
+                        "method" => FingerprintPart::Method,
+                        "path" => FingerprintPart::Path,
+                        "query" => FingerprintPart::Query,
+                        "body" => FingerprintPart::Body,
+                        other => match other.strip_prefix("header:") {
+                            Some(h) if !h.is_empty() && h.bytes().all(is_token_byte) => {
+                                FingerprintPart::Header(h.to_ascii_lowercase())
+                            }
+                            _ => {
+                                return Err(err(
+                                    "key.fingerprint",
+                                    format!("`{other}`: expected \"method\", \"path\", \"query\", \"body\" or \"header:<name>\""),
+                                ))
+                            }
+                        },
+                    };
+                    if out.contains(&part) {
+                        return Err(err("key.fingerprint", format!("`{p}` is listed twice")));
+                    }
+                    out.push(part);
+                }
+                out
+            }
+            None => Vec::new(),
+        };
+        let key_max_length = in_range("key.max_length", key.max_length, 255, 1, 4096)? as usize;
+        let scope_headers = match raw.scope.and_then(|s| s.headers) {
+            Some(h) => header_names("scope.headers", h, true)?,
+            None => Vec::new(),
+        };
+        let methods = match raw.methods {
+            Some(m) => {
+                if m.is_empty() {
+                    return Err(err("methods", "must list at least one method"));
+                }
+                for x in &m {
+                    if x.is_empty() || !x.bytes().all(|b| b.is_ascii_uppercase()) {
+                        return Err(err("methods", format!("`{x}` is not an upper-case HTTP method")));
+                    }
+                }
+                m
+            }
+            None => d.methods,
+        };
+        let ttl_s = in_range("ttl_seconds", raw.ttl_seconds, 86_400, 1, 31_536_000)?;
+        let in_flight_s = in_range("in_flight_timeout_seconds", raw.in_flight_timeout_seconds, 30, 1, 86_400)?;
+        let retry_after_seconds = in_range("retry_after_seconds", raw.retry_after_seconds, 1, 0, 3600)?;
+        let capacity = in_range("capacity", raw.capacity, 100_000, 16, 10_000_000)?;
+        let max_body_bytes = in_range("max_body_bytes", raw.max_body_bytes, 1_048_576, 0, 64 << 20)? as usize;
+        let max_replay_body_bytes =
+            in_range("max_replay_body_bytes", raw.max_replay_body_bytes, 65_536, 0, 16 << 20)? as usize;
+        let store_statuses = match raw.store_statuses {
+            Some(list) => list
+                .iter()
+                .map(|s| parse_status("store_statuses", s))
+                .collect::<Result<Vec<_>, _>>()?,
+            None => d.store_statuses,
+        };
+        let replayed_header = match raw.replayed_header {
+            Some(h) => header_names("replayed_header", vec![h], false)?.remove(0),
+            None => d.replayed_header,
+        };
+        let mut namespace = d.namespace;
+        if let Some(store) = raw.store {
+            match store.kind.as_deref() {
+                None | Some("shared_data") => {}
+                Some(other) => {
+                    return Err(err("store.kind", format!("`{other}` is not a known store (expected \"shared_data\")")));
+                }
+            }
+            if let Some(ns) = store.namespace {
+                if ns.is_empty() || ns.len() > 64 || !ns.bytes().all(|b| b.is_ascii_graphic() && b != b'/') {
+                    return Err(err("store.namespace", "1-64 visible ASCII characters without '/'"));
+                }
+                namespace = ns;
+            }
+        }
+        Ok(Config {
+            key_headers,
+            json_pointer,
+            fingerprint,
+            key_required: key.required.unwrap_or(false),
+            key_max_length,
+            scope_headers,
+            methods,
+            on_duplicate: raw.on_duplicate.unwrap_or(OnDuplicate::Replay),
+            ttl_ms: ttl_s * 1000,
+            in_flight_timeout_ms: in_flight_s * 1000,
+            retry_after_seconds,
+            capacity,
+            max_body_bytes,
+            max_replay_body_bytes,
+            store_statuses,
+            replayed_header,
+            failure_mode: raw.failure_mode.unwrap_or(FailureMode::Open),
+            namespace,
+        })
+    }
+}
+
+/// Returns the character after a `~` that is not `0` or `1`, if any.
+fn invalid_escape(p: &str) -> Option<String> {
+    let mut chars = p.chars();
+    while let Some(c) = chars.next() {
+        if c == '~' {
+            match chars.next() {
+                Some('0') | Some('1') => {}
+                Some(o) => return Some(o.to_string()),
+                None => return Some(String::new()),
+            }
+        }
+    }
+    None
+}

@@ -1,0 +1,81 @@
+//! The filter's counters, all in one list. In Envoy they appear as `wasmcustom.<name>`.
+
+/// A counter the filter increments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Counter {
+    /// Every request the filter saw.
+    Requests,
+    /// First requests with a key: claimed and forwarded.
+    Executed,
+    /// Duplicates answered with the stored response.
+    Replayed,
+    /// Duplicates answered 409 because the first is still in flight.
+    RejectedInFlight,
+    /// Completed duplicates answered 409 under `on_duplicate: "reject"`.
+    RejectedCompleted,
+    /// Keys reused with another payload (422).
+    PayloadMismatch,
+    /// Missing or invalid keys (400).
+    BadKey,
+    /// Requests passed through untouched (method not deduplicated, no key).
+    Bypassed,
+    /// Store operations that failed (host fault, contention, full bucket).
+    StoreErrors,
+    /// Requests passed through because the store failed under `failure_mode: "open"`.
+    FailedOpen,
+    /// Completed records evicted before their TTL to make room.
+    EvictionsUnexpired,
+    /// Claims released after a 5xx, reset or missing response.
+    Released,
+    /// Request bodies above `max_body_bytes` (413).
+    BodyTooLarge,
+    /// Responses too large to keep, and duplicates answered 409 for that reason.
+    ResponseNotStored,
+    /// Claims that expired (in-flight timeout) or were taken over before their response came.
+    ClaimsLost,
+}
+
+impl Counter {
+    pub const ALL: [Counter; 15] = [
+        Counter::Requests,
+        Counter::Executed,
+        Counter::Replayed,
+        Counter::RejectedInFlight,
+        Counter::RejectedCompleted,
+        Counter::PayloadMismatch,
+        Counter::BadKey,
+        Counter::Bypassed,
+        Counter::StoreErrors,
+        Counter::FailedOpen,
+        Counter::EvictionsUnexpired,
+        Counter::Released,
+        Counter::BodyTooLarge,
+        Counter::ResponseNotStored,
+        Counter::ClaimsLost,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::Requests => "proxy_dedup_requests",
+            Counter::Executed => "proxy_dedup_executed",
+            Counter::Replayed => "proxy_dedup_replayed",
+            Counter::RejectedInFlight => "proxy_dedup_rejected_in_flight",
+            Counter::RejectedCompleted => "proxy_dedup_rejected_completed",
+            Counter::PayloadMismatch => "proxy_dedup_payload_mismatch",
+            Counter::BadKey => "proxy_dedup_bad_key",
+            Counter::Bypassed => "proxy_dedup_bypassed",
+            Counter::StoreErrors => "proxy_dedup_store_errors",
+            Counter::FailedOpen => "proxy_dedup_failed_open",
+            Counter::EvictionsUnexpired => "proxy_dedup_evictions_unexpired",
+            Counter::Released => "proxy_dedup_released",
+            Counter::BodyTooLarge => "proxy_dedup_body_too_large",
+            Counter::ResponseNotStored => "proxy_dedup_response_not_stored",
+            Counter::ClaimsLost => "proxy_dedup_claims_lost",
+        }
+    }
+
+    /// Position in `ALL`, for array-indexed metric ids.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}

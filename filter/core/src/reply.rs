@@ -1,0 +1,117 @@
+//! Local replies: RFC 9457 problem+json errors and replays of stored responses.
+
+use crate::response::StoredResponse;
+
+/// A response the filter sends itself instead of forwarding the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    pub status: u16,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub body: Vec<u8>,
+    /// Envoy's response code details (`%RESPONSE_CODE_DETAILS%` in access logs).
+    pub details: &'static str,
+}
+
+impl LocalReply {
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+/// The problems the filter answers with; `slug` names the problem type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Problem {
+    MissingKey,
+    InvalidKey,
+    InFlight,
+    AlreadyCompleted,
+    ResponseNotStored,
+    BodyTooLarge,
+    PayloadMismatch,
+    StoreUnavailable,
+}
+
+impl Problem {
+    pub fn status(self) -> u16 {
+        match self {
+            Problem::MissingKey | Problem::InvalidKey => 400,
+            Problem::InFlight | Problem::AlreadyCompleted | Problem::ResponseNotStored => 409,
+            Problem::BodyTooLarge => 413,
+            Problem::PayloadMismatch => 422,
+            Problem::StoreUnavailable => 503,
+        }
+    }
+
+    pub fn slug(self) -> &'static str {
+        match self {
+            Problem::MissingKey => "missing-key",
+            Problem::InvalidKey => "invalid-key",
+            Problem::InFlight => "in-flight",
+            Problem::AlreadyCompleted => "already-completed",
+            Problem::ResponseNotStored => "response-not-stored",
+            Problem::BodyTooLarge => "body-too-large",
+            Problem::PayloadMismatch => "payload-mismatch",
+            Problem::StoreUnavailable => "store-unavailable",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Problem::MissingKey => "Idempotency key missing",
+            Problem::InvalidKey => "Idempotency key invalid",
+            Problem::InFlight => "A request with this idempotency key is in progress",
+            Problem::AlreadyCompleted => "A request with this idempotency key has completed",
+            Problem::ResponseNotStored => "A request with this idempotency key has completed; its response was not kept",
+            Problem::BodyTooLarge => "Request body too large for deduplication",
+            Problem::PayloadMismatch => "Idempotency key reused with a different request",
+            Problem::StoreUnavailable => "Deduplication store unavailable",
+        }
+    }
+
+    fn details(self) -> &'static str {
+        match self {
+            Problem::MissingKey => "proxy_dedup_missing_key",
+            Problem::InvalidKey => "proxy_dedup_invalid_key",
+            Problem::InFlight => "proxy_dedup_in_flight",
+            Problem::AlreadyCompleted => "proxy_dedup_already_completed",
+            Problem::ResponseNotStored => "proxy_dedup_response_not_stored",
+            Problem::BodyTooLarge => "proxy_dedup_body_too_large",
+            Problem::PayloadMismatch => "proxy_dedup_payload_mismatch",
+            Problem::StoreUnavailable => "proxy_dedup_store_unavailable",
+        }
+    }
+
+    /// The problem+json reply; `extra` headers (e.g. `retry-after`) are added.
+    pub fn reply(self, detail: &str, extra: Vec<(String, Vec<u8>)>) -> LocalReply {
+        let body = serde_json::json!({
+            "type": format!("urn:proxy-dedup:problem:{}", self.slug()),
+            "title": self.title(),
+            "status": self.status(),
+            "detail": detail,
+        });
+        let mut headers = vec![("content-type".to_string(), b"application/problem+json".to_vec())];
+        headers.extend(extra);
+        LocalReply {
+            status: self.status(),
+            headers,
+            body: body.to_string().into_bytes(),
+            details: self.details(),
+        }
+    }
+}
+
+/// A replay of a stored response, marked with `replayed_header: true`.
+pub fn replay(resp: StoredResponse, replayed_header: &str) -> LocalReply {
+    let mut headers = resp.headers;
+    headers.retain(|(n, _)| !n.eq_ignore_ascii_case(replayed_header));
+    headers.push((replayed_header.to_string(), b"true".to_vec()));
+    LocalReply {
+        status: resp.status,
+        headers,
+        body: resp.body,
+        details: "proxy_dedup_replayed",
+    }
+}

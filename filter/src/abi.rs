@@ -1,0 +1,228 @@
+//! Host calls the filter makes, declared here and mapped to `Result`s.
+//!
+//! The SDK's own `hostcalls` panic on any status they do not expect, and a panic traps the
+//! VM (every later request on that worker gets 503). These wrappers never panic: every
+//! status becomes a value. Return types are `u32`, not an enum, so an unexpected status
+//! from a host is a number, not undefined behaviour.
+
+#![allow(clashing_extern_declarations)]
+
+use dedup_core::store::{HostFault, SetError, SharedData};
+use dedup_core::wire::{decode_pairs, encode_pairs};
+
+const OK: u32 = 0;
+const NOT_FOUND: u32 = 1;
+const CAS_MISMATCH: u32 = 8;
+
+pub const MAP_REQUEST_HEADERS: u32 = 0;
+pub const MAP_RESPONSE_HEADERS: u32 = 2;
+pub const BUFFER_REQUEST_BODY: u32 = 0;
+pub const BUFFER_RESPONSE_BODY: u32 = 1;
+pub const BUFFER_PLUGIN_CONFIGURATION: u32 = 3;
+
+pub const LOG_DEBUG: u32 = 1;
+pub const LOG_INFO: u32 = 2;
+pub const LOG_WARN: u32 = 3;
+pub const LOG_ERROR: u32 = 4;
+pub const LOG_CRITICAL: u32 = 5;
+
+const METRIC_COUNTER: u32 = 0;
+
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_log(level: u32, message_data: *const u8, message_size: usize) -> u32;
+    fn proxy_get_log_level(return_level: *mut u32) -> u32;
+    fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> u32;
+    fn proxy_get_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        max_size: usize,
+        return_buffer_data: *mut *mut u8,
+        return_buffer_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_header_map_pairs(
+        map_type: u32,
+        return_map_data: *mut *mut u8,
+        return_map_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_shared_data(
+        key_data: *const u8,
+        key_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+        return_cas: *mut u32,
+    ) -> u32;
+    fn proxy_set_shared_data(
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+        cas: u32,
+    ) -> u32;
+    fn proxy_send_local_response(
+        status_code: u32,
+        status_code_details_data: *const u8,
+        status_code_details_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> u32;
+    fn proxy_define_metric(
+        metric_type: u32,
+        name_data: *const u8,
+        name_size: usize,
+        return_id: *mut u32,
+    ) -> u32;
+    fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
+}
+
+/// Takes ownership of a buffer the host allocated through `proxy_on_memory_allocate`
+/// (the SDK's allocator: a boxed slice of exactly `size` bytes).
+fn take_host_buffer(ptr: *mut u8, size: usize) -> Vec<u8> {
+    if ptr.is_null() || size == 0 {
+        return Vec::new();
+    }
+    // SAFETY: the host wrote `size` bytes into memory it got from our allocator, which
+    // hands out `Box<[u8]>` of exactly that length; we take that box back.
+    unsafe { Vec::from_raw_parts(ptr, size, size) }
+}
+
+pub fn log(level: u32, message: &str) {
+    // SAFETY: pointer and length of a live str.
+    unsafe {
+        proxy_log(level, message.as_ptr(), message.len());
+    }
+}
+
+/// Envoy's current log level for this plugin (Info when the host cannot say).
+pub fn log_level() -> u32 {
+    let mut level = LOG_INFO;
+    // SAFETY: valid out-pointer.
+    let status = unsafe { proxy_get_log_level(&mut level) };
+    if status == OK {
+        level
+    } else {
+        LOG_INFO
+    }
+}
+
+/// Milliseconds since the Unix epoch by the host's clock (0 if it cannot say).
+pub fn now_ms() -> u64 {
+    let mut ns = 0u64;
+    // SAFETY: valid out-pointer.
+    let status = unsafe { proxy_get_current_time_nanoseconds(&mut ns) };
+    if status == OK {
+        ns / 1_000_000
+    } else {
+        0
+    }
+}
+
+/// `max_size` bytes of a buffer from `start`; empty if the buffer is absent.
+pub fn buffer(buffer_type: u32, start: usize, max_size: usize) -> Result<Vec<u8>, u32> {
+    let mut ptr: *mut u8 = std::ptr::null_mut();
+    let mut size = 0usize;
+    // SAFETY: valid out-pointers; the result buffer is taken back below.
+    let status =
+        unsafe { proxy_get_buffer_bytes(buffer_type, start, max_size, &mut ptr, &mut size) };
+    match status {
+        OK => Ok(take_host_buffer(ptr, size)),
+        NOT_FOUND => Ok(Vec::new()),
+        other => Err(other),
+    }
+}
+
+/// All pairs of a header map, repeated names included, values as bytes.
+pub fn header_pairs(map_type: u32) -> Result<Vec<(String, Vec<u8>)>, u32> {
+    let mut ptr: *mut u8 = std::ptr::null_mut();
+    let mut size = 0usize;
+    // SAFETY: valid out-pointers; the result buffer is taken back below.
+    let status = unsafe { proxy_get_header_map_pairs(map_type, &mut ptr, &mut size) };
+    if status != OK {
+        return Err(status);
+    }
+    decode_pairs(&take_host_buffer(ptr, size)).ok_or(u32::MAX)
+}
+
+pub fn send_local_response(
+    status: u16,
+    details: &str,
+    headers: &[(String, Vec<u8>)],
+    body: &[u8],
+) -> Result<(), u32> {
+    let map = encode_pairs(headers);
+    // SAFETY: pointers and lengths of live buffers.
+    let status = unsafe {
+        proxy_send_local_response(
+            u32::from(status),
+            details.as_ptr(),
+            details.len(),
+            body.as_ptr(),
+            body.len(),
+            map.as_ptr(),
+            map.len(),
+            -1,
+        )
+    };
+    if status == OK {
+        Ok(())
+    } else {
+        Err(status)
+    }
+}
+
+pub fn define_counter(name: &str) -> Result<u32, u32> {
+    let mut id = 0u32;
+    // SAFETY: pointer and length of a live str; valid out-pointer.
+    let status = unsafe { proxy_define_metric(METRIC_COUNTER, name.as_ptr(), name.len(), &mut id) };
+    if status == OK {
+        Ok(id)
+    } else {
+        Err(status)
+    }
+}
+
+pub fn increment(id: u32) {
+    // SAFETY: no pointers.
+    unsafe {
+        proxy_increment_metric(id, 1);
+    }
+}
+
+/// Envoy's shared data through the raw host calls.
+pub struct HostSharedData;
+
+impl SharedData for HostSharedData {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostFault> {
+        let mut ptr: *mut u8 = std::ptr::null_mut();
+        let mut size = 0usize;
+        let mut cas = 0u32;
+        // SAFETY: pointer and length of a live str; valid out-pointers.
+        let status = unsafe {
+            proxy_get_shared_data(key.as_ptr(), key.len(), &mut ptr, &mut size, &mut cas)
+        };
+        match status {
+            OK => Ok(Some((take_host_buffer(ptr, size), cas))),
+            NOT_FOUND => Ok(None),
+            other => Err(HostFault(format!(
+                "proxy_get_shared_data returned status {other}"
+            ))),
+        }
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), SetError> {
+        // SAFETY: pointers and lengths of live buffers.
+        let status = unsafe {
+            proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas)
+        };
+        match status {
+            OK => Ok(()),
+            CAS_MISMATCH => Err(SetError::CasMismatch),
+            other => Err(SetError::Fault(HostFault(format!(
+                "proxy_set_shared_data returned status {other}"
+            )))),
+        }
+    }
+}
