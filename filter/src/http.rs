@@ -206,13 +206,18 @@ impl HttpContext for DedupHttp {
         // We never pause the response, so the buffer holds just this chunk.
         let mut env = WasmEnv { shared: &shared };
         match abi::buffer(abi::BUFFER_RESPONSE_BODY, 0, body_size) {
-            Ok(chunk) => self
-                .stream
-                .on_response_body(&shared.plugin, &mut env, &chunk, end_of_stream),
+            Ok(chunk) => {
+                self.stream
+                    .on_response_body(&shared.plugin, &mut env, &chunk, end_of_stream)
+            }
             Err(status) => {
-                abi::log(abi::LOG_WARN, &format!("proxy-dedup: cannot read response body (status {status})"));
+                abi::log(
+                    abi::LOG_WARN,
+                    &format!("proxy-dedup: cannot read response body (status {status})"),
+                );
                 self.stream.on_response_body_unreadable();
-                self.stream.on_response_body(&shared.plugin, &mut env, &[], end_of_stream);
+                self.stream
+                    .on_response_body(&shared.plugin, &mut env, &[], end_of_stream);
             }
         }
         Action::Continue

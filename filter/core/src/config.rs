@@ -12,7 +12,11 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid configuration: field `{}`: {}", self.field, self.reason)
+        write!(
+            f,
+            "invalid configuration: field `{}`: {}",
+            self.field, self.reason
+        )
     }
 }
 
@@ -162,6 +166,9 @@ impl Config {
         if text.trim().is_empty() {
             return Ok(Config::default());
         }
+        if !text.trim_start().starts_with('{') {
+            return Err(err("(root)", "the configuration must be a JSON object"));
+        }
         let mut de = serde_json::Deserializer::from_str(text);
         let raw: RawConfig = serde_path_to_error::deserialize(&mut de).map_err(serde_error)?;
         de.end().map_err(|e| err("(root)", e.to_string()))?;
@@ -191,22 +198,28 @@ fn serde_error(e: serde_path_to_error::Error<serde_json::Error>) -> ConfigError 
     let path = e.path().to_string();
     let inner = e.into_inner();
     let mut reason = inner.to_string();
-    // Unknown fields are reported at their parent's path; name the field itself.
-    if let Some(rest) = reason.strip_prefix("unknown field `") {
-        if let Some(end) = rest.find('`') {
-            let name = &rest[..end];
-            let field = if path == "." { name.to_string() } else { format!("{path}.{name}") };
-            return err(&field, "unknown field");
+    if reason.starts_with("unknown field") {
+        // serde's text lists every expected field; the path already names the bad one.
+        if let Some(cut) = reason.find(", expected") {
+            reason.truncate(cut);
         }
     }
     if let Some(at) = reason.find(" at line ") {
         reason.truncate(at);
     }
-    let field = if path == "." { "(root)".to_string() } else { path };
+    let field = if path == "." || path == "?" {
+        "(root)".to_string()
+    } else {
+        path
+    };
     err(&field, reason)
 }
 
-fn header_names(field: &str, names: Vec<String>, allow_empty: bool) -> Result<Vec<String>, ConfigError> {
+fn header_names(
+    field: &str,
+    names: Vec<String>,
+    allow_empty: bool,
+) -> Result<Vec<String>, ConfigError> {
     if !allow_empty && names.is_empty() {
         return Err(err(field, "must list at least one header"));
     }
@@ -229,7 +242,13 @@ fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
-fn in_range(field: &str, v: Option<u64>, default: u64, low: u64, high: u64) -> Result<u64, ConfigError> {
+fn in_range(
+    field: &str,
+    v: Option<u64>,
+    default: u64,
+    low: u64,
+    high: u64,
+) -> Result<u64, ConfigError> {
     let v = v.unwrap_or(default);
     if v < low || v > high {
         return Err(err(field, format!("{v} is out of range {low}..={high}")));
@@ -238,7 +257,12 @@ fn in_range(field: &str, v: Option<u64>, default: u64, low: u64, high: u64) -> R
 }
 
 fn parse_status(field: &str, s: &str) -> Result<StatusRange, ConfigError> {
-    let bad = || err(field, format!("`{s}` is neither a status class like \"2xx\" nor a code 100..=599"));
+    let bad = || {
+        err(
+            field,
+            format!("`{s}` is neither a status class like \"2xx\" nor a code 100..=599"),
+        )
+    };
     if s.len() == 3 && s.ends_with("xx") {
         let class = s[..1].parse::<u16>().map_err(|_| bad())?;
         if !(1..=5).contains(&class) {
@@ -253,7 +277,10 @@ fn parse_status(field: &str, s: &str) -> Result<StatusRange, ConfigError> {
     if !(100..=599).contains(&code) {
         return Err(bad());
     }
-    Ok(StatusRange { low: code, high: code })
+    Ok(StatusRange {
+        low: code,
+        high: code,
+    })
 }
 
 impl TryFrom<RawConfig> for Config {
@@ -268,11 +295,17 @@ impl TryFrom<RawConfig> for Config {
         };
         let json_pointer = match key.json_pointer {
             Some(p) if p.is_empty() || !p.starts_with('/') => {
-                return Err(err("key.json_pointer", format!("`{p}` is not an RFC 6901 pointer (must start with '/')")));
+                return Err(err(
+                    "key.json_pointer",
+                    format!("`{p}` is not an RFC 6901 pointer (must start with '/')"),
+                ));
             }
             Some(p) => {
                 if let Some(bad) = invalid_escape(&p) {
-                    return Err(err("key.json_pointer", format!("`{p}` has an invalid escape `~{bad}` (only ~0 and ~1)")));
+                    return Err(err(
+                        "key.json_pointer",
+                        format!("`{p}` has an invalid escape `~{bad}` (only ~0 and ~1)"),
+                    ));
                 }
                 Some(p)
             }
@@ -323,7 +356,10 @@ impl TryFrom<RawConfig> for Config {
                 }
                 for x in &m {
                     if x.is_empty() || !x.bytes().all(|b| b.is_ascii_uppercase()) {
-                        return Err(err("methods", format!("`{x}` is not an upper-case HTTP method")));
+                        return Err(err(
+                            "methods",
+                            format!("`{x}` is not an upper-case HTTP method"),
+                        ));
                     }
                 }
                 m
@@ -331,12 +367,25 @@ impl TryFrom<RawConfig> for Config {
             None => d.methods,
         };
         let ttl_s = in_range("ttl_seconds", raw.ttl_seconds, 86_400, 1, 31_536_000)?;
-        let in_flight_s = in_range("in_flight_timeout_seconds", raw.in_flight_timeout_seconds, 30, 1, 86_400)?;
-        let retry_after_seconds = in_range("retry_after_seconds", raw.retry_after_seconds, 1, 0, 3600)?;
+        let in_flight_s = in_range(
+            "in_flight_timeout_seconds",
+            raw.in_flight_timeout_seconds,
+            30,
+            1,
+            86_400,
+        )?;
+        let retry_after_seconds =
+            in_range("retry_after_seconds", raw.retry_after_seconds, 1, 0, 3600)?;
         let capacity = in_range("capacity", raw.capacity, 100_000, 16, 10_000_000)?;
-        let max_body_bytes = in_range("max_body_bytes", raw.max_body_bytes, 1_048_576, 0, 64 << 20)? as usize;
-        let max_replay_body_bytes =
-            in_range("max_replay_body_bytes", raw.max_replay_body_bytes, 65_536, 0, 16 << 20)? as usize;
+        let max_body_bytes =
+            in_range("max_body_bytes", raw.max_body_bytes, 1_048_576, 0, 64 << 20)? as usize;
+        let max_replay_body_bytes = in_range(
+            "max_replay_body_bytes",
+            raw.max_replay_body_bytes,
+            65_536,
+            0,
+            16 << 20,
+        )? as usize;
         let store_statuses = match raw.store_statuses {
             Some(list) => list
                 .iter()
@@ -353,12 +402,21 @@ impl TryFrom<RawConfig> for Config {
             match store.kind.as_deref() {
                 None | Some("shared_data") => {}
                 Some(other) => {
-                    return Err(err("store.kind", format!("`{other}` is not a known store (expected \"shared_data\")")));
+                    return Err(err(
+                        "store.kind",
+                        format!("`{other}` is not a known store (expected \"shared_data\")"),
+                    ));
                 }
             }
             if let Some(ns) = store.namespace {
-                if ns.is_empty() || ns.len() > 64 || !ns.bytes().all(|b| b.is_ascii_graphic() && b != b'/') {
-                    return Err(err("store.namespace", "1-64 visible ASCII characters without '/'"));
+                if ns.is_empty()
+                    || ns.len() > 64
+                    || !ns.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
+                {
+                    return Err(err(
+                        "store.namespace",
+                        "1-64 visible ASCII characters without '/'",
+                    ));
                 }
                 namespace = ns;
             }

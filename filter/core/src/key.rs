@@ -26,7 +26,9 @@ impl RequestHead {
     }
 
     fn path_only(&self) -> &str {
-        self.path.split_once('?').map_or(self.path.as_str(), |(p, _)| p)
+        self.path
+            .split_once('?')
+            .map_or(self.path.as_str(), |(p, _)| p)
     }
 
     fn query(&self) -> &str {
@@ -71,7 +73,10 @@ pub fn validate_key(raw: &str, max_length: usize, what: &str) -> Result<String, 
     }
     if v.len() > max_length {
         return Err(KeyError::Invalid {
-            detail: format!("{what} is {} bytes long; at most {max_length} are allowed", v.len()),
+            detail: format!(
+                "{what} is {} bytes long; at most {max_length} are allowed",
+                v.len()
+            ),
         });
     }
     if v.chars().any(char::is_control) {
@@ -119,10 +124,12 @@ pub fn json_key(cfg: &Config, pointer: &str, body: &[u8]) -> JsonKey {
             }),
             Err(e) => JsonKey::Invalid(e),
         },
-        Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => JsonKey::Found(ClientKey {
-            source: KeySource::JsonPointer,
-            value: n.to_string().into_bytes(),
-        }),
+        Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => {
+            JsonKey::Found(ClientKey {
+                source: KeySource::JsonPointer,
+                value: n.to_string().into_bytes(),
+            })
+        }
         Some(other) => JsonKey::Invalid(KeyError::Invalid {
             detail: format!("{what} is {}, not a string or integer", json_kind(other)),
         }),
@@ -163,7 +170,9 @@ impl FingerprintHasher {
                 FingerprintPart::Method => feed(&mut hasher, head.method.as_bytes()),
                 FingerprintPart::Path => feed(&mut hasher, head.path_only().as_bytes()),
                 FingerprintPart::Query => feed(&mut hasher, head.query().as_bytes()),
-                FingerprintPart::Header(name) => feed(&mut hasher, head.header(name).unwrap_or("").as_bytes()),
+                FingerprintPart::Header(name) => {
+                    feed(&mut hasher, head.header(name).unwrap_or("").as_bytes())
+                }
                 // The body goes last whatever its place in the list; see `finish`.
                 FingerprintPart::Body => {}
             }
@@ -205,7 +214,10 @@ impl PayloadHasher {
         hasher.update(b"proxy-dedup payload v1\0");
         feed(&mut hasher, head.method.as_bytes());
         feed(&mut hasher, head.path.as_bytes());
-        PayloadHasher { hasher, body_len: 0 }
+        PayloadHasher {
+            hasher,
+            body_len: 0,
+        }
     }
 
     pub fn body(&mut self, chunk: &[u8]) {

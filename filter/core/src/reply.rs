@@ -64,7 +64,9 @@ impl Problem {
             Problem::InvalidKey => "Idempotency key invalid",
             Problem::InFlight => "A request with this idempotency key is in progress",
             Problem::AlreadyCompleted => "A request with this idempotency key has completed",
-            Problem::ResponseNotStored => "A request with this idempotency key has completed; its response was not kept",
+            Problem::ResponseNotStored => {
+                "A request with this idempotency key has completed; its response was not kept"
+            }
             Problem::BodyTooLarge => "Request body too large for deduplication",
             Problem::PayloadMismatch => "Idempotency key reused with a different request",
             Problem::StoreUnavailable => "Deduplication store unavailable",
@@ -92,7 +94,10 @@ impl Problem {
             "status": self.status(),
             "detail": detail,
         });
-        let mut headers = vec![("content-type".to_string(), b"application/problem+json".to_vec())];
+        let mut headers = vec![(
+            "content-type".to_string(),
+            b"application/problem+json".to_vec(),
+        )];
         headers.extend(extra);
         LocalReply {
             status: self.status(),

@@ -44,7 +44,11 @@ pub fn keeps_header(name: &str, connection_tokens: &[String]) -> bool {
 impl StoredResponse {
     /// Encodes with the owner's digest and claim token, checked again on decode.
     pub fn encode(&self, digest: &Digest, token: u64) -> Vec<u8> {
-        let hdr_len: usize = self.headers.iter().map(|(n, v)| 6 + n.len() + v.len()).sum();
+        let hdr_len: usize = self
+            .headers
+            .iter()
+            .map(|(n, v)| 6 + n.len() + v.len())
+            .sum();
         let mut out = Vec::with_capacity(4 + 32 + 8 + 4 + hdr_len + 4 + self.body.len());
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(digest);
@@ -82,7 +86,11 @@ impl StoredResponse {
         if !r.b.is_empty() {
             return None;
         }
-        Some(StoredResponse { status, headers, body })
+        Some(StoredResponse {
+            status,
+            headers,
+            body,
+        })
     }
 }
 
@@ -103,7 +111,8 @@ impl<'a> Reader<'a> {
         self.take(2).map(|b| u16::from_be_bytes([b[0], b[1]]))
     }
     fn u32(&mut self) -> Option<u32> {
-        self.take(4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        self.take(4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
     }
     fn u64(&mut self) -> Option<u64> {
         let b = self.take(8)?;

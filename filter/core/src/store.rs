@@ -50,7 +50,10 @@ impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StoreError::Host(h) => write!(f, "shared data failed: {}", h.0),
-            StoreError::Contention => write!(f, "shared data CAS contention after {MAX_ATTEMPTS} attempts"),
+            StoreError::Contention => write!(
+                f,
+                "shared data CAS contention after {MAX_ATTEMPTS} attempts"
+            ),
             StoreError::BucketFull => write!(f, "bucket full of in-flight claims"),
         }
     }
@@ -88,7 +91,10 @@ pub struct Claim {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimOutcome {
     /// This request owns the key: forward it.
-    Claimed { claim: Claim, evicted_unexpired: bool },
+    Claimed {
+        claim: Claim,
+        evicted_unexpired: bool,
+    },
     /// Another request with this key has not answered yet.
     InFlight,
     /// The key completed; its response is in the slot this claim points to.
@@ -210,7 +216,11 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
     }
 
     fn read(&self, bucket: u64) -> Result<(Bucket, u32), StoreError> {
-        match self.shared.get(&self.layout.bucket_key(bucket)).map_err(StoreError::Host)? {
+        match self
+            .shared
+            .get(&self.layout.bucket_key(bucket))
+            .map_err(StoreError::Host)?
+        {
             Some((bytes, cas)) => Ok((decode_bucket(&bytes), cas)),
             // Absent: create with a cas no live key holds, so a racing creator loses.
             None => Ok((Default::default(), u32::MAX)),
@@ -219,7 +229,10 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
 
     /// Writes a bucket; `Ok(false)` when another writer got there first.
     fn write(&self, bucket: u64, b: &Bucket, cas: u32) -> Result<bool, StoreError> {
-        match self.shared.set(&self.layout.bucket_key(bucket), &encode_bucket(b), cas) {
+        match self
+            .shared
+            .set(&self.layout.bucket_key(bucket), &encode_bucket(b), cas)
+        {
             Ok(()) => Ok(true),
             Err(SetError::CasMismatch) => Ok(false),
             Err(SetError::Fault(f)) => Err(StoreError::Host(f)),
@@ -228,7 +241,13 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
 
     /// Claims `digest` for a request with payload fingerprint `payload`, atomically across
     /// every worker sharing this store: of any number of concurrent claims, one wins.
-    pub fn claim(&self, digest: &Digest, payload: &Digest, now_ms: u64, token: u64) -> Result<ClaimOutcome, StoreError> {
+    pub fn claim(
+        &self,
+        digest: &Digest,
+        payload: &Digest,
+        now_ms: u64,
+        token: u64,
+    ) -> Result<ClaimOutcome, StoreError> {
         let bucket = self.layout.bucket_of(digest);
         for _ in 0..MAX_ATTEMPTS {
             let (mut b, cas) = self.read(bucket)?;
@@ -286,16 +305,22 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
     /// Marks a won claim completed and stores its response (`None`: too large to keep).
     /// Returns false when the claim was lost meanwhile (in-flight timeout, eviction): the
     /// record then belongs to someone else and is left alone.
-    pub fn complete(&self, claim: &Claim, response: Option<&StoredResponse>, now_ms: u64) -> Result<bool, StoreError> {
+    pub fn complete(
+        &self,
+        claim: &Claim,
+        response: Option<&StoredResponse>,
+        now_ms: u64,
+    ) -> Result<bool, StoreError> {
         if let Some(resp) = response {
             // The slot is written before the record flips, so a reader that sees
             // Completed finds the body; the digest and token inside let a reader reject a
             // slot that a later owner of this way overwrote.
             let bytes = resp.encode(&claim.digest, claim.token);
-            match self
-                .shared
-                .set(&self.layout.response_key(claim.bucket, claim.way), &bytes, 0)
-            {
+            match self.shared.set(
+                &self.layout.response_key(claim.bucket, claim.way),
+                &bytes,
+                0,
+            ) {
                 Ok(()) | Err(SetError::CasMismatch) => {}
                 Err(SetError::Fault(f)) => return Err(StoreError::Host(f)),
             }
@@ -318,11 +343,17 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
     }
 
     /// Applies `f` to the claim's own in-flight record (`false` from `f` empties the way).
-    fn update_own(&self, claim: &Claim, f: impl Fn(&mut Record) -> bool) -> Result<bool, StoreError> {
+    fn update_own(
+        &self,
+        claim: &Claim,
+        f: impl Fn(&mut Record) -> bool,
+    ) -> Result<bool, StoreError> {
         for _ in 0..MAX_ATTEMPTS {
             let (mut b, cas) = self.read(claim.bucket)?;
             let owned = b[claim.way].as_ref().is_some_and(|r| {
-                r.digest == claim.digest && r.token == claim.token && r.state == RecordState::InFlight
+                r.digest == claim.digest
+                    && r.token == claim.token
+                    && r.state == RecordState::InFlight
             });
             if !owned {
                 return Ok(false);
@@ -345,7 +376,11 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
     pub fn response(&self, completed: &Claim) -> Result<Option<StoredResponse>, StoreError> {
         let key = self.layout.response_key(completed.bucket, completed.way);
         match self.shared.get(&key).map_err(StoreError::Host)? {
-            Some((bytes, _)) => Ok(StoredResponse::decode(&bytes, &completed.digest, completed.token)),
+            Some((bytes, _)) => Ok(StoredResponse::decode(
+                &bytes,
+                &completed.digest,
+                completed.token,
+            )),
             None => Ok(None),
         }
     }
@@ -353,9 +388,10 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
 
 /// An empty way, else an expired one.
 fn free_way(b: &Bucket, now_ms: u64) -> Option<usize> {
-    b.iter()
-        .position(Option::is_none)
-        .or_else(|| b.iter().position(|r| r.as_ref().is_some_and(|r| r.expires_ms <= now_ms)))
+    b.iter().position(Option::is_none).or_else(|| {
+        b.iter()
+            .position(|r| r.as_ref().is_some_and(|r| r.expires_ms <= now_ms))
+    })
 }
 
 /// The completed record closest to expiry: evicted when the bucket is full.

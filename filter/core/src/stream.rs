@@ -4,8 +4,8 @@
 
 use crate::config::{Config, FailureMode, OnDuplicate};
 use crate::key::{
-    header_key, json_key, record_digest, short_hex, ClientKey, FingerprintHasher, JsonKey, KeyError, PayloadHasher,
-    RequestHead,
+    header_key, json_key, record_digest, short_hex, ClientKey, FingerprintHasher, JsonKey,
+    KeyError, PayloadHasher, RequestHead,
 };
 use crate::metrics::Counter;
 use crate::reply::{replay, LocalReply, Problem};
@@ -21,7 +21,12 @@ pub struct Plugin {
 
 impl Plugin {
     pub fn new(config: Config) -> Self {
-        let layout = Layout::new(&config.namespace, config.capacity, config.in_flight_timeout_ms, config.ttl_ms);
+        let layout = Layout::new(
+            &config.namespace,
+            config.capacity,
+            config.in_flight_timeout_ms,
+            config.ttl_ms,
+        );
         Plugin { config, layout }
     }
 }
@@ -78,9 +83,26 @@ pub struct DedupStream {
     phase: Phase,
 }
 
+impl std::fmt::Debug for DedupStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let phase = match self.phase {
+            Phase::Start => "start",
+            Phase::Passthrough => "passthrough",
+            Phase::Reading(_) => "reading",
+            Phase::Forwarded(_) => "forwarded",
+            Phase::Capturing(..) => "capturing",
+            Phase::Finished => "finished",
+        };
+        write!(f, "DedupStream {{ id: {}, phase: {phase} }}", self.id)
+    }
+}
+
 impl DedupStream {
     pub fn new(id: u32) -> Self {
-        DedupStream { id, phase: Phase::Start }
+        DedupStream {
+            id,
+            phase: Phase::Start,
+        }
     }
 
     /// True while the stream holds a claim whose response has not been settled.
@@ -107,7 +129,13 @@ impl DedupStream {
     }
 
     /// Request headers arrived. `end_of_stream` means there is no body.
-    pub fn on_request_headers<E: Env>(&mut self, p: &Plugin, env: &mut E, head: RequestHead, end_of_stream: bool) -> Action {
+    pub fn on_request_headers<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        head: RequestHead,
+        end_of_stream: bool,
+    ) -> Action {
         env.count(Counter::Requests);
         let cfg = &p.config;
         if !cfg.dedups_method(&head.method) {
@@ -120,12 +148,16 @@ impl DedupStream {
         };
         if header_key.is_none() && cfg.json_pointer.is_none() && cfg.fingerprint.is_empty() {
             if cfg.key_required {
-                let detail = format!("this endpoint requires an idempotency key in header `{}`", cfg.key_headers.join("` or `"));
+                let detail = format!(
+                    "this endpoint requires an idempotency key in header `{}`",
+                    cfg.key_headers.join("` or `")
+                );
                 return self.bad_key(env, KeyError::Missing { detail });
             }
             return self.bypass(env, "no key");
         }
-        let fingerprint = (header_key.is_none() && !cfg.fingerprint.is_empty()).then(|| FingerprintHasher::new(cfg, &head));
+        let fingerprint = (header_key.is_none() && !cfg.fingerprint.is_empty())
+            .then(|| FingerprintHasher::new(cfg, &head));
         let json_body = (header_key.is_none() && cfg.json_pointer.is_some()).then(Vec::new);
         self.phase = Phase::Reading(Box::new(Reading {
             payload: PayloadHasher::new(&head),
@@ -143,7 +175,13 @@ impl DedupStream {
     }
 
     /// A request body chunk arrived: `chunk` is the part not seen before.
-    pub fn on_request_body<E: Env>(&mut self, p: &Plugin, env: &mut E, chunk: &[u8], end_of_stream: bool) -> Action {
+    pub fn on_request_body<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        chunk: &[u8],
+        end_of_stream: bool,
+    ) -> Action {
         let Phase::Reading(r) = &mut self.phase else {
             return Action::Continue;
         };
@@ -200,7 +238,10 @@ impl DedupStream {
             return;
         };
         if !p.config.stores_status(status) {
-            env.debug(&format!("stream {}: upstream answered {status}; releasing the claim", self.id));
+            env.debug(&format!(
+                "stream {}: upstream answered {status}; releasing the claim",
+                self.id
+            ));
             self.release(p, env, &claim);
             return;
         }
@@ -212,7 +253,13 @@ impl DedupStream {
     }
 
     /// A response body chunk passed (only called while `wants_response_body`).
-    pub fn on_response_body<E: Env>(&mut self, p: &Plugin, env: &mut E, chunk: &[u8], end_of_stream: bool) {
+    pub fn on_response_body<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        chunk: &[u8],
+        end_of_stream: bool,
+    ) {
         if let Phase::Capturing(_, capture) = &mut self.phase {
             capture.body(chunk);
             if end_of_stream {
@@ -233,7 +280,10 @@ impl DedupStream {
     pub fn on_stream_end<E: Env>(&mut self, p: &Plugin, env: &mut E) {
         match std::mem::replace(&mut self.phase, Phase::Finished) {
             Phase::Forwarded(claim) | Phase::Capturing(claim, _) => {
-                env.debug(&format!("stream {}: ended without a complete response; releasing the claim", self.id));
+                env.debug(&format!(
+                    "stream {}: ended without a complete response; releasing the claim",
+                    self.id
+                ));
                 self.release(p, env, &claim);
             }
             other => self.phase = other,
@@ -257,7 +307,10 @@ impl DedupStream {
     }
 
     fn reply<E: Env>(&mut self, env: &mut E, reply: LocalReply) -> Action {
-        env.debug(&format!("stream {}: local reply {} ({})", self.id, reply.status, reply.details));
+        env.debug(&format!(
+            "stream {}: local reply {} ({})",
+            self.id, reply.status, reply.details
+        ));
         self.phase = Phase::Finished;
         Action::Reply(reply)
     }
@@ -324,8 +377,12 @@ impl DedupStream {
             }
             Ok(ClaimOutcome::InFlight) => {
                 env.count(Counter::RejectedInFlight);
-                let retry = vec![("retry-after".to_string(), cfg.retry_after_seconds.to_string().into_bytes())];
-                let detail = "the first request with this key has not been answered yet; retry later";
+                let retry = vec![(
+                    "retry-after".to_string(),
+                    cfg.retry_after_seconds.to_string().into_bytes(),
+                )];
+                let detail =
+                    "the first request with this key has not been answered yet; retry later";
                 self.reply(env, Problem::InFlight.reply(detail, retry))
             }
             Ok(ClaimOutcome::PayloadMismatch) => {
@@ -339,15 +396,20 @@ impl DedupStream {
                 let detail = "a request with this key has already completed";
                 self.reply(env, Problem::AlreadyCompleted.reply(detail, Vec::new()))
             }
-            Ok(ClaimOutcome::Completed(done)) => match SharedStore::new(&*env, &p.layout).response(&done) {
-                Ok(Some(resp)) => {
-                    env.count(Counter::Replayed);
-                    env.debug(&format!("stream {id}: record {rec} completed; replaying {}", resp.status));
-                    self.reply(env, replay(resp, &cfg.replayed_header))
+            Ok(ClaimOutcome::Completed(done)) => {
+                match SharedStore::new(&*env, &p.layout).response(&done) {
+                    Ok(Some(resp)) => {
+                        env.count(Counter::Replayed);
+                        env.debug(&format!(
+                            "stream {id}: record {rec} completed; replaying {}",
+                            resp.status
+                        ));
+                        self.reply(env, replay(resp, &cfg.replayed_header))
+                    }
+                    Ok(None) => self.not_stored(env),
+                    Err(e) => self.store_failed(p, env, &e.to_string()),
                 }
-                Ok(None) => self.not_stored(env),
-                Err(e) => self.store_failed(p, env, &e.to_string()),
-            },
+            }
             Err(e) => self.store_failed(p, env, &e.to_string()),
         }
     }
@@ -368,14 +430,16 @@ impl DedupStream {
                 Action::Continue
             }
             FailureMode::Closed => {
-                let detail = "the deduplication store could not answer; the request was not forwarded";
+                let detail =
+                    "the deduplication store could not answer; the request was not forwarded";
                 self.reply(env, Problem::StoreUnavailable.reply(detail, Vec::new()))
             }
         }
     }
 
     fn complete<E: Env>(&mut self, p: &Plugin, env: &mut E) {
-        let Phase::Capturing(claim, capture) = std::mem::replace(&mut self.phase, Phase::Finished) else {
+        let Phase::Capturing(claim, capture) = std::mem::replace(&mut self.phase, Phase::Finished)
+        else {
             return;
         };
         let response = capture.finish();
@@ -384,7 +448,11 @@ impl DedupStream {
         }
         let now = env.now_ms();
         match SharedStore::new(&*env, &p.layout).complete(&claim, response.as_ref(), now) {
-            Ok(true) => env.debug(&format!("stream {}: record {} completed", self.id, short_hex(&claim.digest))),
+            Ok(true) => env.debug(&format!(
+                "stream {}: record {} completed",
+                self.id,
+                short_hex(&claim.digest)
+            )),
             Ok(false) => {
                 env.count(Counter::ClaimsLost);
                 env.warn(&format!(
@@ -395,7 +463,10 @@ impl DedupStream {
             }
             Err(e) => {
                 env.count(Counter::StoreErrors);
-                env.warn(&format!("stream {}: completing the record failed: {e}", self.id));
+                env.warn(&format!(
+                    "stream {}: completing the record failed: {e}",
+                    self.id
+                ));
             }
         }
     }
@@ -407,7 +478,10 @@ impl DedupStream {
             Ok(false) => env.count(Counter::ClaimsLost),
             Err(e) => {
                 env.count(Counter::StoreErrors);
-                env.warn(&format!("stream {}: releasing the claim failed: {e}", self.id));
+                env.warn(&format!(
+                    "stream {}: releasing the claim failed: {e}",
+                    self.id
+                ));
             }
         }
     }

@@ -43,7 +43,6 @@ pub fn encode_pairs(pairs: &[(String, Vec<u8>)]) -> Vec<u8> {
     out
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

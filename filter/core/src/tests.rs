@@ -1,0 +1,1248 @@
+//! Native tests of the logic: config, keys, the decision table, the store under races.
+
+use crate::config::{Config, FailureMode, OnDuplicate};
+use crate::fake::{FakeEnv, FakeShared};
+use crate::key::{
+    self, json_key, record_digest, ClientKey, JsonKey, KeyError, KeySource, RequestHead,
+};
+use crate::metrics::Counter;
+use crate::reply::LocalReply;
+use crate::response::{Capture, StoredResponse};
+use crate::store::{ClaimOutcome, Layout, SharedStore, StoreError, WAYS};
+use crate::stream::{Action, DedupStream, Plugin};
+use std::sync::Arc;
+
+// ---------- helpers ----------
+
+#[derive(Clone)]
+struct Req {
+    head: RequestHead,
+    body: Option<Vec<u8>>,
+    chunk: usize,
+    trailers: bool,
+}
+
+fn req(method: &str, path: &str) -> Req {
+    Req {
+        head: RequestHead {
+            method: method.into(),
+            path: path.into(),
+            headers: Vec::new(),
+        },
+        body: None,
+        chunk: 7,
+        trailers: false,
+    }
+}
+
+impl Req {
+    fn header(mut self, n: &str, v: &str) -> Self {
+        self.head.headers.push((n.into(), v.into()));
+        self
+    }
+    fn key(self, k: &str) -> Self {
+        self.header("idempotency-key", k)
+    }
+    fn body(mut self, b: &str) -> Self {
+        self.body = Some(b.as_bytes().to_vec());
+        self
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Outcome {
+    /// Reached the upstream, which answered this.
+    Upstream(u16, Vec<u8>),
+    Local(LocalReply),
+    /// Reached the upstream, which reset the stream.
+    Reset,
+}
+
+impl Outcome {
+    fn status(&self) -> u16 {
+        match self {
+            Outcome::Upstream(s, _) => *s,
+            Outcome::Local(r) => r.status,
+            Outcome::Reset => 0,
+        }
+    }
+    fn local(&self) -> &LocalReply {
+        match self {
+            Outcome::Local(r) => r,
+            other => panic!("expected a local reply, got {other:?}"),
+        }
+    }
+    fn problem_type(&self) -> String {
+        let v: serde_json::Value = serde_json::from_slice(&self.local().body).unwrap();
+        v["type"].as_str().unwrap().to_string()
+    }
+}
+
+struct Answer {
+    status: u16,
+    headers: Vec<(String, Vec<u8>)>,
+    body: Vec<u8>,
+    reset: bool,
+}
+
+fn ok(body: &str) -> Answer {
+    answer(200, body)
+}
+
+fn answer(status: u16, body: &str) -> Answer {
+    Answer {
+        status,
+        headers: vec![("content-type".into(), b"application/json".to_vec())],
+        body: body.as_bytes().to_vec(),
+        reset: false,
+    }
+}
+
+/// Sends the request up to the decision; `Ok(stream)` if it was forwarded.
+fn send(p: &Plugin, env: &mut FakeEnv, r: &Req) -> Result<DedupStream, Outcome> {
+    let mut s = DedupStream::new(1);
+    let mut action = s.on_request_headers(p, env, r.head.clone(), r.body.is_none() && !r.trailers);
+    if let Some(body) = &r.body {
+        let chunks: Vec<&[u8]> = if body.is_empty() {
+            vec![&[][..]]
+        } else {
+            body.chunks(r.chunk).collect()
+        };
+        let n = chunks.len();
+        for (i, c) in chunks.into_iter().enumerate() {
+            if action != Action::Pause {
+                break;
+            }
+            action = s.on_request_body(p, env, c, i + 1 == n && !r.trailers);
+        }
+        if r.trailers && action == Action::Pause {
+            action = s.on_request_trailers(p, env);
+        }
+    }
+    match action {
+        Action::Continue => Ok(s),
+        Action::Reply(reply) => {
+            // Envoy runs the filter's response callbacks on its own local reply too.
+            s.on_response_headers(p, env, reply.status, || reply.headers.clone(), false);
+            s.on_response_body(p, env, &reply.body, true);
+            s.on_stream_end(p, env);
+            Err(Outcome::Local(reply))
+        }
+        Action::Pause => panic!("stream left paused at the end of the request"),
+    }
+}
+
+fn respond(p: &Plugin, env: &mut FakeEnv, mut s: DedupStream, a: Answer) -> Outcome {
+    if a.reset {
+        s.on_stream_end(p, env);
+        return Outcome::Reset;
+    }
+    let mut pairs = vec![(":status".to_string(), a.status.to_string().into_bytes())];
+    pairs.extend(a.headers.clone());
+    s.on_response_headers(p, env, a.status, || pairs, a.body.is_empty());
+    if !a.body.is_empty() {
+        let n = a.body.len().div_ceil(5);
+        for (i, c) in a.body.chunks(5).enumerate() {
+            if s.wants_response_body() {
+                s.on_response_body(p, env, c, i + 1 == n);
+            }
+        }
+    }
+    s.on_stream_end(p, env);
+    Outcome::Upstream(a.status, a.body)
+}
+
+fn run(p: &Plugin, env: &mut FakeEnv, r: &Req, a: Answer) -> Outcome {
+    match send(p, env, r) {
+        Ok(s) => respond(p, env, s, a),
+        Err(o) => o,
+    }
+}
+
+fn plugin(json: &str) -> Plugin {
+    Plugin::new(Config::parse(json.as_bytes()).unwrap())
+}
+
+fn world() -> (Arc<FakeShared>, FakeEnv) {
+    let shared = FakeShared::new();
+    let env = FakeEnv::new(shared.clone(), 0);
+    (shared, env)
+}
+
+fn cfg_err(json: &str) -> (String, String) {
+    let e = Config::parse(json.as_bytes()).unwrap_err();
+    (e.field, e.reason)
+}
+
+// ---------- configuration ----------
+
+#[test]
+fn empty_config_gives_documented_defaults() {
+    let c = Config::parse(b"").unwrap();
+    assert_eq!(c, Config::default());
+    let c2 = Config::parse(b"{}").unwrap();
+    assert_eq!(c2, c);
+    assert_eq!(c.key_headers, vec!["idempotency-key"]);
+    assert_eq!(c.methods, vec!["POST", "PATCH"]);
+    assert_eq!(
+        (c.ttl_ms, c.in_flight_timeout_ms, c.capacity),
+        (86_400_000, 30_000, 100_000)
+    );
+    assert_eq!(
+        (c.max_body_bytes, c.max_replay_body_bytes, c.key_max_length),
+        (1_048_576, 65_536, 255)
+    );
+    assert_eq!(
+        (c.on_duplicate, c.failure_mode),
+        (OnDuplicate::Replay, FailureMode::Open)
+    );
+    assert!(c.stores_status(200) && c.stores_status(404) && c.stores_status(302));
+    assert!(!c.stores_status(500) && !c.stores_status(503) && !c.stores_status(101));
+}
+
+#[test]
+fn full_config_parses() {
+    let c = Config::parse(
+        br#"{"key": {"headers": ["X-Request-Id", "idempotency-key"], "json_pointer": "/msg~1id", "fingerprint": ["method", "path", "query", "body", "header:X-Tenant"], "required": true, "max_length": 64},
+            "scope": {"headers": ["x-tenant"]}, "methods": ["POST", "PUT"], "on_duplicate": "reject", "ttl_seconds": 60,
+            "in_flight_timeout_seconds": 5, "retry_after_seconds": 2, "capacity": 1024, "max_body_bytes": 4096,
+            "max_replay_body_bytes": 1024, "store_statuses": ["2xx", "409"], "replayed_header": "X-Replayed",
+            "failure_mode": "closed", "store": {"kind": "shared_data", "namespace": "orders"}}"#,
+    )
+    .unwrap();
+    assert_eq!(c.key_headers, vec!["x-request-id", "idempotency-key"]);
+    assert_eq!(c.json_pointer.as_deref(), Some("/msg~1id"));
+    assert_eq!(c.fingerprint.len(), 5);
+    assert!(c.key_required);
+    assert_eq!(c.on_duplicate, OnDuplicate::Reject);
+    assert_eq!(c.failure_mode, FailureMode::Closed);
+    assert!(c.stores_status(201) && c.stores_status(409) && !c.stores_status(404));
+    assert_eq!(c.replayed_header, "x-replayed");
+    assert_eq!(c.namespace, "orders");
+}
+
+#[test]
+fn config_errors_name_the_field() {
+    let cases: &[(&str, &str, &str)] = &[
+        (r#"{"ttl": 5}"#, "ttl", "unknown field"),
+        (
+            r#"{"key": {"header": ["a"]}}"#,
+            "key.header",
+            "unknown field",
+        ),
+        (r#"{"ttl_seconds": "x"}"#, "ttl_seconds", "invalid type"),
+        (r#"{"ttl_seconds": -1}"#, "ttl_seconds", "invalid value"),
+        (r#"{"ttl_seconds": 0}"#, "ttl_seconds", "out of range"),
+        (
+            r#"{"in_flight_timeout_seconds": 100000}"#,
+            "in_flight_timeout_seconds",
+            "out of range",
+        ),
+        (r#"{"capacity": 1}"#, "capacity", "out of range"),
+        (
+            r#"{"max_body_bytes": 999999999999}"#,
+            "max_body_bytes",
+            "out of range",
+        ),
+        (
+            r#"{"max_replay_body_bytes": 99999999}"#,
+            "max_replay_body_bytes",
+            "out of range",
+        ),
+        (
+            r#"{"retry_after_seconds": 4000}"#,
+            "retry_after_seconds",
+            "out of range",
+        ),
+        (
+            r#"{"key": {"max_length": 0}}"#,
+            "key.max_length",
+            "out of range",
+        ),
+        (
+            r#"{"key": {"required": "yes"}}"#,
+            "key.required",
+            "invalid type",
+        ),
+        (r#"{"key": {"headers": []}}"#, "key.headers", "at least one"),
+        (
+            r#"{"key": {"headers": ["bad header"]}}"#,
+            "key.headers",
+            "not a valid header name",
+        ),
+        (
+            r#"{"key": {"json_pointer": "msgId"}}"#,
+            "key.json_pointer",
+            "RFC 6901",
+        ),
+        (
+            r#"{"key": {"json_pointer": "/a~2"}}"#,
+            "key.json_pointer",
+            "invalid escape",
+        ),
+        (
+            r#"{"key": {"fingerprint": ["cookies"]}}"#,
+            "key.fingerprint",
+            "expected",
+        ),
+        (
+            r#"{"key": {"fingerprint": []}}"#,
+            "key.fingerprint",
+            "at least one",
+        ),
+        (
+            r#"{"key": {"fingerprint": ["body", "body"]}}"#,
+            "key.fingerprint",
+            "twice",
+        ),
+        (
+            r#"{"key": {"fingerprint": ["header:"]}}"#,
+            "key.fingerprint",
+            "expected",
+        ),
+        (
+            r#"{"scope": {"headers": ["x y"]}}"#,
+            "scope.headers",
+            "not a valid header name",
+        ),
+        (r#"{"methods": []}"#, "methods", "at least one"),
+        (r#"{"methods": ["post"]}"#, "methods", "upper-case"),
+        (
+            r#"{"on_duplicate": "ignore"}"#,
+            "on_duplicate",
+            "unknown variant",
+        ),
+        (
+            r#"{"failure_mode": "allow"}"#,
+            "failure_mode",
+            "unknown variant",
+        ),
+        (
+            r#"{"store_statuses": ["2xx", "6xx"]}"#,
+            "store_statuses",
+            "status class",
+        ),
+        (
+            r#"{"store_statuses": ["99"]}"#,
+            "store_statuses",
+            "status class",
+        ),
+        (
+            r#"{"replayed_header": ""}"#,
+            "replayed_header",
+            "not a valid header name",
+        ),
+        (
+            r#"{"store": {"kind": "redis"}}"#,
+            "store.kind",
+            "not a known store",
+        ),
+        (
+            r#"{"store": {"namespace": "a/b"}}"#,
+            "store.namespace",
+            "without '/'",
+        ),
+        (
+            r#"{"store": {"kind": "shared_data", "ttl": 1}}"#,
+            "store.ttl",
+            "unknown field",
+        ),
+        (r#"[1, 2]"#, "(root)", "JSON object"),
+        (r#"{"ttl_seconds": 5} trailing"#, "(root)", "trailing"),
+        (r#"{"ttl_seconds": 5"#, "(root)", "EOF"),
+    ];
+    for (json, field, reason) in cases {
+        let (f, r) = cfg_err(json);
+        assert_eq!(&f, field, "field for {json}: {r}");
+        assert!(
+            r.contains(reason),
+            "reason for {json}: {r:?} should mention {reason:?}"
+        );
+    }
+    let e = Config::parse(&[0xff, 0xfe]).unwrap_err();
+    assert_eq!(e.field, "(root)");
+    let shown = Config::parse(br#"{"capacity": 1}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        shown.contains("`capacity`") && shown.contains("out of range"),
+        "{shown}"
+    );
+}
+
+// ---------- keys ----------
+
+#[test]
+fn header_key_first_present_wins_and_is_validated() {
+    let cfg = Config::parse(br#"{"key": {"headers": ["x-a", "x-b"], "max_length": 8}}"#).unwrap();
+    let mut h = req("POST", "/")
+        .header("x-b", "second")
+        .header("x-a", "first")
+        .head;
+    assert_eq!(key::header_key(&cfg, &h).unwrap().unwrap().value, b"first");
+    h.headers.remove(1);
+    assert_eq!(key::header_key(&cfg, &h).unwrap().unwrap().value, b"second");
+    h.headers.clear();
+    assert!(key::header_key(&cfg, &h).is_none());
+    for (bad, why) in [
+        ("123456789", "at most 8"),
+        ("a\u{1}b", "control"),
+        ("", "empty"),
+        ("\"\"", "empty"),
+        ("a\tb", "control"),
+    ] {
+        let h = req("POST", "/").header("x-a", bad).head;
+        match key::header_key(&cfg, &h).unwrap() {
+            Err(KeyError::Invalid { detail }) => assert!(detail.contains(why), "{bad:?}: {detail}"),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    // An RFC 8941 string (as in the IETF draft) is the same key as its content.
+    let q = req("POST", "/").header("x-a", "\"abc\"").head;
+    assert_eq!(key::header_key(&cfg, &q).unwrap().unwrap().value, b"abc");
+    // Exactly max_length is fine.
+    let h = req("POST", "/").header("x-a", "12345678").head;
+    assert!(key::header_key(&cfg, &h).unwrap().is_ok());
+}
+
+#[test]
+fn json_pointer_keys() {
+    let cfg = Config::parse(br#"{"key": {"json_pointer": "/msg/id", "max_length": 10}}"#).unwrap();
+    let found = |body: &str| json_key(&cfg, "/msg/id", body.as_bytes());
+    assert!(
+        matches!(found(r#"{"msg": {"id": "m-1"}}"#), JsonKey::Found(ClientKey { value, source: KeySource::JsonPointer }) if value == b"m-1")
+    );
+    assert!(
+        matches!(found(r#"{"msg": {"id": 42}}"#), JsonKey::Found(ClientKey { value, .. }) if value == b"42")
+    );
+    assert!(
+        matches!(found(r#"{"msg": {"id": -7}}"#), JsonKey::Found(ClientKey { value, .. }) if value == b"-7")
+    );
+    assert!(matches!(
+        found(r#"{"msg": {"id": 1.5}}"#),
+        JsonKey::Invalid(_)
+    ));
+    assert!(matches!(
+        found(r#"{"msg": {"id": null}}"#),
+        JsonKey::Invalid(_)
+    ));
+    assert!(matches!(
+        found(r#"{"msg": {"id": {"x": 1}}}"#),
+        JsonKey::Invalid(_)
+    ));
+    assert!(matches!(
+        found(r#"{"msg": {"id": "much-too-long-id"}}"#),
+        JsonKey::Invalid(_)
+    ));
+    assert!(matches!(found(r#"{"msg": {}}"#), JsonKey::Absent(r) if r.contains("no value")));
+    assert!(
+        matches!(found(r#"{"msg": {"id": "x"}"#), JsonKey::Absent(r) if r.contains("not valid JSON"))
+    );
+    assert!(matches!(found(""), JsonKey::Absent(r) if r.contains("not valid JSON")));
+    assert!(matches!(found("\u{0}\u{ff}garbage"), JsonKey::Absent(_)));
+    // Escapes: "/a~1b" is the member "a/b".
+    assert!(matches!(
+        json_key(&cfg, "/a~1b", br#"{"a/b": "k"}"#),
+        JsonKey::Found(_)
+    ));
+}
+
+#[test]
+fn fingerprints_differ_by_each_configured_part_only() {
+    let cfg = Config::parse(
+        br#"{"key": {"fingerprint": ["method", "path", "body", "header:x-device"]}}"#,
+    )
+    .unwrap();
+    let fp = |r: &Req| {
+        let mut h = key::FingerprintHasher::new(&cfg, &r.head);
+        if let Some(b) = &r.body {
+            for c in b.chunks(3) {
+                h.body(c);
+            }
+        }
+        h.finish().value
+    };
+    let base = req("POST", "/push?x=1")
+        .header("x-device", "d1")
+        .body("hello");
+    let same = fp(&base);
+    assert_eq!(same, fp(&base.clone()));
+    // Query is not a configured part: ignored.
+    let mut q = base.clone();
+    q.head.path = "/push?x=2".into();
+    assert_eq!(fp(&q), same);
+    let mut m = base.clone();
+    m.head.method = "PUT".into();
+    assert_ne!(fp(&m), same);
+    let mut p = base.clone();
+    p.head.path = "/pull?x=1".into();
+    assert_ne!(fp(&p), same);
+    assert_ne!(fp(&base.clone().body("hellO")), same);
+    let mut d = base.clone();
+    d.head.headers[0].1 = "d2".into();
+    assert_ne!(fp(&d), same);
+    // Chunking does not matter.
+    let mut one = key::FingerprintHasher::new(&cfg, &base.head);
+    one.body(b"hello");
+    assert_eq!(one.finish().value, same);
+}
+
+#[test]
+fn digests_separate_scopes_and_key_sources() {
+    let cfg = Config::parse(br#"{"scope": {"headers": ["x-tenant"]}}"#).unwrap();
+    let k = ClientKey {
+        source: KeySource::Header,
+        value: b"k1".to_vec(),
+    };
+    let a = req("POST", "/").header("x-tenant", "a").head;
+    let b = req("POST", "/").header("x-tenant", "b").head;
+    let none = req("POST", "/").head;
+    let empty = req("POST", "/").header("x-tenant", "").head;
+    let da = record_digest(&cfg, &a, &k);
+    assert_eq!(da, record_digest(&cfg, &a, &k));
+    assert_ne!(da, record_digest(&cfg, &b, &k));
+    assert_ne!(
+        record_digest(&cfg, &none, &k),
+        record_digest(&cfg, &empty, &k)
+    );
+    let j = ClientKey {
+        source: KeySource::JsonPointer,
+        value: b"k1".to_vec(),
+    };
+    assert_ne!(da, record_digest(&cfg, &a, &j));
+    // Length prefixes: ("ab","c") and ("a","bc") scopes cannot meet.
+    let cfg2 = Config::parse(br#"{"scope": {"headers": ["x-a", "x-b"]}}"#).unwrap();
+    let h1 = req("POST", "/").header("x-a", "ab").header("x-b", "c").head;
+    let h2 = req("POST", "/").header("x-a", "a").header("x-b", "bc").head;
+    assert_ne!(record_digest(&cfg2, &h1, &k), record_digest(&cfg2, &h2, &k));
+}
+
+// ---------- the decision table ----------
+
+#[test]
+fn b1_b2_first_executes_then_replays_same_response() {
+    let p = plugin("{}");
+    let (_, mut env) = world();
+    let r = req("POST", "/orders").key("k1").body(r#"{"item": 1}"#);
+    let first = run(&p, &mut env, &r, ok(r#"{"order": 1}"#));
+    assert_eq!(first, Outcome::Upstream(200, br#"{"order": 1}"#.to_vec()));
+    let again = run(&p, &mut env, &r, ok("must not be called"));
+    let reply = again.local();
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body, br#"{"order": 1}"#);
+    assert_eq!(reply.header("idempotent-replayed"), Some(&b"true"[..]));
+    assert_eq!(reply.header("content-type"), Some(&b"application/json"[..]));
+    assert_eq!(env.count_of(Counter::Executed), 1);
+    assert_eq!(env.count_of(Counter::Replayed), 1);
+    assert_eq!(env.count_of(Counter::Requests), 2);
+}
+
+#[test]
+fn b1_replay_keeps_end_to_end_headers_and_drops_hop_by_hop_and_cookies() {
+    let p = plugin("{}");
+    let (_, mut env) = world();
+    let r = req("POST", "/orders").key("k1");
+    let mut a = answer(201, "made");
+    a.headers = vec![
+        ("location".into(), b"/orders/1".to_vec()),
+        ("link".into(), b"<a>".to_vec()),
+        ("link".into(), b"<b>".to_vec()),
+        ("set-cookie".into(), b"session=secret".to_vec()),
+        ("connection".into(), b"close, x-hop".to_vec()),
+        ("x-hop".into(), b"1".to_vec()),
+        ("transfer-encoding".into(), b"chunked".to_vec()),
+        ("content-length".into(), b"4".to_vec()),
+        ("x-envoy-upstream-service-time".into(), b"3".to_vec()),
+    ];
+    run(&p, &mut env, &r, a);
+    let replay = run(&p, &mut env, &r, ok("x"));
+    let names: Vec<&str> = replay
+        .local()
+        .headers
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["location", "link", "link", "idempotent-replayed"]
+    );
+    assert_eq!(replay.status(), 201);
+}
+
+#[test]
+fn b3_duplicate_in_flight_gets_409_with_retry_after() {
+    let p = plugin(r#"{"retry_after_seconds": 3}"#);
+    let (shared, mut env) = world();
+    let mut env2 = FakeEnv::new(shared, 1);
+    let r = req("POST", "/orders").key("k1").body("{}");
+    let first = send(&p, &mut env, &r).unwrap();
+    let dup = send(&p, &mut env2, &r).unwrap_err();
+    assert_eq!(dup.status(), 409);
+    assert_eq!(dup.local().header("retry-after"), Some(&b"3"[..]));
+    assert_eq!(
+        dup.local().header("content-type"),
+        Some(&b"application/problem+json"[..])
+    );
+    assert_eq!(dup.problem_type(), "urn:proxy-dedup:problem:in-flight");
+    assert_eq!(env2.count_of(Counter::RejectedInFlight), 1);
+    respond(&p, &mut env, first, ok("done"));
+    assert_eq!(run(&p, &mut env2, &r, ok("no")).local().body, b"done");
+}
+
+#[test]
+fn b4_same_key_different_payload_gets_422() {
+    let p = plugin("{}");
+    let (_, mut env) = world();
+    run(
+        &p,
+        &mut env,
+        &req("POST", "/orders").key("k1").body("a"),
+        ok("1"),
+    );
+    for other in [
+        req("POST", "/orders").key("k1").body("b"),
+        req("POST", "/refunds").key("k1").body("a"),
+        req("PATCH", "/orders").key("k1").body("a"),
+        req("POST", "/orders?x=1").key("k1").body("a"),
+        req("POST", "/orders").key("k1"),
+    ] {
+        let o = run(&p, &mut env, &other, ok("no"));
+        assert_eq!(o.status(), 422, "{:?}", other.head);
+        assert_eq!(o.problem_type(), "urn:proxy-dedup:problem:payload-mismatch");
+    }
+    // A mismatch while the first is in flight is 422 too (the more specific answer).
+    let (_, mut env) = world();
+    let _first = send(&p, &mut env, &req("POST", "/o").key("k2").body("a")).unwrap();
+    assert_eq!(
+        send(&p, &mut env, &req("POST", "/o").key("k2").body("b"))
+            .unwrap_err()
+            .status(),
+        422
+    );
+    assert_eq!(env.count_of(Counter::PayloadMismatch), 1);
+}
+
+#[test]
+fn b5_missing_or_invalid_key_gets_400() {
+    let p = plugin(r#"{"key": {"required": true, "max_length": 10}}"#);
+    let (shared, mut env) = world();
+    let missing = run(&p, &mut env, &req("POST", "/o").body("x"), ok("no"));
+    assert_eq!(missing.status(), 400);
+    assert_eq!(
+        missing.problem_type(),
+        "urn:proxy-dedup:problem:missing-key"
+    );
+    for bad in ["01234567890", "a\u{7f}b"] {
+        let o = run(&p, &mut env, &req("POST", "/o").key(bad), ok("no"));
+        assert_eq!(o.status(), 400);
+        assert_eq!(o.problem_type(), "urn:proxy-dedup:problem:invalid-key");
+    }
+    assert_eq!(env.count_of(Counter::BadKey), 3);
+    assert_eq!(shared.key_count(), 0, "bad requests touch no store");
+    // Not required: a keyless request passes through untouched.
+    let p = plugin("{}");
+    let o = run(&p, &mut env, &req("POST", "/o").body("x"), ok("yes"));
+    assert_eq!(o, Outcome::Upstream(200, b"yes".to_vec()));
+    assert_eq!(env.count_of(Counter::Bypassed), 1);
+    // A bad key is refused even when not required.
+    assert_eq!(
+        run(&p, &mut env, &req("POST", "/o").key(""), ok("no")).status(),
+        400
+    );
+}
+
+#[test]
+fn b6_5xx_reset_and_no_response_release_the_claim() {
+    let p = plugin("{}");
+    let (_, mut env) = world();
+    let r = req("POST", "/pay").key("k1").body("{}");
+    assert_eq!(run(&p, &mut env, &r, answer(503, "busy")).status(), 503);
+    let mut reset = ok("");
+    reset.reset = true;
+    assert_eq!(run(&p, &mut env, &r, reset), Outcome::Reset);
+    // Headers arrived but the body never finished: released too.
+    let s = send(&p, &mut env, &r).unwrap();
+    let mut s = s;
+    s.on_response_headers(&p, &mut env, 200, Vec::new, false);
+    s.on_response_body(&p, &mut env, b"part", false);
+    s.on_stream_end(&p, &mut env);
+    assert_eq!(
+        run(&p, &mut env, &r, ok("paid")),
+        Outcome::Upstream(200, b"paid".to_vec())
+    );
+    assert_eq!(env.count_of(Counter::Executed), 4);
+    assert_eq!(env.count_of(Counter::Released), 3);
+    assert_eq!(run(&p, &mut env, &r, ok("no")).local().body, b"paid");
+    // 4xx is stored by default; configurable.
+    let p = plugin(r#"{"store_statuses": ["2xx"]}"#);
+    let r = req("POST", "/pay").key("k2");
+    run(&p, &mut env, &r, answer(409, "conflict"));
+    assert_eq!(
+        run(&p, &mut env, &r, ok("second")),
+        Outcome::Upstream(200, b"second".to_vec())
+    );
+}
+
+#[test]
+fn b7_errors_are_problem_json() {
+    let p = plugin(r#"{"key": {"required": true}}"#);
+    let (_, mut env) = world();
+    let o = run(&p, &mut env, &req("POST", "/o"), ok("no"));
+    let v: serde_json::Value = serde_json::from_slice(&o.local().body).unwrap();
+    assert_eq!(v["status"], 400);
+    assert!(v["title"].as_str().unwrap().contains("missing"));
+    assert!(v["detail"].as_str().unwrap().contains("idempotency-key"));
+}
+
+#[test]
+fn b8_decision_waits_for_the_end_of_the_body() {
+    let p = plugin("{}");
+    let (shared, mut env) = world();
+    let mut s = DedupStream::new(9);
+    let r = req("POST", "/o").key("k1");
+    assert_eq!(
+        s.on_request_headers(&p, &mut env, r.head.clone(), false),
+        Action::Pause
+    );
+    assert_eq!(
+        s.on_request_body(&p, &mut env, b"part one ", false),
+        Action::Pause
+    );
+    assert_eq!(shared.key_count(), 0, "no claim before the end of the body");
+    assert_eq!(
+        s.on_request_body(&p, &mut env, b"and two", false),
+        Action::Pause
+    );
+    // Trailers end the body.
+    assert_eq!(s.on_request_trailers(&p, &mut env), Action::Continue);
+    assert!(s.holds_claim());
+    // The chunked body and the same body in one piece are the same payload.
+    let mut whole = req("POST", "/o").key("k1").body("part one and two");
+    whole.chunk = 100;
+    let _ = respond(&p, &mut env, s, ok("ok"));
+    assert_eq!(run(&p, &mut env, &whole, ok("no")).local().body, b"ok");
+}
+
+#[test]
+fn body_over_limit_gets_413_and_nothing_is_claimed() {
+    let p = plugin(r#"{"max_body_bytes": 10}"#);
+    let (shared, mut env) = world();
+    let o = run(
+        &p,
+        &mut env,
+        &req("POST", "/o").key("k").body("0123456789A"),
+        ok("no"),
+    );
+    assert_eq!(o.status(), 413);
+    assert_eq!(o.problem_type(), "urn:proxy-dedup:problem:body-too-large");
+    assert_eq!(shared.key_count(), 0);
+    assert!(matches!(
+        run(
+            &p,
+            &mut env,
+            &req("POST", "/o").key("k").body("0123456789"),
+            ok("y")
+        ),
+        Outcome::Upstream(..)
+    ));
+}
+
+#[test]
+fn other_methods_pass_untouched() {
+    let p = plugin("{}");
+    let (shared, mut env) = world();
+    for _ in 0..2 {
+        let o = run(&p, &mut env, &req("GET", "/orders").key("k1"), ok("list"));
+        assert_eq!(o, Outcome::Upstream(200, b"list".to_vec()));
+    }
+    assert_eq!(shared.key_count(), 0);
+    assert_eq!(env.count_of(Counter::Bypassed), 2);
+}
+
+#[test]
+fn reject_mode_answers_409_for_completed() {
+    let p = plugin(r#"{"on_duplicate": "reject"}"#);
+    let (_, mut env) = world();
+    let r = req("POST", "/o").key("k");
+    run(&p, &mut env, &r, ok("1"));
+    let o = run(&p, &mut env, &r, ok("no"));
+    assert_eq!(o.status(), 409);
+    assert_eq!(
+        o.problem_type(),
+        "urn:proxy-dedup:problem:already-completed"
+    );
+}
+
+#[test]
+fn oversized_response_blocks_duplicates_without_replay() {
+    let p = plugin(r#"{"max_replay_body_bytes": 8}"#);
+    let (_, mut env) = world();
+    let r = req("POST", "/o").key("k");
+    assert!(matches!(
+        run(&p, &mut env, &r, ok("0123456789")),
+        Outcome::Upstream(..)
+    ));
+    let o = run(&p, &mut env, &r, ok("no"));
+    assert_eq!(o.status(), 409);
+    assert_eq!(
+        o.problem_type(),
+        "urn:proxy-dedup:problem:response-not-stored"
+    );
+    // At the cap it is stored.
+    let r2 = req("POST", "/o").key("k2");
+    run(&p, &mut env, &r2, ok("01234567"));
+    assert_eq!(run(&p, &mut env, &r2, ok("no")).local().body, b"01234567");
+}
+
+#[test]
+fn json_pointer_and_fingerprint_modes() {
+    let p =
+        plugin(r#"{"key": {"json_pointer": "/msgId", "fingerprint": ["method", "path", "body"]}}"#);
+    let (_, mut env) = world();
+    // Same msgId, same body: replay.
+    let m = req("POST", "/push").body(r#"{"msgId": "m1", "text": "hi"}"#);
+    run(&p, &mut env, &m, ok("sent"));
+    assert_eq!(run(&p, &mut env, &m, ok("no")).local().body, b"sent");
+    // Same msgId, other text: 422.
+    let m2 = req("POST", "/push").body(r#"{"msgId": "m1", "text": "bye"}"#);
+    assert_eq!(run(&p, &mut env, &m2, ok("no")).status(), 422);
+    // Header key takes precedence over the body's.
+    let h = req("POST", "/push")
+        .key("m1")
+        .body(r#"{"msgId": "m1", "text": "hi"}"#);
+    assert!(matches!(
+        run(&p, &mut env, &h, ok("h")),
+        Outcome::Upstream(..)
+    ));
+    // No msgId, or not JSON: the fingerprint of the whole request is the key.
+    let f = req("POST", "/push").body("plain text form");
+    assert!(matches!(
+        run(&p, &mut env, &f, ok("f")),
+        Outcome::Upstream(..)
+    ));
+    assert_eq!(run(&p, &mut env, &f, ok("no")).local().body, b"f");
+    // An invalid JSON key is a 400 even with a fingerprint fallback.
+    let bad = req("POST", "/push").body(r#"{"msgId": [1]}"#);
+    assert_eq!(run(&p, &mut env, &bad, ok("no")).status(), 400);
+}
+
+#[test]
+fn json_pointer_required_without_key_explains_why() {
+    let p = plugin(r#"{"key": {"json_pointer": "/id", "required": true}}"#);
+    let (_, mut env) = world();
+    let o = run(&p, &mut env, &req("POST", "/").body("{not json"), ok("no"));
+    assert_eq!(o.status(), 400);
+    let v: serde_json::Value = serde_json::from_slice(&o.local().body).unwrap();
+    assert!(
+        v["detail"].as_str().unwrap().contains("not valid JSON"),
+        "{v}"
+    );
+    // No body at all: no key.
+    assert_eq!(run(&p, &mut env, &req("POST", "/"), ok("no")).status(), 400);
+}
+
+#[test]
+fn scopes_never_see_each_other() {
+    let p = plugin(r#"{"scope": {"headers": ["x-tenant"]}}"#);
+    let (_, mut env) = world();
+    let a = req("POST", "/o")
+        .key("k")
+        .header("x-tenant", "a")
+        .body("same");
+    let b = req("POST", "/o")
+        .key("k")
+        .header("x-tenant", "b")
+        .body("same");
+    assert_eq!(
+        run(&p, &mut env, &a, ok("secret-a")),
+        Outcome::Upstream(200, b"secret-a".to_vec())
+    );
+    assert_eq!(
+        run(&p, &mut env, &b, ok("secret-b")),
+        Outcome::Upstream(200, b"secret-b".to_vec())
+    );
+    assert_eq!(run(&p, &mut env, &a, ok("no")).local().body, b"secret-a");
+    assert_eq!(run(&p, &mut env, &b, ok("no")).local().body, b"secret-b");
+}
+
+#[test]
+fn failure_modes() {
+    for (mode, expect) in [("open", 200), ("closed", 503)] {
+        let p = plugin(&format!(r#"{{"failure_mode": "{mode}"}}"#));
+        let (shared, mut env) = world();
+        shared.set_failing(true);
+        let o = run(&p, &mut env, &req("POST", "/o").key("k"), ok("through"));
+        assert_eq!(o.status(), expect, "{mode}");
+        assert_eq!(env.count_of(Counter::StoreErrors), 1);
+        if mode == "closed" {
+            assert_eq!(
+                o.problem_type(),
+                "urn:proxy-dedup:problem:store-unavailable"
+            );
+        } else {
+            assert_eq!(env.count_of(Counter::FailedOpen), 1);
+        }
+    }
+    // The store failing between claim and completion: counted, nothing panics, and the
+    // record stays in flight until its timeout.
+    let p = plugin(r#"{"in_flight_timeout_seconds": 5}"#);
+    let (shared, mut env) = world();
+    let r = req("POST", "/o").key("k");
+    let s = send(&p, &mut env, &r).unwrap();
+    shared.set_failing(true);
+    respond(&p, &mut env, s, ok("x"));
+    assert_eq!(env.count_of(Counter::StoreErrors), 1);
+    shared.set_failing(false);
+    assert_eq!(run(&p, &mut env, &r, ok("no")).status(), 409);
+    env.now_ms += 5_000;
+    assert!(matches!(
+        run(&p, &mut env, &r, ok("again")),
+        Outcome::Upstream(..)
+    ));
+}
+
+// ---------- expiry ----------
+
+#[test]
+fn ttl_and_in_flight_expiry() {
+    let p = plugin(r#"{"ttl_seconds": 60, "in_flight_timeout_seconds": 10}"#);
+    let (_, mut env) = world();
+    let r = req("POST", "/o").key("k");
+    run(&p, &mut env, &r, ok("one"));
+    env.now_ms += 59_999;
+    assert_eq!(run(&p, &mut env, &r, ok("no")).local().body, b"one");
+    env.now_ms += 1;
+    assert_eq!(
+        run(&p, &mut env, &r, ok("two")),
+        Outcome::Upstream(200, b"two".to_vec())
+    );
+    // In flight: blocks until the timeout, then the key runs again.
+    let r2 = req("POST", "/o").key("k2");
+    let stuck = send(&p, &mut env, &r2).unwrap();
+    env.now_ms += 9_999;
+    assert_eq!(send(&p, &mut env, &r2).unwrap_err().status(), 409);
+    env.now_ms += 1;
+    let retry = send(&p, &mut env, &r2).unwrap();
+    // The stuck original answers late: it must not overwrite the new owner's record.
+    respond(&p, &mut env, stuck, ok("late"));
+    assert_eq!(env.count_of(Counter::ClaimsLost), 1);
+    assert_eq!(send(&p, &mut env, &r2).unwrap_err().status(), 409);
+    respond(&p, &mut env, retry, ok("fresh"));
+    assert_eq!(run(&p, &mut env, &r2, ok("no")).local().body, b"fresh");
+}
+
+// ---------- the store ----------
+
+fn digest(i: u64) -> [u8; 32] {
+    let mut d = [0u8; 32];
+    let h = <sha2::Sha256 as sha2::Digest>::digest(i.to_be_bytes());
+    d.copy_from_slice(&h);
+    d
+}
+
+#[test]
+fn interleaved_claims_one_wins_the_cas_race() {
+    let shared = FakeShared::new();
+    let layout = Layout::new("t", 64, 30_000, 60_000);
+    let d = digest(1);
+    let p = [7u8; 32];
+    // Worker B claims between worker A's read and A's CAS (the bucket does not exist yet:
+    // both saw it absent, and B's create wins).
+    let (s2, l2) = (shared.clone(), layout.clone());
+    shared.before_next_set(move || {
+        let o = SharedStore::new(&*s2, &l2).claim(&d, &p, 1000, 2).unwrap();
+        assert!(matches!(o, ClaimOutcome::Claimed { .. }));
+    });
+    let a = SharedStore::new(&*shared, &layout)
+        .claim(&d, &p, 1000, 1)
+        .unwrap();
+    assert_eq!(
+        a,
+        ClaimOutcome::InFlight,
+        "A must see B's claim after losing the CAS"
+    );
+
+    // Same race on an existing bucket (cas path, not the create path).
+    let d2 = digest(2);
+    let (s3, l3) = (shared.clone(), layout.clone());
+    let b2 = layout.bucket_of(&d2);
+    SharedStore::new(&*shared, &layout)
+        .claim(&digest(1000 + b2), &p, 1000, 9)
+        .unwrap();
+    shared.before_next_set(move || {
+        SharedStore::new(&*s3, &l3).claim(&d2, &p, 1000, 4).unwrap();
+    });
+    assert_eq!(
+        SharedStore::new(&*shared, &layout)
+            .claim(&d2, &p, 1000, 3)
+            .unwrap(),
+        ClaimOutcome::InFlight
+    );
+}
+
+#[test]
+fn interleaved_claims_on_other_keys_both_win() {
+    let shared = FakeShared::new();
+    let layout = Layout::new("t", 16, 30_000, 60_000); // 2 buckets: collisions are likely
+    let p = [0u8; 32];
+    let (a, b) = (
+        digest(10),
+        (11..)
+            .map(digest)
+            .find(|d| layout.bucket_of(d) == layout.bucket_of(&digest(10)))
+            .unwrap(),
+    );
+    let (s2, l2) = (shared.clone(), layout.clone());
+    shared.before_next_set(move || {
+        assert!(matches!(
+            SharedStore::new(&*s2, &l2).claim(&b, &p, 0, 2).unwrap(),
+            ClaimOutcome::Claimed { .. }
+        ));
+    });
+    assert!(matches!(
+        SharedStore::new(&*shared, &layout)
+            .claim(&a, &p, 0, 1)
+            .unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    // Both records are there: the retry re-read B's write instead of clobbering it.
+    let store = SharedStore::new(&*shared, &layout);
+    assert_eq!(store.claim(&a, &p, 0, 3).unwrap(), ClaimOutcome::InFlight);
+    assert_eq!(store.claim(&b, &p, 0, 4).unwrap(), ClaimOutcome::InFlight);
+}
+
+#[test]
+fn threads_racing_on_one_key_execute_exactly_once() {
+    for round in 0..20u64 {
+        let shared = FakeShared::new();
+        let layout = Arc::new(Layout::new("t", 16, 30_000, 60_000));
+        let handles: Vec<_> = (0..8u64)
+            .map(|t| {
+                let (s, l) = (shared.clone(), layout.clone());
+                std::thread::spawn(move || {
+                    let store = SharedStore::new(&*s, &l);
+                    // Every thread also claims and releases other keys in the same two
+                    // buckets, so the CAS on the contested key keeps losing races.
+                    let mut won = 0;
+                    for i in 0..4 {
+                        if let Ok(ClaimOutcome::Claimed { claim, .. }) = store.claim(
+                            &digest(round * 100 + t * 10 + i + 1_000_000),
+                            &[0; 32],
+                            0,
+                            t,
+                        ) {
+                            assert!(store.release(&claim).unwrap());
+                        }
+                        if let Ok(ClaimOutcome::Claimed { .. }) =
+                            store.claim(&digest(round), &[0; 32], 0, t + 100)
+                        {
+                            won += 1;
+                        }
+                    }
+                    won
+                })
+            })
+            .collect();
+        let wins: u32 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(wins, 1, "round {round}");
+    }
+}
+
+#[test]
+fn capacity_bounds_keys_and_evicts_oldest_completed_first() {
+    let p = plugin(r#"{"capacity": 64}"#);
+    let (shared, mut env) = world();
+    for i in 0..2000 {
+        let r = req("POST", "/o").key(&format!("k{i}"));
+        run(&p, &mut env, &r, ok(&format!("r{i}")));
+        env.now_ms += 1;
+    }
+    assert!(
+        shared.key_count() as u64 <= p.layout.max_keys(),
+        "{} keys",
+        shared.key_count()
+    );
+    assert!(p.layout.max_keys() <= 64 * 2);
+    assert!(env.count_of(Counter::EvictionsUnexpired) >= 2000 - 64);
+    // The newest keys are still replayed.
+    let last = req("POST", "/o").key("k1999");
+    assert_eq!(run(&p, &mut env, &last, ok("no")).local().body, b"r1999");
+    // Expired records are reused before unexpired ones are evicted.
+    let p = plugin(r#"{"capacity": 16, "ttl_seconds": 1}"#);
+    let (shared, mut env) = world();
+    for i in 0..500 {
+        run(
+            &p,
+            &mut env,
+            &req("POST", "/o").key(&format!("k{i}")),
+            ok("x"),
+        );
+        env.now_ms += 1_000;
+    }
+    assert_eq!(env.count_of(Counter::EvictionsUnexpired), 0);
+    assert!(shared.key_count() as u64 <= p.layout.max_keys());
+}
+
+#[test]
+fn bucket_full_of_in_flight_claims_is_a_store_error_not_an_eviction() {
+    let layout = Layout::new("t", 16, 30_000, 60_000);
+    let shared = FakeShared::new();
+    let store = SharedStore::new(&*shared, &layout);
+    let bucket = layout.bucket_of(&digest(0));
+    let same: Vec<_> = (0..)
+        .map(digest)
+        .filter(|d| layout.bucket_of(d) == bucket)
+        .take(WAYS + 1)
+        .collect();
+    for (i, d) in same[..WAYS].iter().enumerate() {
+        assert!(matches!(
+            store.claim(d, &[0; 32], 0, i as u64).unwrap(),
+            ClaimOutcome::Claimed { .. }
+        ));
+    }
+    assert_eq!(
+        store.claim(&same[WAYS], &[0; 32], 0, 99),
+        Err(StoreError::BucketFull)
+    );
+    // Once they time out, the way is free again.
+    assert!(matches!(
+        store.claim(&same[WAYS], &[0; 32], 30_000, 99).unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+}
+
+#[test]
+fn a_response_slot_taken_over_is_never_replayed_to_the_old_key() {
+    // Record A completes; later the way is reused by B, whose response overwrites the slot.
+    // Whatever interleaving, a reader of A must never get B's body.
+    let layout = Layout::new("t", 16, 1_000, 1_000);
+    let shared = FakeShared::new();
+    let store = SharedStore::new(&*shared, &layout);
+    let bucket = layout.bucket_of(&digest(0));
+    let same: Vec<_> = (0..)
+        .map(digest)
+        .filter(|d| layout.bucket_of(d) == bucket)
+        .take(WAYS + 1)
+        .collect();
+    let resp = |b: &str| StoredResponse {
+        status: 200,
+        headers: vec![],
+        body: b.as_bytes().to_vec(),
+    };
+    let mut claims = Vec::new();
+    for (i, d) in same[..WAYS].iter().enumerate() {
+        let ClaimOutcome::Claimed { claim, .. } = store.claim(d, &[0; 32], 0, i as u64).unwrap()
+        else {
+            panic!()
+        };
+        assert!(store
+            .complete(&claim, Some(&resp(&format!("body-{i}"))), 0)
+            .unwrap());
+        claims.push(claim);
+    }
+    let ClaimOutcome::Completed(a_ref) = store.claim(&same[0], &[0; 32], 10, 50).unwrap() else {
+        panic!()
+    };
+    // Everything expires; the newcomer takes way 0 and writes its response there.
+    let ClaimOutcome::Claimed { claim: b, .. } =
+        store.claim(&same[WAYS], &[0; 32], 2_000, 77).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(b.way, a_ref.way);
+    assert!(store
+        .complete(&b, Some(&resp("secret-of-b")), 2_000)
+        .unwrap());
+    assert_eq!(
+        store.response(&a_ref).unwrap(),
+        None,
+        "A's stale reference must not see B's body"
+    );
+    assert_eq!(store.response(&claims[1]).unwrap().unwrap().body, b"body-1");
+}
+
+#[test]
+fn tombstoned_and_garbage_buckets_read_as_empty() {
+    let layout = Layout::new("t", 16, 1_000, 1_000);
+    let shared = FakeShared::new();
+    let d = digest(5);
+    use crate::store::SharedData;
+    shared
+        .set(&layout.bucket_key(layout.bucket_of(&d)), b"", 0)
+        .unwrap();
+    let store = SharedStore::new(&*shared, &layout);
+    assert!(matches!(
+        store.claim(&d, &[0; 32], 0, 1).unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    shared
+        .set(
+            &layout.bucket_key(layout.bucket_of(&d)),
+            b"\x01garbage-of-odd-length",
+            0,
+        )
+        .unwrap();
+    assert!(matches!(
+        store.claim(&d, &[0; 32], 0, 2).unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+}
+
+#[test]
+fn stored_response_decoding_is_total() {
+    let r = StoredResponse {
+        status: 201,
+        headers: vec![("a".into(), b"1".to_vec())],
+        body: b"hello".to_vec(),
+    };
+    let d = digest(1);
+    let bytes = r.encode(&d, 42);
+    assert_eq!(StoredResponse::decode(&bytes, &d, 42), Some(r));
+    assert_eq!(StoredResponse::decode(&bytes, &d, 43), None);
+    assert_eq!(StoredResponse::decode(&bytes, &digest(2), 42), None);
+    for cut in 0..bytes.len() {
+        assert_eq!(StoredResponse::decode(&bytes[..cut], &d, 42), None);
+    }
+    let mut long = bytes.clone();
+    long.push(0);
+    assert_eq!(StoredResponse::decode(&long, &d, 42), None);
+}
+
+#[test]
+fn capture_caps_the_body() {
+    let mut c = Capture::new(200, vec![("x".into(), b"1".to_vec())], 4);
+    c.body(b"ab");
+    c.body(b"cd");
+    assert_eq!(c.clone().finish().unwrap().body, b"abcd");
+    c.body(b"e");
+    assert_eq!(c.finish(), None);
+}
+
+#[test]
+fn no_input_makes_the_stream_panic() {
+    // Arbitrary bytes in every field the client controls.
+    let p = plugin(
+        r#"{"key": {"json_pointer": "/a/0", "fingerprint": ["method", "path", "query", "body", "header:x"]}, "scope": {"headers": ["x"]}}"#,
+    );
+    let (_, mut env) = world();
+    let mut seed = 0x1234_5678_9abc_def0u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for _ in 0..2000 {
+        let n = (next() % 40) as usize;
+        let bytes: Vec<u8> = (0..n).map(|_| next() as u8).collect();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let mut r = req("POST", &format!("/{text}?{text}")).header("x", &text);
+        if next() % 2 == 0 {
+            r = r.key(&text);
+        }
+        r.body = Some(bytes);
+        r.chunk = 1 + (next() % 8) as usize;
+        let status = [200u16, 404, 500, 0][(next() % 4) as usize];
+        let _ = run(&p, &mut env, &r, answer(status, &text));
+    }
+}
