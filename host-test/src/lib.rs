@@ -1,1 +1,89 @@
-//! placeholder
+//! # host-test: a proxy-wasm host on wasmtime, faithful to Envoy
+//!
+//! Runs a compiled proxy-wasm HTTP filter (`wasm32-wasip1`, ABI 0.2.1, as
+//! built with the Rust SDK 0.2.5) the way Envoy 1.40 runs it, so filter
+//! behaviour can be tested without Envoy: N worker VMs sharing one
+//! shared-data store and one set of metrics, the HTTP filter chain
+//! (filter -> router -> upstream) with Envoy's buffering and pause rules,
+//! local replies through the response callbacks, callouts to in-process or
+//! loopback clusters, tick timers on a virtual clock, traps failing the VM.
+//!
+//! ```no_run
+//! use host_test::{Envoy, Reply, Request};
+//! use std::cell::Cell;
+//! use std::rc::Rc;
+//!
+//! # fn main() -> Result<(), host_test::Error> {
+//! let calls = Rc::new(Cell::new(0));
+//! let seen = calls.clone();
+//! let mut envoy = Envoy::builder(host_test::dist("dedup_filter.wasm"))
+//!     .workers(2)
+//!     .plugin_config(r#"{"key": {"required": true}}"#)
+//!     .vm_id("dedup")
+//!     .allow_on_headers_stop_iteration(true)
+//!     .upstream(move |req| {
+//!         seen.set(seen.get() + 1);
+//!         Reply::new(201).header("content-type", "application/json").body(req.body.clone())
+//!     })
+//!     .build()?;
+//!
+//! // Whole requests.
+//! let first = envoy.request(0, Request::post("/orders").header("idempotency-key", "k1").body("{}"))?;
+//! assert_eq!(first.status, 201);
+//! assert!(first.upstream_called);
+//!
+//! // A race, step by step: the first request is held at the upstream while
+//! // a duplicate arrives on the other worker.
+//! let a = envoy.start(0, Request::post("/pay").header("idempotency-key", "k2").body("x"))?;
+//! envoy.send_request(a)?;
+//! assert!(envoy.upstream_request(a).is_some());
+//! let dup = envoy.request(1, Request::post("/pay").header("idempotency-key", "k2").body("x"))?;
+//! assert_eq!(dup.status, 409);
+//! envoy.respond(a, Reply::new(200).body("paid"))?;
+//! assert_eq!(envoy.response(a).map(|r| r.status), Some(200));
+//!
+//! // Time: ticks and timeouts fire as the virtual clock moves.
+//! envoy.advance(std::time::Duration::from_secs(31));
+//! assert!(envoy.log_contains("expired"));
+//! assert_eq!(envoy.counter("dedup_replayed"), Some(0));
+//! # Ok(()) }
+//! ```
+//!
+//! Fidelity notes (what Envoy does, and host-test with it):
+//! - Pause from `on_request_headers` becomes StopAllIteration unless
+//!   `allow_on_headers_stop_iteration(true)`: body callbacks are then
+//!   withheld until the filter resumes; if it never does, driving the
+//!   stream reports [`Error::Stalled`].
+//! - Pause from a body callback buffers: the next callback sees the whole
+//!   buffer; Continue forwards it. The upstream handler runs only once the
+//!   whole request (headers, body, end of stream) has passed the filter.
+//! - After Continue at headers, or after `proxy_continue_stream`, the
+//!   request header map is gone: getters and setters return BadArgument
+//!   (the SDK panics on it, the VM traps, the stream gets 503).
+//! - A trap fails the worker's VM: its streams get 503 (or pass through
+//!   with [`EnvoyBuilder::fail_open`]), other workers are unaffected.
+//! - Shared data follows cpp-host exactly (see [`Envoy::shared_data`]).
+
+mod abi;
+mod callout;
+mod envoy;
+mod error;
+mod hostcalls;
+mod http;
+mod shared;
+mod vm;
+
+pub use abi::{LogLevel, MetricKind, Status};
+pub use callout::Handler;
+pub use envoy::{Envoy, EnvoyBuilder, StreamId, StreamState};
+pub use error::Error;
+pub use http::{Headers, Reply, Request, Response, UpstreamRequest};
+pub use shared::{Faults, LogLine, Metric};
+pub use vm::module_imports;
+
+use std::path::PathBuf;
+
+/// Path of a module in the workspace's `dist/` (where `make wasm` puts them).
+pub fn dist(file: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../dist")).join(file)
+}

@@ -8,11 +8,19 @@ pub struct Json {
 
 impl Json {
     pub fn object() -> Self {
-        Json { out: "{".into(), first: true, close: '}' }
+        Json {
+            out: "{".into(),
+            first: true,
+            close: '}',
+        }
     }
 
     pub fn array() -> Self {
-        Json { out: "[".into(), first: true, close: ']' }
+        Json {
+            out: "[".into(),
+            first: true,
+            close: ']',
+        }
     }
 
     fn key(&mut self, key: &str) {

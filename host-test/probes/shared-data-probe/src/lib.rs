@@ -103,7 +103,10 @@ impl ProbeStream {
         let body = json.finish();
         if let Err(e) = hostcalls::send_http_response(
             status,
-            vec![("content-type", "application/json"), ("x-probe", &self.probe)],
+            vec![
+                ("content-type", "application/json"),
+                ("x-probe", &self.probe),
+            ],
             Some(body.as_bytes()),
         ) {
             log::error!("probe: send_http_response failed: {e:?}");
@@ -251,8 +254,12 @@ impl ProbeStream {
     }
 
     fn http_call(&mut self) -> Action {
-        let cluster = self.header("x-cluster").unwrap_or_else(|| "upstream".into());
-        let path = self.header("x-call-path").unwrap_or_else(|| "/callout".into());
+        let cluster = self
+            .header("x-cluster")
+            .unwrap_or_else(|| "upstream".into());
+        let path = self
+            .header("x-call-path")
+            .unwrap_or_else(|| "/callout".into());
         let timeout = self
             .header("x-timeout-ms")
             .and_then(|t| t.parse().ok())
@@ -305,7 +312,10 @@ impl ProbeStream {
                     "replace",
                     raw::replace_header(MapType::HttpRequestHeaders, "x-late", "1"),
                 );
-                j.status("get", raw::get_header(MapType::HttpRequestHeaders, "x-probe").0);
+                j.status(
+                    "get",
+                    raw::get_header(MapType::HttpRequestHeaders, "x-probe").0,
+                );
                 let path = hostcalls::get_property(vec!["request", "path"]);
                 j.str("request.path", &format!("{path:?}"));
                 self.reply(200, j)
@@ -421,7 +431,11 @@ impl HttpContext for ProbeStream {
         let status = raw::get_header(MapType::HttpResponseHeaders, ":status")
             .1
             .unwrap_or_default();
-        let _ = raw::add_header(MapType::HttpResponseHeaders, "x-probe-response-seen", &status);
+        let _ = raw::add_header(
+            MapType::HttpResponseHeaders,
+            "x-probe-response-seen",
+            &status,
+        );
         Action::Continue
     }
 

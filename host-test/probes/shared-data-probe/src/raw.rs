@@ -31,8 +31,11 @@ extern "C" {
     fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
     fn proxy_get_metric(metric_id: u32, return_value: *mut u64) -> u32;
     fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> u32;
-    fn proxy_register_shared_queue(name_data: *const u8, name_size: usize, return_id: *mut u32)
-        -> u32;
+    fn proxy_register_shared_queue(
+        name_data: *const u8,
+        name_size: usize,
+        return_id: *mut u32,
+    ) -> u32;
     fn proxy_resolve_shared_queue(
         vm_id_data: *const u8,
         vm_id_size: usize,
@@ -85,7 +88,8 @@ pub fn get_shared_data(key: &str) -> (u32, Option<Vec<u8>>, u32) {
     let mut size = 0;
     let mut cas = 0;
     // SAFETY: all pointers are valid for the call.
-    let status = unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas) };
+    let status =
+        unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas) };
     if status != 0 {
         return (status, None, 0);
     }
@@ -147,7 +151,13 @@ pub fn resolve_queue(vm_id: &str, name: &str) -> (u32, u32) {
     let mut id = 0;
     // SAFETY: all pointers are valid for the call.
     let status = unsafe {
-        proxy_resolve_shared_queue(vm_id.as_ptr(), vm_id.len(), name.as_ptr(), name.len(), &mut id)
+        proxy_resolve_shared_queue(
+            vm_id.as_ptr(),
+            vm_id.len(),
+            name.as_ptr(),
+            name.len(),
+            &mut id,
+        )
     };
     (status, id)
 }
@@ -185,14 +195,26 @@ pub fn get_header(map: MapType, name: &str) -> (u32, Option<String>) {
 pub fn replace_header(map: MapType, name: &str, value: &str) -> u32 {
     // SAFETY: all pointers are valid for the call.
     unsafe {
-        proxy_replace_header_map_value(map as u32, name.as_ptr(), name.len(), value.as_ptr(), value.len())
+        proxy_replace_header_map_value(
+            map as u32,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        )
     }
 }
 
 pub fn add_header(map: MapType, name: &str, value: &str) -> u32 {
     // SAFETY: all pointers are valid for the call.
     unsafe {
-        proxy_add_header_map_value(map as u32, name.as_ptr(), name.len(), value.as_ptr(), value.len())
+        proxy_add_header_map_value(
+            map as u32,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        )
     }
 }
 
@@ -207,12 +229,19 @@ pub fn deserialize_pairs(bytes: &[u8]) -> Vec<(String, String)> {
     let Some(count) = word(0) else { return out };
     let mut data = 4 + count * 8;
     for i in 0..count {
-        let (Some(kl), Some(vl)) = (word(4 + i * 8), word(8 + i * 8)) else { return out };
-        let (Some(k), Some(v)) = (bytes.get(data..data + kl), bytes.get(data + kl + 1..data + kl + 1 + vl))
-        else {
+        let (Some(kl), Some(vl)) = (word(4 + i * 8), word(8 + i * 8)) else {
             return out;
         };
-        out.push((String::from_utf8_lossy(k).into_owned(), String::from_utf8_lossy(v).into_owned()));
+        let (Some(k), Some(v)) = (
+            bytes.get(data..data + kl),
+            bytes.get(data + kl + 1..data + kl + 1 + vl),
+        ) else {
+            return out;
+        };
+        out.push((
+            String::from_utf8_lossy(k).into_owned(),
+            String::from_utf8_lossy(v).into_owned(),
+        ));
         data += kl + vl + 2;
     }
     out

@@ -1,0 +1,156 @@
+//! proxy-wasm ABI 0.2.1 constants and the pairs wire format.
+
+/// Status codes returned by host calls (proxy-wasm `WasmResult`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Status {
+    Ok = 0,
+    NotFound = 1,
+    BadArgument = 2,
+    SerializationFailure = 3,
+    ParseFailure = 4,
+    BadExpression = 5,
+    InvalidMemoryAccess = 6,
+    Empty = 7,
+    CasMismatch = 8,
+    ResultMismatch = 9,
+    InternalFailure = 10,
+    BrokenConnection = 11,
+    Unimplemented = 12,
+}
+
+impl Status {
+    pub(crate) fn code(self) -> i32 {
+        self as i32
+    }
+}
+
+/// Log levels of `proxy_log` (and of Envoy's logger).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LogLevel {
+    Trace = 0,
+    Debug = 1,
+    Info = 2,
+    Warn = 3,
+    Error = 4,
+    Critical = 5,
+}
+
+impl LogLevel {
+    pub(crate) fn from_raw(level: i32) -> Option<LogLevel> {
+        Some(match level {
+            0 => LogLevel::Trace,
+            1 => LogLevel::Debug,
+            2 => LogLevel::Info,
+            3 => LogLevel::Warn,
+            4 => LogLevel::Error,
+            5 => LogLevel::Critical,
+            _ => return None,
+        })
+    }
+}
+
+/// Metric kinds of `proxy_define_metric`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MetricKind {
+    Counter = 0,
+    Gauge = 1,
+    Histogram = 2,
+}
+
+// Header map types.
+pub(crate) const MAP_REQUEST_HEADERS: i32 = 0;
+pub(crate) const MAP_REQUEST_TRAILERS: i32 = 1;
+pub(crate) const MAP_RESPONSE_HEADERS: i32 = 2;
+pub(crate) const MAP_RESPONSE_TRAILERS: i32 = 3;
+pub(crate) const MAP_GRPC_INITIAL: i32 = 4;
+pub(crate) const MAP_GRPC_TRAILING: i32 = 5;
+pub(crate) const MAP_CALL_HEADERS: i32 = 6;
+pub(crate) const MAP_CALL_TRAILERS: i32 = 7;
+
+// Buffer types.
+pub(crate) const BUF_REQUEST_BODY: i32 = 0;
+pub(crate) const BUF_RESPONSE_BODY: i32 = 1;
+pub(crate) const BUF_CALL_RESPONSE_BODY: i32 = 4;
+pub(crate) const BUF_VM_CONFIGURATION: i32 = 6;
+pub(crate) const BUF_PLUGIN_CONFIGURATION: i32 = 7;
+pub(crate) const BUF_MAX: i32 = 8;
+
+// Stream types of proxy_continue_stream / proxy_close_stream.
+pub(crate) const STREAM_REQUEST: i32 = 0;
+pub(crate) const STREAM_RESPONSE: i32 = 1;
+pub(crate) const STREAM_MAX: i32 = 3;
+
+/// Encodes pairs: u32 count, then (u32 key len, u32 value len) per pair,
+/// then each key and value followed by a NUL byte. Little endian.
+pub(crate) fn encode_pairs<K: AsRef<[u8]>, V: AsRef<[u8]>>(pairs: &[(K, V)]) -> Vec<u8> {
+    let size = 4 + pairs
+        .iter()
+        .map(|(k, v)| 10 + k.as_ref().len() + v.as_ref().len())
+        .sum::<usize>();
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
+    for (k, v) in pairs {
+        out.extend_from_slice(&(k.as_ref().len() as u32).to_le_bytes());
+        out.extend_from_slice(&(v.as_ref().len() as u32).to_le_bytes());
+    }
+    for (k, v) in pairs {
+        out.extend_from_slice(k.as_ref());
+        out.push(0);
+        out.extend_from_slice(v.as_ref());
+        out.push(0);
+    }
+    out
+}
+
+/// Decodes the pairs format; malformed input yields the pairs read so far
+/// (as cpp-host's `toPairs`, which returns an empty list on bad sizes).
+pub(crate) fn decode_pairs(bytes: &[u8]) -> Vec<(String, String)> {
+    let word = |at: usize| -> Option<usize> {
+        let b = bytes.get(at..at + 4)?;
+        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    };
+    let Some(count) = word(0) else {
+        return Vec::new();
+    };
+    let mut lens = Vec::with_capacity(count.min(1024));
+    for i in 0..count {
+        match (word(4 + i * 8), word(8 + i * 8)) {
+            (Some(k), Some(v)) => lens.push((k, v)),
+            _ => return Vec::new(),
+        }
+    }
+    let mut at = 4 + count * 8;
+    let mut out = Vec::with_capacity(count);
+    for (kl, vl) in lens {
+        let (Some(k), Some(v)) = (
+            bytes.get(at..at + kl),
+            bytes.get(at + kl + 1..at + kl + 1 + vl),
+        ) else {
+            return Vec::new();
+        };
+        out.push((
+            String::from_utf8_lossy(k).into_owned(),
+            String::from_utf8_lossy(v).into_owned(),
+        ));
+        at += kl + vl + 2;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_round_trip() {
+        let pairs = vec![(":path", "/a"), ("k", ""), ("", "v")];
+        let decoded = decode_pairs(&encode_pairs(&pairs));
+        let expected: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(decoded, expected);
+        assert!(decode_pairs(&[1, 0, 0, 0, 9]).is_empty());
+    }
+}

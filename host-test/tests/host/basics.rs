@@ -1,0 +1,41 @@
+use crate::*;
+use host_test::{Envoy, Error, Request};
+
+#[test]
+fn modules_import_only_what_the_host_provides() {
+    for module in ["empty_filter.wasm", "shared_data_probe.wasm"] {
+        let imports = host_test::module_imports(&host_test::dist(module)).unwrap();
+        eprintln!("{module}: {imports:?}");
+        assert!(imports.iter().any(|i| i == "env::proxy_log"), "{imports:?}");
+        // Building checks every import; an unknown one is an error naming it.
+        Envoy::builder(host_test::dist(module)).build().unwrap();
+    }
+}
+
+#[test]
+fn empty_filter_passes_requests_to_the_upstream() {
+    let mut envoy = Envoy::builder(host_test::dist("empty_filter.wasm")).build().unwrap();
+    let resp = envoy.request(0, Request::post("/x").body("hello")).unwrap();
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.body_str(), "upstream ok");
+    assert!(resp.upstream_called);
+    let up = resp.upstream_request.unwrap();
+    assert_eq!(up.body_str(), "hello");
+    assert_eq!(up.path(), "/x");
+}
+
+#[test]
+fn missing_wasm_names_the_build_command() {
+    let err = Envoy::builder("/nonexistent/filter.wasm").build().err().unwrap();
+    assert!(matches!(err, Error::WasmMissing(_)));
+    assert!(err.to_string().contains("make wasm"), "{err}");
+}
+
+#[test]
+fn probe_passes_plain_requests() {
+    let mut envoy = probe(1);
+    let resp = envoy.request(0, Request::get("/")).unwrap();
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.header("x-probe-response-seen"), Some("200"));
+    assert!(envoy.log_contains("probe log: probe= status=200"));
+}
