@@ -16,6 +16,9 @@ const CAS_MISMATCH: u32 = 8;
 
 pub const MAP_REQUEST_HEADERS: u32 = 0;
 pub const MAP_RESPONSE_HEADERS: u32 = 2;
+pub const MAP_HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
+pub const BUFFER_HTTP_CALL_RESPONSE_BODY: u32 = 4;
+const STREAM_HTTP_REQUEST: u32 = 0;
 pub const BUFFER_REQUEST_BODY: u32 = 0;
 pub const BUFFER_RESPONSE_BODY: u32 = 1;
 pub const BUFFER_PLUGIN_CONFIGURATION: u32 = 3;
@@ -76,6 +79,7 @@ extern "C" {
         return_id: *mut u32,
     ) -> u32;
     fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
+    fn proxy_continue_stream(stream_type: u32) -> u32;
 }
 
 /// Takes ownership of a buffer the host allocated through `proxy_on_memory_allocate`
@@ -166,6 +170,17 @@ pub fn send_local_response(
             -1,
         )
     };
+    if status == OK {
+        Ok(())
+    } else {
+        Err(status)
+    }
+}
+
+/// Resumes a request paused while the store answered.
+pub fn resume_request() -> Result<(), u32> {
+    // SAFETY: no pointers.
+    let status = unsafe { proxy_continue_stream(STREAM_HTTP_REQUEST) };
     if status == OK {
         Ok(())
     } else {

@@ -3,12 +3,17 @@
 
 use crate::abi;
 use crate::Shared;
+use dedup_core::config::StoreConfig;
+use dedup_core::etcd::LeaseCache;
 use dedup_core::key::RequestHead;
+use dedup_core::local::LocalTier;
 use dedup_core::store::{HostFault, SetError, SharedData};
+use dedup_core::stream::{CallAnswer, StoreCall};
 use dedup_core::{Action as Decision, Counter, DedupStream, Env};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::rc::Rc;
+use std::time::Duration;
 
 pub(crate) struct DedupHttp {
     shared: Option<Rc<Shared>>,
@@ -16,11 +21,15 @@ pub(crate) struct DedupHttp {
     /// Request body bytes already handed to the stream (Envoy re-offers the whole
     /// buffered body on each callback while we pause).
     request_seen: usize,
+    /// The request is paused on a store call: resume it when the store lets it through.
+    waiting_on_store: bool,
 }
 
 /// The host as `dedup_core` sees it.
 struct WasmEnv<'a> {
     shared: &'a Shared,
+    leases: &'a mut LeaseCache,
+    local: &'a mut LocalTier,
 }
 
 impl SharedData for WasmEnv<'_> {
@@ -58,6 +67,14 @@ impl Env for WasmEnv<'_> {
     fn warn(&self, message: &str) {
         abi::log(abi::LOG_WARN, message);
     }
+
+    fn leases(&mut self) -> &mut LeaseCache {
+        self.leases
+    }
+
+    fn local(&mut self) -> &mut LocalTier {
+        self.local
+    }
 }
 
 fn splitmix64(mut x: u64) -> u64 {
@@ -73,6 +90,97 @@ impl DedupHttp {
             shared,
             stream: DedupStream::new(context_id),
             request_seen: 0,
+            waiting_on_store: false,
+        }
+    }
+
+    /// Runs `f` with the host environment (the per-VM lease cache and tier borrowed for
+    /// the duration of the call).
+    fn with_env<R>(
+        &mut self,
+        f: impl FnOnce(&mut DedupStream, &Shared, &mut WasmEnv) -> R,
+    ) -> Option<R> {
+        let shared = self.shared.clone()?;
+        let mut leases = shared.leases.borrow_mut();
+        let mut local = shared.local.borrow_mut();
+        let mut env = WasmEnv {
+            shared: &shared,
+            leases: &mut leases,
+            local: &mut local,
+        };
+        Some(f(&mut self.stream, &shared, &mut env))
+    }
+
+    /// Sends a store call to the configured cluster. `Err` carries the answer to give the
+    /// stream when the call could not even be dispatched.
+    fn dispatch(&self, call: &StoreCall) -> Result<u32, CallAnswer> {
+        let Some(shared) = self.shared.as_ref() else {
+            return Err(CallAnswer {
+                status: 0,
+                body: Vec::new(),
+            });
+        };
+        let StoreConfig::Etcd(ec) = &shared.plugin.config.store else {
+            return Err(CallAnswer {
+                status: 0,
+                body: Vec::new(),
+            });
+        };
+        let headers = vec![
+            (":method", "POST"),
+            (":path", call.path),
+            (":authority", ec.authority.as_str()),
+            ("content-type", "application/json"),
+        ];
+        self.dispatch_http_call(
+            &ec.cluster,
+            headers,
+            Some(&call.body),
+            vec![],
+            Duration::from_millis(call.timeout_ms),
+        )
+        .map_err(|status| {
+            abi::log(
+                abi::LOG_WARN,
+                &format!(
+                    "proxy-dedup: cannot call cluster `{}`: {status:?}",
+                    ec.cluster
+                ),
+            );
+            CallAnswer {
+                status: 0,
+                body: Vec::new(),
+            }
+        })
+    }
+
+    /// Carries out a request-path decision, following store calls until one is in flight
+    /// (then the request stays paused) or the stream decides.
+    fn drive(&mut self, mut decision: Decision) -> Action {
+        loop {
+            match decision {
+                Decision::Call(call) => match self.dispatch(&call) {
+                    Ok(_) => {
+                        self.waiting_on_store = true;
+                        return Action::Pause;
+                    }
+                    Err(answer) => {
+                        match self.with_env(|s, sh, env| s.on_store_answer(&sh.plugin, env, answer))
+                        {
+                            Some(d) => decision = d,
+                            None => return Action::Continue,
+                        }
+                    }
+                },
+                other => return self.apply(other),
+            }
+        }
+    }
+
+    /// A response-path store call: sent, never waited for.
+    fn send_and_forget(&self, call: Option<StoreCall>) {
+        if let Some(call) = call {
+            let _ = self.dispatch(&call);
         }
     }
 
@@ -93,6 +201,8 @@ impl DedupHttp {
                 }
                 Action::Pause
             }
+            // Only reached through `drive`, which dispatches calls itself.
+            Decision::Call(_) => Action::Pause,
         }
     }
 }
@@ -112,13 +222,11 @@ fn request_head() -> Option<RequestHead> {
     Some(head)
 }
 
-impl Context for DedupHttp {}
-
 impl HttpContext for DedupHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some(shared) = self.shared.clone() else {
+        if self.shared.is_none() {
             return Action::Continue;
-        };
+        }
         let Some(head) = request_head() else {
             abi::log(
                 abi::LOG_WARN,
@@ -126,17 +234,18 @@ impl HttpContext for DedupHttp {
             );
             return Action::Continue;
         };
-        let mut env = WasmEnv { shared: &shared };
-        let d = self
-            .stream
-            .on_request_headers(&shared.plugin, &mut env, head, end_of_stream);
-        self.apply(d)
+        match self.with_env(|s, sh, env| s.on_request_headers(&sh.plugin, env, head, end_of_stream))
+        {
+            Some(d) => self.drive(d),
+            None => Action::Continue,
+        }
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(shared) = self.shared.clone() else {
-            return Action::Continue;
-        };
+        if self.waiting_on_store {
+            // Body arriving while a store call is out: Envoy buffers it; keep waiting.
+            return Action::Pause;
+        }
         if !self.stream.reading_request() {
             return Action::Continue;
         }
@@ -145,37 +254,38 @@ impl HttpContext for DedupHttp {
         } else {
             0
         };
-        let chunk = match abi::buffer(abi::BUFFER_REQUEST_BODY, start, body_size - start) {
-            Ok(c) => c,
+        let read = abi::buffer(abi::BUFFER_REQUEST_BODY, start, body_size - start);
+        self.request_seen = body_size;
+        let decision = match read {
+            Ok(chunk) => self
+                .with_env(|s, sh, env| s.on_request_body(&sh.plugin, env, &chunk, end_of_stream)),
             Err(status) => {
+                // Deciding on a partial body could let a duplicate through: fail the
+                // store check the configured way instead.
                 abi::log(
                     abi::LOG_WARN,
                     &format!("proxy-dedup: cannot read request body (status {status})"),
                 );
-                Vec::new()
+                self.with_env(|s, sh, env| s.on_request_unreadable(&sh.plugin, env))
             }
         };
-        self.request_seen = body_size;
-        let mut env = WasmEnv { shared: &shared };
-        let d = self
-            .stream
-            .on_request_body(&shared.plugin, &mut env, &chunk, end_of_stream);
-        self.apply(d)
+        match decision {
+            Some(d) => self.drive(d),
+            None => Action::Continue,
+        }
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        let Some(shared) = self.shared.clone() else {
-            return Action::Continue;
-        };
-        let mut env = WasmEnv { shared: &shared };
-        let d = self.stream.on_request_trailers(&shared.plugin, &mut env);
-        self.apply(d)
+        if self.waiting_on_store {
+            return Action::Pause;
+        }
+        match self.with_env(|s, sh, env| s.on_request_trailers(&sh.plugin, env)) {
+            Some(d) => self.drive(d),
+            None => Action::Continue,
+        }
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some(shared) = self.shared.clone() else {
-            return Action::Continue;
-        };
         if !self.stream.holds_claim() {
             return Action::Continue;
         }
@@ -185,56 +295,99 @@ impl HttpContext for DedupHttp {
             .find(|(n, _)| n == ":status")
             .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<u16>().ok())
             .unwrap_or(0);
-        let mut env = WasmEnv { shared: &shared };
-        self.stream.on_response_headers(
-            &shared.plugin,
-            &mut env,
-            status,
-            move || pairs,
-            end_of_stream,
-        );
+        let call = self
+            .with_env(|s, sh, env| {
+                s.on_response_headers(&sh.plugin, env, status, move || pairs, end_of_stream)
+            })
+            .flatten();
+        self.send_and_forget(call);
         Action::Continue
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(shared) = self.shared.clone() else {
-            return Action::Continue;
-        };
         if !self.stream.wants_response_body() {
             return Action::Continue;
         }
         // We never pause the response, so the buffer holds just this chunk.
-        let mut env = WasmEnv { shared: &shared };
-        match abi::buffer(abi::BUFFER_RESPONSE_BODY, 0, body_size) {
-            Ok(chunk) => {
-                self.stream
-                    .on_response_body(&shared.plugin, &mut env, &chunk, end_of_stream)
-            }
+        let call = match abi::buffer(abi::BUFFER_RESPONSE_BODY, 0, body_size) {
+            Ok(chunk) => self
+                .with_env(|s, sh, env| s.on_response_body(&sh.plugin, env, &chunk, end_of_stream)),
             Err(status) => {
                 abi::log(
                     abi::LOG_WARN,
                     &format!("proxy-dedup: cannot read response body (status {status})"),
                 );
-                self.stream.on_response_body_unreadable();
-                self.stream
-                    .on_response_body(&shared.plugin, &mut env, &[], end_of_stream);
+                self.with_env(|s, sh, env| {
+                    s.on_response_body_unreadable();
+                    s.on_response_body(&sh.plugin, env, &[], end_of_stream)
+                })
             }
         }
+        .flatten();
+        self.send_and_forget(call);
         Action::Continue
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        if let Some(shared) = self.shared.clone() {
-            let mut env = WasmEnv { shared: &shared };
-            self.stream.on_response_trailers(&shared.plugin, &mut env);
-        }
+        let call = self
+            .with_env(|s, sh, env| s.on_response_trailers(&sh.plugin, env))
+            .flatten();
+        self.send_and_forget(call);
         Action::Continue
     }
 
     fn on_log(&mut self) {
-        if let Some(shared) = self.shared.clone() {
-            let mut env = WasmEnv { shared: &shared };
-            self.stream.on_stream_end(&shared.plugin, &mut env);
+        let call = self
+            .with_env(|s, sh, env| s.on_stream_end(&sh.plugin, env))
+            .flatten();
+        self.send_and_forget(call);
+    }
+}
+
+impl Context for DedupHttp {
+    fn on_http_call_response(
+        &mut self,
+        _token_id: u32,
+        num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        // Envoy reports a failed call (reset, no healthy member) as a response with no
+        // headers; a timeout as :status 504.
+        let status = if num_headers == 0 {
+            0
+        } else {
+            abi::header_pairs(abi::MAP_HTTP_CALL_RESPONSE_HEADERS)
+                .ok()
+                .and_then(|pairs| {
+                    pairs
+                        .into_iter()
+                        .find(|(n, _)| n == ":status")
+                        .and_then(|(_, v)| std::str::from_utf8(&v).ok()?.parse::<u16>().ok())
+                })
+                .unwrap_or(0)
+        };
+        let body =
+            abi::buffer(abi::BUFFER_HTTP_CALL_RESPONSE_BODY, 0, body_size).unwrap_or_default();
+        let answer = CallAnswer { status, body };
+        let was_waiting = self.waiting_on_store;
+        self.waiting_on_store = false;
+        let Some(decision) = self.with_env(|s, sh, env| s.on_store_answer(&sh.plugin, env, answer))
+        else {
+            return;
+        };
+        if !was_waiting {
+            // A response-path call (completion, release): its answer is only counted.
+            return;
+        }
+        // Otherwise the stream is paused on the next call, or was answered locally.
+        if self.drive(decision) == Action::Continue {
+            if let Err(status) = abi::resume_request() {
+                abi::log(
+                    abi::LOG_WARN,
+                    &format!("proxy-dedup: cannot resume the request (status {status})"),
+                );
+            }
         }
     }
 }

@@ -4,10 +4,12 @@
 mod abi;
 mod http;
 
+use dedup_core::etcd::LeaseCache;
+use dedup_core::local::LocalTier;
 use dedup_core::{Config, Counter, Plugin};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 proxy_wasm::main! {{
@@ -26,6 +28,10 @@ pub(crate) struct Shared {
     /// Claim tokens: a random per-VM seed mixed with a counter.
     pub token_seed: u64,
     pub token_counter: Cell<u64>,
+    /// etcd leases of this worker, reused across requests.
+    pub leases: RefCell<LeaseCache>,
+    /// Completed records this worker has seen (etcd store).
+    pub local: RefCell<LocalTier>,
 }
 
 struct DedupRoot {
@@ -97,6 +103,8 @@ impl RootContext for DedupRoot {
             metrics,
             token_seed: random_seed(),
             token_counter: Cell::new(0),
+            leases: RefCell::new(LeaseCache::default()),
+            local: RefCell::new(LocalTier::default()),
         }));
         true
     }

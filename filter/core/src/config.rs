@@ -69,6 +69,31 @@ struct RawScope {
 struct RawStore {
     kind: Option<String>,
     namespace: Option<String>,
+    cluster: Option<String>,
+    authority: Option<String>,
+    prefix: Option<String>,
+    timeout_ms: Option<u64>,
+}
+
+/// Where records live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// Envoy shared data: one node.
+    SharedData,
+    /// etcd through an Envoy cluster: many nodes.
+    Etcd(EtcdConfig),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// Envoy cluster with the etcd members.
+    pub cluster: String,
+    /// `:authority` of the calls.
+    pub authority: String,
+    /// Key prefix of the records.
+    pub prefix: String,
+    /// Budget of one store operation, retries included.
+    pub timeout_ms: u64,
 }
 
 /// What a completed duplicate gets.
@@ -129,6 +154,7 @@ pub struct Config {
     pub replayed_header: String,
     pub failure_mode: FailureMode,
     pub namespace: String,
+    pub store: StoreConfig,
 }
 
 impl Default for Config {
@@ -155,6 +181,7 @@ impl Default for Config {
             replayed_header: "idempotent-replayed".to_string(),
             failure_mode: FailureMode::Open,
             namespace: "proxy-dedup".to_string(),
+            store: StoreConfig::SharedData,
         }
     }
 }
@@ -397,30 +424,10 @@ impl TryFrom<RawConfig> for Config {
             Some(h) => header_names("replayed_header", vec![h], false)?.remove(0),
             None => d.replayed_header,
         };
-        let mut namespace = d.namespace;
-        if let Some(store) = raw.store {
-            match store.kind.as_deref() {
-                None | Some("shared_data") => {}
-                Some(other) => {
-                    return Err(err(
-                        "store.kind",
-                        format!("`{other}` is not a known store (expected \"shared_data\")"),
-                    ));
-                }
-            }
-            if let Some(ns) = store.namespace {
-                if ns.is_empty()
-                    || ns.len() > 64
-                    || !ns.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
-                {
-                    return Err(err(
-                        "store.namespace",
-                        "1-64 visible ASCII characters without '/'",
-                    ));
-                }
-                namespace = ns;
-            }
-        }
+        let (namespace, store) = match raw.store {
+            Some(st) => parse_store(st)?,
+            None => (d.namespace, StoreConfig::SharedData),
+        };
         Ok(Config {
             key_headers,
             json_pointer,
@@ -440,6 +447,7 @@ impl TryFrom<RawConfig> for Config {
             replayed_header,
             failure_mode: raw.failure_mode.unwrap_or(FailureMode::Open),
             namespace,
+            store,
         })
     }
 }
@@ -457,4 +465,79 @@ fn invalid_escape(p: &str) -> Option<String> {
         }
     }
     None
+}
+
+fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigError> {
+    let kind = st.kind.as_deref().unwrap_or("shared_data");
+    let etcd_only = [
+        ("store.cluster", st.cluster.is_some()),
+        ("store.authority", st.authority.is_some()),
+        ("store.prefix", st.prefix.is_some()),
+        ("store.timeout_ms", st.timeout_ms.is_some()),
+    ];
+    match kind {
+        "shared_data" => {
+            if let Some((field, _)) = etcd_only.iter().find(|(_, set)| *set) {
+                return Err(err(field, "only applies to store.kind \"etcd\""));
+            }
+            let namespace = match st.namespace {
+                Some(ns) => {
+                    if ns.is_empty()
+                        || ns.len() > 64
+                        || !ns.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
+                    {
+                        return Err(err(
+                            "store.namespace",
+                            "1-64 visible ASCII characters without '/'",
+                        ));
+                    }
+                    ns
+                }
+                None => "proxy-dedup".to_string(),
+            };
+            Ok((namespace, StoreConfig::SharedData))
+        }
+        "etcd" => {
+            if st.namespace.is_some() {
+                return Err(err(
+                    "store.namespace",
+                    "only applies to store.kind \"shared_data\" (etcd uses store.prefix)",
+                ));
+            }
+            let cluster =
+                match st.cluster {
+                    Some(c) if !c.is_empty() => c,
+                    Some(_) => return Err(err("store.cluster", "must not be empty")),
+                    None => return Err(err(
+                        "store.cluster",
+                        "required for store.kind \"etcd\": the Envoy cluster of the etcd members",
+                    )),
+                };
+            let authority = st.authority.unwrap_or_else(|| cluster.clone());
+            if authority.is_empty() || authority.chars().any(|c| c.is_control() || c == ' ') {
+                return Err(err("store.authority", "must be a host name"));
+            }
+            let prefix = st.prefix.unwrap_or_else(|| "proxy-dedup/".to_string());
+            if prefix.is_empty() || prefix.len() > 128 || prefix.chars().any(char::is_control) {
+                return Err(err(
+                    "store.prefix",
+                    "1-128 characters, no control characters",
+                ));
+            }
+            let timeout_ms = in_range("store.timeout_ms", st.timeout_ms, 1000, 10, 60_000)?;
+            Ok((
+                "proxy-dedup".to_string(),
+                StoreConfig::Etcd(EtcdConfig {
+                    cluster,
+                    authority,
+                    prefix,
+                    timeout_ms,
+                }),
+            ))
+        }
+        other => Err(err(
+            "store.kind",
+            format!("`{other}` is not a known store (expected \"shared_data\" or \"etcd\")"),
+        )),
+    }
 }

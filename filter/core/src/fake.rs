@@ -1,6 +1,8 @@
 //! Test fakes: shared data with Envoy's exact rules, and an `Env` around it.
 #![allow(dead_code)]
 
+use crate::etcd::LeaseCache;
+use crate::local::LocalTier;
 use crate::metrics::Counter;
 use crate::store::{HostFault, SetError, SharedData};
 use crate::stream::Env;
@@ -97,7 +99,9 @@ pub struct FakeEnv {
     pub now_ms: u64,
     pub next_token: u64,
     pub counters: HashMap<Counter, u64>,
-    pub log: Vec<String>,
+    pub leases: LeaseCache,
+    pub local: LocalTier,
+    pub etcd: Arc<FakeEtcd>,
 }
 
 impl FakeEnv {
@@ -107,7 +111,9 @@ impl FakeEnv {
             now_ms: 1_700_000_000_000,
             next_token: worker << 48,
             counters: HashMap::new(),
-            log: Vec::new(),
+            leases: LeaseCache::default(),
+            local: LocalTier::default(),
+            etcd: FakeEtcd::new(),
         }
     }
 
@@ -138,4 +144,160 @@ impl Env for FakeEnv {
     }
     fn debug(&self, _message: &str) {}
     fn warn(&self, _message: &str) {}
+    fn leases(&mut self) -> &mut LeaseCache {
+        &mut self.leases
+    }
+    fn local(&mut self) -> &mut LocalTier {
+        &mut self.local
+    }
+}
+
+/// etcd's v3 JSON gateway, as far as the filter uses it: txn with CREATE/MOD compares,
+/// put (with lease), range, delete; lease grant; leases expiring with the test clock.
+#[derive(Default)]
+pub struct FakeEtcd {
+    inner: Mutex<EtcdInner>,
+}
+
+#[derive(Default)]
+struct EtcdInner {
+    /// key -> (create_revision, mod_revision, value, lease)
+    kv: HashMap<Vec<u8>, (i64, i64, Vec<u8>, i64)>,
+    revision: i64,
+    /// lease id -> expiry (ms)
+    leases: HashMap<i64, u64>,
+    next_lease: i64,
+    /// Answer this many calls with a transport failure (status 503, empty body).
+    failing: u32,
+    down: bool,
+    pub grants: u32,
+    pub txns: u32,
+}
+
+impl FakeEtcd {
+    pub fn new() -> Arc<Self> {
+        Arc::new(FakeEtcd::default())
+    }
+
+    pub fn set_down(&self, down: bool) {
+        self.inner.lock().unwrap().down = down;
+    }
+
+    pub fn fail_next(&self, n: u32) {
+        self.inner.lock().unwrap().failing = n;
+    }
+
+    pub fn grants(&self) -> u32 {
+        self.inner.lock().unwrap().grants
+    }
+
+    pub fn key_count(&self, now_ms: u64) -> usize {
+        let mut i = self.inner.lock().unwrap();
+        i.expire(now_ms);
+        i.kv.len()
+    }
+
+    pub fn revoke_all_leases(&self) {
+        let mut i = self.inner.lock().unwrap();
+        let ids: Vec<i64> = i.leases.keys().copied().collect();
+        for id in ids {
+            i.leases.remove(&id);
+            i.kv.retain(|_, v| v.3 != id);
+        }
+    }
+
+    /// Answers one call: (status, body).
+    pub fn handle(&self, path: &str, body: &[u8], now_ms: u64) -> (u16, Vec<u8>) {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mut i = self.inner.lock().unwrap();
+        if i.down {
+            return (503, Vec::new());
+        }
+        if i.failing > 0 {
+            i.failing -= 1;
+            return (503, Vec::new());
+        }
+        i.expire(now_ms);
+        let req: serde_json::Value = serde_json::from_slice(body).unwrap();
+        let header = |rev: i64| serde_json::json!({"revision": rev.to_string()});
+        if path == "/v3/lease/grant" {
+            i.grants += 1;
+            i.next_lease += 1;
+            let id = 7_000 + i.next_lease;
+            let ttl: u64 = req["TTL"].as_str().unwrap().parse().unwrap();
+            i.leases.insert(id, now_ms + ttl * 1000);
+            let out = serde_json::json!({"header": header(i.revision), "ID": id.to_string(), "TTL": ttl.to_string()});
+            return (200, out.to_string().into_bytes());
+        }
+        assert_eq!(path, "/v3/kv/txn");
+        i.txns += 1;
+        let cmp = &req["compare"][0];
+        let key = b64.decode(cmp["key"].as_str().unwrap()).unwrap();
+        let cur = i.kv.get(&key).cloned();
+        let ok = match cmp["target"].as_str().unwrap() {
+            "CREATE" => {
+                cur.as_ref().map_or(0, |c| c.0).to_string()
+                    == cmp["create_revision"].as_str().unwrap()
+            }
+            "MOD" => {
+                cur.as_ref().map_or(0, |c| c.1).to_string() == cmp["mod_revision"].as_str().unwrap()
+            }
+            t => panic!("compare target {t}"),
+        };
+        let ops = if ok { &req["success"] } else { &req["failure"] };
+        let mut responses = Vec::new();
+        for op in ops.as_array().cloned().unwrap_or_default() {
+            if let Some(put) = op.get("request_put") {
+                let lease: i64 = put["lease"].as_str().unwrap().parse().unwrap();
+                if lease != 0 && !i.leases.contains_key(&lease) {
+                    let e = serde_json::json!({"error": "etcdserver: requested lease not found", "message": "etcdserver: requested lease not found", "code": 5});
+                    return (404, e.to_string().into_bytes());
+                }
+                i.revision += 1;
+                let rev = i.revision;
+                let k = b64.decode(put["key"].as_str().unwrap()).unwrap();
+                let v = b64.decode(put["value"].as_str().unwrap()).unwrap();
+                let create = i.kv.get(&k).map_or(rev, |c| c.0);
+                i.kv.insert(k, (create, rev, v, lease));
+                responses.push(serde_json::json!({"response_put": {"header": header(rev)}}));
+            } else if op.get("request_range").is_some() {
+                let kvs: Vec<serde_json::Value> = cur
+                    .iter()
+                    .map(|(c, m, v, l)| {
+                        serde_json::json!({"key": b64.encode(&key), "create_revision": c.to_string(), "mod_revision": m.to_string(), "value": b64.encode(v), "lease": l.to_string()})
+                    })
+                    .collect();
+                responses.push(serde_json::json!({"response_range": {"header": header(i.revision), "kvs": kvs, "count": kvs.len().to_string()}}));
+            } else if op.get("request_delete_range").is_some() {
+                if i.kv.remove(&key).is_some() {
+                    i.revision += 1;
+                }
+                responses.push(
+                    serde_json::json!({"response_delete_range": {"header": header(i.revision)}}),
+                );
+            }
+        }
+        let mut out = serde_json::json!({"header": header(i.revision), "responses": responses});
+        if ok {
+            // grpc-gateway leaves out false booleans.
+            out["succeeded"] = serde_json::Value::Bool(true);
+        }
+        (200, out.to_string().into_bytes())
+    }
+}
+
+impl EtcdInner {
+    fn expire(&mut self, now_ms: u64) {
+        let dead: Vec<i64> = self
+            .leases
+            .iter()
+            .filter(|(_, e)| **e <= now_ms)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in dead {
+            self.leases.remove(&id);
+            self.kv.retain(|_, v| v.3 != id);
+        }
+    }
 }

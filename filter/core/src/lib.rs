@@ -3,7 +3,9 @@
 //! The cdylib in `filter/` is thin glue that feeds Envoy's callbacks into `DedupStream`.
 
 pub mod config;
+pub mod etcd;
 pub mod key;
+pub mod local;
 pub mod metrics;
 pub mod reply;
 pub mod response;

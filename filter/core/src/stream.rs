@@ -2,14 +2,18 @@
 //! the request, response capture, completion or release. Host-independent: the proxy-wasm
 //! glue feeds it callbacks and carries out the `Action`s it returns.
 
-use crate::config::{Config, FailureMode, OnDuplicate};
+use crate::config::{Config, EtcdConfig, FailureMode, OnDuplicate, StoreConfig};
+use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState, LeaseCache, LeasePlan, LeasePurpose};
+use crate::key::Digest;
 use crate::key::{
     header_key, json_key, record_digest, short_hex, ClientKey, FingerprintHasher, JsonKey,
     KeyError, PayloadHasher, RequestHead,
 };
+use crate::local::{LocalEntry, LocalTier};
 use crate::metrics::Counter;
 use crate::reply::{replay, LocalReply, Problem};
 use crate::response::Capture;
+use crate::response::StoredResponse;
 use crate::store::{Claim, ClaimOutcome, Layout, SharedData, SharedStore};
 
 /// A configured plugin: immutable config and the store geometry derived from it.
@@ -17,17 +21,23 @@ use crate::store::{Claim, ClaimOutcome, Layout, SharedData, SharedStore};
 pub struct Plugin {
     pub config: Config,
     pub layout: Layout,
+    pub leases: LeasePlan,
 }
 
 impl Plugin {
     pub fn new(config: Config) -> Self {
+        let leases = LeasePlan::new(config.ttl_ms, config.in_flight_timeout_ms);
         let layout = Layout::new(
             &config.namespace,
             config.capacity,
             config.in_flight_timeout_ms,
             config.ttl_ms,
         );
-        Plugin { config, layout }
+        Plugin {
+            config,
+            layout,
+            leases,
+        }
     }
 }
 
@@ -40,6 +50,27 @@ pub trait Env: SharedData {
     fn count(&mut self, counter: Counter);
     fn debug(&self, message: &str);
     fn warn(&self, message: &str);
+    /// This worker's leases (etcd store).
+    fn leases(&mut self) -> &mut LeaseCache;
+    /// This worker's tier of completed records (etcd store).
+    fn local(&mut self) -> &mut LocalTier;
+}
+
+/// A call to the remote store through the proxy: POST `path` with a JSON `body` to the
+/// configured cluster, giving up after `timeout_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreCall {
+    pub path: &'static str,
+    pub body: Vec<u8>,
+    pub timeout_ms: u64,
+}
+
+/// The answer to a `StoreCall`: the HTTP status (0 when the call failed without a
+/// response, e.g. reset) and the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallAnswer {
+    pub status: u16,
+    pub body: Vec<u8>,
 }
 
 /// What the glue does next with the stream.
@@ -50,6 +81,9 @@ pub enum Action {
     Pause,
     /// Answer locally; the request never reaches the upstream.
     Reply(LocalReply),
+    /// Make this store call. On the request path the stream stays paused and the answer
+    /// goes to `on_store_answer`; on the response path the stream is not held.
+    Call(StoreCall),
 }
 
 enum Phase {
@@ -59,13 +93,70 @@ enum Phase {
     Passthrough,
     /// Reading the request body before deciding.
     Reading(Box<Reading>),
+    /// Waiting for the remote store to answer a claim.
+    Claiming(Box<Claiming>),
     /// Claim won; waiting for the upstream's response headers.
-    Forwarded(Claim),
+    Forwarded(Owned),
     /// Claim won; collecting a storable response.
-    Capturing(Claim, Capture),
+    Capturing(Owned, Capture),
+    /// Completion or release sent to the remote store; its answer is only counted.
+    Settling(Box<Settling>),
     /// Answered locally, completed or released: nothing left to do.
     Finished,
 }
+
+/// A claim the stream holds.
+enum Owned {
+    Shared(Claim),
+    Etcd(EtcdOwned),
+}
+
+struct EtcdOwned {
+    key: String,
+    digest: Digest,
+    payload: Digest,
+    token: u64,
+    mod_revision: i64,
+    completed_lease: i64,
+}
+
+/// An etcd claim in progress.
+struct Claiming {
+    key: String,
+    digest: Digest,
+    payload: Digest,
+    token: u64,
+    step: ClaimStep,
+    /// CAS rounds (claim, takeover) so far.
+    rounds: u32,
+    /// Transport retries of the current call.
+    retries: u32,
+    deadline_ms: u64,
+    call: StoreCall,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClaimStep {
+    Grant(LeasePurpose),
+    Txn,
+}
+
+struct Settling {
+    what: &'static str,
+    /// Kept to learn the completed record locally once etcd confirms it.
+    learned: Option<(Digest, LocalEntry)>,
+}
+
+/// What a claim found when the key was already taken.
+enum Duplicate {
+    InFlight,
+    PayloadMismatch,
+    NotStored,
+    Completed(Option<StoredResponse>),
+}
+
+const MAX_ROUNDS: u32 = 8;
+const MAX_RETRIES: u32 = 2;
 
 struct Reading {
     head: RequestHead,
@@ -89,7 +180,9 @@ impl std::fmt::Debug for DedupStream {
             Phase::Start => "start",
             Phase::Passthrough => "passthrough",
             Phase::Reading(_) => "reading",
+            Phase::Claiming(_) => "claiming",
             Phase::Forwarded(_) => "forwarded",
+            Phase::Settling(_) => "settling",
             Phase::Capturing(..) => "capturing",
             Phase::Finished => "finished",
         };
@@ -226,6 +319,7 @@ impl DedupStream {
     }
 
     /// Upstream response headers. `pairs` is called only when the response will be stored.
+    /// Returns a store call to make (etcd), without holding the response.
     pub fn on_response_headers<E: Env>(
         &mut self,
         p: &Plugin,
@@ -233,23 +327,23 @@ impl DedupStream {
         status: u16,
         pairs: impl FnOnce() -> Vec<(String, Vec<u8>)>,
         end_of_stream: bool,
-    ) {
-        let Phase::Forwarded(claim) = std::mem::replace(&mut self.phase, Phase::Finished) else {
-            return;
+    ) -> Option<StoreCall> {
+        let Phase::Forwarded(owned) = std::mem::replace(&mut self.phase, Phase::Finished) else {
+            return None;
         };
         if !p.config.stores_status(status) {
             env.debug(&format!(
                 "stream {}: upstream answered {status}; releasing the claim",
                 self.id
             ));
-            self.release(p, env, &claim);
-            return;
+            return self.release(p, env, owned);
         }
         let capture = Capture::new(status, pairs(), p.config.max_replay_body_bytes);
-        self.phase = Phase::Capturing(claim, capture);
+        self.phase = Phase::Capturing(owned, capture);
         if end_of_stream {
-            self.complete(p, env);
+            return self.complete(p, env);
         }
+        None
     }
 
     /// A response body chunk passed (only called while `wants_response_body`).
@@ -259,34 +353,64 @@ impl DedupStream {
         env: &mut E,
         chunk: &[u8],
         end_of_stream: bool,
-    ) {
+    ) -> Option<StoreCall> {
         if let Phase::Capturing(_, capture) = &mut self.phase {
             capture.body(chunk);
             if end_of_stream {
-                self.complete(p, env);
+                return self.complete(p, env);
             }
         }
+        None
     }
 
     /// Response trailers arrived: the response is complete (trailers are not stored).
-    pub fn on_response_trailers<E: Env>(&mut self, p: &Plugin, env: &mut E) {
+    pub fn on_response_trailers<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Option<StoreCall> {
         if matches!(self.phase, Phase::Capturing(..)) {
-            self.complete(p, env);
+            return self.complete(p, env);
         }
+        None
     }
 
-    /// The stream ended (Envoy's on_log / on_done). A claim still held here never got a
-    /// complete response: reset, timeout, or the client went away. Release it.
-    pub fn on_stream_end<E: Env>(&mut self, p: &Plugin, env: &mut E) {
+    /// The stream ended (Envoy's on_log). A claim still held here never got a complete
+    /// response: reset, timeout, or the client went away. Release it.
+    pub fn on_stream_end<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Option<StoreCall> {
         match std::mem::replace(&mut self.phase, Phase::Finished) {
-            Phase::Forwarded(claim) | Phase::Capturing(claim, _) => {
+            Phase::Forwarded(owned) | Phase::Capturing(owned, _) => {
                 env.debug(&format!(
                     "stream {}: ended without a complete response; releasing the claim",
                     self.id
                 ));
-                self.release(p, env, &claim);
+                self.release(p, env, owned)
             }
-            other => self.phase = other,
+            Phase::Claiming(_) => {
+                // The client left while the claim was being decided. If the claim went
+                // through, its in-flight record expires after in_flight_timeout_seconds.
+                None
+            }
+            other => {
+                self.phase = other;
+                None
+            }
+        }
+    }
+
+    /// The remote store answered a call this stream made.
+    pub fn on_store_answer<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        answer: CallAnswer,
+    ) -> Action {
+        match std::mem::replace(&mut self.phase, Phase::Finished) {
+            Phase::Claiming(c) => self.claim_step(p, env, c, answer),
+            Phase::Settling(st) => {
+                self.settled(env, *st, &answer);
+                Action::Continue
+            }
+            other => {
+                self.phase = other;
+                Action::Continue
+            }
         }
     }
 
@@ -357,25 +481,65 @@ impl DedupStream {
         };
         let digest = record_digest(cfg, &head, &key);
         let payload = payload.finish();
+        match &cfg.store {
+            StoreConfig::SharedData => self.claim_shared(p, env, digest, payload),
+            StoreConfig::Etcd(ec) => self.claim_etcd(p, env, ec, digest, payload),
+        }
+    }
+
+    fn claim_shared<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        digest: Digest,
+        payload: Digest,
+    ) -> Action {
         let token = env.new_token();
         let now = env.now_ms();
         let outcome = SharedStore::new(&*env, &p.layout).claim(&digest, &payload, now, token);
-        let id = self.id;
         let rec = short_hex(&digest);
         match outcome {
             Ok(ClaimOutcome::Claimed {
                 claim,
                 evicted_unexpired,
             }) => {
-                env.count(Counter::Executed);
                 if evicted_unexpired {
                     env.count(Counter::EvictionsUnexpired);
                 }
-                env.debug(&format!("stream {id}: record {rec} claimed; forwarding"));
-                self.phase = Phase::Forwarded(claim);
-                Action::Continue
+                self.forward(env, &rec, Owned::Shared(claim))
             }
-            Ok(ClaimOutcome::InFlight) => {
+            Ok(ClaimOutcome::InFlight) => self.duplicate(p, env, Duplicate::InFlight),
+            Ok(ClaimOutcome::PayloadMismatch) => self.duplicate(p, env, Duplicate::PayloadMismatch),
+            Ok(ClaimOutcome::CompletedNotStored) => self.duplicate(p, env, Duplicate::NotStored),
+            Ok(ClaimOutcome::Completed(_)) if p.config.on_duplicate == OnDuplicate::Reject => {
+                self.duplicate(p, env, Duplicate::Completed(None))
+            }
+            Ok(ClaimOutcome::Completed(done)) => {
+                match SharedStore::new(&*env, &p.layout).response(&done) {
+                    Ok(Some(resp)) => self.duplicate(p, env, Duplicate::Completed(Some(resp))),
+                    Ok(None) => self.duplicate(p, env, Duplicate::NotStored),
+                    Err(e) => self.store_failed(p, env, &e.to_string()),
+                }
+            }
+            Err(e) => self.store_failed(p, env, &e.to_string()),
+        }
+    }
+
+    fn forward<E: Env>(&mut self, env: &mut E, rec: &str, owned: Owned) -> Action {
+        env.count(Counter::Executed);
+        env.debug(&format!(
+            "stream {}: record {rec} claimed; forwarding",
+            self.id
+        ));
+        self.phase = Phase::Forwarded(owned);
+        Action::Continue
+    }
+
+    /// Answers a request whose key is already taken.
+    fn duplicate<E: Env>(&mut self, p: &Plugin, env: &mut E, dup: Duplicate) -> Action {
+        let cfg = &p.config;
+        match dup {
+            Duplicate::InFlight => {
                 env.count(Counter::RejectedInFlight);
                 let retry = vec![(
                     "retry-after".to_string(),
@@ -385,32 +549,308 @@ impl DedupStream {
                     "the first request with this key has not been answered yet; retry later";
                 self.reply(env, Problem::InFlight.reply(detail, retry))
             }
-            Ok(ClaimOutcome::PayloadMismatch) => {
+            Duplicate::PayloadMismatch => {
                 env.count(Counter::PayloadMismatch);
                 let detail = "this key was first used with a different method, path or body";
                 self.reply(env, Problem::PayloadMismatch.reply(detail, Vec::new()))
             }
-            Ok(ClaimOutcome::CompletedNotStored) => self.not_stored(env),
-            Ok(ClaimOutcome::Completed(_)) if cfg.on_duplicate == OnDuplicate::Reject => {
+            Duplicate::NotStored => self.not_stored(env),
+            Duplicate::Completed(_) if cfg.on_duplicate == OnDuplicate::Reject => {
                 env.count(Counter::RejectedCompleted);
                 let detail = "a request with this key has already completed";
                 self.reply(env, Problem::AlreadyCompleted.reply(detail, Vec::new()))
             }
-            Ok(ClaimOutcome::Completed(done)) => {
-                match SharedStore::new(&*env, &p.layout).response(&done) {
-                    Ok(Some(resp)) => {
-                        env.count(Counter::Replayed);
-                        env.debug(&format!(
-                            "stream {id}: record {rec} completed; replaying {}",
-                            resp.status
-                        ));
-                        self.reply(env, replay(resp, &cfg.replayed_header))
+            Duplicate::Completed(Some(resp)) => {
+                env.count(Counter::Replayed);
+                env.debug(&format!(
+                    "stream {}: replaying a stored {}",
+                    self.id, resp.status
+                ));
+                self.reply(env, replay(resp, &cfg.replayed_header))
+            }
+            Duplicate::Completed(None) => self.not_stored(env),
+        }
+    }
+
+    fn claim_etcd<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        ec: &EtcdConfig,
+        digest: Digest,
+        payload: Digest,
+    ) -> Action {
+        let now = env.now_ms();
+        if let Some(e) = env.local().get(&digest, now) {
+            let dup = if e.payload != payload {
+                Duplicate::PayloadMismatch
+            } else {
+                match &e.response {
+                    Some(r) => Duplicate::Completed(Some(r.clone())),
+                    None => Duplicate::NotStored,
+                }
+            };
+            env.debug(&format!(
+                "stream {}: record {} answered by this worker's tier",
+                self.id,
+                short_hex(&digest)
+            ));
+            return self.duplicate(p, env, dup);
+        }
+        let token = env.new_token();
+        let c = Claiming {
+            key: etcd::record_key(&ec.prefix, &digest),
+            digest,
+            payload,
+            token,
+            step: ClaimStep::Txn,
+            rounds: 0,
+            retries: 0,
+            deadline_ms: now.saturating_add(ec.timeout_ms),
+            call: StoreCall {
+                path: etcd::TXN_PATH,
+                body: Vec::new(),
+                timeout_ms: ec.timeout_ms,
+            },
+        };
+        self.next_claim_call(p, env, Box::new(c))
+    }
+
+    /// The next call of a claim: a lease grant if this worker has no usable lease, else
+    /// the claim txn.
+    fn next_claim_call<E: Env>(&mut self, p: &Plugin, env: &mut E, mut c: Box<Claiming>) -> Action {
+        let now = env.now_ms();
+        let timeout_ms = c.deadline_ms.saturating_sub(now).max(1);
+        let in_flight = env.leases().get(LeasePurpose::InFlight, now);
+        let completed = env.leases().get(LeasePurpose::Completed, now);
+        let (step, path, body) = match (in_flight, completed) {
+            (None, _) => (
+                ClaimStep::Grant(LeasePurpose::InFlight),
+                etcd::LEASE_GRANT_PATH,
+                etcd::lease_grant(p.leases.ttl_s(LeasePurpose::InFlight)),
+            ),
+            (_, None) => (
+                ClaimStep::Grant(LeasePurpose::Completed),
+                etcd::LEASE_GRANT_PATH,
+                etcd::lease_grant(p.leases.ttl_s(LeasePurpose::Completed)),
+            ),
+            (Some(lease), Some(_)) => {
+                let rec = in_flight_record(p, &c, now);
+                (
+                    ClaimStep::Txn,
+                    etcd::TXN_PATH,
+                    etcd::claim_txn(&c.key, &rec.encode(&c.digest), lease),
+                )
+            }
+        };
+        c.step = step;
+        c.retries = 0;
+        c.call = StoreCall {
+            path,
+            body,
+            timeout_ms,
+        };
+        let call = c.call.clone();
+        self.phase = Phase::Claiming(c);
+        Action::Call(call)
+    }
+
+    fn claim_step<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        mut c: Box<Claiming>,
+        answer: CallAnswer,
+    ) -> Action {
+        let now = env.now_ms();
+        let parsed = etcd::parse_answer(&answer.body);
+        let transport_failure = answer.status == 0 || answer.status == 502 || answer.status == 503;
+        if transport_failure && parsed.is_none() {
+            // Connection refused or reset: another member may answer. Retry within budget.
+            if c.retries < MAX_RETRIES && now < c.deadline_ms {
+                c.retries += 1;
+                c.call.timeout_ms = c.deadline_ms.saturating_sub(now).max(1);
+                let call = c.call.clone();
+                self.phase = Phase::Claiming(c);
+                return Action::Call(call);
+            }
+            return self.store_failed(
+                p,
+                env,
+                &format!("etcd unreachable (status {})", answer.status),
+            );
+        }
+        let Some(parsed) = parsed else {
+            return self.store_failed(
+                p,
+                env,
+                &format!("etcd answered {} with an unreadable body", answer.status),
+            );
+        };
+        match (c.step, parsed) {
+            (ClaimStep::Grant(purpose), EtcdAnswer::Lease { id }) => {
+                env.leases().put(purpose, id, now, p.leases.window(purpose));
+                self.next_claim_call(p, env, c)
+            }
+            (ClaimStep::Txn, EtcdAnswer::Error { code, message })
+                if code == 5 || message.contains("lease not found") =>
+            {
+                // A lease we cached is gone (revoked, or etcd lost it): take fresh ones.
+                *env.leases() = LeaseCache::default();
+                c.rounds += 1;
+                if c.rounds > MAX_ROUNDS {
+                    return self.store_failed(p, env, "etcd keeps losing leases");
+                }
+                self.next_claim_call(p, env, c)
+            }
+            (_, EtcdAnswer::Error { code, message }) => {
+                self.store_failed(p, env, &format!("etcd error {code}: {message}"))
+            }
+            (
+                ClaimStep::Txn,
+                EtcdAnswer::Txn {
+                    succeeded: true,
+                    revision,
+                    ..
+                },
+            ) => {
+                let Some(completed_lease) = env
+                    .leases()
+                    .get(LeasePurpose::Completed, now)
+                    .or_else(|| env.leases().get(LeasePurpose::Completed, 0))
+                else {
+                    return self.store_failed(p, env, "no completion lease");
+                };
+                let rec = short_hex(&c.digest);
+                let owned = Owned::Etcd(EtcdOwned {
+                    key: c.key,
+                    digest: c.digest,
+                    payload: c.payload,
+                    token: c.token,
+                    mod_revision: revision,
+                    completed_lease,
+                });
+                self.forward(env, &rec, owned)
+            }
+            (
+                ClaimStep::Txn,
+                EtcdAnswer::Txn {
+                    succeeded: false,
+                    existing,
+                    ..
+                },
+            ) => {
+                c.rounds += 1;
+                if c.rounds > MAX_ROUNDS {
+                    return self.store_failed(p, env, "etcd CAS contention");
+                }
+                let Some((mod_revision, value)) = existing else {
+                    // Deleted between the compare and the read: claim again.
+                    return self.next_claim_call(p, env, c);
+                };
+                let current = EtcdRecord::decode(&value, &c.digest);
+                match current {
+                    Some(r) if r.token == c.token && r.state == EtcdState::InFlight => {
+                        // Our own earlier attempt went through; its answer was lost.
+                        let Some(completed_lease) = env.leases().get(LeasePurpose::Completed, 0)
+                        else {
+                            return self.store_failed(p, env, "no completion lease");
+                        };
+                        let rec = short_hex(&c.digest);
+                        let owned = Owned::Etcd(EtcdOwned {
+                            key: c.key,
+                            digest: c.digest,
+                            payload: c.payload,
+                            token: c.token,
+                            mod_revision,
+                            completed_lease,
+                        });
+                        self.forward(env, &rec, owned)
                     }
-                    Ok(None) => self.not_stored(env),
-                    Err(e) => self.store_failed(p, env, &e.to_string()),
+                    Some(r) if r.expires_ms > now => {
+                        if r.payload != c.payload {
+                            return self.duplicate(p, env, Duplicate::PayloadMismatch);
+                        }
+                        match r.state {
+                            EtcdState::InFlight => self.duplicate(p, env, Duplicate::InFlight),
+                            EtcdState::CompletedNotStored => {
+                                let entry = LocalEntry {
+                                    payload: r.payload,
+                                    expires_ms: r.expires_ms,
+                                    response: None,
+                                };
+                                env.local().insert(c.digest, entry, now);
+                                self.duplicate(p, env, Duplicate::NotStored)
+                            }
+                            EtcdState::Completed => {
+                                let entry = LocalEntry {
+                                    payload: r.payload,
+                                    expires_ms: r.expires_ms,
+                                    response: r.response.clone(),
+                                };
+                                env.local().insert(c.digest, entry, now);
+                                self.duplicate(p, env, Duplicate::Completed(r.response))
+                            }
+                        }
+                    }
+                    // Expired (its lease has not run out yet) or unreadable: take it over,
+                    // conditional on it being unchanged since we read it.
+                    _ => {
+                        let Some(lease) = env.leases().get(LeasePurpose::InFlight, now) else {
+                            return self.next_claim_call(p, env, c);
+                        };
+                        let rec = in_flight_record(p, &c, now);
+                        c.call = StoreCall {
+                            path: etcd::TXN_PATH,
+                            body: etcd::replace_txn(
+                                &c.key,
+                                mod_revision,
+                                &rec.encode(&c.digest),
+                                lease,
+                            ),
+                            timeout_ms: c.deadline_ms.saturating_sub(now).max(1),
+                        };
+                        c.retries = 0;
+                        let call = c.call.clone();
+                        self.phase = Phase::Claiming(c);
+                        Action::Call(call)
+                    }
                 }
             }
-            Err(e) => self.store_failed(p, env, &e.to_string()),
+            (_, other) => self.store_failed(p, env, &format!("unexpected etcd answer {other:?}")),
+        }
+    }
+
+    fn settled<E: Env>(&mut self, env: &mut E, st: Settling, answer: &CallAnswer) {
+        match etcd::parse_answer(&answer.body) {
+            Some(EtcdAnswer::Txn {
+                succeeded: true, ..
+            }) => {
+                env.debug(&format!(
+                    "stream {}: {} confirmed by etcd",
+                    self.id, st.what
+                ));
+                if let Some((digest, entry)) = st.learned {
+                    let now = env.now_ms();
+                    env.local().insert(digest, entry, now);
+                }
+            }
+            Some(EtcdAnswer::Txn {
+                succeeded: false, ..
+            }) => {
+                env.count(Counter::ClaimsLost);
+                env.warn(&format!(
+                    "stream {}: {}: the claim expired or was taken over first",
+                    self.id, st.what
+                ));
+            }
+            _ => {
+                env.count(Counter::StoreErrors);
+                env.warn(&format!(
+                    "stream {}: {} failed (status {})",
+                    self.id, st.what, answer.status
+                ));
+            }
         }
     }
 
@@ -437,52 +877,125 @@ impl DedupStream {
         }
     }
 
-    fn complete<E: Env>(&mut self, p: &Plugin, env: &mut E) {
-        let Phase::Capturing(claim, capture) = std::mem::replace(&mut self.phase, Phase::Finished)
+    fn complete<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Option<StoreCall> {
+        let Phase::Capturing(owned, capture) = std::mem::replace(&mut self.phase, Phase::Finished)
         else {
-            return;
+            return None;
         };
         let response = capture.finish();
         if response.is_none() {
             env.count(Counter::ResponseNotStored);
         }
         let now = env.now_ms();
-        match SharedStore::new(&*env, &p.layout).complete(&claim, response.as_ref(), now) {
-            Ok(true) => env.debug(&format!(
-                "stream {}: record {} completed",
-                self.id,
-                short_hex(&claim.digest)
-            )),
-            Ok(false) => {
-                env.count(Counter::ClaimsLost);
-                env.warn(&format!(
-                    "stream {}: claim on record {} expired before the response came; not stored",
-                    self.id,
-                    short_hex(&claim.digest)
-                ));
+        match owned {
+            Owned::Shared(claim) => {
+                match SharedStore::new(&*env, &p.layout).complete(&claim, response.as_ref(), now) {
+                    Ok(true) => env.debug(&format!(
+                        "stream {}: record {} completed",
+                        self.id,
+                        short_hex(&claim.digest)
+                    )),
+                    Ok(false) => {
+                        env.count(Counter::ClaimsLost);
+                        env.warn(&format!(
+                            "stream {}: claim on record {} expired before the response came; not stored",
+                            self.id,
+                            short_hex(&claim.digest)
+                        ));
+                    }
+                    Err(e) => {
+                        env.count(Counter::StoreErrors);
+                        env.warn(&format!(
+                            "stream {}: completing the record failed: {e}",
+                            self.id
+                        ));
+                    }
+                }
+                None
             }
-            Err(e) => {
-                env.count(Counter::StoreErrors);
-                env.warn(&format!(
-                    "stream {}: completing the record failed: {e}",
-                    self.id
-                ));
+            Owned::Etcd(o) => {
+                let expires_ms = now.saturating_add(p.config.ttl_ms);
+                let record = EtcdRecord {
+                    state: if response.is_some() {
+                        EtcdState::Completed
+                    } else {
+                        EtcdState::CompletedNotStored
+                    },
+                    token: o.token,
+                    expires_ms,
+                    payload: o.payload,
+                    response,
+                };
+                let body = etcd::replace_txn(
+                    &o.key,
+                    o.mod_revision,
+                    &record.encode(&o.digest),
+                    o.completed_lease,
+                );
+                let learned = LocalEntry {
+                    payload: o.payload,
+                    expires_ms,
+                    response: record.response,
+                };
+                self.phase = Phase::Settling(Box::new(Settling {
+                    what: "completion",
+                    learned: Some((o.digest, learned)),
+                }));
+                Some(StoreCall {
+                    path: etcd::TXN_PATH,
+                    body,
+                    timeout_ms: etcd_timeout(p),
+                })
             }
         }
     }
 
-    fn release<E: Env>(&mut self, p: &Plugin, env: &mut E, claim: &Claim) {
+    fn release<E: Env>(&mut self, p: &Plugin, env: &mut E, owned: Owned) -> Option<StoreCall> {
         self.phase = Phase::Finished;
-        match SharedStore::new(&*env, &p.layout).release(claim) {
-            Ok(true) => env.count(Counter::Released),
-            Ok(false) => env.count(Counter::ClaimsLost),
-            Err(e) => {
-                env.count(Counter::StoreErrors);
-                env.warn(&format!(
-                    "stream {}: releasing the claim failed: {e}",
-                    self.id
-                ));
+        match owned {
+            Owned::Shared(claim) => {
+                match SharedStore::new(&*env, &p.layout).release(&claim) {
+                    Ok(true) => env.count(Counter::Released),
+                    Ok(false) => env.count(Counter::ClaimsLost),
+                    Err(e) => {
+                        env.count(Counter::StoreErrors);
+                        env.warn(&format!(
+                            "stream {}: releasing the claim failed: {e}",
+                            self.id
+                        ));
+                    }
+                }
+                None
+            }
+            Owned::Etcd(o) => {
+                env.count(Counter::Released);
+                self.phase = Phase::Settling(Box::new(Settling {
+                    what: "release",
+                    learned: None,
+                }));
+                Some(StoreCall {
+                    path: etcd::TXN_PATH,
+                    body: etcd::delete_txn(&o.key, o.mod_revision),
+                    timeout_ms: etcd_timeout(p),
+                })
             }
         }
+    }
+}
+
+fn etcd_timeout(p: &Plugin) -> u64 {
+    match &p.config.store {
+        StoreConfig::Etcd(ec) => ec.timeout_ms,
+        StoreConfig::SharedData => 1000,
+    }
+}
+
+fn in_flight_record(p: &Plugin, c: &Claiming, now_ms: u64) -> EtcdRecord {
+    EtcdRecord {
+        state: EtcdState::InFlight,
+        token: c.token,
+        expires_ms: now_ms.saturating_add(p.config.in_flight_timeout_ms),
+        payload: c.payload,
+        response: None,
     }
 }

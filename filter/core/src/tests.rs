@@ -10,6 +10,7 @@ use crate::reply::LocalReply;
 use crate::response::{Capture, StoredResponse};
 use crate::store::{ClaimOutcome, Layout, SharedStore, StoreError, WAYS};
 use crate::stream::{Action, DedupStream, Plugin};
+use crate::stream::{CallAnswer, StoreCall};
 use std::sync::Arc;
 
 // ---------- helpers ----------
@@ -99,6 +100,29 @@ fn answer(status: u16, body: &str) -> Answer {
 }
 
 /// Sends the request up to the decision; `Ok(stream)` if it was forwarded.
+/// Makes a store call against the environment's fake etcd, as Envoy's http call would.
+fn call(env: &FakeEnv, c: &StoreCall) -> CallAnswer {
+    let (status, body) = env.etcd.handle(c.path, &c.body, env.now_ms);
+    CallAnswer { status, body }
+}
+
+/// Runs store calls until the stream decides.
+fn settle(p: &Plugin, env: &mut FakeEnv, s: &mut DedupStream, mut action: Action) -> Action {
+    while let Action::Call(c) = action {
+        let a = call(env, &c);
+        action = s.on_store_answer(p, env, a);
+    }
+    action
+}
+
+/// Delivers a response-side store call (completion, release) while the stream lives.
+fn deliver(p: &Plugin, env: &mut FakeEnv, s: &mut DedupStream, c: Option<StoreCall>) {
+    if let Some(c) = c {
+        let a = call(env, &c);
+        let _ = s.on_store_answer(p, env, a);
+    }
+}
+
 fn send(p: &Plugin, env: &mut FakeEnv, r: &Req) -> Result<DedupStream, Outcome> {
     let mut s = DedupStream::new(1);
     let mut action = s.on_request_headers(p, env, r.head.clone(), r.body.is_none() && !r.trailers);
@@ -119,36 +143,45 @@ fn send(p: &Plugin, env: &mut FakeEnv, r: &Req) -> Result<DedupStream, Outcome> 
             action = s.on_request_trailers(p, env);
         }
     }
+    let action = settle(p, env, &mut s, action);
     match action {
         Action::Continue => Ok(s),
         Action::Reply(reply) => {
             // Envoy runs the filter's response callbacks on its own local reply too.
-            s.on_response_headers(p, env, reply.status, || reply.headers.clone(), false);
-            s.on_response_body(p, env, &reply.body, true);
-            s.on_stream_end(p, env);
+            assert_eq!(
+                s.on_response_headers(p, env, reply.status, || reply.headers.clone(), false),
+                None
+            );
+            assert_eq!(s.on_response_body(p, env, &reply.body, true), None);
+            assert_eq!(s.on_stream_end(p, env), None);
             Err(Outcome::Local(reply))
         }
         Action::Pause => panic!("stream left paused at the end of the request"),
+        Action::Call(_) => unreachable!("settled above"),
     }
 }
 
 fn respond(p: &Plugin, env: &mut FakeEnv, mut s: DedupStream, a: Answer) -> Outcome {
     if a.reset {
-        s.on_stream_end(p, env);
+        let c = s.on_stream_end(p, env);
+        deliver(p, env, &mut s, c);
         return Outcome::Reset;
     }
     let mut pairs = vec![(":status".to_string(), a.status.to_string().into_bytes())];
     pairs.extend(a.headers.clone());
-    s.on_response_headers(p, env, a.status, || pairs, a.body.is_empty());
+    let c = s.on_response_headers(p, env, a.status, || pairs, a.body.is_empty());
+    deliver(p, env, &mut s, c);
     if !a.body.is_empty() {
         let n = a.body.len().div_ceil(5);
-        for (i, c) in a.body.chunks(5).enumerate() {
+        for (i, chunk) in a.body.chunks(5).enumerate() {
             if s.wants_response_body() {
-                s.on_response_body(p, env, c, i + 1 == n);
+                let c = s.on_response_body(p, env, chunk, i + 1 == n);
+                deliver(p, env, &mut s, c);
             }
         }
     }
-    s.on_stream_end(p, env);
+    let c = s.on_stream_end(p, env);
+    deliver(p, env, &mut s, c);
     Outcome::Upstream(a.status, a.body)
 }
 
@@ -663,9 +696,12 @@ fn b6_5xx_reset_and_no_response_release_the_claim() {
     // Headers arrived but the body never finished: released too.
     let s = send(&p, &mut env, &r).unwrap();
     let mut s = s;
-    s.on_response_headers(&p, &mut env, 200, Vec::new, false);
-    s.on_response_body(&p, &mut env, b"part", false);
-    s.on_stream_end(&p, &mut env);
+    assert_eq!(
+        s.on_response_headers(&p, &mut env, 200, Vec::new, false),
+        None
+    );
+    assert_eq!(s.on_response_body(&p, &mut env, b"part", false), None);
+    assert_eq!(s.on_stream_end(&p, &mut env), None);
     assert_eq!(
         run(&p, &mut env, &r, ok("paid")),
         Outcome::Upstream(200, b"paid".to_vec())
@@ -1245,4 +1281,240 @@ fn no_input_makes_the_stream_panic() {
         let status = [200u16, 404, 500, 0][(next() % 4) as usize];
         let _ = run(&p, &mut env, &r, answer(status, &text));
     }
+}
+
+// ---------- the etcd store (logic against a fake of etcd's JSON gateway) ----------
+
+const ETCD: &str = r#""store": {"kind": "etcd", "cluster": "etcd", "timeout_ms": 500}"#;
+
+fn etcd_plugin(extra: &str) -> Plugin {
+    let sep = if extra.is_empty() { "" } else { ", " };
+    plugin(&format!("{{{ETCD}{sep}{extra}}}"))
+}
+
+/// Two proxies (workers of different Envoys) sharing one etcd.
+fn two_proxies() -> (FakeEnv, FakeEnv) {
+    let a = FakeEnv::new(FakeShared::new(), 1);
+    let mut b = FakeEnv::new(FakeShared::new(), 2);
+    b.etcd = a.etcd.clone();
+    (a, b)
+}
+
+#[test]
+fn etcd_config() {
+    let c = Config::parse(br#"{"store": {"kind": "etcd", "cluster": "etcd-c"}}"#).unwrap();
+    match c.store {
+        crate::config::StoreConfig::Etcd(e) => {
+            assert_eq!(
+                (
+                    e.cluster.as_str(),
+                    e.authority.as_str(),
+                    e.prefix.as_str(),
+                    e.timeout_ms
+                ),
+                ("etcd-c", "etcd-c", "proxy-dedup/", 1000)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(cfg_err(r#"{"store": {"kind": "etcd"}}"#).0, "store.cluster");
+    assert_eq!(
+        cfg_err(r#"{"store": {"kind": "etcd", "cluster": "e", "timeout_ms": 1}}"#).0,
+        "store.timeout_ms"
+    );
+    assert_eq!(
+        cfg_err(r#"{"store": {"kind": "etcd", "cluster": "e", "namespace": "x"}}"#).0,
+        "store.namespace"
+    );
+    assert_eq!(cfg_err(r#"{"store": {"cluster": "e"}}"#).0, "store.cluster");
+    assert_eq!(
+        cfg_err(r#"{"store": {"kind": "etcd", "cluster": "e", "prefix": ""}}"#).0,
+        "store.prefix"
+    );
+}
+
+#[test]
+fn etcd_first_executes_other_proxy_replays_and_in_flight_conflicts() {
+    let p = etcd_plugin("");
+    let (mut a, mut b) = two_proxies();
+    let r = req("POST", "/orders").key("k1").body("{}");
+    let first = send(&p, &mut a, &r).unwrap();
+    // In flight on proxy A: B answers 409 from etcd's record.
+    assert_eq!(send(&p, &mut b, &r).unwrap_err().status(), 409);
+    assert_eq!(
+        send(&p, &mut b, &req("POST", "/orders").key("k1").body("other"))
+            .unwrap_err()
+            .status(),
+        422
+    );
+    assert_eq!(
+        respond(&p, &mut a, first, ok("made")),
+        Outcome::Upstream(200, b"made".to_vec())
+    );
+    let replay = run(&p, &mut b, &r, ok("no"));
+    assert_eq!(replay.local().body, b"made");
+    assert_eq!(
+        replay.local().header("idempotent-replayed"),
+        Some(&b"true"[..])
+    );
+    assert_eq!(
+        a.count_of(Counter::Executed) + b.count_of(Counter::Executed),
+        1
+    );
+}
+
+#[test]
+fn etcd_local_tier_answers_without_a_round_trip() {
+    let p = etcd_plugin("");
+    let (mut a, mut b) = two_proxies();
+    let r = req("POST", "/orders").key("k1").body("{}");
+    run(&p, &mut a, &r, ok("made"));
+    // The executing worker learned the completed record when etcd confirmed it.
+    a.etcd.set_down(true);
+    assert_eq!(run(&p, &mut a, &r, ok("no")).local().body, b"made");
+    assert_eq!(
+        run(
+            &p,
+            &mut a,
+            &req("POST", "/orders").key("k1").body("x"),
+            ok("no")
+        )
+        .status(),
+        422
+    );
+    // B has not seen it: it needs etcd, which is down: fails open.
+    assert_eq!(
+        run(&p, &mut b, &r, ok("through")),
+        Outcome::Upstream(200, b"through".to_vec())
+    );
+    assert_eq!(b.count_of(Counter::FailedOpen), 1);
+    a.etcd.set_down(false);
+    assert_eq!(run(&p, &mut b, &r, ok("no")).local().body, b"made");
+    a.etcd.set_down(true);
+    assert_eq!(
+        run(&p, &mut b, &r, ok("no")).local().body,
+        b"made",
+        "B learned it from the replay"
+    );
+}
+
+#[test]
+fn etcd_leases_are_reused_not_granted_per_request() {
+    let p = etcd_plugin(r#""ttl_seconds": 3600"#);
+    let (mut a, _) = two_proxies();
+    for i in 0..200 {
+        run(
+            &p,
+            &mut a,
+            &req("POST", "/o").key(&format!("k{i}")),
+            ok("x"),
+        );
+        a.now_ms += 10;
+    }
+    assert_eq!(a.count_of(Counter::Executed), 200);
+    // 2 s of traffic: a handful of in-flight windows and one completed window.
+    assert!(a.etcd.grants() <= 6, "{} grants", a.etcd.grants());
+}
+
+#[test]
+fn etcd_release_on_5xx_and_reset() {
+    let p = etcd_plugin("");
+    let (mut a, mut b) = two_proxies();
+    let r = req("POST", "/pay").key("k").body("{}");
+    assert_eq!(run(&p, &mut a, &r, answer(500, "boom")).status(), 500);
+    let mut reset = ok("");
+    reset.reset = true;
+    assert_eq!(run(&p, &mut b, &r, reset), Outcome::Reset);
+    assert_eq!(
+        run(&p, &mut a, &r, ok("paid")),
+        Outcome::Upstream(200, b"paid".to_vec())
+    );
+    assert_eq!(
+        a.count_of(Counter::Released) + b.count_of(Counter::Released),
+        2
+    );
+    assert_eq!(run(&p, &mut b, &r, ok("no")).local().body, b"paid");
+}
+
+#[test]
+fn etcd_transport_failures_retry_then_fail_by_mode() {
+    let p = etcd_plugin("");
+    let (mut a, _) = two_proxies();
+    // One member refused the connection: the retry reaches another.
+    a.etcd.fail_next(2);
+    assert!(matches!(
+        run(&p, &mut a, &req("POST", "/o").key("k1"), ok("x")),
+        Outcome::Upstream(..)
+    ));
+    assert_eq!(a.count_of(Counter::StoreErrors), 0);
+    // All down: open passes through, closed answers 503.
+    a.etcd.set_down(true);
+    assert!(matches!(
+        run(&p, &mut a, &req("POST", "/o").key("k2"), ok("x")),
+        Outcome::Upstream(..)
+    ));
+    assert_eq!(a.count_of(Counter::FailedOpen), 1);
+    let closed = etcd_plugin(r#""failure_mode": "closed""#);
+    let o = run(&closed, &mut a, &req("POST", "/o").key("k3"), ok("x"));
+    assert_eq!(o.status(), 503);
+    assert_eq!(
+        o.problem_type(),
+        "urn:proxy-dedup:problem:store-unavailable"
+    );
+    // A timeout (Envoy answers 504) is not retried: the budget is spent.
+    let mut s = DedupStream::new(3);
+    let first = s.on_request_headers(&closed, &mut a, req("POST", "/o").key("k4").head, true);
+    assert!(matches!(first, Action::Call(_)));
+    let after = s.on_store_answer(
+        &closed,
+        &mut a,
+        CallAnswer {
+            status: 504,
+            body: b"upstream request timeout".to_vec(),
+        },
+    );
+    assert!(matches!(after, Action::Reply(r) if r.status == 503));
+}
+
+#[test]
+fn etcd_lost_lease_is_granted_again() {
+    let p = etcd_plugin("");
+    let (mut a, _) = two_proxies();
+    run(&p, &mut a, &req("POST", "/o").key("k1"), ok("x"));
+    let grants = a.etcd.grants();
+    a.etcd.revoke_all_leases();
+    assert!(matches!(
+        run(&p, &mut a, &req("POST", "/o").key("k2"), ok("y")),
+        Outcome::Upstream(..)
+    ));
+    assert!(a.etcd.grants() > grants);
+    assert_eq!(a.count_of(Counter::StoreErrors), 0);
+}
+
+#[test]
+fn etcd_expiry_in_flight_takeover_and_records_vanish_with_their_lease() {
+    let p = etcd_plugin(r#""ttl_seconds": 10, "in_flight_timeout_seconds": 5"#);
+    let (mut a, mut b) = two_proxies();
+    let r = req("POST", "/o").key("k");
+    let stuck = send(&p, &mut a, &r).unwrap();
+    b.now_ms = a.now_ms + 5_000;
+    // Logically expired (its lease may still run): B takes it over with a MOD compare.
+    let retry = send(&p, &mut b, &r).unwrap();
+    a.now_ms = b.now_ms;
+    respond(&p, &mut a, stuck, ok("late"));
+    assert_eq!(a.count_of(Counter::ClaimsLost), 1);
+    respond(&p, &mut b, retry, ok("fresh"));
+    assert_eq!(run(&p, &mut a, &r, ok("no")).local().body, b"fresh");
+    // Completed records answer for ttl, then their lease removes them from etcd.
+    let t0 = b.now_ms;
+    assert!(a.etcd.key_count(t0) >= 1);
+    assert_eq!(a.etcd.key_count(t0 + 10_000 + 5_000 + 1_250 + 1_000), 0);
+    b.now_ms = t0 + 10_000;
+    let (mut c, _) = two_proxies();
+    c.etcd = b.etcd.clone();
+    c.now_ms = b.now_ms;
+    assert!(
+        matches!(run(&p, &mut c, &r, ok("third")), Outcome::Upstream(..)),
+        "expired after ttl"
+    );
 }

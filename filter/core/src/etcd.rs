@@ -1,0 +1,303 @@
+//! The distributed store: records in etcd, reached through Envoy with the etcd v3 JSON
+//! gateway. This module builds the requests and reads the answers; `stream` drives them.
+//!
+//! - claim: one txn, `CREATE(key) == 0` → put the in-flight record with a lease; on
+//!   failure the same txn returns the existing record (range), so a duplicate learns the
+//!   state, and a completed record's stored response, in the same round trip.
+//! - takeover of a record that expired logically before its lease: txn on `MOD == seen`.
+//! - completion: txn `MOD == claim revision` → put the completed record (response inside).
+//! - release: txn `MOD == claim revision` → delete.
+//!
+//! Leases are shared, not one per request: each worker keeps one lease per purpose and
+//! time window, and attaches it to every record created in that window (see `LeaseCache`).
+
+use crate::key::Digest;
+use crate::response::StoredResponse;
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+pub const TXN_PATH: &str = "/v3/kv/txn";
+pub const LEASE_GRANT_PATH: &str = "/v3/lease/grant";
+
+const VALUE_VERSION: u8 = 1;
+
+/// A record as stored in etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdRecord {
+    pub state: EtcdState,
+    pub token: u64,
+    pub expires_ms: u64,
+    pub payload: Digest,
+    pub response: Option<StoredResponse>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EtcdState {
+    InFlight = 1,
+    Completed = 2,
+    CompletedNotStored = 3,
+}
+
+impl EtcdRecord {
+    pub fn encode(&self, digest: &Digest) -> Vec<u8> {
+        let mut out = vec![VALUE_VERSION, self.state as u8];
+        out.extend_from_slice(&self.token.to_be_bytes());
+        out.extend_from_slice(&self.expires_ms.to_be_bytes());
+        out.extend_from_slice(&self.payload);
+        if let Some(r) = &self.response {
+            out.extend_from_slice(&r.encode(digest, self.token));
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8], digest: &Digest) -> Option<EtcdRecord> {
+        if bytes.len() < 2 + 8 + 8 + 32 || bytes[0] != VALUE_VERSION {
+            return None;
+        }
+        let state = match bytes[1] {
+            1 => EtcdState::InFlight,
+            2 => EtcdState::Completed,
+            3 => EtcdState::CompletedNotStored,
+            _ => return None,
+        };
+        let u64_at = |at: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_be_bytes(x)
+        };
+        let token = u64_at(2);
+        let mut payload = [0u8; 32];
+        payload.copy_from_slice(&bytes[18..50]);
+        let rest = &bytes[50..];
+        let response = if rest.is_empty() {
+            None
+        } else {
+            Some(StoredResponse::decode(rest, digest, token)?)
+        };
+        if state == EtcdState::Completed && response.is_none() {
+            return None;
+        }
+        Some(EtcdRecord {
+            state,
+            token,
+            expires_ms: u64_at(10),
+            payload,
+            response,
+        })
+    }
+}
+
+/// The etcd key of a record digest.
+pub fn record_key(prefix: &str, digest: &Digest) -> String {
+    let mut k = String::with_capacity(prefix.len() + 64);
+    k.push_str(prefix);
+    for b in digest {
+        k.push_str(&format!("{b:02x}"));
+    }
+    k
+}
+
+fn b64(bytes: &[u8]) -> String {
+    B64.encode(bytes)
+}
+
+fn put(key: &str, value: &[u8], lease: i64) -> Value {
+    json!({"request_put": {"key": b64(key.as_bytes()), "value": b64(value), "lease": lease.to_string()}})
+}
+
+/// Claim: create the record if absent, else return the existing one.
+pub fn claim_txn(key: &str, value: &[u8], lease: i64) -> Vec<u8> {
+    let k = b64(key.as_bytes());
+    json!({
+        "compare": [{"key": k, "target": "CREATE", "create_revision": "0"}],
+        "success": [put(key, value, lease)],
+        "failure": [{"request_range": {"key": k}}],
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// Replace the record at `mod_revision` (takeover after logical expiry, or completion),
+/// else return the current one.
+pub fn replace_txn(key: &str, mod_revision: i64, value: &[u8], lease: i64) -> Vec<u8> {
+    let k = b64(key.as_bytes());
+    json!({
+        "compare": [{"key": k, "target": "MOD", "mod_revision": mod_revision.to_string()}],
+        "success": [put(key, value, lease)],
+        "failure": [{"request_range": {"key": k}}],
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// Delete the record if it is still at `mod_revision` (release).
+pub fn delete_txn(key: &str, mod_revision: i64) -> Vec<u8> {
+    let k = b64(key.as_bytes());
+    json!({
+        "compare": [{"key": k, "target": "MOD", "mod_revision": mod_revision.to_string()}],
+        "success": [{"request_delete_range": {"key": k}}],
+    })
+    .to_string()
+    .into_bytes()
+}
+
+pub fn lease_grant(ttl_seconds: u64) -> Vec<u8> {
+    json!({"TTL": ttl_seconds.to_string()})
+        .to_string()
+        .into_bytes()
+}
+
+/// What an etcd answer said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EtcdAnswer {
+    Txn {
+        succeeded: bool,
+        /// The store revision after the txn: a successful put's mod revision.
+        revision: i64,
+        /// The current record, when the failure branch read it.
+        existing: Option<(i64, Vec<u8>)>,
+    },
+    Lease {
+        id: i64,
+    },
+    /// etcd answered with an error (`code`, `message`): e.g. 5 "requested lease not found".
+    Error {
+        code: i64,
+        message: String,
+    },
+}
+
+/// grpc-gateway writes int64 as strings and leaves out default values.
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::String(s) => s.parse().ok(),
+        Value::Number(n) => n.as_i64(),
+        _ => None,
+    }
+}
+
+/// Reads a gateway answer body. `None` when it is not a recognisable etcd answer.
+pub fn parse_answer(body: &[u8]) -> Option<EtcdAnswer> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    if let Some(msg) = v.get("error").or_else(|| v.get("message")) {
+        return Some(EtcdAnswer::Error {
+            code: v.get("code").and_then(int).unwrap_or(-1),
+            message: msg.as_str().unwrap_or("").to_string(),
+        });
+    }
+    if let Some(id) = v.get("ID") {
+        return Some(EtcdAnswer::Lease { id: int(id)? });
+    }
+    let header = v.get("header")?;
+    let revision = header.get("revision").and_then(int).unwrap_or(0);
+    let succeeded = v.get("succeeded").and_then(Value::as_bool).unwrap_or(false);
+    let existing = v
+        .get("responses")
+        .and_then(Value::as_array)
+        .and_then(|rs| rs.iter().find_map(|r| r.get("response_range")))
+        .and_then(|rr| rr.get("kvs"))
+        .and_then(Value::as_array)
+        .and_then(|kvs| kvs.first())
+        .and_then(|kv| {
+            let mod_rev = kv.get("mod_revision").and_then(int)?;
+            let value = match kv.get("value").and_then(Value::as_str) {
+                Some(s) => B64.decode(s).ok()?,
+                None => Vec::new(),
+            };
+            Some((mod_rev, value))
+        });
+    Some(EtcdAnswer::Txn {
+        succeeded,
+        revision,
+        existing,
+    })
+}
+
+/// Which records a lease is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeasePurpose {
+    InFlight,
+    Completed,
+}
+
+/// Time-bucketed leases, one per purpose per worker. A lease granted at `g` with TTL
+/// `life + window` is attached to records created in `[g, g + window)`, so each record
+/// outlives its logical expiry by at most `window` (plus etcd's one-second lease
+/// granularity), and etcd sees one lease grant per window per worker instead of one per
+/// request. Records are expired logically by the time inside them; the lease only
+/// removes them from etcd.
+#[derive(Debug, Default, Clone)]
+pub struct LeaseCache {
+    in_flight: Option<(i64, u64)>,
+    completed: Option<(i64, u64)>,
+}
+
+impl LeaseCache {
+    /// A lease usable for a record created now, if one is cached.
+    pub fn get(&self, purpose: LeasePurpose, now_ms: u64) -> Option<i64> {
+        let slot = match purpose {
+            LeasePurpose::InFlight => self.in_flight,
+            LeasePurpose::Completed => self.completed,
+        };
+        slot.filter(|(_, until)| now_ms < *until).map(|(id, _)| id)
+    }
+
+    pub fn put(&mut self, purpose: LeasePurpose, id: i64, now_ms: u64, window_ms: u64) {
+        let v = Some((id, now_ms.saturating_add(window_ms)));
+        match purpose {
+            LeasePurpose::InFlight => self.in_flight = v,
+            LeasePurpose::Completed => self.completed = v,
+        }
+    }
+
+    /// Forgets a lease etcd no longer knows.
+    pub fn forget(&mut self, id: i64) {
+        if self.in_flight.is_some_and(|(i, _)| i == id) {
+            self.in_flight = None;
+        }
+        if self.completed.is_some_and(|(i, _)| i == id) {
+            self.completed = None;
+        }
+    }
+}
+
+/// Lease timing for a configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeasePlan {
+    pub in_flight_window_ms: u64,
+    pub completed_window_ms: u64,
+    pub in_flight_ttl_s: u64,
+    pub completed_ttl_s: u64,
+}
+
+impl LeasePlan {
+    /// The completed lease is taken at claim time (so completion is one call even if the
+    /// stream is gone by the time etcd answers), hence it also covers the in-flight time.
+    pub fn new(ttl_ms: u64, in_flight_ms: u64) -> Self {
+        let window = |life: u64| (life / 8).clamp(1_000, 60_000);
+        let in_flight_window_ms = window(in_flight_ms);
+        let completed_window_ms = window(ttl_ms);
+        let secs = |ms: u64| ms.div_ceil(1000);
+        LeasePlan {
+            in_flight_window_ms,
+            completed_window_ms,
+            in_flight_ttl_s: secs(in_flight_ms + in_flight_window_ms),
+            completed_ttl_s: secs(ttl_ms + in_flight_ms + completed_window_ms),
+        }
+    }
+
+    pub fn window(&self, purpose: LeasePurpose) -> u64 {
+        match purpose {
+            LeasePurpose::InFlight => self.in_flight_window_ms,
+            LeasePurpose::Completed => self.completed_window_ms,
+        }
+    }
+
+    pub fn ttl_s(&self, purpose: LeasePurpose) -> u64 {
+        match purpose {
+            LeasePurpose::InFlight => self.in_flight_ttl_s,
+            LeasePurpose::Completed => self.completed_ttl_s,
+        }
+    }
+}
