@@ -21,7 +21,7 @@ pub const BUFFER_HTTP_CALL_RESPONSE_BODY: u32 = 4;
 const STREAM_HTTP_REQUEST: u32 = 0;
 pub const BUFFER_REQUEST_BODY: u32 = 0;
 pub const BUFFER_RESPONSE_BODY: u32 = 1;
-pub const BUFFER_PLUGIN_CONFIGURATION: u32 = 3;
+pub const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
 
 pub const LOG_DEBUG: u32 = 1;
 pub const LOG_INFO: u32 = 2;

@@ -4,6 +4,7 @@
 mod abi;
 mod http;
 
+use dedup_core::config::StoreConfig;
 use dedup_core::etcd::LeaseCache;
 use dedup_core::local::LocalTier;
 use dedup_core::{Config, Counter, Plugin};
@@ -90,13 +91,19 @@ impl RootContext for DedupRoot {
             })
             .collect();
         let plugin = Plugin::new(config);
-        abi::log(
-            abi::LOG_INFO,
-            &format!(
-                "proxy-dedup: configured; {} buckets, at most {} shared-data keys",
+        let store = match &plugin.config.store {
+            StoreConfig::SharedData => format!(
+                "shared data, {} buckets, at most {} keys",
                 plugin.layout.buckets,
                 plugin.layout.max_keys()
             ),
+            StoreConfig::Etcd(ec) => {
+                format!("etcd via cluster `{}`, prefix `{}`", ec.cluster, ec.prefix)
+            }
+        };
+        abi::log(
+            abi::LOG_INFO,
+            &format!("proxy-dedup: configured; store: {store}"),
         );
         self.shared = Some(Rc::new(Shared {
             plugin,
