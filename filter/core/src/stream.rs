@@ -133,6 +133,8 @@ struct Claiming {
     retries: u32,
     deadline_ms: u64,
     call: StoreCall,
+    /// The lease the completed record will carry, fixed when the claim txn is built.
+    completed_lease: Option<i64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -612,6 +614,7 @@ impl DedupStream {
                 body: Vec::new(),
                 timeout_ms: ec.timeout_ms,
             },
+            completed_lease: None,
         };
         self.next_claim_call(p, env, Box::new(c))
     }
@@ -634,7 +637,8 @@ impl DedupStream {
                 etcd::LEASE_GRANT_PATH,
                 etcd::lease_grant(p.leases.ttl_s(LeasePurpose::Completed)),
             ),
-            (Some(lease), Some(_)) => {
+            (Some(lease), Some(completed)) => {
+                c.completed_lease = Some(completed);
                 let rec = in_flight_record(p, &c, now);
                 (
                     ClaimStep::Txn,
@@ -714,11 +718,7 @@ impl DedupStream {
                     ..
                 },
             ) => {
-                let Some(completed_lease) = env
-                    .leases()
-                    .get(LeasePurpose::Completed, now)
-                    .or_else(|| env.leases().get(LeasePurpose::Completed, 0))
-                else {
+                let Some(completed_lease) = c.completed_lease else {
                     return self.store_failed(p, env, "no completion lease");
                 };
                 let rec = short_hex(&c.digest);
@@ -752,8 +752,7 @@ impl DedupStream {
                 match current {
                     Some(r) if r.token == c.token && r.state == EtcdState::InFlight => {
                         // Our own earlier attempt went through; its answer was lost.
-                        let Some(completed_lease) = env.leases().get(LeasePurpose::Completed, 0)
-                        else {
+                        let Some(completed_lease) = c.completed_lease else {
                             return self.store_failed(p, env, "no completion lease");
                         };
                         let rec = short_hex(&c.digest);
