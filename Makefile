@@ -41,6 +41,7 @@ bench: wasm
 
 bench-envoy: wasm
 	$(CARGO) run --locked --release -p dedup-envoy --bin bench-envoy
+	$(CARGO) run --locked --release -p dedup-envoy --bin bench-etcd
 
 demo: wasm
 	$(CARGO) run --locked --release -p dedup-envoy --bin demo

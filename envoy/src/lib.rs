@@ -8,6 +8,7 @@ pub mod client;
 pub mod config;
 pub mod envoy;
 pub mod error;
+pub mod etcd;
 pub mod http;
 pub mod paths;
 pub mod ports;

@@ -1,0 +1,613 @@
+//! Many proxies, one truth: two real Envoys (2 workers each) with the dedup
+//! filter on the etcd store (`envoy/configs/multi-proxy-etcd.yaml`), a real
+//! 3-member etcd cluster and one shared demo upstream, so an execution count
+//! is global. Each test has its own cluster and proxies; everything listens
+//! on 127.0.0.1 and is killed when the test ends (or the test binary dies).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{assert_executed, assert_problem, assert_replay_of, is_replayed, json, post};
+use dedup_envoy::etcd::{multi_proxy_config, wait_etcd_hosts_healthy, EtcdCluster};
+use dedup_envoy::paths::dedup_wasm;
+use dedup_envoy::{client, DemoUpstream, Envoy, Request, Response};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+/// The filter's default etcd key prefix.
+const PREFIX: &str = "proxy-dedup/";
+
+/// The filter configuration of the tests: keys required, the etcd store on the
+/// template's `etcd` cluster, plus `extra` (top-level fields, merged; a
+/// `store` object is merged into the store).
+fn etcd_filter_config(extra: Value) -> String {
+    let mut cfg = json!({
+        "key": {"required": true},
+        "store": {"kind": "etcd", "cluster": "etcd"},
+    });
+    if let Value::Object(fields) = extra {
+        for (k, v) in fields {
+            match (k.as_str(), v) {
+                ("store", Value::Object(store)) => {
+                    for (sk, sv) in store {
+                        cfg["store"][sk] = sv;
+                    }
+                }
+                (_, v) => cfg[k] = v,
+            }
+        }
+    }
+    cfg.to_string()
+}
+
+/// Two proxies, one upstream, one etcd. Dropped in this order: proxies, upstream, etcd.
+struct Multi {
+    proxies: Vec<Envoy>,
+    upstream: DemoUpstream,
+    etcd: EtcdCluster,
+}
+
+impl Multi {
+    /// Proxy A with `configs[0]`, proxy B with `configs[1]`.
+    fn start(name: &str, configs: [&str; 2]) -> Multi {
+        let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
+        let etcd = EtcdCluster::start(&format!("{name}-etcd"), 3)
+            .unwrap_or_else(|e| panic!("starting etcd: {e}"));
+        let upstream = DemoUpstream::start(0, false).expect("demo upstream");
+        let proxies = std::thread::scope(|s| {
+            let handles: Vec<_> = configs
+                .iter()
+                .enumerate()
+                .map(|(i, cfg)| {
+                    let config = multi_proxy_config(&etcd, upstream.port(), &wasm, cfg)
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    let label = format!("{name}-proxy-{}", ["a", "b"][i]);
+                    s.spawn(move || Envoy::start(&label, config))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap()
+                        .unwrap_or_else(|e| panic!("starting Envoy: {e}"))
+                })
+                .collect::<Vec<_>>()
+        });
+        let multi = Multi {
+            proxies,
+            upstream,
+            etcd,
+        };
+        for p in &multi.proxies {
+            wait_etcd_hosts_healthy(p, 3, Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("{e}\nEnvoy log {}", p.log_path.display()));
+        }
+        multi
+    }
+
+    fn send(&self, proxy: usize, req: &Request) -> Response {
+        self.proxies[proxy]
+            .send(req)
+            .unwrap_or_else(|e| panic!("proxy {proxy}: {} {}: {e}", req.method, req.path))
+    }
+
+    /// A filter counter of one proxy; a counter not (yet) in /stats is 0.
+    fn counter(&self, proxy: usize, short: &str) -> u64 {
+        self.proxies[proxy]
+            .dedup_counters()
+            .unwrap_or_else(|e| panic!("{e}"))
+            .get(short)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn counters(&self) -> String {
+        self.proxies
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let c: BTreeMap<String, u64> = p
+                    .dedup_counters()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|(_, v)| *v > 0)
+                    .collect();
+                format!("proxy {}: {c:?}", ["A", "B"][i])
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Counters, Envoy log tails and etcd logs for assertion messages.
+    fn diagnostics(&self) -> String {
+        let mut s = self.counters();
+        for p in &self.proxies {
+            let log = p.log();
+            let wasm_lines: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("][wasm]") || l.contains("][critical]"))
+                .collect();
+            s.push_str(&format!(
+                "\n--- {} (wasm lines, last 15):\n{}",
+                p.log_path.display(),
+                wasm_lines[wasm_lines.len().saturating_sub(15)..].join("\n")
+            ));
+        }
+        let keys = match self.etcd.count_keys(PREFIX) {
+            Ok(n) => n.to_string(),
+            Err(e) => format!("unknown ({e})"),
+        };
+        s.push_str(&format!(
+            "\n--- etcd: {keys} keys under {PREFIX:?}; logs in {}",
+            self.etcd.dir.display()
+        ));
+        s
+    }
+}
+
+fn keyed(path: &str, key: &str, body: &Value) -> Request {
+    post(path, key, body).timeout(Duration::from_secs(15))
+}
+
+#[test]
+fn harness_etcd_cluster_and_envoy_health_checks() {
+    // The infrastructure alone: the template's etcd cluster, its health
+    // checks, and the harness's kill/pause/resume and key reads. The filter
+    // here keeps the default (shared-data) store, so this runs with any build.
+    let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
+    let mut etcd = EtcdCluster::start("harness-etcd", 3).unwrap();
+    let upstream = DemoUpstream::start(0, false).unwrap();
+    let config = multi_proxy_config(
+        &etcd,
+        upstream.port(),
+        &wasm,
+        r#"{"key": {"required": true}}"#,
+    )
+    .unwrap();
+    let envoy = Envoy::start("harness-proxy", config).unwrap();
+    wait_etcd_hosts_healthy(&envoy, 3, Duration::from_secs(10)).unwrap();
+
+    // Keys and leases through the JSON gateway.
+    let lease = etcd.call("/v3/lease/grant", &json!({"TTL": 2})).unwrap()["ID"]
+        .as_str()
+        .unwrap()
+        .parse::<i64>()
+        .unwrap();
+    let put = |k: &str| {
+        etcd.call(
+            "/v3/kv/put",
+            &json!({
+                "key": dedup_envoy::etcd::base64_encode(k.as_bytes()),
+                "value": dedup_envoy::etcd::base64_encode(b"v"),
+                "lease": lease.to_string(),
+            }),
+        )
+        .unwrap();
+    };
+    put("harness/a");
+    put("harness/b");
+    put("harnesz");
+    assert_eq!(etcd.count_keys("harness/").unwrap(), 2);
+    let keys = etcd.keys("harness/").unwrap();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0].key, b"harness/a");
+    assert_eq!(keys[0].value, b"v");
+    assert_eq!(keys[0].lease, lease);
+    let ttl = etcd.lease_ttl(lease).unwrap().expect("lease alive");
+    assert_eq!(ttl.granted_seconds, 2);
+    let gone = etcd
+        .wait_no_keys("harness/", Duration::from_secs(10))
+        .unwrap();
+    assert!(etcd.lease_ttl(lease).unwrap().is_none());
+    eprintln!("keys with a 2 s lease gone after {gone:?} more");
+
+    // Envoy's active health checks follow the members.
+    let follower = (etcd.leader().unwrap() + 1) % 3;
+    etcd.pause(follower);
+    let t = Instant::now();
+    wait_etcd_hosts_healthy(&envoy, 2, Duration::from_secs(5)).unwrap();
+    eprintln!("paused member marked unhealthy after {:?}", t.elapsed());
+    etcd.resume(follower);
+    wait_etcd_hosts_healthy(&envoy, 3, Duration::from_secs(10)).unwrap();
+    etcd.kill(follower);
+    let t = Instant::now();
+    wait_etcd_hosts_healthy(&envoy, 2, Duration::from_secs(5)).unwrap();
+    eprintln!("killed member marked unhealthy after {:?}", t.elapsed());
+    // Two of three keep a quorum.
+    etcd.wait_healthy(Duration::from_secs(5)).unwrap();
+    assert_eq!(etcd.count_keys("harness/").unwrap(), 0);
+    // The listener still serves through the filter.
+    let r = envoy
+        .send(&keyed("/orders/harness", "h-1", &json!({"a": 1})))
+        .unwrap();
+    assert_executed(&r);
+    etcd.pause_all();
+    wait_etcd_hosts_healthy(&envoy, 0, Duration::from_secs(5)).unwrap();
+    etcd.resume_all();
+    etcd.kill_all();
+}
+
+#[test]
+fn concurrent_identical_requests_over_two_proxies_execute_once() {
+    let cfg = etcd_filter_config(json!({}));
+    let m = Arc::new(Multi::start("mp-burst", [&cfg, &cfg]));
+    const N: usize = 20;
+    let path = "/orders/burst";
+    let body = json!({"item": "book", "qty": 2});
+    // The upstream takes a while, so most duplicates meet the first in flight.
+    let req = keyed(path, "burst-1", &body).header("x-demo-delay-ms", "300");
+    let barrier = Arc::new(Barrier::new(N));
+    let handles: Vec<_> = (0..N)
+        .map(|i| {
+            let (m, req, barrier) = (m.clone(), req.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                // Connect first, then release all requests together.
+                let mut conn = dedup_envoy::client::Connection::open(
+                    m.proxies[i % 2].addr(),
+                    Duration::from_secs(5),
+                )
+                .unwrap();
+                barrier.wait();
+                (i % 2, conn.send(&req).unwrap())
+            })
+        })
+        .collect();
+    let results: Vec<(usize, Response)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let summary: Vec<String> = results
+        .iter()
+        .map(|(p, r)| format!("proxy {p}: {}", r.summary()))
+        .collect();
+    let executed: Vec<&Response> = results
+        .iter()
+        .map(|(_, r)| r)
+        .filter(|r| r.status == 200 && !is_replayed(r))
+        .collect();
+    assert_eq!(
+        executed.len(),
+        1,
+        "exactly one response is a fresh execution:\n{}\n{}",
+        summary.join("\n"),
+        m.diagnostics()
+    );
+    let first = executed[0].clone();
+    let (mut in_flight, mut replays) = (0, 0);
+    for (_, r) in &results {
+        if r.status == 200 && !is_replayed(r) {
+            continue;
+        }
+        if r.status == 409 {
+            assert_problem(r, 409, "in-flight");
+            in_flight += 1;
+        } else {
+            assert_replay_of(r, &first);
+            replays += 1;
+        }
+    }
+    assert_eq!(
+        m.upstream.executions_for_path(path),
+        1,
+        "the upstream ran a duplicate:\n{}\n{}",
+        summary.join("\n"),
+        m.diagnostics()
+    );
+    eprintln!("{N} concurrent: 1 executed, {in_flight} in-flight 409, {replays} replays");
+    // Once completed, both proxies replay it.
+    for p in 0..2 {
+        assert_replay_of(&m.send(p, &keyed(path, "burst-1", &body)), &first);
+    }
+    assert_eq!(m.upstream.executions_for_path(path), 1);
+    for p in 0..2 {
+        assert_eq!(m.counter(p, "store_errors"), 0, "{}", m.diagnostics());
+    }
+}
+
+#[test]
+fn replay_comes_from_the_proxy_that_did_not_execute() {
+    let cfg = etcd_filter_config(json!({}));
+    let m = Multi::start("mp-replay", [&cfg, &cfg]);
+    let path = "/orders/cross";
+    let body = json!({"item": "lamp", "qty": 1});
+    let first = m.send(0, &keyed(path, "cross-1", &body));
+    assert_executed(&first);
+    assert_eq!(json(&first)["executions"], 1);
+    let dup = m.send(1, &keyed(path, "cross-1", &body));
+    assert_replay_of(&dup, &first);
+    assert_eq!(m.counter(1, "replayed"), 1, "{}", m.diagnostics());
+    assert_eq!(m.counter(1, "executed"), 0, "{}", m.diagnostics());
+    // Another payload with the key is caught on either proxy.
+    let other = m.send(
+        1,
+        &keyed(path, "cross-1", &json!({"item": "lamp", "qty": 9})),
+    );
+    assert_problem(&other, 422, "payload-mismatch");
+    // And the other way round.
+    let second = m.send(1, &keyed(path, "cross-2", &body));
+    assert_executed(&second);
+    assert_replay_of(&m.send(0, &keyed(path, "cross-2", &body)), &second);
+    assert_eq!(m.upstream.executions_for_path(path), 2);
+    assert!(
+        m.etcd.count_keys(PREFIX).unwrap() >= 2,
+        "records under {PREFIX:?} in etcd"
+    );
+    for p in 0..2 {
+        assert_eq!(m.counter(p, "store_errors"), 0, "{}", m.diagnostics());
+    }
+}
+
+#[test]
+fn one_etcd_member_killed_mid_run_causes_no_errors() {
+    let cfg = etcd_filter_config(json!({}));
+    let mut m = Multi::start("mp-kill-one", [&cfg, &cfg]);
+    const THREADS: usize = 4;
+    const KEYS_PER_THREAD: usize = 60;
+    let path = "/orders/stream";
+    let addrs: Vec<SocketAddr> = m.proxies.iter().map(Envoy::addr).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (addrs, stop) = (addrs.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut out = Vec::new();
+                for j in 0..KEYS_PER_THREAD {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let key = format!("stream-{t}-{j}");
+                    let body = json!({"thread": t, "n": j});
+                    let a = (t + j) % 2;
+                    let start = Instant::now();
+                    let first = client::send(addrs[a], &keyed(path, &key, &body));
+                    let dup = client::send(addrs[1 - a], &keyed(path, &key, &body));
+                    out.push((key, first, dup, start.elapsed()));
+                }
+                out
+            })
+        })
+        .collect();
+    // Kill a follower once a third of the keys went through (a dead leader
+    // is another event: an election, during which etcd itself stalls).
+    let end = Instant::now() + Duration::from_secs(60);
+    while m.upstream.total_executions() < (THREADS * KEYS_PER_THREAD / 3) as u64 {
+        if Instant::now() > end {
+            stop.store(true, Ordering::SeqCst);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let victim = (m.etcd.leader().unwrap() + 1) % 3;
+    let killed_at = m.upstream.total_executions();
+    m.etcd.kill(victim);
+    let mut results = Vec::new();
+    for h in handles {
+        results.extend(h.join().unwrap());
+    }
+    let mut failures = Vec::new();
+    let (mut replays, mut in_flight) = (0, 0);
+    let mut slowest = Duration::ZERO;
+    for (key, first, dup, took) in &results {
+        slowest = slowest.max(*took);
+        match first {
+            Ok(r) if r.status == 200 && !is_replayed(r) => {}
+            Ok(r) => failures.push(format!("{key} first: {}", r.summary())),
+            Err(e) => failures.push(format!("{key} first: {e}")),
+        }
+        match dup {
+            Ok(r) if r.status == 200 && is_replayed(r) => replays += 1,
+            Ok(r) if r.status == 409 => in_flight += 1,
+            Ok(r) => failures.push(format!("{key} duplicate: {}", r.summary())),
+            Err(e) => failures.push(format!("{key} duplicate: {e}")),
+        }
+        let n = m.upstream.executions_for_key(key);
+        if n != 1 {
+            failures.push(format!("{key} executed {n} times"));
+        }
+    }
+    let errors = [m.counter(0, "store_errors"), m.counter(1, "store_errors")];
+    let failed_open = [m.counter(0, "failed_open"), m.counter(1, "failed_open")];
+    eprintln!(
+        "{} keys, member {victim} killed after {killed_at} executions; {replays} replays, {in_flight} in-flight 409; slowest pair {slowest:?}; store_errors {errors:?}",
+        results.len()
+    );
+    assert!(
+        results.len() >= THREADS * KEYS_PER_THREAD / 2,
+        "too few requests ran: {}",
+        results.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failures after killing etcd member {victim} (of 3):\n{}\n{}",
+        failures.len(),
+        failures[..failures.len().min(20)].join("\n"),
+        m.diagnostics()
+    );
+    assert_eq!(
+        errors,
+        [0, 0],
+        "store_errors per proxy\n{}",
+        m.diagnostics()
+    );
+    assert_eq!(
+        failed_open,
+        [0, 0],
+        "failed_open per proxy\n{}",
+        m.diagnostics()
+    );
+}
+
+#[test]
+fn all_of_etcd_down_applies_failure_mode_open_and_closed() {
+    let open = etcd_filter_config(json!({"failure_mode": "open"}));
+    let closed = etcd_filter_config(json!({"failure_mode": "closed"}));
+    let mut m = Multi::start("mp-down", [&open, &closed]);
+    let path = "/orders/down";
+    // Working store first.
+    for p in 0..2 {
+        assert_executed(&m.send(p, &keyed(path, &format!("up-{p}"), &json!({"p": p}))));
+    }
+    m.etcd.kill_all();
+    const N: usize = 5;
+    for i in 0..N {
+        let key = format!("open-{i}");
+        let t = Instant::now();
+        let r = m.send(0, &keyed(path, &key, &json!({"i": i})));
+        let took = t.elapsed();
+        assert_executed(&r);
+        assert_eq!(m.upstream.executions_for_key(&key), 1);
+        assert!(
+            took < Duration::from_millis(2500),
+            "fail-open took {took:?} (timeout_ms 1000)"
+        );
+    }
+    let failed_open = m.counter(0, "failed_open");
+    assert!(
+        failed_open >= N as u64,
+        "failed_open on the open proxy: {failed_open}, want >= {N}\n{}",
+        m.diagnostics()
+    );
+    assert!(
+        m.counter(0, "store_errors") >= N as u64,
+        "{}",
+        m.diagnostics()
+    );
+    for i in 0..N {
+        let key = format!("closed-{i}");
+        let t = Instant::now();
+        let r = m.send(1, &keyed(path, &key, &json!({"i": i})));
+        let took = t.elapsed();
+        assert_problem(&r, 503, "store-unavailable");
+        assert_eq!(
+            m.upstream.executions_for_key(&key),
+            0,
+            "fail-closed reached the upstream"
+        );
+        assert!(
+            took < Duration::from_millis(2500),
+            "fail-closed took {took:?} (timeout_ms 1000)"
+        );
+    }
+    assert!(
+        m.counter(1, "store_errors") >= N as u64,
+        "{}",
+        m.diagnostics()
+    );
+    assert_eq!(m.counter(1, "failed_open"), 0);
+}
+
+#[test]
+fn etcd_slower_than_the_timeout_applies_failure_mode_in_bounded_time() {
+    const TIMEOUT_MS: u64 = 300;
+    let open =
+        etcd_filter_config(json!({"failure_mode": "open", "store": {"timeout_ms": TIMEOUT_MS}}));
+    let closed =
+        etcd_filter_config(json!({"failure_mode": "closed", "store": {"timeout_ms": TIMEOUT_MS}}));
+    let mut m = Multi::start("mp-slow", [&open, &closed]);
+    let path = "/orders/slow";
+    for p in 0..2 {
+        assert_executed(&m.send(p, &keyed(path, &format!("before-{p}"), &json!({"p": p}))));
+    }
+    // Frozen members accept connections (the kernel does) but never answer.
+    m.etcd.pause_all();
+    // Generous against scheduling noise on 2 cores, far below Envoy's own
+    // 30 s route timeout: the filter gives up after about one store timeout.
+    let bound = Duration::from_millis(3 * TIMEOUT_MS + 600);
+    let mut took_open = Vec::new();
+    let mut took_closed = Vec::new();
+    for i in 0..4 {
+        let key = format!("slow-open-{i}");
+        let t = Instant::now();
+        let r = m.send(0, &keyed(path, &key, &json!({"i": i})));
+        took_open.push(t.elapsed());
+        assert_executed(&r);
+        let key = format!("slow-closed-{i}");
+        let t = Instant::now();
+        let r = m.send(1, &keyed(path, &key, &json!({"i": i})));
+        took_closed.push(t.elapsed());
+        assert_problem(&r, 503, "store-unavailable");
+        assert_eq!(m.upstream.executions_for_key(&key), 0);
+    }
+    eprintln!("etcd frozen, timeout_ms {TIMEOUT_MS}: open took {took_open:?}, closed took {took_closed:?}");
+    for t in took_open.iter().chain(&took_closed) {
+        assert!(
+            *t < bound,
+            "failure mode took {t:?}, bound {bound:?}\n{}",
+            m.diagnostics()
+        );
+    }
+    assert!(m.counter(0, "failed_open") >= 4, "{}", m.diagnostics());
+    assert!(m.counter(0, "store_errors") >= 4, "{}", m.diagnostics());
+    assert!(m.counter(1, "store_errors") >= 4, "{}", m.diagnostics());
+    // Thawed, the store works again.
+    m.etcd.resume_all();
+    m.etcd.wait_healthy(Duration::from_secs(10)).unwrap();
+    for p in &m.proxies {
+        wait_etcd_hosts_healthy(p, 3, Duration::from_secs(10)).unwrap();
+    }
+    let body = json!({"after": true});
+    let first = m.send(0, &keyed(path, "after-1", &body));
+    assert_executed(&first);
+    assert_replay_of(&m.send(1, &keyed(path, "after-1", &body)), &first);
+}
+
+#[test]
+fn completed_records_vanish_from_etcd_when_their_lease_ends() {
+    const TTL: i64 = 2;
+    const IN_FLIGHT: i64 = 2;
+    let cfg =
+        etcd_filter_config(json!({"ttl_seconds": TTL, "in_flight_timeout_seconds": IN_FLIGHT}));
+    let m = Multi::start("mp-ttl", [&cfg, &cfg]);
+    let path = "/orders/ttl";
+    let body = json!({"item": "tea"});
+    assert_eq!(m.etcd.count_keys(PREFIX).unwrap(), 0);
+    let first = m.send(0, &keyed(path, "ttl-1", &body));
+    let answered = Instant::now();
+    assert_executed(&first);
+    let keys = m.etcd.keys(PREFIX).unwrap();
+    assert!(
+        !keys.is_empty(),
+        "no record under {PREFIX:?} after a completed request\n{}",
+        m.diagnostics()
+    );
+    for k in &keys {
+        assert_ne!(
+            k.lease,
+            0,
+            "record {:?} without a lease",
+            String::from_utf8_lossy(&k.key)
+        );
+        // A record's lease is taken when it is claimed, so it covers the
+        // in-flight time, then ttl_seconds, plus the window in which one
+        // lease is shared (1/8 of the life, at least 1 s), whole seconds.
+        if let Some(ttl) = m.etcd.lease_ttl(k.lease).unwrap() {
+            eprintln!(
+                "record {} lease {:x}: granted {} s, {} s left",
+                String::from_utf8_lossy(&k.key),
+                k.lease,
+                ttl.granted_seconds,
+                ttl.remaining_seconds
+            );
+            assert!(
+                ttl.granted_seconds <= TTL + IN_FLIGHT + 1,
+                "lease granted {} s for ttl_seconds {TTL}, in_flight_timeout_seconds {IN_FLIGHT}",
+                ttl.granted_seconds
+            );
+        }
+    }
+    assert_replay_of(&m.send(1, &keyed(path, "ttl-1", &body)), &first);
+    let gone = m
+        .etcd
+        .wait_no_keys(PREFIX, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{e}\n{}", m.diagnostics()));
+    eprintln!(
+        "records gone from etcd {gone:?} after the replay, {:?} after the first response",
+        answered.elapsed()
+    );
+    // Expired: the key runs again.
+    let again = m.send(1, &keyed(path, "ttl-1", &body));
+    assert_executed(&again);
+    assert_eq!(m.upstream.executions_for_key("ttl-1"), 2);
+}
