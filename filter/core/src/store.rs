@@ -313,16 +313,34 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
     ) -> Result<bool, StoreError> {
         if let Some(resp) = response {
             // The slot is written before the record flips, so a reader that sees
-            // Completed finds the body; the digest and token inside let a reader reject a
-            // slot that a later owner of this way overwrote.
+            // Completed finds the body. The slot write is a CAS on the slot's own cas,
+            // taken before ownership is checked: if a later owner of this way wrote its
+            // response in between, ours fails and the recheck finds us no longer owner,
+            // so a late completion never clobbers its successor's response. The digest
+            // and token inside the slot let readers reject any other leftover.
             let bytes = resp.encode(&claim.digest, claim.token);
-            match self.shared.set(
-                &self.layout.response_key(claim.bucket, claim.way),
-                &bytes,
-                0,
-            ) {
-                Ok(()) | Err(SetError::CasMismatch) => {}
-                Err(SetError::Fault(f)) => return Err(StoreError::Host(f)),
+            let slot = self.layout.response_key(claim.bucket, claim.way);
+            let mut written = false;
+            for _ in 0..MAX_ATTEMPTS {
+                let slot_cas = match self.shared.get(&slot).map_err(StoreError::Host)? {
+                    Some((_, cas)) => cas,
+                    None => u32::MAX,
+                };
+                let (b, _) = self.read(claim.bucket)?;
+                if !owns(&b, claim) {
+                    return Ok(false);
+                }
+                match self.shared.set(&slot, &bytes, slot_cas) {
+                    Ok(()) => {
+                        written = true;
+                        break;
+                    }
+                    Err(SetError::CasMismatch) => continue,
+                    Err(SetError::Fault(f)) => return Err(StoreError::Host(f)),
+                }
+            }
+            if !written {
+                return Err(StoreError::Contention);
             }
         }
         let state = if response.is_some() {
@@ -384,6 +402,13 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             None => Ok(None),
         }
     }
+}
+
+/// Whether the claim's in-flight record is still in its way.
+fn owns(b: &Bucket, claim: &Claim) -> bool {
+    b[claim.way].as_ref().is_some_and(|r| {
+        r.digest == claim.digest && r.token == claim.token && r.state == RecordState::InFlight
+    })
 }
 
 /// An empty way, else an expired one.

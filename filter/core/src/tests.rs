@@ -965,6 +965,16 @@ fn ttl_and_in_flight_expiry() {
     assert_eq!(send(&p, &mut env, &r2).unwrap_err().status(), 409);
     respond(&p, &mut env, retry, ok("fresh"));
     assert_eq!(run(&p, &mut env, &r2, ok("no")).local().body, b"fresh");
+    // Nor its response slot, when it answers after its successor completed.
+    let r3 = req("POST", "/o").key("k3");
+    let stuck = send(&p, &mut env, &r3).unwrap();
+    env.now_ms += 10_000;
+    assert_eq!(
+        run(&p, &mut env, &r3, ok("successor")),
+        Outcome::Upstream(200, b"successor".to_vec())
+    );
+    respond(&p, &mut env, stuck, ok("late"));
+    assert_eq!(run(&p, &mut env, &r3, ok("no")).local().body, b"successor");
 }
 
 // ---------- the store ----------
@@ -1195,6 +1205,42 @@ fn a_response_slot_taken_over_is_never_replayed_to_the_old_key() {
         "A's stale reference must not see B's body"
     );
     assert_eq!(store.response(&claims[1]).unwrap().unwrap().body, b"body-1");
+}
+
+#[test]
+fn a_late_completion_racing_its_successor_never_clobbers_the_slot() {
+    // A's claim expired and B took the way. A completes while B's slot write slips in
+    // between A's slot read and A's slot write: A's write must fail, not overwrite B.
+    let layout = Layout::new("t", 16, 1_000, 60_000);
+    let shared = FakeShared::new();
+    let store = SharedStore::new(&*shared, &layout);
+    let d = digest(3);
+    let resp = |b: &str| StoredResponse {
+        status: 200,
+        headers: vec![],
+        body: b.as_bytes().to_vec(),
+    };
+    let ClaimOutcome::Claimed { claim: a, .. } = store.claim(&d, &[0; 32], 0, 1).unwrap() else {
+        panic!()
+    };
+    // A checked that it still owns the way; just before its slot write, its claim
+    // expires and B claims the way and completes.
+    let (s2, l2) = (shared.clone(), layout.clone());
+    let a_way = a.way;
+    shared.before_next_set(move || {
+        let st = SharedStore::new(&*s2, &l2);
+        let ClaimOutcome::Claimed { claim: b, .. } = st.claim(&d, &[0; 32], 1_000, 2).unwrap()
+        else {
+            panic!("B must take the expired way")
+        };
+        assert_eq!(b.way, a_way);
+        assert!(st.complete(&b, Some(&resp("from-b")), 1_000).unwrap());
+    });
+    assert!(!store.complete(&a, Some(&resp("from-a")), 1_000).unwrap());
+    let ClaimOutcome::Completed(done) = store.claim(&d, &[0; 32], 1_001, 3).unwrap() else {
+        panic!()
+    };
+    assert_eq!(store.response(&done).unwrap().unwrap().body, b"from-b");
 }
 
 #[test]

@@ -1,0 +1,148 @@
+//! The etcd store in host-test: callouts to a real etcd on loopback (two "proxies"
+//! sharing it), and to clusters that reset or never answer.
+
+use super::{keyed, problem_type, Upstream, R};
+use host_test::{Envoy, Reply};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One etcd member on free loopback ports, killed on drop.
+struct Etcd {
+    child: Child,
+    client: String,
+    dir: std::path::PathBuf,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap()
+}
+
+impl Etcd {
+    fn start() -> Etcd {
+        let (cp, pp) = (free_port(), free_port());
+        let dir = std::env::temp_dir().join(format!("host-test-etcd-{}-{cp}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let client = format!("127.0.0.1:{cp}");
+        let child = Command::new("etcd")
+            .args(["--name", "ht", "--data-dir"])
+            .arg(&dir)
+            .args(["--listen-client-urls", &format!("http://{client}")])
+            .args(["--advertise-client-urls", &format!("http://{client}")])
+            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{pp}")])
+            .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{pp}")])
+            .args(["--initial-cluster", &format!("ht=http://127.0.0.1:{pp}")])
+            .args(["--log-level", "error", "--logger", "zap"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd must be installed (make deps / apt-get install etcd-server)");
+        let etcd = Etcd { child, client, dir };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !etcd.healthy() {
+            assert!(Instant::now() < deadline, "etcd did not become healthy");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        etcd
+    }
+
+    fn healthy(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(&self.client) else { return false };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+        let req = format!("GET /health HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.client);
+        if s.write_all(req.as_bytes()).is_err() {
+            return false;
+        }
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out.contains("\"health\":\"true\"")
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn etcd_config(extra: &str) -> String {
+    format!(r#"{{"store": {{"kind": "etcd", "cluster": "etcd", "timeout_ms": 2000}}{extra}}}"#)
+}
+
+#[test]
+fn two_proxies_share_one_real_etcd() -> R {
+    let etcd = Etcd::start();
+    let up = Upstream::default();
+    let proxy = || {
+        Envoy::builder(super::wasm())
+            .workers(2)
+            .vm_id("proxy_dedup")
+            .plugin_config(etcd_config(""))
+            .allow_on_headers_stop_iteration(true)
+            .upstream(up.handler())
+            .cluster_addr("etcd", &etcd.client)
+            .build()
+    };
+    let (mut a, mut b) = (proxy()?, proxy()?);
+    // In flight on A: B learns it from etcd.
+    let first = a.start(0, keyed("/orders", "k1", "{}"))?;
+    a.send_request(first)?;
+    assert!(a.upstream_request(first).is_some());
+    let dup = b.request(1, keyed("/orders", "k1", "{}"))?;
+    assert_eq!((dup.status, problem_type(&dup).as_str()), (409, "urn:proxy-dedup:problem:in-flight"));
+    a.respond(first, Reply::new(201).body("created"))?;
+    // Completed on A: B replays it.
+    let replay = b.request(0, keyed("/orders", "k1", "{}"))?;
+    assert_eq!((replay.status, replay.body_str().as_str()), (201, "created"));
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(b.request(0, keyed("/orders", "k1", "changed"))?.status, 422);
+    // A 5xx on B releases the claim in etcd: A executes it again.
+    up.status.set(500);
+    assert_eq!(b.request(1, keyed("/orders", "k2", "{}"))?.status, 500);
+    up.status.set(0);
+    assert!(a.request(0, keyed("/orders", "k2", "{}"))?.upstream_called);
+    // The handler saw the 500 and the retry (the first stream was answered by hand).
+    assert_eq!(up.calls.get(), 2);
+    assert_eq!(a.counter("proxy_dedup_store_errors").unwrap_or(0) + b.counter("proxy_dedup_store_errors").unwrap_or(0), 0);
+    Ok(())
+}
+
+#[test]
+fn failing_and_silent_clusters_follow_failure_mode() -> R {
+    for (mode, want) in [("open", 200), ("closed", 503)] {
+        let up = Upstream::default();
+        let resets = std::rc::Rc::new(std::cell::Cell::new(0));
+        let seen = resets.clone();
+        let mut e = Envoy::builder(super::wasm())
+            .workers(1)
+            .plugin_config(etcd_config(&format!(r#", "failure_mode": "{mode}""#)))
+            .allow_on_headers_stop_iteration(true)
+            .upstream(up.handler())
+            .cluster("etcd", move |_| {
+                seen.set(seen.get() + 1);
+                Reply::reset()
+            })
+            .build()?;
+        let r = e.request(0, keyed("/o", "k", "x"))?;
+        assert_eq!(r.status, want, "{mode}: reset cluster");
+        assert!(resets.get() >= 2, "a reset call is retried within the budget");
+        if mode == "closed" {
+            assert_eq!(problem_type(&r), "urn:proxy-dedup:problem:store-unavailable");
+        }
+        assert_eq!(e.counter("proxy_dedup_store_errors"), Some(1));
+
+        // A cluster that never answers: the call's timeout (virtual clock) decides.
+        e.set_cluster("etcd", |_| Reply::no_answer());
+        let id = e.start(0, keyed("/o", "k2", "x"))?;
+        e.send_request(id)?;
+        assert!(e.response(id).is_none(), "waiting on etcd");
+        e.advance(Duration::from_millis(2_001));
+        let r = e.finish_stream(id)?;
+        assert_eq!(r.status, want, "{mode}: silent cluster");
+        assert_eq!(e.counter("proxy_dedup_store_errors"), Some(2));
+    }
+    Ok(())
+}

@@ -1,0 +1,343 @@
+//! Scenario tests of the compiled filter (`dist/dedup_filter.wasm`) in host-test: every
+//! numbered behaviour of the filter's contract, races across workers, expiry on the
+//! virtual clock, the capacity bound, store faults, scope isolation, and the etcd store
+//! against a real etcd on loopback and against failing clusters.
+
+mod etcd;
+
+use host_test::{Envoy, EnvoyBuilder, Reply, Request, Response, Status};
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::Duration;
+
+type R = Result<(), Box<dyn std::error::Error>>;
+
+/// An upstream that counts executions and answers with the execution number.
+#[derive(Clone, Default)]
+pub struct Upstream {
+    pub calls: Rc<Cell<u32>>,
+    /// Status to answer with (200 unless set).
+    pub status: Rc<Cell<u16>>,
+    pub bodies: Rc<RefCell<Vec<Vec<u8>>>>,
+}
+
+impl Upstream {
+    pub fn handler(&self) -> impl FnMut(&host_test::UpstreamRequest) -> Reply + 'static {
+        let me = self.clone();
+        move |req| {
+            me.calls.set(me.calls.get() + 1);
+            me.bodies.borrow_mut().push(req.body.clone());
+            let status = match me.status.get() {
+                0 => 200,
+                s => s,
+            };
+            Reply::new(status)
+                .header("content-type", "application/json")
+                .header("set-cookie", "session=for-the-first-client")
+                .header("x-order", &me.calls.get().to_string())
+                .body(format!(r#"{{"execution": {}}}"#, me.calls.get()))
+        }
+    }
+}
+
+pub fn wasm() -> std::path::PathBuf {
+    host_test::dist("dedup_filter.wasm")
+}
+
+pub fn envoy_with(config: &str, workers: usize, up: &Upstream) -> EnvoyBuilder {
+    Envoy::builder(wasm())
+        .workers(workers)
+        .vm_id("proxy_dedup")
+        .plugin_config(config)
+        .allow_on_headers_stop_iteration(true)
+        .upstream(up.handler())
+}
+
+pub fn keyed(path: &str, key: &str, body: &str) -> Request {
+    Request::post(path).header("idempotency-key", key).body(body)
+}
+
+pub fn problem_type(r: &Response) -> String {
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+    v["type"].as_str().unwrap_or("").to_string()
+}
+
+#[test]
+fn first_executes_duplicate_replays_with_header() -> R {
+    let up = Upstream::default();
+    let mut e = envoy_with("{}", 2, &up).build()?;
+    let first = e.request(0, keyed("/orders", "k1", r#"{"item": 1}"#))?;
+    assert_eq!(first.status, 200);
+    assert!(first.upstream_called);
+    assert_eq!(first.header("idempotent-replayed"), None);
+    for worker in [0, 1] {
+        let again = e.request(worker, keyed("/orders", "k1", r#"{"item": 1}"#))?;
+        assert_eq!(again.status, 200);
+        assert!(!again.upstream_called);
+        assert_eq!(again.body, first.body);
+        assert_eq!(again.header("idempotent-replayed"), Some("true"));
+        assert_eq!(again.header("x-order"), Some("1"));
+        assert_eq!(again.header("content-type"), Some("application/json"));
+        assert_eq!(again.header("set-cookie"), None, "cookies are never replayed");
+    }
+    assert_eq!(up.calls.get(), 1);
+    assert_eq!(e.counter("proxy_dedup_executed"), Some(1));
+    assert_eq!(e.counter("proxy_dedup_replayed"), Some(2));
+    Ok(())
+}
+
+#[test]
+fn n_way_race_across_workers_executes_once() -> R {
+    let up = Upstream::default();
+    let workers = 4;
+    let mut e = envoy_with("{}", workers, &up).build()?;
+    // Every worker gets the headers, then every worker gets the body: all claims race
+    // with the first one still waiting for its upstream.
+    let ids: Vec<_> = (0..workers * 2)
+        .map(|i| e.start(i % workers, keyed("/pay", "race", "amount=5")))
+        .collect::<Result<_, _>>()?;
+    for id in &ids {
+        e.send_headers(*id)?;
+    }
+    for id in &ids {
+        e.send_body(*id)?;
+    }
+    let forwarded: Vec<_> = ids.iter().filter(|id| e.upstream_request(**id).is_some()).collect();
+    assert_eq!(forwarded.len(), 1, "exactly one request reaches the upstream");
+    let winner = *forwarded[0];
+    for id in ids.iter().filter(|id| **id != winner) {
+        let r = e.response(*id).expect("the losers are answered at once");
+        assert_eq!(r.status, 409);
+        assert_eq!(r.header("retry-after"), Some("1"));
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        assert_eq!(problem_type(&r), "urn:proxy-dedup:problem:in-flight");
+    }
+    e.respond(winner, Reply::new(201).body("charged"))?;
+    let after = e.request(3, keyed("/pay", "race", "amount=5"))?;
+    assert_eq!((after.status, after.body_str().as_str()), (201, "charged"));
+    assert_eq!(e.counter("proxy_dedup_rejected_in_flight"), Some(workers as u64 * 2 - 1));
+    Ok(())
+}
+
+#[test]
+fn different_payload_is_422_and_bad_keys_are_400() -> R {
+    let up = Upstream::default();
+    let mut e = envoy_with(r#"{"key": {"required": true, "max_length": 16}}"#, 2, &up).build()?;
+    e.request(0, keyed("/orders", "k1", "a"))?;
+    for r in [
+        keyed("/orders", "k1", "b"),
+        keyed("/other", "k1", "a"),
+        Request::patch("/orders").header("idempotency-key", "k1").body("a"),
+    ] {
+        let resp = e.request(1, r)?;
+        assert_eq!(resp.status, 422);
+        assert_eq!(problem_type(&resp), "urn:proxy-dedup:problem:payload-mismatch");
+    }
+    let missing = e.request(0, Request::post("/orders").body("a"))?;
+    assert_eq!((missing.status, problem_type(&missing).as_str()), (400, "urn:proxy-dedup:problem:missing-key"));
+    let long = e.request(0, keyed("/orders", &"x".repeat(17), "a"))?;
+    assert_eq!((long.status, problem_type(&long).as_str()), (400, "urn:proxy-dedup:problem:invalid-key"));
+    let ctl = e.request(0, keyed("/orders", "a\u{1}b", "a"))?;
+    assert_eq!(ctl.status, 400);
+    assert_eq!(up.calls.get(), 1);
+    Ok(())
+}
+
+#[test]
+fn failed_upstream_releases_the_claim() -> R {
+    let up = Upstream::default();
+    let mut e = envoy_with("{}", 2, &up).build()?;
+    up.status.set(503);
+    assert_eq!(e.request(0, keyed("/pay", "k", "x"))?.status, 503);
+    up.status.set(0);
+    // Reset mid-response.
+    let id = e.start(1, keyed("/pay", "k", "x"))?;
+    e.send_request(id)?;
+    e.respond(id, Reply::reset())?;
+    // Client gone while the upstream works.
+    let id = e.start(0, keyed("/pay", "k", "x"))?;
+    e.send_request(id)?;
+    assert!(e.upstream_request(id).is_some());
+    e.reset_client(id)?;
+    let ok = e.request(1, keyed("/pay", "k", "x"))?;
+    assert_eq!(ok.status, 200);
+    assert!(ok.upstream_called);
+    // The handler ran for the 503 and the final success; the two stepped streams were
+    // answered by hand.
+    assert_eq!(up.calls.get(), 2);
+    assert_eq!(e.counter("proxy_dedup_executed"), Some(4));
+    assert_eq!(e.counter("proxy_dedup_released"), Some(3));
+    assert_eq!(e.request(0, keyed("/pay", "k", "x"))?.header("idempotent-replayed"), Some("true"));
+    Ok(())
+}
+
+#[test]
+fn chunked_body_decided_at_end_of_stream() -> R {
+    let up = Upstream::default();
+    let mut e = envoy_with("{}", 2, &up).build()?;
+    let id = e.start(0, Request::post("/msgs").header("idempotency-key", "c1").chunks(["part-1 ", "part-2 ", "part-3"]))?;
+    e.send_headers(id)?;
+    e.send_chunk(id)?;
+    e.send_chunk(id)?;
+    assert!(e.upstream_request(id).is_none(), "nothing reaches the upstream before the end of the body");
+    assert_eq!(e.shared_data_len(), 0, "no claim before the end of the body");
+    e.send_chunk(id)?;
+    let seen = e.upstream_request(id).expect("forwarded at the end");
+    assert_eq!(seen.body_str(), "part-1 part-2 part-3");
+    e.finish_stream(id)?;
+    // Same body in one piece: the same payload, replayed.
+    let whole = e.request(1, keyed("/msgs", "c1", "part-1 part-2 part-3"))?;
+    assert_eq!(whole.header("idempotent-replayed"), Some("true"));
+    // With trailers the body ends at the trailers.
+    let t = e.request(1, Request::post("/msgs").header("idempotency-key", "c2").chunks(["a", "b"]).trailer("x-sum", "1"))?;
+    assert!(t.upstream_called);
+    Ok(())
+}
+
+#[test]
+fn without_allow_on_headers_stop_iteration_a_body_request_stalls() -> R {
+    // Documents why the Envoy config must set the flag: Envoy withholds the body.
+    let up = Upstream::default();
+    let mut e = envoy_with("{}", 1, &up).allow_on_headers_stop_iteration(false).build()?;
+    match e.request(0, keyed("/orders", "k", "body")) {
+        Err(host_test::Error::Stalled { .. }) => {}
+        other => panic!("expected a stall, got {other:?}"),
+    }
+    assert_eq!(up.calls.get(), 0);
+    Ok(())
+}
+
+#[test]
+fn ttl_and_in_flight_expiry_on_the_virtual_clock() -> R {
+    let up = Upstream::default();
+    let mut e = envoy_with(r#"{"ttl_seconds": 60, "in_flight_timeout_seconds": 10}"#, 2, &up).build()?;
+    e.request(0, keyed("/o", "k", "x"))?;
+    e.advance(Duration::from_millis(59_900));
+    assert!(!e.request(1, keyed("/o", "k", "x"))?.upstream_called);
+    e.advance(Duration::from_millis(200));
+    assert!(e.request(1, keyed("/o", "k", "x"))?.upstream_called, "expired after ttl");
+    // A claim whose response never comes blocks for in_flight_timeout_seconds.
+    let stuck = e.start(0, keyed("/o", "k2", "x"))?;
+    e.send_request(stuck)?;
+    e.advance(Duration::from_millis(9_900));
+    assert_eq!(e.request(1, keyed("/o", "k2", "x"))?.status, 409);
+    e.advance(Duration::from_millis(200));
+    let retry = e.request(1, keyed("/o", "k2", "x"))?;
+    assert!(retry.upstream_called);
+    // The stuck one answers late: it must not overwrite the retry's record.
+    e.respond(stuck, Reply::new(200).body("late"))?;
+    let again = e.request(0, keyed("/o", "k2", "x"))?;
+    assert_eq!(again.body, retry.body);
+    assert_eq!(e.counter("proxy_dedup_claims_lost"), Some(1));
+    Ok(())
+}
+
+#[test]
+fn capacity_bounds_shared_data_keys() -> R {
+    let up = Upstream::default();
+    let mut e = envoy_with(r#"{"capacity": 64}"#, 2, &up).build()?;
+    for i in 0..1500 {
+        e.request(i % 2, keyed("/o", &format!("key-{i}"), "x"))?;
+    }
+    // 8 buckets of 8 records, plus one response slot per record.
+    assert!(e.shared_data_len() <= 8 * 9, "{} shared-data keys", e.shared_data_len());
+    assert!(e.counter("proxy_dedup_evictions_unexpired").unwrap_or(0) >= 1500 - 64);
+    assert_eq!(up.calls.get(), 1500);
+    assert!(!e.request(0, keyed("/o", "key-1499", "x"))?.upstream_called);
+    Ok(())
+}
+
+#[test]
+fn store_faults_follow_failure_mode() -> R {
+    for (mode, status) in [("open", 200), ("closed", 503)] {
+        let up = Upstream::default();
+        let mut e = envoy_with(&format!(r#"{{"failure_mode": "{mode}"}}"#), 2, &up).build()?;
+        e.set_faults(host_test::Faults::shared_data(Status::InternalFailure));
+        let r = e.request(0, keyed("/o", "k", "x"))?;
+        assert_eq!(r.status, status, "{mode}");
+        assert!(!e.worker_failed(0), "a store fault never traps the VM");
+        assert_eq!(e.counter("proxy_dedup_store_errors"), Some(1));
+        if mode == "closed" {
+            assert_eq!(problem_type(&r), "urn:proxy-dedup:problem:store-unavailable");
+        } else {
+            assert_eq!(e.counter("proxy_dedup_failed_open"), Some(1));
+        }
+        e.set_faults(host_test::Faults::default());
+        assert!(e.request(1, keyed("/o", "k", "x"))?.upstream_called);
+    }
+    Ok(())
+}
+
+#[test]
+fn scopes_never_see_each_other() -> R {
+    let up = Upstream::default();
+    let mut e = envoy_with(r#"{"scope": {"headers": ["x-tenant"]}}"#, 2, &up).build()?;
+    let a = e.request(0, keyed("/o", "same", "same").header("x-tenant", "a"))?;
+    let b = e.request(1, keyed("/o", "same", "same").header("x-tenant", "b"))?;
+    assert!(a.upstream_called && b.upstream_called);
+    assert_ne!(a.body, b.body);
+    assert_eq!(e.request(1, keyed("/o", "same", "same").header("x-tenant", "a"))?.body, a.body);
+    assert_eq!(e.request(0, keyed("/o", "same", "same").header("x-tenant", "b"))?.body, b.body);
+    let none = e.request(0, keyed("/o", "same", "same"))?;
+    assert!(none.upstream_called, "no tenant is a scope of its own");
+    Ok(())
+}
+
+#[test]
+fn other_methods_and_keyless_requests_pass_untouched() -> R {
+    let up = Upstream::default();
+    let mut e = envoy_with("{}", 1, &up).build()?;
+    for _ in 0..2 {
+        assert!(e.request(0, Request::get("/o").header("idempotency-key", "k"))?.upstream_called);
+        assert!(e.request(0, Request::post("/o").body("no key"))?.upstream_called);
+    }
+    assert_eq!(e.counter("proxy_dedup_bypassed"), Some(4));
+    assert_eq!(e.shared_data_len(), 0);
+    Ok(())
+}
+
+#[test]
+fn json_pointer_and_fingerprint_keys() -> R {
+    let up = Upstream::default();
+    let cfg = r#"{"key": {"json_pointer": "/msgId", "fingerprint": ["method", "path", "body"]}}"#;
+    let mut e = envoy_with(cfg, 2, &up).build()?;
+    let m = || Request::post("/push").body(r#"{"msgId": "m-1", "text": "hi"}"#);
+    assert!(e.request(0, m())?.upstream_called);
+    assert_eq!(e.request(1, m())?.header("idempotent-replayed"), Some("true"));
+    let other = e.request(1, Request::post("/push").body(r#"{"msgId": "m-1", "text": "changed"}"#))?;
+    assert_eq!(other.status, 422);
+    // Not JSON: the fingerprint is the key.
+    assert!(e.request(0, Request::post("/push").body("form=1"))?.upstream_called);
+    assert!(!e.request(1, Request::post("/push").body("form=1"))?.upstream_called);
+    assert!(e.request(1, Request::post("/push").body("form=2"))?.upstream_called);
+    assert_eq!(up.calls.get(), 3);
+    Ok(())
+}
+
+#[test]
+fn oversized_bodies() -> R {
+    let up = Upstream::default();
+    let mut e = envoy_with(r#"{"max_body_bytes": 100, "max_replay_body_bytes": 10}"#, 1, &up).build()?;
+    let big = e.request(0, keyed("/o", "k", &"x".repeat(101)))?;
+    assert_eq!((big.status, problem_type(&big).as_str()), (413, "urn:proxy-dedup:problem:body-too-large"));
+    assert_eq!(up.calls.get(), 0);
+    // The upstream's answer (about 16 bytes) is above max_replay_body_bytes.
+    assert!(e.request(0, keyed("/o", "k", "small"))?.upstream_called);
+    let dup = e.request(0, keyed("/o", "k", "small"))?;
+    assert_eq!((dup.status, problem_type(&dup).as_str()), (409, "urn:proxy-dedup:problem:response-not-stored"));
+    assert_eq!(up.calls.get(), 1);
+    Ok(())
+}
+
+#[test]
+fn bad_config_is_refused_with_the_field_named() -> R {
+    let up = Upstream::default();
+    match envoy_with(r#"{"ttl_seconds": "soon"}"#, 1, &up).build() {
+        Err(e) => {
+            let text = e.to_string();
+            assert!(text.contains("ttl_seconds"), "{text}");
+        }
+        Ok(_) => panic!("a bad config must be refused"),
+    }
+    Ok(())
+}
