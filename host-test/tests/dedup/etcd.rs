@@ -15,7 +15,10 @@ struct Etcd {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap()
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
 }
 
 impl Etcd {
@@ -30,7 +33,10 @@ impl Etcd {
             .args(["--listen-client-urls", &format!("http://{client}")])
             .args(["--advertise-client-urls", &format!("http://{client}")])
             .args(["--listen-peer-urls", &format!("http://127.0.0.1:{pp}")])
-            .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{pp}")])
+            .args([
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{pp}"),
+            ])
             .args(["--initial-cluster", &format!("ht=http://127.0.0.1:{pp}")])
             .args(["--log-level", "error", "--logger", "zap"])
             .stdout(Stdio::null())
@@ -48,9 +54,14 @@ impl Etcd {
 
     fn healthy(&self) -> bool {
         use std::io::{Read, Write};
-        let Ok(mut s) = std::net::TcpStream::connect(&self.client) else { return false };
+        let Ok(mut s) = std::net::TcpStream::connect(&self.client) else {
+            return false;
+        };
         let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-        let req = format!("GET /health HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.client);
+        let req = format!(
+            "GET /health HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.client
+        );
         if s.write_all(req.as_bytes()).is_err() {
             return false;
         }
@@ -92,11 +103,17 @@ fn two_proxies_share_one_real_etcd() -> R {
     a.send_request(first)?;
     assert!(a.upstream_request(first).is_some());
     let dup = b.request(1, keyed("/orders", "k1", "{}"))?;
-    assert_eq!((dup.status, problem_type(&dup).as_str()), (409, "urn:proxy-dedup:problem:in-flight"));
+    assert_eq!(
+        (dup.status, problem_type(&dup).as_str()),
+        (409, "urn:proxy-dedup:problem:in-flight")
+    );
     a.respond(first, Reply::new(201).body("created"))?;
     // Completed on A: B replays it.
     let replay = b.request(0, keyed("/orders", "k1", "{}"))?;
-    assert_eq!((replay.status, replay.body_str().as_str()), (201, "created"));
+    assert_eq!(
+        (replay.status, replay.body_str().as_str()),
+        (201, "created")
+    );
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
     assert_eq!(b.request(0, keyed("/orders", "k1", "changed"))?.status, 422);
     // A 5xx on B releases the claim in etcd: A executes it again.
@@ -106,7 +123,11 @@ fn two_proxies_share_one_real_etcd() -> R {
     assert!(a.request(0, keyed("/orders", "k2", "{}"))?.upstream_called);
     // The handler saw the 500 and the retry (the first stream was answered by hand).
     assert_eq!(up.calls.get(), 2);
-    assert_eq!(a.counter("proxy_dedup_store_errors").unwrap_or(0) + b.counter("proxy_dedup_store_errors").unwrap_or(0), 0);
+    assert_eq!(
+        a.counter("proxy_dedup_store_errors").unwrap_or(0)
+            + b.counter("proxy_dedup_store_errors").unwrap_or(0),
+        0
+    );
     Ok(())
 }
 
@@ -128,9 +149,15 @@ fn failing_and_silent_clusters_follow_failure_mode() -> R {
             .build()?;
         let r = e.request(0, keyed("/o", "k", "x"))?;
         assert_eq!(r.status, want, "{mode}: reset cluster");
-        assert!(resets.get() >= 2, "a reset call is retried within the budget");
+        assert!(
+            resets.get() >= 2,
+            "a reset call is retried within the budget"
+        );
         if mode == "closed" {
-            assert_eq!(problem_type(&r), "urn:proxy-dedup:problem:store-unavailable");
+            assert_eq!(
+                problem_type(&r),
+                "urn:proxy-dedup:problem:store-unavailable"
+            );
         }
         assert_eq!(e.counter("proxy_dedup_store_errors"), Some(1));
 

@@ -54,7 +54,9 @@ pub fn envoy_with(config: &str, workers: usize, up: &Upstream) -> EnvoyBuilder {
 }
 
 pub fn keyed(path: &str, key: &str, body: &str) -> Request {
-    Request::post(path).header("idempotency-key", key).body(body)
+    Request::post(path)
+        .header("idempotency-key", key)
+        .body(body)
 }
 
 pub fn problem_type(r: &Response) -> String {
@@ -78,7 +80,11 @@ fn first_executes_duplicate_replays_with_header() -> R {
         assert_eq!(again.header("idempotent-replayed"), Some("true"));
         assert_eq!(again.header("x-order"), Some("1"));
         assert_eq!(again.header("content-type"), Some("application/json"));
-        assert_eq!(again.header("set-cookie"), None, "cookies are never replayed");
+        assert_eq!(
+            again.header("set-cookie"),
+            None,
+            "cookies are never replayed"
+        );
     }
     assert_eq!(up.calls.get(), 1);
     assert_eq!(e.counter("proxy_dedup_executed"), Some(1));
@@ -102,8 +108,15 @@ fn n_way_race_across_workers_executes_once() -> R {
     for id in &ids {
         e.send_body(*id)?;
     }
-    let forwarded: Vec<_> = ids.iter().filter(|id| e.upstream_request(**id).is_some()).collect();
-    assert_eq!(forwarded.len(), 1, "exactly one request reaches the upstream");
+    let forwarded: Vec<_> = ids
+        .iter()
+        .filter(|id| e.upstream_request(**id).is_some())
+        .collect();
+    assert_eq!(
+        forwarded.len(),
+        1,
+        "exactly one request reaches the upstream"
+    );
     let winner = *forwarded[0];
     for id in ids.iter().filter(|id| **id != winner) {
         let r = e.response(*id).expect("the losers are answered at once");
@@ -115,7 +128,10 @@ fn n_way_race_across_workers_executes_once() -> R {
     e.respond(winner, Reply::new(201).body("charged"))?;
     let after = e.request(3, keyed("/pay", "race", "amount=5"))?;
     assert_eq!((after.status, after.body_str().as_str()), (201, "charged"));
-    assert_eq!(e.counter("proxy_dedup_rejected_in_flight"), Some(workers as u64 * 2 - 1));
+    assert_eq!(
+        e.counter("proxy_dedup_rejected_in_flight"),
+        Some(workers as u64 * 2 - 1)
+    );
     Ok(())
 }
 
@@ -127,16 +143,27 @@ fn different_payload_is_422_and_bad_keys_are_400() -> R {
     for r in [
         keyed("/orders", "k1", "b"),
         keyed("/other", "k1", "a"),
-        Request::patch("/orders").header("idempotency-key", "k1").body("a"),
+        Request::patch("/orders")
+            .header("idempotency-key", "k1")
+            .body("a"),
     ] {
         let resp = e.request(1, r)?;
         assert_eq!(resp.status, 422);
-        assert_eq!(problem_type(&resp), "urn:proxy-dedup:problem:payload-mismatch");
+        assert_eq!(
+            problem_type(&resp),
+            "urn:proxy-dedup:problem:payload-mismatch"
+        );
     }
     let missing = e.request(0, Request::post("/orders").body("a"))?;
-    assert_eq!((missing.status, problem_type(&missing).as_str()), (400, "urn:proxy-dedup:problem:missing-key"));
+    assert_eq!(
+        (missing.status, problem_type(&missing).as_str()),
+        (400, "urn:proxy-dedup:problem:missing-key")
+    );
     let long = e.request(0, keyed("/orders", &"x".repeat(17), "a"))?;
-    assert_eq!((long.status, problem_type(&long).as_str()), (400, "urn:proxy-dedup:problem:invalid-key"));
+    assert_eq!(
+        (long.status, problem_type(&long).as_str()),
+        (400, "urn:proxy-dedup:problem:invalid-key")
+    );
     let ctl = e.request(0, keyed("/orders", "a\u{1}b", "a"))?;
     assert_eq!(ctl.status, 400);
     assert_eq!(up.calls.get(), 1);
@@ -167,7 +194,11 @@ fn failed_upstream_releases_the_claim() -> R {
     assert_eq!(up.calls.get(), 2);
     assert_eq!(e.counter("proxy_dedup_executed"), Some(4));
     assert_eq!(e.counter("proxy_dedup_released"), Some(3));
-    assert_eq!(e.request(0, keyed("/pay", "k", "x"))?.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        e.request(0, keyed("/pay", "k", "x"))?
+            .header("idempotent-replayed"),
+        Some("true")
+    );
     Ok(())
 }
 
@@ -175,12 +206,24 @@ fn failed_upstream_releases_the_claim() -> R {
 fn chunked_body_decided_at_end_of_stream() -> R {
     let up = Upstream::default();
     let mut e = envoy_with("{}", 2, &up).build()?;
-    let id = e.start(0, Request::post("/msgs").header("idempotency-key", "c1").chunks(["part-1 ", "part-2 ", "part-3"]))?;
+    let id = e.start(
+        0,
+        Request::post("/msgs")
+            .header("idempotency-key", "c1")
+            .chunks(["part-1 ", "part-2 ", "part-3"]),
+    )?;
     e.send_headers(id)?;
     e.send_chunk(id)?;
     e.send_chunk(id)?;
-    assert!(e.upstream_request(id).is_none(), "nothing reaches the upstream before the end of the body");
-    assert_eq!(e.shared_data_len(), 0, "no claim before the end of the body");
+    assert!(
+        e.upstream_request(id).is_none(),
+        "nothing reaches the upstream before the end of the body"
+    );
+    assert_eq!(
+        e.shared_data_len(),
+        0,
+        "no claim before the end of the body"
+    );
     e.send_chunk(id)?;
     let seen = e.upstream_request(id).expect("forwarded at the end");
     assert_eq!(seen.body_str(), "part-1 part-2 part-3");
@@ -189,7 +232,13 @@ fn chunked_body_decided_at_end_of_stream() -> R {
     let whole = e.request(1, keyed("/msgs", "c1", "part-1 part-2 part-3"))?;
     assert_eq!(whole.header("idempotent-replayed"), Some("true"));
     // With trailers the body ends at the trailers.
-    let t = e.request(1, Request::post("/msgs").header("idempotency-key", "c2").chunks(["a", "b"]).trailer("x-sum", "1"))?;
+    let t = e.request(
+        1,
+        Request::post("/msgs")
+            .header("idempotency-key", "c2")
+            .chunks(["a", "b"])
+            .trailer("x-sum", "1"),
+    )?;
     assert!(t.upstream_called);
     Ok(())
 }
@@ -198,7 +247,9 @@ fn chunked_body_decided_at_end_of_stream() -> R {
 fn without_allow_on_headers_stop_iteration_a_body_request_stalls() -> R {
     // Documents why the Envoy config must set the flag: Envoy withholds the body.
     let up = Upstream::default();
-    let mut e = envoy_with("{}", 1, &up).allow_on_headers_stop_iteration(false).build()?;
+    let mut e = envoy_with("{}", 1, &up)
+        .allow_on_headers_stop_iteration(false)
+        .build()?;
     match e.request(0, keyed("/orders", "k", "body")) {
         Err(host_test::Error::Stalled { .. }) => {}
         other => panic!("expected a stall, got {other:?}"),
@@ -210,12 +261,20 @@ fn without_allow_on_headers_stop_iteration_a_body_request_stalls() -> R {
 #[test]
 fn ttl_and_in_flight_expiry_on_the_virtual_clock() -> R {
     let up = Upstream::default();
-    let mut e = envoy_with(r#"{"ttl_seconds": 60, "in_flight_timeout_seconds": 10}"#, 2, &up).build()?;
+    let mut e = envoy_with(
+        r#"{"ttl_seconds": 60, "in_flight_timeout_seconds": 10}"#,
+        2,
+        &up,
+    )
+    .build()?;
     e.request(0, keyed("/o", "k", "x"))?;
     e.advance(Duration::from_millis(59_900));
     assert!(!e.request(1, keyed("/o", "k", "x"))?.upstream_called);
     e.advance(Duration::from_millis(200));
-    assert!(e.request(1, keyed("/o", "k", "x"))?.upstream_called, "expired after ttl");
+    assert!(
+        e.request(1, keyed("/o", "k", "x"))?.upstream_called,
+        "expired after ttl"
+    );
     // A claim whose response never comes blocks for in_flight_timeout_seconds.
     let stuck = e.start(0, keyed("/o", "k2", "x"))?;
     e.send_request(stuck)?;
@@ -240,7 +299,11 @@ fn capacity_bounds_shared_data_keys() -> R {
         e.request(i % 2, keyed("/o", &format!("key-{i}"), "x"))?;
     }
     // 8 buckets of 8 records, plus one response slot per record.
-    assert!(e.shared_data_len() <= 8 * 9, "{} shared-data keys", e.shared_data_len());
+    assert!(
+        e.shared_data_len() <= 8 * 9,
+        "{} shared-data keys",
+        e.shared_data_len()
+    );
     assert!(e.counter("proxy_dedup_evictions_unexpired").unwrap_or(0) >= 1500 - 64);
     assert_eq!(up.calls.get(), 1500);
     assert!(!e.request(0, keyed("/o", "key-1499", "x"))?.upstream_called);
@@ -258,7 +321,10 @@ fn store_faults_follow_failure_mode() -> R {
         assert!(!e.worker_failed(0), "a store fault never traps the VM");
         assert_eq!(e.counter("proxy_dedup_store_errors"), Some(1));
         if mode == "closed" {
-            assert_eq!(problem_type(&r), "urn:proxy-dedup:problem:store-unavailable");
+            assert_eq!(
+                problem_type(&r),
+                "urn:proxy-dedup:problem:store-unavailable"
+            );
         } else {
             assert_eq!(e.counter("proxy_dedup_failed_open"), Some(1));
         }
@@ -276,8 +342,16 @@ fn scopes_never_see_each_other() -> R {
     let b = e.request(1, keyed("/o", "same", "same").header("x-tenant", "b"))?;
     assert!(a.upstream_called && b.upstream_called);
     assert_ne!(a.body, b.body);
-    assert_eq!(e.request(1, keyed("/o", "same", "same").header("x-tenant", "a"))?.body, a.body);
-    assert_eq!(e.request(0, keyed("/o", "same", "same").header("x-tenant", "b"))?.body, b.body);
+    assert_eq!(
+        e.request(1, keyed("/o", "same", "same").header("x-tenant", "a"))?
+            .body,
+        a.body
+    );
+    assert_eq!(
+        e.request(0, keyed("/o", "same", "same").header("x-tenant", "b"))?
+            .body,
+        b.body
+    );
     let none = e.request(0, keyed("/o", "same", "same"))?;
     assert!(none.upstream_called, "no tenant is a scope of its own");
     Ok(())
@@ -288,8 +362,14 @@ fn other_methods_and_keyless_requests_pass_untouched() -> R {
     let up = Upstream::default();
     let mut e = envoy_with("{}", 1, &up).build()?;
     for _ in 0..2 {
-        assert!(e.request(0, Request::get("/o").header("idempotency-key", "k"))?.upstream_called);
-        assert!(e.request(0, Request::post("/o").body("no key"))?.upstream_called);
+        assert!(
+            e.request(0, Request::get("/o").header("idempotency-key", "k"))?
+                .upstream_called
+        );
+        assert!(
+            e.request(0, Request::post("/o").body("no key"))?
+                .upstream_called
+        );
     }
     assert_eq!(e.counter("proxy_dedup_bypassed"), Some(4));
     assert_eq!(e.shared_data_len(), 0);
@@ -303,13 +383,28 @@ fn json_pointer_and_fingerprint_keys() -> R {
     let mut e = envoy_with(cfg, 2, &up).build()?;
     let m = || Request::post("/push").body(r#"{"msgId": "m-1", "text": "hi"}"#);
     assert!(e.request(0, m())?.upstream_called);
-    assert_eq!(e.request(1, m())?.header("idempotent-replayed"), Some("true"));
-    let other = e.request(1, Request::post("/push").body(r#"{"msgId": "m-1", "text": "changed"}"#))?;
+    assert_eq!(
+        e.request(1, m())?.header("idempotent-replayed"),
+        Some("true")
+    );
+    let other = e.request(
+        1,
+        Request::post("/push").body(r#"{"msgId": "m-1", "text": "changed"}"#),
+    )?;
     assert_eq!(other.status, 422);
     // Not JSON: the fingerprint is the key.
-    assert!(e.request(0, Request::post("/push").body("form=1"))?.upstream_called);
-    assert!(!e.request(1, Request::post("/push").body("form=1"))?.upstream_called);
-    assert!(e.request(1, Request::post("/push").body("form=2"))?.upstream_called);
+    assert!(
+        e.request(0, Request::post("/push").body("form=1"))?
+            .upstream_called
+    );
+    assert!(
+        !e.request(1, Request::post("/push").body("form=1"))?
+            .upstream_called
+    );
+    assert!(
+        e.request(1, Request::post("/push").body("form=2"))?
+            .upstream_called
+    );
     assert_eq!(up.calls.get(), 3);
     Ok(())
 }
@@ -317,14 +412,25 @@ fn json_pointer_and_fingerprint_keys() -> R {
 #[test]
 fn oversized_bodies() -> R {
     let up = Upstream::default();
-    let mut e = envoy_with(r#"{"max_body_bytes": 100, "max_replay_body_bytes": 10}"#, 1, &up).build()?;
+    let mut e = envoy_with(
+        r#"{"max_body_bytes": 100, "max_replay_body_bytes": 10}"#,
+        1,
+        &up,
+    )
+    .build()?;
     let big = e.request(0, keyed("/o", "k", &"x".repeat(101)))?;
-    assert_eq!((big.status, problem_type(&big).as_str()), (413, "urn:proxy-dedup:problem:body-too-large"));
+    assert_eq!(
+        (big.status, problem_type(&big).as_str()),
+        (413, "urn:proxy-dedup:problem:body-too-large")
+    );
     assert_eq!(up.calls.get(), 0);
     // The upstream's answer (about 16 bytes) is above max_replay_body_bytes.
     assert!(e.request(0, keyed("/o", "k", "small"))?.upstream_called);
     let dup = e.request(0, keyed("/o", "k", "small"))?;
-    assert_eq!((dup.status, problem_type(&dup).as_str()), (409, "urn:proxy-dedup:problem:response-not-stored"));
+    assert_eq!(
+        (dup.status, problem_type(&dup).as_str()),
+        (409, "urn:proxy-dedup:problem:response-not-stored")
+    );
     assert_eq!(up.calls.get(), 1);
     Ok(())
 }
