@@ -158,7 +158,7 @@ enum Duplicate {
 }
 
 const MAX_ROUNDS: u32 = 8;
-const MAX_RETRIES: u32 = 2;
+const MAX_RETRIES: u32 = 4;
 
 struct Reading {
     head: RequestHead,
@@ -668,9 +668,14 @@ impl DedupStream {
     ) -> Action {
         let now = env.now_ms();
         let parsed = etcd::parse_answer(&answer.body);
-        let transport_failure = answer.status == 0 || answer.status == 502 || answer.status == 503;
-        if transport_failure && parsed.is_none() {
-            // Connection refused or reset: another member may answer. Retry within budget.
+        let transport_failure =
+            (answer.status == 0 || answer.status == 502 || answer.status == 503)
+                && parsed.is_none();
+        // etcd's "unavailable" (gRPC code 14: no leader, leader changed) passes too.
+        let unavailable = matches!(&parsed, Some(EtcdAnswer::Error { code: 14, .. }));
+        if transport_failure || unavailable {
+            // Connection refused or reset, or a member without a leader: another member
+            // may answer. Retry within the budget.
             if c.retries < MAX_RETRIES && now < c.deadline_ms {
                 c.retries += 1;
                 c.call.timeout_ms = c.deadline_ms.saturating_sub(now).max(1);

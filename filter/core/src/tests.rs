@@ -1493,6 +1493,20 @@ fn etcd_transport_failures_retry_then_fail_by_mode() {
         Outcome::Upstream(..)
     ));
     assert_eq!(a.count_of(Counter::StoreErrors), 0);
+    // A member without a leader answers gRPC "unavailable": retried too.
+    let mut s = DedupStream::new(2);
+    let first = s.on_request_headers(&p, &mut a, req("POST", "/o").key("k1b").head, true);
+    assert!(matches!(first, Action::Call(_)));
+    let unavailable = br#"{"error":"etcdserver: leader changed","message":"etcdserver: leader changed","code":14}"#;
+    let again = s.on_store_answer(
+        &p,
+        &mut a,
+        CallAnswer {
+            status: 503,
+            body: unavailable.to_vec(),
+        },
+    );
+    assert!(matches!(again, Action::Call(_)), "{again:?}");
     // All down: open passes through, closed answers 503.
     a.etcd.set_down(true);
     assert!(matches!(
