@@ -1,1 +1,113 @@
-//! placeholder
+//! Benchmark cases: a module in `dist/`, its plugin configuration and the
+//! request stream to send. `benches/per_request.rs` runs each in host-test
+//! and reports its cost as a ratio to the empty filter.
+
+use host_test::{Envoy, Error, LogLevel, Reply, Request};
+use std::path::PathBuf;
+
+/// One benchmark case.
+pub struct Case {
+    pub name: &'static str,
+    /// File in `dist/`.
+    pub wasm: &'static str,
+    pub plugin_config: &'static str,
+    pub allow_on_headers_stop_iteration: bool,
+    /// The i-th request of the run.
+    pub request: fn(u64) -> Request,
+}
+
+impl Case {
+    pub fn path(&self) -> PathBuf {
+        host_test::dist(self.wasm)
+    }
+
+    /// One worker, logging at warn (a per-request info line would grow the
+    /// captured log without bound), upstream answering 201 with a small body.
+    pub fn envoy(&self) -> Result<Envoy, Error> {
+        Envoy::builder(self.path())
+            .plugin_config(self.plugin_config)
+            .vm_id(self.name)
+            .allow_on_headers_stop_iteration(self.allow_on_headers_stop_iteration)
+            .log_level(LogLevel::Warn)
+            .upstream(|_| {
+                Reply::new(201)
+                    .header("content-type", "application/json")
+                    .body(r#"{"id":"ord_1","status":"created"}"#)
+            })
+            .build()
+    }
+}
+
+fn order(i: u64) -> String {
+    format!(r#"{{"order":{i},"sku":"A-1","qty":1}}"#)
+}
+
+/// A body of `size` bytes, distinct per `i` (so each is a first execution).
+fn sized_body(i: u64, size: usize) -> Vec<u8> {
+    let mut body = format!("{i:016}").into_bytes();
+    body.resize(size, b'x');
+    body
+}
+
+/// The baseline every ratio is computed against.
+pub const BASELINE: Case = Case {
+    name: "empty_filter",
+    wasm: "empty_filter.wasm",
+    plugin_config: "",
+    allow_on_headers_stop_iteration: false,
+    request: |i| {
+        Request::post("/orders")
+            .header("idempotency-key", &format!("k{i}"))
+            .body(order(i))
+    },
+};
+
+/// Host cost of a large body with a filter that does nothing: separates
+/// host-test's own copying from the dedup filter's work at 64 KiB.
+pub const BASELINE_64K: Case = Case {
+    name: "empty_filter_64k",
+    wasm: "empty_filter.wasm",
+    plugin_config: "",
+    allow_on_headers_stop_iteration: false,
+    request: |i| Request::post("/events").body(sized_body(i, 64 * 1024)),
+};
+
+/// The dedup filter's cases; skipped when `dist/dedup_filter.wasm` is absent.
+pub const DEDUP: &[Case] = &[
+    Case {
+        name: "dedup_first_execution",
+        wasm: "dedup_filter.wasm",
+        plugin_config: r#"{"capacity": 10000000}"#,
+        allow_on_headers_stop_iteration: true,
+        request: |i| {
+            Request::post("/orders")
+                .header("idempotency-key", &format!("k{i}"))
+                .body(order(i))
+        },
+    },
+    Case {
+        name: "dedup_replay",
+        wasm: "dedup_filter.wasm",
+        plugin_config: r#"{"capacity": 10000000}"#,
+        allow_on_headers_stop_iteration: true,
+        request: |_| {
+            Request::post("/orders")
+                .header("idempotency-key", "same-key")
+                .body(order(0))
+        },
+    },
+    Case {
+        name: "keyless_fingerprint_1k",
+        wasm: "dedup_filter.wasm",
+        plugin_config: r#"{"capacity": 10000000, "key": {"fingerprint": ["method", "path", "body"]}}"#,
+        allow_on_headers_stop_iteration: true,
+        request: |i| Request::post("/events").body(sized_body(i, 1024)),
+    },
+    Case {
+        name: "keyless_fingerprint_64k",
+        wasm: "dedup_filter.wasm",
+        plugin_config: r#"{"capacity": 10000000, "key": {"fingerprint": ["method", "path", "body"]}}"#,
+        allow_on_headers_stop_iteration: true,
+        request: |i| Request::post("/events").body(sized_body(i, 64 * 1024)),
+    },
+];

@@ -38,7 +38,11 @@ pub(crate) fn connect_failure_reply() -> Reply {
     )
 }
 
-pub(crate) fn call(cluster: &mut Cluster, request: &UpstreamRequest, timeout_ms: u32) -> CalloutResult {
+pub(crate) fn call(
+    cluster: &mut Cluster,
+    request: &UpstreamRequest,
+    timeout_ms: u32,
+) -> CalloutResult {
     match cluster {
         Cluster::InProcess(handler) => {
             let reply = handler(request);
@@ -95,7 +99,11 @@ fn io_failure(e: std::io::Error) -> Failure {
     }
 }
 
-fn exchange(addr: SocketAddr, request: &UpstreamRequest, deadline: Instant) -> Result<Reply, Failure> {
+fn exchange(
+    addr: SocketAddr,
+    request: &UpstreamRequest,
+    deadline: Instant,
+) -> Result<Reply, Failure> {
     let mut stream = TcpStream::connect_timeout(&addr, remaining(deadline)?).map_err(|e| {
         if matches!(e.kind(), std::io::ErrorKind::TimedOut) {
             Failure::Timeout

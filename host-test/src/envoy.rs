@@ -118,7 +118,11 @@ impl EnvoyBuilder {
     }
 
     /// A cluster for `proxy_http_call`, answered in process.
-    pub fn cluster(mut self, name: &str, handler: impl FnMut(&UpstreamRequest) -> Reply + 'static) -> Self {
+    pub fn cluster(
+        mut self,
+        name: &str,
+        handler: impl FnMut(&UpstreamRequest) -> Reply + 'static,
+    ) -> Self {
         self.clusters
             .insert(name.to_string(), Cluster::InProcess(Box::new(handler)));
         self
@@ -156,9 +160,9 @@ impl EnvoyBuilder {
             by_ctx: HashMap::new(),
             next_stream: 1,
             next_ctx: Vec::new(),
-            upstream: self
-                .upstream
-                .unwrap_or_else(|| Box::new(|_req: &UpstreamRequest| Reply::ok().body("upstream ok"))),
+            upstream: self.upstream.unwrap_or_else(|| {
+                Box::new(|_req: &UpstreamRequest| Reply::ok().body("upstream ok"))
+            }),
             clusters: self.clusters,
             ready: VecDeque::new(),
             timed: Vec::new(),
@@ -420,7 +424,11 @@ impl Envoy {
             match d {
                 Deferred::Continue { ctx, response } => {
                     if let Some(sid) = self.by_ctx.get(&(worker, ctx)).copied() {
-                        let side = if response { Side::Response } else { Side::Request };
+                        let side = if response {
+                            Side::Response
+                        } else {
+                            Side::Request
+                        };
                         self.resume(sid, side);
                     }
                 }
@@ -452,13 +460,23 @@ impl Envoy {
             message: "trapped (see log)".into(),
             logs: logs(e),
         };
-        if let Call::Trapped =
-            self.invoke(worker, "proxy_on_context_create", root, |x| x.on_context_create.clone(), (root as i32, 0))
-        {
+        if let Call::Trapped = self.invoke(
+            worker,
+            "proxy_on_context_create",
+            root,
+            |x| x.on_context_create.clone(),
+            (root as i32, 0),
+        ) {
             return Err(trap(self, "proxy_on_context_create"));
         }
         let vm_len = self.plugin.vm_config.len() as i32;
-        match self.invoke(worker, "proxy_on_vm_start", root, |x| x.on_vm_start.clone(), (root as i32, vm_len)) {
+        match self.invoke(
+            worker,
+            "proxy_on_vm_start",
+            root,
+            |x| x.on_vm_start.clone(),
+            (root as i32, vm_len),
+        ) {
             Call::Trapped => return Err(trap(self, "proxy_on_vm_start")),
             Call::Done(0) => {
                 return Err(Error::VmStartFailed {
@@ -470,7 +488,13 @@ impl Envoy {
         }
         self.vms[worker].store.data_mut().in_configure = true;
         let len = self.plugin.plugin_config.len() as i32;
-        let r = self.invoke(worker, "proxy_on_configure", root, |x| x.on_configure.clone(), (root as i32, len));
+        let r = self.invoke(
+            worker,
+            "proxy_on_configure",
+            root,
+            |x| x.on_configure.clone(),
+            (root as i32, len),
+        );
         self.vms[worker].store.data_mut().in_configure = false;
         match r {
             Call::Trapped => return Err(trap(self, "proxy_on_configure")),
@@ -511,9 +535,11 @@ impl Envoy {
     /// notifications, route timeouts.
     fn pump(&mut self) {
         loop {
-            let queued: Vec<(usize, u32, u32)> = std::mem::take(&mut lock(&self.shared).queue_ready);
+            let queued: Vec<(usize, u32, u32)> =
+                std::mem::take(&mut lock(&self.shared).queue_ready);
             for (worker, ctx, token) in queued {
-                self.ready.push_back(Event::QueueReady { worker, ctx, token });
+                self.ready
+                    .push_back(Event::QueueReady { worker, ctx, token });
             }
             let Some(event) = self.ready.pop_front() else {
                 break;
@@ -526,13 +552,23 @@ impl Envoy {
                 } => self.deliver_callout(worker, token, response),
                 Event::QueueReady { worker, ctx, token } => {
                     if worker < self.vms.len() {
-                        self.invoke(worker, "proxy_on_queue_ready", ctx, |x| x.on_queue_ready.clone(), (ctx as i32, token as i32));
+                        self.invoke(
+                            worker,
+                            "proxy_on_queue_ready",
+                            ctx,
+                            |x| x.on_queue_ready.clone(),
+                            (ctx as i32, token as i32),
+                        );
                         let (d, _) = self.take_deferred(worker);
                         self.run_deferred(worker, d);
                     }
                 }
                 Event::RouteTimeout(sid) => {
-                    if self.streams.get(&sid).is_some_and(|s| s.upstream == Upstream::Silent) {
+                    if self
+                        .streams
+                        .get(&sid)
+                        .is_some_and(|s| s.upstream == Upstream::Silent)
+                    {
                         self.router_reply(sid, 504, "upstream request timeout");
                     }
                 }
@@ -584,7 +620,13 @@ impl Envoy {
             }
             self.ticks[worker] = Some((now + period, period));
             let root = self.vms[worker].store.data().root_id;
-            self.invoke(worker, "proxy_on_tick", root, |x| x.on_tick.clone(), root as i32);
+            self.invoke(
+                worker,
+                "proxy_on_tick",
+                root,
+                |x| x.on_tick.clone(),
+                root as i32,
+            );
             let (d, _) = self.take_deferred(worker);
             self.run_deferred(worker, d);
             self.pump();
@@ -616,8 +658,9 @@ impl Envoy {
                 break;
             }
             self.set_clock(next);
-            let (due, later): (Vec<_>, Vec<_>) =
-                std::mem::take(&mut self.timed).into_iter().partition(|t| t.0 <= next);
+            let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.timed)
+                .into_iter()
+                .partition(|t| t.0 <= next);
             self.timed = later;
             let mut due = due;
             due.sort_by_key(|t| (t.0, t.1));
@@ -862,7 +905,10 @@ impl Envoy {
 
     fn cancel_upstream(&mut self, sid: u64) {
         if let Some(s) = self.streams.get_mut(&sid) {
-            if matches!(s.upstream, Upstream::Awaiting(_) | Upstream::Silent | Upstream::NotYet) {
+            if matches!(
+                s.upstream,
+                Upstream::Awaiting(_) | Upstream::Silent | Upstream::NotYet
+            ) {
                 s.upstream = Upstream::Cancelled;
             }
         }
@@ -882,10 +928,16 @@ impl Envoy {
             s.context_created = true;
         }
         let root = self.vms[w].store.data().root_id as i32;
-        match self.invoke(w, "proxy_on_context_create", ctx, |x| x.on_context_create.clone(), (ctx as i32, root)) {
-            Call::Trapped => false,
-            _ => true,
-        }
+        !matches!(
+            self.invoke(
+                w,
+                "proxy_on_context_create",
+                ctx,
+                |x| x.on_context_create.clone(),
+                (ctx as i32, root),
+            ),
+            Call::Trapped
+        )
     }
 
     /// A VM failure met by a stream: 503 (Envoy's wasm_fail_stream), or
@@ -901,37 +953,76 @@ impl Envoy {
         false
     }
 
-    fn call_filter(&mut self, sid: u64, side: Side, kind: Callback, a: i32, b: i32) -> Option<(i32, bool)> {
+    fn call_filter(
+        &mut self,
+        sid: u64,
+        side: Side,
+        kind: Callback,
+        a: i32,
+        b: i32,
+    ) -> Option<(i32, bool)> {
         let (w, ctx) = {
             let s = &self.streams[&sid];
             (s.worker, s.ctx)
         };
         if self.vms[w].failed {
-            return if self.failed_vm(sid) { Some((0, false)) } else { None };
+            return if self.failed_vm(sid) {
+                Some((0, false))
+            } else {
+                None
+            };
         }
         if side == Side::Request && kind == Callback::Headers && !self.create_context(sid) {
-            return if self.failed_vm(sid) { Some((0, false)) } else { None };
+            return if self.failed_vm(sid) {
+                Some((0, false))
+            } else {
+                None
+            };
         }
         let c = ctx as i32;
         let call = match (side, kind) {
-            (Side::Request, Callback::Headers) => {
-                self.invoke(w, "proxy_on_request_headers", ctx, |x| x.on_request_headers.clone(), (c, a, b))
-            }
-            (Side::Request, Callback::Body) => {
-                self.invoke(w, "proxy_on_request_body", ctx, |x| x.on_request_body.clone(), (c, a, b))
-            }
-            (Side::Request, Callback::Trailers) => {
-                self.invoke(w, "proxy_on_request_trailers", ctx, |x| x.on_request_trailers.clone(), (c, a))
-            }
-            (Side::Response, Callback::Headers) => {
-                self.invoke(w, "proxy_on_response_headers", ctx, |x| x.on_response_headers.clone(), (c, a, b))
-            }
-            (Side::Response, Callback::Body) => {
-                self.invoke(w, "proxy_on_response_body", ctx, |x| x.on_response_body.clone(), (c, a, b))
-            }
-            (Side::Response, Callback::Trailers) => {
-                self.invoke(w, "proxy_on_response_trailers", ctx, |x| x.on_response_trailers.clone(), (c, a))
-            }
+            (Side::Request, Callback::Headers) => self.invoke(
+                w,
+                "proxy_on_request_headers",
+                ctx,
+                |x| x.on_request_headers.clone(),
+                (c, a, b),
+            ),
+            (Side::Request, Callback::Body) => self.invoke(
+                w,
+                "proxy_on_request_body",
+                ctx,
+                |x| x.on_request_body.clone(),
+                (c, a, b),
+            ),
+            (Side::Request, Callback::Trailers) => self.invoke(
+                w,
+                "proxy_on_request_trailers",
+                ctx,
+                |x| x.on_request_trailers.clone(),
+                (c, a),
+            ),
+            (Side::Response, Callback::Headers) => self.invoke(
+                w,
+                "proxy_on_response_headers",
+                ctx,
+                |x| x.on_response_headers.clone(),
+                (c, a, b),
+            ),
+            (Side::Response, Callback::Body) => self.invoke(
+                w,
+                "proxy_on_response_body",
+                ctx,
+                |x| x.on_response_body.clone(),
+                (c, a, b),
+            ),
+            (Side::Response, Callback::Trailers) => self.invoke(
+                w,
+                "proxy_on_response_trailers",
+                ctx,
+                |x| x.on_response_trailers.clone(),
+                (c, a),
+            ),
         };
         let action = match call {
             Call::Missing => 0,
@@ -939,7 +1030,11 @@ impl Envoy {
             Call::Trapped => {
                 let (d, _) = self.take_deferred(w);
                 drop(d);
-                return if self.failed_vm(sid) { Some((0, false)) } else { None };
+                return if self.failed_vm(sid) {
+                    Some((0, false))
+                } else {
+                    None
+                };
             }
         };
         let (_, stop_next) = {
@@ -975,7 +1070,9 @@ impl Envoy {
             self.set_headers_state(sid, side, HeadersState::Passed);
             return;
         }
-        let Some((action, stop_next)) = self.call_filter(sid, side, Callback::Headers, n, eos as i32) else {
+        let Some((action, stop_next)) =
+            self.call_filter(sid, side, Callback::Headers, n, eos as i32)
+        else {
             return;
         };
         if self.open(sid) {
@@ -1053,7 +1150,9 @@ impl Envoy {
             dir.body_live = true;
             dir.body.len()
         };
-        let Some((action, stop_next)) = self.call_filter(sid, side, Callback::Body, size as i32, eos as i32) else {
+        let Some((action, stop_next)) =
+            self.call_filter(sid, side, Callback::Body, size as i32, eos as i32)
+        else {
             return;
         };
         if self.open(sid) {
@@ -1118,7 +1217,8 @@ impl Envoy {
             dir.trailers = trailers;
             dir.trailers_live = true;
         }
-        let Some((action, stop_next)) = self.call_filter(sid, side, Callback::Trailers, n, 0) else {
+        let Some((action, stop_next)) = self.call_filter(sid, side, Callback::Trailers, n, 0)
+        else {
             return;
         };
         if self.open(sid) {
@@ -1238,7 +1338,9 @@ impl Envoy {
             Side::Request => h.req.headers.clone(),
             Side::Response => h.resp.headers.clone(),
         });
-        let Some(s) = self.streams.get_mut(&sid) else { return };
+        let Some(s) = self.streams.get_mut(&sid) else {
+            return;
+        };
         let d = match side {
             Side::Request => &mut s.req,
             Side::Response => &mut s.resp,
@@ -1271,7 +1373,9 @@ impl Envoy {
     }
 
     fn end_of_stream_out(&mut self, sid: u64, side: Side) {
-        let Some(s) = self.streams.get_mut(&sid) else { return };
+        let Some(s) = self.streams.get_mut(&sid) else {
+            return;
+        };
         let d = match side {
             Side::Request => &mut s.req,
             Side::Response => &mut s.resp,
@@ -1298,7 +1402,14 @@ impl Envoy {
     }
 
     /// Envoy's sendLocalReply for a stream.
-    fn local_reply(&mut self, sid: u64, status: u16, body: Vec<u8>, extra: Headers, through_filter: bool) {
+    fn local_reply(
+        &mut self,
+        sid: u64,
+        status: u16,
+        body: Vec<u8>,
+        extra: Headers,
+        through_filter: bool,
+    ) {
         if !self.open(sid) {
             return;
         }
@@ -1314,7 +1425,10 @@ impl Envoy {
         }
         let (started, committed) = {
             let s = &self.streams[&sid];
-            (s.resp.headers != HeadersState::Pending, s.resp.out_headers.is_some())
+            (
+                s.resp.headers != HeadersState::Pending,
+                s.resp.out_headers.is_some(),
+            )
         };
         if committed {
             // Headers already went to the client: Envoy can only reset.
@@ -1363,8 +1477,15 @@ impl Envoy {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);
             Response {
-                status: if reset && s.resp.out_headers.is_none() { 0 } else { status },
-                headers: headers.into_iter().filter(|(k, _)| k != ":status").collect(),
+                status: if reset && s.resp.out_headers.is_none() {
+                    0
+                } else {
+                    status
+                },
+                headers: headers
+                    .into_iter()
+                    .filter(|(k, _)| k != ":status")
+                    .collect(),
                 body: s.resp.out_body.clone(),
                 upstream_called: s.upstream_request.is_some(),
                 upstream_headers_sent: s.upstream_headers_sent,
@@ -1389,7 +1510,13 @@ impl Envoy {
                 h.log_phase = false;
             }
             self.invoke(w, "proxy_on_done", ctx, |x| x.on_done.clone(), ctx as i32);
-            self.invoke(w, "proxy_on_delete", ctx, |x| x.on_delete.clone(), ctx as i32);
+            self.invoke(
+                w,
+                "proxy_on_delete",
+                ctx,
+                |x| x.on_delete.clone(),
+                ctx as i32,
+            );
         }
         self.vms[w].store.data_mut().streams.remove(&ctx);
         self.by_ctx.remove(&(w, ctx));
@@ -1444,7 +1571,9 @@ impl Envoy {
         };
         let side = |d: &Dir, name: &str| -> Option<String> {
             if d.trailers_stopped {
-                return Some(format!("the filter paused the {name} trailers and never resumed"));
+                return Some(format!(
+                    "the filter paused the {name} trailers and never resumed"
+                ));
             }
             match d.headers {
                 HeadersState::StoppedAll => Some(format!(
@@ -1510,7 +1639,11 @@ impl Envoy {
 
     /// Replaces (or adds) an in-process cluster's handler. Only clusters
     /// declared at build time exist for `proxy_http_call`.
-    pub fn set_cluster(&mut self, name: &str, handler: impl FnMut(&UpstreamRequest) -> Reply + 'static) {
+    pub fn set_cluster(
+        &mut self,
+        name: &str,
+        handler: impl FnMut(&UpstreamRequest) -> Reply + 'static,
+    ) {
         self.clusters
             .insert(name.to_string(), Cluster::InProcess(Box::new(handler)));
     }
@@ -1531,7 +1664,10 @@ impl Envoy {
 
     /// Whether any log line contains `text`.
     pub fn log_contains(&self, text: &str) -> bool {
-        lock(&self.shared).logs.iter().any(|l| l.message.contains(text))
+        lock(&self.shared)
+            .logs
+            .iter()
+            .any(|l| l.message.contains(text))
     }
 
     /// Lines at `level` or above containing `text`.

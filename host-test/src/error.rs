@@ -22,7 +22,10 @@ pub enum Error {
     },
     /// The stream can make no progress: the filter holds it and nothing it
     /// waits for (callout, timer) is pending. Real Envoy would hang.
-    Stalled { stream: crate::StreamId, waiting: String },
+    Stalled {
+        stream: crate::StreamId,
+        waiting: String,
+    },
     /// A misuse of the test API (unknown stream, step out of order).
     Usage(String),
     /// wasmtime failed in a way unrelated to the filter.

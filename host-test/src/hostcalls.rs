@@ -118,7 +118,11 @@ fn const_map(s: &VmState, map: i32) -> MapView<'_> {
                     dir.headers_received
                 };
                 return if received {
-                    MapView::Available(if trailers { &dir.trailers } else { &dir.headers })
+                    MapView::Available(if trailers {
+                        &dir.trailers
+                    } else {
+                        &dir.headers
+                    })
                 } else {
                     MapView::LogPhaseMissing
                 };
@@ -129,7 +133,11 @@ fn const_map(s: &VmState, map: i32) -> MapView<'_> {
                 dir.headers_live
             };
             if live {
-                MapView::Available(if trailers { &dir.trailers } else { &dir.headers })
+                MapView::Available(if trailers {
+                    &dir.trailers
+                } else {
+                    &dir.headers
+                })
             } else {
                 MapView::Unavailable
             }
@@ -292,7 +300,14 @@ fn buffer(s: &VmState, kind: i32) -> BufView {
     }
 }
 
-fn get_buffer_bytes(mut c: C, kind: i32, start: i32, length: i32, ptr_ptr: i32, size_ptr: i32) -> R {
+fn get_buffer_bytes(
+    mut c: C,
+    kind: i32,
+    start: i32,
+    length: i32,
+    ptr_ptr: i32,
+    size_ptr: i32,
+) -> R {
     if !(0..=BUF_MAX).contains(&kind) {
         return Ok(BAD_ARGUMENT);
     }
@@ -389,7 +404,8 @@ fn property(s: &VmState, path: &[u8]) -> Result<Vec<u8>, Status> {
     // Header-backed request attributes exist while Envoy holds the headers
     // (or in on_log); after Continue they are gone, as in Envoy's activation.
     let req_headers = st.and_then(|st| {
-        (st.req.headers_live || (st.log_phase && st.req.headers_received)).then_some(&st.req.headers)
+        (st.req.headers_live || (st.log_phase && st.req.headers_received))
+            .then_some(&st.req.headers)
     });
     let resp_headers = st.and_then(|st| {
         (st.resp.headers_live || (st.log_phase && st.resp.headers_received))
@@ -399,7 +415,9 @@ fn property(s: &VmState, path: &[u8]) -> Result<Vec<u8>, Status> {
         ["plugin_name"] => str_val(&s.plugin.name),
         ["plugin_root_id"] => str_val(&s.plugin.root_id),
         ["plugin_vm_id"] => str_val(&s.plugin.vm_id),
-        ["source", "address"] => st.map(|st| st.source_address.as_bytes().to_vec()).ok_or(Status::NotFound),
+        ["source", "address"] => st
+            .map(|st| st.source_address.as_bytes().to_vec())
+            .ok_or(Status::NotFound),
         ["source", "port"] => {
             let st = st.ok_or(Status::NotFound)?;
             let port: i64 = st
@@ -410,10 +428,16 @@ fn property(s: &VmState, path: &[u8]) -> Result<Vec<u8>, Status> {
                 .unwrap_or(0);
             Ok(port.to_le_bytes().to_vec())
         }
-        ["destination", "address"] => st.map(|_| b"127.0.0.1:10000".to_vec()).ok_or(Status::NotFound),
+        ["destination", "address"] => st
+            .map(|_| b"127.0.0.1:10000".to_vec())
+            .ok_or(Status::NotFound),
         ["request", "headers"] => Ok(map_property(req_headers.ok_or(Status::NotFound)?)),
         ["request", "headers", name] | ["response", "headers", name] => {
-            let h = if parts[0] == "request" { req_headers } else { resp_headers };
+            let h = if parts[0] == "request" {
+                req_headers
+            } else {
+                resp_headers
+            };
             joined(h.ok_or(Status::NotFound)?, name).ok_or(Status::NotFound)
         }
         ["response", "headers"] => Ok(map_property(resp_headers.ok_or(Status::NotFound)?)),
@@ -484,39 +508,62 @@ pub(crate) fn define(linker: &mut Linker<VmState>) -> wasmtime::Result<HashSet<(
     Ok(names)
 }
 
-fn define_proxy(l: &mut Linker<VmState>, names: &mut HashSet<(String, String)>) -> wasmtime::Result<()> {
+fn define_proxy(
+    l: &mut Linker<VmState>,
+    names: &mut HashSet<(String, String)>,
+) -> wasmtime::Result<()> {
     let mut n = |name: &str| {
         names.insert(("env".to_string(), name.to_string()));
     };
     const ENV: &str = "env";
 
     n("proxy_log");
-    l.func_wrap(ENV, "proxy_log", |mut c: C, level: i32, ptr: i32, len: i32| -> i32 {
-        let Some(level) = LogLevel::from_raw(level) else {
-            return BAD_ARGUMENT;
-        };
-        let Some(msg) = read_str(&mut c, ptr, len) else {
-            return INVALID_MEMORY;
-        };
-        let worker = c.data().worker;
-        lock(&c.data().shared).log(worker, level, msg);
-        OK
-    })?;
+    l.func_wrap(
+        ENV,
+        "proxy_log",
+        |mut c: C, level: i32, ptr: i32, len: i32| -> i32 {
+            let Some(level) = LogLevel::from_raw(level) else {
+                return BAD_ARGUMENT;
+            };
+            let Some(msg) = read_str(&mut c, ptr, len) else {
+                return INVALID_MEMORY;
+            };
+            let worker = c.data().worker;
+            lock(&c.data().shared).log(worker, level, msg);
+            OK
+        },
+    )?;
     n("proxy_get_log_level");
     l.func_wrap(ENV, "proxy_get_log_level", |mut c: C, ptr: i32| -> i32 {
         let level = lock(&c.data().shared).log_level as u32;
-        if write_u32(&mut c, ptr, level) { OK } else { INVALID_MEMORY }
+        if write_u32(&mut c, ptr, level) {
+            OK
+        } else {
+            INVALID_MEMORY
+        }
     })?;
     n("proxy_get_current_time_nanoseconds");
-    l.func_wrap(ENV, "proxy_get_current_time_nanoseconds", |mut c: C, ptr: i32| -> i32 {
-        let now = lock(&c.data().shared).now_ns;
-        if write_u64(&mut c, ptr, now) { OK } else { INVALID_MEMORY }
-    })?;
+    l.func_wrap(
+        ENV,
+        "proxy_get_current_time_nanoseconds",
+        |mut c: C, ptr: i32| -> i32 {
+            let now = lock(&c.data().shared).now_ns;
+            if write_u64(&mut c, ptr, now) {
+                OK
+            } else {
+                INVALID_MEMORY
+            }
+        },
+    )?;
     n("proxy_set_tick_period_milliseconds");
-    l.func_wrap(ENV, "proxy_set_tick_period_milliseconds", |mut c: C, period: i32| -> i32 {
-        c.data_mut().tick_request = Some(period as u32);
-        OK
-    })?;
+    l.func_wrap(
+        ENV,
+        "proxy_set_tick_period_milliseconds",
+        |mut c: C, period: i32| -> i32 {
+            c.data_mut().tick_request = Some(period as u32);
+            OK
+        },
+    )?;
 
     n("proxy_get_header_map_pairs");
     l.func_wrap(ENV, "proxy_get_header_map_pairs", get_header_map_pairs)?;
@@ -528,18 +575,24 @@ fn define_proxy(l: &mut Linker<VmState>, names: &mut HashSet<(String, String)>) 
     l.func_wrap(
         ENV,
         "proxy_replace_header_map_value",
-        |c: C, map: i32, kp: i32, kl: i32, vp: i32, vl: i32| edit_header(c, map, kp, kl, Some((vp, vl)), false),
+        |c: C, map: i32, kp: i32, kl: i32, vp: i32, vl: i32| {
+            edit_header(c, map, kp, kl, Some((vp, vl)), false)
+        },
     )?;
     n("proxy_add_header_map_value");
     l.func_wrap(
         ENV,
         "proxy_add_header_map_value",
-        |c: C, map: i32, kp: i32, kl: i32, vp: i32, vl: i32| edit_header(c, map, kp, kl, Some((vp, vl)), true),
+        |c: C, map: i32, kp: i32, kl: i32, vp: i32, vl: i32| {
+            edit_header(c, map, kp, kl, Some((vp, vl)), true)
+        },
     )?;
     n("proxy_remove_header_map_value");
-    l.func_wrap(ENV, "proxy_remove_header_map_value", |c: C, map: i32, kp: i32, kl: i32| {
-        edit_header(c, map, kp, kl, None, false)
-    })?;
+    l.func_wrap(
+        ENV,
+        "proxy_remove_header_map_value",
+        |c: C, map: i32, kp: i32, kl: i32| edit_header(c, map, kp, kl, None, false),
+    )?;
     n("proxy_get_header_map_size");
     l.func_wrap(ENV, "proxy_get_header_map_size", get_header_map_size)?;
 
@@ -551,29 +604,37 @@ fn define_proxy(l: &mut Linker<VmState>, names: &mut HashSet<(String, String)>) 
     l.func_wrap(ENV, "proxy_set_buffer_bytes", set_buffer_bytes)?;
 
     n("proxy_get_property");
-    l.func_wrap(ENV, "proxy_get_property", |mut c: C, pp: i32, pl: i32, vpp: i32, vsp: i32| -> R {
-        let Some(path) = read(&mut c, pp, pl) else {
-            return Ok(INVALID_MEMORY);
-        };
-        match property(c.data(), &path) {
-            Ok(value) => copy_out(&mut c, &value, vpp, vsp),
-            Err(s) => Ok(status(s)),
-        }
-    })?;
-    n("proxy_set_property");
-    l.func_wrap(ENV, "proxy_set_property", |mut c: C, kp: i32, kl: i32, vp: i32, vl: i32| -> i32 {
-        let (Some(key), Some(value)) = (read(&mut c, kp, kl), read(&mut c, vp, vl)) else {
-            return INVALID_MEMORY;
-        };
-        let key = String::from_utf8_lossy(&key).into_owned();
-        match c.data_mut().stream_mut() {
-            Some(st) => {
-                st.properties.insert(key, value);
-                OK
+    l.func_wrap(
+        ENV,
+        "proxy_get_property",
+        |mut c: C, pp: i32, pl: i32, vpp: i32, vsp: i32| -> R {
+            let Some(path) = read(&mut c, pp, pl) else {
+                return Ok(INVALID_MEMORY);
+            };
+            match property(c.data(), &path) {
+                Ok(value) => copy_out(&mut c, &value, vpp, vsp),
+                Err(s) => Ok(status(s)),
             }
-            None => NOT_FOUND,
-        }
-    })?;
+        },
+    )?;
+    n("proxy_set_property");
+    l.func_wrap(
+        ENV,
+        "proxy_set_property",
+        |mut c: C, kp: i32, kl: i32, vp: i32, vl: i32| -> i32 {
+            let (Some(key), Some(value)) = (read(&mut c, kp, kl), read(&mut c, vp, vl)) else {
+                return INVALID_MEMORY;
+            };
+            let key = String::from_utf8_lossy(&key).into_owned();
+            match c.data_mut().stream_mut() {
+                Some(st) => {
+                    st.properties.insert(key, value);
+                    OK
+                }
+                None => NOT_FOUND,
+            }
+        },
+    )?;
 
     n("proxy_get_shared_data");
     l.func_wrap(
@@ -594,7 +655,11 @@ fn define_proxy(l: &mut Linker<VmState>, names: &mut HashSet<(String, String)>) 
                     if r != OK {
                         return Ok(r);
                     }
-                    Ok(if write_u32(&mut c, cas_ptr, cas) { OK } else { INVALID_MEMORY })
+                    Ok(if write_u32(&mut c, cas_ptr, cas) {
+                        OK
+                    } else {
+                        INVALID_MEMORY
+                    })
                 }
             }
         },
@@ -613,86 +678,114 @@ fn define_proxy(l: &mut Linker<VmState>, names: &mut HashSet<(String, String)>) 
     )?;
 
     n("proxy_register_shared_queue");
-    l.func_wrap(ENV, "proxy_register_shared_queue", |mut c: C, np: i32, nl: i32, tp: i32| -> i32 {
-        let Some(name) = read_str(&mut c, np, nl) else {
-            return INVALID_MEMORY;
-        };
-        let token = {
-            let s = c.data();
-            let mut sh = lock(&s.shared);
-            let key = (s.plugin.vm_id.clone(), name);
-            let token = match sh.queue_tokens.get(&key) {
-                Some(t) => *t,
-                None => {
-                    let t = sh.next_queue_token;
-                    sh.next_queue_token += 1;
-                    sh.queue_tokens.insert(key, t);
-                    t
-                }
+    l.func_wrap(
+        ENV,
+        "proxy_register_shared_queue",
+        |mut c: C, np: i32, nl: i32, tp: i32| -> i32 {
+            let Some(name) = read_str(&mut c, np, nl) else {
+                return INVALID_MEMORY;
             };
-            let queue = sh.queues.entry(token).or_insert_with(|| crate::shared::Queue {
-                items: Default::default(),
-                owner_worker: s.worker,
-                owner_context: s.root_id,
-            });
-            queue.owner_worker = s.worker;
-            queue.owner_context = s.root_id;
-            token
-        };
-        if write_u32(&mut c, tp, token) { OK } else { INVALID_MEMORY }
-    })?;
+            let token = {
+                let s = c.data();
+                let mut sh = lock(&s.shared);
+                let key = (s.plugin.vm_id.clone(), name);
+                let token = match sh.queue_tokens.get(&key) {
+                    Some(t) => *t,
+                    None => {
+                        let t = sh.next_queue_token;
+                        sh.next_queue_token += 1;
+                        sh.queue_tokens.insert(key, t);
+                        t
+                    }
+                };
+                let queue = sh
+                    .queues
+                    .entry(token)
+                    .or_insert_with(|| crate::shared::Queue {
+                        items: Default::default(),
+                        owner_worker: s.worker,
+                        owner_context: s.root_id,
+                    });
+                queue.owner_worker = s.worker;
+                queue.owner_context = s.root_id;
+                token
+            };
+            if write_u32(&mut c, tp, token) {
+                OK
+            } else {
+                INVALID_MEMORY
+            }
+        },
+    )?;
     n("proxy_resolve_shared_queue");
     l.func_wrap(
         ENV,
         "proxy_resolve_shared_queue",
         |mut c: C, vp: i32, vl: i32, np: i32, nl: i32, tp: i32| -> i32 {
-            let (Some(vm_id), Some(name)) = (read_str(&mut c, vp, vl), read_str(&mut c, np, nl)) else {
+            let (Some(vm_id), Some(name)) = (read_str(&mut c, vp, vl), read_str(&mut c, np, nl))
+            else {
                 return INVALID_MEMORY;
             };
             let token = {
                 let s = c.data();
-                let vm_id = if vm_id.is_empty() { s.plugin.vm_id.clone() } else { vm_id };
+                let vm_id = if vm_id.is_empty() {
+                    s.plugin.vm_id.clone()
+                } else {
+                    vm_id
+                };
                 lock(&s.shared).queue_tokens.get(&(vm_id, name)).copied()
             };
             match token {
                 Some(t) => {
-                    if write_u32(&mut c, tp, t) { OK } else { INVALID_MEMORY }
+                    if write_u32(&mut c, tp, t) {
+                        OK
+                    } else {
+                        INVALID_MEMORY
+                    }
                 }
                 None => NOT_FOUND,
             }
         },
     )?;
     n("proxy_enqueue_shared_queue");
-    l.func_wrap(ENV, "proxy_enqueue_shared_queue", |mut c: C, token: i32, vp: i32, vl: i32| -> i32 {
-        let Some(value) = read(&mut c, vp, vl) else {
-            return INVALID_MEMORY;
-        };
-        let s = c.data();
-        let mut sh = lock(&s.shared);
-        let token = token as u32;
-        let Some(q) = sh.queues.get_mut(&token) else {
-            return NOT_FOUND;
-        };
-        q.items.push_back(value);
-        let owner = (q.owner_worker, q.owner_context, token);
-        sh.queue_ready.push(owner);
-        OK
-    })?;
-    n("proxy_dequeue_shared_queue");
-    l.func_wrap(ENV, "proxy_dequeue_shared_queue", |mut c: C, token: i32, vpp: i32, vsp: i32| -> R {
-        let item = {
+    l.func_wrap(
+        ENV,
+        "proxy_enqueue_shared_queue",
+        |mut c: C, token: i32, vp: i32, vl: i32| -> i32 {
+            let Some(value) = read(&mut c, vp, vl) else {
+                return INVALID_MEMORY;
+            };
             let s = c.data();
             let mut sh = lock(&s.shared);
-            match sh.queues.get_mut(&(token as u32)) {
-                None => return Ok(NOT_FOUND),
-                Some(q) => match q.items.pop_front() {
-                    None => return Ok(Status::Empty as i32),
-                    Some(v) => v,
-                },
-            }
-        };
-        copy_out(&mut c, &item, vpp, vsp)
-    })?;
+            let token = token as u32;
+            let Some(q) = sh.queues.get_mut(&token) else {
+                return NOT_FOUND;
+            };
+            q.items.push_back(value);
+            let owner = (q.owner_worker, q.owner_context, token);
+            sh.queue_ready.push(owner);
+            OK
+        },
+    )?;
+    n("proxy_dequeue_shared_queue");
+    l.func_wrap(
+        ENV,
+        "proxy_dequeue_shared_queue",
+        |mut c: C, token: i32, vpp: i32, vsp: i32| -> R {
+            let item = {
+                let s = c.data();
+                let mut sh = lock(&s.shared);
+                match sh.queues.get_mut(&(token as u32)) {
+                    None => return Ok(NOT_FOUND),
+                    Some(q) => match q.items.pop_front() {
+                        None => return Ok(Status::Empty as i32),
+                        Some(v) => v,
+                    },
+                }
+            };
+            copy_out(&mut c, &item, vpp, vsp)
+        },
+    )?;
 
     n("proxy_continue_stream");
     l.func_wrap(ENV, "proxy_continue_stream", |mut c: C, kind: i32| -> i32 {
@@ -722,7 +815,16 @@ fn define_proxy(l: &mut Linker<VmState>, names: &mut HashSet<(String, String)>) 
     l.func_wrap(
         ENV,
         "proxy_send_local_response",
-        |mut c: C, code: i32, _dp: i32, _dl: i32, bp: i32, bl: i32, hp: i32, hl: i32, _grpc: i32| -> i32 {
+        |mut c: C,
+         code: i32,
+         _dp: i32,
+         _dl: i32,
+         bp: i32,
+         bl: i32,
+         hp: i32,
+         hl: i32,
+         _grpc: i32|
+         -> i32 {
             let (Some(body), Some(headers)) = (read(&mut c, bp, bl), read(&mut c, hp, hl)) else {
                 return INVALID_MEMORY;
             };
@@ -805,114 +907,146 @@ fn define_proxy(l: &mut Linker<VmState>, names: &mut HashSet<(String, String)>) 
                 },
                 timeout_ms: timeout as u32,
             });
-            if write_u32(&mut c, token_ptr, token) { OK } else { INVALID_MEMORY }
+            if write_u32(&mut c, token_ptr, token) {
+                OK
+            } else {
+                INVALID_MEMORY
+            }
         },
     )?;
 
     n("proxy_set_effective_context");
-    l.func_wrap(ENV, "proxy_set_effective_context", |mut c: C, id: i32| -> i32 {
-        let s = c.data_mut();
-        let id = id as u32;
-        if id == s.root_id || s.streams.contains_key(&id) {
-            s.effective = Some(id);
-            OK
-        } else {
-            BAD_ARGUMENT
-        }
-    })?;
+    l.func_wrap(
+        ENV,
+        "proxy_set_effective_context",
+        |mut c: C, id: i32| -> i32 {
+            let s = c.data_mut();
+            let id = id as u32;
+            if id == s.root_id || s.streams.contains_key(&id) {
+                s.effective = Some(id);
+                OK
+            } else {
+                BAD_ARGUMENT
+            }
+        },
+    )?;
     n("proxy_done");
     l.func_wrap(ENV, "proxy_done", |_c: C| -> i32 { OK })?;
 
     n("proxy_define_metric");
-    l.func_wrap(ENV, "proxy_define_metric", |mut c: C, kind: i32, np: i32, nl: i32, ip: i32| -> i32 {
-        let kind = match kind {
-            0 => MetricKind::Counter,
-            1 => MetricKind::Gauge,
-            2 => MetricKind::Histogram,
-            _ => return BAD_ARGUMENT,
-        };
-        let Some(name) = read_str(&mut c, np, nl) else {
-            return INVALID_MEMORY;
-        };
-        let s = c.data_mut();
-        let id = s.next_metric_id[kind as usize];
-        s.next_metric_id[kind as usize] += 4;
-        s.metric_names.insert(id, name.clone());
-        lock(&s.shared)
-            .metrics
-            .entry(name)
-            .or_insert_with(|| crate::shared::Metric {
-                kind,
-                value: 0,
-                samples: Vec::new(),
-            });
-        if write_u32(&mut c, ip, id) { OK } else { INVALID_MEMORY }
-    })?;
+    l.func_wrap(
+        ENV,
+        "proxy_define_metric",
+        |mut c: C, kind: i32, np: i32, nl: i32, ip: i32| -> i32 {
+            let kind = match kind {
+                0 => MetricKind::Counter,
+                1 => MetricKind::Gauge,
+                2 => MetricKind::Histogram,
+                _ => return BAD_ARGUMENT,
+            };
+            let Some(name) = read_str(&mut c, np, nl) else {
+                return INVALID_MEMORY;
+            };
+            let s = c.data_mut();
+            let id = s.next_metric_id[kind as usize];
+            s.next_metric_id[kind as usize] += 4;
+            s.metric_names.insert(id, name.clone());
+            lock(&s.shared)
+                .metrics
+                .entry(name)
+                .or_insert_with(|| crate::shared::Metric {
+                    kind,
+                    value: 0,
+                    samples: Vec::new(),
+                });
+            if write_u32(&mut c, ip, id) {
+                OK
+            } else {
+                INVALID_MEMORY
+            }
+        },
+    )?;
     n("proxy_increment_metric");
-    l.func_wrap(ENV, "proxy_increment_metric", |c: C, id: i32, offset: i64| -> i32 {
-        let s = c.data();
-        let id = id as u32;
-        let kind = id & 3;
-        if kind == MetricKind::Histogram as u32 || kind == 3 {
-            return BAD_ARGUMENT;
-        }
-        let Some(name) = s.metric_names.get(&id) else {
-            return NOT_FOUND;
-        };
-        let mut sh = lock(&s.shared);
-        let Some(m) = sh.metrics.get_mut(name) else {
-            return NOT_FOUND;
-        };
-        if kind == MetricKind::Counter as u32 {
-            if offset <= 0 {
+    l.func_wrap(
+        ENV,
+        "proxy_increment_metric",
+        |c: C, id: i32, offset: i64| -> i32 {
+            let s = c.data();
+            let id = id as u32;
+            let kind = id & 3;
+            if kind == MetricKind::Histogram as u32 || kind == 3 {
                 return BAD_ARGUMENT;
             }
-            m.value = m.value.wrapping_add(offset as u64);
-        } else if offset > 0 {
-            m.value = m.value.wrapping_add(offset as u64);
-        } else {
-            m.value = m.value.saturating_sub(offset.unsigned_abs());
-        }
-        OK
-    })?;
-    n("proxy_record_metric");
-    l.func_wrap(ENV, "proxy_record_metric", |c: C, id: i32, value: i64| -> i32 {
-        let s = c.data();
-        let id = id as u32;
-        let Some(name) = s.metric_names.get(&id) else {
-            return NOT_FOUND;
-        };
-        let mut sh = lock(&s.shared);
-        let Some(m) = sh.metrics.get_mut(name) else {
-            return NOT_FOUND;
-        };
-        let value = value as u64;
-        match id & 3 {
-            0 => m.value = m.value.wrapping_add(value),
-            1 => m.value = value,
-            2 => m.samples.push(value),
-            _ => return NOT_FOUND,
-        }
-        OK
-    })?;
-    n("proxy_get_metric");
-    l.func_wrap(ENV, "proxy_get_metric", |mut c: C, id: i32, ptr: i32| -> i32 {
-        let id = id as u32;
-        if id & 3 >= 2 {
-            return BAD_ARGUMENT;
-        }
-        let value = {
-            let s = c.data();
             let Some(name) = s.metric_names.get(&id) else {
                 return NOT_FOUND;
             };
-            match lock(&s.shared).metrics.get(name) {
-                Some(m) => m.value,
-                None => return NOT_FOUND,
+            let mut sh = lock(&s.shared);
+            let Some(m) = sh.metrics.get_mut(name) else {
+                return NOT_FOUND;
+            };
+            if kind == MetricKind::Counter as u32 {
+                if offset <= 0 {
+                    return BAD_ARGUMENT;
+                }
+                m.value = m.value.wrapping_add(offset as u64);
+            } else if offset > 0 {
+                m.value = m.value.wrapping_add(offset as u64);
+            } else {
+                m.value = m.value.saturating_sub(offset.unsigned_abs());
             }
-        };
-        if write_u64(&mut c, ptr, value) { OK } else { INVALID_MEMORY }
-    })?;
+            OK
+        },
+    )?;
+    n("proxy_record_metric");
+    l.func_wrap(
+        ENV,
+        "proxy_record_metric",
+        |c: C, id: i32, value: i64| -> i32 {
+            let s = c.data();
+            let id = id as u32;
+            let Some(name) = s.metric_names.get(&id) else {
+                return NOT_FOUND;
+            };
+            let mut sh = lock(&s.shared);
+            let Some(m) = sh.metrics.get_mut(name) else {
+                return NOT_FOUND;
+            };
+            let value = value as u64;
+            match id & 3 {
+                0 => m.value = m.value.wrapping_add(value),
+                1 => m.value = value,
+                2 => m.samples.push(value),
+                _ => return NOT_FOUND,
+            }
+            OK
+        },
+    )?;
+    n("proxy_get_metric");
+    l.func_wrap(
+        ENV,
+        "proxy_get_metric",
+        |mut c: C, id: i32, ptr: i32| -> i32 {
+            let id = id as u32;
+            if id & 3 >= 2 {
+                return BAD_ARGUMENT;
+            }
+            let value = {
+                let s = c.data();
+                let Some(name) = s.metric_names.get(&id) else {
+                    return NOT_FOUND;
+                };
+                match lock(&s.shared).metrics.get(name) {
+                    Some(m) => m.value,
+                    None => return NOT_FOUND,
+                }
+            };
+            if write_u64(&mut c, ptr, value) {
+                OK
+            } else {
+                INVALID_MEMORY
+            }
+        },
+    )?;
 
     // Not modelled: foreign functions, gRPC. They answer as a host without them.
     n("proxy_call_foreign_function");
@@ -943,7 +1077,11 @@ fn continue_stream(s: &mut VmState, kind: i32) -> i32 {
         return BAD_ARGUMENT;
     }
     if kind > STREAM_RESPONSE {
-        return if kind == 3 { Status::Unimplemented as i32 } else { OK };
+        return if kind == 3 {
+            Status::Unimplemented as i32
+        } else {
+            OK
+        };
     }
     let ctx = s.ctx();
     let response = kind == STREAM_RESPONSE;
@@ -957,7 +1095,13 @@ fn continue_stream(s: &mut VmState, kind: i32) -> i32 {
     OK
 }
 
-fn stub(l: &mut Linker<VmState>, module: &str, name: &str, params: &[ValType], result: i32) -> wasmtime::Result<()> {
+fn stub(
+    l: &mut Linker<VmState>,
+    module: &str,
+    name: &str,
+    params: &[ValType],
+    result: i32,
+) -> wasmtime::Result<()> {
     let ty = FuncType::new(l.engine(), params.iter().cloned(), [ValType::I32]);
     l.func_new(module, name, ty, move |_c, _args, results| {
         results[0] = Val::I32(result);
@@ -976,60 +1120,87 @@ const ERRNO_NOENT: i32 = 44;
 const ERRNO_NOSYS: i32 = 52;
 const ERRNO_NOTSUP: i32 = 58;
 
-fn define_wasi(l: &mut Linker<VmState>, names: &mut HashSet<(String, String)>) -> wasmtime::Result<()> {
+fn define_wasi(
+    l: &mut Linker<VmState>,
+    names: &mut HashSet<(String, String)>,
+) -> wasmtime::Result<()> {
     const W: &str = "wasi_snapshot_preview1";
     let mut n = |name: &str| {
         names.insert((W.to_string(), name.to_string()));
     };
 
     n("fd_write");
-    l.func_wrap(W, "fd_write", |mut c: C, fd: i32, iovs: i32, iovs_len: i32, nwritten: i32| -> i32 {
-        // stdout and stderr go to the log (info and error), as in Envoy.
-        let level = match fd {
-            1 => LogLevel::Info,
-            2 => LogLevel::Error,
-            _ => return ERRNO_BADF,
-        };
-        let mut text = Vec::new();
-        for i in 0..iovs_len.max(0) {
-            let Some(iov) = read(&mut c, iovs + i * 8, 8) else {
-                return ERRNO_FAULT;
+    l.func_wrap(
+        W,
+        "fd_write",
+        |mut c: C, fd: i32, iovs: i32, iovs_len: i32, nwritten: i32| -> i32 {
+            // stdout and stderr go to the log (info and error), as in Envoy.
+            let level = match fd {
+                1 => LogLevel::Info,
+                2 => LogLevel::Error,
+                _ => return ERRNO_BADF,
             };
-            let buf = i32::from_le_bytes([iov[0], iov[1], iov[2], iov[3]]);
-            let len = i32::from_le_bytes([iov[4], iov[5], iov[6], iov[7]]);
-            let Some(bytes) = read(&mut c, buf, len) else {
-                return ERRNO_FAULT;
-            };
-            text.extend_from_slice(&bytes);
-        }
-        let written = text.len() as u32;
-        if !text.is_empty() {
-            if text.last() == Some(&b'\n') {
-                text.pop();
+            let mut text = Vec::new();
+            for i in 0..iovs_len.max(0) {
+                let Some(iov) = read(&mut c, iovs + i * 8, 8) else {
+                    return ERRNO_FAULT;
+                };
+                let buf = i32::from_le_bytes([iov[0], iov[1], iov[2], iov[3]]);
+                let len = i32::from_le_bytes([iov[4], iov[5], iov[6], iov[7]]);
+                let Some(bytes) = read(&mut c, buf, len) else {
+                    return ERRNO_FAULT;
+                };
+                text.extend_from_slice(&bytes);
             }
-            let worker = c.data().worker;
-            lock(&c.data().shared).log(worker, level, String::from_utf8_lossy(&text).into_owned());
-        }
-        if write_u32(&mut c, nwritten, written) { ERRNO_SUCCESS } else { ERRNO_FAULT }
-    })?;
+            let written = text.len() as u32;
+            if !text.is_empty() {
+                if text.last() == Some(&b'\n') {
+                    text.pop();
+                }
+                let worker = c.data().worker;
+                lock(&c.data().shared).log(
+                    worker,
+                    level,
+                    String::from_utf8_lossy(&text).into_owned(),
+                );
+            }
+            if write_u32(&mut c, nwritten, written) {
+                ERRNO_SUCCESS
+            } else {
+                ERRNO_FAULT
+            }
+        },
+    )?;
     n("clock_time_get");
-    l.func_wrap(W, "clock_time_get", |mut c: C, id: i32, _precision: i64, ptr: i32| -> i32 {
-        let t = {
-            let sh = lock(&c.data().shared);
-            match id {
-                0 => sh.now_ns,
-                1 => sh.monotonic_ns,
-                _ => return ERRNO_NOTSUP,
+    l.func_wrap(
+        W,
+        "clock_time_get",
+        |mut c: C, id: i32, _precision: i64, ptr: i32| -> i32 {
+            let t = {
+                let sh = lock(&c.data().shared);
+                match id {
+                    0 => sh.now_ns,
+                    1 => sh.monotonic_ns,
+                    _ => return ERRNO_NOTSUP,
+                }
+            };
+            if write_u64(&mut c, ptr, t) {
+                ERRNO_SUCCESS
+            } else {
+                ERRNO_FAULT
             }
-        };
-        if write_u64(&mut c, ptr, t) { ERRNO_SUCCESS } else { ERRNO_FAULT }
-    })?;
+        },
+    )?;
     n("clock_res_get");
     l.func_wrap(W, "clock_res_get", |mut c: C, id: i32, ptr: i32| -> i32 {
         if id != 0 && id != 1 {
             return ERRNO_NOTSUP;
         }
-        if write_u64(&mut c, ptr, 1) { ERRNO_SUCCESS } else { ERRNO_FAULT }
+        if write_u64(&mut c, ptr, 1) {
+            ERRNO_SUCCESS
+        } else {
+            ERRNO_FAULT
+        }
     })?;
     n("random_get");
     l.func_wrap(W, "random_get", |mut c: C, ptr: i32, len: i32| -> i32 {
@@ -1047,7 +1218,11 @@ fn define_wasi(l: &mut Linker<VmState>, names: &mut HashSet<(String, String)>) -
             bytes.extend_from_slice(&s.rng.to_le_bytes());
         }
         bytes.truncate(len);
-        if write(&mut c, ptr, &bytes) { ERRNO_SUCCESS } else { ERRNO_FAULT }
+        if write(&mut c, ptr, &bytes) {
+            ERRNO_SUCCESS
+        } else {
+            ERRNO_FAULT
+        }
     })?;
     for name in ["environ_sizes_get", "args_sizes_get"] {
         n(name);
@@ -1065,14 +1240,24 @@ fn define_wasi(l: &mut Linker<VmState>, names: &mut HashSet<(String, String)>) -
     }
     n("proc_exit");
     l.func_wrap(W, "proc_exit", |_c: C, code: i32| -> wasmtime::Result<()> {
-        Err(wasmtime::Error::msg(format!("proc_exit({code}) called by the module")))
+        Err(wasmtime::Error::msg(format!(
+            "proc_exit({code}) called by the module"
+        )))
     })?;
     n("sched_yield");
     l.func_wrap(W, "sched_yield", |_c: C| -> i32 { ERRNO_SUCCESS })?;
     n("poll_oneoff");
-    l.func_wrap(W, "poll_oneoff", |mut c: C, _in: i32, _out: i32, _n: i32, nevents: i32| -> i32 {
-        if write_u32(&mut c, nevents, 0) { ERRNO_SUCCESS } else { ERRNO_FAULT }
-    })?;
+    l.func_wrap(
+        W,
+        "poll_oneoff",
+        |mut c: C, _in: i32, _out: i32, _n: i32, nevents: i32| -> i32 {
+            if write_u32(&mut c, nevents, 0) {
+                ERRNO_SUCCESS
+            } else {
+                ERRNO_FAULT
+            }
+        },
+    )?;
     n("fd_fdstat_get");
     l.func_wrap(W, "fd_fdstat_get", |mut c: C, fd: i32, ptr: i32| -> i32 {
         if fd != 1 && fd != 2 {
@@ -1080,40 +1265,98 @@ fn define_wasi(l: &mut Linker<VmState>, names: &mut HashSet<(String, String)>) -
         }
         let mut stat = [0u8; 24];
         stat[8..16].copy_from_slice(&64u64.to_le_bytes()); // rights: fd_write
-        if write(&mut c, ptr, &stat) { ERRNO_SUCCESS } else { ERRNO_FAULT }
+        if write(&mut c, ptr, &stat) {
+            ERRNO_SUCCESS
+        } else {
+            ERRNO_FAULT
+        }
     })?;
     // The rest answer like cpp-host: no files, no sockets.
     let i = ValType::I32;
     let j = ValType::I64;
     let stubs: Vec<(&str, Vec<ValType>, i32)> = vec![
         ("fd_close", vec![i.clone()], ERRNO_SUCCESS),
-        ("fd_seek", vec![i.clone(), j.clone(), i.clone(), i.clone()], ERRNO_SUCCESS),
+        (
+            "fd_seek",
+            vec![i.clone(), j.clone(), i.clone(), i.clone()],
+            ERRNO_SUCCESS,
+        ),
         ("fd_read", vec![i.clone(); 4], ERRNO_NOSYS),
-        ("fd_pread", vec![i.clone(), i.clone(), i.clone(), j.clone(), i.clone()], ERRNO_NOSYS),
-        ("fd_pwrite", vec![i.clone(), i.clone(), i.clone(), j.clone(), i.clone()], ERRNO_NOSYS),
+        (
+            "fd_pread",
+            vec![i.clone(), i.clone(), i.clone(), j.clone(), i.clone()],
+            ERRNO_NOSYS,
+        ),
+        (
+            "fd_pwrite",
+            vec![i.clone(), i.clone(), i.clone(), j.clone(), i.clone()],
+            ERRNO_NOSYS,
+        ),
         ("fd_prestat_get", vec![i.clone(); 2], ERRNO_BADF),
         ("fd_prestat_dir_name", vec![i.clone(); 3], ERRNO_NOSYS),
         ("fd_filestat_get", vec![i.clone(); 2], ERRNO_BADF),
         ("fd_fdstat_set_flags", vec![i.clone(); 2], ERRNO_NOSYS),
-        ("fd_fdstat_set_rights", vec![i.clone(), j.clone(), j.clone()], ERRNO_NOTSUP),
-        ("fd_filestat_set_size", vec![i.clone(), j.clone()], ERRNO_NOTSUP),
-        ("fd_filestat_set_times", vec![i.clone(), j.clone(), j.clone(), i.clone()], ERRNO_NOTSUP),
-        ("fd_advise", vec![i.clone(), j.clone(), j.clone(), i.clone()], ERRNO_NOTSUP),
-        ("fd_allocate", vec![i.clone(), j.clone(), j.clone()], ERRNO_NOTSUP),
+        (
+            "fd_fdstat_set_rights",
+            vec![i.clone(), j.clone(), j.clone()],
+            ERRNO_NOTSUP,
+        ),
+        (
+            "fd_filestat_set_size",
+            vec![i.clone(), j.clone()],
+            ERRNO_NOTSUP,
+        ),
+        (
+            "fd_filestat_set_times",
+            vec![i.clone(), j.clone(), j.clone(), i.clone()],
+            ERRNO_NOTSUP,
+        ),
+        (
+            "fd_advise",
+            vec![i.clone(), j.clone(), j.clone(), i.clone()],
+            ERRNO_NOTSUP,
+        ),
+        (
+            "fd_allocate",
+            vec![i.clone(), j.clone(), j.clone()],
+            ERRNO_NOTSUP,
+        ),
         ("fd_datasync", vec![i.clone()], ERRNO_NOTSUP),
         ("fd_sync", vec![i.clone()], ERRNO_NOTSUP),
         ("fd_tell", vec![i.clone(); 2], ERRNO_NOTSUP),
         ("fd_renumber", vec![i.clone(); 2], ERRNO_NOTSUP),
-        ("fd_readdir", vec![i.clone(), i.clone(), i.clone(), j.clone(), i.clone()], ERRNO_NOTSUP),
+        (
+            "fd_readdir",
+            vec![i.clone(), i.clone(), i.clone(), j.clone(), i.clone()],
+            ERRNO_NOTSUP,
+        ),
         (
             "path_open",
-            vec![i.clone(), i.clone(), i.clone(), i.clone(), i.clone(), j.clone(), j.clone(), i.clone(), i.clone()],
+            vec![
+                i.clone(),
+                i.clone(),
+                i.clone(),
+                i.clone(),
+                i.clone(),
+                j.clone(),
+                j.clone(),
+                i.clone(),
+                i.clone(),
+            ],
             ERRNO_NOENT,
         ),
         ("path_filestat_get", vec![i.clone(); 5], ERRNO_NOTSUP),
         (
             "path_filestat_set_times",
-            vec![i.clone(), i.clone(), i.clone(), i.clone(), j.clone(), j.clone(), i.clone()],
+            vec![
+                i.clone(),
+                i.clone(),
+                i.clone(),
+                i.clone(),
+                j.clone(),
+                j.clone(),
+                i.clone(),
+            ],
             ERRNO_NOTSUP,
         ),
         ("path_create_directory", vec![i.clone(); 3], ERRNO_NOTSUP),

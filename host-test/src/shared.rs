@@ -153,5 +153,7 @@ pub(crate) type Shared = Arc<Mutex<SharedInner>>;
 pub(crate) fn lock(shared: &Shared) -> MutexGuard<'_, SharedInner> {
     // A panic while holding the lock (a failed assertion in a test handler)
     // must not hide the state from the rest of the test.
-    shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    shared
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -152,6 +152,8 @@ impl VmState {
     }
 }
 
+type CallResponseFn = TypedFunc<(i32, i32, i32, i32, i32), ()>;
+
 /// The exported callbacks of a proxy-wasm module (absent ones are skipped,
 /// as Envoy does).
 pub(crate) struct Exports {
@@ -169,7 +171,7 @@ pub(crate) struct Exports {
     pub on_delete: Option<TypedFunc<i32, ()>>,
     pub on_tick: Option<TypedFunc<i32, ()>>,
     pub on_queue_ready: Option<TypedFunc<(i32, i32), ()>>,
-    pub on_http_call_response: Option<TypedFunc<(i32, i32, i32, i32, i32), ()>>,
+    pub on_http_call_response: Option<CallResponseFn>,
 }
 
 pub(crate) struct Vm {
@@ -190,8 +192,7 @@ fn runtime() -> Result<&'static Runtime, Error> {
         .get_or_init(|| {
             let engine = Engine::default();
             let mut linker = Linker::new(&engine);
-            let provided =
-                crate::hostcalls::define(&mut linker).map_err(|e| format!("{e:#}"))?;
+            let provided = crate::hostcalls::define(&mut linker).map_err(|e| format!("{e:#}"))?;
             Ok(Runtime {
                 engine,
                 linker,

@@ -14,7 +14,9 @@ fn modules_import_only_what_the_host_provides() {
 
 #[test]
 fn empty_filter_passes_requests_to_the_upstream() {
-    let mut envoy = Envoy::builder(host_test::dist("empty_filter.wasm")).build().unwrap();
+    let mut envoy = Envoy::builder(host_test::dist("empty_filter.wasm"))
+        .build()
+        .unwrap();
     let resp = envoy.request(0, Request::post("/x").body("hello")).unwrap();
     assert_eq!(resp.status, 200);
     assert_eq!(resp.body_str(), "upstream ok");
@@ -26,7 +28,10 @@ fn empty_filter_passes_requests_to_the_upstream() {
 
 #[test]
 fn missing_wasm_names_the_build_command() {
-    let err = Envoy::builder("/nonexistent/filter.wasm").build().err().unwrap();
+    let err = Envoy::builder("/nonexistent/filter.wasm")
+        .build()
+        .err()
+        .unwrap();
     assert!(matches!(err, Error::WasmMissing(_)));
     assert!(err.to_string().contains("make wasm"), "{err}");
 }

@@ -2,6 +2,10 @@
 //! checks the host answers as Envoy 1.40 does. One binary, a module per area.
 
 mod basics;
+mod bodies;
+mod replies;
+mod runtime;
+mod shared_data;
 
 use host_test::{Envoy, EnvoyBuilder, Response};
 use serde_json::Value;

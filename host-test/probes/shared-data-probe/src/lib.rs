@@ -375,7 +375,7 @@ impl HttpContext for ProbeStream {
         self.probe = self.header("x-probe").unwrap_or_default();
         self.body_end = self.header("x-body-end").unwrap_or_default();
         match self.probe.as_str() {
-            "" | "pass" => Action::Continue,
+            "" | "pass" | "resp-body" => Action::Continue,
             "props" => self.properties(),
             "metrics" => self.metrics(),
             "time" => self.time(),

@@ -1,0 +1,237 @@
+//! Metrics, timers and the clock, callouts, traps.
+
+use crate::*;
+use host_test::{Reply, Request};
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::time::Duration;
+
+#[test]
+fn counters_reject_increments_of_zero_or_less() {
+    let mut envoy = probe(2);
+    let j = json(
+        &envoy
+            .request(0, Request::get("/").header("x-probe", "metrics"))
+            .unwrap(),
+    );
+    assert_eq!(j["counter_inc_1"], "Ok");
+    assert_eq!(j["counter_inc_0"], "BadArgument");
+    assert_eq!(j["counter_inc_neg"], "BadArgument");
+    assert_eq!(j["counter_record_5"], "Ok");
+    assert_eq!(j["counter_value"], 6);
+    assert_eq!(j["gauge_inc_neg3"], "Ok");
+    assert_eq!(j["gauge_value"], 7);
+    assert_eq!(j["histogram_record"], "Ok");
+    assert_eq!(j["histogram_inc"], "BadArgument");
+    assert_eq!(j["histogram_get"], "BadArgument");
+    assert_eq!(j["unknown_inc"], "NotFound");
+    // Metrics are process-wide: the other worker adds to the same counter.
+    envoy
+        .request(1, Request::get("/").header("x-probe", "metrics"))
+        .unwrap();
+    assert_eq!(envoy.counter("probe_counter"), Some(12));
+    assert_eq!(
+        envoy.metric("probe_histogram").unwrap().samples,
+        vec![42, 42]
+    );
+}
+
+#[test]
+fn ticks_follow_the_virtual_clock_per_worker() {
+    let mut envoy = probe_builder()
+        .workers(2)
+        .plugin_config(r#"{"tick_ms": 100}"#)
+        .build()
+        .unwrap();
+    assert_eq!(envoy.counter("probe_ticks"), Some(0));
+    envoy.advance(Duration::from_millis(99));
+    assert_eq!(envoy.counter("probe_ticks"), Some(0));
+    envoy.advance(Duration::from_millis(1));
+    assert_eq!(envoy.counter("probe_ticks"), Some(2), "one per worker");
+    envoy.advance(Duration::from_secs(1));
+    assert_eq!(envoy.counter("probe_ticks"), Some(22));
+}
+
+#[test]
+fn time_comes_from_the_virtual_clock() {
+    let mut envoy = probe(1);
+    let t0 = json(
+        &envoy
+            .request(0, Request::get("/").header("x-probe", "time"))
+            .unwrap(),
+    );
+    envoy.advance(Duration::from_secs(60));
+    let t1 = json(
+        &envoy
+            .request(0, Request::get("/").header("x-probe", "time"))
+            .unwrap(),
+    );
+    let d = t1["proxy_time_ns"].as_u64().unwrap() - t0["proxy_time_ns"].as_u64().unwrap();
+    assert_eq!(d, 60_000_000_000);
+    assert_eq!(
+        t1["proxy_time_ns"], t1["wasi_time_ns"],
+        "WASI realtime is the same clock"
+    );
+}
+
+fn call(envoy: &mut host_test::Envoy, cluster: &str, extra: &[(&str, &str)]) -> serde_json::Value {
+    let mut req = Request::post("/")
+        .header("x-probe", "http-call")
+        .header("x-cluster", cluster);
+    for (k, v) in extra {
+        req = req.header(k, v);
+    }
+    json(&envoy.request(0, req).unwrap())
+}
+
+#[test]
+fn http_call_to_in_process_clusters() {
+    let mut envoy = probe_builder()
+        .cluster("ok", |req| {
+            assert_eq!(req.header(":authority"), Some("probe.local"));
+            assert_eq!(req.body_str(), "callout body");
+            Reply::new(201).header("x-from", "cluster").body("pong")
+        })
+        .cluster("reset", |_| Reply::reset())
+        .cluster("silent", |_| Reply::no_answer())
+        .build()
+        .unwrap();
+    let j = call(&mut envoy, "ok", &[]);
+    assert_eq!(j["status"], "201");
+    assert_eq!(j["headers"]["x-from"], "cluster");
+    assert_eq!(j["body"], "pong");
+
+    let j = call(&mut envoy, "reset", &[]);
+    assert_eq!(j["num_headers"], 0);
+    assert_eq!(j["status"], serde_json::Value::Null);
+
+    let before = envoy.now();
+    let j = call(&mut envoy, "silent", &[("x-timeout-ms", "250")]);
+    assert_eq!(j["status"], "504");
+    assert_eq!(j["body"], "upstream request timeout");
+    assert_eq!(
+        envoy.now().duration_since(before).unwrap(),
+        Duration::from_millis(250)
+    );
+
+    let j = call(&mut envoy, "nope", &[]);
+    assert_eq!(j["dispatch"], "BadArgument");
+    let j = call(&mut envoy, "ok", &[("x-omit-authority", "1")]);
+    assert_eq!(j["dispatch"], "BadArgument");
+}
+
+/// A one-shot HTTP/1.1 server on loopback: answers each connection with
+/// `reply` after `delay`. Stops after `max` connections.
+fn serve(reply: &'static str, delay: Duration, max: usize) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().take(max) {
+            let Ok(mut conn) = conn else { return };
+            let mut buf = [0u8; 4096];
+            let mut seen = Vec::new();
+            while !seen.windows(12).any(|w| w == b"callout body") {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                }
+            }
+            std::thread::sleep(delay);
+            let _ = conn.write_all(reply.as_bytes());
+        }
+    });
+    addr
+}
+
+#[test]
+fn http_call_over_loopback_tcp() {
+    let addr = serve(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 5\r\n\r\nhello",
+        Duration::ZERO,
+        1,
+    );
+    let slow = serve(
+        "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+        Duration::from_millis(600),
+        1,
+    );
+    // A port nobody listens on: bind, read the port, close.
+    let refused = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let mut envoy = probe_builder()
+        .cluster_addr("real", &addr)
+        .cluster_addr("slow", &slow)
+        .cluster_addr("refused", &refused)
+        .build()
+        .unwrap();
+    let j = call(&mut envoy, "real", &[]);
+    assert_eq!(j["status"], "200");
+    assert_eq!(j["body"], "hello");
+    assert_eq!(j["headers"]["content-type"], "text/plain");
+
+    let j = call(&mut envoy, "slow", &[("x-timeout-ms", "100")]);
+    assert_eq!(j["status"], "504");
+    assert_eq!(j["body"], "upstream request timeout");
+
+    let j = call(&mut envoy, "refused", &[]);
+    assert_eq!(j["status"], "503");
+}
+
+#[test]
+fn trap_fails_the_stream_and_the_worker_only() {
+    let mut envoy = probe(2);
+    let resp = envoy
+        .request(0, Request::get("/").header("x-probe", "trap"))
+        .unwrap();
+    assert_eq!(resp.status, 503);
+    assert!(!resp.upstream_called);
+    assert!(envoy.worker_failed(0));
+    assert!(!envoy.worker_failed(1));
+    assert!(
+        envoy.log_contains("probe: trap requested"),
+        "the SDK panic hook logs first"
+    );
+    assert!(envoy.log_contains("Function: proxy_on_request_headers failed"));
+
+    // Later streams on the failed worker: 503 at once, upstream untouched.
+    let resp = envoy.request(0, Request::get("/")).unwrap();
+    assert_eq!(resp.status, 503);
+    assert_eq!(resp.header("x-probe-response-seen"), None);
+    assert_eq!(envoy.upstream_calls(), 0);
+    // The other worker is fine.
+    let resp = envoy.request(1, Request::get("/")).unwrap();
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.header("x-probe-response-seen"), Some("200"));
+}
+
+#[test]
+fn trap_in_the_body_callback_after_headers_went_upstream() {
+    let mut envoy = probe(1);
+    let resp = envoy
+        .request(
+            0,
+            Request::post("/")
+                .header("x-probe", "continue-then-trap")
+                .body("x"),
+        )
+        .unwrap();
+    assert_eq!(resp.status, 503);
+    assert!(resp.upstream_headers_sent);
+    assert!(!resp.upstream_called);
+}
+
+#[test]
+fn fail_open_passes_streams_through_a_failed_vm() {
+    let mut envoy = probe_builder().fail_open(true).build().unwrap();
+    let resp = envoy
+        .request(0, Request::get("/").header("x-probe", "trap"))
+        .unwrap();
+    assert_eq!(resp.status, 200);
+    assert!(resp.upstream_called);
+    assert!(envoy.worker_failed(0));
+    let resp = envoy.request(0, Request::get("/")).unwrap();
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.header("x-probe-response-seen"), None, "filter skipped");
+}
