@@ -44,6 +44,7 @@ pub struct EnvoyBuilder {
     fail_open: bool,
     log_level: LogLevel,
     route_timeout: Duration,
+    buffer_limit: usize,
     upstream: Option<crate::callout::Handler>,
     clusters: HashMap<String, Cluster>,
 }
@@ -111,6 +112,13 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Request buffer limit (Envoy's per_connection_buffer_limit_bytes,
+    /// default 1 MiB): a filter buffering more gets Envoy's 413.
+    pub fn buffer_limit(mut self, bytes: usize) -> Self {
+        self.buffer_limit = bytes;
+        self
+    }
+
     /// The upstream service (default: 200 with body "upstream ok").
     pub fn upstream(mut self, handler: impl FnMut(&UpstreamRequest) -> Reply + 'static) -> Self {
         self.upstream = Some(Box::new(handler));
@@ -156,6 +164,7 @@ impl EnvoyBuilder {
             allow_stop: self.allow_on_headers_stop_iteration,
             fail_open: self.fail_open,
             route_timeout: self.route_timeout,
+            buffer_limit: self.buffer_limit,
             streams: HashMap::new(),
             by_ctx: HashMap::new(),
             next_stream: 1,
@@ -292,6 +301,7 @@ pub struct Envoy {
     allow_stop: bool,
     fail_open: bool,
     route_timeout: Duration,
+    buffer_limit: usize,
     streams: HashMap<u64, StreamDriver>,
     by_ctx: HashMap<(usize, u32), u64>,
     next_stream: u64,
@@ -325,6 +335,7 @@ impl Envoy {
             fail_open: false,
             log_level: LogLevel::Info,
             route_timeout: Duration::from_secs(15),
+            buffer_limit: 1024 * 1024,
             upstream: None,
             clusters: HashMap::new(),
         }
@@ -1136,6 +1147,15 @@ impl Envoy {
     /// Runs the filter's body callback on the buffered data plus `chunk`
     /// (Envoy hands the whole buffer when the filter has been buffering).
     fn body_callback(&mut self, sid: u64, side: Side, chunk: Vec<u8>, eos: bool, buffering: bool) {
+        if buffering && side == Side::Request {
+            let buffered = self.host(sid).map_or(0, |h| h.req.body.len());
+            if buffered + chunk.len() > self.buffer_limit {
+                // The filter manager's buffer overflows: Envoy answers 413
+                // itself (through the filter's response callbacks).
+                self.local_reply(sid, 413, b"Payload Too Large".to_vec(), Vec::new(), true);
+                return;
+            }
+        }
         let size = {
             let Some(h) = self.host(sid) else { return };
             let dir = match side {
@@ -1182,8 +1202,16 @@ impl Envoy {
                     self.pass_headers(sid, side);
                 }
                 self.pass_data(sid, side, data, eos);
-            } else if let Some(d) = self.dir(sid, side) {
-                d.buffering = true;
+            } else {
+                if let Some(d) = self.dir(sid, side) {
+                    d.buffering = true;
+                }
+                let buffered = self.host(sid).map_or(0, |h| h.req.body.len());
+                if side == Side::Request && buffered > self.buffer_limit {
+                    self.finish_call(sid);
+                    self.local_reply(sid, 413, b"Payload Too Large".to_vec(), Vec::new(), true);
+                    return;
+                }
             }
         }
         self.finish_call(sid);

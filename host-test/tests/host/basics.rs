@@ -44,3 +44,21 @@ fn probe_passes_plain_requests() {
     assert_eq!(resp.header("x-probe-response-seen"), Some("200"));
     assert!(envoy.log_contains("probe log: probe= status=200"));
 }
+
+#[test]
+fn unknown_import_is_named() {
+    // A minimal module: one type () -> (), one import env::proxy_nonexistent.
+    let mut wasm = b"\0asm\x01\0\0\0".to_vec();
+    wasm.extend_from_slice(&[0x01, 0x04, 0x01, 0x60, 0x00, 0x00]);
+    wasm.extend_from_slice(&[0x02, 0x19, 0x01, 0x03]);
+    wasm.extend_from_slice(b"env");
+    wasm.push(17);
+    wasm.extend_from_slice(b"proxy_nonexistent");
+    wasm.extend_from_slice(&[0x00, 0x00]);
+    let path = std::env::temp_dir().join(format!("host-test-unknown-{}.wasm", std::process::id()));
+    std::fs::write(&path, wasm).unwrap();
+    let err = Envoy::builder(&path).build().err().unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(matches!(err, Error::UnknownImports(_)), "{err}");
+    assert!(err.to_string().contains("env::proxy_nonexistent"), "{err}");
+}

@@ -173,3 +173,16 @@ fn response_body_pause_buffers_and_can_be_replaced() {
         .unwrap();
     assert_eq!(resp.body_str(), "response body seen: 8 bytes");
 }
+
+#[test]
+fn buffering_beyond_the_buffer_limit_gets_envoys_413() {
+    let mut envoy = probe_builder()
+        .allow_on_headers_stop_iteration(true)
+        .buffer_limit(8)
+        .build()
+        .unwrap();
+    let resp = envoy.request(0, body_probe("reply")).unwrap();
+    assert_eq!(resp.status, 413);
+    assert_eq!(resp.body_str(), "Payload Too Large");
+    assert_eq!(resp.header("x-probe-response-seen"), Some("413"));
+}
