@@ -8,6 +8,7 @@ use crate::process::{spawn, ChildGuard};
 use crate::{fail, Result};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -36,7 +37,10 @@ fn envoy_command(config: &Path, log: &Path, extra: &[&str]) -> Command {
         .arg("--log-level")
         .arg("info")
         .args(extra)
-        .stdin(Stdio::null());
+        .stdin(Stdio::null())
+        // Its own process group: a Ctrl-C in the terminal reaches the demo,
+        // which then stops Envoy in order.
+        .process_group(0);
     cmd
 }
 
@@ -244,6 +248,16 @@ impl Envoy {
     /// Stop Envoy now (also done on drop).
     pub fn stop(&mut self) {
         self.child.stop();
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        self.child.stop();
+        // Keep the config and log of a failed test; drop the rest.
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

@@ -13,6 +13,7 @@ pub mod http;
 pub mod paths;
 pub mod ports;
 pub mod process;
+pub mod signals;
 pub mod upstream;
 
 pub use client::{Request, Response};
