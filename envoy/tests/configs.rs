@@ -110,8 +110,26 @@ fn istio_example_plugin_config_is_accepted_by_the_filter() {
         Envoy::validate("istio-plugin-config", &cfg.render().unwrap())
             .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         checked += 1;
+        // The EnvoyFilter alternative carries the configuration as a string.
+        for line in text
+            .lines()
+            .filter(|l| l.trim_start().starts_with("value: '{"))
+        {
+            let raw = line.trim_start().trim_start_matches("value: '").trim_end();
+            let raw = raw
+                .strip_suffix('\'')
+                .expect("single-quoted value")
+                .replace("''", "'");
+            let cfg = EnvoyConfig::single_node(8080, &wasm, &raw).unwrap();
+            Envoy::validate("istio-envoyfilter-config", &cfg.render().unwrap())
+                .unwrap_or_else(|e| panic!("{}: EnvoyFilter value {raw}: {e}", file.display()));
+            checked += 1;
+        }
     }
-    assert!(checked >= 1, "no Istio WasmPlugin example found");
+    assert!(
+        checked >= 2,
+        "no Istio WasmPlugin/EnvoyFilter example found"
+    );
 }
 
 #[test]
