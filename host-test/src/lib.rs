@@ -63,6 +63,30 @@
 //! - A trap fails the worker's VM: its streams get 503 (or pass through
 //!   with [`EnvoyBuilder::fail_open`]), other workers are unaffected.
 //! - Shared data follows cpp-host exactly (see [`Envoy::shared_data`]).
+//!
+//! Known differences from Envoy (deliberate simplifications):
+//! - Header values are strings (non-UTF-8 bytes are converted lossily).
+//! - An upstream answers only once the whole request reached it; its body
+//!   arrives in the chunks the [`Reply`] gives (default one chunk). Response
+//!   trailers from the upstream are not modelled.
+//! - Only the request buffer limit is modelled (413); the response buffer
+//!   limit and watermark flow control (data held during StopAllIteration)
+//!   are not.
+//! - Envoy's router and codec headers (`x-envoy-*`, `date`, `server`) are not
+//!   added; requests carry `x-forwarded-proto` and a deterministic
+//!   `x-request-id`. Local replies carry `:status`, the filter's headers,
+//!   and for a non-empty body `content-length` and `content-type: text/plain`.
+//! - Properties: `request.{path,url_path,query,method,host,scheme,id,protocol,headers}`,
+//!   `response.{code,headers}`, `source.{address,port}`, `destination.address`,
+//!   `plugin_name`, `plugin_root_id`, `plugin_vm_id` and values set with
+//!   `proxy_set_property`; anything else is NotFound.
+//! - gRPC calls answer Unimplemented, foreign functions NotFound;
+//!   `random_get` is deterministic per worker.
+//! - Callouts to in-process clusters answer on the next event-loop turn and
+//!   time out on the virtual clock; callouts over TCP block and time out in
+//!   real time.
+//! - A failed VM stays failed (no FAIL_RELOAD); root contexts get no
+//!   `on_done` at shutdown.
 
 mod abi;
 mod callout;
