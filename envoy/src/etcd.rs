@@ -82,7 +82,7 @@ impl Member {
 /// A running etcd cluster; every member is SIGKILLed and its data removed on drop.
 pub struct EtcdCluster {
     pub members: Vec<Member>,
-    /// Logs and the command lines (kept after drop for post-mortems).
+    /// Logs and the command lines (kept after a failed test for post-mortems).
     pub dir: PathBuf,
     data_dir: PathBuf,
 }
@@ -424,6 +424,10 @@ impl Drop for EtcdCluster {
         // SIGKILL works on paused members too; ChildGuard then reaps at once.
         self.kill_all();
         let _ = std::fs::remove_dir_all(&self.data_dir);
+        // Keep the logs of a failed test (as `Envoy` does); drop the rest.
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

@@ -199,6 +199,19 @@ fn run_case(
                 .join(" ")
         })
         .unwrap_or_default();
+    // The filter's own warnings (store errors name their cause there).
+    let log = envoy.log();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("][wasm]") && (l.contains("][warning]") || l.contains("][error]")))
+        .collect();
+    if !warnings.is_empty() {
+        eprintln!(
+            "  ({} filter warnings in the Envoy log; first: {})",
+            warnings.len(),
+            warnings[..warnings.len().min(3)].join("\n    ")
+        );
+    }
     let mut m = Measured {
         name,
         store,
@@ -230,16 +243,16 @@ fn run_case(
     Ok(m)
 }
 
+/// `…envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL` -> `1.40.0`.
 fn envoy_version() -> String {
     Command::new("envoy")
         .arg("--version")
         .output()
         .ok()
         .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .split('/')
-                .nth(1)
-                .map(str::to_string)
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            let (_, rest) = text.split_once("version: ")?;
+            rest.split('/').nth(1).map(str::to_string)
         })
         .unwrap_or_else(|| "?".into())
 }
@@ -342,7 +355,9 @@ measured per case, every request a `POST /orders` with a {}-byte JSON body; a \
 fresh Envoy per case. First executions: a unique `Idempotency-Key` per \
 request (claim in etcd, upstream call, completion write: two etcd \
 transactions per request). Replays: one key answered from the stored record \
-(the upstream is not called). Ratios are to the shared-data case of the same \
+(the upstream is not called); with etcd, each worker keeps the completed \
+records it has seen, so a hot key is replayed mostly without an etcd read \
+and this case measures that tier. Ratios are to the shared-data case of the same \
 load in the same run. wrk, Envoy, the upstream and the three etcd members \
 share the 2 cores, so absolute figures are low and noisy; the ratios are the \
 point. Records left in etcd after the run: {records} (they expire with their \
