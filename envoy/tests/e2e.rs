@@ -41,7 +41,7 @@ fn duplicate_while_in_flight_gets_409_with_retry_after() {
     let s = main_stack();
     let path = "/orders/in-flight";
     let req = post(path, "in-flight-1", &json!({"item": "slow"}));
-    let slow = req.clone().header("x-demo-delay-ms", "1500");
+    let slow = req.clone().header("x-demo-delay-ms", "3000");
     let first = std::thread::spawn(move || main_stack().send(&slow));
     s.wait_executions(path, 1, Duration::from_secs(5));
     let dup = s.send(&req);
@@ -175,7 +175,7 @@ fn chunked_bodies_are_decided_at_the_end_of_the_body() {
     let path = "/orders/chunked-race";
     let slow = Request::post(path)
         .key("chunked-race-1")
-        .chunked(parts(body), Duration::from_millis(150));
+        .chunked(parts(body), Duration::from_millis(300));
     let slow = std::thread::spawn(move || main_stack().send(&slow));
     std::thread::sleep(Duration::from_millis(250));
     let fast = s.send(&Request::post(path).key("chunked-race-1").body(body));
@@ -317,13 +317,13 @@ fn filter_metrics_are_in_stats_and_prometheus() {
 
 #[test]
 fn ttl_expiry_lets_the_key_execute_again() {
-    let s = Stack::start("e2e-ttl", r#"{"ttl_seconds": 1}"#);
+    let s = Stack::start("e2e-ttl", r#"{"ttl_seconds": 2}"#);
     let path = "/orders/ttl";
     let req = post(path, "ttl-1", &json!({"t": 1}));
     let first = s.send(&req);
     assert_executed(&first);
     assert_replay_of(&s.send(&req), &first);
-    std::thread::sleep(Duration::from_millis(2500));
+    std::thread::sleep(Duration::from_millis(3200));
     let later = s.send(&req);
     assert_executed(&later);
     assert_ne!(json(&later)["order_id"], json(&first)["order_id"]);

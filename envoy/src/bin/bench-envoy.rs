@@ -240,6 +240,7 @@ fn run() -> Result<()> {
             true,
         ),
     ];
+    let load_before = load_average();
     let mut results = Vec::new();
     for (name, config, script, prime) in cases {
         results.push(run_case(name, config, script, prime, seconds)?);
@@ -289,7 +290,9 @@ itself); the dedup filter with defaults and a unique `Idempotency-Key` per \
 request (each one claims, executes upstream and stores its response); the dedup \
 filter replaying one stored response (same key and body; the upstream is not \
 called). Ratios are to the baselines of the same run. wrk, Envoy and the upstream \
-share the 2 cores, so absolute figures are low and noisy; the ratios are the point.\n\n\
+share the 2 cores, so absolute figures are low and noisy; the ratios are the point. \
+Load average before this run: {load_before} (anything above ~1 means other work \
+competed for the cores; figures then vary by tens of percent between runs).\n\n\
 {table}\n\
 Filter counters after each dedup case:\n\n{counters}",
         envoy_version(),
@@ -298,6 +301,14 @@ Filter counters after each dedup case:\n\n{counters}",
     write_section(&section)?;
     eprintln!("wrote the \"## Envoy load\" section of BENCHMARKS.md");
     Ok(())
+}
+
+/// The 1-minute load average, as text.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|t| t.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
 }
 
 /// Replace the "## Envoy load" section of BENCHMARKS.md (or append it),
