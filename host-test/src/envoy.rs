@@ -178,6 +178,8 @@ impl EnvoyBuilder {
             seq: 0,
             ticks: Vec::new(),
             upstream_calls: 0,
+            hold_callouts: false,
+            held_callouts: Vec::new(),
         };
         for worker in 0..self.workers {
             let state = VmState::new(shared.clone(), plugin.clone(), worker);
@@ -315,6 +317,8 @@ pub struct Envoy {
     /// Per worker: (next tick ns, period ns).
     ticks: Vec<Option<(u64, u64)>>,
     upstream_calls: u64,
+    hold_callouts: bool,
+    held_callouts: Vec<Event>,
 }
 
 const LOCAL_REPLY_RESET: &str =
@@ -398,17 +402,14 @@ impl Envoy {
             let Some(cluster) = self.clusters.get_mut(&c.cluster) else {
                 continue;
             };
+            let answer = |response| Event::Callout {
+                worker,
+                token: c.token,
+                response,
+            };
             match callout::call(cluster, &c.request, c.timeout_ms) {
-                CalloutResult::Response(reply) => self.ready.push_back(Event::Callout {
-                    worker,
-                    token: c.token,
-                    response: Some(reply),
-                }),
-                CalloutResult::Reset => self.ready.push_back(Event::Callout {
-                    worker,
-                    token: c.token,
-                    response: None,
-                }),
+                CalloutResult::Response(reply) => self.answer_callout(answer(Some(reply))),
+                CalloutResult::Reset => self.answer_callout(answer(None)),
                 CalloutResult::Never => {}
                 CalloutResult::TimeoutAfter(ms) => {
                     let at = self.now_ns() + u64::from(ms) * 1_000_000;
@@ -423,6 +424,33 @@ impl Envoy {
                 }
             }
         }
+    }
+
+    fn answer_callout(&mut self, event: Event) {
+        if self.hold_callouts {
+            self.held_callouts.push(event);
+        } else {
+            self.ready.push_back(event);
+        }
+    }
+
+    /// Holds callout answers (in-process and TCP) instead of delivering
+    /// them on the next event-loop turn, so a test can act while a callout
+    /// is in flight. Timeouts still fire on the virtual clock.
+    pub fn hold_callouts(&mut self, hold: bool) {
+        self.hold_callouts = hold;
+    }
+
+    /// Callout answers held by [`Envoy::hold_callouts`].
+    pub fn held_callouts(&self) -> usize {
+        self.held_callouts.len()
+    }
+
+    /// Delivers the held callout answers, in dispatch order.
+    pub fn release_callouts(&mut self) {
+        let held = std::mem::take(&mut self.held_callouts);
+        self.ready.extend(held);
+        self.pump();
     }
 
     fn take_deferred(&mut self, worker: usize) -> (Vec<Deferred>, bool) {
@@ -1618,9 +1646,17 @@ impl Envoy {
                 _ => None,
             }
         };
-        side(&s.req, "request")
+        let what = side(&s.req, "request")
             .or_else(|| side(&s.resp, "response"))
-            .unwrap_or_else(|| "the stream waits for an event that will not come".into())
+            .unwrap_or_else(|| "the stream waits for an event that will not come".into());
+        if self.held_callouts.is_empty() {
+            what
+        } else {
+            format!(
+                "{what} ({} callout answers are held: release_callouts)",
+                self.held_callouts.len()
+            )
+        }
     }
 
     fn forget(&mut self, id: StreamId) {

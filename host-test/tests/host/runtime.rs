@@ -235,3 +235,26 @@ fn fail_open_passes_streams_through_a_failed_vm() {
     assert_eq!(resp.status, 200);
     assert_eq!(resp.header("x-probe-response-seen"), None, "filter skipped");
 }
+
+#[test]
+fn held_callouts_keep_the_stream_waiting_until_released() {
+    let mut envoy = probe_builder()
+        .cluster("auth", |_| Reply::new(204))
+        .build()
+        .unwrap();
+    envoy.hold_callouts(true);
+    let id = envoy
+        .start(
+            0,
+            Request::get("/")
+                .header("x-probe", "http-call")
+                .header("x-cluster", "auth"),
+        )
+        .unwrap();
+    envoy.send_request(id).unwrap();
+    assert_eq!(envoy.held_callouts(), 1);
+    assert_eq!(envoy.response(id), None);
+    envoy.release_callouts();
+    let j = json(&envoy.response(id).unwrap());
+    assert_eq!(j["status"], "204");
+}
