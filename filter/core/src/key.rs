@@ -153,83 +153,68 @@ fn feed(h: &mut Sha256, bytes: &[u8]) {
     h.update(bytes);
 }
 
-/// Incremental keyless fingerprint: the head parts go in at once, the body as it streams.
-#[derive(Clone)]
-pub struct FingerprintHasher {
+/// The body, hashed once as it streams; the payload check and a keyless fingerprint
+/// both use its digest, so a large body is hashed once, not twice.
+#[derive(Clone, Default)]
+pub struct BodyHasher {
     hasher: Sha256,
-    body_len: u64,
-    uses_body: bool,
+    len: u64,
 }
 
-impl FingerprintHasher {
-    pub fn new(cfg: &Config, head: &RequestHead) -> Self {
-        let mut hasher = Sha256::new();
-        hasher.update(b"proxy-dedup fingerprint v1\0");
-        for part in &cfg.fingerprint {
-            match part {
-                FingerprintPart::Method => feed(&mut hasher, head.method.as_bytes()),
-                FingerprintPart::Path => feed(&mut hasher, head.path_only().as_bytes()),
-                FingerprintPart::Query => feed(&mut hasher, head.query().as_bytes()),
-                FingerprintPart::Header(name) => {
-                    feed(&mut hasher, head.header(name).unwrap_or("").as_bytes())
-                }
-                // The body goes last whatever its place in the list; see `finish`.
-                FingerprintPart::Body => {}
+/// SHA-256 of a request body, with its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyDigest {
+    pub digest: Digest,
+    pub len: u64,
+}
+
+impl BodyHasher {
+    pub fn update(&mut self, chunk: &[u8]) {
+        self.hasher.update(chunk);
+        self.len += chunk.len() as u64;
+    }
+
+    pub fn finish(self) -> BodyDigest {
+        BodyDigest {
+            digest: self.hasher.finalize().into(),
+            len: self.len,
+        }
+    }
+}
+
+/// The keyless fingerprint of the configured parts (the body enters as its digest).
+pub fn fingerprint_key(cfg: &Config, head: &RequestHead, body: &BodyDigest) -> ClientKey {
+    let mut h = Sha256::new();
+    h.update(b"proxy-dedup fingerprint v1\0");
+    for part in &cfg.fingerprint {
+        match part {
+            FingerprintPart::Method => feed(&mut h, head.method.as_bytes()),
+            FingerprintPart::Path => feed(&mut h, head.path_only().as_bytes()),
+            FingerprintPart::Query => feed(&mut h, head.query().as_bytes()),
+            FingerprintPart::Header(name) => {
+                feed(&mut h, head.header(name).unwrap_or("").as_bytes())
+            }
+            FingerprintPart::Body => {
+                h.update(body.len.to_be_bytes());
+                h.update(body.digest);
             }
         }
-        FingerprintHasher {
-            hasher,
-            body_len: 0,
-            uses_body: cfg.fingerprint_uses_body(),
-        }
     }
-
-    pub fn body(&mut self, chunk: &[u8]) {
-        if self.uses_body {
-            self.hasher.update(chunk);
-            self.body_len += chunk.len() as u64;
-        }
-    }
-
-    pub fn finish(self) -> ClientKey {
-        let mut h = self.hasher;
-        h.update(self.body_len.to_be_bytes());
-        ClientKey {
-            source: KeySource::Fingerprint,
-            value: h.finalize().to_vec(),
-        }
+    ClientKey {
+        source: KeySource::Fingerprint,
+        value: h.finalize().to_vec(),
     }
 }
 
-/// Incremental payload fingerprint (method, path with query, body): the 422 check.
-#[derive(Clone)]
-pub struct PayloadHasher {
-    hasher: Sha256,
-    body_len: u64,
-}
-
-impl PayloadHasher {
-    pub fn new(head: &RequestHead) -> Self {
-        let mut hasher = Sha256::new();
-        hasher.update(b"proxy-dedup payload v1\0");
-        feed(&mut hasher, head.method.as_bytes());
-        feed(&mut hasher, head.path.as_bytes());
-        PayloadHasher {
-            hasher,
-            body_len: 0,
-        }
-    }
-
-    pub fn body(&mut self, chunk: &[u8]) {
-        self.hasher.update(chunk);
-        self.body_len += chunk.len() as u64;
-    }
-
-    pub fn finish(self) -> Digest {
-        let mut h = self.hasher;
-        h.update(self.body_len.to_be_bytes());
-        h.finalize().into()
-    }
+/// The payload fingerprint (method, path with query, body): the 422 check.
+pub fn payload_digest(head: &RequestHead, body: &BodyDigest) -> Digest {
+    let mut h = Sha256::new();
+    h.update(b"proxy-dedup payload v1\0");
+    feed(&mut h, head.method.as_bytes());
+    feed(&mut h, head.path.as_bytes());
+    h.update(body.len.to_be_bytes());
+    h.update(body.digest);
+    h.finalize().into()
 }
 
 /// The record digest: scope values and the key, length-prefixed, with the key's source.

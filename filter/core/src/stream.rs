@@ -6,8 +6,8 @@ use crate::config::{Config, EtcdConfig, FailureMode, OnDuplicate, StoreConfig};
 use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState, LeaseCache, LeasePlan, LeasePurpose};
 use crate::key::Digest;
 use crate::key::{
-    header_key, json_key, record_digest, short_hex, ClientKey, FingerprintHasher, JsonKey,
-    KeyError, PayloadHasher, RequestHead,
+    fingerprint_key, header_key, json_key, payload_digest, record_digest, short_hex, BodyHasher,
+    ClientKey, JsonKey, KeyError, RequestHead,
 };
 use crate::local::{LocalEntry, LocalTier};
 use crate::metrics::Counter;
@@ -163,8 +163,9 @@ const MAX_RETRIES: u32 = 4;
 struct Reading {
     head: RequestHead,
     header_key: Option<ClientKey>,
-    payload: PayloadHasher,
-    fingerprint: Option<FingerprintHasher>,
+    body: BodyHasher,
+    /// Whether a keyless fingerprint may give the key.
+    fingerprint: bool,
     /// Only kept when the JSON pointer may give the key.
     json_body: Option<Vec<u8>>,
     body_len: usize,
@@ -251,11 +252,10 @@ impl DedupStream {
             }
             return self.bypass(env, "no key");
         }
-        let fingerprint = (header_key.is_none() && !cfg.fingerprint.is_empty())
-            .then(|| FingerprintHasher::new(cfg, &head));
+        let fingerprint = header_key.is_none() && !cfg.fingerprint.is_empty();
         let json_body = (header_key.is_none() && cfg.json_pointer.is_some()).then(Vec::new);
         self.phase = Phase::Reading(Box::new(Reading {
-            payload: PayloadHasher::new(&head),
+            body: BodyHasher::default(),
             head,
             header_key,
             fingerprint,
@@ -289,10 +289,7 @@ impl DedupStream {
             );
             return self.reply(env, Problem::BodyTooLarge.reply(&detail, Vec::new()));
         }
-        r.payload.body(chunk);
-        if let Some(f) = r.fingerprint.as_mut() {
-            f.body(chunk);
-        }
+        r.body.update(chunk);
         if let Some(b) = r.json_body.as_mut() {
             b.extend_from_slice(chunk);
         }
@@ -450,11 +447,12 @@ impl DedupStream {
         let Reading {
             head,
             header_key,
-            payload,
+            body,
             fingerprint,
             json_body,
             ..
         } = *r;
+        let body = body.finish();
         let mut absent_reason = None;
         let key = match (header_key, &cfg.json_pointer, json_body) {
             (Some(k), _, _) => Some(k),
@@ -468,7 +466,7 @@ impl DedupStream {
             },
             _ => None,
         };
-        let key = match key.or_else(|| fingerprint.map(FingerprintHasher::finish)) {
+        let key = match key.or_else(|| fingerprint.then(|| fingerprint_key(cfg, &head, &body))) {
             Some(k) => k,
             None if cfg.key_required => {
                 let detail = format!(
@@ -482,7 +480,7 @@ impl DedupStream {
             None => return self.bypass(env, absent_reason.as_deref().unwrap_or("no key")),
         };
         let digest = record_digest(cfg, &head, &key);
-        let payload = payload.finish();
+        let payload = payload_digest(&head, &body);
         match &cfg.store {
             StoreConfig::SharedData => self.claim_shared(p, env, digest, payload),
             StoreConfig::Etcd(ec) => self.claim_etcd(p, env, ec, digest, payload),

@@ -487,13 +487,13 @@ fn fingerprints_differ_by_each_configured_part_only() {
     )
     .unwrap();
     let fp = |r: &Req| {
-        let mut h = key::FingerprintHasher::new(&cfg, &r.head);
+        let mut h = key::BodyHasher::default();
         if let Some(b) = &r.body {
             for c in b.chunks(3) {
-                h.body(c);
+                h.update(c);
             }
         }
-        h.finish().value
+        key::fingerprint_key(&cfg, &r.head, &h.finish()).value
     };
     let base = req("POST", "/push?x=1")
         .header("x-device", "d1")
@@ -515,9 +515,21 @@ fn fingerprints_differ_by_each_configured_part_only() {
     d.head.headers[0].1 = "d2".into();
     assert_ne!(fp(&d), same);
     // Chunking does not matter.
-    let mut one = key::FingerprintHasher::new(&cfg, &base.head);
-    one.body(b"hello");
-    assert_eq!(one.finish().value, same);
+    let mut one = key::BodyHasher::default();
+    one.update(b"hello");
+    assert_eq!(
+        key::fingerprint_key(&cfg, &base.head, &one.finish()).value,
+        same
+    );
+    // The body's place: an empty body and no body part differ from a body of "".
+    let no_body =
+        Config::parse(br#"{"key": {"fingerprint": ["method", "path", "header:x-device"]}}"#)
+            .unwrap();
+    let empty = key::BodyHasher::default().finish();
+    assert_ne!(
+        key::fingerprint_key(&no_body, &base.head, &empty).value,
+        key::fingerprint_key(&cfg, &base.head, &empty).value
+    );
 }
 
 #[test]
