@@ -11,7 +11,7 @@ use crate::key::Digest;
 use crate::response::StoredResponse;
 
 /// Records per bucket.
-pub const WAYS: usize = 8;
+pub const WAYS: usize = 16;
 /// CAS attempts before a claim gives up and reports contention.
 const MAX_ATTEMPTS: usize = 64;
 const BUCKET_VERSION: u8 = 1;
