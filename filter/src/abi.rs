@@ -19,6 +19,7 @@ pub const MAP_RESPONSE_HEADERS: u32 = 2;
 pub const MAP_HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
 pub const BUFFER_HTTP_CALL_RESPONSE_BODY: u32 = 4;
 const STREAM_HTTP_REQUEST: u32 = 0;
+const STREAM_HTTP_RESPONSE: u32 = 1;
 pub const BUFFER_REQUEST_BODY: u32 = 0;
 pub const BUFFER_RESPONSE_BODY: u32 = 1;
 pub const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
@@ -181,6 +182,17 @@ pub fn send_local_response(
 pub fn resume_request() -> Result<(), u32> {
     // SAFETY: no pointers.
     let status = unsafe { proxy_continue_stream(STREAM_HTTP_REQUEST) };
+    if status == OK {
+        Ok(())
+    } else {
+        Err(status)
+    }
+}
+
+/// Resumes a response held while the store settled its record.
+pub fn resume_response() -> Result<(), u32> {
+    // SAFETY: no pointers.
+    let status = unsafe { proxy_continue_stream(STREAM_HTTP_RESPONSE) };
     if status == OK {
         Ok(())
     } else {

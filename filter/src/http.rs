@@ -23,6 +23,9 @@ pub(crate) struct DedupHttp {
     request_seen: usize,
     /// The request is paused on a store call: resume it when the store lets it through.
     waiting_on_store: bool,
+    /// The response is held until the store confirms its completion or release, so a
+    /// client that has the response finds the record settled on every proxy.
+    response_held: bool,
 }
 
 /// The host as `dedup_core` sees it.
@@ -91,6 +94,7 @@ impl DedupHttp {
             stream: DedupStream::new(context_id),
             request_seen: 0,
             waiting_on_store: false,
+            response_held: false,
         }
     }
 
@@ -177,7 +181,35 @@ impl DedupHttp {
         }
     }
 
-    /// A response-path store call: sent, never waited for.
+    /// A response-path store call (completion, release). The response is paused until
+    /// the store answers (the call's own timeout bounds the wait); a call that cannot be
+    /// dispatched is settled at once and the response goes on.
+    fn hold_response_for(&mut self, call: Option<StoreCall>) -> Action {
+        let Some(call) = call else {
+            return self.response_action();
+        };
+        match self.dispatch(&call) {
+            Ok(_) => {
+                self.response_held = true;
+                Action::Pause
+            }
+            Err(answer) => {
+                let _ = self.with_env(|s, sh, env| s.on_store_answer(&sh.plugin, env, answer));
+                self.response_action()
+            }
+        }
+    }
+
+    /// While the response is held, later response callbacks keep it paused (buffered).
+    fn response_action(&self) -> Action {
+        if self.response_held {
+            Action::Pause
+        } else {
+            Action::Continue
+        }
+    }
+
+    /// At the end of the stream nothing is held any more: send and do not wait.
     fn send_and_forget(&self, call: Option<StoreCall>) {
         if let Some(call) = call {
             let _ = self.dispatch(&call);
@@ -300,13 +332,12 @@ impl HttpContext for DedupHttp {
                 s.on_response_headers(&sh.plugin, env, status, move || pairs, end_of_stream)
             })
             .flatten();
-        self.send_and_forget(call);
-        Action::Continue
+        self.hold_response_for(call)
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if !self.stream.wants_response_body() {
-            return Action::Continue;
+            return self.response_action();
         }
         // We never pause the response, so the buffer holds just this chunk.
         let call = match abi::buffer(abi::BUFFER_RESPONSE_BODY, 0, body_size) {
@@ -324,16 +355,14 @@ impl HttpContext for DedupHttp {
             }
         }
         .flatten();
-        self.send_and_forget(call);
-        Action::Continue
+        self.hold_response_for(call)
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
         let call = self
             .with_env(|s, sh, env| s.on_response_trailers(&sh.plugin, env))
             .flatten();
-        self.send_and_forget(call);
-        Action::Continue
+        self.hold_response_for(call)
     }
 
     fn on_log(&mut self) {
@@ -376,8 +405,18 @@ impl Context for DedupHttp {
         else {
             return;
         };
+        if self.response_held {
+            // A response-path call (completion, release) settled: let the response go.
+            self.response_held = false;
+            if let Err(status) = abi::resume_response() {
+                abi::log(
+                    abi::LOG_WARN,
+                    &format!("proxy-dedup: cannot resume the response (status {status})"),
+                );
+            }
+            return;
+        }
         if !was_waiting {
-            // A response-path call (completion, release): its answer is only counted.
             return;
         }
         // Otherwise the stream is paused on the next call, or was answered locally.

@@ -173,3 +173,48 @@ fn failing_and_silent_clusters_follow_failure_mode() -> R {
     }
     Ok(())
 }
+
+#[test]
+fn the_response_waits_until_etcd_has_the_completed_record() -> R {
+    // Read-your-writes across proxies: once a client has the first response, a retry on
+    // any proxy is a replay, never a 409.
+    let etcd = Etcd::start();
+    let up = Upstream::default();
+    let proxy = || {
+        Envoy::builder(super::wasm())
+            .workers(1)
+            .vm_id("proxy_dedup")
+            .plugin_config(etcd_config(""))
+            .allow_on_headers_stop_iteration(true)
+            .upstream(up.handler())
+            .cluster_addr("etcd", &etcd.client)
+            .build()
+    };
+    let (mut a, mut b) = (proxy()?, proxy()?);
+    for (key, status) in [("k-ok", 200u16), ("k-fail", 503)] {
+        let first = a.start(0, keyed("/orders", key, "{}"))?;
+        a.send_request(first)?;
+        a.hold_callouts(true);
+        a.respond(first, Reply::new(status).body("done"))?;
+        assert_eq!(
+            a.held_callouts(),
+            1,
+            "{key}: the completion or release is in flight"
+        );
+        assert!(
+            a.response(first).is_none(),
+            "{key}: the client does not have the response yet"
+        );
+        a.hold_callouts(false);
+        a.release_callouts();
+        let r = a.response(first).expect("released once etcd answered");
+        assert_eq!((r.status, r.body_str().as_str()), (status, "done"));
+        let retry = b.request(0, keyed("/orders", key, "{}"))?;
+        if status == 200 {
+            assert_eq!(retry.header("idempotent-replayed"), Some("true"), "{key}");
+        } else {
+            assert!(retry.upstream_called, "{key}: the released key runs again");
+        }
+    }
+    Ok(())
+}
