@@ -406,8 +406,14 @@ impl Context for DedupHttp {
             return;
         };
         if self.response_held {
-            // A response-path call (completion, release) settled: let the response go.
+            // A response-path call (completion, release): resent after a transport
+            // failure, else settled, and the response goes on.
             self.response_held = false;
+            if let Decision::Call(call) = decision {
+                if self.hold_response_for(Some(call)) == Action::Pause {
+                    return;
+                }
+            }
             if let Err(status) = abi::resume_response() {
                 abi::log(
                     abi::LOG_WARN,

@@ -131,12 +131,14 @@ pub fn replace_txn(key: &str, mod_revision: i64, value: &[u8], lease: i64) -> Ve
     .into_bytes()
 }
 
-/// Delete the record if it is still at `mod_revision` (release).
+/// Delete the record if it is still at `mod_revision` (release), else return the current
+/// one (none: already gone).
 pub fn delete_txn(key: &str, mod_revision: i64) -> Vec<u8> {
     let k = b64(key.as_bytes());
     json!({
         "compare": [{"key": k, "target": "MOD", "mod_revision": mod_revision.to_string()}],
         "success": [{"request_delete_range": {"key": k}}],
+        "failure": [{"request_range": {"key": k}}],
     })
     .to_string()
     .into_bytes()

@@ -169,6 +169,8 @@ struct EtcdInner {
     next_lease: i64,
     /// Answer this many calls with a transport failure (status 503, empty body).
     failing: u32,
+    /// Apply this many calls but answer them as if the connection broke.
+    losing: u32,
     down: bool,
     pub grants: u32,
     pub txns: u32,
@@ -185,6 +187,10 @@ impl FakeEtcd {
 
     pub fn fail_next(&self, n: u32) {
         self.inner.lock().unwrap().failing = n;
+    }
+
+    pub fn lose_next_answers(&self, n: u32) {
+        self.inner.lock().unwrap().losing = n;
     }
 
     pub fn grants(&self) -> u32 {
@@ -208,6 +214,16 @@ impl FakeEtcd {
 
     /// Answers one call: (status, body).
     pub fn handle(&self, path: &str, body: &[u8], now_ms: u64) -> (u16, Vec<u8>) {
+        let answer = self.apply(path, body, now_ms);
+        let mut i = self.inner.lock().unwrap();
+        if i.losing > 0 && answer.0 == 200 {
+            i.losing -= 1;
+            return (503, Vec::new());
+        }
+        answer
+    }
+
+    fn apply(&self, path: &str, body: &[u8], now_ms: u64) -> (u16, Vec<u8>) {
         use base64::Engine as _;
         let b64 = base64::engine::general_purpose::STANDARD;
         let mut i = self.inner.lock().unwrap();

@@ -147,6 +147,12 @@ struct Settling {
     what: &'static str,
     /// Kept to learn the completed record locally once etcd confirms it.
     learned: Option<(Digest, LocalEntry)>,
+    digest: Digest,
+    token: u64,
+    /// Resent on a transport failure within the budget.
+    call: StoreCall,
+    retries: u32,
+    deadline_ms: u64,
 }
 
 /// What a claim found when the key was already taken.
@@ -402,10 +408,7 @@ impl DedupStream {
     ) -> Action {
         match std::mem::replace(&mut self.phase, Phase::Finished) {
             Phase::Claiming(c) => self.claim_step(p, env, c, answer),
-            Phase::Settling(st) => {
-                self.settled(env, *st, &answer);
-                Action::Continue
-            }
+            Phase::Settling(st) => self.settled(env, st, &answer),
             other => {
                 self.phase = other;
                 Action::Continue
@@ -823,30 +826,63 @@ impl DedupStream {
         }
     }
 
-    fn settled<E: Env>(&mut self, env: &mut E, st: Settling, answer: &CallAnswer) {
-        match etcd::parse_answer(&answer.body) {
+    /// The answer to a completion or release. A transport failure is retried within the
+    /// budget (the response is held meanwhile); a failed compare is checked against the
+    /// current record, because a retried write whose first attempt went through fails
+    /// its compare on our own record.
+    fn settled<E: Env>(
+        &mut self,
+        env: &mut E,
+        mut st: Box<Settling>,
+        answer: &CallAnswer,
+    ) -> Action {
+        let parsed = etcd::parse_answer(&answer.body);
+        let retryable = ((answer.status == 0 || answer.status == 502 || answer.status == 503)
+            && parsed.is_none())
+            || matches!(&parsed, Some(EtcdAnswer::Error { code: 14, .. }));
+        let now = env.now_ms();
+        if retryable && st.retries < MAX_RETRIES && now < st.deadline_ms {
+            st.retries += 1;
+            st.call.timeout_ms = st.deadline_ms.saturating_sub(now).max(1);
+            let call = st.call.clone();
+            self.phase = Phase::Settling(st);
+            return Action::Call(call);
+        }
+        let confirmed = match &parsed {
             Some(EtcdAnswer::Txn {
                 succeeded: true, ..
-            }) => {
+            }) => Some(true),
+            Some(EtcdAnswer::Txn {
+                succeeded: false,
+                existing,
+                ..
+            }) => Some(match existing {
+                // Released: the record is gone, by us or by its lease.
+                None => st.learned.is_none(),
+                Some((_, value)) => EtcdRecord::decode(value, &st.digest).is_some_and(|r| {
+                    r.token == st.token && r.state != EtcdState::InFlight && st.learned.is_some()
+                }),
+            }),
+            _ => None,
+        };
+        match confirmed {
+            Some(true) => {
                 env.debug(&format!(
                     "stream {}: {} confirmed by etcd",
                     self.id, st.what
                 ));
                 if let Some((digest, entry)) = st.learned {
-                    let now = env.now_ms();
                     env.local().insert(digest, entry, now);
                 }
             }
-            Some(EtcdAnswer::Txn {
-                succeeded: false, ..
-            }) => {
+            Some(false) => {
                 env.count(Counter::ClaimsLost);
                 env.warn(&format!(
                     "stream {}: {}: the claim expired or was taken over first",
                     self.id, st.what
                 ));
             }
-            _ => {
+            None => {
                 env.count(Counter::StoreErrors);
                 env.warn(&format!(
                     "stream {}: {} failed (status {})",
@@ -854,6 +890,7 @@ impl DedupStream {
                 ));
             }
         }
+        Action::Continue
     }
 
     fn not_stored<E: Env>(&mut self, env: &mut E) -> Action {
@@ -939,15 +976,21 @@ impl DedupStream {
                     expires_ms,
                     response: record.response,
                 };
-                self.phase = Phase::Settling(Box::new(Settling {
-                    what: "completion",
-                    learned: Some((o.digest, learned)),
-                }));
-                Some(StoreCall {
+                let call = StoreCall {
                     path: etcd::TXN_PATH,
                     body,
                     timeout_ms: etcd_timeout(p),
-                })
+                };
+                self.phase = Phase::Settling(Box::new(Settling {
+                    what: "completion",
+                    learned: Some((o.digest, learned)),
+                    digest: o.digest,
+                    token: o.token,
+                    call: call.clone(),
+                    retries: 0,
+                    deadline_ms: now.saturating_add(call.timeout_ms),
+                }));
+                Some(call)
             }
         }
     }
@@ -971,15 +1014,22 @@ impl DedupStream {
             }
             Owned::Etcd(o) => {
                 env.count(Counter::Released);
-                self.phase = Phase::Settling(Box::new(Settling {
-                    what: "release",
-                    learned: None,
-                }));
-                Some(StoreCall {
+                let call = StoreCall {
                     path: etcd::TXN_PATH,
                     body: etcd::delete_txn(&o.key, o.mod_revision),
                     timeout_ms: etcd_timeout(p),
-                })
+                };
+                let now = env.now_ms();
+                self.phase = Phase::Settling(Box::new(Settling {
+                    what: "release",
+                    learned: None,
+                    digest: o.digest,
+                    token: o.token,
+                    call: call.clone(),
+                    retries: 0,
+                    deadline_ms: now.saturating_add(call.timeout_ms),
+                }));
+                Some(call)
             }
         }
     }

@@ -117,9 +117,13 @@ fn settle(p: &Plugin, env: &mut FakeEnv, s: &mut DedupStream, mut action: Action
 
 /// Delivers a response-side store call (completion, release) while the stream lives.
 fn deliver(p: &Plugin, env: &mut FakeEnv, s: &mut DedupStream, c: Option<StoreCall>) {
-    if let Some(c) = c {
+    let mut next = c;
+    while let Some(c) = next {
         let a = call(env, &c);
-        let _ = s.on_store_answer(p, env, a);
+        next = match s.on_store_answer(p, env, a) {
+            Action::Call(c) => Some(c),
+            _ => None,
+        };
     }
 }
 
@@ -1615,4 +1619,36 @@ fn etcd_expiry_in_flight_takeover_and_records_vanish_with_their_lease() {
         matches!(run(&p, &mut c, &r, ok("third")), Outcome::Upstream(..)),
         "expired after ttl"
     );
+}
+
+#[test]
+fn etcd_completion_and_release_are_retried_and_recognised_when_answers_are_lost() {
+    let p = etcd_plugin("");
+    let (mut a, mut b) = two_proxies();
+    // Completion refused once (dead member), then accepted.
+    let r = req("POST", "/o").key("k1");
+    let s = send(&p, &mut a, &r).unwrap();
+    a.etcd.fail_next(1);
+    respond(&p, &mut a, s, ok("one"));
+    assert_eq!(a.count_of(Counter::StoreErrors), 0);
+    assert_eq!(run(&p, &mut b, &r, ok("no")).local().body, b"one");
+    // Completion applied but its answer lost: the retry's compare fails on our own
+    // completed record, which counts as confirmed.
+    let r2 = req("POST", "/o").key("k2");
+    let s = send(&p, &mut a, &r2).unwrap();
+    a.etcd.lose_next_answers(1);
+    respond(&p, &mut a, s, ok("two"));
+    assert_eq!(a.count_of(Counter::ClaimsLost), 0);
+    assert_eq!(a.count_of(Counter::StoreErrors), 0);
+    assert_eq!(run(&p, &mut b, &r2, ok("no")).local().body, b"two");
+    // Release applied but its answer lost: the key is gone, which is what we wanted.
+    let r3 = req("POST", "/o").key("k3");
+    let s = send(&p, &mut a, &r3).unwrap();
+    a.etcd.lose_next_answers(1);
+    respond(&p, &mut a, s, answer(503, "busy"));
+    assert_eq!(a.count_of(Counter::ClaimsLost), 0);
+    assert!(matches!(
+        run(&p, &mut b, &r3, ok("again")),
+        Outcome::Upstream(..)
+    ));
 }
