@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// The multi-proxy template: listener -> dedup filter (etcd store) -> router,
@@ -589,7 +590,7 @@ pub fn render_etcd_endpoints(template: &str, ports: &[u16]) -> Result<String> {
 
 /// `multi-proxy-etcd.yaml` pointed at `etcd`'s members, with `wasm` and
 /// `filter_config`, on fresh loopback ports. The etcd endpoints are written
-/// into a copy of the template in a scratch directory; the remaining
+/// into a copy of the template in the cluster's directory; the remaining
 /// placeholders are rendered by `Envoy::start` as for `single-node.yaml`.
 pub fn multi_proxy_config(
     etcd: &EtcdCluster,
@@ -603,8 +604,12 @@ pub fn multi_proxy_config(
         Err(e) => fail!("cannot read {}: {e}", template_path.display()),
     };
     let rendered = render_etcd_endpoints(&template, &etcd.client_ports())?;
-    let dir = scratch_dir("multi-proxy-template")?;
-    let path = dir.join(MULTI_PROXY_ETCD);
+    // Next to the cluster's logs: removed with them.
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let path = etcd.dir.join(format!(
+        "envoy-template-{}.yaml",
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::write(&path, rendered)?;
     let mut config = EnvoyConfig::single_node(upstream_port, wasm, filter_config)?;
     config.template = path;
