@@ -17,12 +17,16 @@ use std::time::Duration;
 
 pub(crate) struct DedupHttp {
     shared: Option<Rc<Shared>>,
+    context_id: u32,
     stream: DedupStream,
     /// Request body bytes already handed to the stream (Envoy re-offers the whole
     /// buffered body on each callback while we pause).
     request_seen: usize,
     /// The request is paused on a store call: resume it when the store lets it through.
     waiting_on_store: bool,
+    /// Response body bytes already read while Envoy buffers the body for us.
+    response_seen: usize,
+    response_buffering: bool,
     /// The response is held until the store confirms its completion or release, so a
     /// client that has the response finds the record settled on every proxy.
     response_held: bool,
@@ -92,9 +96,12 @@ impl DedupHttp {
         DedupHttp {
             shared,
             stream: DedupStream::new(context_id),
+            context_id,
             request_seen: 0,
             waiting_on_store: false,
             response_held: false,
+            response_seen: 0,
+            response_buffering: false,
         }
     }
 
@@ -191,6 +198,15 @@ impl DedupHttp {
         match self.dispatch(&call) {
             Ok(_) => {
                 self.response_held = true;
+                if abi::log_level() <= abi::LOG_DEBUG {
+                    abi::log(
+                        abi::LOG_DEBUG,
+                        &format!(
+                            "stream {}: response held until etcd answers",
+                            self.context_id
+                        ),
+                    );
+                }
                 Action::Pause
             }
             Err(answer) => {
@@ -339,8 +355,14 @@ impl HttpContext for DedupHttp {
         if !self.stream.wants_response_body() {
             return self.response_action();
         }
-        // We never pause the response, so the buffer holds just this chunk.
-        let call = match abi::buffer(abi::BUFFER_RESPONSE_BODY, 0, body_size) {
+        // While we buffer (Pause), Envoy offers the whole buffered body each time; once we
+        // let it flow (Continue), each callback holds just the new chunk.
+        let start = if self.response_buffering && body_size >= self.response_seen {
+            self.response_seen
+        } else {
+            0
+        };
+        let call = match abi::buffer(abi::BUFFER_RESPONSE_BODY, start, body_size - start) {
             Ok(chunk) => self
                 .with_env(|s, sh, env| s.on_response_body(&sh.plugin, env, &chunk, end_of_stream)),
             Err(status) => {
@@ -355,7 +377,26 @@ impl HttpContext for DedupHttp {
             }
         }
         .flatten();
-        self.hold_response_for(call)
+        self.response_seen = body_size;
+        if end_of_stream {
+            return self.hold_response_for(call);
+        }
+        // With a remote store the last bytes must not reach the client before the store
+        // has the completed record (a client that has the response would otherwise get
+        // 409 from another proxy). Envoy may deliver the last bytes before the end of the
+        // stream, so the body is buffered while it is still small enough to be stored;
+        // a larger one flows on (its duplicates get 409 response-not-stored anyway).
+        let remote = self
+            .shared
+            .as_ref()
+            .is_some_and(|sh| matches!(sh.plugin.config.store, StoreConfig::Etcd(_)));
+        if remote && self.stream.capture_within_cap() {
+            self.response_buffering = true;
+            Action::Pause
+        } else {
+            self.response_buffering = false;
+            Action::Continue
+        }
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {

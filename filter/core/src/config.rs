@@ -524,7 +524,7 @@ fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigError> {
                     "1-128 characters, no control characters",
                 ));
             }
-            let timeout_ms = in_range("store.timeout_ms", st.timeout_ms, 1000, 10, 60_000)?;
+            let timeout_ms = in_range("store.timeout_ms", st.timeout_ms, 3000, 10, 60_000)?;
             Ok((
                 "proxy-dedup".to_string(),
                 StoreConfig::Etcd(EtcdConfig {

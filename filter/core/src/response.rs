@@ -172,6 +172,10 @@ impl Capture {
         self.body.extend_from_slice(chunk);
     }
 
+    pub fn overflowed(&self) -> bool {
+        self.overflow
+    }
+
     /// Marks the capture unusable (a body chunk could not be read).
     pub fn poison(&mut self) {
         self.overflow = true;

@@ -225,6 +225,11 @@ impl DedupStream {
         }
     }
 
+    /// True while the response is being captured and still fits the replay cap.
+    pub fn capture_within_cap(&self) -> bool {
+        matches!(&self.phase, Phase::Capturing(_, c) if !c.overflowed())
+    }
+
     /// True while the response body is wanted (the glue reads it only then).
     pub fn wants_response_body(&self) -> bool {
         matches!(self.phase, Phase::Capturing(..))
@@ -408,7 +413,7 @@ impl DedupStream {
     ) -> Action {
         match std::mem::replace(&mut self.phase, Phase::Finished) {
             Phase::Claiming(c) => self.claim_step(p, env, c, answer),
-            Phase::Settling(st) => self.settled(env, st, &answer),
+            Phase::Settling(st) => self.settled(p, env, st, &answer),
             other => {
                 self.phase = other;
                 Action::Continue
@@ -624,7 +629,7 @@ impl DedupStream {
     /// the claim txn.
     fn next_claim_call<E: Env>(&mut self, p: &Plugin, env: &mut E, mut c: Box<Claiming>) -> Action {
         let now = env.now_ms();
-        let timeout_ms = c.deadline_ms.saturating_sub(now).max(1);
+        let timeout_ms = attempt_timeout(p, c.deadline_ms, now);
         let in_flight = env.leases().get(LeasePurpose::InFlight, now);
         let completed = env.leases().get(LeasePurpose::Completed, now);
         let (step, path, body) = match (in_flight, completed) {
@@ -669,9 +674,7 @@ impl DedupStream {
     ) -> Action {
         let now = env.now_ms();
         let parsed = etcd::parse_answer(&answer.body);
-        let transport_failure =
-            (answer.status == 0 || answer.status == 502 || answer.status == 503)
-                && parsed.is_none();
+        let transport_failure = matches!(answer.status, 0 | 502 | 503 | 504) && parsed.is_none();
         // etcd's "unavailable" (gRPC code 14: no leader, leader changed) passes too.
         let unavailable = matches!(&parsed, Some(EtcdAnswer::Error { code: 14, .. }));
         if transport_failure || unavailable {
@@ -679,7 +682,7 @@ impl DedupStream {
             // may answer. Retry within the budget.
             if c.retries < MAX_RETRIES && now < c.deadline_ms {
                 c.retries += 1;
-                c.call.timeout_ms = c.deadline_ms.saturating_sub(now).max(1);
+                c.call.timeout_ms = attempt_timeout(p, c.deadline_ms, now);
                 let call = c.call.clone();
                 self.phase = Phase::Claiming(c);
                 return Action::Call(call);
@@ -813,7 +816,7 @@ impl DedupStream {
                                 &rec.encode(&c.digest),
                                 lease,
                             ),
-                            timeout_ms: c.deadline_ms.saturating_sub(now).max(1),
+                            timeout_ms: attempt_timeout(p, c.deadline_ms, now),
                         };
                         c.retries = 0;
                         let call = c.call.clone();
@@ -832,18 +835,18 @@ impl DedupStream {
     /// its compare on our own record.
     fn settled<E: Env>(
         &mut self,
+        p: &Plugin,
         env: &mut E,
         mut st: Box<Settling>,
         answer: &CallAnswer,
     ) -> Action {
         let parsed = etcd::parse_answer(&answer.body);
-        let retryable = ((answer.status == 0 || answer.status == 502 || answer.status == 503)
-            && parsed.is_none())
+        let retryable = (matches!(answer.status, 0 | 502 | 503 | 504) && parsed.is_none())
             || matches!(&parsed, Some(EtcdAnswer::Error { code: 14, .. }));
         let now = env.now_ms();
         if retryable && st.retries < MAX_RETRIES && now < st.deadline_ms {
             st.retries += 1;
-            st.call.timeout_ms = st.deadline_ms.saturating_sub(now).max(1);
+            st.call.timeout_ms = attempt_timeout(p, st.deadline_ms, now);
             let call = st.call.clone();
             self.phase = Phase::Settling(st);
             return Action::Call(call);
@@ -976,10 +979,11 @@ impl DedupStream {
                     expires_ms,
                     response: record.response,
                 };
+                let deadline_ms = now.saturating_add(etcd_timeout(p));
                 let call = StoreCall {
                     path: etcd::TXN_PATH,
                     body,
-                    timeout_ms: etcd_timeout(p),
+                    timeout_ms: attempt_timeout(p, deadline_ms, now),
                 };
                 self.phase = Phase::Settling(Box::new(Settling {
                     what: "completion",
@@ -988,7 +992,7 @@ impl DedupStream {
                     token: o.token,
                     call: call.clone(),
                     retries: 0,
-                    deadline_ms: now.saturating_add(call.timeout_ms),
+                    deadline_ms,
                 }));
                 Some(call)
             }
@@ -1014,12 +1018,13 @@ impl DedupStream {
             }
             Owned::Etcd(o) => {
                 env.count(Counter::Released);
+                let now = env.now_ms();
+                let deadline_ms = now.saturating_add(etcd_timeout(p));
                 let call = StoreCall {
                     path: etcd::TXN_PATH,
                     body: etcd::delete_txn(&o.key, o.mod_revision),
-                    timeout_ms: etcd_timeout(p),
+                    timeout_ms: attempt_timeout(p, deadline_ms, now),
                 };
-                let now = env.now_ms();
                 self.phase = Phase::Settling(Box::new(Settling {
                     what: "release",
                     learned: None,
@@ -1027,7 +1032,7 @@ impl DedupStream {
                     token: o.token,
                     call: call.clone(),
                     retries: 0,
-                    deadline_ms: now.saturating_add(call.timeout_ms),
+                    deadline_ms,
                 }));
                 Some(call)
             }
@@ -1040,6 +1045,14 @@ fn etcd_timeout(p: &Plugin) -> u64 {
         StoreConfig::Etcd(ec) => ec.timeout_ms,
         StoreConfig::SharedData => 1000,
     }
+}
+
+/// The timeout of one attempt: a third of the budget (at least 100 ms), never past the
+/// deadline. A request stuck on a member that lost its leader (etcd drops the proposal
+/// and the client waits) is abandoned in time to retry on the new leader.
+fn attempt_timeout(p: &Plugin, deadline_ms: u64, now_ms: u64) -> u64 {
+    let slice = (etcd_timeout(p) / 3).max(100);
+    deadline_ms.saturating_sub(now_ms).min(slice).max(1)
 }
 
 fn in_flight_record(p: &Plugin, c: &Claiming, now_ms: u64) -> EtcdRecord {
