@@ -138,8 +138,17 @@ impl Multi {
                 wasm_lines[wasm_lines.len().saturating_sub(15)..].join("\n")
             ));
         }
-        let keys = match self.etcd.count_keys(PREFIX) {
-            Ok(n) => n.to_string(),
+        // Records by their second byte: the filter's record state (1 in
+        // flight, 2 completed, 3 completed without the response; its own
+        // format, read here only to explain a failure).
+        let keys = match self.etcd.keys(PREFIX) {
+            Ok(keys) => {
+                let mut by_state = BTreeMap::new();
+                for k in &keys {
+                    *by_state.entry(k.value.get(1).copied()).or_insert(0) += 1;
+                }
+                format!("{} (by state byte: {by_state:?})", keys.len())
+            }
             Err(e) => format!("unknown ({e})"),
         };
         s.push_str(&format!(
