@@ -979,22 +979,7 @@ impl DedupStream {
                     expires_ms,
                     response: record.response,
                 };
-                let deadline_ms = now.saturating_add(etcd_timeout(p));
-                let call = StoreCall {
-                    path: etcd::TXN_PATH,
-                    body,
-                    timeout_ms: attempt_timeout(p, deadline_ms, now),
-                };
-                self.phase = Phase::Settling(Box::new(Settling {
-                    what: "completion",
-                    learned: Some((o.digest, learned)),
-                    digest: o.digest,
-                    token: o.token,
-                    call: call.clone(),
-                    retries: 0,
-                    deadline_ms,
-                }));
-                Some(call)
+                Some(self.settle(p, now, &o, "completion", body, Some(learned)))
             }
         }
     }
@@ -1018,25 +1003,38 @@ impl DedupStream {
             }
             Owned::Etcd(o) => {
                 env.count(Counter::Released);
-                let now = env.now_ms();
-                let deadline_ms = now.saturating_add(etcd_timeout(p));
-                let call = StoreCall {
-                    path: etcd::TXN_PATH,
-                    body: etcd::delete_txn(&o.key, o.mod_revision),
-                    timeout_ms: attempt_timeout(p, deadline_ms, now),
-                };
-                self.phase = Phase::Settling(Box::new(Settling {
-                    what: "release",
-                    learned: None,
-                    digest: o.digest,
-                    token: o.token,
-                    call: call.clone(),
-                    retries: 0,
-                    deadline_ms,
-                }));
-                Some(call)
+                let body = etcd::delete_txn(&o.key, o.mod_revision);
+                Some(self.settle(p, env.now_ms(), &o, "release", body, None))
             }
         }
+    }
+
+    /// Sends a completion or release txn and waits for it in `Settling`.
+    fn settle(
+        &mut self,
+        p: &Plugin,
+        now: u64,
+        o: &EtcdOwned,
+        what: &'static str,
+        body: Vec<u8>,
+        learned: Option<LocalEntry>,
+    ) -> StoreCall {
+        let deadline_ms = now.saturating_add(etcd_timeout(p));
+        let call = StoreCall {
+            path: etcd::TXN_PATH,
+            body,
+            timeout_ms: attempt_timeout(p, deadline_ms, now),
+        };
+        self.phase = Phase::Settling(Box::new(Settling {
+            what,
+            learned: learned.map(|l| (o.digest, l)),
+            digest: o.digest,
+            token: o.token,
+            call: call.clone(),
+            retries: 0,
+            deadline_ms,
+        }));
+        call
     }
 }
 
