@@ -4,6 +4,7 @@
 //! wrk) are killed on drop and, should the harness itself die, by the kernel
 //! (`PR_SET_PDEATHSIG`).
 
+pub mod bench;
 pub mod client;
 pub mod config;
 pub mod envoy;

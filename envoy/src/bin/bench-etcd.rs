@@ -8,49 +8,19 @@
 //! section of BENCHMARKS.md. `BENCH_SECONDS` (default 3) per round,
 //! `BENCH_ROUNDS` (default 3), `BENCH_NO_WRITE=1` to leave BENCHMARKS.md alone.
 
+use dedup_envoy::bench::{
+    counters_list, envoy_version, load_average, measure_interleaved, no_write, table_header,
+    table_row, write_section, Case, Settings, BODY, CONNECTIONS, REPLAY_LUA, THREADS, UNIQUE_LUA,
+};
 use dedup_envoy::etcd::{multi_proxy_config, wait_etcd_hosts_healthy, EtcdCluster};
-use dedup_envoy::paths::{dedup_wasm, scratch_dir, workspace_root};
-use dedup_envoy::process::spawn;
-use dedup_envoy::{fail, DemoUpstream, Envoy, EnvoyConfig, Request, Result};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use dedup_envoy::paths::dedup_wasm;
+use dedup_envoy::{DemoUpstream, EnvoyConfig, Result};
+use std::process::Command;
 use std::time::Duration;
 
-const THREADS: u32 = 2;
-const CONNECTIONS: u32 = 32;
 const WARMUP_SECONDS: u64 = 2;
-const BODY: &str = r#"{"item": "book", "qty": 1, "note": "bench"}"#;
 const SHARED_DATA_CONFIG: &str = "{}";
 const ETCD_CONFIG: &str = r#"{"store": {"kind": "etcd", "cluster": "etcd"}}"#;
-
-/// Every request: POST /orders with a JSON body and a key never used before.
-const UNIQUE_LUA: &str = r#"
-local threads = 0
-function setup(thread)
-  threads = threads + 1
-  thread:set("tid", threads)
-end
-function init(args)
-  counter = 0
-  prefix = "bench-" .. (args[1] or "run") .. "-" .. tid .. "-"
-end
-function request()
-  counter = counter + 1
-  return wrk.format("POST", "/orders", {
-    ["Content-Type"] = "application/json",
-    ["Idempotency-Key"] = prefix .. counter,
-  }, BODY)
-end
-"#;
-
-/// Every request: the same key and body, answered from the stored response.
-const REPLAY_LUA: &str = r#"
-wrk.method = "POST"
-wrk.path = "/orders"
-wrk.body = BODY
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Idempotency-Key"] = "bench-replay"
-"#;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Store {
@@ -64,230 +34,41 @@ enum Load {
     Replays,
 }
 
-#[derive(Clone)]
-struct Measured {
-    rps: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    requests: u64,
-    non_2xx: u64,
-    errors: String,
-}
-
-fn lua(script: &str) -> String {
-    script.replace("BODY", &format!("'{BODY}'"))
-}
-
-fn wrk(dir: &Path, url: &str, script: &Path, seconds: u64, tag: &str) -> Result<String> {
-    let out = dir.join(format!("wrk-{tag}.txt"));
-    let mut cmd = Command::new("wrk");
-    cmd.arg(format!("-t{THREADS}"))
-        .arg(format!("-c{CONNECTIONS}"))
-        .arg(format!("-d{seconds}s"))
-        .arg("--timeout")
-        .arg("5s")
-        .arg("--latency")
-        .arg("-s")
-        .arg(script)
-        .arg(url)
-        .arg("--")
-        .arg(tag)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(std::fs::File::create(&out)?))
-        .stderr(Stdio::inherit());
-    let mut child = spawn(cmd)?;
-    match child.wait_exit(Duration::from_secs(seconds + 30)) {
-        Some(0) => Ok(std::fs::read_to_string(&out)?),
-        Some(code) => fail!("wrk exited {code}: {}", std::fs::read_to_string(&out)?),
-        None => fail!("wrk did not finish"),
-    }
-}
-
-/// "1.23ms" / "850.00us" / "1.01s" in milliseconds.
-fn duration_ms(text: &str) -> Option<f64> {
-    let (num, unit) = text
-        .find(|c: char| c.is_ascii_alphabetic())
-        .map(|i| text.split_at(i))?;
-    let v: f64 = num.parse().ok()?;
-    Some(match unit {
-        "us" => v / 1000.0,
-        "ms" => v,
-        "s" => v * 1000.0,
-        "m" => v * 60_000.0,
-        _ => return None,
-    })
-}
-
-fn parse_wrk(text: &str) -> Result<Measured> {
-    let mut m = Measured {
-        rps: 0.0,
-        p50_ms: 0.0,
-        p99_ms: 0.0,
-        requests: 0,
-        non_2xx: 0,
-        errors: String::new(),
+fn start_case(store: Store, load: Load, config: EnvoyConfig) -> Result<Case> {
+    let name = format!(
+        "{}, {}",
+        match store {
+            Store::SharedData => "shared data",
+            Store::Etcd => "etcd",
+        },
+        match load {
+            Load::FirstExecutions => "first executions",
+            Load::Replays => "replays",
+        }
+    );
+    let script = match load {
+        Load::FirstExecutions => UNIQUE_LUA,
+        Load::Replays => REPLAY_LUA,
     };
-    for line in text.lines() {
-        let t = line.trim();
-        let words: Vec<&str> = t.split_whitespace().collect();
-        match words.as_slice() {
-            ["Requests/sec:", v] => m.rps = v.parse().unwrap_or(0.0),
-            ["50%", v] => m.p50_ms = duration_ms(v).unwrap_or(0.0),
-            ["99%", v] => m.p99_ms = duration_ms(v).unwrap_or(0.0),
-            [n, "requests", "in", ..] => m.requests = n.parse().unwrap_or(0),
-            ["Non-2xx", "or", "3xx", "responses:", n] => m.non_2xx = n.parse().unwrap_or(0),
-            ["Socket", "errors:", ..] => m.errors = t.to_string(),
-            _ => {}
-        }
+    let case = Case::start("bench-etcd", &name, config, script)?;
+    if store == Store::Etcd {
+        wait_etcd_hosts_healthy(&case.envoy, 3, Duration::from_secs(10))?;
     }
-    if m.rps <= 0.0 {
-        fail!("could not read wrk's output:\n{text}");
+    if load == Load::Replays {
+        case.prime_replay_key()?;
     }
-    Ok(m)
+    case.warm_up(WARMUP_SECONDS)?;
+    Ok(case)
 }
 
-/// One case: its own Envoy, kept up for every round.
-struct Case {
-    name: String,
-    store: Store,
-    load: Load,
-    envoy: Envoy,
-    dir: PathBuf,
-    script: PathBuf,
-    best: Option<Measured>,
-    rounds: Vec<f64>,
-}
-
-impl Case {
-    fn start(store: Store, load: Load, config: EnvoyConfig) -> Result<Case> {
-        let name = format!(
-            "{}, {}",
-            match store {
-                Store::SharedData => "shared data",
-                Store::Etcd => "etcd",
-            },
-            match load {
-                Load::FirstExecutions => "first executions",
-                Load::Replays => "replays",
-            }
-        );
-        let dir = scratch_dir("bench-etcd")?;
-        let script = dir.join("script.lua");
-        std::fs::write(
-            &script,
-            lua(match load {
-                Load::FirstExecutions => UNIQUE_LUA,
-                Load::Replays => REPLAY_LUA,
-            }),
-        )?;
-        let envoy = Envoy::start("bench-etcd", config)?;
-        if store == Store::Etcd {
-            wait_etcd_hosts_healthy(&envoy, 3, Duration::from_secs(10))?;
-        }
-        if load == Load::Replays {
-            let r = envoy.send(
-                &Request::post("/orders")
-                    .key("bench-replay")
-                    .header("content-type", "application/json")
-                    .body(BODY),
-            )?;
-            if r.status != 200 {
-                fail!("priming the replay key: {}", r.summary());
-            }
-        }
-        let case = Case {
-            name,
-            store,
-            load,
-            envoy,
-            dir,
-            script,
-            best: None,
-            rounds: Vec::new(),
-        };
-        case.wrk(WARMUP_SECONDS, "warmup")?;
-        Ok(case)
-    }
-
-    fn wrk(&self, seconds: u64, round: &str) -> Result<String> {
-        let tag = format!(
-            "{}-{}-{round}",
-            self.name.replace([' ', ','], "-"),
-            std::process::id()
-        );
-        let url = format!("{}/orders", self.envoy.url());
-        wrk(&self.dir, &url, &self.script, seconds, &tag)
-    }
-
-    /// One measured round; keeps the best (highest throughput) one.
-    fn measure(&mut self, seconds: u64, round: usize) -> Result<()> {
-        let m = parse_wrk(&self.wrk(seconds, &format!("r{round}"))?)?;
-        eprintln!(
-            "  round {round} {:<26} {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms  ({} requests, {} non-2xx{})",
-            self.name,
-            m.rps,
-            m.p50_ms,
-            m.p99_ms,
-            m.requests,
-            m.non_2xx,
-            if m.errors.is_empty() {
-                String::new()
-            } else {
-                format!(", {}", m.errors)
-            }
-        );
-        self.rounds.push(m.rps);
-        if self.best.as_ref().is_none_or(|b| m.rps > b.rps) {
-            self.best = Some(m);
-        }
-        Ok(())
-    }
-
-    fn counters(&self) -> String {
-        self.envoy
-            .dedup_counters()
-            .map(|c| {
-                c.iter()
-                    .filter(|(_, v)| **v > 0)
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            })
-            .unwrap_or_default()
-    }
-
-    /// The filter's own warnings (store errors name their cause there).
-    fn warnings(&self) -> Vec<String> {
-        self.envoy
-            .log()
-            .lines()
-            .filter(|l| {
-                l.contains("][wasm]") && (l.contains("][warning]") || l.contains("][error]"))
-            })
-            .map(str::to_string)
-            .collect()
-    }
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().map(str::to_string))
-        .unwrap_or_else(|| "?".into())
-}
-
-/// `…envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL` -> `1.40.0`.
-fn envoy_version() -> String {
-    Command::new("envoy")
-        .arg("--version")
-        .output()
-        .ok()
-        .and_then(|o| {
-            let text = String::from_utf8_lossy(&o.stdout).into_owned();
-            let (_, rest) = text.split_once("version: ")?;
-            rest.split('/').nth(1).map(str::to_string)
-        })
-        .unwrap_or_else(|| "?".into())
+/// The filter's own warnings (store errors name their cause there).
+fn warnings(case: &Case) -> Vec<String> {
+    case.envoy
+        .log()
+        .lines()
+        .filter(|l| l.contains("][wasm]") && (l.contains("][warning]") || l.contains("][error]")))
+        .map(str::to_string)
+        .collect()
 }
 
 fn etcd_version() -> String {
@@ -306,19 +87,7 @@ fn etcd_version() -> String {
 }
 
 fn run() -> Result<()> {
-    if Command::new("wrk").arg("--version").output().is_err() {
-        fail!("wrk not found: run `make deps` (apt-get install wrk)");
-    }
-    let seconds: u64 = std::env::var("BENCH_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3)
-        .clamp(1, 60);
-    let rounds: usize = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3)
-        .clamp(1, 10);
+    let Settings { seconds, rounds } = Settings::from_env()?;
     let dedup = dedup_wasm()?;
     let upstream = DemoUpstream::start(0, false)?;
     let port = upstream.port();
@@ -327,33 +96,29 @@ fn run() -> Result<()> {
         "bench-etcd: wrk -t{THREADS} -c{CONNECTIONS}, {WARMUP_SECONDS} s warm-up, then {rounds} rounds of {seconds} s per case, Envoy --concurrency 2, 3-member etcd, loopback"
     );
     let load_before = load_average();
+    // (store, load) of each case, in the order of `cases`.
+    let mut kinds = Vec::new();
     let mut cases = Vec::new();
     for load in [Load::FirstExecutions, Load::Replays] {
-        cases.push(Case::start(
+        kinds.push((Store::SharedData, load));
+        cases.push(start_case(
             Store::SharedData,
             load,
             EnvoyConfig::single_node(port, &dedup, SHARED_DATA_CONFIG)?,
         )?);
-        cases.push(Case::start(
+        kinds.push((Store::Etcd, load));
+        cases.push(start_case(
             Store::Etcd,
             load,
             multi_proxy_config(&etcd, port, &dedup, ETCD_CONFIG)?,
         )?);
     }
-    // Rounds interleave the cases, so a burst of other work on the machine
-    // hits every case alike; each case reports its best round.
-    for round in 1..=rounds {
-        for case in cases.iter_mut() {
-            case.measure(seconds, round)?;
-        }
-    }
+    measure_interleaved(&mut cases, seconds, rounds, 26)?;
     let records = etcd.count_keys("proxy-dedup/").unwrap_or(0);
     let mut results = Vec::new();
-    for case in &cases {
-        let Some(best) = case.best.clone() else {
-            fail!("no measurement for {}", case.name)
-        };
-        let warnings = case.warnings();
+    for (case, &(store, load)) in cases.iter().zip(&kinds) {
+        let best = case.best()?;
+        let warnings = warnings(case);
         if !warnings.is_empty() {
             eprintln!(
                 "  {}: {} filter warnings in the Envoy log; first: {}",
@@ -362,45 +127,32 @@ fn run() -> Result<()> {
                 warnings[..warnings.len().min(3)].join("\n    ")
             );
         }
-        results.push((case, best));
+        results.push((case, store, load, best));
     }
     let baseline = |load: Load| {
         results
             .iter()
-            .find(|(c, _)| c.store == Store::SharedData && c.load == load)
-            .map(|(_, m)| (m.rps, m.p50_ms, m.p99_ms))
+            .find(|(_, s, l, _)| *s == Store::SharedData && *l == load)
+            .map(|(_, _, _, m)| (m.rps, m.p50_ms, m.p99_ms))
             .unwrap_or((1.0, 1.0, 1.0))
     };
-    let mut table = String::from(
-        "| case | req/s | p50 ms | p99 ms | req/s vs shared data | p50 vs shared data | p99 vs shared data | non-2xx | rounds (req/s) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
-    );
-    for (case, m) in &results {
-        let (rps, p50, p99) = baseline(case.load);
-        table.push_str(&format!(
-            "| {} | {:.0} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {} | {} |\n",
-            case.name,
-            m.rps,
-            m.p50_ms,
-            m.p99_ms,
-            m.rps / rps,
-            m.p50_ms / p50,
-            m.p99_ms / p99,
-            m.non_2xx,
-            case.rounds
-                .iter()
-                .map(|r| format!("{r:.0}"))
-                .collect::<Vec<_>>()
-                .join(", ")
+    let mut table = table_header(&[
+        "req/s vs shared data",
+        "p50 vs shared data",
+        "p99 vs shared data",
+    ]);
+    for (case, _, load, m) in &results {
+        let (rps, p50, p99) = baseline(*load);
+        table.push_str(&table_row(
+            &case.name,
+            m,
+            &[m.rps / rps, m.p50_ms / p50, m.p99_ms / p99],
+            &case.rounds_text(),
         ));
     }
     println!("\n{table}");
-    let counters: String = results
-        .iter()
-        .map(|(c, _)| (c.name.clone(), c.counters()))
-        .filter(|(_, c)| !c.is_empty())
-        .map(|(n, c)| format!("- {n}: {c}\n"))
-        .collect();
-    if std::env::var("BENCH_NO_WRITE").is_ok_and(|v| v == "1") {
+    let counters = counters_list(&cases);
+    if no_write() {
         return Ok(());
     }
     let section = format!(
@@ -433,28 +185,7 @@ Filter counters after each case (warm-up and all rounds):\n\n{counters}",
         etcd_version(),
         BODY.len()
     );
-    write_section(&section)?;
-    eprintln!("wrote the \"## etcd store\" section of BENCHMARKS.md");
-    Ok(())
-}
-
-/// Replace the "## etcd store" section of BENCHMARKS.md (or append it),
-/// leaving other sections alone.
-fn write_section(section: &str) -> Result<()> {
-    let path = workspace_root().join("BENCHMARKS.md");
-    let old = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n".into());
-    let new = match old.find("## etcd store") {
-        Some(start) => {
-            let after = &old[start + 2..];
-            let end = after
-                .find("\n## ")
-                .map(|i| start + 2 + i + 1)
-                .unwrap_or(old.len());
-            format!("{}{}\n\n{}", &old[..start], section.trim_end(), &old[end..])
-        }
-        None => format!("{}\n\n{}\n", old.trim_end(), section.trim_end()),
-    };
-    std::fs::write(&path, new)?;
+    write_section("## etcd store", &section)?;
     Ok(())
 }
 

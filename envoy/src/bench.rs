@@ -1,0 +1,436 @@
+//! What the load benchmarks (`bench-envoy`, `bench-etcd`) share: wrk against
+//! real Envoys on loopback, one Envoy per case, measured rounds interleaving
+//! the cases with each case reporting its best round, the results table and
+//! the BENCHMARKS.md section.
+
+use crate::paths::{scratch_dir, workspace_root};
+use crate::process::spawn;
+use crate::{fail, Envoy, EnvoyConfig, Request, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+pub const THREADS: u32 = 2;
+pub const CONNECTIONS: u32 = 32;
+pub const BODY: &str = r#"{"item": "book", "qty": 1, "note": "bench"}"#;
+
+/// Every request: POST /orders with a JSON body and a key never used before.
+pub const UNIQUE_LUA: &str = r#"
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("tid", threads)
+end
+function init(args)
+  counter = 0
+  prefix = "bench-" .. (args[1] or "run") .. "-" .. tid .. "-"
+end
+function request()
+  counter = counter + 1
+  return wrk.format("POST", "/orders", {
+    ["Content-Type"] = "application/json",
+    ["Idempotency-Key"] = prefix .. counter,
+  }, BODY)
+end
+"#;
+
+/// Every request: the same key and body, answered from the stored response.
+pub const REPLAY_LUA: &str = r#"
+wrk.method = "POST"
+wrk.path = "/orders"
+wrk.body = BODY
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Idempotency-Key"] = "bench-replay"
+"#;
+
+/// `BENCH_SECONDS` (default 3) per round and `BENCH_ROUNDS` (default 3).
+pub struct Settings {
+    pub seconds: u64,
+    pub rounds: usize,
+}
+
+impl Settings {
+    /// Fails when wrk is not installed.
+    pub fn from_env() -> Result<Settings> {
+        if Command::new("wrk").arg("--version").output().is_err() {
+            fail!("wrk not found: run `make deps` (apt-get install wrk)");
+        }
+        let seconds: u64 = std::env::var("BENCH_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(3)
+            .clamp(1, 60);
+        let rounds: usize = std::env::var("BENCH_ROUNDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(3)
+            .clamp(1, 10);
+        Ok(Settings { seconds, rounds })
+    }
+}
+
+/// `BENCH_NO_WRITE=1`: leave BENCHMARKS.md alone.
+pub fn no_write() -> bool {
+    std::env::var("BENCH_NO_WRITE").is_ok_and(|v| v == "1")
+}
+
+/// One wrk run, as read from its output.
+#[derive(Clone)]
+pub struct Measured {
+    pub rps: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub requests: u64,
+    pub non_2xx: u64,
+    /// wrk's "Socket errors: …" line, or empty.
+    pub errors: String,
+}
+
+fn lua(script: &str) -> String {
+    script.replace("BODY", &format!("'{BODY}'"))
+}
+
+fn wrk(dir: &Path, url: &str, script: &Path, seconds: u64, tag: &str) -> Result<String> {
+    let out = dir.join(format!("wrk-{tag}.txt"));
+    let mut cmd = Command::new("wrk");
+    cmd.arg(format!("-t{THREADS}"))
+        .arg(format!("-c{CONNECTIONS}"))
+        .arg(format!("-d{seconds}s"))
+        .arg("--timeout")
+        .arg("5s")
+        .arg("--latency")
+        .arg("-s")
+        .arg(script)
+        .arg(url)
+        .arg("--")
+        .arg(tag)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(std::fs::File::create(&out)?))
+        .stderr(Stdio::inherit());
+    let mut child = spawn(cmd)?;
+    match child.wait_exit(Duration::from_secs(seconds + 30)) {
+        Some(0) => Ok(std::fs::read_to_string(&out)?),
+        Some(code) => fail!("wrk exited {code}: {}", std::fs::read_to_string(&out)?),
+        None => fail!("wrk did not finish"),
+    }
+}
+
+/// "1.23ms" / "850.00us" / "1.01s" in milliseconds.
+fn duration_ms(text: &str) -> Option<f64> {
+    let (num, unit) = text
+        .find(|c: char| c.is_ascii_alphabetic())
+        .map(|i| text.split_at(i))?;
+    let v: f64 = num.parse().ok()?;
+    Some(match unit {
+        "us" => v / 1000.0,
+        "ms" => v,
+        "s" => v * 1000.0,
+        "m" => v * 60_000.0,
+        _ => return None,
+    })
+}
+
+fn parse_wrk(text: &str) -> Result<Measured> {
+    let mut m = Measured {
+        rps: 0.0,
+        p50_ms: 0.0,
+        p99_ms: 0.0,
+        requests: 0,
+        non_2xx: 0,
+        errors: String::new(),
+    };
+    for line in text.lines() {
+        let t = line.trim();
+        let words: Vec<&str> = t.split_whitespace().collect();
+        match words.as_slice() {
+            ["Requests/sec:", v] => m.rps = v.parse().unwrap_or(0.0),
+            ["50%", v] => m.p50_ms = duration_ms(v).unwrap_or(0.0),
+            ["99%", v] => m.p99_ms = duration_ms(v).unwrap_or(0.0),
+            [n, "requests", "in", ..] => m.requests = n.parse().unwrap_or(0),
+            ["Non-2xx", "or", "3xx", "responses:", n] => m.non_2xx = n.parse().unwrap_or(0),
+            ["Socket", "errors:", ..] => m.errors = t.to_string(),
+            _ => {}
+        }
+    }
+    if m.rps <= 0.0 {
+        fail!("could not read wrk's output:\n{text}");
+    }
+    Ok(m)
+}
+
+/// One case: its own Envoy, kept up for every round.
+pub struct Case {
+    pub name: String,
+    pub envoy: Envoy,
+    dir: PathBuf,
+    script: PathBuf,
+    best: Option<Measured>,
+    rounds: Vec<f64>,
+}
+
+impl Case {
+    /// A scratch directory `<label>-…` with the wrk script (`UNIQUE_LUA` or
+    /// `REPLAY_LUA`), and an Envoy named `label` on `config`. Then, as the
+    /// case needs: [`Case::prime_replay_key`], and [`Case::warm_up`].
+    pub fn start(label: &str, name: &str, config: EnvoyConfig, script: &str) -> Result<Case> {
+        let dir = scratch_dir(label)?;
+        let script_path = dir.join("script.lua");
+        std::fs::write(&script_path, lua(script))?;
+        let envoy = Envoy::start(label, config)?;
+        Ok(Case {
+            name: name.to_string(),
+            envoy,
+            dir,
+            script: script_path,
+            best: None,
+            rounds: Vec::new(),
+        })
+    }
+
+    /// Stores the response that `REPLAY_LUA` replays.
+    pub fn prime_replay_key(&self) -> Result<()> {
+        let r = self.envoy.send(
+            &Request::post("/orders")
+                .key("bench-replay")
+                .header("content-type", "application/json")
+                .body(BODY),
+        )?;
+        if r.status != 200 {
+            fail!("priming the replay key: {}", r.summary());
+        }
+        Ok(())
+    }
+
+    /// A run of wrk whose figures are not kept.
+    pub fn warm_up(&self, seconds: u64) -> Result<()> {
+        self.wrk(seconds, "warmup")?;
+        Ok(())
+    }
+
+    fn wrk(&self, seconds: u64, round: &str) -> Result<String> {
+        let tag = format!(
+            "{}-{}-{round}",
+            self.name.replace([' ', ','], "-"),
+            std::process::id()
+        );
+        let url = format!("{}/orders", self.envoy.url());
+        wrk(&self.dir, &url, &self.script, seconds, &tag)
+    }
+
+    /// One measured round; keeps the best (highest throughput) one. The
+    /// progress line pads the name to `name_width`.
+    fn measure(&mut self, seconds: u64, round: usize, name_width: usize) -> Result<()> {
+        let m = parse_wrk(&self.wrk(seconds, &format!("r{round}"))?)?;
+        eprintln!(
+            "  round {round} {:<name_width$} {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms  ({} requests, {} non-2xx{})",
+            self.name,
+            m.rps,
+            m.p50_ms,
+            m.p99_ms,
+            m.requests,
+            m.non_2xx,
+            if m.errors.is_empty() {
+                String::new()
+            } else {
+                format!(", {}", m.errors)
+            }
+        );
+        self.rounds.push(m.rps);
+        if self.best.as_ref().is_none_or(|b| m.rps > b.rps) {
+            self.best = Some(m);
+        }
+        Ok(())
+    }
+
+    /// The best round.
+    pub fn best(&self) -> Result<&Measured> {
+        match &self.best {
+            Some(best) => Ok(best),
+            None => fail!("no measurement for {}", self.name),
+        }
+    }
+
+    /// Every round's req/s: "1234, 1300, 1250".
+    pub fn rounds_text(&self) -> String {
+        self.rounds
+            .iter()
+            .map(|r| format!("{r:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The filter's non-zero counters: "executed=1 replayed=10".
+    pub fn counters(&self) -> String {
+        self.envoy
+            .dedup_counters()
+            .map(|c| {
+                c.iter()
+                    .filter(|(_, v)| **v > 0)
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// `rounds` measured rounds of `seconds` each. Rounds interleave the cases,
+/// so a burst of other work on the machine hits every case alike; each case
+/// keeps its best round.
+pub fn measure_interleaved(
+    cases: &mut [Case],
+    seconds: u64,
+    rounds: usize,
+    name_width: usize,
+) -> Result<()> {
+    for round in 1..=rounds {
+        for case in cases.iter_mut() {
+            case.measure(seconds, round, name_width)?;
+        }
+    }
+    Ok(())
+}
+
+/// The table's header: case, req/s, p50, p99, then `ratio_columns`, then
+/// non-2xx and the rounds.
+pub fn table_header(ratio_columns: &[&str]) -> String {
+    let mut names = String::from("| case | req/s | p50 ms | p99 ms |");
+    let mut align = String::from("|---|---:|---:|---:|");
+    for column in ratio_columns {
+        names.push_str(&format!(" {column} |"));
+        align.push_str("---:|");
+    }
+    format!("{names} non-2xx | rounds (req/s) |\n{align}---:|---|\n")
+}
+
+/// One row under [`table_header`]: `ratios` to two decimals, `last` in the
+/// rounds column.
+pub fn table_row(name: &str, m: &Measured, ratios: &[f64], last: &str) -> String {
+    let mut row = format!(
+        "| {} | {:.0} | {:.3} | {:.3} |",
+        name, m.rps, m.p50_ms, m.p99_ms
+    );
+    for ratio in ratios {
+        row.push_str(&format!(" {ratio:.2} |"));
+    }
+    row.push_str(&format!(" {} | {} |\n", m.non_2xx, last));
+    row
+}
+
+/// "- <case>: <counters>" lines for the cases with any counter.
+pub fn counters_list(cases: &[Case]) -> String {
+    cases
+        .iter()
+        .map(|c| (c.name.as_str(), c.counters()))
+        .filter(|(_, c)| !c.is_empty())
+        .map(|(n, c)| format!("- {n}: {c}\n"))
+        .collect()
+}
+
+/// The 1-minute load average, as text.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|t| t.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// `…envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL` -> `1.40.0`.
+pub fn envoy_version() -> String {
+    Command::new("envoy")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            let (_, rest) = text.split_once("version: ")?;
+            rest.split('/').nth(1).map(str::to_string)
+        })
+        .unwrap_or_else(|| "?".into())
+}
+
+/// Replace the section of BENCHMARKS.md that starts with `heading` (or
+/// append it), leaving other sections alone, and say so on stderr.
+pub fn write_section(heading: &str, section: &str) -> Result<()> {
+    let path = workspace_root().join("BENCHMARKS.md");
+    let old = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n".into());
+    std::fs::write(&path, replace_section(&old, heading, section))?;
+    eprintln!("wrote the \"{heading}\" section of BENCHMARKS.md");
+    Ok(())
+}
+
+/// `old` with the section starting at `heading` (up to the next "## ") replaced
+/// by `section`, or with `section` appended. A blank line separates it from a
+/// following section; the text ends with one newline.
+fn replace_section(old: &str, heading: &str, section: &str) -> String {
+    match old.find(heading) {
+        Some(start) => {
+            let after = &old[start + 2..];
+            match after.find("\n## ") {
+                Some(i) => {
+                    let end = start + 2 + i + 1;
+                    format!("{}{}\n\n{}", &old[..start], section.trim_end(), &old[end..])
+                }
+                None => format!("{}{}\n", &old[..start], section.trim_end()),
+            }
+        }
+        None => format!("{}\n\n{}\n", old.trim_end(), section.trim_end()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OLD: &str = "# Benchmarks\n\n## A\n\nold a\n\n## etcd store\n\nold etcd\n\n## Envoy load\n\nold envoy\n";
+
+    #[test]
+    fn a_section_followed_by_another_keeps_a_blank_line_before_it() {
+        assert_eq!(
+            replace_section(OLD, "## etcd store", "## etcd store\n\nnew etcd\n\n"),
+            "# Benchmarks\n\n## A\n\nold a\n\n## etcd store\n\nnew etcd\n\n## Envoy load\n\nold envoy\n"
+        );
+    }
+
+    #[test]
+    fn the_last_section_ends_the_file_with_one_newline() {
+        assert_eq!(
+            replace_section(OLD, "## Envoy load", "## Envoy load\n\nnew envoy\n"),
+            "# Benchmarks\n\n## A\n\nold a\n\n## etcd store\n\nold etcd\n\n## Envoy load\n\nnew envoy\n"
+        );
+    }
+
+    #[test]
+    fn a_missing_section_is_appended() {
+        assert_eq!(
+            replace_section("# Benchmarks\n", "## Envoy load", "## Envoy load\n\nx\n"),
+            "# Benchmarks\n\n## Envoy load\n\nx\n"
+        );
+    }
+
+    #[test]
+    fn wrk_output_is_read() {
+        let m = parse_wrk(
+            "  Latency Distribution\n     50%    1.23ms\n     99%  850.00us\n  \
+             1000 requests in 1.00s, 10 KB read\n  Socket errors: connect 0, read 1, write 0, timeout 0\n  \
+             Non-2xx or 3xx responses: 2\nRequests/sec:   999.50\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (m.rps, m.p50_ms, m.p99_ms, m.requests, m.non_2xx),
+            (999.5, 1.23, 0.85, 1000, 2)
+        );
+        assert_eq!(
+            m.errors,
+            "Socket errors: connect 0, read 1, write 0, timeout 0"
+        );
+    }
+
+    #[test]
+    fn the_header_has_a_column_per_ratio() {
+        assert_eq!(
+            table_header(&["a", "b"]),
+            "| case | req/s | p50 ms | p99 ms | a | b | non-2xx | rounds (req/s) |\n|---|---:|---:|---:|---:|---:|---:|---|\n"
+        );
+    }
+}
