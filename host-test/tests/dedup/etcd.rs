@@ -83,21 +83,24 @@ fn etcd_config(extra: &str) -> String {
     format!(r#"{{"store": {{"kind": "etcd", "cluster": "etcd", "timeout_ms": 2000}}{extra}}}"#)
 }
 
+/// A "proxy" on the etcd store with `workers` workers, calling `up` upstream and
+/// the real `etcd` through its "etcd" cluster.
+fn proxy(etcd: &Etcd, up: &Upstream, workers: usize) -> Result<Envoy, host_test::Error> {
+    Envoy::builder(super::wasm())
+        .workers(workers)
+        .vm_id("proxy_dedup")
+        .plugin_config(etcd_config(""))
+        .allow_on_headers_stop_iteration(true)
+        .upstream(up.handler())
+        .cluster_addr("etcd", &etcd.client)
+        .build()
+}
+
 #[test]
 fn two_proxies_share_one_real_etcd() -> R {
     let etcd = Etcd::start();
     let up = Upstream::default();
-    let proxy = || {
-        Envoy::builder(super::wasm())
-            .workers(2)
-            .vm_id("proxy_dedup")
-            .plugin_config(etcd_config(""))
-            .allow_on_headers_stop_iteration(true)
-            .upstream(up.handler())
-            .cluster_addr("etcd", &etcd.client)
-            .build()
-    };
-    let (mut a, mut b) = (proxy()?, proxy()?);
+    let (mut a, mut b) = (proxy(&etcd, &up, 2)?, proxy(&etcd, &up, 2)?);
     // In flight on A: B learns it from etcd.
     let first = a.start(0, keyed("/orders", "k1", "{}"))?;
     a.send_request(first)?;
@@ -180,17 +183,7 @@ fn the_response_waits_until_etcd_has_the_completed_record() -> R {
     // any proxy is a replay, never a 409.
     let etcd = Etcd::start();
     let up = Upstream::default();
-    let proxy = || {
-        Envoy::builder(super::wasm())
-            .workers(1)
-            .vm_id("proxy_dedup")
-            .plugin_config(etcd_config(""))
-            .allow_on_headers_stop_iteration(true)
-            .upstream(up.handler())
-            .cluster_addr("etcd", &etcd.client)
-            .build()
-    };
-    let (mut a, mut b) = (proxy()?, proxy()?);
+    let (mut a, mut b) = (proxy(&etcd, &up, 1)?, proxy(&etcd, &up, 1)?);
     for (key, status) in [("k-ok", 200u16), ("k-fail", 503)] {
         let first = a.start(0, keyed("/orders", key, "{}"))?;
         a.send_request(first)?;
