@@ -6,12 +6,11 @@
 //! `BENCH_NO_WRITE=1` to leave BENCHMARKS.md alone.
 
 use dedup_envoy::bench::{
-    counters_list, load_average, measure_interleaved, no_write, table_header, table_row,
-    write_section, Case, Settings, BODY, CONNECTIONS, REPLAY_LUA, THREADS, UNIQUE_LUA,
+    counters_list, envoy_version, load_average, measure_interleaved, no_write, table_header,
+    table_row, write_section, Case, Settings, BODY, CONNECTIONS, REPLAY_LUA, THREADS, UNIQUE_LUA,
 };
 use dedup_envoy::paths::{dedup_wasm, empty_wasm};
 use dedup_envoy::{DemoUpstream, EnvoyConfig, Result};
-use std::process::Command;
 
 const WARMUP_SECONDS: u64 = 1;
 
@@ -22,20 +21,6 @@ fn start_case(name: &str, config: EnvoyConfig, script: &str, prime: bool) -> Res
     }
     case.warm_up(WARMUP_SECONDS)?;
     Ok(case)
-}
-
-fn envoy_version() -> String {
-    Command::new("envoy")
-        .arg("--version")
-        .output()
-        .ok()
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .split('/')
-                .nth(1)
-                .map(str::to_string)
-        })
-        .unwrap_or_else(|| "?".into())
 }
 
 fn run() -> Result<()> {
