@@ -2,7 +2,7 @@
 //! no filter, the empty Wasm filter, dedup with unique keys, dedup replays.
 //! Prints throughput and latency (p50, p99) with ratios to the no-filter and
 //! empty-filter baselines of the same run, and writes the "## Envoy load"
-//! section of BENCHMARKS.md. `BENCH_SECONDS` (default 8) per case,
+//! section of BENCHMARKS.md. `BENCH_SECONDS` (default 3) per case,
 //! `BENCH_NO_WRITE=1` to leave BENCHMARKS.md alone.
 
 use dedup_envoy::bench::{
