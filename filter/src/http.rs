@@ -65,9 +65,9 @@ impl Env for WasmEnv<'_> {
         }
     }
 
-    fn debug(&self, message: &str) {
+    fn debug(&self, message: std::fmt::Arguments<'_>) {
         if abi::log_level() <= abi::LOG_DEBUG {
-            abi::log(abi::LOG_DEBUG, message);
+            abi::log(abi::LOG_DEBUG, &message.to_string());
         }
     }
 

@@ -243,7 +243,15 @@ pub fn record_digest(cfg: &Config, head: &RequestHead, key: &ClientKey) -> Diges
     h.finalize().into()
 }
 
-/// Hex of the first bytes of a digest, for logs.
-pub fn short_hex(d: &Digest) -> String {
-    d.iter().take(6).map(|b| format!("{b:02x}")).collect()
+/// The first bytes of a digest in hex, for logs; formats only when displayed.
+pub struct ShortHex<'a>(&'a Digest);
+
+impl std::fmt::Display for ShortHex<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().take(6).try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+pub fn short_hex(d: &Digest) -> ShortHex<'_> {
+    ShortHex(d)
 }

@@ -48,7 +48,8 @@ pub trait Env: SharedData {
     /// A token unique to this claim (random, or counter-based with a random seed).
     fn new_token(&mut self) -> u64;
     fn count(&mut self, counter: Counter);
-    fn debug(&self, message: &str);
+    /// A debug line; formatted only when the host logs at debug level.
+    fn debug(&self, message: std::fmt::Arguments<'_>);
     fn warn(&self, message: &str);
     /// This worker's leases (etcd store).
     fn leases(&mut self) -> &mut LeaseCache;
@@ -342,7 +343,7 @@ impl DedupStream {
             return None;
         };
         if !p.config.stores_status(status) {
-            env.debug(&format!(
+            env.debug(format_args!(
                 "stream {}: upstream answered {status}; releasing the claim",
                 self.id
             ));
@@ -386,7 +387,7 @@ impl DedupStream {
     pub fn on_stream_end<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Option<StoreCall> {
         match std::mem::replace(&mut self.phase, Phase::Finished) {
             Phase::Forwarded(owned) | Phase::Capturing(owned, _) => {
-                env.debug(&format!(
+                env.debug(format_args!(
                     "stream {}: ended without a complete response; releasing the claim",
                     self.id
                 ));
@@ -423,7 +424,7 @@ impl DedupStream {
 
     fn bypass<E: Env>(&mut self, env: &mut E, why: &str) -> Action {
         env.count(Counter::Bypassed);
-        env.debug(&format!("stream {}: bypass ({why})", self.id));
+        env.debug(format_args!("stream {}: bypass ({why})", self.id));
         self.phase = Phase::Passthrough;
         Action::Continue
     }
@@ -438,7 +439,7 @@ impl DedupStream {
     }
 
     fn reply<E: Env>(&mut self, env: &mut E, reply: LocalReply) -> Action {
-        env.debug(&format!(
+        env.debug(format_args!(
             "stream {}: local reply {} ({})",
             self.id, reply.status, reply.details
         ));
@@ -505,7 +506,6 @@ impl DedupStream {
         let token = env.new_token();
         let now = env.now_ms();
         let outcome = SharedStore::new(&*env, &p.layout).claim(&digest, &payload, now, token);
-        let rec = short_hex(&digest);
         match outcome {
             Ok(ClaimOutcome::Claimed {
                 claim,
@@ -514,7 +514,7 @@ impl DedupStream {
                 if evicted_unexpired {
                     env.count(Counter::EvictionsUnexpired);
                 }
-                self.forward(env, &rec, Owned::Shared(claim))
+                self.forward(env, Owned::Shared(claim))
             }
             Ok(ClaimOutcome::InFlight) => self.duplicate(p, env, Duplicate::InFlight),
             Ok(ClaimOutcome::PayloadMismatch) => self.duplicate(p, env, Duplicate::PayloadMismatch),
@@ -533,11 +533,16 @@ impl DedupStream {
         }
     }
 
-    fn forward<E: Env>(&mut self, env: &mut E, rec: &str, owned: Owned) -> Action {
+    fn forward<E: Env>(&mut self, env: &mut E, owned: Owned) -> Action {
         env.count(Counter::Executed);
-        env.debug(&format!(
-            "stream {}: record {rec} claimed; forwarding",
-            self.id
+        let digest = match &owned {
+            Owned::Shared(c) => c.digest,
+            Owned::Etcd(o) => o.digest,
+        };
+        env.debug(format_args!(
+            "stream {}: record {} claimed; forwarding",
+            self.id,
+            short_hex(&digest)
         ));
         self.phase = Phase::Forwarded(owned);
         Action::Continue
@@ -570,7 +575,7 @@ impl DedupStream {
             }
             Duplicate::Completed(Some(resp)) => {
                 env.count(Counter::Replayed);
-                env.debug(&format!(
+                env.debug(format_args!(
                     "stream {}: replaying a stored {}",
                     self.id, resp.status
                 ));
@@ -598,7 +603,7 @@ impl DedupStream {
                     None => Duplicate::NotStored,
                 }
             };
-            env.debug(&format!(
+            env.debug(format_args!(
                 "stream {}: record {} answered by this worker's tier",
                 self.id,
                 short_hex(&digest)
@@ -730,7 +735,6 @@ impl DedupStream {
                 let Some(completed_lease) = c.completed_lease else {
                     return self.store_failed(p, env, "no completion lease");
                 };
-                let rec = short_hex(&c.digest);
                 let owned = Owned::Etcd(EtcdOwned {
                     key: c.key,
                     digest: c.digest,
@@ -739,7 +743,7 @@ impl DedupStream {
                     mod_revision: revision,
                     completed_lease,
                 });
-                self.forward(env, &rec, owned)
+                self.forward(env, owned)
             }
             (
                 ClaimStep::Txn,
@@ -764,7 +768,6 @@ impl DedupStream {
                         let Some(completed_lease) = c.completed_lease else {
                             return self.store_failed(p, env, "no completion lease");
                         };
-                        let rec = short_hex(&c.digest);
                         let owned = Owned::Etcd(EtcdOwned {
                             key: c.key,
                             digest: c.digest,
@@ -773,7 +776,7 @@ impl DedupStream {
                             mod_revision,
                             completed_lease,
                         });
-                        self.forward(env, &rec, owned)
+                        self.forward(env, owned)
                     }
                     Some(r) if r.expires_ms > now => {
                         if r.payload != c.payload {
@@ -870,7 +873,7 @@ impl DedupStream {
         };
         match confirmed {
             Some(true) => {
-                env.debug(&format!(
+                env.debug(format_args!(
                     "stream {}: {} confirmed by etcd",
                     self.id, st.what
                 ));
@@ -932,7 +935,7 @@ impl DedupStream {
         match owned {
             Owned::Shared(claim) => {
                 match SharedStore::new(&*env, &p.layout).complete(&claim, response.as_ref(), now) {
-                    Ok(true) => env.debug(&format!(
+                    Ok(true) => env.debug(format_args!(
                         "stream {}: record {} completed",
                         self.id,
                         short_hex(&claim.digest)
