@@ -15,6 +15,8 @@ use crate::paths::{config_file, scratch_dir};
 use crate::ports::free_port;
 use crate::process::{spawn, ChildGuard};
 use crate::{fail, Result};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -493,49 +495,17 @@ fn base64_field(v: &Value, name: &str) -> Result<Vec<u8>> {
     }
 }
 
-const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-/// Standard base64 with padding (what etcd's JSON gateway uses for bytes).
+/// Standard base64 with padding (what etcd's JSON gateway uses for bytes); the same
+/// crate the filter uses.
 pub fn base64_encode(data: &[u8]) -> String {
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(B64[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    STANDARD.encode(data)
 }
 
 pub fn base64_decode(text: &str) -> Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(text.len() / 4 * 3);
-    let mut acc: u32 = 0;
-    let mut bits = 0;
-    for c in text.bytes() {
-        if c == b'=' {
-            break;
-        }
-        let Some(v) = B64.iter().position(|&x| x == c) else {
-            fail!("invalid base64 character {:?} in {text:?}", c as char);
-        };
-        acc = (acc << 6) | v as u32;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
-        }
+    match STANDARD.decode(text) {
+        Ok(v) => Ok(v),
+        Err(e) => fail!("invalid base64 {text:?}: {e}"),
     }
-    Ok(out)
 }
 
 fn tail(text: &str, lines: usize) -> String {
