@@ -311,6 +311,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         response: Option<&StoredResponse>,
         now_ms: u64,
     ) -> Result<bool, StoreError> {
+        let mut read_bucket = None;
         if let Some(resp) = response {
             // The slot is written before the record flips, so a reader that sees
             // Completed finds the body. The slot write is a CAS on the slot's own cas,
@@ -320,27 +321,27 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             // and token inside the slot let readers reject any other leftover.
             let bytes = resp.encode(&claim.digest, claim.token);
             let slot = self.layout.response_key(claim.bucket, claim.way);
-            let mut written = false;
-            for _ in 0..MAX_ATTEMPTS {
+            for attempt in 0.. {
+                if attempt == MAX_ATTEMPTS {
+                    return Err(StoreError::Contention);
+                }
                 let slot_cas = match self.shared.get(&slot).map_err(StoreError::Host)? {
                     Some((_, cas)) => cas,
                     None => u32::MAX,
                 };
-                let (b, _) = self.read(claim.bucket)?;
+                let (b, cas) = self.read(claim.bucket)?;
                 if !owns(&b, claim) {
                     return Ok(false);
                 }
                 match self.shared.set(&slot, &bytes, slot_cas) {
+                    // The bucket just read is the first CAS attempt of the flip.
                     Ok(()) => {
-                        written = true;
+                        read_bucket = Some((b, cas));
                         break;
                     }
                     Err(SetError::CasMismatch) => continue,
                     Err(SetError::Fault(f)) => return Err(StoreError::Host(f)),
                 }
-            }
-            if !written {
-                return Err(StoreError::Contention);
             }
         }
         let state = if response.is_some() {
@@ -348,7 +349,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         } else {
             RecordState::CompletedNotStored
         };
-        self.update_own(claim, |r| {
+        self.update_own(claim, read_bucket, |r| {
             r.state = state;
             r.expires_ms = now_ms.saturating_add(self.layout.ttl_ms);
             true
@@ -357,23 +358,23 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
 
     /// Releases a won claim (upstream 5xx, reset, no response) so a retry runs again.
     pub fn release(&self, claim: &Claim) -> Result<bool, StoreError> {
-        self.update_own(claim, |_| false)
+        self.update_own(claim, None, |_| false)
     }
 
     /// Applies `f` to the claim's own in-flight record (`false` from `f` empties the way).
+    /// `first` is a bucket already read (with its cas), used for the first attempt.
     fn update_own(
         &self,
         claim: &Claim,
+        mut first: Option<(Bucket, u32)>,
         f: impl Fn(&mut Record) -> bool,
     ) -> Result<bool, StoreError> {
         for _ in 0..MAX_ATTEMPTS {
-            let (mut b, cas) = self.read(claim.bucket)?;
-            let owned = b[claim.way].as_ref().is_some_and(|r| {
-                r.digest == claim.digest
-                    && r.token == claim.token
-                    && r.state == RecordState::InFlight
-            });
-            if !owned {
+            let (mut b, cas) = match first.take() {
+                Some(read) => read,
+                None => self.read(claim.bucket)?,
+            };
+            if !owns(&b, claim) {
                 return Ok(false);
             }
             let keep = match b[claim.way].as_mut() {
