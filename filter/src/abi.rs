@@ -1,14 +1,15 @@
-//! Host calls the filter makes, declared here and mapped to `Result`s.
+//! Host calls the filter makes, declared here and mapped to `Result`s, and the allocator
+//! the host uses to hand us buffers.
 //!
-//! The SDK's own `hostcalls` panic on any status they do not expect, and a panic traps the
-//! VM (every later request on that worker gets 503). These wrappers never panic: every
-//! status becomes a value. Return types are `u32`, not an enum, so an unexpected status
-//! from a host is a number, not undefined behaviour.
+//! A panic traps the VM (every later request on that worker gets 503), so these wrappers
+//! never panic: every status becomes a value. Return types are `u32`, not an enum, so an
+//! unexpected status from a host is a number, not undefined behaviour.
 
 #![allow(clashing_extern_declarations)]
 
 use dedup_core::store::{HostFault, SetError, SharedData};
 use dedup_core::wire::{decode_pairs, encode_pairs};
+use std::time::Duration;
 
 const OK: u32 = 0;
 const NOT_FOUND: u32 = 1;
@@ -81,10 +82,36 @@ extern "C" {
     ) -> u32;
     fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
     fn proxy_continue_stream(stream_type: u32) -> u32;
+    fn proxy_http_call(
+        upstream_data: *const u8,
+        upstream_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        trailers_data: *const u8,
+        trailers_size: usize,
+        timeout_milliseconds: u32,
+        return_token: *mut u32,
+    ) -> u32;
+    fn proxy_set_effective_context(context_id: u32) -> u32;
+}
+
+/// The allocator the host calls to place buffers it returns to us (header maps, bodies,
+/// shared-data values): a `Box<[u8]>` of exactly `size` bytes, leaked to the host.
+/// `take_host_buffer` takes it back. On wasm32-unknown-unknown hosts look for `malloc`.
+#[cfg_attr(
+    all(target_arch = "wasm32", target_os = "unknown"),
+    export_name = "malloc"
+)]
+#[cfg_attr(not(all(target_arch = "wasm32", target_os = "unknown")), no_mangle)]
+pub extern "C" fn proxy_on_memory_allocate(size: usize) -> *mut u8 {
+    // Uninitialised: the host overwrites all `size` bytes before handing them back.
+    Box::into_raw(Box::<[u8]>::new_uninit_slice(size)).cast::<u8>()
 }
 
 /// Takes ownership of a buffer the host allocated through `proxy_on_memory_allocate`
-/// (the SDK's allocator: a boxed slice of exactly `size` bytes).
+/// (a boxed slice of exactly `size` bytes).
 fn take_host_buffer(ptr: *mut u8, size: usize) -> Vec<u8> {
     if ptr.is_null() || size == 0 {
         return Vec::new();
@@ -193,6 +220,64 @@ pub fn resume_request() -> Result<(), u32> {
 pub fn resume_response() -> Result<(), u32> {
     // SAFETY: no pointers.
     let status = unsafe { proxy_continue_stream(STREAM_HTTP_RESPONSE) };
+    if status == OK {
+        Ok(())
+    } else {
+        Err(status)
+    }
+}
+
+/// Sends an HTTP call to `cluster` (`headers` must hold `:method`, `:path` and
+/// `:authority`) and records its token as owned by the HTTP context whose callback is
+/// running (the root's, outside a stream callback), so the answer finds its way back even
+/// after that stream has ended. `Err` carries the host's status (BadArgument for an unknown
+/// cluster or missing pseudo-headers): then no call exists and nothing is recorded.
+pub fn dispatch_http_call(
+    cluster: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+    trailers: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<u32, u32> {
+    let pairs = |list: &[(&str, &str)]| {
+        let owned: Vec<(String, Vec<u8>)> = list
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
+            .collect();
+        encode_pairs(&owned)
+    };
+    let headers = pairs(headers);
+    let trailers = pairs(trailers);
+    let (body_ptr, body_len) = body.map_or((std::ptr::null(), 0), |b| (b.as_ptr(), b.len()));
+    let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+    let mut token = 0u32;
+    // SAFETY: pointers and lengths of live buffers; valid out-pointer.
+    let status = unsafe {
+        proxy_http_call(
+            cluster.as_ptr(),
+            cluster.len(),
+            headers.as_ptr(),
+            headers.len(),
+            body_ptr,
+            body_len,
+            trailers.as_ptr(),
+            trailers.len(),
+            timeout_ms,
+            &mut token,
+        )
+    };
+    if status != OK {
+        return Err(status);
+    }
+    crate::context::register_callout(token);
+    Ok(token)
+}
+
+/// Makes `context_id` the context later host calls act on (the host answers callouts on
+/// the root context; a stream's local reply or resume needs the stream's).
+pub fn set_effective_context(context_id: u32) -> Result<(), u32> {
+    // SAFETY: no pointers.
+    let status = unsafe { proxy_set_effective_context(context_id) };
     if status == OK {
         Ok(())
     } else {

@@ -2,6 +2,7 @@
 //! the action it returns.
 
 use crate::abi;
+use crate::context::{Action, Context, HttpContext};
 use crate::Shared;
 use dedup_core::config::StoreConfig;
 use dedup_core::etcd::LeaseCache;
@@ -10,8 +11,6 @@ use dedup_core::local::LocalTier;
 use dedup_core::store::{HostFault, SetError, SharedData};
 use dedup_core::stream::{CallAnswer, StoreCall};
 use dedup_core::{Action as Decision, Counter, DedupStream, Env};
-use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -143,11 +142,11 @@ impl DedupHttp {
             (":authority", ec.authority.as_str()),
             ("content-type", "application/json"),
         ];
-        self.dispatch_http_call(
+        abi::dispatch_http_call(
             &ec.cluster,
-            headers,
+            &headers,
             Some(&call.body),
-            vec![],
+            &[],
             Duration::from_millis(call.timeout_ms),
         )
         .map_err(|status| {

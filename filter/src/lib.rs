@@ -2,24 +2,37 @@
 //! metrics) and the HTTP context that feeds Envoy's callbacks into `dedup_core`.
 
 mod abi;
+mod context;
 mod http;
 
+use context::{HttpContext, RootContext};
 use dedup_core::config::StoreConfig;
 use dedup_core::etcd::LeaseCache;
 use dedup_core::local::LocalTier;
 use dedup_core::{Config, Counter, Plugin};
-use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::ContextType;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-proxy_wasm::main! {{
+#[cfg(target_os = "wasi")]
+extern "C" {
+    fn __wasm_call_ctors();
+}
+
+/// The WASI reactor initialiser: the host calls it once, before any other export. It runs
+/// the static constructors (std's start-up), then registers our root context.
+#[no_mangle]
+pub extern "C" fn _initialize() {
+    // SAFETY: the linker-generated constructor runner, called once, first.
+    #[cfg(target_os = "wasi")]
+    unsafe {
+        __wasm_call_ctors();
+    }
     // A panic would trap the VM; say why at critical level first.
     std::panic::set_hook(Box::new(|info| {
         abi::log(abi::LOG_CRITICAL, &format!("proxy-dedup panicked: {info}"));
     }));
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(DedupRoot::new()) });
-}}
+    context::set_root_context(|_| -> Box<dyn RootContext> { Box::new(DedupRoot::new()) });
+}
 
 /// Per-VM state shared by the root and its HTTP contexts.
 pub(crate) struct Shared {
@@ -52,8 +65,6 @@ fn random_seed() -> u64 {
     h.write_u64(abi::now_ms());
     h.finish()
 }
-
-impl Context for DedupRoot {}
 
 impl RootContext for DedupRoot {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -117,14 +128,30 @@ impl RootContext for DedupRoot {
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        // The SDK traps if this returns None; a context without configuration passes through.
+        // A context without configuration passes through.
         Some(Box::new(http::DedupHttp::new(
             context_id,
             self.shared.clone(),
         )))
     }
 
-    fn get_type(&self) -> Option<ContextType> {
-        Some(ContextType::HttpContext)
+    fn on_orphan_call_response(
+        &mut self,
+        token_id: u32,
+        num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        // The answer to a call whose stream has ended (e.g. a completion or release sent
+        // from `on_log`). Nothing waits for it here yet.
+        if abi::log_level() <= abi::LOG_DEBUG {
+            abi::log(
+                abi::LOG_DEBUG,
+                &format!(
+                    "proxy-dedup: callout {token_id} answered after its stream ended \
+                     ({num_headers} headers, {body_size} body bytes)"
+                ),
+            );
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! per-stream decision machine, and the claim/complete/release store on Envoy shared data.
 //! The cdylib in `filter/` is thin glue that feeds Envoy's callbacks into `DedupStream`.
 
+pub mod callouts;
 pub mod config;
 pub mod etcd;
 pub mod key;

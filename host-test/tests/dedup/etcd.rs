@@ -211,3 +211,44 @@ fn the_response_waits_until_etcd_has_the_completed_record() -> R {
     }
     Ok(())
 }
+
+#[test]
+fn an_answer_after_the_stream_ended_reaches_the_root() -> R {
+    // Envoy makes every callout on the root context: a completion still in flight when the
+    // client hangs up is answered after the stream's context is gone. The filter hands
+    // such calls to the root (no trap, no lost answer), and the worker serves on.
+    let etcd = Etcd::start();
+    let up = Upstream::default();
+    let mut a = Envoy::builder(super::wasm())
+        .workers(1)
+        .vm_id("proxy_dedup")
+        .plugin_config(etcd_config(""))
+        .allow_on_headers_stop_iteration(true)
+        .upstream(up.handler())
+        .cluster_addr("etcd", &etcd.client)
+        .log_level(host_test::LogLevel::Debug)
+        .build()?;
+    let first = a.start(0, keyed("/orders", "k-gone", "{}"))?;
+    a.send_request(first)?;
+    a.hold_callouts(true);
+    a.respond(first, Reply::new(200).body("done"))?;
+    assert!(a.held_callouts() >= 1, "the completion is in flight");
+    a.reset_client(first)?;
+    assert!(
+        a.log_contains("ended with 1 pending call"),
+        "{:?}",
+        a.logs()
+    );
+    a.hold_callouts(false);
+    a.release_callouts();
+    assert!(
+        a.log_contains("answered after its stream ended"),
+        "{:?}",
+        a.logs()
+    );
+    assert!(!a.worker_failed(0));
+    let next = a.request(0, keyed("/orders", "k-next", "{}"))?;
+    assert_eq!(next.status, 200);
+    assert!(next.upstream_called);
+    Ok(())
+}

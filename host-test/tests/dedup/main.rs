@@ -65,6 +65,22 @@ pub fn problem_type(r: &Response) -> String {
 }
 
 #[test]
+fn the_filter_imports_only_from_env_and_wasi() -> R {
+    let imports = host_test::module_imports(&wasm())?;
+    assert!(
+        imports.iter().any(|i| i == "env::proxy_http_call"),
+        "{imports:?}"
+    );
+    for import in &imports {
+        assert!(
+            import.starts_with("env::proxy_") || import.starts_with("wasi_snapshot_preview1::"),
+            "{import}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
 fn first_executes_duplicate_replays_with_header() -> R {
     let up = Upstream::default();
     let mut e = envoy_with("{}", 2, &up).build()?;

@@ -1,0 +1,585 @@
+//! Our side of the proxy-wasm ABI 0.2.1: the exported `proxy_on_*` callbacks, the table
+//! of live contexts, and the table of pending HTTP callouts.
+//!
+//! This replaces the proxy-wasm SDK's dispatcher, which panics (a trap: Envoy then answers
+//! 503 on that worker until the VM is reloaded) on an unknown context id, an unknown
+//! callout token or a token it still holds, and keeps the tokens of calls Envoy cancelled
+//! forever. Here nothing panics:
+//! - a callback for a context we do not know is ignored (Continue; logged at debug);
+//! - an answer for a token we do not know is ignored; a token dispatched again while we
+//!   still hold it (Envoy's per-VM call-id counter wrapped) replaces the old entry;
+//! - Envoy makes every `proxy_http_call` on the ROOT context and answers it there
+//!   (`proxy_on_http_call_response(root_context_id, token, ..)`), so a call outlives the
+//!   stream that made it. The stream that dispatched a call owns it while it lives; when
+//!   it is deleted its pending calls pass to the root, whose
+//!   [`RootContext::on_orphan_call_response`] gets their answers;
+//! - a root context that is done or deleted takes its callout entries with it (Envoy
+//!   cancels a root's pending calls when it destroys it), so the table holds only calls
+//!   that can still be answered.
+//!
+//! One VM runs on one thread, so the tables live in a `thread_local`. Every borrow is a
+//! `try_borrow`: a callback re-entering a context that is already running is refused
+//! (logged), never a panic.
+
+use crate::abi;
+use dedup_core::callouts::Callouts;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// What a stream callback tells the host, as the ABI encodes it.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Continue = 0,
+    Pause = 1,
+}
+
+/// Callbacks any context may get.
+pub trait Context {
+    /// The answer to a call this context dispatched (its headers, body and trailers are
+    /// readable through the host calls while this runs).
+    fn on_http_call_response(
+        &mut self,
+        _token_id: u32,
+        _num_headers: usize,
+        _body_size: usize,
+        _num_trailers: usize,
+    ) {
+    }
+
+    /// The host is about to delete this context; `false` would ask it to wait.
+    fn on_done(&mut self) -> bool {
+        true
+    }
+}
+
+/// A plugin's root context: configuration, and the HTTP contexts of its streams.
+pub trait RootContext {
+    fn on_vm_start(&mut self, _vm_configuration_size: usize) -> bool {
+        true
+    }
+
+    fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
+        true
+    }
+
+    fn on_tick(&mut self) {}
+
+    fn on_done(&mut self) -> bool {
+        true
+    }
+
+    /// The answer to a call no live stream owns: one the root made itself, or one whose
+    /// stream has ended (the host still answers it, on the root context).
+    fn on_orphan_call_response(
+        &mut self,
+        _token_id: u32,
+        _num_headers: usize,
+        _body_size: usize,
+        _num_trailers: usize,
+    ) {
+    }
+
+    /// The context of a new stream; `None` leaves the stream to pass through.
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>>;
+}
+
+/// A stream's context. Each callback's answer says whether the stream goes on.
+pub trait HttpContext: Context {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        Action::Continue
+    }
+
+    fn on_http_request_body(&mut self, _body_size: usize, _end_of_stream: bool) -> Action {
+        Action::Continue
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        Action::Continue
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, _body_size: usize, _end_of_stream: bool) -> Action {
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {}
+}
+
+pub type NewRootContext = fn(context_id: u32) -> Box<dyn RootContext>;
+
+/// Registers the constructor of root contexts (from `_initialize`).
+pub fn set_root_context(new_root: NewRootContext) {
+    let _ = with_vm(|vm| vm.new_root.set(Some(new_root)));
+}
+
+/// Records a call just dispatched as owned by the running HTTP context (or by the root,
+/// outside a stream callback). Called by `abi::dispatch_http_call`.
+pub(crate) fn register_callout(token: u32) {
+    let replaced = with_vm(|vm| {
+        let active = vm.active.get();
+        let mut callouts = vm.callouts.try_borrow_mut().ok()?;
+        Some(callouts.register(token, active.root, active.stream))
+    })
+    .flatten();
+    match replaced {
+        None => abi::log(
+            abi::LOG_WARN,
+            &format!("proxy-dedup: cannot record callout {token}; its answer will be ignored"),
+        ),
+        Some(Some(old)) => abi::log(
+            abi::LOG_WARN,
+            &format!(
+                "proxy-dedup: callout token {token} reused while still pending (owner {:?}, \
+                 root {}); the old call's answer can no longer be told apart",
+                old.owner, old.root
+            ),
+        ),
+        Some(None) => {}
+    }
+}
+
+/// A context, shared between the table and a callback running it.
+type Slot<T> = Rc<RefCell<T>>;
+
+struct Stream {
+    root: u32,
+    context: Slot<Box<dyn HttpContext>>,
+}
+
+/// The context a callback runs for: what a callout dispatched now belongs to.
+#[derive(Clone, Copy, Default)]
+struct Active {
+    root: u32,
+    stream: Option<u32>,
+}
+
+#[derive(Default)]
+struct Vm {
+    new_root: Cell<Option<NewRootContext>>,
+    roots: RefCell<HashMap<u32, Slot<Box<dyn RootContext>>>>,
+    streams: RefCell<HashMap<u32, Stream>>,
+    callouts: RefCell<Callouts>,
+    active: Cell<Active>,
+}
+
+thread_local! {
+    static VM: Vm = Vm::default();
+}
+
+fn with_vm<R>(f: impl FnOnce(&Vm) -> R) -> Option<R> {
+    VM.try_with(f).ok()
+}
+
+fn debug(message: std::fmt::Arguments<'_>) {
+    if abi::log_level() <= abi::LOG_DEBUG {
+        abi::log(abi::LOG_DEBUG, &message.to_string());
+    }
+}
+
+fn root(context_id: u32) -> Option<Slot<Box<dyn RootContext>>> {
+    with_vm(|vm| vm.roots.try_borrow().ok()?.get(&context_id).cloned()).flatten()
+}
+
+fn stream(context_id: u32) -> Option<(u32, Slot<Box<dyn HttpContext>>)> {
+    with_vm(|vm| {
+        let streams = vm.streams.try_borrow().ok()?;
+        let s = streams.get(&context_id)?;
+        Some((s.root, s.context.clone()))
+    })
+    .flatten()
+}
+
+/// Runs `f` with `active` as the running context, restoring the previous one after.
+fn as_active<R>(active: Active, f: impl FnOnce() -> R) -> R {
+    let previous = with_vm(|vm| vm.active.replace(active));
+    let result = f();
+    if let Some(previous) = previous {
+        let _ = with_vm(|vm| vm.active.set(previous));
+    }
+    result
+}
+
+/// Runs a callback of a stream context; `default` if there is none by that id.
+fn on_stream<R>(
+    context_id: u32,
+    callback: &str,
+    default: R,
+    f: impl FnOnce(&mut dyn HttpContext) -> R,
+) -> R {
+    let Some((root, context)) = stream(context_id) else {
+        debug(format_args!(
+            "proxy-dedup: {callback} for unknown stream context {context_id}; ignored"
+        ));
+        return default;
+    };
+    let Ok(mut context) = context.try_borrow_mut() else {
+        abi::log(
+            abi::LOG_WARN,
+            &format!("proxy-dedup: {callback} re-entered stream context {context_id}; ignored"),
+        );
+        return default;
+    };
+    let active = Active {
+        root,
+        stream: Some(context_id),
+    };
+    as_active(active, || f(context.as_mut()))
+}
+
+/// Runs a callback of a root context; `default` if there is none by that id.
+fn on_root<R>(
+    context_id: u32,
+    callback: &str,
+    default: R,
+    f: impl FnOnce(&mut dyn RootContext) -> R,
+) -> R {
+    let Some(root) = root(context_id) else {
+        debug(format_args!(
+            "proxy-dedup: {callback} for unknown root context {context_id}; ignored"
+        ));
+        return default;
+    };
+    let Ok(mut root) = root.try_borrow_mut() else {
+        abi::log(
+            abi::LOG_WARN,
+            &format!("proxy-dedup: {callback} re-entered root context {context_id}; ignored"),
+        );
+        return default;
+    };
+    let active = Active {
+        root: context_id,
+        stream: None,
+    };
+    as_active(active, || f(root.as_mut()))
+}
+
+/// A stream context ends: its pending calls pass to its root.
+fn orphan_calls_of(context_id: u32) {
+    let handed = with_vm(|vm| Some(vm.callouts.try_borrow_mut().ok()?.orphan(context_id)))
+        .flatten()
+        .unwrap_or(0);
+    if handed > 0 {
+        debug(format_args!(
+            "proxy-dedup: stream context {context_id} ended with {handed} pending call(s); \
+             their answers go to the root"
+        ));
+    }
+}
+
+/// A root context is gone: the host cancelled its pending calls.
+fn drop_calls_of_root(context_id: u32) {
+    let dropped = with_vm(|vm| Some(vm.callouts.try_borrow_mut().ok()?.drop_root(context_id)))
+        .flatten()
+        .unwrap_or(0);
+    if dropped > 0 {
+        debug(format_args!(
+            "proxy-dedup: root context {context_id} ended; forgot {dropped} pending call(s)"
+        ));
+    }
+}
+
+fn create_root(context_id: u32) {
+    let Some(new_root) = with_vm(|vm| vm.new_root.get()).flatten() else {
+        abi::log(
+            abi::LOG_ERROR,
+            &format!("proxy-dedup: no root context registered; root {context_id} not created"),
+        );
+        return;
+    };
+    let root = Rc::new(RefCell::new(new_root(context_id)));
+    let replaced = with_vm(|vm| {
+        let mut roots = vm.roots.try_borrow_mut().ok()?;
+        Some(roots.insert(context_id, root).is_some())
+    })
+    .flatten();
+    match replaced {
+        None => abi::log(
+            abi::LOG_ERROR,
+            &format!("proxy-dedup: cannot record root context {context_id}"),
+        ),
+        Some(true) => {
+            abi::log(
+                abi::LOG_WARN,
+                &format!("proxy-dedup: root context {context_id} created twice; replaced"),
+            );
+            drop_calls_of_root(context_id);
+        }
+        Some(false) => {}
+    }
+}
+
+fn create_stream(context_id: u32, root_id: u32) {
+    let created = on_root(root_id, "proxy_on_context_create", None, |root| {
+        root.create_http_context(context_id)
+    });
+    let Some(context) = created else {
+        debug(format_args!(
+            "proxy-dedup: no context for stream {context_id} (root {root_id}); it passes through"
+        ));
+        return;
+    };
+    let stream = Stream {
+        root: root_id,
+        context: Rc::new(RefCell::new(context)),
+    };
+    let replaced = with_vm(|vm| {
+        let mut streams = vm.streams.try_borrow_mut().ok()?;
+        Some(streams.insert(context_id, stream).is_some())
+    })
+    .flatten();
+    match replaced {
+        None => abi::log(
+            abi::LOG_WARN,
+            &format!("proxy-dedup: cannot record stream context {context_id}; it passes through"),
+        ),
+        Some(true) => {
+            abi::log(
+                abi::LOG_WARN,
+                &format!("proxy-dedup: stream context {context_id} created twice; replaced"),
+            );
+            // The calls of the replaced context are not the new stream's.
+            orphan_calls_of(context_id);
+        }
+        Some(false) => {}
+    }
+}
+
+fn flag(value: u32) -> bool {
+    value != 0
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_abi_version_0_2_1() {}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_context_create(context_id: u32, parent_context_id: u32) {
+    if parent_context_id == 0 {
+        create_root(context_id);
+    } else {
+        create_stream(context_id, parent_context_id);
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_vm_start(context_id: u32, vm_configuration_size: usize) -> u32 {
+    if root(context_id).is_none() {
+        abi::log(
+            abi::LOG_ERROR,
+            &format!("proxy-dedup: proxy_on_vm_start for unknown root context {context_id}"),
+        );
+        return 0;
+    }
+    u32::from(on_root(context_id, "proxy_on_vm_start", false, |r| {
+        r.on_vm_start(vm_configuration_size)
+    }))
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_configure(context_id: u32, plugin_configuration_size: usize) -> u32 {
+    if root(context_id).is_none() {
+        // Refusing the configuration is visible; accepting it would pass every request
+        // through unchecked.
+        abi::log(
+            abi::LOG_ERROR,
+            &format!("proxy-dedup: proxy_on_configure for unknown root context {context_id}"),
+        );
+        return 0;
+    }
+    u32::from(on_root(context_id, "proxy_on_configure", false, |r| {
+        r.on_configure(plugin_configuration_size)
+    }))
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_tick(context_id: u32) {
+    on_root(context_id, "proxy_on_tick", (), |r| r.on_tick());
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_queue_ready(_context_id: u32, _queue_id: u32) {}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_request_headers(
+    context_id: u32,
+    num_headers: usize,
+    end_of_stream: u32,
+) -> u32 {
+    on_stream(
+        context_id,
+        "proxy_on_request_headers",
+        Action::Continue,
+        |s| s.on_http_request_headers(num_headers, flag(end_of_stream)),
+    ) as u32
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_request_body(
+    context_id: u32,
+    body_size: usize,
+    end_of_stream: u32,
+) -> u32 {
+    on_stream(context_id, "proxy_on_request_body", Action::Continue, |s| {
+        s.on_http_request_body(body_size, flag(end_of_stream))
+    }) as u32
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_request_trailers(context_id: u32, num_trailers: usize) -> u32 {
+    on_stream(
+        context_id,
+        "proxy_on_request_trailers",
+        Action::Continue,
+        |s| s.on_http_request_trailers(num_trailers),
+    ) as u32
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_response_headers(
+    context_id: u32,
+    num_headers: usize,
+    end_of_stream: u32,
+) -> u32 {
+    on_stream(
+        context_id,
+        "proxy_on_response_headers",
+        Action::Continue,
+        |s| s.on_http_response_headers(num_headers, flag(end_of_stream)),
+    ) as u32
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_response_body(
+    context_id: u32,
+    body_size: usize,
+    end_of_stream: u32,
+) -> u32 {
+    on_stream(
+        context_id,
+        "proxy_on_response_body",
+        Action::Continue,
+        |s| s.on_http_response_body(body_size, flag(end_of_stream)),
+    ) as u32
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_response_trailers(context_id: u32, num_trailers: usize) -> u32 {
+    on_stream(
+        context_id,
+        "proxy_on_response_trailers",
+        Action::Continue,
+        |s| s.on_http_response_trailers(num_trailers),
+    ) as u32
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_log(context_id: u32) {
+    if stream(context_id).is_some() {
+        on_stream(context_id, "proxy_on_log", (), |s| s.on_log());
+    } else if root(context_id).is_none() {
+        debug(format_args!(
+            "proxy-dedup: proxy_on_log for unknown context {context_id}; ignored"
+        ));
+    }
+    // A root context has nothing to log.
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_done(context_id: u32) -> u32 {
+    if stream(context_id).is_some() {
+        return u32::from(on_stream(context_id, "proxy_on_done", true, |s| {
+            s.on_done()
+        }));
+    }
+    let done = on_root(context_id, "proxy_on_done", true, |r| r.on_done());
+    if done {
+        // The host destroys the root next and cancels its pending calls.
+        drop_calls_of_root(context_id);
+    }
+    u32::from(done)
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_delete(context_id: u32) {
+    let stream = with_vm(|vm| vm.streams.try_borrow_mut().ok()?.remove(&context_id)).flatten();
+    if let Some(stream) = stream {
+        // Its calls are still answered (on the root context): hand them to the root.
+        orphan_calls_of(context_id);
+        drop(stream);
+        return;
+    }
+    let root = with_vm(|vm| vm.roots.try_borrow_mut().ok()?.remove(&context_id)).flatten();
+    if let Some(root) = root {
+        drop_calls_of_root(context_id);
+        drop(root);
+        return;
+    }
+    debug(format_args!(
+        "proxy-dedup: proxy_on_delete for unknown context {context_id}; ignored"
+    ));
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_http_call_response(
+    context_id: u32,
+    token: u32,
+    num_headers: usize,
+    body_size: usize,
+    num_trailers: usize,
+) {
+    let Some(callout) = with_vm(|vm| vm.callouts.try_borrow_mut().ok()?.take(token)).flatten()
+    else {
+        debug(format_args!(
+            "proxy-dedup: answer for unknown callout token {token} (context {context_id}); \
+             ignored"
+        ));
+        return;
+    };
+    if callout.root != context_id {
+        debug(format_args!(
+            "proxy-dedup: callout {token} was made on root {} but answered on context \
+             {context_id}",
+            callout.root
+        ));
+    }
+    if let Some(owner) = callout.owner {
+        if stream(owner).is_none() {
+            debug(format_args!(
+                "proxy-dedup: callout {token}: stream context {owner} is gone; answer goes \
+                 to the root"
+            ));
+        } else if let Err(status) = abi::set_effective_context(owner) {
+            debug(format_args!(
+                "proxy-dedup: callout {token}: the host refused stream context {owner} \
+                 (status {status}); answer goes to the root"
+            ));
+        } else {
+            on_stream(owner, "proxy_on_http_call_response", (), |s| {
+                s.on_http_call_response(token, num_headers, body_size, num_trailers)
+            });
+            return;
+        }
+    }
+    let root_id = if root(callout.root).is_some() {
+        callout.root
+    } else {
+        context_id
+    };
+    if let Err(status) = abi::set_effective_context(root_id) {
+        debug(format_args!(
+            "proxy-dedup: callout {token}: cannot make root {root_id} effective (status \
+             {status})"
+        ));
+    }
+    on_root(root_id, "proxy_on_http_call_response", (), |r| {
+        r.on_orphan_call_response(token, num_headers, body_size, num_trailers)
+    });
+}
