@@ -45,6 +45,7 @@ struct RawConfig {
     store_statuses: Option<Vec<String>>,
     replayed_header: Option<String>,
     failure_mode: Option<FailureMode>,
+    on_unknown_outcome: Option<OnUnknownOutcome>,
     store: Option<RawStore>,
 }
 
@@ -62,6 +63,7 @@ struct RawKey {
 #[serde(deny_unknown_fields)]
 struct RawScope {
     headers: Option<Vec<String>>,
+    authority: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -73,6 +75,7 @@ struct RawStore {
     authority: Option<String>,
     prefix: Option<String>,
     timeout_ms: Option<u64>,
+    max_record_bytes: Option<u64>,
 }
 
 /// Where records live.
@@ -94,6 +97,8 @@ pub struct EtcdConfig {
     pub prefix: String,
     /// Budget of one store operation, retries included.
     pub timeout_ms: u64,
+    /// Largest record value written (etcd refuses requests above `--max-request-bytes`).
+    pub max_record_bytes: usize,
 }
 
 /// What a completed duplicate gets.
@@ -116,6 +121,18 @@ pub enum FailureMode {
     Closed,
 }
 
+/// What happens to a claim when the filter cannot know whether the upstream executed
+/// the request (client gone, route timeout, upstream reset after the request was sent).
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OnUnknownOutcome {
+    /// Keep the record in flight until `in_flight_timeout_seconds`: the key never runs
+    /// twice on a guess.
+    Hold,
+    /// Release the claim at the end of the stream (a retry executes again).
+    Release,
+}
+
 /// One part of a keyless fingerprint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FingerprintPart {
@@ -126,12 +143,43 @@ pub enum FingerprintPart {
     Header(String),
 }
 
-/// A range of upstream statuses whose responses are stored.
+/// A range of upstream statuses whose responses are stored (or, with `exclude`, are not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatusRange {
     pub low: u16,
     pub high: u16,
+    pub exclude: bool,
 }
+
+impl StatusRange {
+    const fn new(low: u16, high: u16, exclude: bool) -> Self {
+        StatusRange { low, high, exclude }
+    }
+
+    fn contains(&self, status: u16) -> bool {
+        status >= self.low && status <= self.high
+    }
+}
+
+/// Statuses stored by default: 2xx, 3xx and 4xx except those that tell the client to
+/// come back later (408 Request Timeout, 425 Too Early, 429 Too Many Requests): a retry
+/// of those must be able to execute.
+pub const DEFAULT_STORE_STATUSES: [StatusRange; 4] = [
+    StatusRange::new(200, 499, false),
+    StatusRange::new(408, 408, true),
+    StatusRange::new(425, 425, true),
+    StatusRange::new(429, 429, true),
+];
+
+/// Default largest etcd record value: below etcd's default `--max-request-bytes`
+/// (1.5 MiB) once base64-encoded in the JSON gateway's request.
+pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1 << 20;
+
+/// Room a record needs besides the response body: its header, the stored response's
+/// status and framing, and a typical set of response headers. A record above
+/// `store.max_record_bytes` at completion (very large headers) is kept without its
+/// response instead.
+pub const RECORD_OVERHEAD_BYTES: usize = 16 << 10;
 
 /// The validated configuration. Header names are lower-case.
 #[derive(Debug, Clone, PartialEq)]
@@ -142,6 +190,8 @@ pub struct Config {
     pub key_required: bool,
     pub key_max_length: usize,
     pub scope_headers: Vec<String>,
+    /// Whether `:authority` is part of every record's scope.
+    pub scope_authority: bool,
     pub methods: Vec<String>,
     pub on_duplicate: OnDuplicate,
     pub ttl_ms: u64,
@@ -153,6 +203,7 @@ pub struct Config {
     pub store_statuses: Vec<StatusRange>,
     pub replayed_header: String,
     pub failure_mode: FailureMode,
+    pub on_unknown_outcome: OnUnknownOutcome,
     pub namespace: String,
     pub store: StoreConfig,
 }
@@ -166,6 +217,7 @@ impl Default for Config {
             key_required: false,
             key_max_length: 255,
             scope_headers: Vec::new(),
+            scope_authority: true,
             methods: vec!["POST".to_string(), "PATCH".to_string()],
             on_duplicate: OnDuplicate::Replay,
             ttl_ms: 86_400_000,
@@ -174,12 +226,10 @@ impl Default for Config {
             capacity: 100_000,
             max_body_bytes: 1_048_576,
             max_replay_body_bytes: 65_536,
-            store_statuses: vec![StatusRange {
-                low: 200,
-                high: 499,
-            }],
+            store_statuses: DEFAULT_STORE_STATUSES.to_vec(),
             replayed_header: "idempotent-replayed".to_string(),
             failure_mode: FailureMode::Open,
+            on_unknown_outcome: OnUnknownOutcome::Hold,
             namespace: "proxy-dedup".to_string(),
             store: StoreConfig::SharedData,
         }
@@ -203,10 +253,16 @@ impl Config {
     }
 
     /// Whether an upstream status's response is stored (otherwise the claim is released).
+    /// Listed ranges include, `!` entries exclude (an exclusion wins).
     pub fn stores_status(&self, status: u16) -> bool {
-        self.store_statuses
-            .iter()
-            .any(|r| status >= r.low && status <= r.high)
+        let mut included = false;
+        for r in self.store_statuses.iter().filter(|r| r.contains(status)) {
+            if r.exclude {
+                return false;
+            }
+            included = true;
+        }
+        included
     }
 
     /// Whether requests with this method are deduplicated.
@@ -242,10 +298,29 @@ fn serde_error(e: serde_path_to_error::Error<serde_json::Error>) -> ConfigError 
     err(&field, reason)
 }
 
+/// Pseudo-headers that may be named where request headers are named (scope, fingerprint).
+pub const PSEUDO_HEADERS: [&str; 3] = [":authority", ":path", ":method"];
+
+/// A request header name, or one of `PSEUDO_HEADERS` when `pseudo` allows it.
+fn header_name_ok(name: &str, pseudo: bool) -> bool {
+    let lower = name.to_ascii_lowercase();
+    (!name.is_empty() && name.bytes().all(is_token_byte))
+        || (pseudo && PSEUDO_HEADERS.contains(&lower.as_str()))
+}
+
 fn header_names(
     field: &str,
     names: Vec<String>,
     allow_empty: bool,
+) -> Result<Vec<String>, ConfigError> {
+    header_names_with(field, names, allow_empty, false)
+}
+
+fn header_names_with(
+    field: &str,
+    names: Vec<String>,
+    allow_empty: bool,
+    pseudo: bool,
 ) -> Result<Vec<String>, ConfigError> {
     if !allow_empty && names.is_empty() {
         return Err(err(field, "must list at least one header"));
@@ -256,8 +331,16 @@ fn header_names(
     names
         .into_iter()
         .map(|n| {
-            if n.is_empty() || !n.bytes().all(is_token_byte) {
-                Err(err(field, format!("`{n}` is not a valid header name")))
+            if !header_name_ok(&n, pseudo) {
+                let also = if pseudo {
+                    " (pseudo-headers allowed: :authority, :path, :method)"
+                } else {
+                    ""
+                };
+                Err(err(
+                    field,
+                    format!("`{n}` is not a valid header name{also}"),
+                ))
             } else {
                 Ok(n.to_ascii_lowercase())
             }
@@ -283,11 +366,15 @@ fn in_range(
     Ok(v)
 }
 
-fn parse_status(field: &str, s: &str) -> Result<StatusRange, ConfigError> {
+fn parse_status(field: &str, entry: &str) -> Result<StatusRange, ConfigError> {
+    let (exclude, s) = match entry.strip_prefix('!') {
+        Some(rest) => (true, rest),
+        None => (false, entry),
+    };
     let bad = || {
         err(
             field,
-            format!("`{s}` is neither a status class like \"2xx\" nor a code 100..=599"),
+            format!("`{entry}` is neither a status class like \"2xx\" nor a code 100..=599 (a leading `!` excludes)"),
         )
     };
     if s.len() == 3 && s.ends_with("xx") {
@@ -295,19 +382,13 @@ fn parse_status(field: &str, s: &str) -> Result<StatusRange, ConfigError> {
         if !(1..=5).contains(&class) {
             return Err(bad());
         }
-        return Ok(StatusRange {
-            low: class * 100,
-            high: class * 100 + 99,
-        });
+        return Ok(StatusRange::new(class * 100, class * 100 + 99, exclude));
     }
     let code = s.parse::<u16>().map_err(|_| bad())?;
     if !(100..=599).contains(&code) {
         return Err(bad());
     }
-    Ok(StatusRange {
-        low: code,
-        high: code,
-    })
+    Ok(StatusRange::new(code, code, exclude))
 }
 
 impl TryFrom<RawConfig> for Config {
@@ -351,13 +432,13 @@ impl TryFrom<RawConfig> for Config {
                         "query" => FingerprintPart::Query,
                         "body" => FingerprintPart::Body,
                         other => match other.strip_prefix("header:") {
-                            Some(h) if !h.is_empty() && h.bytes().all(is_token_byte) => {
+                            Some(h) if header_name_ok(h, true) => {
                                 FingerprintPart::Header(h.to_ascii_lowercase())
                             }
                             _ => {
                                 return Err(err(
                                     "key.fingerprint",
-                                    format!("`{other}`: expected \"method\", \"path\", \"query\", \"body\" or \"header:<name>\""),
+                                    format!("`{other}`: expected \"method\", \"path\", \"query\", \"body\" or \"header:<name>\" (a header or :authority, :path, :method)"),
                                 ))
                             }
                         },
@@ -372,10 +453,18 @@ impl TryFrom<RawConfig> for Config {
             None => Vec::new(),
         };
         let key_max_length = in_range("key.max_length", key.max_length, 255, 1, 4096)? as usize;
-        let scope_headers = match raw.scope.and_then(|s| s.headers) {
-            Some(h) => header_names("scope.headers", h, true)?,
+        let scope = raw.scope.unwrap_or_default();
+        let scope_headers = match scope.headers {
+            Some(h) => header_names_with("scope.headers", h, true, true)?,
             None => Vec::new(),
         };
+        if let Some(dup) = scope_headers
+            .iter()
+            .enumerate()
+            .find(|(i, h)| scope_headers[..*i].contains(h))
+        {
+            return Err(err("scope.headers", format!("`{}` is listed twice", dup.1)));
+        }
         let methods = match raw.methods {
             Some(m) => {
                 if m.is_empty() {
@@ -414,10 +503,19 @@ impl TryFrom<RawConfig> for Config {
             16 << 20,
         )? as usize;
         let store_statuses = match raw.store_statuses {
-            Some(list) => list
-                .iter()
-                .map(|s| parse_status("store_statuses", s))
-                .collect::<Result<Vec<_>, _>>()?,
+            Some(list) => {
+                let ranges = list
+                    .iter()
+                    .map(|s| parse_status("store_statuses", s))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if !ranges.iter().any(|r| !r.exclude) {
+                    return Err(err(
+                        "store_statuses",
+                        "must include at least one status or class (`!` entries only exclude)",
+                    ));
+                }
+                ranges
+            }
             None => d.store_statuses,
         };
         let replayed_header = match raw.replayed_header {
@@ -428,6 +526,21 @@ impl TryFrom<RawConfig> for Config {
             Some(st) => parse_store(st)?,
             None => (d.namespace, StoreConfig::SharedData),
         };
+        if let StoreConfig::Etcd(ec) = &store {
+            // The record carries the response plus its own header: leave room for both.
+            let room = ec.max_record_bytes.saturating_sub(RECORD_OVERHEAD_BYTES);
+            if max_replay_body_bytes > room {
+                return Err(err(
+                    "max_replay_body_bytes",
+                    format!(
+                        "{max_replay_body_bytes} does not fit an etcd record of store.max_record_bytes {} \
+                         (at most {room} with the record's own {RECORD_OVERHEAD_BYTES} bytes); \
+                         lower it or raise store.max_record_bytes",
+                        ec.max_record_bytes
+                    ),
+                ));
+            }
+        }
         Ok(Config {
             key_headers,
             json_pointer,
@@ -435,6 +548,7 @@ impl TryFrom<RawConfig> for Config {
             key_required: key.required.unwrap_or(false),
             key_max_length,
             scope_headers,
+            scope_authority: scope.authority.unwrap_or(true),
             methods,
             on_duplicate: raw.on_duplicate.unwrap_or(OnDuplicate::Replay),
             ttl_ms: ttl_s * 1000,
@@ -446,6 +560,7 @@ impl TryFrom<RawConfig> for Config {
             store_statuses,
             replayed_header,
             failure_mode: raw.failure_mode.unwrap_or(FailureMode::Open),
+            on_unknown_outcome: raw.on_unknown_outcome.unwrap_or(OnUnknownOutcome::Hold),
             namespace,
             store,
         })
@@ -474,6 +589,7 @@ fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigError> {
         ("store.authority", st.authority.is_some()),
         ("store.prefix", st.prefix.is_some()),
         ("store.timeout_ms", st.timeout_ms.is_some()),
+        ("store.max_record_bytes", st.max_record_bytes.is_some()),
     ];
     match kind {
         "shared_data" => {
@@ -525,6 +641,13 @@ fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigError> {
                 ));
             }
             let timeout_ms = in_range("store.timeout_ms", st.timeout_ms, 3000, 10, 60_000)?;
+            let max_record_bytes = in_range(
+                "store.max_record_bytes",
+                st.max_record_bytes,
+                DEFAULT_MAX_RECORD_BYTES,
+                4096,
+                64 << 20,
+            )? as usize;
             Ok((
                 "proxy-dedup".to_string(),
                 StoreConfig::Etcd(EtcdConfig {
@@ -532,6 +655,7 @@ fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigError> {
                     authority,
                     prefix,
                     timeout_ms,
+                    max_record_bytes,
                 }),
             ))
         }

@@ -102,6 +102,8 @@ pub struct FakeEnv {
     pub leases: LeaseCache,
     pub local: LocalTier,
     pub etcd: Arc<FakeEtcd>,
+    /// How far this worker's clock runs ahead of etcd's (leases follow etcd's clock).
+    pub clock_ahead_ms: u64,
 }
 
 impl FakeEnv {
@@ -114,6 +116,7 @@ impl FakeEnv {
             leases: LeaseCache::default(),
             local: LocalTier::default(),
             etcd: FakeEtcd::new(),
+            clock_ahead_ms: 0,
         }
     }
 
@@ -204,6 +207,14 @@ impl FakeEtcd {
         let mut i = self.inner.lock().unwrap();
         i.expire(now_ms);
         i.kv.len()
+    }
+
+    /// Replaces every value with bytes no version of the record format reads.
+    pub fn corrupt_all(&self) {
+        let mut inner = self.inner.lock().unwrap();
+        for v in inner.kv.values_mut() {
+            v.2 = vec![0xff; 60];
+        }
     }
 
     pub fn revoke_all_leases(&self) {

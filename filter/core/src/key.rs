@@ -2,6 +2,7 @@
 //! validation, the scope, and the digests stored in place of raw keys.
 
 use crate::config::{Config, FingerprintPart};
+use crate::jsonptr::{self, NotJson, Target};
 use sha2::{Digest as _, Sha256};
 
 /// A SHA-256 digest.
@@ -13,16 +14,58 @@ pub struct RequestHead {
     pub method: String,
     /// Path including the query string, as in `:path`.
     pub path: String,
+    /// `:authority` (the Host), as the client sent it.
+    pub authority: String,
+    /// Regular headers (no pseudo-headers), repeated lines as separate pairs.
     pub headers: Vec<(String, String)>,
 }
 
 impl RequestHead {
-    /// First value of a header (names compare case-insensitively).
+    /// First value of a header (names compare case-insensitively); `:authority`,
+    /// `:path` and `:method` name the pseudo-headers.
     pub fn header(&self, name: &str) -> Option<&str> {
+        if let Some(v) = self.pseudo(name) {
+            return Some(v);
+        }
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
+    }
+
+    /// How many lines carry this header (a pseudo-header counts once).
+    pub fn header_count(&self, name: &str) -> usize {
+        if self.pseudo(name).is_some() {
+            return 1;
+        }
+        self.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .count()
+    }
+
+    fn pseudo(&self, name: &str) -> Option<&str> {
+        match name {
+            ":authority" => Some(&self.authority),
+            ":path" => Some(&self.path),
+            ":method" => Some(&self.method),
+            _ => None,
+        }
+    }
+
+    /// Whether the request is gRPC (`content-type: application/grpc`, `+proto`, `-web`…).
+    pub fn is_grpc(&self) -> bool {
+        self.header("content-type").is_some_and(|ct| {
+            ct.len() >= 16 && ct.as_bytes()[..16].eq_ignore_ascii_case(b"application/grpc")
+        })
+    }
+
+    /// The first scope header sent on more than one line, if any.
+    pub fn ambiguous_scope<'a>(&self, cfg: &'a Config) -> Option<&'a str> {
+        cfg.scope_headers
+            .iter()
+            .find(|name| self.header_count(name) > 1)
+            .map(String::as_str)
     }
 
     fn path_only(&self) -> &str {
@@ -47,8 +90,16 @@ pub enum KeySource {
 /// Why a key was refused (answered with 400).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyError {
-    Missing { detail: String },
-    Invalid { detail: String },
+    Missing {
+        detail: String,
+    },
+    Invalid {
+        detail: String,
+    },
+    /// A key header sent on more than one line: which one is the key is not clear.
+    Ambiguous {
+        detail: String,
+    },
 }
 
 /// A validated key.
@@ -87,9 +138,16 @@ pub fn validate_key(raw: &str, max_length: usize, what: &str) -> Result<String, 
     Ok(v.to_string())
 }
 
-/// The key from the configured headers, if one is present.
+/// The key from the configured headers, if one is present. A key header sent on more
+/// than one line is refused: a proxy or client library before us could pick another
+/// line than we do.
 pub fn header_key(cfg: &Config, head: &RequestHead) -> Option<Result<ClientKey, KeyError>> {
     cfg.key_headers.iter().find_map(|name| {
+        if head.header_count(name) > 1 {
+            return Some(Err(KeyError::Ambiguous {
+                detail: format!("header `{name}` is sent more than once; send one key"),
+            }));
+        }
         head.header(name).map(|raw| {
             validate_key(raw, cfg.key_max_length, &format!("header `{name}`")).map(|v| ClientKey {
                 source: KeySource::Header,
@@ -108,43 +166,39 @@ pub enum JsonKey {
     Invalid(KeyError),
 }
 
-/// The key at `pointer` in a JSON body. Strings and integers are keys; other values are invalid.
+/// The key at `pointer` in a JSON body. Strings and integers are keys; other values are
+/// invalid, and so is a member named twice on the pointer's path. The body is scanned
+/// once without building the document (see `jsonptr`).
 pub fn json_key(cfg: &Config, pointer: &str, body: &[u8]) -> JsonKey {
-    let doc: serde_json::Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => return JsonKey::Absent(format!("the body is not valid JSON ({e})")),
-    };
     let what = format!("JSON value at `{pointer}`");
-    match doc.pointer(pointer) {
-        None => JsonKey::Absent(format!("the body has no value at `{pointer}`")),
-        Some(serde_json::Value::String(s)) => match validate_key(s, cfg.key_max_length, &what) {
-            Ok(v) => JsonKey::Found(ClientKey {
-                source: KeySource::JsonPointer,
-                value: v.into_bytes(),
-            }),
-            Err(e) => JsonKey::Invalid(e),
-        },
-        Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => {
-            JsonKey::Found(ClientKey {
-                source: KeySource::JsonPointer,
-                value: n.to_string().into_bytes(),
-            })
+    let found = match jsonptr::find(body, pointer) {
+        Ok(t) => t,
+        Err(NotJson(e)) => return JsonKey::Absent(format!("the body is not valid JSON ({e})")),
+    };
+    let value = match found {
+        Target::Missing => {
+            return JsonKey::Absent(format!("the body has no value at `{pointer}`"));
         }
-        Some(other) => JsonKey::Invalid(KeyError::Invalid {
-            detail: format!("{what} is {}, not a string or integer", json_kind(other)),
-        }),
-    }
-}
-
-fn json_kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a non-integer number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
+        Target::Str(s) => match validate_key(&s, cfg.key_max_length, &what) {
+            Ok(v) => v,
+            Err(e) => return JsonKey::Invalid(e),
+        },
+        Target::Int(n) => n,
+        Target::Other(kind) => {
+            return JsonKey::Invalid(KeyError::Invalid {
+                detail: format!("{what} is {kind}, not a string or integer"),
+            });
+        }
+        Target::Duplicate => {
+            return JsonKey::Invalid(KeyError::Ambiguous {
+                detail: format!("the body names a member on the path `{pointer}` twice"),
+            });
+        }
+    };
+    JsonKey::Found(ClientKey {
+        source: KeySource::JsonPointer,
+        value: value.into_bytes(),
+    })
 }
 
 /// Feeds a length-prefixed field into a hash, so field boundaries are unambiguous.
@@ -217,12 +271,19 @@ pub fn payload_digest(head: &RequestHead, body: &BodyDigest) -> Digest {
     h.finalize().into()
 }
 
-/// The record digest: scope values and the key, length-prefixed, with the key's source.
+/// The record digest: the authority (unless `scope.authority` is off), scope values and
+/// the key, length-prefixed, with the key's source.
 /// The store only ever sees this digest, never the raw key, and a client cannot choose a
 /// key that lands on another scope's record without a SHA-256 collision.
 pub fn record_digest(cfg: &Config, head: &RequestHead, key: &ClientKey) -> Digest {
     let mut h = Sha256::new();
-    h.update(b"proxy-dedup record v1\0");
+    h.update(b"proxy-dedup record v2\0");
+    if cfg.scope_authority {
+        h.update([1]);
+        feed(&mut h, head.authority.to_ascii_lowercase().as_bytes());
+    } else {
+        h.update([0]);
+    }
     h.update((cfg.scope_headers.len() as u32).to_be_bytes());
     for name in &cfg.scope_headers {
         feed(&mut h, name.as_bytes());

@@ -5,9 +5,11 @@
 pub mod callouts;
 pub mod config;
 pub mod etcd;
+pub mod jsonptr;
 pub mod key;
 pub mod local;
 pub mod metrics;
+pub mod outcome;
 pub mod reply;
 pub mod response;
 pub mod store;

@@ -33,10 +33,14 @@ pub enum Counter {
     ResponseNotStored,
     /// Claims that expired (in-flight timeout) or were taken over before their response came.
     ClaimsLost,
+    /// Forwarded requests whose outcome the filter cannot know (client gone, route
+    /// timeout, reset after sending): held in flight, or released under
+    /// `on_unknown_outcome: "release"`.
+    OutcomeUnknown,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 15] = [
+    pub const ALL: [Counter; 16] = [
         Counter::Requests,
         Counter::Executed,
         Counter::Replayed,
@@ -52,6 +56,7 @@ impl Counter {
         Counter::BodyTooLarge,
         Counter::ResponseNotStored,
         Counter::ClaimsLost,
+        Counter::OutcomeUnknown,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,6 +76,7 @@ impl Counter {
             Counter::BodyTooLarge => "proxy_dedup_body_too_large",
             Counter::ResponseNotStored => "proxy_dedup_response_not_stored",
             Counter::ClaimsLost => "proxy_dedup_claims_lost",
+            Counter::OutcomeUnknown => "proxy_dedup_outcome_unknown",
         }
     }
 

@@ -26,6 +26,8 @@ impl LocalReply {
 pub enum Problem {
     MissingKey,
     InvalidKey,
+    AmbiguousKey,
+    AmbiguousScope,
     InFlight,
     AlreadyCompleted,
     ResponseNotStored,
@@ -37,7 +39,10 @@ pub enum Problem {
 impl Problem {
     pub fn status(self) -> u16 {
         match self {
-            Problem::MissingKey | Problem::InvalidKey => 400,
+            Problem::MissingKey
+            | Problem::InvalidKey
+            | Problem::AmbiguousKey
+            | Problem::AmbiguousScope => 400,
             Problem::InFlight | Problem::AlreadyCompleted | Problem::ResponseNotStored => 409,
             Problem::BodyTooLarge => 413,
             Problem::PayloadMismatch => 422,
@@ -49,6 +54,8 @@ impl Problem {
         match self {
             Problem::MissingKey => "missing-key",
             Problem::InvalidKey => "invalid-key",
+            Problem::AmbiguousKey => "ambiguous-key",
+            Problem::AmbiguousScope => "ambiguous-scope",
             Problem::InFlight => "in-flight",
             Problem::AlreadyCompleted => "already-completed",
             Problem::ResponseNotStored => "response-not-stored",
@@ -62,6 +69,8 @@ impl Problem {
         match self {
             Problem::MissingKey => "Idempotency key missing",
             Problem::InvalidKey => "Idempotency key invalid",
+            Problem::AmbiguousKey => "Idempotency key ambiguous",
+            Problem::AmbiguousScope => "Request scope ambiguous",
             Problem::InFlight => "A request with this idempotency key is in progress",
             Problem::AlreadyCompleted => "A request with this idempotency key has completed",
             Problem::ResponseNotStored => {
@@ -77,6 +86,8 @@ impl Problem {
         match self {
             Problem::MissingKey => "proxy_dedup_missing_key",
             Problem::InvalidKey => "proxy_dedup_invalid_key",
+            Problem::AmbiguousKey => "proxy_dedup_ambiguous_key",
+            Problem::AmbiguousScope => "proxy_dedup_ambiguous_scope",
             Problem::InFlight => "proxy_dedup_in_flight",
             Problem::AlreadyCompleted => "proxy_dedup_already_completed",
             Problem::ResponseNotStored => "proxy_dedup_response_not_stored",

@@ -9,6 +9,7 @@
 
 use crate::key::Digest;
 use crate::response::StoredResponse;
+use sha2::{Digest as _, Sha256};
 
 /// Records per bucket.
 pub const WAYS: usize = 16;
@@ -46,6 +47,36 @@ pub enum StoreError {
     BucketFull,
 }
 
+/// Bytes of the per-process bucket secret.
+pub const SECRET_LEN: usize = 32;
+
+/// The bucket secret of `namespace`: the one in shared data, or `fresh` written there
+/// if none exists yet. Created with cas `u32::MAX`, so of two workers creating it at
+/// once one loses and reads the winner's: every VM of the process uses the same secret.
+pub fn bucket_secret<S: SharedData + ?Sized>(
+    shared: &S,
+    namespace: &str,
+    fresh: [u8; SECRET_LEN],
+) -> Result<[u8; SECRET_LEN], StoreError> {
+    let key = format!("{namespace}/secret");
+    for _ in 0..MAX_ATTEMPTS {
+        let cas = match shared.get(&key).map_err(StoreError::Host)? {
+            Some((v, cas)) => match <[u8; SECRET_LEN]>::try_from(v.as_slice()) {
+                Ok(secret) => return Ok(secret),
+                // A tombstone or garbage: replace it.
+                Err(_) => cas,
+            },
+            None => u32::MAX,
+        };
+        match shared.set(&key, &fresh, cas) {
+            Ok(()) => return Ok(fresh),
+            Err(SetError::CasMismatch) => continue,
+            Err(SetError::Fault(f)) => return Err(StoreError::Host(f)),
+        }
+    }
+    Err(StoreError::Contention)
+}
+
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -67,6 +98,16 @@ pub enum RecordState {
     Completed = 2,
     /// Completed, but the response was too large to keep.
     CompletedNotStored = 3,
+    /// Forwarded, but the filter cannot know whether the upstream ran it (client gone,
+    /// route timeout, reset after sending): held like a claim until it expires.
+    Held = 4,
+}
+
+impl RecordState {
+    /// A claim that still stands for a possibly running request: never evicted.
+    fn is_claim(self) -> bool {
+        matches!(self, RecordState::InFlight | RecordState::Held)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +124,9 @@ struct Record {
 pub struct Claim {
     pub digest: Digest,
     pub token: u64,
+    /// The layout (bucket count) the record lives in: a config push may change the
+    /// current one while this claim is out.
+    pub buckets: u64,
     pub bucket: u64,
     pub way: usize,
 }
@@ -95,8 +139,9 @@ pub enum ClaimOutcome {
         claim: Claim,
         evicted_unexpired: bool,
     },
-    /// Another request with this key has not answered yet.
-    InFlight,
+    /// Another request with this key has not answered yet; `held_until` (ms) is set
+    /// when its outcome is unknown and the key is held until then.
+    InFlight { held_until: Option<u64> },
     /// The key completed; its response is in the slot this claim points to.
     Completed(Claim),
     /// The key completed but its response was not kept.
@@ -108,42 +153,108 @@ pub enum ClaimOutcome {
 /// Bucket geometry and timing for one plugin configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
-    prefix: String,
+    namespace: String,
     pub buckets: u64,
+    /// Keys the bucket choice, so no client can aim keys at one bucket.
+    secret: [u8; SECRET_LEN],
     pub in_flight_ms: u64,
     pub ttl_ms: u64,
 }
 
 impl Layout {
-    /// The key prefix includes the bucket count, so a reconfigured capacity never reads
-    /// records laid out for another geometry.
+    /// Keys carry the bucket count, so a reconfigured capacity lays out a new set of
+    /// buckets; the registry (`<namespace>/layouts`) lets every configuration see the
+    /// others' records until they have drained. The secret starts zeroed: the glue sets
+    /// the process's (`with_secret`) before serving.
     pub fn new(namespace: &str, capacity: u64, in_flight_ms: u64, ttl_ms: u64) -> Self {
-        let buckets = (capacity / WAYS as u64).max(1);
         Layout {
-            prefix: format!("{namespace}/{buckets}"),
-            buckets,
+            namespace: namespace.to_string(),
+            buckets: (capacity / WAYS as u64).max(1),
+            secret: [0; SECRET_LEN],
             in_flight_ms,
             ttl_ms,
         }
     }
 
-    pub fn bucket_of(&self, digest: &Digest) -> u64 {
+    pub fn with_secret(mut self, secret: [u8; SECRET_LEN]) -> Self {
+        self.secret = secret;
+        self
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The bucket of a digest among `buckets`: a keyed hash (SHA-256 over the secret and
+    /// the digest), not bits of the digest, which anyone can compute for a key.
+    pub fn bucket_in(&self, buckets: u64, digest: &Digest) -> u64 {
+        let mut h = Sha256::new();
+        h.update(b"proxy-dedup bucket v1\0");
+        h.update(self.secret);
+        h.update(digest);
+        let out = h.finalize();
         let mut b = [0u8; 8];
-        b.copy_from_slice(&digest[..8]);
-        u64::from_be_bytes(b) % self.buckets
+        b.copy_from_slice(&out[..8]);
+        u64::from_be_bytes(b) % buckets.max(1)
+    }
+
+    pub fn bucket_of(&self, digest: &Digest) -> u64 {
+        self.bucket_in(self.buckets, digest)
+    }
+
+    pub fn bucket_key_in(&self, buckets: u64, bucket: u64) -> String {
+        format!("{}/{buckets}/b/{bucket}", self.namespace)
     }
 
     pub fn bucket_key(&self, bucket: u64) -> String {
-        format!("{}/b/{bucket}", self.prefix)
+        self.bucket_key_in(self.buckets, bucket)
     }
 
-    pub fn response_key(&self, bucket: u64, way: usize) -> String {
-        format!("{}/r/{bucket}/{way}", self.prefix)
+    pub fn response_key(&self, buckets: u64, bucket: u64, way: usize) -> String {
+        format!("{}/{buckets}/r/{bucket}/{way}", self.namespace)
     }
 
-    /// Upper bound of shared-data keys this layout ever writes.
+    fn registry_key(&self) -> String {
+        format!("{}/layouts", self.namespace)
+    }
+
+    /// Upper bound of shared-data keys this layout ever writes: its buckets and
+    /// response slots, plus the namespace's secret and layout registry.
     pub fn max_keys(&self) -> u64 {
-        self.buckets * (1 + WAYS as u64)
+        self.buckets * (1 + WAYS as u64) + 2
+    }
+}
+
+/// The layouts in use: bucket counts and until when their records may live (ms).
+/// One small shared-data key per namespace, read by every claim.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Registry {
+    entries: Vec<(u64, u64)>,
+}
+
+const REGISTRY_VERSION: u8 = 1;
+/// A layout's entry is pushed forward at most once per this much time.
+const REGISTRY_SLACK_MS: u64 = 3_600_000;
+
+impl Registry {
+    fn decode(bytes: &[u8]) -> Registry {
+        let mut entries = Vec::new();
+        if bytes.first() == Some(&REGISTRY_VERSION) {
+            for e in bytes[1..].chunks_exact(16) {
+                entries.push((u64_at(e, 0), u64_at(e, 8)));
+            }
+        }
+        Registry { entries }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(1 + 16 * self.entries.len());
+        out.push(REGISTRY_VERSION);
+        for (buckets, until) in &self.entries {
+            out.extend_from_slice(&buckets.to_be_bytes());
+            out.extend_from_slice(&until.to_be_bytes());
+        }
+        out
     }
 }
 
@@ -165,6 +276,7 @@ fn decode_bucket(bytes: &[u8]) -> Bucket {
             1 => RecordState::InFlight,
             2 => RecordState::Completed,
             3 => RecordState::CompletedNotStored,
+            4 => RecordState::Held,
             _ => continue,
         };
         let mut digest = [0u8; 32];
@@ -215,10 +327,10 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         SharedStore { shared, layout }
     }
 
-    fn read(&self, bucket: u64) -> Result<(Bucket, u32), StoreError> {
+    fn read(&self, buckets: u64, bucket: u64) -> Result<(Bucket, u32), StoreError> {
         match self
             .shared
-            .get(&self.layout.bucket_key(bucket))
+            .get(&self.layout.bucket_key_in(buckets, bucket))
             .map_err(StoreError::Host)?
         {
             Some((bytes, cas)) => Ok((decode_bucket(&bytes), cas)),
@@ -228,11 +340,12 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
     }
 
     /// Writes a bucket; `Ok(false)` when another writer got there first.
-    fn write(&self, bucket: u64, b: &Bucket, cas: u32) -> Result<bool, StoreError> {
-        match self
-            .shared
-            .set(&self.layout.bucket_key(bucket), &encode_bucket(b), cas)
-        {
+    fn write(&self, buckets: u64, bucket: u64, b: &Bucket, cas: u32) -> Result<bool, StoreError> {
+        match self.shared.set(
+            &self.layout.bucket_key_in(buckets, bucket),
+            &encode_bucket(b),
+            cas,
+        ) {
             Ok(()) => Ok(true),
             Err(SetError::CasMismatch) => Ok(false),
             Err(SetError::Fault(f)) => Err(StoreError::Host(f)),
@@ -241,6 +354,8 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
 
     /// Claims `digest` for a request with payload fingerprint `payload`, atomically across
     /// every worker sharing this store: of any number of concurrent claims, one wins.
+    /// Claims made under another live layout (a configuration before or after a push)
+    /// count too: a claim won here yields to a live record there.
     pub fn claim(
         &self,
         digest: &Digest,
@@ -248,28 +363,100 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         now_ms: u64,
         token: u64,
     ) -> Result<ClaimOutcome, StoreError> {
+        let others = self.register(now_ms)?;
+        let outcome = self.claim_in_own(digest, payload, now_ms, token)?;
+        let ClaimOutcome::Claimed { claim, .. } = &outcome else {
+            return Ok(outcome);
+        };
+        // Our claim is written before the other layouts are read, and a claimer under
+        // another layout does the same in the opposite order: of two concurrent claims,
+        // at least one sees the other and yields, so the key never runs twice.
+        for buckets in others {
+            if let Some(found) = self.lookup(buckets, digest, payload, now_ms)? {
+                self.update_own(claim, None, |_| false)?;
+                return Ok(found);
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Makes sure this layout is in the registry for as long as its records may live,
+    /// and returns the other layouts whose records may still live. Claims do it; the
+    /// glue also does it when a configuration is applied.
+    pub fn register(&self, now_ms: u64) -> Result<Vec<u64>, StoreError> {
+        let key = self.layout.registry_key();
+        let own = self.layout.buckets;
+        let needed = now_ms
+            .saturating_add(self.layout.ttl_ms)
+            .saturating_add(self.layout.in_flight_ms);
+        for _ in 0..MAX_ATTEMPTS {
+            let (mut reg, cas) = match self.shared.get(&key).map_err(StoreError::Host)? {
+                Some((bytes, cas)) => (Registry::decode(&bytes), cas),
+                None => (Registry::default(), u32::MAX),
+            };
+            let current = reg.entries.iter().find(|(b, _)| *b == own).map(|e| e.1);
+            if current.is_some_and(|until| until >= needed) {
+                return Ok(reg
+                    .entries
+                    .iter()
+                    .filter(|(b, until)| *b != own && *until > now_ms)
+                    .map(|(b, _)| *b)
+                    .collect());
+            }
+            let until = needed.saturating_add(REGISTRY_SLACK_MS);
+            reg.entries.retain(|(b, u)| *b != own && *u > now_ms);
+            reg.entries.push((own, until));
+            match self.shared.set(&key, &reg.encode(), cas) {
+                Ok(()) => {
+                    return Ok(reg
+                        .entries
+                        .iter()
+                        .filter(|(b, _)| *b != own)
+                        .map(|(b, _)| *b)
+                        .collect())
+                }
+                Err(SetError::CasMismatch) => continue,
+                Err(SetError::Fault(f)) => return Err(StoreError::Host(f)),
+            }
+        }
+        Err(StoreError::Contention)
+    }
+
+    /// A live record of `digest` in another layout, as a claim would answer it.
+    fn lookup(
+        &self,
+        buckets: u64,
+        digest: &Digest,
+        payload: &Digest,
+        now_ms: u64,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let bucket = self.layout.bucket_in(buckets, digest);
+        let (b, _) = self.read(buckets, bucket)?;
+        Ok(b.iter().enumerate().find_map(|(way, r)| {
+            let r = r.as_ref()?;
+            (&r.digest == digest && r.expires_ms > now_ms)
+                .then(|| existing(r, payload, buckets, bucket, way))
+        }))
+    }
+
+    fn claim_in_own(
+        &self,
+        digest: &Digest,
+        payload: &Digest,
+        now_ms: u64,
+        token: u64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let buckets = self.layout.buckets;
         let bucket = self.layout.bucket_of(digest);
         for _ in 0..MAX_ATTEMPTS {
-            let (mut b, cas) = self.read(bucket)?;
+            let (mut b, cas) = self.read(buckets, bucket)?;
             let mine = b
                 .iter()
                 .position(|r| r.as_ref().is_some_and(|r| &r.digest == digest));
             if let Some(way) = mine {
                 if let Some(r) = &b[way] {
                     if r.expires_ms > now_ms {
-                        if &r.payload != payload {
-                            return Ok(ClaimOutcome::PayloadMismatch);
-                        }
-                        return Ok(match r.state {
-                            RecordState::InFlight => ClaimOutcome::InFlight,
-                            RecordState::CompletedNotStored => ClaimOutcome::CompletedNotStored,
-                            RecordState::Completed => ClaimOutcome::Completed(Claim {
-                                digest: *digest,
-                                token: r.token,
-                                bucket,
-                                way,
-                            }),
-                        });
+                        return Ok(existing(r, payload, buckets, bucket, way));
                     }
                 }
             }
@@ -287,11 +474,12 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                 expires_ms: now_ms.saturating_add(self.layout.in_flight_ms),
                 payload: *payload,
             });
-            if self.write(bucket, &b, cas)? {
+            if self.write(buckets, bucket, &b, cas)? {
                 return Ok(ClaimOutcome::Claimed {
                     claim: Claim {
                         digest: *digest,
                         token,
+                        buckets,
                         bucket,
                         way,
                     },
@@ -320,7 +508,9 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             // so a late completion never clobbers its successor's response. The digest
             // and token inside the slot let readers reject any other leftover.
             let bytes = resp.encode(&claim.digest, claim.token);
-            let slot = self.layout.response_key(claim.bucket, claim.way);
+            let slot = self
+                .layout
+                .response_key(claim.buckets, claim.bucket, claim.way);
             for attempt in 0.. {
                 if attempt == MAX_ATTEMPTS {
                     return Err(StoreError::Contention);
@@ -329,7 +519,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                     Some((_, cas)) => cas,
                     None => u32::MAX,
                 };
-                let (b, cas) = self.read(claim.bucket)?;
+                let (b, cas) = self.read(claim.buckets, claim.bucket)?;
                 if !owns(&b, claim) {
                     return Ok(false);
                 }
@@ -356,9 +546,19 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         })
     }
 
-    /// Releases a won claim (upstream 5xx, reset, no response) so a retry runs again.
+    /// Releases a won claim (the upstream answered a status not stored, or never got
+    /// the request) so a retry runs again.
     pub fn release(&self, claim: &Claim) -> Result<bool, StoreError> {
         self.update_own(claim, None, |_| false)
+    }
+
+    /// Marks a won claim held: its outcome is unknown, so it stays until it expires and
+    /// duplicates are told how long that is.
+    pub fn hold(&self, claim: &Claim) -> Result<bool, StoreError> {
+        self.update_own(claim, None, |r| {
+            r.state = RecordState::Held;
+            true
+        })
     }
 
     /// Applies `f` to the claim's own in-flight record (`false` from `f` empties the way).
@@ -372,7 +572,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         for _ in 0..MAX_ATTEMPTS {
             let (mut b, cas) = match first.take() {
                 Some(read) => read,
-                None => self.read(claim.bucket)?,
+                None => self.read(claim.buckets, claim.bucket)?,
             };
             if !owns(&b, claim) {
                 return Ok(false);
@@ -384,7 +584,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             if !keep {
                 b[claim.way] = None;
             }
-            if self.write(claim.bucket, &b, cas)? {
+            if self.write(claim.buckets, claim.bucket, &b, cas)? {
                 return Ok(true);
             }
         }
@@ -393,7 +593,9 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
 
     /// The stored response of a completed record, if its slot still holds it.
     pub fn response(&self, completed: &Claim) -> Result<Option<StoredResponse>, StoreError> {
-        let key = self.layout.response_key(completed.bucket, completed.way);
+        let key = self
+            .layout
+            .response_key(completed.buckets, completed.bucket, completed.way);
         match self.shared.get(&key).map_err(StoreError::Host)? {
             Some((bytes, _)) => Ok(StoredResponse::decode(
                 &bytes,
@@ -420,13 +622,35 @@ fn free_way(b: &Bucket, now_ms: u64) -> Option<usize> {
     })
 }
 
+/// What a claim answers for an unexpired record of its digest.
+fn existing(r: &Record, payload: &Digest, buckets: u64, bucket: u64, way: usize) -> ClaimOutcome {
+    if &r.payload != payload {
+        return ClaimOutcome::PayloadMismatch;
+    }
+    match r.state {
+        RecordState::InFlight => ClaimOutcome::InFlight { held_until: None },
+        RecordState::Held => ClaimOutcome::InFlight {
+            held_until: Some(r.expires_ms),
+        },
+        RecordState::CompletedNotStored => ClaimOutcome::CompletedNotStored,
+        RecordState::Completed => ClaimOutcome::Completed(Claim {
+            digest: r.digest,
+            token: r.token,
+            buckets,
+            bucket,
+            way,
+        }),
+    }
+}
+
 /// The completed record closest to expiry: evicted when the bucket is full.
-/// In-flight claims are never evicted, or a duplicate could run alongside its original.
+/// Claims (in flight or held) are never evicted, or a duplicate could run alongside
+/// its original.
 fn oldest_completed(b: &Bucket) -> Option<usize> {
     b.iter()
         .enumerate()
         .filter_map(|(i, r)| r.as_ref().map(|r| (i, r)))
-        .filter(|(_, r)| r.state != RecordState::InFlight)
+        .filter(|(_, r)| !r.state.is_claim())
         .min_by_key(|(_, r)| r.expires_ms)
         .map(|(i, _)| i)
 }

@@ -2,7 +2,7 @@
 //! the request, response capture, completion or release. Host-independent: the proxy-wasm
 //! glue feeds it callbacks and carries out the `Action`s it returns.
 
-use crate::config::{Config, EtcdConfig, FailureMode, OnDuplicate, StoreConfig};
+use crate::config::{Config, EtcdConfig, FailureMode, OnDuplicate, OnUnknownOutcome, StoreConfig};
 use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState, LeaseCache, LeasePlan, LeasePurpose};
 use crate::key::Digest;
 use crate::key::{
@@ -11,6 +11,7 @@ use crate::key::{
 };
 use crate::local::{LocalEntry, LocalTier};
 use crate::metrics::Counter;
+use crate::outcome::{classify, Outcome};
 use crate::reply::{replay, LocalReply, Problem};
 use crate::response::Capture;
 use crate::response::StoredResponse;
@@ -158,7 +159,11 @@ struct Settling {
 
 /// What a claim found when the key was already taken.
 enum Duplicate {
-    InFlight,
+    /// In flight; `held_until` is set when its outcome is unknown and it is held until
+    /// then (ms), so the client learns how long to wait.
+    InFlight {
+        held_until: Option<u64>,
+    },
     PayloadMismatch,
     NotStored,
     Completed(Option<StoredResponse>),
@@ -167,15 +172,30 @@ enum Duplicate {
 const MAX_ROUNDS: u32 = 8;
 const MAX_RETRIES: u32 = 4;
 
+/// The request while its body arrives. The filter keeps no copy of the body: Envoy
+/// buffers it, and it is read once, at the end, for the hashes and the JSON pointer.
 struct Reading {
     head: RequestHead,
     header_key: Option<ClientKey>,
-    body: BodyHasher,
     /// Whether a keyless fingerprint may give the key.
     fingerprint: bool,
-    /// Only kept when the JSON pointer may give the key.
-    json_body: Option<Vec<u8>>,
-    body_len: usize,
+}
+
+/// Where a response came from, in Envoy's words: `response.code_details` and
+/// `response.flags` (see `outcome`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Origin {
+    pub details: String,
+    pub flags: u64,
+}
+
+impl Origin {
+    pub fn upstream() -> Self {
+        Origin {
+            details: "via_upstream".to_string(),
+            flags: 0,
+        }
+    }
 }
 
 /// The per-stream state machine.
@@ -249,6 +269,19 @@ impl DedupStream {
         if !cfg.dedups_method(&head.method) {
             return self.bypass(env, "method not deduplicated");
         }
+        if head.is_grpc() {
+            // A gRPC status lives in trailers, which are not stored, and Envoy turns a
+            // local reply to a gRPC request into a trailers-only answer: a replay would
+            // be broken, so gRPC passes untouched.
+            return self.bypass(env, "gRPC");
+        }
+        if let Some(name) = head.ambiguous_scope(cfg) {
+            env.count(Counter::BadKey);
+            let detail = format!(
+                "scope header `{name}` is sent more than once; which scope applies is not clear"
+            );
+            return self.reply(env, Problem::AmbiguousScope.reply(&detail, Vec::new()));
+        }
         let header_key = match header_key(cfg, &head) {
             Some(Ok(k)) => Some(k),
             Some(Err(e)) => return self.bad_key(env, e),
@@ -265,35 +298,33 @@ impl DedupStream {
             return self.bypass(env, "no key");
         }
         let fingerprint = header_key.is_none() && !cfg.fingerprint.is_empty();
-        let json_body = (header_key.is_none() && cfg.json_pointer.is_some()).then(Vec::new);
         self.phase = Phase::Reading(Box::new(Reading {
-            body: BodyHasher::default(),
             head,
             header_key,
             fingerprint,
-            json_body,
-            body_len: 0,
         }));
         if end_of_stream {
-            self.decide(p, env)
+            self.decide(p, env, &[])
         } else {
             Action::Pause
         }
     }
 
-    /// A request body chunk arrived: `chunk` is the part not seen before.
+    /// Request body arrived: Envoy has `buffered_len` bytes buffered. At the end of the
+    /// stream `read_body` is called once for the whole body (`None`: it could not be
+    /// read); before that the body is not copied at all.
     pub fn on_request_body<E: Env>(
         &mut self,
         p: &Plugin,
         env: &mut E,
-        chunk: &[u8],
+        buffered_len: usize,
         end_of_stream: bool,
+        read_body: impl FnOnce() -> Option<Vec<u8>>,
     ) -> Action {
-        let Phase::Reading(r) = &mut self.phase else {
+        if !matches!(self.phase, Phase::Reading(_)) {
             return Action::Continue;
-        };
-        r.body_len += chunk.len();
-        if r.body_len > p.config.max_body_bytes {
+        }
+        if buffered_len > p.config.max_body_bytes {
             env.count(Counter::BodyTooLarge);
             let detail = format!(
                 "the request body exceeds {} bytes, the most this proxy reads to deduplicate a request",
@@ -301,53 +332,80 @@ impl DedupStream {
             );
             return self.reply(env, Problem::BodyTooLarge.reply(&detail, Vec::new()));
         }
-        r.body.update(chunk);
-        if let Some(b) = r.json_body.as_mut() {
-            b.extend_from_slice(chunk);
-        }
         if end_of_stream {
-            self.decide(p, env)
+            self.read_and_decide(p, env, read_body)
         } else {
             Action::Pause
         }
     }
 
-    /// The request body could not be read from the host: treated as a store failure
-    /// (`failure_mode` decides), never as an empty body.
-    pub fn on_request_unreadable<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Action {
-        if !matches!(self.phase, Phase::Reading(_)) {
-            return Action::Continue;
-        }
-        self.store_failed(p, env, "the request body could not be read")
-    }
-
-    /// Request trailers arrived: the body is complete.
-    pub fn on_request_trailers<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Action {
+    /// Request trailers arrived: the body is complete; `read_body` reads it.
+    pub fn on_request_trailers<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        read_body: impl FnOnce() -> Option<Vec<u8>>,
+    ) -> Action {
         match self.phase {
-            Phase::Reading(_) => self.decide(p, env),
+            Phase::Reading(_) => self.read_and_decide(p, env, read_body),
             _ => Action::Continue,
         }
     }
 
-    /// Upstream response headers. `pairs` is called only when the response will be stored.
-    /// Returns a store call to make (etcd), without holding the response.
+    /// The body could not be read from the host: treated as a store failure
+    /// (`failure_mode` decides), never as an empty body.
+    fn read_and_decide<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        read_body: impl FnOnce() -> Option<Vec<u8>>,
+    ) -> Action {
+        match read_body() {
+            Some(body) if body.len() <= p.config.max_body_bytes => self.decide(p, env, &body),
+            Some(_) => {
+                env.count(Counter::BodyTooLarge);
+                let detail = format!(
+                    "the request body exceeds {} bytes, the most this proxy reads to deduplicate a request",
+                    p.config.max_body_bytes
+                );
+                self.reply(env, Problem::BodyTooLarge.reply(&detail, Vec::new()))
+            }
+            None => self.store_failed(p, env, "the request body could not be read"),
+        }
+    }
+
+    /// Response headers. `origin` says where the response came from (Envoy's
+    /// `response.code_details` and `response.flags`); `pairs` is called only when the
+    /// response will be stored. Returns a store call to make (etcd).
     pub fn on_response_headers<E: Env>(
         &mut self,
         p: &Plugin,
         env: &mut E,
         status: u16,
+        origin: &Origin,
         pairs: impl FnOnce() -> Vec<(String, Vec<u8>)>,
         end_of_stream: bool,
     ) -> Option<StoreCall> {
         let Phase::Forwarded(owned) = std::mem::replace(&mut self.phase, Phase::Finished) else {
             return None;
         };
-        if !p.config.stores_status(status) {
-            env.debug(format_args!(
-                "stream {}: upstream answered {status}; releasing the claim",
-                self.id
-            ));
-            return self.release(p, env, owned);
+        match classify(&origin.details, origin.flags) {
+            Outcome::Upstream if p.config.stores_status(status) => {}
+            Outcome::Upstream => {
+                env.debug(format_args!(
+                    "stream {}: upstream answered {status}; releasing the claim",
+                    self.id
+                ));
+                return self.release(p, env, owned);
+            }
+            Outcome::NotExecuted => {
+                env.debug(format_args!(
+                    "stream {}: local reply {status} ({}): the upstream did not run the request; releasing the claim",
+                    self.id, origin.details
+                ));
+                return self.release(p, env, owned);
+            }
+            Outcome::Unknown => return self.unknown_outcome(p, env, owned, origin),
         }
         let capture = Capture::new(status, pairs(), p.config.max_replay_body_bytes);
         self.phase = Phase::Capturing(owned, capture);
@@ -382,16 +440,36 @@ impl DedupStream {
         None
     }
 
-    /// The stream ended (Envoy's on_log). A claim still held here never got a complete
-    /// response: reset, timeout, or the client went away. Release it.
-    pub fn on_stream_end<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Option<StoreCall> {
+    /// The stream ended (Envoy's on_log) with `origin` as Envoy reports it then.
+    /// A claim whose response never started is released only if Envoy proves the request
+    /// never reached an upstream; otherwise its outcome is unknown (client gone, reset,
+    /// timeout) and the claim is held. A response whose status arrived but whose body
+    /// was cut counts as the upstream's answer: completed, response not kept.
+    pub fn on_stream_end<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        origin: &Origin,
+    ) -> Option<StoreCall> {
         match std::mem::replace(&mut self.phase, Phase::Finished) {
-            Phase::Forwarded(owned) | Phase::Capturing(owned, _) => {
+            Phase::Forwarded(owned) => match classify(&origin.details, origin.flags) {
+                Outcome::NotExecuted => {
+                    env.debug(format_args!(
+                        "stream {}: ended before the upstream ran the request ({}); releasing the claim",
+                        self.id, origin.details
+                    ));
+                    self.release(p, env, owned)
+                }
+                Outcome::Upstream | Outcome::Unknown => self.unknown_outcome(p, env, owned, origin),
+            },
+            Phase::Capturing(owned, mut capture) => {
                 env.debug(format_args!(
-                    "stream {}: ended without a complete response; releasing the claim",
+                    "stream {}: the response was cut; completed without keeping it",
                     self.id
                 ));
-                self.release(p, env, owned)
+                capture.poison();
+                self.phase = Phase::Capturing(owned, capture);
+                self.complete(p, env)
             }
             Phase::Claiming(_) => {
                 // The client left while the claim was being decided. If the claim went
@@ -402,6 +480,45 @@ impl DedupStream {
                 self.phase = other;
                 None
             }
+        }
+    }
+
+    /// The upstream may or may not have run the request: hold the record in flight until
+    /// it expires (default), or release it when configured so.
+    fn unknown_outcome<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        owned: Owned,
+        origin: &Origin,
+    ) -> Option<StoreCall> {
+        env.count(Counter::OutcomeUnknown);
+        if p.config.on_unknown_outcome == OnUnknownOutcome::Release {
+            env.debug(format_args!(
+                "stream {}: outcome unknown ({}); releasing the claim as configured",
+                self.id, origin.details
+            ));
+            return self.release(p, env, owned);
+        }
+        env.debug(format_args!(
+            "stream {}: outcome unknown ({}); the claim is held until it expires",
+            self.id, origin.details
+        ));
+        self.phase = Phase::Finished;
+        match owned {
+            Owned::Shared(claim) => {
+                // Mark it, so duplicates learn how long the hold lasts.
+                if let Err(e) = SharedStore::new(&*env, &p.layout).hold(&claim) {
+                    env.count(Counter::StoreErrors);
+                    env.warn(&format!(
+                        "stream {}: marking the claim held failed: {e}",
+                        self.id
+                    ));
+                }
+                None
+            }
+            // etcd: the record stays as it is until its in-flight lease ends.
+            Owned::Etcd(_) => None,
         }
     }
 
@@ -434,6 +551,7 @@ impl DedupStream {
         let reply = match e {
             KeyError::Missing { detail } => Problem::MissingKey.reply(&detail, Vec::new()),
             KeyError::Invalid { detail } => Problem::InvalidKey.reply(&detail, Vec::new()),
+            KeyError::Ambiguous { detail } => Problem::AmbiguousKey.reply(&detail, Vec::new()),
         };
         self.reply(env, reply)
     }
@@ -448,7 +566,7 @@ impl DedupStream {
     }
 
     /// The whole request is known: find the key, claim it, and act on the outcome.
-    fn decide<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Action {
+    fn decide<E: Env>(&mut self, p: &Plugin, env: &mut E, raw_body: &[u8]) -> Action {
         let Phase::Reading(r) = std::mem::replace(&mut self.phase, Phase::Finished) else {
             return Action::Continue;
         };
@@ -456,16 +574,15 @@ impl DedupStream {
         let Reading {
             head,
             header_key,
-            body,
             fingerprint,
-            json_body,
-            ..
         } = *r;
-        let body = body.finish();
+        let mut hasher = BodyHasher::default();
+        hasher.update(raw_body);
+        let body = hasher.finish();
         let mut absent_reason = None;
-        let key = match (header_key, &cfg.json_pointer, json_body) {
-            (Some(k), _, _) => Some(k),
-            (None, Some(ptr), Some(body)) => match json_key(cfg, ptr, &body) {
+        let key = match (header_key, &cfg.json_pointer) {
+            (Some(k), _) => Some(k),
+            (None, Some(ptr)) => match json_key(cfg, ptr, raw_body) {
                 JsonKey::Found(k) => Some(k),
                 JsonKey::Invalid(e) => return self.bad_key(env, e),
                 JsonKey::Absent(reason) => {
@@ -516,7 +633,9 @@ impl DedupStream {
                 }
                 self.forward(env, Owned::Shared(claim))
             }
-            Ok(ClaimOutcome::InFlight) => self.duplicate(p, env, Duplicate::InFlight),
+            Ok(ClaimOutcome::InFlight { held_until }) => {
+                self.duplicate(p, env, Duplicate::InFlight { held_until })
+            }
             Ok(ClaimOutcome::PayloadMismatch) => self.duplicate(p, env, Duplicate::PayloadMismatch),
             Ok(ClaimOutcome::CompletedNotStored) => self.duplicate(p, env, Duplicate::NotStored),
             Ok(ClaimOutcome::Completed(_)) if p.config.on_duplicate == OnDuplicate::Reject => {
@@ -552,14 +671,20 @@ impl DedupStream {
     fn duplicate<E: Env>(&mut self, p: &Plugin, env: &mut E, dup: Duplicate) -> Action {
         let cfg = &p.config;
         match dup {
-            Duplicate::InFlight => {
+            Duplicate::InFlight { held_until } => {
                 env.count(Counter::RejectedInFlight);
-                let retry = vec![(
-                    "retry-after".to_string(),
-                    cfg.retry_after_seconds.to_string().into_bytes(),
-                )];
-                let detail =
-                    "the first request with this key has not been answered yet; retry later";
+                let (seconds, detail) = match held_until {
+                    Some(until) => (
+                        until.saturating_sub(env.now_ms()).div_ceil(1000).max(1),
+                        "the first request with this key ended without a known outcome (it may have run); \
+                         the key is held until the in-flight timeout ends",
+                    ),
+                    None => (
+                        cfg.retry_after_seconds,
+                        "the first request with this key has not been answered yet; retry later",
+                    ),
+                };
+                let retry = vec![("retry-after".to_string(), seconds.to_string().into_bytes())];
                 self.reply(env, Problem::InFlight.reply(detail, retry))
             }
             Duplicate::PayloadMismatch => {
@@ -778,12 +903,26 @@ impl DedupStream {
                         });
                         self.forward(env, owned)
                     }
-                    Some(r) if r.expires_ms > now => {
+                    // An in-flight record of another claim is never taken over by
+                    // comparing our clock with the time its proxy wrote: only etcd ends
+                    // it, when its lease runs out and the key is gone. Nor is a record
+                    // this version cannot read (it may be a newer version's claim).
+                    None => {
+                        env.debug(format_args!(
+                            "stream {}: record {} is unreadable; waiting for its lease to end",
+                            self.id,
+                            short_hex(&c.digest)
+                        ));
+                        self.duplicate(p, env, Duplicate::InFlight { held_until: None })
+                    }
+                    Some(r) if r.state == EtcdState::InFlight || r.expires_ms > now => {
                         if r.payload != c.payload {
                             return self.duplicate(p, env, Duplicate::PayloadMismatch);
                         }
                         match r.state {
-                            EtcdState::InFlight => self.duplicate(p, env, Duplicate::InFlight),
+                            EtcdState::InFlight => {
+                                self.duplicate(p, env, Duplicate::InFlight { held_until: None })
+                            }
                             EtcdState::CompletedNotStored => {
                                 let entry = LocalEntry {
                                     payload: r.payload,
@@ -804,9 +943,10 @@ impl DedupStream {
                             }
                         }
                     }
-                    // Expired (its lease has not run out yet) or unreadable: take it over,
-                    // conditional on it being unchanged since we read it.
-                    _ => {
+                    // A completed record past its TTL by our clock (its lease has not run
+                    // out yet): take it over, conditional on it being unchanged since we
+                    // read it. A clock running ahead by D takes it over D early.
+                    Some(_) => {
                         let Some(lease) = env.leases().get(LeasePurpose::InFlight, now) else {
                             return self.next_claim_call(p, env, c);
                         };
@@ -960,7 +1100,7 @@ impl DedupStream {
             }
             Owned::Etcd(o) => {
                 let expires_ms = now.saturating_add(p.config.ttl_ms);
-                let record = EtcdRecord {
+                let mut record = EtcdRecord {
                     state: if response.is_some() {
                         EtcdState::Completed
                     } else {
@@ -971,12 +1111,16 @@ impl DedupStream {
                     payload: o.payload,
                     response,
                 };
-                let body = etcd::replace_txn(
-                    &o.key,
-                    o.mod_revision,
-                    &record.encode(&o.digest),
-                    o.completed_lease,
-                );
+                let mut value = record.encode(&o.digest);
+                if record.response.is_some() && value.len() > max_record_bytes(p) {
+                    // etcd would refuse it and the key would stay in flight: keep the
+                    // completion without the response instead.
+                    env.count(Counter::ResponseNotStored);
+                    record.state = EtcdState::CompletedNotStored;
+                    record.response = None;
+                    value = record.encode(&o.digest);
+                }
+                let body = etcd::replace_txn(&o.key, o.mod_revision, &value, o.completed_lease);
                 let learned = LocalEntry {
                     payload: o.payload,
                     expires_ms,
@@ -1045,6 +1189,13 @@ fn etcd_timeout(p: &Plugin) -> u64 {
     match &p.config.store {
         StoreConfig::Etcd(ec) => ec.timeout_ms,
         StoreConfig::SharedData => 1000,
+    }
+}
+
+fn max_record_bytes(p: &Plugin) -> usize {
+    match &p.config.store {
+        StoreConfig::Etcd(ec) => ec.max_record_bytes,
+        StoreConfig::SharedData => usize::MAX,
     }
 }
 

@@ -6,10 +6,11 @@ use crate::key::{
     self, json_key, record_digest, ClientKey, JsonKey, KeyError, KeySource, RequestHead,
 };
 use crate::metrics::Counter;
+use crate::outcome::flags;
 use crate::reply::LocalReply;
 use crate::response::{Capture, StoredResponse};
 use crate::store::{ClaimOutcome, Layout, SharedStore, StoreError, WAYS};
-use crate::stream::{Action, DedupStream, Plugin};
+use crate::stream::{Action, DedupStream, Origin, Plugin};
 use crate::stream::{CallAnswer, StoreCall};
 use std::sync::Arc;
 
@@ -28,6 +29,7 @@ fn req(method: &str, path: &str) -> Req {
         head: RequestHead {
             method: method.into(),
             path: path.into(),
+            authority: "api.example".into(),
             headers: Vec::new(),
         },
         body: None,
@@ -83,7 +85,46 @@ struct Answer {
     status: u16,
     headers: Vec<(String, Vec<u8>)>,
     body: Vec<u8>,
+    /// Where Envoy says the response came from.
+    origin: Origin,
+    /// The stream ends without response headers (`origin` says why).
     reset: bool,
+}
+
+fn origin(details: &str, flag_bits: u64) -> Origin {
+    Origin {
+        details: details.into(),
+        flags: flag_bits,
+    }
+}
+
+/// The upstream reset the stream after the request was sent: the outcome is unknown.
+fn upstream_reset() -> Answer {
+    Answer {
+        reset: true,
+        origin: origin(
+            "upstream_reset_before_response_started{remote_reset}",
+            flags::UR,
+        ),
+        ..ok("")
+    }
+}
+
+/// The stream ends without a response because of `o` (client gone, connection refused…).
+fn ended(o: Origin) -> Answer {
+    Answer {
+        reset: true,
+        origin: o,
+        ..ok("")
+    }
+}
+
+/// A local reply generated after the filter (router, a later filter) with `o`.
+fn local(status: u16, o: Origin) -> Answer {
+    Answer {
+        origin: o,
+        ..answer(status, "local")
+    }
 }
 
 fn ok(body: &str) -> Answer {
@@ -95,6 +136,7 @@ fn answer(status: u16, body: &str) -> Answer {
         status,
         headers: vec![("content-type".into(), b"application/json".to_vec())],
         body: body.as_bytes().to_vec(),
+        origin: Origin::upstream(),
         reset: false,
     }
 }
@@ -102,7 +144,9 @@ fn answer(status: u16, body: &str) -> Answer {
 /// Sends the request up to the decision; `Ok(stream)` if it was forwarded.
 /// Makes a store call against the environment's fake etcd, as Envoy's http call would.
 fn call(env: &FakeEnv, c: &StoreCall) -> CallAnswer {
-    let (status, body) = env.etcd.handle(c.path, &c.body, env.now_ms);
+    let (status, body) = env
+        .etcd
+        .handle(c.path, &c.body, env.now_ms - env.clock_ahead_ms);
     CallAnswer { status, body }
 }
 
@@ -137,14 +181,19 @@ fn send(p: &Plugin, env: &mut FakeEnv, r: &Req) -> Result<DedupStream, Outcome> 
             body.chunks(r.chunk).collect()
         };
         let n = chunks.len();
+        let mut buffered = 0;
         for (i, c) in chunks.into_iter().enumerate() {
             if action != Action::Pause {
                 break;
             }
-            action = s.on_request_body(p, env, c, i + 1 == n && !r.trailers);
+            // Envoy buffers while the filter pauses; the filter reads it all at the end.
+            buffered += c.len();
+            let whole = body[..buffered].to_vec();
+            action = s.on_request_body(p, env, buffered, i + 1 == n && !r.trailers, || Some(whole));
         }
         if r.trailers && action == Action::Pause {
-            action = s.on_request_trailers(p, env);
+            let whole = body.clone();
+            action = s.on_request_trailers(p, env, || Some(whole));
         }
     }
     let action = settle(p, env, &mut s, action);
@@ -152,12 +201,13 @@ fn send(p: &Plugin, env: &mut FakeEnv, r: &Req) -> Result<DedupStream, Outcome> 
         Action::Continue => Ok(s),
         Action::Reply(reply) => {
             // Envoy runs the filter's response callbacks on its own local reply too.
+            let own = origin(reply.details, 0);
             assert_eq!(
-                s.on_response_headers(p, env, reply.status, || reply.headers.clone(), false),
+                s.on_response_headers(p, env, reply.status, &own, || reply.headers.clone(), false),
                 None
             );
             assert_eq!(s.on_response_body(p, env, &reply.body, true), None);
-            assert_eq!(s.on_stream_end(p, env), None);
+            assert_eq!(s.on_stream_end(p, env, &own), None);
             Err(Outcome::Local(reply))
         }
         Action::Pause => panic!("stream left paused at the end of the request"),
@@ -167,13 +217,13 @@ fn send(p: &Plugin, env: &mut FakeEnv, r: &Req) -> Result<DedupStream, Outcome> 
 
 fn respond(p: &Plugin, env: &mut FakeEnv, mut s: DedupStream, a: Answer) -> Outcome {
     if a.reset {
-        let c = s.on_stream_end(p, env);
+        let c = s.on_stream_end(p, env, &a.origin);
         deliver(p, env, &mut s, c);
         return Outcome::Reset;
     }
     let mut pairs = vec![(":status".to_string(), a.status.to_string().into_bytes())];
     pairs.extend(a.headers.clone());
-    let c = s.on_response_headers(p, env, a.status, || pairs, a.body.is_empty());
+    let c = s.on_response_headers(p, env, a.status, &a.origin, || pairs, a.body.is_empty());
     deliver(p, env, &mut s, c);
     if !a.body.is_empty() {
         let n = a.body.len().div_ceil(5);
@@ -184,7 +234,7 @@ fn respond(p: &Plugin, env: &mut FakeEnv, mut s: DedupStream, a: Answer) -> Outc
             }
         }
     }
-    let c = s.on_stream_end(p, env);
+    let c = s.on_stream_end(p, env, &a.origin);
     deliver(p, env, &mut s, c);
     Outcome::Upstream(a.status, a.body)
 }
@@ -701,29 +751,36 @@ fn b5_missing_or_invalid_key_gets_400() {
 }
 
 #[test]
-fn b6_5xx_reset_and_no_response_release_the_claim() {
+fn b6_upstream_5xx_and_requests_never_sent_release_the_claim() {
     let p = plugin("{}");
     let (_, mut env) = world();
     let r = req("POST", "/pay").key("k1").body("{}");
+    // The upstream itself answered a status that is not stored.
     assert_eq!(run(&p, &mut env, &r, answer(503, "busy")).status(), 503);
-    let mut reset = ok("");
-    reset.reset = true;
-    assert_eq!(run(&p, &mut env, &r, reset), Outcome::Reset);
-    // Headers arrived but the body never finished: released too.
-    let s = send(&p, &mut env, &r).unwrap();
-    let mut s = s;
-    assert_eq!(
-        s.on_response_headers(&p, &mut env, 200, Vec::new, false),
-        None
+    // Envoy could not send it: connection refused, no healthy host.
+    let refused = origin(
+        "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}",
+        flags::UF,
     );
-    assert_eq!(s.on_response_body(&p, &mut env, b"part", false), None);
-    assert_eq!(s.on_stream_end(&p, &mut env), None);
+    assert_eq!(
+        run(&p, &mut env, &r, local(503, refused.clone())).status(),
+        503
+    );
+    assert_eq!(run(&p, &mut env, &r, ended(refused)), Outcome::Reset);
+    let none = origin("no_healthy_upstream", flags::UH);
+    assert_eq!(run(&p, &mut env, &r, local(503, none)).status(), 503);
+    // A filter after this one answered (rate limiter, ext_authz): never stored.
+    let limited = origin("request_rate_limited", flags::RL);
+    assert_eq!(run(&p, &mut env, &r, local(429, limited)).status(), 429);
+    let denied = origin("ext_authz_denied", flags::UAEX);
+    assert_eq!(run(&p, &mut env, &r, local(403, denied)).status(), 403);
     assert_eq!(
         run(&p, &mut env, &r, ok("paid")),
         Outcome::Upstream(200, b"paid".to_vec())
     );
-    assert_eq!(env.count_of(Counter::Executed), 4);
-    assert_eq!(env.count_of(Counter::Released), 3);
+    assert_eq!(env.count_of(Counter::Executed), 7);
+    assert_eq!(env.count_of(Counter::Released), 6);
+    assert_eq!(env.count_of(Counter::OutcomeUnknown), 0);
     assert_eq!(run(&p, &mut env, &r, ok("no")).local().body, b"paid");
     // 4xx is stored by default; configurable.
     let p = plugin(r#"{"store_statuses": ["2xx"]}"#);
@@ -733,6 +790,116 @@ fn b6_5xx_reset_and_no_response_release_the_claim() {
         run(&p, &mut env, &r, ok("second")),
         Outcome::Upstream(200, b"second".to_vec())
     );
+}
+
+#[test]
+fn statuses_that_ask_for_a_retry_are_not_stored_by_default() {
+    let (_, mut env) = world();
+    let p = plugin("{}");
+    for (i, status) in [408u16, 425, 429].into_iter().enumerate() {
+        let r = req("POST", "/o").key(&format!("k{i}"));
+        assert_eq!(
+            run(&p, &mut env, &r, answer(status, "later")).status(),
+            status
+        );
+        assert_eq!(
+            run(&p, &mut env, &r, ok("done")),
+            Outcome::Upstream(200, b"done".to_vec()),
+            "{status} is not stored: the retry executes"
+        );
+    }
+    for status in [400u16, 404, 409, 422, 201, 302] {
+        assert!(p.config.stores_status(status), "{status}");
+    }
+    // Exclusions: "!code" or "!class"; an exclusion wins over an inclusion.
+    let p = plugin(r#"{"store_statuses": ["2xx", "4xx", "!404", "!5xx"]}"#);
+    assert!(p.config.stores_status(200) && p.config.stores_status(429));
+    assert!(!p.config.stores_status(404) && !p.config.stores_status(302));
+}
+
+#[test]
+fn an_unknown_outcome_holds_the_claim_until_the_in_flight_timeout() {
+    let p = plugin(r#"{"in_flight_timeout_seconds": 30}"#);
+    let unknowns = [
+        upstream_reset(),
+        ended(origin("downstream_remote_disconnect", flags::DC)),
+        ended(origin("", 0)),
+        local(504, origin("upstream_response_timeout", flags::UT)),
+        local(
+            503,
+            origin(
+                "upstream_reset_before_response_started{connection_termination}",
+                flags::UC,
+            ),
+        ),
+    ];
+    let n = unknowns.len() as u64;
+    for (i, first) in unknowns.into_iter().enumerate() {
+        let (_, mut env) = world();
+        let r = req("POST", "/pay").key(&format!("k{i}")).body("{}");
+        let t0 = env.now_ms;
+        run(&p, &mut env, &r, first);
+        // The retry must not run: the upstream may have executed the first.
+        env.now_ms = t0 + 10_400;
+        let dup = run(&p, &mut env, &r, ok("twice"));
+        assert_eq!(dup.status(), 409, "case {i}");
+        assert_eq!(dup.problem_type(), "urn:proxy-dedup:problem:in-flight");
+        assert_eq!(
+            dup.local().header("retry-after"),
+            Some(&b"20"[..]),
+            "case {i}: retry-after is the rest of the in-flight timeout"
+        );
+        assert_eq!(env.count_of(Counter::OutcomeUnknown), 1, "case {i}");
+        assert_eq!(env.count_of(Counter::Released), 0, "case {i}");
+        // Once the in-flight timeout has passed, the key may run again.
+        env.now_ms = t0 + 30_000;
+        assert_eq!(
+            run(&p, &mut env, &r, ok("again")),
+            Outcome::Upstream(200, b"again".to_vec()),
+            "case {i}"
+        );
+    }
+    assert!(n >= 5);
+}
+
+#[test]
+fn on_unknown_outcome_release_lets_the_retry_run() {
+    let p = plugin(r#"{"on_unknown_outcome": "release"}"#);
+    let (_, mut env) = world();
+    let r = req("POST", "/pay").key("k").body("{}");
+    assert_eq!(run(&p, &mut env, &r, upstream_reset()), Outcome::Reset);
+    assert_eq!(
+        run(&p, &mut env, &r, ok("again")),
+        Outcome::Upstream(200, b"again".to_vec())
+    );
+    assert_eq!(env.count_of(Counter::OutcomeUnknown), 1);
+    assert_eq!(env.count_of(Counter::Released), 1);
+}
+
+#[test]
+fn a_status_that_arrived_counts_even_if_the_body_is_cut() {
+    let p = plugin("{}");
+    let (_, mut env) = world();
+    let r = req("POST", "/o").key("k1");
+    let mut s = send(&p, &mut env, &r).unwrap();
+    let up = Origin::upstream();
+    assert_eq!(
+        s.on_response_headers(&p, &mut env, 200, &up, Vec::new, false),
+        None
+    );
+    assert_eq!(s.on_response_body(&p, &mut env, b"part", false), None);
+    let cut = origin(
+        "upstream_reset_after_response_started{remote_reset}",
+        flags::UR,
+    );
+    assert_eq!(s.on_stream_end(&p, &mut env, &cut), None);
+    let dup = run(&p, &mut env, &r, ok("no"));
+    assert_eq!(
+        dup.problem_type(),
+        "urn:proxy-dedup:problem:response-not-stored"
+    );
+    assert_eq!(env.count_of(Counter::Released), 0);
+    assert_eq!(env.count_of(Counter::Executed), 1);
 }
 
 #[test]
@@ -756,17 +923,21 @@ fn b8_decision_waits_for_the_end_of_the_body() {
         s.on_request_headers(&p, &mut env, r.head.clone(), false),
         Action::Pause
     );
+    let never = || -> Option<Vec<u8>> { panic!("the body is read once, at its end") };
     assert_eq!(
-        s.on_request_body(&p, &mut env, b"part one ", false),
+        s.on_request_body(&p, &mut env, 9, false, never),
         Action::Pause
     );
     assert_eq!(shared.key_count(), 0, "no claim before the end of the body");
     assert_eq!(
-        s.on_request_body(&p, &mut env, b"and two", false),
+        s.on_request_body(&p, &mut env, 16, false, never),
         Action::Pause
     );
     // Trailers end the body.
-    assert_eq!(s.on_request_trailers(&p, &mut env), Action::Continue);
+    assert_eq!(
+        s.on_request_trailers(&p, &mut env, || Some(b"part one and two".to_vec())),
+        Action::Continue
+    );
     assert!(s.holds_claim());
     // The chunked body and the same body in one piece are the same payload.
     let mut whole = req("POST", "/o").key("k1").body("part one and two");
@@ -1008,6 +1179,7 @@ fn interleaved_claims_one_wins_the_cas_race() {
     let layout = Layout::new("t", 64, 30_000, 60_000);
     let d = digest(1);
     let p = [7u8; 32];
+    SharedStore::new(&*shared, &layout).register(1000).unwrap();
     // Worker B claims between worker A's read and A's CAS (the bucket does not exist yet:
     // both saw it absent, and B's create wins).
     let (s2, l2) = (shared.clone(), layout.clone());
@@ -1020,7 +1192,7 @@ fn interleaved_claims_one_wins_the_cas_race() {
         .unwrap();
     assert_eq!(
         a,
-        ClaimOutcome::InFlight,
+        ClaimOutcome::InFlight { held_until: None },
         "A must see B's claim after losing the CAS"
     );
 
@@ -1038,7 +1210,7 @@ fn interleaved_claims_one_wins_the_cas_race() {
         SharedStore::new(&*shared, &layout)
             .claim(&d2, &p, 1000, 3)
             .unwrap(),
-        ClaimOutcome::InFlight
+        ClaimOutcome::InFlight { held_until: None }
     );
 }
 
@@ -1069,8 +1241,14 @@ fn interleaved_claims_on_other_keys_both_win() {
     ));
     // Both records are there: the retry re-read B's write instead of clobbering it.
     let store = SharedStore::new(&*shared, &layout);
-    assert_eq!(store.claim(&a, &p, 0, 3).unwrap(), ClaimOutcome::InFlight);
-    assert_eq!(store.claim(&b, &p, 0, 4).unwrap(), ClaimOutcome::InFlight);
+    assert_eq!(
+        store.claim(&a, &p, 0, 3).unwrap(),
+        ClaimOutcome::InFlight { held_until: None }
+    );
+    assert_eq!(
+        store.claim(&b, &p, 0, 4).unwrap(),
+        ClaimOutcome::InFlight { held_until: None }
+    );
 }
 
 #[test]
@@ -1124,7 +1302,7 @@ fn capacity_bounds_keys_and_evicts_oldest_completed_first() {
         "{} keys",
         shared.key_count()
     );
-    assert!(p.layout.max_keys() <= 64 * 2);
+    assert!(p.layout.max_keys() <= 64 * 2 + 2);
     assert!(env.count_of(Counter::EvictionsUnexpired) >= 2000 - 64);
     // The newest keys are still replayed.
     let last = req("POST", "/o").key("k1999");
@@ -1510,13 +1688,20 @@ fn etcd_release_on_5xx_and_reset() {
     let (mut a, mut b) = two_proxies();
     let r = req("POST", "/pay").key("k").body("{}");
     assert_eq!(run(&p, &mut a, &r, answer(500, "boom")).status(), 500);
-    let mut reset = ok("");
-    reset.reset = true;
-    assert_eq!(run(&p, &mut b, &r, reset), Outcome::Reset);
+    let refused = origin(
+        "upstream_reset_before_response_started{connection_failure}",
+        0,
+    );
+    assert_eq!(run(&p, &mut b, &r, ended(refused)), Outcome::Reset);
     assert_eq!(
         run(&p, &mut a, &r, ok("paid")),
         Outcome::Upstream(200, b"paid".to_vec())
     );
+    // A reset after the request was sent holds the claim on every proxy.
+    let r2 = req("POST", "/pay").key("k2").body("{}");
+    assert_eq!(run(&p, &mut a, &r2, upstream_reset()), Outcome::Reset);
+    assert_eq!(run(&p, &mut b, &r2, ok("twice")).status(), 409);
+    assert_eq!(a.count_of(Counter::OutcomeUnknown), 1);
     assert_eq!(
         a.count_of(Counter::Released) + b.count_of(Counter::Released),
         2
@@ -1606,31 +1791,57 @@ fn etcd_lost_lease_is_granted_again() {
 }
 
 #[test]
-fn etcd_expiry_in_flight_takeover_and_records_vanish_with_their_lease() {
+fn etcd_in_flight_records_end_only_with_their_lease_whatever_the_clocks() {
     let p = etcd_plugin(r#""ttl_seconds": 10, "in_flight_timeout_seconds": 5"#);
     let (mut a, mut b) = two_proxies();
     let r = req("POST", "/o").key("k");
+    let t0 = a.now_ms;
     let stuck = send(&p, &mut a, &r).unwrap();
-    b.now_ms = a.now_ms + 5_000;
-    // Logically expired (its lease may still run): B takes it over with a MOD compare.
+    // B's clock runs 60 s ahead: by its clock the claim expired long ago, but only
+    // etcd decides when an in-flight record ends.
+    b.clock_ahead_ms = 60_000;
+    b.now_ms = t0 + 60_000;
+    let dup = run(&p, &mut b, &r, ok("twice"));
+    assert_eq!(dup.status(), 409);
+    assert_eq!(dup.problem_type(), "urn:proxy-dedup:problem:in-flight");
+    b.now_ms = t0 + 60_000 + 4_000;
+    assert_eq!(run(&p, &mut b, &r, ok("twice")).status(), 409);
+    // The in-flight lease (5 s + a 1 s window) has ended by etcd's clock: the key is
+    // gone and may run again.
+    b.now_ms = t0 + 60_000 + 6_001;
     let retry = send(&p, &mut b, &r).unwrap();
-    a.now_ms = b.now_ms;
+    a.now_ms = t0 + 6_001;
     respond(&p, &mut a, stuck, ok("late"));
     assert_eq!(a.count_of(Counter::ClaimsLost), 1);
     respond(&p, &mut b, retry, ok("fresh"));
     assert_eq!(run(&p, &mut a, &r, ok("no")).local().body, b"fresh");
-    // Completed records answer for ttl, then their lease removes them from etcd.
-    let t0 = b.now_ms;
-    assert!(a.etcd.key_count(t0) >= 1);
-    assert_eq!(a.etcd.key_count(t0 + 10_000 + 5_000 + 1_250 + 1_000), 0);
-    b.now_ms = t0 + 10_000;
+    // Completed records answer for ttl by the reader's clock, then their lease removes
+    // them from etcd.
+    let t1 = a.now_ms;
+    assert!(a.etcd.key_count(t1) >= 1);
+    assert_eq!(a.etcd.key_count(t1 + 10_000 + 5_000 + 1_250 + 1_000), 0);
     let (mut c, _) = two_proxies();
-    c.etcd = b.etcd.clone();
-    c.now_ms = b.now_ms;
+    c.etcd = a.etcd.clone();
+    c.now_ms = t1 + 10_000;
     assert!(
         matches!(run(&p, &mut c, &r, ok("third")), Outcome::Upstream(..)),
         "expired after ttl"
     );
+}
+
+#[test]
+fn etcd_unreadable_records_are_never_taken_over() {
+    let p = etcd_plugin("");
+    let (mut a, _) = two_proxies();
+    let r = req("POST", "/o").key("k");
+    let s = send(&p, &mut a, &r).unwrap();
+    drop(s);
+    // Overwrite the record with bytes this version cannot read (a newer format).
+    a.etcd.corrupt_all();
+    // An hour later by this proxy's clock (etcd's lease has not run out).
+    a.now_ms += 3_600_000;
+    a.clock_ahead_ms = 3_600_000;
+    assert_eq!(run(&p, &mut a, &r, ok("twice")).status(), 409);
 }
 
 #[test]
@@ -1663,4 +1874,247 @@ fn etcd_completion_and_release_are_retried_and_recognised_when_answers_are_lost(
         run(&p, &mut b, &r3, ok("again")),
         Outcome::Upstream(..)
     ));
+}
+
+// ---------- hardening: scope, identity, layouts, secrets ----------
+
+#[test]
+fn two_hosts_never_share_records_unless_authority_is_left_out() {
+    let p = plugin("{}");
+    let (_, mut env) = world();
+    let mut acme = req("POST", "/o").key("k").body("{}");
+    acme.head.authority = "acme.example".into();
+    let mut globex = acme.clone();
+    globex.head.authority = "Globex.Example".into();
+    assert!(matches!(
+        run(&p, &mut env, &acme, ok("acme")),
+        Outcome::Upstream(..)
+    ));
+    assert_eq!(
+        run(&p, &mut env, &globex, ok("globex")),
+        Outcome::Upstream(200, b"globex".to_vec())
+    );
+    assert_eq!(run(&p, &mut env, &acme, ok("no")).local().body, b"acme");
+    // Host names compare case-insensitively.
+    globex.head.authority = "globex.example".into();
+    assert_eq!(run(&p, &mut env, &globex, ok("no")).local().body, b"globex");
+    let p = plugin(r#"{"scope": {"authority": false}, "store": {"namespace": "other"}}"#);
+    assert!(matches!(
+        run(&p, &mut env, &acme, ok("acme")),
+        Outcome::Upstream(..)
+    ));
+    assert_eq!(run(&p, &mut env, &globex, ok("no")).local().body, b"acme");
+}
+
+#[test]
+fn pseudo_headers_can_scope_and_fingerprint() {
+    let p = plugin(r#"{"scope": {"authority": false, "headers": [":path"]}}"#);
+    let (_, mut env) = world();
+    let a = req("POST", "/a").key("k");
+    let b = req("POST", "/b").key("k");
+    assert!(matches!(
+        run(&p, &mut env, &a, ok("a")),
+        Outcome::Upstream(..)
+    ));
+    // Without the path in the scope, /b would be a 422 payload mismatch.
+    assert!(matches!(
+        run(&p, &mut env, &b, ok("b")),
+        Outcome::Upstream(..)
+    ));
+    let p = plugin(r#"{"key": {"fingerprint": ["header::authority", "body"]}}"#);
+    let mut x = req("POST", "/x").body("same");
+    x.head.authority = "one.example".into();
+    assert!(matches!(
+        run(&p, &mut env, &x, ok("one")),
+        Outcome::Upstream(..)
+    ));
+    assert_eq!(run(&p, &mut env, &x, ok("no")).local().body, b"one");
+    assert_eq!(
+        cfg_err(r#"{"scope": {"headers": [":scheme"]}}"#).0,
+        "scope.headers"
+    );
+    assert_eq!(
+        cfg_err(r#"{"scope": {"headers": ["x-t", "X-T"]}}"#).0,
+        "scope.headers"
+    );
+    assert_eq!(
+        cfg_err(r#"{"key": {"headers": [":authority"]}}"#).0,
+        "key.headers"
+    );
+    assert_eq!(
+        cfg_err(r#"{"key": {"fingerprint": ["header::x"]}}"#).0,
+        "key.fingerprint"
+    );
+}
+
+#[test]
+fn repeated_key_or_scope_headers_are_refused() {
+    let p = plugin(r#"{"scope": {"headers": ["x-tenant"]}}"#);
+    let (_, mut env) = world();
+    let victim = req("POST", "/o").key("k").header("x-tenant", "victim");
+    assert!(matches!(
+        run(&p, &mut env, &victim, ok("secret")),
+        Outcome::Upstream(..)
+    ));
+    let smuggled = victim.clone().header("x-tenant", "attacker");
+    let o = run(&p, &mut env, &smuggled, ok("no"));
+    assert_eq!(o.status(), 400);
+    assert_eq!(o.problem_type(), "urn:proxy-dedup:problem:ambiguous-scope");
+    let two_keys = req("POST", "/o")
+        .key("k")
+        .key("k2")
+        .header("x-tenant", "victim");
+    let o = run(&p, &mut env, &two_keys, ok("no"));
+    assert_eq!(o.problem_type(), "urn:proxy-dedup:problem:ambiguous-key");
+    // Even the same value twice is refused: a proxy in front may have added one.
+    let same_twice = req("POST", "/o")
+        .key("k")
+        .key("k")
+        .header("x-tenant", "victim");
+    assert_eq!(run(&p, &mut env, &same_twice, ok("no")).status(), 400);
+    assert_eq!(env.count_of(Counter::BadKey), 3);
+    // A JSON body naming the pointer's member twice is ambiguous too.
+    let p = plugin(r#"{"key": {"json_pointer": "/id"}}"#);
+    let o = run(
+        &p,
+        &mut env,
+        &req("POST", "/o").body(r#"{"id": "a", "id": "b"}"#),
+        ok("no"),
+    );
+    assert_eq!(o.problem_type(), "urn:proxy-dedup:problem:ambiguous-key");
+}
+
+#[test]
+fn grpc_requests_pass_untouched() {
+    let p = plugin(r#"{"key": {"required": true}}"#);
+    let (shared, mut env) = world();
+    for ct in [
+        "application/grpc",
+        "application/grpc+proto",
+        "Application/GRPC-web",
+    ] {
+        let r = req("POST", "/pkg.Svc/Call")
+            .key("k")
+            .header("content-type", ct)
+            .body("x");
+        assert!(matches!(
+            run(&p, &mut env, &r, ok("a")),
+            Outcome::Upstream(..)
+        ));
+        assert!(matches!(
+            run(&p, &mut env, &r, ok("b")),
+            Outcome::Upstream(..)
+        ));
+    }
+    assert_eq!(env.count_of(Counter::Bypassed), 6);
+    assert_eq!(shared.key_count(), 0);
+}
+
+#[test]
+fn the_bucket_secret_is_created_once_and_keys_the_bucket_choice() {
+    use crate::store::bucket_secret;
+    let shared = FakeShared::new();
+    // Another worker creates it between our read and our create: we read theirs.
+    let s2 = shared.clone();
+    shared.before_next_set(move || {
+        assert_eq!(bucket_secret(&*s2, "ns", [2; 32]).unwrap(), [2; 32]);
+    });
+    assert_eq!(bucket_secret(&*shared, "ns", [1; 32]).unwrap(), [2; 32]);
+    assert_eq!(bucket_secret(&*shared, "ns", [3; 32]).unwrap(), [2; 32]);
+    // A different secret sends the same digests to other buckets: nobody who does not
+    // know it can aim keys at a bucket.
+    let a = Layout::new("ns", 16_000, 1, 1).with_secret([2; 32]);
+    let b = Layout::new("ns", 16_000, 1, 1).with_secret([9; 32]);
+    let moved = (0..200).filter(|i| a.bucket_of(&digest(*i)) != b.bucket_of(&digest(*i)));
+    assert!(moved.count() > 190);
+}
+
+#[test]
+fn a_config_push_that_changes_capacity_keeps_records_answering() {
+    let (_, mut env) = world();
+    let old = plugin(r#"{"capacity": 1600}"#);
+    let new = plugin(r#"{"capacity": 3200, "ttl_seconds": 600}"#);
+    let done = req("POST", "/o").key("done");
+    let flying = req("POST", "/o").key("flying");
+    assert!(matches!(
+        run(&old, &mut env, &done, ok("old")),
+        Outcome::Upstream(..)
+    ));
+    let first = send(&old, &mut env, &flying).unwrap();
+    // After the push: the completed key replays, the in-flight one is still in flight.
+    assert_eq!(run(&new, &mut env, &done, ok("no")).local().body, b"old");
+    assert_eq!(run(&new, &mut env, &flying, ok("no")).status(), 409);
+    let _ = respond(&old, &mut env, first, ok("flown"));
+    assert_eq!(
+        run(&new, &mut env, &flying, ok("no")).local().body,
+        b"flown"
+    );
+    // And the other way: the old configuration (still draining) sees the new one's.
+    let fresh = req("POST", "/o").key("fresh");
+    assert!(matches!(
+        run(&new, &mut env, &fresh, ok("new")),
+        Outcome::Upstream(..)
+    ));
+    assert_eq!(run(&old, &mut env, &fresh, ok("no")).local().body, b"new");
+    assert_eq!(env.count_of(Counter::Executed), 3);
+}
+
+#[test]
+fn concurrent_claims_under_two_layouts_run_once() {
+    for first_old in [true, false] {
+        let shared = FakeShared::new();
+        let old = Layout::new("t", 1600, 30_000, 60_000);
+        let new = Layout::new("t", 3200, 30_000, 60_000);
+        SharedStore::new(&*shared, &old).register(1000).unwrap();
+        SharedStore::new(&*shared, &new).register(1000).unwrap();
+        let (d, p) = (digest(5), [7u8; 32]);
+        let (a, b) = if first_old { (old, new) } else { (new, old) };
+        // B's whole claim runs between A's read of its own bucket and A's CAS.
+        let (s2, b2) = (shared.clone(), b.clone());
+        shared.before_next_set(move || {
+            let o = SharedStore::new(&*s2, &b2).claim(&d, &p, 1000, 2).unwrap();
+            assert!(matches!(o, ClaimOutcome::Claimed { .. }));
+        });
+        let o = SharedStore::new(&*shared, &a)
+            .claim(&d, &p, 1000, 1)
+            .unwrap();
+        assert_eq!(
+            o,
+            ClaimOutcome::InFlight { held_until: None },
+            "first_old {first_old}"
+        );
+        // A yielded and left nothing behind: B's claim is the only one.
+        let again = SharedStore::new(&*shared, &a)
+            .claim(&d, &p, 1000, 3)
+            .unwrap();
+        assert_eq!(again, ClaimOutcome::InFlight { held_until: None });
+    }
+}
+
+#[test]
+fn etcd_records_larger_than_the_record_limit_complete_without_the_response() {
+    let p = plugin(
+        r#"{"max_replay_body_bytes": 20000,
+            "store": {"kind": "etcd", "cluster": "etcd", "max_record_bytes": 40000}}"#,
+    );
+    let (mut a, mut b) = two_proxies();
+    let r = req("POST", "/o").key("k");
+    let mut big = ok(&"x".repeat(10_000));
+    big.headers.push(("x-big".into(), vec![b'h'; 35_000]));
+    assert!(matches!(run(&p, &mut a, &r, big), Outcome::Upstream(..)));
+    let dup = run(&p, &mut b, &r, ok("no"));
+    assert_eq!(
+        dup.problem_type(),
+        "urn:proxy-dedup:problem:response-not-stored"
+    );
+    assert_eq!(
+        a.count_of(Counter::Executed) + b.count_of(Counter::Executed),
+        1
+    );
+    // A replay cap that cannot fit a record is refused at configure time.
+    let (field, _) =
+        cfg_err(r#"{"max_replay_body_bytes": 2000000, "store": {"kind": "etcd", "cluster": "e"}}"#);
+    assert_eq!(field, "max_replay_body_bytes");
+    let (field, _) = cfg_err(r#"{"store": {"max_record_bytes": 100000}}"#);
+    assert_eq!(field, "store.max_record_bytes");
 }
