@@ -4,8 +4,9 @@
 
 use crate::http::{read_body, read_head, write_chunk, Head};
 use crate::{fail, Result};
-use std::io::{BufReader, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -25,6 +26,8 @@ pub struct Request {
     pub headers: Vec<(String, String)>,
     pub body: Body,
     pub timeout: Duration,
+    /// The `host` header (`:authority` in Envoy); `None`: the address connected to.
+    pub host: Option<String>,
 }
 
 impl Request {
@@ -35,6 +38,7 @@ impl Request {
             headers: Vec::new(),
             body: Body::Empty,
             timeout: Duration::from_secs(10),
+            host: None,
         }
     }
 
@@ -46,8 +50,15 @@ impl Request {
         Self::new("POST", path)
     }
 
+    /// Add a header line. Calling it twice with one name sends two lines.
     pub fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Send `host: <host>` instead of the address connected to.
+    pub fn host(mut self, host: &str) -> Self {
+        self.host = Some(host.into());
         self
     }
 
@@ -78,6 +89,9 @@ impl Request {
     /// The equivalent curl command line (for the demo's transcript).
     pub fn curl(&self, base: &str) -> String {
         let mut s = format!("curl -si -X {} {base}{}", self.method, self.path);
+        if let Some(h) = &self.host {
+            s.push_str(&format!(" -H 'host: {h}'"));
+        }
         for (n, v) in &self.headers {
             s.push_str(&format!(" -H '{n}: {v}'"));
         }
@@ -162,12 +176,19 @@ impl Connection {
 
     /// Send `req` and read its response.
     pub fn send(&mut self, req: &Request) -> Result<Response> {
+        self.write_request(req)?;
+        self.read_response(req)
+    }
+
+    /// Write `req` (head and body) without reading the answer.
+    pub fn write_request(&mut self, req: &Request) -> Result<()> {
         self.stream.set_write_timeout(Some(req.timeout))?;
         self.stream.set_read_timeout(Some(req.timeout))?;
-        let mut head = format!(
-            "{} {} HTTP/1.1\r\nhost: {}\r\n",
-            req.method, req.path, self.addr
-        );
+        let host = match &req.host {
+            Some(h) => h.clone(),
+            None => self.addr.to_string(),
+        };
+        let mut head = format!("{} {} HTTP/1.1\r\nhost: {host}\r\n", req.method, req.path);
         for (n, v) in &req.headers {
             head.push_str(&format!("{n}: {v}\r\n"));
         }
@@ -200,6 +221,12 @@ impl Connection {
             }
         }
         self.stream.flush()?;
+        Ok(())
+    }
+
+    /// Read the response to `req` (written with `write_request`).
+    pub fn read_response(&mut self, req: &Request) -> Result<Response> {
+        self.stream.set_read_timeout(Some(req.timeout))?;
         let Some(head) = read_head(&mut self.reader)? else {
             fail!(
                 "connection closed before a response to {} {}",
@@ -216,6 +243,94 @@ impl Connection {
         };
         Ok(Response { status, head, body })
     }
+
+    /// Wait up to `patience` for the first byte of an answer. `Ok(true)`:
+    /// something arrived (read it with `read_response`); `Ok(false)`: nothing
+    /// yet; an error if the connection was closed.
+    pub fn wait_answer(&mut self, patience: Duration) -> Result<bool> {
+        if !self.reader.buffer().is_empty() {
+            return Ok(true);
+        }
+        self.stream
+            .set_read_timeout(Some(patience.max(Duration::from_millis(1))))?;
+        match self.reader.fill_buf() {
+            Ok([]) => fail!("connection closed by the server before any answer"),
+            Ok(_) => Ok(true),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Close with a TCP reset (SO_LINGER 0) instead of an orderly FIN: the
+    /// client "crashes" or its connection is cut.
+    pub fn reset(self) -> Result<()> {
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: setsockopt on a socket this connection owns, with a
+        // correctly sized `linger` value.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&linger as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            fail!("setsockopt(SO_LINGER): {}", std::io::Error::last_os_error());
+        }
+        drop(self);
+        Ok(())
+    }
+}
+
+/// How a client that gives up fared.
+#[derive(Debug)]
+pub enum GiveUp {
+    /// The answer came in time.
+    Answered(Response),
+    /// No answer within the patience: the connection was closed.
+    GaveUp,
+}
+
+/// How a client that gives up leaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leave {
+    /// Orderly close (FIN), as a client whose timeout fired.
+    Close,
+    /// TCP reset, as a crashed client or a cut connection.
+    Reset,
+}
+
+/// Send `req` on a fresh connection, wait at most `patience` for the answer,
+/// then give up and close the connection (`leave`). Nothing is read after
+/// giving up.
+pub fn send_or_give_up(
+    addr: SocketAddr,
+    req: &Request,
+    patience: Duration,
+    leave: Leave,
+) -> Result<GiveUp> {
+    let mut conn = Connection::open(addr, req.timeout)?;
+    conn.write_request(req)?;
+    if conn.wait_answer(patience)? {
+        return Ok(GiveUp::Answered(conn.read_response(req)?));
+    }
+    match leave {
+        Leave::Close => drop(conn),
+        Leave::Reset => conn.reset()?,
+    }
+    Ok(GiveUp::GaveUp)
 }
 
 fn parse_status(start: &str) -> Result<u16> {

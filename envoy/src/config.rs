@@ -10,6 +10,11 @@ use std::path::{Path, PathBuf};
 pub const SINGLE_NODE: &str = "single-node.yaml";
 /// The same listener and cluster without any Wasm filter (benchmark baseline).
 pub const NO_FILTER: &str = "no-filter.yaml";
+/// `single-node.yaml` with the listener served by LDS from a file
+/// (`LDS_LISTENER`), so that a test can push a changed filter configuration.
+pub const SINGLE_NODE_LDS: &str = "single-node-lds.yaml";
+/// The listener resource of `SINGLE_NODE_LDS` (a DiscoveryResponse).
+pub const LDS_LISTENER: &str = "lds/ingress-listener.yaml";
 
 /// Replace every `{{NAME}}` outside comment lines with its value from `vars`.
 /// A placeholder with no value is an error; comment lines are left as written
@@ -54,6 +59,14 @@ pub struct EnvoyConfig {
     pub wasm_path: Option<PathBuf>,
     /// The filter's JSON configuration (`{}`: defaults).
     pub filter_config: String,
+    /// More placeholders of a template, with their values.
+    pub vars: Vec<(String, String)>,
+    /// More listener ports, by placeholder name (new ones after a bind clash).
+    pub ports: Vec<(String, u16)>,
+    /// A listener template that Envoy reads by LDS from a file
+    /// (`{{LDS_DIR}}` / `{{LDS_PATH}}` in the bootstrap template); it gets the
+    /// same placeholders as the bootstrap.
+    pub lds_template: Option<PathBuf>,
 }
 
 impl EnvoyConfig {
@@ -66,7 +79,53 @@ impl EnvoyConfig {
             upstream_port,
             wasm_path: Some(wasm.to_path_buf()),
             filter_config: filter_config.to_string(),
+            vars: Vec::new(),
+            ports: Vec::new(),
+            lds_template: None,
         })
+    }
+
+    /// Another template (any path) with `wasm` and `filter_config`, on fresh
+    /// loopback ports; the same placeholders as `single-node.yaml`.
+    pub fn from_template(
+        template: &Path,
+        upstream_port: u16,
+        wasm: &Path,
+        filter_config: &str,
+    ) -> Result<Self> {
+        let mut c = Self::single_node(upstream_port, wasm, filter_config)?;
+        c.template = template.to_path_buf();
+        Ok(c)
+    }
+
+    /// `single-node-lds.yaml`: the listener comes by LDS from a file in the
+    /// run's directory, rewritten by `Envoy::push_filter_config`.
+    pub fn single_node_lds(upstream_port: u16, wasm: &Path, filter_config: &str) -> Result<Self> {
+        let mut c = Self::from_template(
+            &config_file(SINGLE_NODE_LDS),
+            upstream_port,
+            wasm,
+            filter_config,
+        )?;
+        c.lds_template = Some(config_file(LDS_LISTENER));
+        Ok(c)
+    }
+
+    /// One more placeholder with a fixed value.
+    pub fn with_var(mut self, name: &str, value: &str) -> Self {
+        self.vars.push((name.into(), value.into()));
+        self
+    }
+
+    /// One more placeholder that gets a fresh loopback port.
+    pub fn with_port(mut self, name: &str) -> Result<Self> {
+        self.ports.push((name.into(), free_port()?));
+        Ok(self)
+    }
+
+    /// The port given to placeholder `name` by `with_port`.
+    pub fn port(&self, name: &str) -> Option<u16> {
+        self.ports.iter().find(|(n, _)| n == name).map(|(_, p)| *p)
     }
 
     /// `no-filter.yaml`, on fresh loopback ports.
@@ -78,6 +137,9 @@ impl EnvoyConfig {
             upstream_port,
             wasm_path: None,
             filter_config: "{}".into(),
+            vars: Vec::new(),
+            ports: Vec::new(),
+            lds_template: None,
         })
     }
 
@@ -85,29 +147,86 @@ impl EnvoyConfig {
     pub fn reassign_ports(&mut self) -> Result<()> {
         self.listen_port = free_port()?;
         self.admin_port = free_port()?;
+        for (_, port) in &mut self.ports {
+            *port = free_port()?;
+        }
         Ok(())
     }
 
-    pub fn render(&self) -> Result<String> {
-        let template = match std::fs::read_to_string(&self.template) {
-            Ok(t) => t,
-            Err(e) => fail!("cannot read {}: {e}", self.template.display()),
-        };
+    fn vars(&self) -> Vec<(&str, String)> {
         let wasm = self
             .wasm_path
             .as_ref()
             .map(|p| p.display().to_string())
             .unwrap_or_default();
-        render(
-            &template,
-            &[
-                ("LISTEN_PORT", self.listen_port.to_string()),
-                ("ADMIN_PORT", self.admin_port.to_string()),
-                ("UPSTREAM_PORT", self.upstream_port.to_string()),
-                ("WASM_PATH", wasm),
-                ("FILTER_CONFIG", yaml_single_quoted(&self.filter_config)),
-            ],
-        )
+        let mut vars = vec![
+            ("LISTEN_PORT", self.listen_port.to_string()),
+            ("ADMIN_PORT", self.admin_port.to_string()),
+            ("UPSTREAM_PORT", self.upstream_port.to_string()),
+            ("WASM_PATH", wasm),
+            ("FILTER_CONFIG", yaml_single_quoted(&self.filter_config)),
+        ];
+        vars.extend(self.vars.iter().map(|(n, v)| (n.as_str(), v.clone())));
+        vars.extend(self.ports.iter().map(|(n, p)| (n.as_str(), p.to_string())));
+        vars
+    }
+
+    /// The rendered config (a template without LDS).
+    pub fn render(&self) -> Result<String> {
+        if self.lds_template.is_some() {
+            fail!("a config with an LDS listener file is rendered with render_in(dir)");
+        }
+        render(&read_template(&self.template)?, &self.vars())
+    }
+
+    /// The rendered config for a run in `dir`; with an LDS listener template,
+    /// its file is written first (`lds_path(dir)`).
+    pub fn render_in(&self, dir: &Path) -> Result<String> {
+        let Some(_) = &self.lds_template else {
+            return self.render();
+        };
+        self.write_lds(dir)?;
+        let mut vars = self.vars();
+        vars.push((
+            "LDS_DIR",
+            lds_path(dir)
+                .parent()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+        ));
+        vars.push(("LDS_PATH", lds_path(dir).display().to_string()));
+        render(&read_template(&self.template)?, &vars)
+    }
+
+    /// Render the LDS listener template and move it into place atomically
+    /// (write a temporary file in the watched directory, then rename: Envoy
+    /// reloads on the rename).
+    pub fn write_lds(&self, dir: &Path) -> Result<()> {
+        let Some(template) = &self.lds_template else {
+            fail!("no LDS listener template in this config");
+        };
+        let text = render(&read_template(template)?, &self.vars())?;
+        let path = lds_path(dir);
+        let Some(lds_dir) = path.parent() else {
+            fail!("LDS path {} has no directory", path.display());
+        };
+        std::fs::create_dir_all(lds_dir)?;
+        let tmp = lds_dir.join(".listeners.yaml.tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(())
+    }
+}
+
+/// Where a run in `dir` keeps its LDS listener file.
+pub fn lds_path(dir: &Path) -> PathBuf {
+    dir.join("lds").join("listeners.yaml")
+}
+
+fn read_template(path: &Path) -> Result<String> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(t),
+        Err(e) => fail!("cannot read {}: {e}", path.display()),
     }
 }
 

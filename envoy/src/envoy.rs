@@ -66,7 +66,7 @@ impl Envoy {
         for _attempt in 0..3 {
             let dir = scratch_dir(name)?;
             let cfg_path = dir.join("envoy.yaml");
-            std::fs::write(&cfg_path, config.render()?)?;
+            std::fs::write(&cfg_path, config.render_in(&dir)?)?;
             let log_path = dir.join("envoy.log");
             let mut cmd = envoy_command(&cfg_path, &log_path, &[]);
             cmd.stdout(Stdio::from(std::fs::File::create(dir.join("stdout.log"))?));
@@ -99,7 +99,7 @@ impl Envoy {
     pub fn start_expect_failure(name: &str, config: &EnvoyConfig) -> Result<(i32, String)> {
         let dir = scratch_dir(name)?;
         let cfg_path = dir.join("envoy.yaml");
-        std::fs::write(&cfg_path, config.render()?)?;
+        std::fs::write(&cfg_path, config.render_in(&dir)?)?;
         let log_path = dir.join("envoy.log");
         let mut cmd = envoy_command(&cfg_path, &log_path, &[]);
         cmd.stdout(Stdio::null()).stderr(Stdio::null());
@@ -234,6 +234,32 @@ impl Envoy {
     pub fn connections_per_worker(&self) -> Result<Vec<u64>> {
         let stats = self.stats("^listener\\.127\\.0\\.0\\.1_.*worker_.*downstream_cx_total$")?;
         Ok(stats.values().copied().collect())
+    }
+
+    /// Wait until stat `name` is at least `min`; returns its value.
+    pub fn wait_stat_at_least(&self, name: &str, min: u64, limit: Duration) -> Result<u64> {
+        let end = Instant::now() + limit;
+        loop {
+            let v = self
+                .stats(&format!("^{}$", regex_escape(name)))?
+                .get(name)
+                .copied();
+            if let Some(v) = v.filter(|v| *v >= min) {
+                return Ok(v);
+            }
+            if Instant::now() >= end {
+                fail!("stat {name} is {v:?} after {limit:?}, waited for >= {min}");
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// With an LDS listener file (`EnvoyConfig::single_node_lds`): rewrite it
+    /// with another filter configuration (atomically, by rename). Envoy picks
+    /// it up on its own; wait for `listener_manager.lds.update_success`.
+    pub fn push_filter_config(&mut self, filter_config: &str) -> Result<()> {
+        self.config.filter_config = filter_config.to_string();
+        self.config.write_lds(&self.dir)
     }
 
     /// Envoy's log so far.

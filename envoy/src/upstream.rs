@@ -4,7 +4,8 @@
 //! Every executed request gets a fresh `order_id`, so a replayed response is
 //! recognisable (same id as the first). On demand it is slow or failing:
 //! header `x-demo-delay-ms: 2000` / query `delay_ms=2000`, header
-//! `x-demo-status: 503` / query `status=503`. `GET /__executions` returns the
+//! `x-demo-status: 503` / query `status=503`, with `x-demo-retry-after: 1` /
+//! query `retry_after=1` a `retry-after` header. `GET /__executions` returns the
 //! counts as JSON, `POST /__reset` clears them; neither is counted.
 //!
 //! std threads, one per connection, HTTP/1.1 keep-alive, content-length and
@@ -149,6 +150,11 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> Result<()> {
         };
         let body = read_body(&mut reader, &head, false)?;
         let (status, payload, delay) = handle(&head, &body, shared);
+        let retry_after = head
+            .header("x-demo-retry-after")
+            .map(str::to_string)
+            .or_else(|| query_param(&head.start, "retry_after"))
+            .and_then(|v| v.trim().parse::<u32>().ok());
         if !delay.is_zero() {
             std::thread::sleep(delay);
         }
@@ -161,6 +167,9 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> Result<()> {
         );
         if let Some(id) = payload.get("order_id") {
             resp.push_str(&format!("x-order-id: {id}\r\n"));
+        }
+        if let Some(secs) = retry_after {
+            resp.push_str(&format!("retry-after: {secs}\r\n"));
         }
         if close {
             resp.push_str("connection: close\r\n");
@@ -180,17 +189,11 @@ fn handle(head: &Head, body: &[u8], shared: &Shared) -> (u16, Value, Duration) {
     let mut parts = head.start.split_whitespace();
     let method = parts.next().unwrap_or("").to_string();
     let target = parts.next().unwrap_or("/").to_string();
-    let (path, query) = match target.split_once('?') {
-        Some((p, q)) => (p.to_string(), q.to_string()),
-        None => (target.clone(), String::new()),
+    let path = match target.split_once('?') {
+        Some((p, _)) => p.to_string(),
+        None => target.clone(),
     };
-    let query_param = |name: &str| {
-        query
-            .split('&')
-            .filter_map(|kv| kv.split_once('='))
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| v.to_string())
-    };
+    let param = |name: &str| query_param(&head.start, name);
     match (method.as_str(), path.as_str()) {
         ("GET", "/__executions") => {
             return (200, executions_json(&shared.counts()), Duration::ZERO);
@@ -211,14 +214,14 @@ fn handle(head: &Head, body: &[u8], shared: &Shared) -> (u16, Value, Duration) {
     let delay_ms = head
         .header("x-demo-delay-ms")
         .map(str::to_string)
-        .or_else(|| query_param("delay_ms"))
+        .or_else(|| param("delay_ms"))
         .and_then(|v| v.trim().parse::<u64>().ok())
         .unwrap_or(0)
         .min(MAX_DELAY_MS);
     let status = head
         .header("x-demo-status")
         .map(str::to_string)
-        .or_else(|| query_param("status"))
+        .or_else(|| param("status"))
         .and_then(|v| v.trim().parse::<u16>().ok())
         .filter(|s| (200..=599).contains(s))
         .unwrap_or(200);
@@ -272,6 +275,17 @@ fn handle(head: &Head, body: &[u8], shared: &Shared) -> (u16, Value, Duration) {
     (status, payload, Duration::from_millis(delay_ms))
 }
 
+/// The value of query parameter `name` in the request line `start`.
+fn query_param(start: &str, name: &str) -> Option<String> {
+    let target = start.split_whitespace().nth(1)?;
+    let (_, query) = target.split_once('?')?;
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_string())
+}
+
 fn executions_json(c: &Counts) -> Value {
     json!({
         "total": c.total,
@@ -289,6 +303,7 @@ fn reason(status: u16) -> &'static str {
         404 => "Not Found",
         409 => "Conflict",
         422 => "Unprocessable Entity",
+        429 => "Too Many Requests",
         500 => "Internal Server Error",
         502 => "Bad Gateway",
         503 => "Service Unavailable",

@@ -693,3 +693,93 @@ fn completed_records_vanish_from_etcd_when_their_lease_ends() {
     assert_executed(&again);
     assert_eq!(m.upstream.executions_for_key("ttl-1"), 2);
 }
+
+/// The states of the records under `PREFIX` (the second byte of each value:
+/// 1 in flight, 2 completed, 3 completed without the response).
+fn record_states(m: &Multi) -> Vec<u8> {
+    m.etcd
+        .keys(PREFIX)
+        .map(|keys| {
+            keys.iter()
+                .filter_map(|k| k.value.get(1).copied())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn client_reset_while_its_response_waits_for_etcd_still_completes_the_record() {
+    // The response to a first request is held until etcd has the completed
+    // record. Here etcd is frozen right after the upstream got the request,
+    // so the filter's completion call waits; the upstream answers, the
+    // client resets its connection while the response is held, and etcd is
+    // thawed within store.timeout_ms. The upstream did execute, so the
+    // record must end completed: a duplicate on the other proxy is a replay
+    // (not a 409 for the in-flight timeout, not a second execution).
+    const TIMEOUT_MS: u64 = 4000;
+    let cfg = etcd_filter_config(json!({"store": {"timeout_ms": TIMEOUT_MS}}));
+    let mut m = Multi::start("mp-reset-held", [&cfg, &cfg]);
+    let path = "/orders/reset-held";
+    let key = "reset-held-1";
+    let body = json!({"item": "held"});
+    let mut conn = client::Connection::open(m.proxies[0].addr(), Duration::from_secs(5)).unwrap();
+    conn.write_request(&keyed(path, key, &body).header("x-demo-delay-ms", "700"))
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(5);
+    while m.upstream.executions_for_key(key) == 0 {
+        assert!(
+            Instant::now() < end,
+            "the request never reached the upstream\n{}",
+            m.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The claim is in etcd; freeze it before the upstream answers.
+    m.etcd.pause_all();
+    let frozen = Instant::now();
+    // The upstream answers after 700 ms; the filter holds the end of the
+    // response (the head may pass) until etcd confirms the completion.
+    let partial = conn.read_response(&Request::post(path).timeout(Duration::from_millis(1500)));
+    if let Ok(r) = &partial {
+        panic!(
+            "the whole response reached the client while etcd was frozen (it is held until etcd confirms the completion): {}\n{}",
+            r.summary(),
+            m.diagnostics()
+        );
+    }
+    conn.reset().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    m.etcd.resume_all();
+    let thawed_after = frozen.elapsed();
+    assert!(
+        thawed_after < Duration::from_millis(TIMEOUT_MS - 1000),
+        "etcd thawed only after {thawed_after:?} (store.timeout_ms {TIMEOUT_MS})"
+    );
+    m.etcd.wait_healthy(Duration::from_secs(10)).unwrap();
+    // Wait until the record is no longer in flight (bounded: the filter's
+    // budget runs out TIMEOUT_MS after the completion started).
+    let end = frozen + Duration::from_millis(TIMEOUT_MS + 3000);
+    let mut states = record_states(&m);
+    while states.contains(&1) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+        states = record_states(&m);
+    }
+    eprintln!(
+        "etcd thawed {thawed_after:?} after freezing; record states {states:?} after {:?}",
+        frozen.elapsed()
+    );
+    for p in &m.proxies {
+        wait_etcd_hosts_healthy(p, 3, Duration::from_secs(10)).unwrap();
+    }
+    let dup = m.send(1, &keyed(path, key, &body));
+    assert!(
+        dup.status == 200 && is_replayed(&dup),
+        "the duplicate on the other proxy after a client reset during the held completion: {} (record states {states:?})\n{}",
+        dup.summary(),
+        m.diagnostics()
+    );
+    assert_eq!(json(&dup)["key"], key);
+    assert_eq!(json(&dup)["executions"], 1);
+    assert_replay_of(&m.send(0, &keyed(path, key, &body)), &dup);
+    assert_eq!(m.upstream.executions_for_key(key), 1, "{}", m.diagnostics());
+}

@@ -2,9 +2,12 @@
 //! filter in front of an in-process demo upstream, on free loopback ports.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
 use dedup_envoy::paths::dedup_wasm;
 use dedup_envoy::{DemoUpstream, Envoy, EnvoyConfig, Request, Response};
-use serde_json::Value;
+use serde_json::{json, Value};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 pub struct Stack {
@@ -20,6 +23,16 @@ impl Stack {
         let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
         let upstream = DemoUpstream::start(0, false).expect("demo upstream");
         let config = EnvoyConfig::single_node(upstream.port(), &wasm, filter_config).unwrap();
+        let envoy = Envoy::start(name, config).unwrap_or_else(|e| panic!("starting Envoy: {e}"));
+        Stack { envoy, upstream }
+    }
+
+    /// Envoy from the config `make` builds for the upstream's port and
+    /// `dist/dedup_filter.wasm` (another template, more placeholders).
+    pub fn start_with(name: &str, make: impl FnOnce(u16, &Path) -> EnvoyConfig) -> Stack {
+        let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
+        let upstream = DemoUpstream::start(0, false).expect("demo upstream");
+        let config = make(upstream.port(), &wasm);
         let envoy = Envoy::start(name, config).unwrap_or_else(|e| panic!("starting Envoy: {e}"));
         Stack { envoy, upstream }
     }
@@ -117,4 +130,83 @@ pub fn assert_replay_of(r: &Response, first: &Response) {
         first.header("x-order-id"),
         "replay keeps the upstream's headers"
     );
+}
+
+// --- HS256 JWTs for envoy/configs/jwt-scope.yaml ------------------------------
+
+/// HMAC-SHA256 (RFC 2104).
+pub fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut k = [0u8; 64];
+    if key.len() > 64 {
+        k[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        k[..key.len()].copy_from_slice(key);
+    }
+    let mut inner = Sha256::new();
+    inner.update(k.map(|b| b ^ 0x36));
+    inner.update(msg);
+    let inner = inner.finalize();
+    let mut outer = Sha256::new();
+    outer.update(k.map(|b| b ^ 0x5c));
+    outer.update(inner);
+    outer.finalize().into()
+}
+
+/// An HS256 JWT over `claims`.
+pub fn jwt_hs256(key: &[u8], kid: &str, claims: &Value) -> String {
+    let header = json!({"alg": "HS256", "typ": "JWT", "kid": kid});
+    let signing_input = format!(
+        "{}.{}",
+        URL_SAFE_NO_PAD.encode(header.to_string()),
+        URL_SAFE_NO_PAD.encode(claims.to_string())
+    );
+    let sig = hmac_sha256(key, signing_input.as_bytes());
+    format!("{signing_input}.{}", URL_SAFE_NO_PAD.encode(sig))
+}
+
+/// The example's HS256 key and its `kid`: the `oct` key in
+/// envoy/configs/jwt-scope.yaml (read from the file, so the tests follow it).
+pub fn example_jwt_key() -> (Vec<u8>, String) {
+    let path = dedup_envoy::paths::config_file("jwt-scope.yaml");
+    let template = std::fs::read_to_string(&path).unwrap();
+    let field = |name: &str| -> String {
+        let pat = format!("\"{name}\": \"");
+        let at = template
+            .find(&pat)
+            .unwrap_or_else(|| panic!("no {pat} in {}", path.display()))
+            + pat.len();
+        let len = template[at..].find('"').unwrap();
+        template[at..at + len].to_string()
+    };
+    let key = URL_SAFE_NO_PAD
+        .decode(field("k"))
+        .unwrap_or_else(|e| panic!("the example key is not base64url: {e}"));
+    (key, field("kid"))
+}
+
+/// The claims jwt-scope.yaml accepts (issuer, audience, valid 10 minutes),
+/// with a `tenant` claim if given.
+pub fn example_jwt_claims(tenant: Option<&str>) -> Value {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut c = json!({
+        "iss": "https://auth.example.com",
+        "aud": "orders",
+        "sub": "user-1",
+        "iat": now,
+        "exp": now + 600,
+    });
+    if let Some(t) = tenant {
+        c["tenant"] = json!(t);
+    }
+    c
+}
+
+/// A token jwt-scope.yaml accepts, signed with the example key.
+pub fn example_jwt(tenant: Option<&str>) -> String {
+    let (key, kid) = example_jwt_key();
+    jwt_hs256(&key, &kid, &example_jwt_claims(tenant))
 }
