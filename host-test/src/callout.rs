@@ -2,7 +2,7 @@
 //! server on loopback that the call is forwarded to over TCP. Failures come
 //! back as Envoy's async client reports them.
 
-use crate::http::{header_get, Headers, Reply, UpstreamRequest};
+use crate::http::{header_get, Headers, Reply, ReplyKind, UpstreamRequest};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -24,6 +24,9 @@ pub(crate) enum CalloutResult {
     Never,
     /// Timed out after the given milliseconds.
     TimeoutAfter(u32),
+    /// Reset (no headers) after the given milliseconds: a response that
+    /// started and stalled until the call's timeout.
+    ResetAfter(u32),
 }
 
 pub(crate) fn timeout_reply() -> Reply {
@@ -47,10 +50,24 @@ pub(crate) fn call(
         Cluster::InProcess(handler) => {
             let reply = handler(request);
             match reply.kind {
-                crate::http::ReplyKind::Response => CalloutResult::Response(reply),
-                crate::http::ReplyKind::Reset => CalloutResult::Reset,
-                crate::http::ReplyKind::NoAnswer if timeout_ms == 0 => CalloutResult::Never,
-                crate::http::ReplyKind::NoAnswer => CalloutResult::TimeoutAfter(timeout_ms),
+                ReplyKind::Response | ReplyKind::Local(_) => CalloutResult::Response(reply),
+                ReplyKind::Reset | ReplyKind::ResetAfterHeaders => CalloutResult::Reset,
+                ReplyKind::NoAnswer | ReplyKind::NoAnswerAfterHeaders if timeout_ms == 0 => {
+                    CalloutResult::Never
+                }
+                ReplyKind::NoAnswer => CalloutResult::TimeoutAfter(timeout_ms),
+                ReplyKind::NoAnswerAfterHeaders => CalloutResult::ResetAfter(timeout_ms),
+                ReplyKind::ConnectFailure => CalloutResult::Response(connect_failure_reply()),
+                ReplyKind::NoHealthyUpstream => CalloutResult::Response(
+                    Reply::new(503)
+                        .header("content-type", "text/plain")
+                        .body("no healthy upstream"),
+                ),
+                ReplyKind::Overflow => CalloutResult::Response(
+                    Reply::new(503).header("content-type", "text/plain").body(
+                        "upstream connect error or disconnect/reset before headers. reset reason: overflow",
+                    ),
+                ),
             }
         }
         Cluster::Tcp(addr) => over_tcp(addr, request, timeout_ms),

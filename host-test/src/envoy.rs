@@ -7,6 +7,7 @@ use crate::abi::{LogLevel, MetricKind};
 use crate::callout::{self, CalloutResult, Cluster};
 use crate::error::Error;
 use crate::http::{header_get, Headers, Reply, ReplyKind, Request, Response, UpstreamRequest};
+use crate::origin::{code_details, response_flags, StreamOrigin};
 use crate::shared::{lock, Faults, LogLine, Metric, Shared, SharedInner};
 use crate::vm::{CalloutResponse, Deferred, Exports, PluginInfo, StreamHost, Vm, VmState};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -46,6 +47,7 @@ pub struct EnvoyBuilder {
     route_timeout: Duration,
     buffer_limit: usize,
     upstream: Option<crate::callout::Handler>,
+    upstream_address: String,
     clusters: HashMap<String, Cluster>,
 }
 
@@ -125,6 +127,13 @@ impl EnvoyBuilder {
         self
     }
 
+    /// The upstream host's address, what `upstream.address` reads once the
+    /// router picked it (default `127.0.0.1:8080`).
+    pub fn upstream_address(mut self, address: &str) -> Self {
+        self.upstream_address = address.to_string();
+        self
+    }
+
     /// A cluster for `proxy_http_call`, answered in process.
     pub fn cluster(
         mut self,
@@ -172,6 +181,7 @@ impl EnvoyBuilder {
             upstream: self.upstream.unwrap_or_else(|| {
                 Box::new(|_req: &UpstreamRequest| Reply::ok().body("upstream ok"))
             }),
+            upstream_address: self.upstream_address,
             clusters: self.clusters,
             ready: VecDeque::new(),
             timed: Vec::new(),
@@ -309,6 +319,7 @@ pub struct Envoy {
     next_stream: u64,
     next_ctx: Vec<u32>,
     upstream: crate::callout::Handler,
+    upstream_address: String,
     clusters: HashMap<String, Cluster>,
     ready: VecDeque<Event>,
     /// (deadline ns, sequence, event)
@@ -321,8 +332,17 @@ pub struct Envoy {
     held_callouts: Vec<Event>,
 }
 
+// Bodies of the router's local replies (Envoy 1.40).
 const LOCAL_REPLY_RESET: &str =
     "upstream connect error or disconnect/reset before headers. reset reason: connection termination";
+const LOCAL_REPLY_CONNECT_FAILURE: &str =
+    "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure";
+const LOCAL_REPLY_OVERFLOW: &str =
+    "upstream connect error or disconnect/reset before headers. reset reason: overflow";
+// Only reaches the client if the filter still holds the response headers
+// when the upstream resets mid-body (otherwise the stream is reset).
+const LOCAL_REPLY_LATE_RESET: &str =
+    "upstream connect error or disconnect/reset before headers. reset reason: protocol error";
 
 impl Envoy {
     /// Starts configuring an Envoy running the module at `wasm`.
@@ -341,6 +361,7 @@ impl Envoy {
             route_timeout: Duration::from_secs(15),
             buffer_limit: 1024 * 1024,
             upstream: None,
+            upstream_address: "127.0.0.1:8080".into(),
             clusters: HashMap::new(),
         }
     }
@@ -422,6 +443,17 @@ impl Envoy {
                         },
                     );
                 }
+                CalloutResult::ResetAfter(ms) => {
+                    let at = self.now_ns() + u64::from(ms) * 1_000_000;
+                    self.schedule(
+                        at,
+                        Event::Callout {
+                            worker,
+                            token: c.token,
+                            response: None,
+                        },
+                    );
+                }
             }
         }
     }
@@ -482,9 +514,10 @@ impl Envoy {
                     status,
                     body,
                     headers,
+                    details,
                 } => {
                     if let Some(sid) = self.by_ctx.get(&(worker, ctx)).copied() {
-                        self.local_reply(sid, status, body, headers, true);
+                        self.local_reply(sid, status, body, headers, true, &details);
                     }
                 }
             }
@@ -608,7 +641,13 @@ impl Envoy {
                         .get(&sid)
                         .is_some_and(|s| s.upstream == Upstream::Silent)
                     {
-                        self.router_reply(sid, 504, "upstream request timeout");
+                        self.router_reply(
+                            sid,
+                            504,
+                            "upstream request timeout",
+                            code_details::RESPONSE_TIMEOUT,
+                            response_flags::UT,
+                        );
                     }
                 }
             }
@@ -865,8 +904,19 @@ impl Envoy {
 
     /// The client resets the stream: no response; the filter still gets
     /// `on_log`, `on_done` and `on_delete`.
+    ///
+    /// What `on_log` reads then is Envoy's: `response.code_details`
+    /// `downstream_remote_disconnect`, flag DC added, `response.code` only
+    /// if response headers had come, `upstream.address` if the request had
+    /// reached the router.
     pub fn reset_client(&mut self, id: StreamId) -> Result<(), Error> {
         self.stream(id)?;
+        if self.open(id.0) {
+            if let Some(o) = self.origin(id.0) {
+                o.details = Some(code_details::DOWNSTREAM_REMOTE_DISCONNECT.into());
+                o.flags |= response_flags::DC;
+            }
+        }
         self.cancel_upstream(id.0);
         self.finish(id.0, true);
         self.pump();
@@ -883,8 +933,11 @@ impl Envoy {
         }
     }
 
-    /// The upstream answers the stream's request (a response, a reset, or
-    /// no answer: then the route timeout fires when the clock gets there).
+    /// The upstream answers the stream's request with any [`Reply`]: a
+    /// response, a reset before or after the headers, no answer (the route
+    /// timeout fires when the clock gets there), or what Envoy answers
+    /// instead (connection refused, no healthy upstream, a later filter's
+    /// local reply...), each with Envoy's `response.code_details` and flags.
     pub fn respond(&mut self, id: StreamId, reply: Reply) -> Result<(), Error> {
         let s = self.stream(id)?;
         if !matches!(s.upstream, Upstream::Awaiting(_)) {
@@ -894,52 +947,140 @@ impl Envoy {
             )));
         }
         let sid = id.0;
-        match reply.kind {
-            ReplyKind::Response => {
-                if let Some(s) = self.streams.get_mut(&sid) {
-                    s.upstream = Upstream::Answered;
-                }
-                self.upstream_response(sid, reply);
+        if let Some(s) = self.streams.get_mut(&sid) {
+            s.upstream = Upstream::Answered;
+        }
+        let flags = reply.flags;
+        match reply.kind.clone() {
+            ReplyKind::Response => self.upstream_response(sid, reply, true),
+            ReplyKind::Reset => self.router_reply(
+                sid,
+                503,
+                LOCAL_REPLY_RESET,
+                code_details::CONNECTION_TERMINATION,
+                response_flags::UC | flags,
+            ),
+            ReplyKind::ConnectFailure => self.router_reply(
+                sid,
+                503,
+                LOCAL_REPLY_CONNECT_FAILURE,
+                code_details::CONNECT_FAILURE,
+                response_flags::UF | flags,
+            ),
+            ReplyKind::NoHealthyUpstream => {
+                self.no_host(sid);
+                self.router_reply(
+                    sid,
+                    503,
+                    "no healthy upstream",
+                    code_details::NO_HEALTHY_UPSTREAM,
+                    response_flags::UH | flags,
+                );
             }
-            ReplyKind::Reset => {
-                if let Some(s) = self.streams.get_mut(&sid) {
-                    s.upstream = Upstream::Answered;
-                }
-                self.router_reply(sid, 503, LOCAL_REPLY_RESET);
+            ReplyKind::Overflow => {
+                self.no_host(sid);
+                self.router_reply(
+                    sid,
+                    503,
+                    LOCAL_REPLY_OVERFLOW,
+                    code_details::OVERFLOW,
+                    response_flags::UO | flags,
+                );
             }
-            ReplyKind::NoAnswer => {
-                if let Some(s) = self.streams.get_mut(&sid) {
-                    s.upstream = Upstream::Silent;
+            ReplyKind::Local(details) => {
+                self.no_host(sid);
+                if let Some(o) = self.origin(sid) {
+                    o.flags |= flags;
                 }
-                let at = self.now_ns() + self.route_timeout.as_nanos() as u64;
-                self.schedule(at, Event::RouteTimeout(sid));
+                let body = reply.body_bytes();
+                self.local_reply(sid, reply.status, body, reply.headers, true, &details);
             }
+            ReplyKind::ResetAfterHeaders => {
+                self.upstream_response(sid, reply, false);
+                if self.open(sid) {
+                    self.router_reply(
+                        sid,
+                        503,
+                        LOCAL_REPLY_LATE_RESET,
+                        code_details::RESET_AFTER_RESPONSE_STARTED,
+                        response_flags::UPE | flags,
+                    );
+                }
+            }
+            ReplyKind::NoAnswerAfterHeaders => {
+                self.upstream_response(sid, reply, false);
+                if self.open(sid) {
+                    self.go_silent(sid);
+                }
+            }
+            ReplyKind::NoAnswer => self.go_silent(sid),
         }
         self.pump();
         Ok(())
     }
 
-    fn upstream_response(&mut self, sid: u64, reply: Reply) {
+    /// The upstream says nothing more: the route timeout fires when the
+    /// clock gets there.
+    fn go_silent(&mut self, sid: u64) {
+        if let Some(s) = self.streams.get_mut(&sid) {
+            s.upstream = Upstream::Silent;
+        }
+        let at = self.now_ns() + self.route_timeout.as_nanos() as u64;
+        self.schedule(at, Event::RouteTimeout(sid));
+    }
+
+    /// The router answered without picking a host (no healthy upstream,
+    /// overflow) or a filter before it answered: no `upstream.address`.
+    fn no_host(&mut self, sid: u64) {
+        if let Some(o) = self.origin(sid) {
+            o.upstream_address = None;
+        }
+    }
+
+    fn origin(&mut self, sid: u64) -> Option<&mut StreamOrigin> {
+        self.host(sid).map(|h| &mut h.origin)
+    }
+
+    /// The upstream's response: headers, then the body chunks; `complete`
+    /// false: the last chunk does not end the stream (the answer is cut).
+    fn upstream_response(&mut self, sid: u64, reply: Reply, complete: bool) {
+        if let Some(o) = self.origin(sid) {
+            o.details = Some(code_details::VIA_UPSTREAM.into());
+            o.code = Some(reply.status);
+            o.flags |= reply.flags;
+        }
         let headers = reply.envoy_headers();
         let chunks: Vec<Vec<u8>> = reply.chunks.into_iter().filter(|c| !c.is_empty()).collect();
-        self.headers_in(sid, Side::Response, headers, chunks.is_empty());
+        self.headers_in(sid, Side::Response, headers, complete && chunks.is_empty());
         let n = chunks.len();
         for (i, chunk) in chunks.into_iter().enumerate() {
             if !self.open(sid) {
                 break;
             }
-            self.data_in(sid, Side::Response, chunk, i + 1 == n);
+            self.data_in(sid, Side::Response, chunk, complete && i + 1 == n);
         }
     }
 
     /// A local reply generated by the router (upstream reset, route
-    /// timeout): it passes through the filter's response callbacks.
-    fn router_reply(&mut self, sid: u64, status: u16, body: &str) {
+    /// timeout, no healthy upstream...): it passes through the filter's
+    /// response callbacks, or resets the stream if the response headers
+    /// already went to the client.
+    fn router_reply(&mut self, sid: u64, status: u16, body: &str, details: &str, flags: u64) {
         if let Some(s) = self.streams.get_mut(&sid) {
             s.upstream = Upstream::Answered;
         }
+        if let Some(o) = self.origin(sid) {
+            o.flags |= flags;
+        }
         let headers = vec![("content-type".to_string(), "text/plain".to_string())];
-        self.local_reply(sid, status, body.as_bytes().to_vec(), headers, true);
+        self.local_reply(
+            sid,
+            status,
+            body.as_bytes().to_vec(),
+            headers,
+            true,
+            details,
+        );
     }
 
     fn cancel_upstream(&mut self, sid: u64) {
@@ -988,7 +1129,14 @@ impl Envoy {
             }
             return true;
         }
-        self.local_reply(sid, 503, Vec::new(), Vec::new(), false);
+        self.local_reply(
+            sid,
+            503,
+            Vec::new(),
+            Vec::new(),
+            false,
+            code_details::WASM_FAIL_STREAM,
+        );
         false
     }
 
@@ -1180,7 +1328,14 @@ impl Envoy {
             if buffered + chunk.len() > self.buffer_limit {
                 // The filter manager's buffer overflows: Envoy answers 413
                 // itself (through the filter's response callbacks).
-                self.local_reply(sid, 413, b"Payload Too Large".to_vec(), Vec::new(), true);
+                self.local_reply(
+                    sid,
+                    413,
+                    b"Payload Too Large".to_vec(),
+                    Vec::new(),
+                    true,
+                    code_details::REQUEST_PAYLOAD_TOO_LARGE,
+                );
                 return;
             }
         }
@@ -1237,7 +1392,14 @@ impl Envoy {
                 let buffered = self.host(sid).map_or(0, |h| h.req.body.len());
                 if side == Side::Request && buffered > self.buffer_limit {
                     self.finish_call(sid);
-                    self.local_reply(sid, 413, b"Payload Too Large".to_vec(), Vec::new(), true);
+                    self.local_reply(
+                        sid,
+                        413,
+                        b"Payload Too Large".to_vec(),
+                        Vec::new(),
+                        true,
+                        code_details::REQUEST_PAYLOAD_TOO_LARGE,
+                    );
                     return;
                 }
             }
@@ -1408,6 +1570,11 @@ impl Envoy {
         let eos = d.headers_eos;
         if side == Side::Request {
             s.upstream_headers_sent = true;
+            // The router picks the upstream host as the headers reach it.
+            let address = self.upstream_address.clone();
+            if let Some(o) = self.origin(sid) {
+                o.upstream_address = Some(address);
+            }
         }
         if eos {
             self.end_of_stream_out(sid, side);
@@ -1457,7 +1624,9 @@ impl Envoy {
         }
     }
 
-    /// Envoy's sendLocalReply for a stream.
+    /// Envoy's sendLocalReply for a stream: records `details` as the
+    /// response code details (and the status as the response code, unless
+    /// the response headers already went out and the stream is reset).
     fn local_reply(
         &mut self,
         sid: u64,
@@ -1465,9 +1634,13 @@ impl Envoy {
         body: Vec<u8>,
         extra: Headers,
         through_filter: bool,
+        details: &str,
     ) {
         if !self.open(sid) {
             return;
+        }
+        if let Some(o) = self.origin(sid) {
+            o.details = Some(details.to_string());
         }
         self.cancel_upstream(sid);
         let mut headers: Headers = vec![(":status".into(), status.to_string())];
@@ -1492,6 +1665,9 @@ impl Envoy {
             return;
         }
         let direct = started || !through_filter;
+        if let Some(o) = self.origin(sid) {
+            o.code = Some(status);
+        }
         if let Some(s) = self.streams.get_mut(&sid) {
             s.local_reply = true;
             s.req.eos_in = true;
@@ -1526,6 +1702,7 @@ impl Envoy {
             let s = &self.streams[&sid];
             (s.worker, s.ctx, s.context_created)
         };
+        let origin = self.origin(sid).map(|o| o.clone()).unwrap_or_default();
         let outcome = {
             let s = &self.streams[&sid];
             let headers = s.resp.out_headers.clone().unwrap_or_default();
@@ -1548,6 +1725,9 @@ impl Envoy {
                 local_reply: s.local_reply,
                 reset,
                 upstream_request: s.upstream_request.clone(),
+                code_details: origin.details,
+                response_flags: origin.flags,
+                upstream_address: origin.upstream_address,
             }
         };
         if let Some(s) = self.streams.get_mut(&sid) {

@@ -441,13 +441,23 @@ fn property(s: &VmState, path: &[u8]) -> Result<Vec<u8>, Status> {
             joined(h.ok_or(Status::NotFound)?, name).ok_or(Status::NotFound)
         }
         ["response", "headers"] => Ok(map_property(resp_headers.ok_or(Status::NotFound)?)),
+        // Envoy's stream info, readable whether or not the header maps are.
         ["response", "code"] => {
-            let h = resp_headers.ok_or(Status::NotFound)?;
-            let code: i64 = header_get(h, ":status")
-                .and_then(|v| v.parse().ok())
-                .ok_or(Status::NotFound)?;
-            Ok(code.to_le_bytes().to_vec())
+            let code = st.and_then(|st| st.origin.code).ok_or(Status::NotFound)?;
+            Ok(i64::from(code).to_le_bytes().to_vec())
         }
+        ["response", "code_details"] => st
+            .and_then(|st| st.origin.details.clone())
+            .map(String::into_bytes)
+            .ok_or(Status::NotFound),
+        ["response", "flags"] => {
+            let st = st.ok_or(Status::NotFound)?;
+            Ok((st.origin.flags as i64).to_le_bytes().to_vec())
+        }
+        ["upstream", "address"] => st
+            .and_then(|st| st.origin.upstream_address.clone())
+            .map(String::into_bytes)
+            .ok_or(Status::NotFound),
         ["request", attr] => {
             let h = req_headers.ok_or(Status::NotFound)?;
             let path = header_get(h, ":path").unwrap_or("");
@@ -817,17 +827,22 @@ fn define_proxy(
         "proxy_send_local_response",
         |mut c: C,
          code: i32,
-         _dp: i32,
-         _dl: i32,
+         dp: i32,
+         dl: i32,
          bp: i32,
          bl: i32,
          hp: i32,
          hl: i32,
          _grpc: i32|
          -> i32 {
-            let (Some(body), Some(headers)) = (read(&mut c, bp, bl), read(&mut c, hp, hl)) else {
+            let (Some(body), Some(headers), Some(details)) = (
+                read(&mut c, bp, bl),
+                read(&mut c, hp, hl),
+                read(&mut c, dp, dl),
+            ) else {
                 return INVALID_MEMORY;
             };
+            let details = crate::origin::filter_details(&details);
             let headers = decode_pairs(&headers)
                 .into_iter()
                 .map(|(k, v)| (k.to_ascii_lowercase(), v))
@@ -840,6 +855,7 @@ fn define_proxy(
                     status: code as u16,
                     body,
                     headers,
+                    details,
                 });
             }
             s.stop_next_iteration = true;

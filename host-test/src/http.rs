@@ -161,9 +161,22 @@ pub(crate) enum ReplyKind {
     Response,
     Reset,
     NoAnswer,
+    ConnectFailure,
+    NoHealthyUpstream,
+    Overflow,
+    ResetAfterHeaders,
+    NoAnswerAfterHeaders,
+    /// A local reply by a filter after ours (or the router's own
+    /// direct_response), with its `response.code_details`.
+    Local(String),
 }
 
 /// An answer from the upstream service or from a cluster of `proxy_http_call`.
+///
+/// Each way an answer can come about sets what the filter reads of its
+/// origin (`response.code_details`, `response.flags`, `response.code`,
+/// `upstream.address`) as Envoy 1.40 does; the table is in
+/// `host-test/PROBES.md`, "Response origin".
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reply {
     pub(crate) kind: ReplyKind,
@@ -171,15 +184,20 @@ pub struct Reply {
     pub headers: Headers,
     /// Body chunks; each is one `on_response_body` call. Empty: no body.
     pub chunks: Vec<Vec<u8>>,
+    /// Response flags added to the ones the kind of answer sets
+    /// ([`Reply::with_flags`]).
+    pub(crate) flags: u64,
 }
 
 impl Reply {
+    /// The upstream answers (`via_upstream`, no flags), whatever the status.
     pub fn new(status: u16) -> Reply {
         Reply {
             kind: ReplyKind::Response,
             status,
             headers: Vec::new(),
             chunks: Vec::new(),
+            flags: 0,
         }
     }
 
@@ -187,23 +205,124 @@ impl Reply {
         Reply::new(200)
     }
 
-    /// The connection is reset before any response. Upstream: Envoy's router
-    /// answers 503 (through the filter). Callout: the callback gets 0 headers.
-    pub fn reset() -> Reply {
+    fn of(kind: ReplyKind, status: u16) -> Reply {
         Reply {
-            kind: ReplyKind::Reset,
-            ..Reply::new(0)
+            kind,
+            ..Reply::new(status)
         }
     }
 
+    /// The upstream closes (or resets) the connection after reading the
+    /// request, before any response. Upstream: Envoy's router answers 503
+    /// through the filter, `upstream_reset_before_response_started{connection_termination}`,
+    /// flag UC, `upstream.address` set. Callout: the callback gets 0 headers.
+    pub fn reset() -> Reply {
+        Reply::of(ReplyKind::Reset, 0)
+    }
+
     /// Never answers. Upstream: the route timeout fires (504 through the
-    /// filter). Callout: the call's timeout fires (504, "upstream request
-    /// timeout"); with timeout 0 the callback never comes.
+    /// filter, `response_timeout`, flag UT, `upstream.address` set).
+    /// Callout: the call's timeout fires (504, "upstream request timeout");
+    /// with timeout 0 the callback never comes.
     pub fn no_answer() -> Reply {
-        Reply {
-            kind: ReplyKind::NoAnswer,
-            ..Reply::new(0)
+        Reply::of(ReplyKind::NoAnswer, 0)
+    }
+
+    /// The upstream host refuses the connection: the request never reached
+    /// the service. Upstream: 503 through the filter,
+    /// `upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}`,
+    /// flag UF, `upstream.address` set (the host tried). Callout: 503.
+    pub fn connect_failure() -> Reply {
+        Reply::of(ReplyKind::ConnectFailure, 503)
+    }
+
+    /// The cluster has no healthy host (none configured, or all failing
+    /// health checks): the request never left Envoy. Upstream: 503 "no
+    /// healthy upstream" through the filter, `no_healthy_upstream`, flag UH,
+    /// no `upstream.address`. Callout: 503.
+    pub fn no_healthy_upstream() -> Reply {
+        Reply::of(ReplyKind::NoHealthyUpstream, 503)
+    }
+
+    /// The cluster's circuit breaker is open: the request never left Envoy.
+    /// Upstream: 503 through the filter,
+    /// `upstream_reset_before_response_started{overflow}`, flag UO, no
+    /// `upstream.address`. Callout: 503.
+    pub fn overflow() -> Reply {
+        Reply::of(ReplyKind::Overflow, 503)
+    }
+
+    /// The upstream sends the response headers (`status`, with a
+    /// content-length larger than what follows) and `partial_body`, then
+    /// closes the connection. The filter sees the headers and the partial
+    /// body as `via_upstream` (body without end of stream); the client gets
+    /// them and then a reset; in `on_log` the details are
+    /// `upstream_reset_after_response_started{protocol_error}`, flag UPE
+    /// (what an HTTP/1.1 upstream closing mid-body gives in Envoy 1.40,
+    /// with FIN or RST alike), `response.code` stays `status`.
+    /// Callout: reset (0 headers).
+    pub fn reset_after_headers(status: u16, partial_body: impl AsRef<[u8]>) -> Reply {
+        Reply::of(ReplyKind::ResetAfterHeaders, status).partial_body(partial_body)
+    }
+
+    /// The upstream sends the response headers and `partial_body`, then
+    /// nothing: the route timeout fires (on the virtual clock) and Envoy
+    /// resets the stream; in `on_log` the details are `response_timeout`,
+    /// flag UT, `response.code` stays `status`. Callout: reset (0 headers)
+    /// at the call's timeout.
+    pub fn no_answer_after_headers(status: u16, partial_body: impl AsRef<[u8]>) -> Reply {
+        Reply::of(ReplyKind::NoAnswerAfterHeaders, status).partial_body(partial_body)
+    }
+
+    fn partial_body(mut self, partial_body: impl AsRef<[u8]>) -> Reply {
+        let body = partial_body.as_ref();
+        if !body.is_empty() {
+            self.chunks = vec![body.to_vec()];
         }
+        self
+    }
+
+    /// A local reply from a filter after ours in the chain (rate limit,
+    /// ext_authz, RBAC, ...) or from the router (no route, unknown cluster):
+    /// the request never reached the upstream. It passes through our
+    /// filter's response callbacks with `response.code_details` = `details`
+    /// and `response.flags` = `flags`, no `upstream.address`. Add a body
+    /// with [`Reply::body`] (Envoy adds `content-type: text/plain`).
+    /// E.g. `Reply::local(404, "route_not_found", response_flags::NR)`.
+    /// Callout: a plain response with this status and body.
+    pub fn local(status: u16, details: &str, flags: u64) -> Reply {
+        Reply {
+            flags,
+            ..Reply::of(ReplyKind::Local(details.to_string()), status)
+        }
+    }
+
+    /// `envoy.filters.http.local_ratelimit` placed after our filter,
+    /// out of tokens: 429 "local_rate_limited", details
+    /// `local_rate_limited`, flag RL.
+    pub fn rate_limited() -> Reply {
+        Reply::local(
+            429,
+            crate::origin::code_details::LOCAL_RATE_LIMITED,
+            crate::origin::response_flags::RL,
+        )
+        .body("local_rate_limited")
+    }
+
+    /// A `direct_response` route: `status` and `body` from Envoy's route
+    /// configuration, details `direct_response`, no flags.
+    pub fn direct_response(status: u16, body: impl AsRef<[u8]>) -> Reply {
+        Reply::local(status, crate::origin::code_details::DIRECT_RESPONSE, 0).body(body)
+    }
+
+    /// Adds response flags to the ones this kind of answer sets, e.g.
+    /// `Reply::new(503).with_flags(response_flags::URX)` (the router's
+    /// retries exhausted on 5xx: the last upstream answer, `via_upstream`,
+    /// flag URX) or `Reply::connect_failure().with_flags(response_flags::URX)`
+    /// (connect-failure retries exhausted: flags UF and URX).
+    pub fn with_flags(mut self, flags: u64) -> Reply {
+        self.flags |= flags;
+        self
     }
 
     pub fn header(mut self, name: &str, value: &str) -> Reply {
@@ -231,11 +350,18 @@ impl Reply {
     }
 
     /// `:status` first, then the headers, with a content-length as an
-    /// upstream HTTP/1.1 server would send.
+    /// upstream HTTP/1.1 server would send (for an answer cut mid-body, a
+    /// length larger than what arrives).
     pub(crate) fn envoy_headers(&self) -> Headers {
         let mut h: Headers = vec![(":status".into(), self.status.to_string())];
         h.extend(self.headers.iter().cloned());
-        let len: usize = self.chunks.iter().map(Vec::len).sum();
+        let mut len: usize = self.chunks.iter().map(Vec::len).sum();
+        if matches!(
+            self.kind,
+            ReplyKind::ResetAfterHeaders | ReplyKind::NoAnswerAfterHeaders
+        ) {
+            len += 100;
+        }
         if header_get(&self.headers, "content-length").is_none()
             && header_get(&self.headers, "transfer-encoding").is_none()
         {
@@ -254,19 +380,29 @@ pub struct Response {
     pub headers: Headers,
     pub body: Vec<u8>,
     /// The upstream handler received this request (the filter let the
-    /// headers and the whole body through).
+    /// headers and the whole body through). Also true when the handler
+    /// answered with what Envoy answers when the service never gets the
+    /// request ([`Reply::connect_failure`], [`Reply::no_healthy_upstream`],
+    /// [`Reply::overflow`], [`Reply::local`]).
     pub upstream_called: bool,
     /// The request headers reached the upstream (router) even if the body
     /// never did (e.g. Continue at headers, then a local reply at body end).
     pub upstream_headers_sent: bool,
     /// The answer is a local reply (from the filter, or Envoy's own: 503 on
-    /// a failed VM, 504 route timeout, 503 upstream reset).
+    /// a failed VM, 504 route timeout, 503 upstream reset or connection
+    /// failure..., or a later filter's, [`Reply::local`]).
     pub local_reply: bool,
     /// The stream was reset (by the client, by the filter's close_stream, or
     /// by an upstream reset after the response had started).
     pub reset: bool,
     /// What the upstream saw, when it was called.
     pub upstream_request: Option<UpstreamRequest>,
+    /// `response.code_details` at the end of the stream (as `on_log` saw it).
+    pub code_details: Option<String>,
+    /// `response.flags` at the end of the stream (see [`crate::response_flags`]).
+    pub response_flags: u64,
+    /// `upstream.address` at the end of the stream.
+    pub upstream_address: Option<String>,
 }
 
 impl Response {

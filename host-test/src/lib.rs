@@ -67,7 +67,10 @@
 //! Known differences from Envoy (deliberate simplifications):
 //! - Header values are strings (non-UTF-8 bytes are converted lossily).
 //! - An upstream answers only once the whole request reached it; its body
-//!   arrives in the chunks the [`Reply`] gives (default one chunk). Response
+//!   arrives in the chunks the [`Reply`] gives (default one chunk), the last
+//!   one with end of stream. (Envoy 1.40 with an HTTP/1.1 upstream was seen
+//!   to deliver the body without end of stream, then an empty end-of-stream
+//!   call; local replies come in one end-of-stream call, as here.) Response
 //!   trailers from the upstream are not modelled.
 //! - Only the request buffer limit is modelled (413); the response buffer
 //!   limit and watermark flow control (data held during StopAllIteration)
@@ -77,9 +80,15 @@
 //!   `x-request-id`. Local replies carry `:status`, the filter's headers,
 //!   and for a non-empty body `content-length` and `content-type: text/plain`.
 //! - Properties: `request.{path,url_path,query,method,host,scheme,id,protocol,headers}`,
-//!   `response.{code,headers}`, `source.{address,port}`, `destination.address`,
-//!   `plugin_name`, `plugin_root_id`, `plugin_vm_id` and values set with
+//!   `response.{code,code_details,flags,headers}`, `upstream.address`,
+//!   `source.{address,port}`, `destination.address`, `plugin_name`,
+//!   `plugin_root_id`, `plugin_vm_id` and values set with
 //!   `proxy_set_property`; anything else is NotFound.
+//! - Envoy answers "no healthy upstream", "overflow" or a later filter's
+//!   local reply as soon as the request headers pass the filter; host-test
+//!   asks the upstream handler (whose [`Reply`] decides) only once the
+//!   whole request passed the filter. For a filter that holds the request
+//!   until its end (as the dedup filter does) the two are the same.
 //! - gRPC calls answer Unimplemented, foreign functions NotFound;
 //!   `random_get` is deterministic per worker.
 //! - Callouts to in-process clusters answer on the next event-loop turn and
@@ -87,6 +96,47 @@
 //!   real time.
 //! - A failed VM stays failed (no FAIL_RELOAD); root contexts get no
 //!   `on_done` at shutdown.
+//!
+//! ## Response origin
+//!
+//! What a filter reads of where a response came from, at response headers,
+//! in the body callbacks and in `on_log`, as Envoy 1.40 serves it (observed
+//! with the probe filter in real Envoy, `host-test/probes/envoy_origin.py`;
+//! full table with the raw values in `host-test/PROBES.md`).
+//! `response.flags` is an `i64` (8 little-endian bytes): Envoy's legacy
+//! response-flag bitmask, bit i = `CoreResponseFlag` i ([`response_flags`]);
+//! it is readable in every stream callback (0 until set).
+//! `response.code` is an `i64` too; `response.code_details` and
+//! `upstream.address` are strings. "-" below: NotFound.
+//!
+//! | Case (host-test) | status | `response.code_details` | flags | `upstream.address` |
+//! |---|---|---|---|---|
+//! | request headers, before any response | - | - | 0 | - |
+//! | upstream answer, any status ([`Reply::new`]) | its own | `via_upstream` | 0 | host |
+//! | 5xx with router retries exhausted (`Reply::new(503).with_flags(URX)`) | 503 | `via_upstream` | URX (32768) | host |
+//! | connection refused ([`Reply::connect_failure`]) | 503 | `upstream_reset_before_response_started{remote_connection_failure\|delayed_connect_error:_Connection_refused}` | UF (32) | host |
+//! | same after connect-failure retries (`.with_flags(URX)`) | 503 | same | UF,URX (32800) | host |
+//! | route timeout ([`Reply::no_answer`]) | 504 | `response_timeout` | UT (4) | host |
+//! | route timeout after the headers ([`Reply::no_answer_after_headers`]) | its own, then reset | headers/body: `via_upstream`; on_log: `response_timeout` | on_log: UT (4) | host |
+//! | upstream closes/resets before any response ([`Reply::reset`]) | 503 | `upstream_reset_before_response_started{connection_termination}` | UC (64) | host |
+//! | upstream closes/resets mid-body ([`Reply::reset_after_headers`]) | its own, then reset | headers/body: `via_upstream`; on_log: `upstream_reset_after_response_started{protocol_error}` | on_log: UPE (8388608) | host |
+//! | client gone while the upstream works ([`Envoy::reset_client`]) | no response callbacks | on_log: `downstream_remote_disconnect` | DC (16384) | host |
+//! | client gone mid-body | as sent | on_log: `downstream_remote_disconnect` | DC (16384) | host |
+//! | client gone while the filter holds the request | - | on_log: `downstream_remote_disconnect` | DC (16384) | - |
+//! | no healthy upstream ([`Reply::no_healthy_upstream`]) | 503 | `no_healthy_upstream` | UH (2) | - |
+//! | circuit breaker open ([`Reply::overflow`]) | 503 | `upstream_reset_before_response_started{overflow}` | UO (128) | - |
+//! | local rate limit after the filter ([`Reply::rate_limited`]) | 429 | `local_rate_limited` | RL (2048) | - |
+//! | `direct_response` route ([`Reply::direct_response`]) | its own | `direct_response` | 0 | - |
+//! | no route (`Reply::local(404, "route_not_found", NR)`) | 404 | `route_not_found` | NR (256) | - |
+//! | unknown cluster (`Reply::local(503, "cluster_not_found", NC)`) | 503 | `cluster_not_found` | NC (16777216) | - |
+//! | request over the buffer limit while the filter buffers (after Continue at headers) | 413 | `request_payload_too_large` | 0 | host |
+//! | the filter's own local reply | its own | the details it passed (whitespace -> `_`; the SDK's `send_http_response` passes none: empty string) | 0 | - (or host if already picked) |
+//!
+//! `response.code` is the status Envoy recorded (the upstream's, or the
+//! local reply's), also readable in body callbacks and kept in `on_log`
+//! after a reset mid-body; NotFound when no response started. The values
+//! at the end of a stream are also in [`Response::code_details`],
+//! [`Response::response_flags`] and [`Response::upstream_address`].
 
 mod abi;
 mod callout;
@@ -94,6 +144,7 @@ mod envoy;
 mod error;
 mod hostcalls;
 mod http;
+mod origin;
 mod shared;
 mod vm;
 
@@ -102,6 +153,7 @@ pub use callout::Handler;
 pub use envoy::{Envoy, EnvoyBuilder, StreamId, StreamState};
 pub use error::Error;
 pub use http::{Headers, Reply, Request, Response, UpstreamRequest};
+pub use origin::{code_details, response_flags};
 pub use shared::{Faults, LogLine, Metric};
 pub use vm::module_imports;
 

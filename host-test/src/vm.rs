@@ -44,6 +44,8 @@ pub(crate) struct StreamHost {
     /// In `on_log`: maps are read-only snapshots.
     pub log_phase: bool,
     pub properties: HashMap<String, Vec<u8>>,
+    /// What Envoy's stream info says of the response's origin.
+    pub origin: crate::origin::StreamOrigin,
 }
 
 impl StreamHost {
@@ -54,6 +56,7 @@ impl StreamHost {
             resp: DirHost::default(),
             log_phase: false,
             properties: HashMap::new(),
+            origin: Default::default(),
         }
     }
 }
@@ -72,6 +75,8 @@ pub(crate) enum Deferred {
         status: u16,
         body: Vec<u8>,
         headers: Headers,
+        /// `response.code_details` as Envoy records it.
+        details: String,
     },
 }
 

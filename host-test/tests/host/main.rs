@@ -3,6 +3,7 @@
 
 mod basics;
 mod bodies;
+mod origin;
 mod replies;
 mod runtime;
 mod shared_data;

@@ -70,6 +70,23 @@ extern "C" {
         value_data: *const u8,
         value_size: usize,
     ) -> u32;
+    fn proxy_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
+    #[allow(clippy::too_many_arguments)]
+    fn proxy_send_local_response(
+        status_code: u32,
+        status_code_details_data: *const u8,
+        status_code_details_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> u32;
 }
 
 /// Takes ownership of a buffer the host allocated with
@@ -214,6 +231,40 @@ pub fn add_header(map: MapType, name: &str, value: &str) -> u32 {
             name.len(),
             value.as_ptr(),
             value.len(),
+        )
+    }
+}
+
+/// A property by its dotted path (segments joined by NUL, as the SDK does):
+/// the host's status and the raw value bytes.
+pub fn get_property(path: &str) -> (u32, Option<Vec<u8>>) {
+    let joined = path.replace('.', "\0");
+    let mut data = std::ptr::null_mut();
+    let mut size = 0;
+    // SAFETY: all pointers are valid for the call.
+    let status = unsafe { proxy_get_property(joined.as_ptr(), joined.len(), &mut data, &mut size) };
+    if status != 0 {
+        return (status, None);
+    }
+    (status, Some(take(data, size).unwrap_or_default()))
+}
+
+/// `proxy_send_local_response` with a status-code details string (the SDK's
+/// `send_http_response` always passes none). No headers.
+pub fn send_local_response(status: u32, details: &str, body: &[u8]) -> u32 {
+    // An empty pairs map: count 0.
+    let headers = 0u32.to_le_bytes();
+    // SAFETY: all pointers are valid for the call.
+    unsafe {
+        proxy_send_local_response(
+            status,
+            details.as_ptr(),
+            details.len(),
+            body.as_ptr(),
+            body.len(),
+            headers.as_ptr(),
+            headers.len(),
+            -1,
         )
     }
 }
