@@ -95,6 +95,12 @@ extern "C" {
         return_token: *mut u32,
     ) -> u32;
     fn proxy_set_effective_context(context_id: u32) -> u32;
+    fn proxy_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
 }
 
 /// The allocator the host calls to place buffers it returns to us (header maps, bodies,
@@ -271,6 +277,35 @@ pub fn dispatch_http_call(
     }
     crate::context::register_callout(token);
     Ok(token)
+}
+
+/// A property (e.g. `["response", "code_details"]`); `None` when the host has none.
+pub fn property(path: &[&str]) -> Option<Vec<u8>> {
+    let encoded = path.join("\0");
+    let mut ptr: *mut u8 = std::ptr::null_mut();
+    let mut size = 0usize;
+    // SAFETY: pointer and length of a live string; valid out-pointers; the result buffer
+    // is taken back below.
+    let status =
+        unsafe { proxy_get_property(encoded.as_ptr(), encoded.len(), &mut ptr, &mut size) };
+    let bytes = take_host_buffer(ptr, size);
+    (status == OK).then_some(bytes)
+}
+
+/// `N` random bytes from WASI `random_get` (the host's secure random source).
+pub fn random_bytes<const N: usize>() -> Result<[u8; N], u16> {
+    #[link(wasm_import_module = "wasi_snapshot_preview1")]
+    extern "C" {
+        fn random_get(buf: *mut u8, len: usize) -> u16;
+    }
+    let mut out = [0u8; N];
+    // SAFETY: a live buffer of exactly N bytes.
+    let errno = unsafe { random_get(out.as_mut_ptr(), N) };
+    if errno == 0 {
+        Ok(out)
+    } else {
+        Err(errno)
+    }
 }
 
 /// Makes `context_id` the context later host calls act on (the host answers callouts on

@@ -9,7 +9,7 @@ use dedup_core::etcd::LeaseCache;
 use dedup_core::key::RequestHead;
 use dedup_core::local::LocalTier;
 use dedup_core::store::{HostFault, SetError, SharedData};
-use dedup_core::stream::{CallAnswer, StoreCall};
+use dedup_core::stream::{CallAnswer, Origin, StoreCall};
 use dedup_core::{Action as Decision, Counter, DedupStream, Env};
 use std::rc::Rc;
 use std::time::Duration;
@@ -18,9 +18,11 @@ pub(crate) struct DedupHttp {
     shared: Option<Rc<Shared>>,
     context_id: u32,
     stream: DedupStream,
-    /// Request body bytes already handed to the stream (Envoy re-offers the whole
-    /// buffered body on each callback while we pause).
-    request_seen: usize,
+    /// The store call this stream is waiting for, if any.
+    pending: Option<u32>,
+    /// The stream ended with a store call out: its state moved to the VM's orphans,
+    /// where the call's answer (and any retry) is handled.
+    orphaned: bool,
     /// The request is paused on a store call: resume it when the store lets it through.
     waiting_on_store: bool,
     /// Response body bytes already read while Envoy buffers the body for us.
@@ -90,13 +92,140 @@ fn splitmix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// Runs `f` with the host environment (the per-VM lease cache and tier borrowed for the
+/// duration of the call).
+fn with_env<R>(
+    shared: &Shared,
+    stream: &mut DedupStream,
+    f: impl FnOnce(&mut DedupStream, &Shared, &mut WasmEnv) -> R,
+) -> Option<R> {
+    let mut leases = shared.leases.try_borrow_mut().ok()?;
+    let mut local = shared.local.try_borrow_mut().ok()?;
+    let mut env = WasmEnv {
+        shared,
+        leases: &mut leases,
+        local: &mut local,
+    };
+    Some(f(stream, shared, &mut env))
+}
+
+/// A call that got no answer (not dispatched, reset): the stream treats it as a
+/// transport failure.
+fn no_answer() -> CallAnswer {
+    CallAnswer {
+        status: 0,
+        body: Vec::new(),
+    }
+}
+
+/// Sends a store call to the configured cluster. `Err` carries the answer to give the
+/// stream when the call could not even be dispatched.
+fn dispatch(shared: &Shared, call: &StoreCall) -> Result<u32, CallAnswer> {
+    let StoreConfig::Etcd(ec) = &shared.plugin.config.store else {
+        return Err(no_answer());
+    };
+    let headers = [
+        (":method", "POST"),
+        (":path", call.path),
+        (":authority", ec.authority.as_str()),
+        ("content-type", "application/json"),
+    ];
+    abi::dispatch_http_call(
+        &ec.cluster,
+        &headers,
+        Some(&call.body),
+        &[],
+        Duration::from_millis(call.timeout_ms),
+    )
+    .map_err(|status| {
+        abi::log(
+            abi::LOG_WARN,
+            &format!(
+                "proxy-dedup: cannot call cluster `{}`: status {status}",
+                ec.cluster
+            ),
+        );
+        no_answer()
+    })
+}
+
+/// The answer to a store call, read while `on_http_call_response` runs. Envoy reports a
+/// failed call (reset, no healthy member) as a response with no headers; a timeout as
+/// :status 504.
+pub(crate) fn read_call_answer(num_headers: usize, body_size: usize) -> CallAnswer {
+    let status = if num_headers == 0 {
+        0
+    } else {
+        abi::header_pairs(abi::MAP_HTTP_CALL_RESPONSE_HEADERS)
+            .ok()
+            .and_then(|pairs| {
+                pairs
+                    .into_iter()
+                    .find(|(n, _)| n == ":status")
+                    .and_then(|(_, v)| std::str::from_utf8(&v).ok()?.parse::<u16>().ok())
+            })
+            .unwrap_or(0)
+    };
+    let body = abi::buffer(abi::BUFFER_HTTP_CALL_RESPONSE_BODY, 0, body_size).unwrap_or_default();
+    CallAnswer { status, body }
+}
+
+/// Where the response came from, as Envoy says: `response.code_details` and
+/// `response.flags` (an 8-byte little-endian integer). Missing facts read as unknown.
+fn response_origin() -> Origin {
+    let details = abi::property(&["response", "code_details"])
+        .map(|v| String::from_utf8_lossy(&v).into_owned())
+        .unwrap_or_default();
+    let flags = abi::property(&["response", "flags"])
+        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+        .map_or(0, u64::from_le_bytes);
+    Origin { details, flags }
+}
+
+/// A stream that ended with a store call out keeps living here, keyed by that call's
+/// token, until the store has answered (a completion or release must reach the store
+/// whether or not the client is still there).
+pub(crate) fn adopt_orphan(shared: &Shared, token: u32, stream: DedupStream) {
+    if let Ok(mut orphans) = shared.orphans.try_borrow_mut() {
+        orphans.insert(token, stream);
+    }
+}
+
+/// The answer to an orphan's call: drive its stream on, dispatching any retry from the
+/// root; the orphan is forgotten once it needs nothing more.
+pub(crate) fn orphan_answer(shared: &Shared, token: u32, answer: CallAnswer) {
+    let Some(mut stream) = shared
+        .orphans
+        .try_borrow_mut()
+        .ok()
+        .and_then(|mut o| o.remove(&token))
+    else {
+        return;
+    };
+    let mut next = with_env(shared, &mut stream, |s, sh, env| {
+        s.on_store_answer(&sh.plugin, env, answer)
+    });
+    // Calls that cannot be dispatched are answered at once, as transport failures.
+    while let Some(Decision::Call(call)) = next {
+        match dispatch(shared, &call) {
+            Ok(token) => return adopt_orphan(shared, token, stream),
+            Err(answer) => {
+                next = with_env(shared, &mut stream, |s, sh, env| {
+                    s.on_store_answer(&sh.plugin, env, answer)
+                });
+            }
+        }
+    }
+}
+
 impl DedupHttp {
     pub(crate) fn new(context_id: u32, shared: Option<Rc<Shared>>) -> Self {
         DedupHttp {
             shared,
             stream: DedupStream::new(context_id),
             context_id,
-            request_seen: 0,
+            pending: None,
+            orphaned: false,
             waiting_on_store: false,
             response_held: false,
             response_seen: 0,
@@ -111,57 +240,17 @@ impl DedupHttp {
         f: impl FnOnce(&mut DedupStream, &Shared, &mut WasmEnv) -> R,
     ) -> Option<R> {
         let shared = self.shared.clone()?;
-        let mut leases = shared.leases.borrow_mut();
-        let mut local = shared.local.borrow_mut();
-        let mut env = WasmEnv {
-            shared: &shared,
-            leases: &mut leases,
-            local: &mut local,
-        };
-        Some(f(&mut self.stream, &shared, &mut env))
+        with_env(&shared, &mut self.stream, f)
     }
 
-    /// Sends a store call to the configured cluster. `Err` carries the answer to give the
-    /// stream when the call could not even be dispatched.
-    fn dispatch(&self, call: &StoreCall) -> Result<u32, CallAnswer> {
+    /// Sends a store call; remembers it as this stream's pending call.
+    fn dispatch(&mut self, call: &StoreCall) -> Result<u32, CallAnswer> {
         let Some(shared) = self.shared.as_ref() else {
-            return Err(CallAnswer {
-                status: 0,
-                body: Vec::new(),
-            });
+            return Err(no_answer());
         };
-        let StoreConfig::Etcd(ec) = &shared.plugin.config.store else {
-            return Err(CallAnswer {
-                status: 0,
-                body: Vec::new(),
-            });
-        };
-        let headers = vec![
-            (":method", "POST"),
-            (":path", call.path),
-            (":authority", ec.authority.as_str()),
-            ("content-type", "application/json"),
-        ];
-        abi::dispatch_http_call(
-            &ec.cluster,
-            &headers,
-            Some(&call.body),
-            &[],
-            Duration::from_millis(call.timeout_ms),
-        )
-        .map_err(|status| {
-            abi::log(
-                abi::LOG_WARN,
-                &format!(
-                    "proxy-dedup: cannot call cluster `{}`: {status:?}",
-                    ec.cluster
-                ),
-            );
-            CallAnswer {
-                status: 0,
-                body: Vec::new(),
-            }
-        })
+        let token = dispatch(shared, call)?;
+        self.pending = Some(token);
+        Ok(token)
     }
 
     /// Carries out a request-path decision, following store calls until one is in flight
@@ -224,10 +313,27 @@ impl DedupHttp {
         }
     }
 
-    /// At the end of the stream nothing is held any more: send and do not wait.
-    fn send_and_forget(&self, call: Option<StoreCall>) {
+    /// The stream ends: a store call still out (or one the end itself needs) is taken
+    /// over by the VM's orphans, so its answer and retries are still handled.
+    fn hand_over(&mut self, call: Option<StoreCall>) {
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        let mut token = self.pending;
         if let Some(call) = call {
-            let _ = self.dispatch(&call);
+            match dispatch(&shared, &call) {
+                Ok(t) => token = Some(t),
+                Err(answer) => {
+                    // Settled (as a failure) at once; nothing to wait for.
+                    let _ = self.with_env(|s, sh, env| s.on_store_answer(&sh.plugin, env, answer));
+                    return;
+                }
+            }
+        }
+        if let Some(token) = token {
+            let stream = std::mem::replace(&mut self.stream, DedupStream::new(self.context_id));
+            adopt_orphan(&shared, token, stream);
+            self.orphaned = true;
         }
     }
 
@@ -254,6 +360,20 @@ impl DedupHttp {
     }
 }
 
+/// The buffered request body, up to `size` bytes; `None` (logged) when unreadable.
+fn read_request_body(size: usize) -> Option<Vec<u8>> {
+    match abi::buffer(abi::BUFFER_REQUEST_BODY, 0, size) {
+        Ok(body) => Some(body),
+        Err(status) => {
+            abi::log(
+                abi::LOG_WARN,
+                &format!("proxy-dedup: cannot read request body (status {status})"),
+            );
+            None
+        }
+    }
+}
+
 fn request_head() -> Option<RequestHead> {
     let pairs = abi::header_pairs(abi::MAP_REQUEST_HEADERS).ok()?;
     let mut head = RequestHead::default();
@@ -262,6 +382,7 @@ fn request_head() -> Option<RequestHead> {
         match name.as_str() {
             ":method" => head.method = value,
             ":path" => head.path = value,
+            ":authority" => head.authority = value,
             n if n.starts_with(':') => {}
             _ => head.headers.push((name.to_ascii_lowercase(), value)),
         }
@@ -296,26 +417,12 @@ impl HttpContext for DedupHttp {
         if !self.stream.reading_request() {
             return Action::Continue;
         }
-        let start = if body_size >= self.request_seen {
-            self.request_seen
-        } else {
-            0
-        };
-        let read = abi::buffer(abi::BUFFER_REQUEST_BODY, start, body_size - start);
-        self.request_seen = body_size;
-        let decision = match read {
-            Ok(chunk) => self
-                .with_env(|s, sh, env| s.on_request_body(&sh.plugin, env, &chunk, end_of_stream)),
-            Err(status) => {
-                // Deciding on a partial body could let a duplicate through: fail the
-                // store check the configured way instead.
-                abi::log(
-                    abi::LOG_WARN,
-                    &format!("proxy-dedup: cannot read request body (status {status})"),
-                );
-                self.with_env(|s, sh, env| s.on_request_unreadable(&sh.plugin, env))
-            }
-        };
+        // Envoy buffers the body while we pause; it is read once, when complete.
+        let decision = self.with_env(|s, sh, env| {
+            s.on_request_body(&sh.plugin, env, body_size, end_of_stream, || {
+                read_request_body(body_size)
+            })
+        });
         match decision {
             Some(d) => self.drive(d),
             None => Action::Continue,
@@ -326,7 +433,13 @@ impl HttpContext for DedupHttp {
         if self.waiting_on_store {
             return Action::Pause;
         }
-        match self.with_env(|s, sh, env| s.on_request_trailers(&sh.plugin, env)) {
+        if !self.stream.reading_request() {
+            return Action::Continue;
+        }
+        let decision = self.with_env(|s, sh, env| {
+            s.on_request_trailers(&sh.plugin, env, || read_request_body(usize::MAX))
+        });
+        match decision {
             Some(d) => self.drive(d),
             None => Action::Continue,
         }
@@ -342,9 +455,17 @@ impl HttpContext for DedupHttp {
             .find(|(n, _)| n == ":status")
             .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<u16>().ok())
             .unwrap_or(0);
+        let origin = response_origin();
         let call = self
             .with_env(|s, sh, env| {
-                s.on_response_headers(&sh.plugin, env, status, move || pairs, end_of_stream)
+                s.on_response_headers(
+                    &sh.plugin,
+                    env,
+                    status,
+                    &origin,
+                    move || pairs,
+                    end_of_stream,
+                )
             })
             .flatten();
         self.hold_response_for(call)
@@ -406,39 +527,33 @@ impl HttpContext for DedupHttp {
     }
 
     fn on_log(&mut self) {
+        if self.orphaned {
+            return;
+        }
+        let origin = response_origin();
         let call = self
-            .with_env(|s, sh, env| s.on_stream_end(&sh.plugin, env))
+            .with_env(|s, sh, env| s.on_stream_end(&sh.plugin, env, &origin))
             .flatten();
-        self.send_and_forget(call);
+        self.hand_over(call);
     }
 }
 
 impl Context for DedupHttp {
     fn on_http_call_response(
         &mut self,
-        _token_id: u32,
+        token_id: u32,
         num_headers: usize,
         body_size: usize,
         _num_trailers: usize,
     ) {
-        // Envoy reports a failed call (reset, no healthy member) as a response with no
-        // headers; a timeout as :status 504.
-        let status = if num_headers == 0 {
-            0
-        } else {
-            abi::header_pairs(abi::MAP_HTTP_CALL_RESPONSE_HEADERS)
-                .ok()
-                .and_then(|pairs| {
-                    pairs
-                        .into_iter()
-                        .find(|(n, _)| n == ":status")
-                        .and_then(|(_, v)| std::str::from_utf8(&v).ok()?.parse::<u16>().ok())
-                })
-                .unwrap_or(0)
-        };
-        let body =
-            abi::buffer(abi::BUFFER_HTTP_CALL_RESPONSE_BODY, 0, body_size).unwrap_or_default();
-        let answer = CallAnswer { status, body };
+        let answer = read_call_answer(num_headers, body_size);
+        if self.orphaned {
+            if let Some(shared) = self.shared.clone() {
+                orphan_answer(&shared, token_id, answer);
+            }
+            return;
+        }
+        self.pending = None;
         let was_waiting = self.waiting_on_store;
         self.waiting_on_store = false;
         let Some(decision) = self.with_env(|s, sh, env| s.on_store_answer(&sh.plugin, env, answer))

@@ -9,8 +9,10 @@ use context::{HttpContext, RootContext};
 use dedup_core::config::StoreConfig;
 use dedup_core::etcd::LeaseCache;
 use dedup_core::local::LocalTier;
-use dedup_core::{Config, Counter, Plugin};
+use dedup_core::store::{bucket_secret, SharedStore, SECRET_LEN};
+use dedup_core::{Config, Counter, DedupStream, Plugin};
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 
 #[cfg(target_os = "wasi")]
@@ -46,6 +48,10 @@ pub(crate) struct Shared {
     pub leases: RefCell<LeaseCache>,
     /// Completed records this worker has seen (etcd store).
     pub local: RefCell<LocalTier>,
+    /// Streams that ended with a store call out, by the call's token (see
+    /// `http::adopt_orphan`). Bounded by the calls in flight: every call has a timeout,
+    /// and Envoy answers or cancels it.
+    pub orphans: RefCell<HashMap<u32, DedupStream>>,
 }
 
 struct DedupRoot {
@@ -101,7 +107,43 @@ impl RootContext for DedupRoot {
                 }
             })
             .collect();
-        let plugin = Plugin::new(config);
+        let mut plugin = Plugin::new(config);
+        if plugin.config.store == StoreConfig::SharedData {
+            // One secret per Envoy process keys the bucket choice; every worker must use
+            // the same, or a key would be claimed in two buckets.
+            let fresh = match abi::random_bytes::<SECRET_LEN>() {
+                Ok(b) => b,
+                Err(errno) => {
+                    abi::log(
+                        abi::LOG_ERROR,
+                        &format!(
+                            "proxy-dedup: no random bytes for the bucket secret (errno {errno})"
+                        ),
+                    );
+                    return false;
+                }
+            };
+            let namespace = plugin.config.namespace.clone();
+            match bucket_secret(&abi::HostSharedData, &namespace, fresh) {
+                Ok(secret) => plugin.layout = plugin.layout.clone().with_secret(secret),
+                Err(e) => {
+                    abi::log(
+                        abi::LOG_ERROR,
+                        &format!("proxy-dedup: cannot set up the bucket secret: {e}"),
+                    );
+                    return false;
+                }
+            }
+            // Make this layout visible to the configurations already serving (a push).
+            if let Err(e) =
+                SharedStore::new(&abi::HostSharedData, &plugin.layout).register(abi::now_ms())
+            {
+                abi::log(
+                    abi::LOG_WARN,
+                    &format!("proxy-dedup: cannot register the store layout yet: {e}"),
+                );
+            }
+        }
         let store = match &plugin.config.store {
             StoreConfig::SharedData => format!(
                 "shared data, {} buckets, at most {} keys",
@@ -123,6 +165,7 @@ impl RootContext for DedupRoot {
             token_counter: Cell::new(0),
             leases: RefCell::new(LeaseCache::default()),
             local: RefCell::new(LocalTier::default()),
+            orphans: RefCell::new(HashMap::new()),
         }));
         true
     }
@@ -142,16 +185,11 @@ impl RootContext for DedupRoot {
         body_size: usize,
         _num_trailers: usize,
     ) {
-        // The answer to a call whose stream has ended (e.g. a completion or release sent
-        // from `on_log`). Nothing waits for it here yet.
-        if abi::log_level() <= abi::LOG_DEBUG {
-            abi::log(
-                abi::LOG_DEBUG,
-                &format!(
-                    "proxy-dedup: callout {token_id} answered after its stream ended \
-                     ({num_headers} headers, {body_size} body bytes)"
-                ),
-            );
+        // The answer to a call whose stream has ended (a completion or release the
+        // client did not wait for): finish it, retries included.
+        if let Some(shared) = self.shared.as_ref() {
+            let answer = http::read_call_answer(num_headers, body_size);
+            http::orphan_answer(shared, token_id, answer);
         }
     }
 }

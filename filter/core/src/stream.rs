@@ -137,6 +137,9 @@ struct Claiming {
     call: StoreCall,
     /// The lease the completed record will carry, fixed when the claim txn is built.
     completed_lease: Option<i64>,
+    /// The client left before the claim was decided: a claim won now was never
+    /// forwarded, so it is released at once (certainly not executed).
+    abandoned: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -471,9 +474,12 @@ impl DedupStream {
                 self.phase = Phase::Capturing(owned, capture);
                 self.complete(p, env)
             }
-            Phase::Claiming(_) => {
-                // The client left while the claim was being decided. If the claim went
-                // through, its in-flight record expires after in_flight_timeout_seconds.
+            Phase::Claiming(mut c) => {
+                // The client left while the claim was being decided: its answer still
+                // comes (the glue keeps the stream for it), and a claim won then is
+                // released, since nothing was forwarded.
+                c.abandoned = true;
+                self.phase = Phase::Claiming(c);
                 None
             }
             other => {
@@ -652,6 +658,28 @@ impl DedupStream {
         }
     }
 
+    /// A won etcd claim goes on, unless its client left meanwhile: then nothing was
+    /// forwarded and the claim is released at once.
+    fn forward_unless_abandoned<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        owned: Owned,
+        abandoned: bool,
+    ) -> Action {
+        if !abandoned {
+            return self.forward(env, owned);
+        }
+        env.debug(format_args!(
+            "stream {}: claim won after the client left; releasing it",
+            self.id
+        ));
+        match self.release(p, env, owned) {
+            Some(call) => Action::Call(call),
+            None => Action::Continue,
+        }
+    }
+
     fn forward<E: Env>(&mut self, env: &mut E, owned: Owned) -> Action {
         env.count(Counter::Executed);
         let digest = match &owned {
@@ -751,6 +779,7 @@ impl DedupStream {
                 timeout_ms: ec.timeout_ms,
             },
             completed_lease: None,
+            abandoned: false,
         };
         self.next_claim_call(p, env, Box::new(c))
     }
@@ -868,7 +897,7 @@ impl DedupStream {
                     mod_revision: revision,
                     completed_lease,
                 });
-                self.forward(env, owned)
+                self.forward_unless_abandoned(p, env, owned, c.abandoned)
             }
             (
                 ClaimStep::Txn,
@@ -901,7 +930,7 @@ impl DedupStream {
                             mod_revision,
                             completed_lease,
                         });
-                        self.forward(env, owned)
+                        self.forward_unless_abandoned(p, env, owned, c.abandoned)
                     }
                     // An in-flight record of another claim is never taken over by
                     // comparing our clock with the time its proxy wrote: only etcd ends

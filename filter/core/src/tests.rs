@@ -2118,3 +2118,39 @@ fn etcd_records_larger_than_the_record_limit_complete_without_the_response() {
     let (field, _) = cfg_err(r#"{"store": {"max_record_bytes": 100000}}"#);
     assert_eq!(field, "store.max_record_bytes");
 }
+
+#[test]
+fn etcd_a_claim_won_after_the_client_left_is_released() {
+    let p = etcd_plugin("");
+    let (mut a, mut b) = two_proxies();
+    let r = req("POST", "/o").key("k");
+    let mut s = DedupStream::new(3);
+    let mut action = s.on_request_headers(&p, &mut a, r.head.clone(), true);
+    // Grant leases, up to the claim txn itself.
+    while let Action::Call(c) = &action {
+        if c.path == crate::etcd::TXN_PATH {
+            break;
+        }
+        let answer = call(&a, c);
+        action = s.on_store_answer(&p, &mut a, answer);
+    }
+    let Action::Call(claim) = action else {
+        panic!("expected the claim txn, got {action:?}")
+    };
+    // The client leaves while the claim is out; etcd then accepts it.
+    assert_eq!(s.on_stream_end(&p, &mut a, &origin("", flags::DC)), None);
+    let answer = call(&a, &claim);
+    let released = s.on_store_answer(&p, &mut a, answer);
+    assert!(
+        matches!(released, Action::Call(_)),
+        "a release txn, not a forward"
+    );
+    let after = settle(&p, &mut a, &mut s, released);
+    assert_eq!(after, Action::Continue);
+    assert_eq!(a.count_of(Counter::Released), 1);
+    // Nothing was forwarded, so the key is free.
+    assert!(matches!(
+        run(&p, &mut b, &r, ok("once")),
+        Outcome::Upstream(..)
+    ));
+}
