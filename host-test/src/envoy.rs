@@ -49,6 +49,7 @@ pub struct EnvoyBuilder {
     upstream: Option<crate::callout::Handler>,
     upstream_address: String,
     clusters: HashMap<String, Cluster>,
+    random_seed: u64,
 }
 
 impl EnvoyBuilder {
@@ -127,6 +128,13 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Seeds WASI `random_get` (deterministic per worker and seed; Envoy uses
+    /// BoringSSL). Two builders with different seeds model two Envoy processes.
+    pub fn random_seed(mut self, seed: u64) -> Self {
+        self.random_seed = seed;
+        self
+    }
+
     /// The upstream host's address, what `upstream.address` reads once the
     /// router picked it (default `127.0.0.1:8080`).
     pub fn upstream_address(mut self, address: &str) -> Self {
@@ -192,7 +200,8 @@ impl EnvoyBuilder {
             held_callouts: Vec::new(),
         };
         for worker in 0..self.workers {
-            let state = VmState::new(shared.clone(), plugin.clone(), worker);
+            let mut state = VmState::new(shared.clone(), plugin.clone(), worker);
+            state.rng ^= self.random_seed.wrapping_mul(0xd134_2543_de82_ef95);
             let vm = Vm::instantiate(&pre, state)?;
             envoy.vms.push(vm);
             envoy.next_ctx.push(2);
@@ -362,6 +371,7 @@ impl Envoy {
             buffer_limit: 1024 * 1024,
             upstream: None,
             upstream_address: "127.0.0.1:8080".into(),
+            random_seed: 0,
             clusters: HashMap::new(),
         }
     }
@@ -1869,6 +1879,15 @@ impl Envoy {
     /// The worker's VM trapped and is failed (every later stream: 503).
     pub fn worker_failed(&self, worker: usize) -> bool {
         self.vms.get(worker).is_some_and(|v| v.failed)
+    }
+
+    /// Size of a worker VM's linear memory in bytes (it only grows: the high-water
+    /// mark of what the filter ever allocated).
+    pub fn memory_bytes(&self, worker: usize) -> usize {
+        self.vms
+            .get(worker)
+            .and_then(|v| v.store.data().memory.map(|m| m.data_size(&v.store)))
+            .unwrap_or(0)
     }
 
     /// Requests that fully reached the upstream (any stream).

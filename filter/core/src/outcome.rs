@@ -188,6 +188,15 @@ mod tests {
                 UF | URX,
                 Outcome::Unknown,
             ),
+            // As Envoy 1.40 reports them (host-test/PROBES.md, "Response origin").
+            ("response_timeout", UT, Outcome::Unknown),
+            ("upstream_reset_after_response_started{protocol_error}", UPE, Outcome::Unknown),
+            (
+                "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}",
+                UF | URX,
+                Outcome::Unknown,
+            ),
+            ("via_upstream", URX, Outcome::Upstream),
             ("upstream_response_timeout", UT, Outcome::Unknown),
             ("upstream_per_try_timeout", UT, Outcome::Unknown),
             ("downstream_remote_disconnect", DC, Outcome::Unknown),

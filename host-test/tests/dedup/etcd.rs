@@ -114,9 +114,12 @@ fn etcd_config(extra: &str) -> String {
 }
 
 /// A "proxy" on the etcd store with `workers` workers, calling `up` upstream and
-/// the real `etcd` through its "etcd" cluster.
+/// the real `etcd` through its "etcd" cluster. Each has its own random source, as
+/// separate Envoy processes do (claim tokens are random).
 fn proxy(etcd: &Etcd, up: &Upstream, workers: usize) -> Result<Envoy, host_test::Error> {
+    static SEED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     Envoy::builder(super::wasm())
+        .random_seed(SEED.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
         .workers(workers)
         .vm_id("proxy_dedup")
         .plugin_config(etcd_config(""))
@@ -298,5 +301,37 @@ fn an_answer_after_the_stream_ended_reaches_the_root() -> R {
     let next = a.request(0, keyed("/orders", "k-next", "{}"))?;
     assert_eq!(next.status, 200);
     assert!(next.upstream_called);
+    Ok(())
+}
+
+#[test]
+fn a_proxy_whose_clock_runs_60_s_ahead_never_takes_over_a_live_claim() -> R {
+    // In-flight records end when etcd ends their lease, not when another proxy's clock
+    // says so: B runs 60 s ahead of A (and of etcd), twice the in-flight timeout.
+    let etcd = Etcd::start();
+    let up = Upstream::default();
+    let (mut a, mut b) = (proxy(&etcd, &up, 1)?, proxy(&etcd, &up, 1)?);
+    b.advance(Duration::from_secs(60));
+    let first = a.start(0, keyed("/orders", "skew", "{}"))?;
+    a.send_request(first)?;
+    assert!(a.upstream_request(first).is_some());
+    let dup = b.request(0, keyed("/orders", "skew", "{}"))?;
+    assert_eq!(
+        (dup.status, problem_type(&dup).as_str()),
+        (409, "urn:proxy-dedup:problem:in-flight"),
+        "B must not take over A's live claim by its own clock"
+    );
+    assert!(!dup.upstream_called);
+    a.respond(first, Reply::new(201).body("once"))?;
+    let replay = b.request(0, keyed("/orders", "skew", "{}"))?;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(replay.body_str(), "once");
+    // The other way round: A is 60 s behind B's completed records' clock, and still
+    // replays them (completed records expire by the time inside them).
+    let on_b = b.request(0, keyed("/orders", "skew-b", "{}"))?;
+    assert!(on_b.upstream_called);
+    let replay = a.request(0, keyed("/orders", "skew-b", "{}"))?;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(up.calls.get(), 1, "only skew-b reached the handler");
     Ok(())
 }

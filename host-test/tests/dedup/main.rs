@@ -4,6 +4,7 @@
 //! against a real etcd on loopback and against failing clusters.
 
 mod etcd;
+mod hardening;
 
 use host_test::{Envoy, EnvoyBuilder, Reply, Request, Response, Status};
 use std::cell::{Cell, RefCell};
