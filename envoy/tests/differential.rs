@@ -20,7 +20,10 @@ struct Call {
     method: &'static str,
     path: String,
     key: Option<String>,
+    /// Sent in order; a name may repeat (separate header lines).
     headers: Vec<(&'static str, String)>,
+    /// `:authority` (Host); the default host when `None`.
+    authority: Option<String>,
     body: String,
 }
 
@@ -31,6 +34,9 @@ enum Step {
     WhileInFlight { first: Call, dup: Call },
     /// Let time pass (real in Envoy, virtual in host-test).
     Wait(Duration),
+    /// The client sends the request, the upstream gets it and takes long, and the
+    /// client hangs up before the answer.
+    GiveUp(Call),
 }
 
 struct Scenario {
@@ -55,8 +61,14 @@ fn call(name: &str, key: Option<&str>, body: &str) -> Call {
         path: format!("/diff/{name}"),
         key: key.map(str::to_string),
         headers: Vec::new(),
+        authority: None,
         body: body.to_string(),
     }
+}
+
+fn host_is(mut c: Call, authority: &str) -> Call {
+    c.authority = Some(authority.to_string());
+    c
 }
 
 fn with(mut c: Call, name: &'static str, value: &str) -> Call {
@@ -156,6 +168,62 @@ fn scenarios() -> Vec<Scenario> {
             ],
         },
         Scenario {
+            name: "hosts",
+            config: "{}",
+            steps: vec![
+                Step::Send(host_is(call("hosts", k, "x"), "acme.example")),
+                Step::Send(host_is(call("hosts", k, "x"), "globex.example")),
+                Step::Send(host_is(call("hosts", k, "x"), "acme.example")),
+            ],
+        },
+        Scenario {
+            name: "ambiguous",
+            config: r#"{"scope": {"headers": ["x-tenant"]}}"#,
+            steps: vec![
+                Step::Send(with(call("ambiguous", k, "x"), "x-tenant", "victim")),
+                Step::Send(with(
+                    with(call("ambiguous", k, "x"), "x-tenant", "victim"),
+                    "x-tenant",
+                    "attacker",
+                )),
+                Step::Send(with(
+                    with(call("ambiguous", k, "x"), "x-tenant", "victim"),
+                    "idempotency-key",
+                    "key-2",
+                )),
+            ],
+        },
+        Scenario {
+            name: "retry-later",
+            config: "{}",
+            steps: vec![
+                Step::Send(with(call("retry-later", k, "x"), "x-demo-status", "429")),
+                Step::Send(call("retry-later", k, "x")),
+                Step::Send(call("retry-later", k, "x")),
+                Step::Send(with(
+                    with(call("retry-later", Some("k2"), "x"), "x-demo-status", "429"),
+                    "content-type",
+                    "application/grpc",
+                )),
+                Step::Send(with(
+                    call("retry-later", Some("k2"), "x"),
+                    "content-type",
+                    "application/grpc",
+                )),
+            ],
+        },
+        Scenario {
+            name: "gave-up",
+            config: r#"{"in_flight_timeout_seconds": 2}"#,
+            steps: vec![
+                Step::GiveUp(call("gave-up", k, "x")),
+                Step::Send(call("gave-up", k, "x")),
+                Step::Wait(Duration::from_millis(2_300)),
+                Step::Send(call("gave-up", k, "x")),
+                Step::Send(call("gave-up", k, "x")),
+            ],
+        },
+        Scenario {
             name: "ttl",
             config: r#"{"ttl_seconds": 1}"#,
             steps: vec![
@@ -184,6 +252,9 @@ fn envoy_request(c: &Call) -> EnvoyRequest {
     }
     for (n, v) in &c.headers {
         r = r.header(n, v);
+    }
+    if let Some(a) = &c.authority {
+        r = r.host(a);
     }
     if c.method != "GET" {
         r = r.body(c.body.as_bytes().to_vec());
@@ -232,6 +303,20 @@ fn run_in_envoy(s: &Scenario) -> Vec<Seen> {
                 });
             }
             Step::Wait(d) => std::thread::sleep(*d),
+            Step::GiveUp(c) => {
+                let slow = envoy_request(&with(c.clone(), "x-demo-delay-ms", "1000"));
+                let before = stack.executions(&path);
+                let gone = dedup_envoy::client::send_or_give_up(
+                    stack.envoy.addr(),
+                    &slow,
+                    Duration::from_millis(300),
+                    dedup_envoy::client::Leave::Close,
+                )
+                .unwrap();
+                assert!(matches!(gone, dedup_envoy::client::GiveUp::GaveUp));
+                stack.wait_executions(&path, before + 1, Duration::from_secs(5));
+                out.push(seen(0, false, b""));
+            }
         }
     }
     out
@@ -275,6 +360,9 @@ fn host_request(c: &Call) -> HostRequest {
     }
     for (n, v) in &c.headers {
         r = r.header(n, v);
+    }
+    if let Some(a) = &c.authority {
+        r = r.authority(a);
     }
     if c.method != "GET" {
         r = r.body(c.body.as_bytes());
@@ -325,6 +413,21 @@ fn run_in_host_test(s: &Scenario) -> Vec<Seen> {
                 });
             }
             Step::Wait(d) => e.advance(*d),
+            Step::GiveUp(c) => {
+                let id = e.start(i % 2, host_request(c)).unwrap();
+                e.send_request(id).unwrap();
+                // The upstream got it (and, in Envoy, runs it to the end).
+                if e.upstream_request(id).is_some() {
+                    *counts.borrow_mut().entry(path.clone()).or_default() += 1;
+                }
+                e.reset_client(id).unwrap();
+                out.push(Seen {
+                    status: 0,
+                    replayed: false,
+                    problem: String::new(),
+                    executions: executions(),
+                });
+            }
         }
     }
     out
