@@ -37,6 +37,8 @@ pub enum EtcdState {
     InFlight = 1,
     Completed = 2,
     CompletedNotStored = 3,
+    /// Forwarded, outcome unknown: held until its in-flight lease ends.
+    Held = 4,
 }
 
 impl EtcdRecord {
@@ -59,6 +61,7 @@ impl EtcdRecord {
             1 => EtcdState::InFlight,
             2 => EtcdState::Completed,
             3 => EtcdState::CompletedNotStored,
+            4 => EtcdState::Held,
             _ => return None,
         };
         let u64_at = |at: usize| {

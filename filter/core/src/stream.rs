@@ -120,6 +120,9 @@ struct EtcdOwned {
     token: u64,
     mod_revision: i64,
     completed_lease: i64,
+    /// The lease and expiry the in-flight record was written with (a hold keeps both).
+    in_flight_lease: i64,
+    expires_ms: u64,
 }
 
 /// An etcd claim in progress.
@@ -137,6 +140,9 @@ struct Claiming {
     call: StoreCall,
     /// The lease the completed record will carry, fixed when the claim txn is built.
     completed_lease: Option<i64>,
+    /// The in-flight lease and expiry of the record the last claim txn writes.
+    in_flight_lease: i64,
+    expires_ms: u64,
     /// The client left before the claim was decided: a claim won now was never
     /// forwarded, so it is released at once (certainly not executed).
     abandoned: bool,
@@ -148,8 +154,26 @@ enum ClaimStep {
     Txn,
 }
 
+/// What a settling call does to the claim's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settle {
+    Complete,
+    Release,
+    Hold,
+}
+
+impl Settle {
+    fn what(self) -> &'static str {
+        match self {
+            Settle::Complete => "completion",
+            Settle::Release => "release",
+            Settle::Hold => "hold",
+        }
+    }
+}
+
 struct Settling {
-    what: &'static str,
+    kind: Settle,
     /// Kept to learn the completed record locally once etcd confirms it.
     learned: Option<(Digest, LocalEntry)>,
     digest: Digest,
@@ -523,8 +547,23 @@ impl DedupStream {
                 }
                 None
             }
-            // etcd: the record stays as it is until its in-flight lease ends.
-            Owned::Etcd(_) => None,
+            // etcd: mark it held, on the same in-flight lease, which alone ends it.
+            Owned::Etcd(o) => {
+                let record = EtcdRecord {
+                    state: EtcdState::Held,
+                    token: o.token,
+                    expires_ms: o.expires_ms,
+                    payload: o.payload,
+                    response: None,
+                };
+                let body = etcd::replace_txn(
+                    &o.key,
+                    o.mod_revision,
+                    &record.encode(&o.digest),
+                    o.in_flight_lease,
+                );
+                Some(self.settle(p, env.now_ms(), &o, Settle::Hold, body, None))
+            }
         }
     }
 
@@ -779,6 +818,8 @@ impl DedupStream {
                 timeout_ms: ec.timeout_ms,
             },
             completed_lease: None,
+            in_flight_lease: 0,
+            expires_ms: 0,
             abandoned: false,
         };
         self.next_claim_call(p, env, Box::new(c))
@@ -805,6 +846,8 @@ impl DedupStream {
             (Some(lease), Some(completed)) => {
                 c.completed_lease = Some(completed);
                 let rec = in_flight_record(p, &c, now);
+                c.in_flight_lease = lease;
+                c.expires_ms = rec.expires_ms;
                 (
                     ClaimStep::Txn,
                     etcd::TXN_PATH,
@@ -896,6 +939,8 @@ impl DedupStream {
                     token: c.token,
                     mod_revision: revision,
                     completed_lease,
+                    in_flight_lease: c.in_flight_lease,
+                    expires_ms: c.expires_ms,
                 });
                 self.forward_unless_abandoned(p, env, owned, c.abandoned)
             }
@@ -929,6 +974,8 @@ impl DedupStream {
                             token: c.token,
                             mod_revision,
                             completed_lease,
+                            in_flight_lease: c.in_flight_lease,
+                            expires_ms: c.expires_ms,
                         });
                         self.forward_unless_abandoned(p, env, owned, c.abandoned)
                     }
@@ -944,7 +991,10 @@ impl DedupStream {
                         ));
                         self.duplicate(p, env, Duplicate::InFlight { held_until: None })
                     }
-                    Some(r) if r.state == EtcdState::InFlight || r.expires_ms > now => {
+                    Some(r)
+                        if matches!(r.state, EtcdState::InFlight | EtcdState::Held)
+                            || r.expires_ms > now =>
+                    {
                         if r.payload != c.payload {
                             return self.duplicate(p, env, Duplicate::PayloadMismatch);
                         }
@@ -952,6 +1002,13 @@ impl DedupStream {
                             EtcdState::InFlight => {
                                 self.duplicate(p, env, Duplicate::InFlight { held_until: None })
                             }
+                            EtcdState::Held => self.duplicate(
+                                p,
+                                env,
+                                Duplicate::InFlight {
+                                    held_until: Some(r.expires_ms),
+                                },
+                            ),
                             EtcdState::CompletedNotStored => {
                                 let entry = LocalEntry {
                                     payload: r.payload,
@@ -980,6 +1037,8 @@ impl DedupStream {
                             return self.next_claim_call(p, env, c);
                         };
                         let rec = in_flight_record(p, &c, now);
+                        c.in_flight_lease = lease;
+                        c.expires_ms = rec.expires_ms;
                         c.call = StoreCall {
                             path: etcd::TXN_PATH,
                             body: etcd::replace_txn(
@@ -1033,9 +1092,17 @@ impl DedupStream {
                 ..
             }) => Some(match existing {
                 // Released: the record is gone, by us or by its lease.
-                None => st.learned.is_none(),
+                None => st.kind == Settle::Release,
                 Some((_, value)) => EtcdRecord::decode(value, &st.digest).is_some_and(|r| {
-                    r.token == st.token && r.state != EtcdState::InFlight && st.learned.is_some()
+                    r.token == st.token
+                        && match st.kind {
+                            Settle::Complete => matches!(
+                                r.state,
+                                EtcdState::Completed | EtcdState::CompletedNotStored
+                            ),
+                            Settle::Hold => r.state == EtcdState::Held,
+                            Settle::Release => false,
+                        }
                 }),
             }),
             _ => None,
@@ -1044,7 +1111,8 @@ impl DedupStream {
             Some(true) => {
                 env.debug(format_args!(
                     "stream {}: {} confirmed by etcd",
-                    self.id, st.what
+                    self.id,
+                    st.kind.what()
                 ));
                 if let Some((digest, entry)) = st.learned {
                     env.local().insert(digest, entry, now);
@@ -1054,14 +1122,17 @@ impl DedupStream {
                 env.count(Counter::ClaimsLost);
                 env.warn(&format!(
                     "stream {}: {}: the claim expired or was taken over first",
-                    self.id, st.what
+                    self.id,
+                    st.kind.what()
                 ));
             }
             None => {
                 env.count(Counter::StoreErrors);
                 env.warn(&format!(
                     "stream {}: {} failed (status {})",
-                    self.id, st.what, answer.status
+                    self.id,
+                    st.kind.what(),
+                    answer.status
                 ));
             }
         }
@@ -1155,7 +1226,7 @@ impl DedupStream {
                     expires_ms,
                     response: record.response,
                 };
-                Some(self.settle(p, now, &o, "completion", body, Some(learned)))
+                Some(self.settle(p, now, &o, Settle::Complete, body, Some(learned)))
             }
         }
     }
@@ -1180,7 +1251,7 @@ impl DedupStream {
             Owned::Etcd(o) => {
                 env.count(Counter::Released);
                 let body = etcd::delete_txn(&o.key, o.mod_revision);
-                Some(self.settle(p, env.now_ms(), &o, "release", body, None))
+                Some(self.settle(p, env.now_ms(), &o, Settle::Release, body, None))
             }
         }
     }
@@ -1191,7 +1262,7 @@ impl DedupStream {
         p: &Plugin,
         now: u64,
         o: &EtcdOwned,
-        what: &'static str,
+        kind: Settle,
         body: Vec<u8>,
         learned: Option<LocalEntry>,
     ) -> StoreCall {
@@ -1202,7 +1273,7 @@ impl DedupStream {
             timeout_ms: attempt_timeout(p, deadline_ms, now),
         };
         self.phase = Phase::Settling(Box::new(Settling {
-            what,
+            kind,
             learned: learned.map(|l| (o.digest, l)),
             digest: o.digest,
             token: o.token,

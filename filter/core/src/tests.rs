@@ -1700,8 +1700,16 @@ fn etcd_release_on_5xx_and_reset() {
     // A reset after the request was sent holds the claim on every proxy.
     let r2 = req("POST", "/pay").key("k2").body("{}");
     assert_eq!(run(&p, &mut a, &r2, upstream_reset()), Outcome::Reset);
-    assert_eq!(run(&p, &mut b, &r2, ok("twice")).status(), 409);
+    b.now_ms = a.now_ms + 10_000;
+    let dup = run(&p, &mut b, &r2, ok("twice"));
+    assert_eq!(dup.status(), 409);
+    assert_eq!(
+        dup.local().header("retry-after"),
+        Some(&b"20"[..]),
+        "the held record tells how long the hold lasts"
+    );
     assert_eq!(a.count_of(Counter::OutcomeUnknown), 1);
+    assert_eq!(a.count_of(Counter::StoreErrors) + a.count_of(Counter::ClaimsLost), 0);
     assert_eq!(
         a.count_of(Counter::Released) + b.count_of(Counter::Released),
         2
