@@ -186,6 +186,42 @@ fn client_gives_up_then_retries_get_409_until_the_in_flight_timeout() {
     assert_eq!(s.upstream.executions_for_key(key), 2);
 }
 
+/// `on_unknown_outcome: "release"` keeps the old behaviour: the claim of a
+/// client that went away is released at the end of its stream, and the
+/// retry executes again (at-most-once traded for availability).
+#[test]
+fn on_unknown_outcome_release_lets_the_retry_run() {
+    let s = Stack::start(
+        "hardening-release",
+        r#"{"on_unknown_outcome": "release", "in_flight_timeout_seconds": 30}"#,
+    );
+    let path = "/orders/release";
+    let key = "release-1";
+    let req = post(path, key, &json!({"charge": 7}));
+    let first = send_or_give_up(
+        s.envoy.addr(),
+        &req.clone().header("x-demo-delay-ms", "1500"),
+        Duration::from_millis(300),
+        Leave::Close,
+    )
+    .unwrap();
+    assert!(matches!(first, GiveUp::GaveUp), "{first:?}");
+    s.wait_executions(path, 1, Duration::from_secs(2));
+    // Envoy notices the closed connection and ends the stream; the claim is
+    // released then (give it a moment).
+    let end = Instant::now() + Duration::from_secs(3);
+    let retry = loop {
+        let r = s.send(&req);
+        if r.status != 409 || Instant::now() > end {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_executed(&retry);
+    assert_eq!(s.upstream.executions_for_key(key), 2);
+    assert_replay_of(&s.send(&req), &retry);
+}
+
 /// A route timeout answers 504 from Envoy while the upstream still runs: the
 /// outcome is unknown, the claim is held, a retry gets 409 and the upstream
 /// ran it once.
@@ -503,7 +539,8 @@ fn config_push_by_lds_keeps_records_under_traffic() {
         .map(|t| {
             let stop = stop.clone();
             std::thread::spawn(move || {
-                let mut out: Vec<(String, Vec<dedup_envoy::Result<Response>>)> = Vec::new();
+                let mut out: Vec<(String, Instant, Vec<dedup_envoy::Result<Response>>)> =
+                    Vec::new();
                 for j in 0..MAX_KEYS {
                     if stop.load(Ordering::SeqCst) {
                         break;
@@ -511,6 +548,7 @@ fn config_push_by_lds_keeps_records_under_traffic() {
                     let key = format!("mid-{t}-{j}");
                     let req =
                         post(path, &key, &json!({"key": key})).timeout(Duration::from_secs(10));
+                    let started = Instant::now();
                     let mut answers = Vec::new();
                     if j % 3 == 0 {
                         let (a, b) = std::thread::scope(|sc| {
@@ -524,15 +562,15 @@ fn config_push_by_lds_keeps_records_under_traffic() {
                         answers.push(client::send(addr, &req));
                     }
                     answers.push(client::send(addr, &req));
-                    out.push((key, answers));
-                    std::thread::sleep(Duration::from_millis(15));
+                    out.push((key, started, answers));
+                    std::thread::sleep(Duration::from_millis(30));
                 }
                 out
             })
         })
         .collect();
 
-    std::thread::sleep(Duration::from_millis(800));
+    std::thread::sleep(Duration::from_millis(700));
     let lds_before = s.envoy.stat("listener_manager.lds.update_success").unwrap();
     let pushed_at = Instant::now();
     s.envoy.push_filter_config(&config(4096, 900)).unwrap();
@@ -574,7 +612,7 @@ fn config_push_by_lds_keeps_records_under_traffic() {
     let mut failures = Vec::new();
     let mut sent = PRE;
     let (mut executed, mut replayed, mut in_flight) = (0, 0, 0);
-    for (key, answers) in &mid {
+    for (key, _, answers) in &mid {
         for a in answers {
             sent += 1;
             match a {
@@ -597,7 +635,7 @@ fn config_push_by_lds_keeps_records_under_traffic() {
             ));
         }
     }
-    for (key, _) in &mid {
+    for (key, _, _) in &mid {
         let r = client::send(addr, &keyed(key)).unwrap();
         sent += 1;
         if !(r.status == 200 && is_replayed(&r)) {
@@ -612,22 +650,29 @@ fn config_push_by_lds_keeps_records_under_traffic() {
         }
     }
     eprintln!(
-        "LDS push: update_success {lds_before} -> {lds_after}, active after {took:?}; {sent} requests, {} keys during the push: {executed} executed, {replayed} replayed, {in_flight} in-flight 409; counters {}",
+        "LDS push: update_success {lds_before} -> {lds_after}, active after {took:?}; {sent} requests, {} keys during the traffic ({} started before the push, {} after it took effect): {executed} executed, {replayed} replayed, {in_flight} in-flight 409; counters {}",
         mid.len(),
+        mid.iter().filter(|(_, t, _)| *t < pushed_at).count(),
+        mid.iter().filter(|(_, t, _)| *t >= pushed_at + took).count(),
         counters(&s)
     );
+    let (before_push, after_push) = (
+        mid.iter().filter(|(_, t, _)| *t < pushed_at).count(),
+        mid.iter()
+            .filter(|(_, t, _)| *t >= pushed_at + took)
+            .count(),
+    );
     assert!(
-        mid.len() >= 40 && sent >= 300,
-        "too little traffic: {} keys, {sent} requests",
-        mid.len()
+        before_push >= 20 && after_push >= 20 && sent >= 300,
+        "too little traffic around the push: {before_push} keys started before it, {after_push} after it took effect, {sent} requests"
     );
     if !twice.is_empty() {
         // What the clients saw for the first few of them.
         let seen: Vec<String> = mid
             .iter()
-            .filter(|(k, _)| twice.iter().any(|t| t.starts_with(&format!("{k}:"))))
+            .filter(|(k, _, _)| twice.iter().any(|t| t.starts_with(&format!("{k}:"))))
             .take(5)
-            .map(|(k, answers)| {
+            .map(|(k, _, answers)| {
                 let a: Vec<String> = answers
                     .iter()
                     .map(|a| match a {

@@ -159,9 +159,17 @@ impl Multi {
     }
 }
 
+/// A keyed POST as a client behind a load balancer sends it: the same `host`
+/// whichever proxy it reaches (the filter scopes records by `:authority`;
+/// the proxies' own addresses differ).
 fn keyed(path: &str, key: &str, body: &Value) -> Request {
-    post(path, key, body).timeout(Duration::from_secs(15))
+    post(path, key, body)
+        .host(HOST)
+        .timeout(Duration::from_secs(15))
 }
+
+/// The service's host name, as the clients send it to every proxy.
+const HOST: &str = "orders.example";
 
 #[test]
 fn harness_etcd_cluster_and_envoy_health_checks() {
