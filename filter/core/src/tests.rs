@@ -1709,7 +1709,10 @@ fn etcd_release_on_5xx_and_reset() {
         "the held record tells how long the hold lasts"
     );
     assert_eq!(a.count_of(Counter::OutcomeUnknown), 1);
-    assert_eq!(a.count_of(Counter::StoreErrors) + a.count_of(Counter::ClaimsLost), 0);
+    assert_eq!(
+        a.count_of(Counter::StoreErrors) + a.count_of(Counter::ClaimsLost),
+        0
+    );
     assert_eq!(
         a.count_of(Counter::Released) + b.count_of(Counter::Released),
         2
