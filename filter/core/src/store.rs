@@ -247,6 +247,15 @@ impl Registry {
         Registry { entries }
     }
 
+    /// The layouts other than `own` whose records may still live.
+    fn others(&self, own: u64, now_ms: u64) -> Vec<u64> {
+        self.entries
+            .iter()
+            .filter(|(b, until)| *b != own && *until > now_ms)
+            .map(|(b, _)| *b)
+            .collect()
+    }
+
     fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(1 + 16 * self.entries.len());
         out.push(REGISTRY_VERSION);
@@ -396,25 +405,13 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             };
             let current = reg.entries.iter().find(|(b, _)| *b == own).map(|e| e.1);
             if current.is_some_and(|until| until >= needed) {
-                return Ok(reg
-                    .entries
-                    .iter()
-                    .filter(|(b, until)| *b != own && *until > now_ms)
-                    .map(|(b, _)| *b)
-                    .collect());
+                return Ok(reg.others(own, now_ms));
             }
             let until = needed.saturating_add(REGISTRY_SLACK_MS);
             reg.entries.retain(|(b, u)| *b != own && *u > now_ms);
             reg.entries.push((own, until));
             match self.shared.set(&key, &reg.encode(), cas) {
-                Ok(()) => {
-                    return Ok(reg
-                        .entries
-                        .iter()
-                        .filter(|(b, _)| *b != own)
-                        .map(|(b, _)| *b)
-                        .collect())
-                }
+                Ok(()) => return Ok(reg.others(own, now_ms)),
                 Err(SetError::CasMismatch) => continue,
                 Err(SetError::Fault(f)) => return Err(StoreError::Host(f)),
             }

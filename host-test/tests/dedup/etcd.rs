@@ -288,14 +288,7 @@ fn an_answer_after_the_stream_ended_reaches_the_root() -> R {
     assert!(!a.worker_failed(0));
     // The completion reached etcd although nobody waited for it: the record is
     // completed, and another proxy replays it.
-    let mut b = Envoy::builder(super::wasm())
-        .workers(1)
-        .vm_id("proxy_dedup")
-        .plugin_config(etcd_config(""))
-        .allow_on_headers_stop_iteration(true)
-        .upstream(up.handler())
-        .cluster_addr("etcd", &etcd.client)
-        .build()?;
+    let mut b = proxy(&etcd, &up, 1)?;
     let dup = b.request(0, keyed("/orders", "k-gone", "{}"))?;
     assert_eq!(dup.header("idempotent-replayed"), Some("true"), "{:?}", dup);
     let next = a.request(0, keyed("/orders", "k-next", "{}"))?;
