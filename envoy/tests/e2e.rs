@@ -445,3 +445,70 @@ fn envoy_refuses_a_bad_filter_config_naming_the_field() {
         );
     }
 }
+
+#[test]
+fn access_log_lines_show_each_decision_and_the_record() {
+    let s = Stack::start("e2e-access-log", r#"{"in_flight_timeout_seconds": 10}"#);
+    let path = "/orders/logged";
+    let body = json!({"item": "pen"});
+    let first = s.send(&post(path, "log-1", &body));
+    assert_executed(&first);
+    assert!(is_replayed(&s.send(&post(path, "log-1", &body))));
+    assert_eq!(
+        s.send(&post(path, "log-1", &json!({"item": "ink"}))).status,
+        422
+    );
+    assert_eq!(s.send(&Request::get(path)).status, 200);
+    let twice = post(path, "log-2", &body).header("idempotency-key", "log-3");
+    assert_eq!(s.send(&twice).status, 400);
+    // A client that gives up while the upstream works: the outcome is unknown.
+    let slow = post(path, "log-4", &body).header("x-demo-delay-ms", "1500");
+    let gone = dedup_envoy::client::send_or_give_up(
+        s.envoy.addr(),
+        &slow,
+        Duration::from_millis(300),
+        dedup_envoy::client::Leave::Close,
+    )
+    .unwrap();
+    assert!(matches!(gone, dedup_envoy::client::GiveUp::GaveUp));
+    let held = s.send(&post(path, "log-4", &body));
+    assert_problem(&held, 409, "in-flight");
+    // The harness has Envoy flush access logs every 0.5 s.
+    let log_path = s.envoy.dir.join("stdout.log");
+    let wanted = [
+        "dedup=executed",
+        "dedup=replayed",
+        "dedup=mismatch",
+        "dedup=bypassed",
+        "dedup=bad_key",
+        "dedup=in_flight",
+    ];
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    let log = loop {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if wanted.iter().all(|w| log.contains(w)) || std::time::Instant::now() > deadline {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for w in wanted {
+        assert!(
+            log.contains(w),
+            "no `{w}` in the access log:\n{log}\nEnvoy's log:\n{}",
+            s.envoy.log()
+        );
+    }
+    // The executed request and its replay name the same record.
+    let record_of = |decision: &str| {
+        log.lines()
+            .find(|l| l.contains(&format!("dedup={decision} ")))
+            .and_then(|l| l.split("record=").nth(1))
+            .and_then(|r| r.split_whitespace().next())
+            .map(str::to_string)
+            .unwrap_or_default()
+    };
+    let executed = record_of("executed");
+    assert_eq!(executed.len(), 12, "{log}");
+    assert_eq!(record_of("replayed"), executed);
+    assert!(log.contains("dedup=bypassed record=-"), "{log}");
+}

@@ -32,6 +32,7 @@ pub const LOG_ERROR: u32 = 4;
 pub const LOG_CRITICAL: u32 = 5;
 
 const METRIC_COUNTER: u32 = 0;
+const METRIC_HISTOGRAM: u32 = 2;
 
 #[link(wasm_import_module = "env")]
 extern "C" {
@@ -81,6 +82,13 @@ extern "C" {
         return_id: *mut u32,
     ) -> u32;
     fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
+    fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
+    fn proxy_set_property(
+        path_data: *const u8,
+        path_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
     fn proxy_continue_stream(stream_type: u32) -> u32;
     fn proxy_http_call(
         upstream_data: *const u8,
@@ -321,11 +329,40 @@ pub fn set_effective_context(context_id: u32) -> Result<(), u32> {
 }
 
 pub fn define_counter(name: &str) -> Result<u32, u32> {
+    define_metric(METRIC_COUNTER, name)
+}
+
+pub fn define_histogram(name: &str) -> Result<u32, u32> {
+    define_metric(METRIC_HISTOGRAM, name)
+}
+
+fn define_metric(kind: u32, name: &str) -> Result<u32, u32> {
     let mut id = 0u32;
     // SAFETY: pointer and length of a live str; valid out-pointer.
-    let status = unsafe { proxy_define_metric(METRIC_COUNTER, name.as_ptr(), name.len(), &mut id) };
+    let status = unsafe { proxy_define_metric(kind, name.as_ptr(), name.len(), &mut id) };
     if status == OK {
         Ok(id)
+    } else {
+        Err(status)
+    }
+}
+
+/// Records a value in a histogram.
+pub fn record(id: u32, value: u64) {
+    // SAFETY: no pointers.
+    unsafe {
+        proxy_record_metric(id, value);
+    }
+}
+
+/// Sets a property of the current stream; Envoy keeps it in the stream's filter state
+/// as `wasm.<name>` (`%FILTER_STATE(wasm.<name>:PLAIN)%` in access logs).
+pub fn set_property(name: &str, value: &[u8]) -> Result<(), u32> {
+    // SAFETY: pointers and lengths of live buffers.
+    let status =
+        unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) };
+    if status == OK {
+        Ok(())
     } else {
         Err(status)
     }

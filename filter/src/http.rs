@@ -18,8 +18,9 @@ pub(crate) struct DedupHttp {
     shared: Option<Rc<Shared>>,
     context_id: u32,
     stream: DedupStream,
-    /// The store call this stream is waiting for, if any.
+    /// The store call this stream is waiting for, if any, and when it was sent (ms).
     pending: Option<u32>,
+    pending_since_ms: u64,
     /// The stream ended with a store call out: its state moved to the VM's orphans,
     /// where the call's answer (and any retry) is handled.
     orphaned: bool,
@@ -225,6 +226,7 @@ impl DedupHttp {
             stream: DedupStream::new(context_id),
             context_id,
             pending: None,
+            pending_since_ms: 0,
             orphaned: false,
             waiting_on_store: false,
             response_held: false,
@@ -250,7 +252,30 @@ impl DedupHttp {
         };
         let token = dispatch(shared, call)?;
         self.pending = Some(token);
+        self.pending_since_ms = abi::now_ms();
         Ok(token)
+    }
+
+    /// Puts a new decision (and the record's digest prefix) in Envoy's filter state, for
+    /// access logs: `%FILTER_STATE(wasm.proxy_dedup_decision:PLAIN)%` and
+    /// `%FILTER_STATE(wasm.proxy_dedup_record:PLAIN)%`.
+    fn report(&mut self) {
+        let Some((verdict, record)) = self.stream.log_fields() else {
+            return;
+        };
+        let mut failed = abi::set_property("proxy_dedup_decision", verdict.as_bytes()).err();
+        if let Some(record) = record {
+            let hex = record.to_string();
+            failed = failed.or(abi::set_property("proxy_dedup_record", hex.as_bytes()).err());
+        }
+        if let Some(status) = failed {
+            if abi::log_level() <= abi::LOG_DEBUG {
+                abi::log(
+                    abi::LOG_DEBUG,
+                    &format!("proxy-dedup: cannot set filter state (status {status})"),
+                );
+            }
+        }
     }
 
     /// Carries out a request-path decision, following store calls until one is in flight
@@ -280,6 +305,7 @@ impl DedupHttp {
     /// the store answers (the call's own timeout bounds the wait); a call that cannot be
     /// dispatched is settled at once and the response goes on.
     fn hold_response_for(&mut self, call: Option<StoreCall>) -> Action {
+        self.report();
         let Some(call) = call else {
             return self.response_action();
         };
@@ -339,7 +365,8 @@ impl DedupHttp {
 
     /// Carries out a decision. A local reply is sent and the stream stays paused, as Envoy
     /// expects after `send_local_response`.
-    fn apply(&self, decision: Decision) -> Action {
+    fn apply(&mut self, decision: Decision) -> Action {
+        self.report();
         match decision {
             Decision::Continue => Action::Continue,
             Decision::Pause => Action::Pause,
@@ -534,6 +561,7 @@ impl HttpContext for DedupHttp {
         let call = self
             .with_env(|s, sh, env| s.on_stream_end(&sh.plugin, env, &origin))
             .flatten();
+        self.report();
         self.hand_over(call);
     }
 }
@@ -554,6 +582,9 @@ impl Context for DedupHttp {
             return;
         }
         self.pending = None;
+        if let Some(id) = self.shared.as_ref().and_then(|sh| sh.store_call_ms) {
+            abi::record(id, abi::now_ms().saturating_sub(self.pending_since_ms));
+        }
         let was_waiting = self.waiting_on_store;
         self.waiting_on_store = false;
         let Some(decision) = self.with_env(|s, sh, env| s.on_store_answer(&sh.plugin, env, answer))

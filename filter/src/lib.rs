@@ -41,6 +41,8 @@ pub(crate) struct Shared {
     pub plugin: Plugin,
     /// Metric ids indexed by `Counter::index`; `None` if the host refused to define one.
     pub metrics: Vec<Option<u32>>,
+    /// Histogram of store-call round trips in ms (etcd store).
+    pub store_call_ms: Option<u32>,
     /// Claim tokens: a random per-VM seed mixed with a counter.
     pub token_seed: u64,
     pub token_counter: Cell<u64>,
@@ -107,6 +109,10 @@ impl RootContext for DedupRoot {
                 }
             })
             .collect();
+        let store_call_ms = match &config.store {
+            StoreConfig::Etcd(_) => abi::define_histogram("proxy_dedup_store_call_ms").ok(),
+            StoreConfig::SharedData => None,
+        };
         let mut plugin = Plugin::new(config);
         if plugin.config.store == StoreConfig::SharedData {
             // One secret per Envoy process keys the bucket choice; every worker must use
@@ -161,6 +167,7 @@ impl RootContext for DedupRoot {
         self.shared = Some(Rc::new(Shared {
             plugin,
             metrics,
+            store_call_ms,
             token_seed: random_seed(),
             token_counter: Cell::new(0),
             leases: RefCell::new(LeaseCache::default()),

@@ -4,11 +4,11 @@
 
 use crate::config::{Config, EtcdConfig, FailureMode, OnDuplicate, OnUnknownOutcome, StoreConfig};
 use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState, LeaseCache, LeasePlan, LeasePurpose};
-use crate::key::Digest;
 use crate::key::{
     fingerprint_key, header_key, json_key, payload_digest, record_digest, short_hex, BodyHasher,
     ClientKey, JsonKey, KeyError, RequestHead,
 };
+use crate::key::{Digest, ShortHex};
 use crate::local::{LocalEntry, LocalTier};
 use crate::metrics::Counter;
 use crate::outcome::{classify, Outcome};
@@ -229,6 +229,10 @@ impl Origin {
 pub struct DedupStream {
     id: u32,
     phase: Phase,
+    /// What the filter decided, for access logs (see `log_fields`).
+    verdict: Option<&'static str>,
+    record: Option<Digest>,
+    log_changed: bool,
 }
 
 impl std::fmt::Debug for DedupStream {
@@ -252,7 +256,27 @@ impl DedupStream {
         DedupStream {
             id,
             phase: Phase::Start,
+            verdict: None,
+            record: None,
+            log_changed: false,
         }
+    }
+
+    /// The decision and the record's digest prefix, when they changed since the last
+    /// call: the glue puts them in Envoy's filter state for access logs. Decisions:
+    /// `executed`, `replayed`, `in_flight`, `mismatch`, `bad_key`, `bypassed`,
+    /// `failed_open`, `store_unavailable`, `body_too_large`, `not_stored`,
+    /// `rejected_completed`, `released`, `outcome_unknown`.
+    pub fn log_fields(&mut self) -> Option<(&'static str, Option<ShortHex<'_>>)> {
+        if !std::mem::take(&mut self.log_changed) {
+            return None;
+        }
+        Some((self.verdict?, self.record.as_ref().map(short_hex)))
+    }
+
+    fn decided(&mut self, verdict: &'static str) {
+        self.verdict = Some(verdict);
+        self.log_changed = true;
     }
 
     /// True while the stream holds a claim whose response has not been settled.
@@ -523,6 +547,7 @@ impl DedupStream {
         origin: &Origin,
     ) -> Option<StoreCall> {
         env.count(Counter::OutcomeUnknown);
+        self.decided("outcome_unknown");
         if p.config.on_unknown_outcome == OnUnknownOutcome::Release {
             env.debug(format_args!(
                 "stream {}: outcome unknown ({}); releasing the claim as configured",
@@ -585,6 +610,7 @@ impl DedupStream {
     }
 
     fn bypass<E: Env>(&mut self, env: &mut E, why: &str) -> Action {
+        self.decided("bypassed");
         env.count(Counter::Bypassed);
         env.debug(format_args!("stream {}: bypass ({why})", self.id));
         self.phase = Phase::Passthrough;
@@ -607,6 +633,7 @@ impl DedupStream {
             self.id, reply.status, reply.details
         ));
         self.phase = Phase::Finished;
+        self.decided(verdict_of(reply.details));
         Action::Reply(reply)
     }
 
@@ -651,6 +678,7 @@ impl DedupStream {
             None => return self.bypass(env, absent_reason.as_deref().unwrap_or("no key")),
         };
         let digest = record_digest(cfg, &head, &key);
+        self.record = Some(digest);
         let payload = payload_digest(&head, &body);
         match &cfg.store {
             StoreConfig::SharedData => self.claim_shared(p, env, digest, payload),
@@ -720,6 +748,7 @@ impl DedupStream {
     }
 
     fn forward<E: Env>(&mut self, env: &mut E, owned: Owned) -> Action {
+        self.decided("executed");
         env.count(Counter::Executed);
         let digest = match &owned {
             Owned::Shared(c) => c.digest,
@@ -1151,6 +1180,7 @@ impl DedupStream {
         match p.config.failure_mode {
             FailureMode::Open => {
                 env.count(Counter::FailedOpen);
+                self.decided("failed_open");
                 self.phase = Phase::Passthrough;
                 Action::Continue
             }
@@ -1233,6 +1263,9 @@ impl DedupStream {
 
     fn release<E: Env>(&mut self, p: &Plugin, env: &mut E, owned: Owned) -> Option<StoreCall> {
         self.phase = Phase::Finished;
+        if self.verdict != Some("outcome_unknown") {
+            self.decided("released");
+        }
         match owned {
             Owned::Shared(claim) => {
                 match SharedStore::new(&*env, &p.layout).release(&claim) {
@@ -1282,6 +1315,20 @@ impl DedupStream {
             deadline_ms,
         }));
         call
+    }
+}
+
+/// The access-log decision of a local reply, from its response code details.
+fn verdict_of(details: &str) -> &'static str {
+    match details.strip_prefix("proxy_dedup_").unwrap_or(details) {
+        "replayed" => "replayed",
+        "in_flight" => "in_flight",
+        "payload_mismatch" => "mismatch",
+        "already_completed" => "rejected_completed",
+        "response_not_stored" => "not_stored",
+        "body_too_large" => "body_too_large",
+        "store_unavailable" => "store_unavailable",
+        _ => "bad_key",
     }
 }
 

@@ -2165,3 +2165,46 @@ fn etcd_a_claim_won_after_the_client_left_is_released() {
         Outcome::Upstream(..)
     ));
 }
+
+#[test]
+fn each_decision_is_reported_once_for_access_logs() {
+    let p = plugin(r#"{"key": {"required": false}}"#);
+    let (_, mut env) = world();
+    let r = req("POST", "/o").key("k").body("{}");
+    let mut s = send(&p, &mut env, &r).unwrap();
+    let (verdict, record) = s.log_fields().unwrap();
+    assert_eq!(verdict, "executed");
+    let record = record.unwrap().to_string();
+    assert_eq!(record.len(), 12);
+    assert!(s.log_fields().is_none(), "unchanged: nothing new to report");
+    let _ = respond(&p, &mut env, s, ok("done"));
+    let decisions = [
+        (r.clone(), "replayed"),
+        (req("POST", "/o").key("k").body("other"), "mismatch"),
+        (req("GET", "/o").key("k"), "bypassed"),
+        (req("POST", "/o").key("k").key("k"), "bad_key"),
+    ];
+    for (r, want) in decisions {
+        let mut s = DedupStream::new(2);
+        let action = s.on_request_headers(&p, &mut env, r.head.clone(), r.body.is_none());
+        let action = if action == Action::Pause {
+            let body = r.body.clone().unwrap_or_default();
+            s.on_request_body(&p, &mut env, body.len(), true, || Some(body.clone()))
+        } else {
+            action
+        };
+        assert!(!matches!(action, Action::Pause | Action::Call(_)));
+        assert_eq!(s.log_fields().map(|f| f.0), Some(want));
+    }
+    // The held and released outcomes are reported when the response decides them.
+    let r = req("POST", "/o").key("k2");
+    let mut s = send(&p, &mut env, &r).unwrap();
+    let _ = s.log_fields();
+    assert_eq!(s.on_stream_end(&p, &mut env, &origin("", flags::DC)), None);
+    assert_eq!(s.log_fields().map(|f| f.0), Some("outcome_unknown"));
+    let r = req("POST", "/o").key("k3");
+    let mut s = send(&p, &mut env, &r).unwrap();
+    let up = Origin::upstream();
+    let _ = s.on_response_headers(&p, &mut env, 503, &up, Vec::new, true);
+    assert_eq!(s.log_fields().map(|f| f.0), Some("released"));
+}
