@@ -36,6 +36,9 @@ fn envoy_command(config: &Path, log: &Path, extra: &[&str]) -> Command {
         .arg(log)
         .arg("--log-level")
         .arg("info")
+        // Access logs reach their file within half a second (Envoy's default: 10 s).
+        .arg("--file-flush-interval-msec")
+        .arg("500")
         .args(extra)
         .stdin(Stdio::null())
         // Its own process group: a Ctrl-C in the terminal reaches the demo,
