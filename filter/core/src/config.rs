@@ -1,5 +1,6 @@
 //! Plugin configuration: the JSON contract, parsed strictly and checked once at `on_configure`.
 
+use crate::payload::{JsonSelection, PayloadConfig};
 use serde::Deserialize;
 use std::fmt;
 
@@ -46,7 +47,16 @@ struct RawConfig {
     replayed_header: Option<String>,
     failure_mode: Option<FailureMode>,
     on_unknown_outcome: Option<OnUnknownOutcome>,
+    payload: Option<RawPayload>,
     store: Option<RawStore>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawPayload {
+    parts: Option<Vec<String>>,
+    json_pointers: Option<Vec<String>>,
+    ignore_json_pointers: Option<Vec<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -204,6 +214,8 @@ pub struct Config {
     pub replayed_header: String,
     pub failure_mode: FailureMode,
     pub on_unknown_outcome: OnUnknownOutcome,
+    /// What the payload check (422) compares.
+    pub payload: PayloadConfig,
     pub namespace: String,
     pub store: StoreConfig,
 }
@@ -230,6 +242,7 @@ impl Default for Config {
             replayed_header: "idempotent-replayed".to_string(),
             failure_mode: FailureMode::Open,
             on_unknown_outcome: OnUnknownOutcome::Hold,
+            payload: PayloadConfig::default(),
             namespace: "proxy-dedup".to_string(),
             store: StoreConfig::SharedData,
         }
@@ -402,56 +415,14 @@ impl TryFrom<RawConfig> for Config {
             None => d.key_headers,
         };
         let json_pointer = match key.json_pointer {
-            Some(p) if p.is_empty() || !p.starts_with('/') => {
-                return Err(err(
-                    "key.json_pointer",
-                    format!("`{p}` is not an RFC 6901 pointer (must start with '/')"),
-                ));
-            }
-            Some(p) => {
-                if let Some(bad) = invalid_escape(&p) {
-                    return Err(err(
-                        "key.json_pointer",
-                        format!("`{p}` has an invalid escape `~{bad}` (only ~0 and ~1)"),
-                    ));
-                }
-                Some(p)
-            }
+            Some(p) => Some(json_pointer("key.json_pointer", p)?),
             None => None,
         };
         let fingerprint = match key.fingerprint {
-            Some(parts) => {
-                if parts.is_empty() {
-                    return Err(err("key.fingerprint", "must list at least one part"));
-                }
-                let mut out = Vec::new();
-                for p in parts {
-                    let part = match p.as_str() {
-                        "method" => FingerprintPart::Method,
-                        "path" => FingerprintPart::Path,
-                        "query" => FingerprintPart::Query,
-                        "body" => FingerprintPart::Body,
-                        other => match other.strip_prefix("header:") {
-                            Some(h) if header_name_ok(h, true) => {
-                                FingerprintPart::Header(h.to_ascii_lowercase())
-                            }
-                            _ => {
-                                return Err(err(
-                                    "key.fingerprint",
-                                    format!("`{other}`: expected \"method\", \"path\", \"query\", \"body\" or \"header:<name>\" (a header or :authority, :path, :method)"),
-                                ))
-                            }
-                        },
-                    };
-                    if out.contains(&part) {
-                        return Err(err("key.fingerprint", format!("`{p}` is listed twice")));
-                    }
-                    out.push(part);
-                }
-                out
-            }
+            Some(parts) => parse_parts("key.fingerprint", parts)?,
             None => Vec::new(),
         };
+        let payload = parse_payload(raw.payload.unwrap_or_default())?;
         let key_max_length = in_range("key.max_length", key.max_length, 255, 1, 4096)? as usize;
         let scope = raw.scope.unwrap_or_default();
         let scope_headers = match scope.headers {
@@ -561,10 +532,95 @@ impl TryFrom<RawConfig> for Config {
             replayed_header,
             failure_mode: raw.failure_mode.unwrap_or(FailureMode::Open),
             on_unknown_outcome: raw.on_unknown_outcome.unwrap_or(OnUnknownOutcome::Hold),
+            payload,
             namespace,
             store,
         })
     }
+}
+
+/// An RFC 6901 pointer into a JSON body, checked.
+fn json_pointer(field: &str, p: String) -> Result<String, ConfigError> {
+    if p.is_empty() || !p.starts_with('/') {
+        return Err(err(
+            field,
+            format!("`{p}` is not an RFC 6901 pointer (must start with '/')"),
+        ));
+    }
+    if let Some(bad) = invalid_escape(&p) {
+        return Err(err(
+            field,
+            format!("`{p}` has an invalid escape `~{bad}` (only ~0 and ~1)"),
+        ));
+    }
+    Ok(p)
+}
+
+/// Parts of a request (keyless fingerprint, payload check), at least one, none twice.
+fn parse_parts(field: &str, parts: Vec<String>) -> Result<Vec<FingerprintPart>, ConfigError> {
+    if parts.is_empty() {
+        return Err(err(field, "must list at least one part"));
+    }
+    let mut out = Vec::new();
+    for p in parts {
+        let part = match p.as_str() {
+            "method" => FingerprintPart::Method,
+            "path" => FingerprintPart::Path,
+            "query" => FingerprintPart::Query,
+            "body" => FingerprintPart::Body,
+            other => match other.strip_prefix("header:") {
+                Some(h) if header_name_ok(h, true) => FingerprintPart::Header(h.to_ascii_lowercase()),
+                _ => {
+                    return Err(err(
+                        field,
+                        format!("`{other}`: expected \"method\", \"path\", \"query\", \"body\" or \"header:<name>\" (a header or :authority, :path, :method)"),
+                    ))
+                }
+            },
+        };
+        if out.contains(&part) {
+            return Err(err(field, format!("`{p}` is listed twice")));
+        }
+        out.push(part);
+    }
+    Ok(out)
+}
+
+fn parse_payload(raw: RawPayload) -> Result<PayloadConfig, ConfigError> {
+    let pointers = |field: &str, list: Vec<String>| -> Result<Vec<String>, ConfigError> {
+        if list.is_empty() || list.len() > 32 {
+            return Err(err(field, "must list 1 to 32 pointers"));
+        }
+        list.into_iter().map(|p| json_pointer(field, p)).collect()
+    };
+    let json = match (raw.json_pointers, raw.ignore_json_pointers) {
+        (Some(_), Some(_)) => {
+            return Err(err(
+                "payload.ignore_json_pointers",
+                "set either payload.json_pointers or payload.ignore_json_pointers, not both",
+            ))
+        }
+        (Some(only), None) => JsonSelection::Only(pointers("payload.json_pointers", only)?),
+        (None, Some(ignore)) => {
+            JsonSelection::Ignore(pointers("payload.ignore_json_pointers", ignore)?)
+        }
+        (None, None) => JsonSelection::Raw,
+    };
+    let parts = match raw.parts {
+        Some(parts) => Some(parse_parts("payload.parts", parts)?),
+        None => None,
+    };
+    if json != JsonSelection::Raw
+        && parts
+            .as_ref()
+            .is_some_and(|p| !p.contains(&FingerprintPart::Body))
+    {
+        return Err(err(
+            "payload.parts",
+            "JSON pointers select fields of the body: list \"body\" among the parts",
+        ));
+    }
+    Ok(PayloadConfig { parts, json })
 }
 
 /// Returns the character after a `~` that is not `0` or `1`, if any.

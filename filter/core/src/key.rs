@@ -68,13 +68,13 @@ impl RequestHead {
             .map(String::as_str)
     }
 
-    fn path_only(&self) -> &str {
+    pub(crate) fn path_only(&self) -> &str {
         self.path
             .split_once('?')
             .map_or(self.path.as_str(), |(p, _)| p)
     }
 
-    fn query(&self) -> &str {
+    pub(crate) fn query(&self) -> &str {
         self.path.split_once('?').map_or("", |(_, q)| q)
     }
 }
@@ -258,17 +258,6 @@ pub fn fingerprint_key(cfg: &Config, head: &RequestHead, body: &BodyDigest) -> C
         source: KeySource::Fingerprint,
         value: h.finalize().to_vec(),
     }
-}
-
-/// The payload fingerprint (method, path with query, body): the 422 check.
-pub fn payload_digest(head: &RequestHead, body: &BodyDigest) -> Digest {
-    let mut h = Sha256::new();
-    h.update(b"proxy-dedup payload v1\0");
-    feed(&mut h, head.method.as_bytes());
-    feed(&mut h, head.path.as_bytes());
-    h.update(body.len.to_be_bytes());
-    h.update(body.digest);
-    h.finalize().into()
 }
 
 /// The record digest: the authority (unless `scope.authority` is off), scope values and

@@ -10,6 +10,7 @@ pub mod key;
 pub mod local;
 pub mod metrics;
 pub mod outcome;
+pub mod payload;
 pub mod reply;
 pub mod response;
 pub mod store;

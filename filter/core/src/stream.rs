@@ -5,13 +5,14 @@
 use crate::config::{Config, EtcdConfig, FailureMode, OnDuplicate, OnUnknownOutcome, StoreConfig};
 use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState, LeaseCache, LeasePlan, LeasePurpose};
 use crate::key::{
-    fingerprint_key, header_key, json_key, payload_digest, record_digest, short_hex, BodyHasher,
-    ClientKey, JsonKey, KeyError, RequestHead,
+    fingerprint_key, header_key, json_key, record_digest, short_hex, BodyHasher, ClientKey,
+    JsonKey, KeyError, RequestHead,
 };
 use crate::key::{Digest, ShortHex};
 use crate::local::{LocalEntry, LocalTier};
 use crate::metrics::Counter;
 use crate::outcome::{classify, Outcome};
+use crate::payload::payload_digest;
 use crate::reply::{replay, LocalReply, Problem};
 use crate::response::Capture;
 use crate::response::StoredResponse;
@@ -679,7 +680,7 @@ impl DedupStream {
         };
         let digest = record_digest(cfg, &head, &key);
         self.record = Some(digest);
-        let payload = payload_digest(&head, &body);
+        let payload = payload_digest(&cfg.payload, &head, &body, raw_body);
         match &cfg.store {
             StoreConfig::SharedData => self.claim_shared(p, env, digest, payload),
             StoreConfig::Etcd(ec) => self.claim_etcd(p, env, ec, digest, payload),

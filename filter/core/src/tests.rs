@@ -2208,3 +2208,57 @@ fn each_decision_is_reported_once_for_access_logs() {
     let _ = s.on_response_headers(&p, &mut env, 503, &up, Vec::new, true);
     assert_eq!(s.log_fields().map(|f| f.0), Some("released"));
 }
+
+#[test]
+fn a_push_redelivery_with_a_new_attempt_count_is_replayed_not_422() {
+    let p = plugin(
+        r#"{"key": {"json_pointer": "/message/messageId", "required": true},
+            "payload": {"ignore_json_pointers": ["/deliveryAttempt"]}}"#,
+    );
+    let (_, mut env) = world();
+    let push = |attempt: u32, data: &str| {
+        req("POST", "/push").body(&format!(
+            r#"{{"message": {{"messageId": "m-1", "data": "{data}"}}, "deliveryAttempt": {attempt}}}"#
+        ))
+    };
+    assert!(matches!(
+        run(&p, &mut env, &push(1, "aGk="), ok("acked")),
+        Outcome::Upstream(..)
+    ));
+    assert_eq!(
+        run(&p, &mut env, &push(2, "aGk="), ok("no")).local().body,
+        b"acked"
+    );
+    let changed = run(&p, &mut env, &push(3, "Ynll"), ok("no"));
+    assert_eq!(
+        changed.problem_type(),
+        "urn:proxy-dedup:problem:payload-mismatch"
+    );
+    // Config errors name the field.
+    for (json, field) in [
+        (
+            r#"{"payload": {"json_pointers": ["a"]}}"#,
+            "payload.json_pointers",
+        ),
+        (
+            r#"{"payload": {"ignore_json_pointers": ["/~2"]}}"#,
+            "payload.ignore_json_pointers",
+        ),
+        (
+            r#"{"payload": {"json_pointers": ["/a"], "ignore_json_pointers": ["/b"]}}"#,
+            "payload.ignore_json_pointers",
+        ),
+        (
+            r#"{"payload": {"parts": ["method", "body", "method"]}}"#,
+            "payload.parts",
+        ),
+        (
+            r#"{"payload": {"parts": ["path"], "json_pointers": ["/a"]}}"#,
+            "payload.parts",
+        ),
+        (r#"{"payload": {"parts": []}}"#, "payload.parts"),
+        (r#"{"payload": {"what": 1}}"#, "payload.what"),
+    ] {
+        assert_eq!(cfg_err(json).0, field, "{json}");
+    }
+}
