@@ -512,3 +512,25 @@ fn access_log_lines_show_each_decision_and_the_record() {
     assert_eq!(record_of("replayed"), executed);
     assert!(log.contains("dedup=bypassed record=-"), "{log}");
 }
+
+#[test]
+fn a_push_redelivery_with_a_new_attempt_is_replayed_and_a_changed_message_is_422() {
+    let config = r#"{"key": {"json_pointer": "/message/messageId", "required": true},
+        "payload": {"ignore_json_pointers": ["/deliveryAttempt"]}, "store_statuses": ["2xx"]}"#;
+    let s = Stack::start("e2e-push", &config.replace('\n', " "));
+    let path = "/push/orders";
+    let push = |attempt: u32, data: &str| {
+        Request::post(path).json(&json!({
+            "message": {"messageId": "msg-7", "data": data, "attributes": {"kind": "order"}},
+            "deliveryAttempt": attempt,
+            "subscription": "projects/p/subscriptions/orders"
+        }))
+    };
+    let first = s.send(&push(1, "eyJpZCI6MX0="));
+    assert_executed(&first);
+    let again = s.send(&push(2, "eyJpZCI6MX0="));
+    assert_replay_of(&again, &first);
+    let changed = s.send(&push(3, "eyJpZCI6Mn0="));
+    assert_problem(&changed, 422, "payload-mismatch");
+    assert_eq!(s.executions(path), 1);
+}
