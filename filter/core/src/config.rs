@@ -48,6 +48,7 @@ struct RawConfig {
     failure_mode: Option<FailureMode>,
     on_unknown_outcome: Option<OnUnknownOutcome>,
     payload: Option<RawPayload>,
+    role: Option<Role>,
     store: Option<RawStore>,
 }
 
@@ -129,6 +130,16 @@ pub enum FailureMode {
     Open,
     /// Answer 503 `store-unavailable`.
     Closed,
+}
+
+/// What a filter instance does with requests.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Deduplicate requests.
+    Data,
+    /// Serve the operator API (records, stats) and nothing else.
+    Admin,
 }
 
 /// What happens to a claim when the filter cannot know whether the upstream executed
@@ -216,6 +227,7 @@ pub struct Config {
     pub on_unknown_outcome: OnUnknownOutcome,
     /// What the payload check (422) compares.
     pub payload: PayloadConfig,
+    pub role: Role,
     pub namespace: String,
     pub store: StoreConfig,
 }
@@ -243,6 +255,7 @@ impl Default for Config {
             failure_mode: FailureMode::Open,
             on_unknown_outcome: OnUnknownOutcome::Hold,
             payload: PayloadConfig::default(),
+            role: Role::Data,
             namespace: "proxy-dedup".to_string(),
             store: StoreConfig::SharedData,
         }
@@ -533,6 +546,7 @@ impl TryFrom<RawConfig> for Config {
             failure_mode: raw.failure_mode.unwrap_or(FailureMode::Open),
             on_unknown_outcome: raw.on_unknown_outcome.unwrap_or(OnUnknownOutcome::Hold),
             payload,
+            role: raw.role.unwrap_or(Role::Data),
             namespace,
             store,
         })

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 pub const TXN_PATH: &str = "/v3/kv/txn";
 pub const LEASE_GRANT_PATH: &str = "/v3/lease/grant";
+pub const RANGE_PATH: &str = "/v3/kv/range";
 
 const VALUE_VERSION: u8 = 1;
 
@@ -145,6 +146,27 @@ pub fn delete_txn(key: &str, mod_revision: i64) -> Vec<u8> {
     })
     .to_string()
     .into_bytes()
+}
+
+/// A range request counting the keys under `prefix`.
+pub fn count_prefix(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last = last.saturating_add(1);
+    }
+    json!({"key": b64(prefix.as_bytes()), "range_end": b64(&end), "count_only": true})
+        .to_string()
+        .into_bytes()
+}
+
+/// The count of a range answer (`{"header": …, "count": "12"}`; absent when zero).
+pub fn parse_count(body: &[u8]) -> Option<u64> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    v.get("header")?;
+    match v.get("count") {
+        Some(c) => u64::try_from(int(c)?).ok(),
+        None => Some(0),
+    }
 }
 
 pub fn lease_grant(ttl_seconds: u64) -> Vec<u8> {

@@ -260,6 +260,15 @@ impl FakeEtcd {
             let out = serde_json::json!({"header": header(i.revision), "ID": id.to_string(), "TTL": ttl.to_string()});
             return (200, out.to_string().into_bytes());
         }
+        if path == "/v3/kv/range" {
+            // Only what the admin API sends: a count of the keys in [key, range_end).
+            let from = b64.decode(req["key"].as_str().unwrap()).unwrap();
+            let to = b64.decode(req["range_end"].as_str().unwrap()).unwrap();
+            assert_eq!(req["count_only"], true);
+            let n = i.kv.keys().filter(|k| **k >= from && **k < to).count();
+            let out = serde_json::json!({"header": header(i.revision), "count": n.to_string()});
+            return (200, out.to_string().into_bytes());
+        }
         assert_eq!(path, "/v3/kv/txn");
         i.txns += 1;
         let cmp = &req["compare"][0];

@@ -3,6 +3,7 @@
 //! The cdylib in `filter/` is thin glue that feeds Envoy's callbacks into `DedupStream`.
 
 pub mod callouts;
+pub mod admin;
 pub mod config;
 pub mod etcd;
 pub mod jsonptr;

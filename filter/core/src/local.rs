@@ -1,6 +1,7 @@
 //! The per-worker tier in front of a remote store: completed records this worker has seen,
 //! answered without a round trip. Correct because a completed record never changes before
-//! its expiry (etcd does not evict), so a copy is as good as the original until then.
+//! its expiry (etcd does not evict) unless an operator removes it (admin API), so a copy
+//! is kept at most `MAX_AGE_MS`: a removal reaches every proxy within that time.
 
 use crate::key::Digest;
 use crate::response::StoredResponse;
@@ -9,6 +10,8 @@ use hashbrown::HashMap;
 /// Most entries and bytes held per worker.
 pub const MAX_ENTRIES: usize = 4096;
 pub const MAX_BYTES: usize = 8 << 20;
+/// Longest a copy is answered from the tier.
+pub const MAX_AGE_MS: u64 = 5_000;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalEntry {
@@ -44,7 +47,8 @@ impl LocalTier {
         self.map.get(digest)
     }
 
-    pub fn insert(&mut self, digest: Digest, entry: LocalEntry, now_ms: u64) {
+    pub fn insert(&mut self, digest: Digest, mut entry: LocalEntry, now_ms: u64) {
+        entry.expires_ms = entry.expires_ms.min(now_ms.saturating_add(MAX_AGE_MS));
         let size = entry.size();
         if size > MAX_BYTES / 16 {
             return;

@@ -34,6 +34,14 @@ pub enum Problem {
     BodyTooLarge,
     PayloadMismatch,
     StoreUnavailable,
+    /// Admin API: a request it cannot read.
+    BadAdminRequest,
+    /// Admin API: no live record for these parameters.
+    NoSuchRecord,
+    /// Admin API: removing a claim needs `force=true`.
+    RecordIsClaim,
+    /// Admin role: not an admin path (data-plane traffic is refused).
+    NotAdminPath,
 }
 
 impl Problem {
@@ -47,6 +55,9 @@ impl Problem {
             Problem::BodyTooLarge => 413,
             Problem::PayloadMismatch => 422,
             Problem::StoreUnavailable => 503,
+            Problem::BadAdminRequest => 400,
+            Problem::NoSuchRecord | Problem::NotAdminPath => 404,
+            Problem::RecordIsClaim => 409,
         }
     }
 
@@ -62,6 +73,10 @@ impl Problem {
             Problem::BodyTooLarge => "body-too-large",
             Problem::PayloadMismatch => "payload-mismatch",
             Problem::StoreUnavailable => "store-unavailable",
+            Problem::BadAdminRequest => "bad-admin-request",
+            Problem::NoSuchRecord => "no-such-record",
+            Problem::RecordIsClaim => "record-is-claim",
+            Problem::NotAdminPath => "not-admin-path",
         }
     }
 
@@ -79,6 +94,10 @@ impl Problem {
             Problem::BodyTooLarge => "Request body too large for deduplication",
             Problem::PayloadMismatch => "Idempotency key reused with a different request",
             Problem::StoreUnavailable => "Deduplication store unavailable",
+            Problem::BadAdminRequest => "Bad admin request",
+            Problem::NoSuchRecord => "No such record",
+            Problem::RecordIsClaim => "The record is a claim whose request may be running",
+            Problem::NotAdminPath => "Not an admin path",
         }
     }
 
@@ -94,6 +113,10 @@ impl Problem {
             Problem::BodyTooLarge => "proxy_dedup_body_too_large",
             Problem::PayloadMismatch => "proxy_dedup_payload_mismatch",
             Problem::StoreUnavailable => "proxy_dedup_store_unavailable",
+            Problem::BadAdminRequest
+            | Problem::NoSuchRecord
+            | Problem::RecordIsClaim
+            | Problem::NotAdminPath => "proxy_dedup_admin",
         }
     }
 

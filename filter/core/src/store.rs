@@ -11,6 +11,9 @@ use crate::key::Digest;
 use crate::response::StoredResponse;
 use sha2::{Digest as _, Sha256};
 
+mod admin;
+pub use admin::{Purge, RecordView, StoreStats};
+
 /// Records per bucket.
 pub const WAYS: usize = 16;
 /// CAS attempts before a claim gives up and reports contention.
@@ -104,6 +107,16 @@ pub enum RecordState {
 }
 
 impl RecordState {
+    /// The name operators see.
+    pub fn name(self) -> &'static str {
+        match self {
+            RecordState::InFlight => "in_flight",
+            RecordState::Held => "held",
+            RecordState::Completed => "completed",
+            RecordState::CompletedNotStored => "completed_not_stored",
+        }
+    }
+
     /// A claim that still stands for a possibly running request: never evicted.
     fn is_claim(self) -> bool {
         matches!(self, RecordState::InFlight | RecordState::Held)
@@ -651,3 +664,7 @@ fn oldest_completed(b: &Bucket) -> Option<usize> {
         .min_by_key(|(_, r)| r.expires_ms)
         .map(|(i, _)| i)
 }
+
+#[cfg(test)]
+#[path = "store_props.rs"]
+mod props;

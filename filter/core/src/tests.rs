@@ -2262,3 +2262,141 @@ fn a_push_redelivery_with_a_new_attempt_count_is_replayed_not_422() {
         assert_eq!(cfg_err(json).0, field, "{json}");
     }
 }
+
+// ---------- the operator API ----------
+
+fn admin(p: &Plugin, env: &mut FakeEnv, method: &str, path: &str) -> LocalReply {
+    let mut a = crate::admin::AdminStream::default();
+    let mut action = a.on_request(p, env, method, path, "127.0.0.1:5555");
+    while let Action::Call(c) = action {
+        let answer = call(env, &c);
+        action = a.on_store_answer(p, env, answer);
+    }
+    match action {
+        Action::Reply(r) => r,
+        other => panic!("admin requests are answered locally, got {other:?}"),
+    }
+}
+
+fn admin_json(r: &LocalReply) -> serde_json::Value {
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+fn check_admin_api(p: &Plugin, admin_p: &Plugin, env: &mut FakeEnv) {
+    let r = req("POST", "/o")
+        .key("done")
+        .header("x-tenant", "acme")
+        .body("{}");
+    assert!(matches!(
+        run(p, env, &r, answer(201, "made")),
+        Outcome::Upstream(..)
+    ));
+    let flying = req("POST", "/o").key("flying").header("x-tenant", "acme");
+    let _first = send(p, env, &flying).unwrap();
+    let q = "authority=api.example&scope.x-tenant=acme";
+    let got = admin(admin_p, env, "GET", &format!("/records?key=done&{q}"));
+    assert_eq!(got.status, 200, "{}", String::from_utf8_lossy(&got.body));
+    let v = admin_json(&got);
+    assert_eq!(v["state"], "completed");
+    assert_eq!(v["status"], 201);
+    assert_eq!(v["body_bytes"], 4);
+    // Another tenant's parameters name another record.
+    let other = admin(
+        admin_p,
+        env,
+        "GET",
+        "/records?key=done&authority=api.example&scope.x-tenant=globex",
+    );
+    assert_eq!(other.status, 404);
+    let v = admin_json(&admin(
+        admin_p,
+        env,
+        "GET",
+        &format!("/records?key=flying&{q}"),
+    ));
+    assert_eq!(v["state"], "in_flight");
+    // A claim is removed only with force.
+    let refused = admin(admin_p, env, "DELETE", &format!("/records?key=flying&{q}"));
+    assert_eq!(refused.status, 409);
+    let forced = admin(
+        admin_p,
+        env,
+        "DELETE",
+        &format!("/records?key=flying&{q}&force=true"),
+    );
+    assert_eq!(
+        forced.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&forced.body)
+    );
+    assert!(matches!(
+        run(p, env, &flying, ok("again")),
+        Outcome::Upstream(..)
+    ));
+    // Purged: the key executes again (etcd: once workers' copies have aged out).
+    assert_eq!(
+        admin(admin_p, env, "DELETE", &format!("/records?key=done&{q}")).status,
+        200
+    );
+    assert_eq!(
+        admin(admin_p, env, "GET", &format!("/records?key=done&{q}")).status,
+        404
+    );
+    env.now_ms += crate::local::MAX_AGE_MS;
+    assert!(matches!(
+        run(p, env, &r, ok("second")),
+        Outcome::Upstream(..)
+    ));
+    // Bad and foreign requests.
+    assert_eq!(
+        admin(admin_p, env, "GET", "/records?authority=a").status,
+        400
+    );
+    assert_eq!(
+        admin(admin_p, env, "GET", "/records?key=k").status,
+        400,
+        "authority missing"
+    );
+    assert_eq!(
+        admin(
+            admin_p,
+            env,
+            "GET",
+            "/records?key=k&authority=a&scope.x-other=1"
+        )
+        .status,
+        400
+    );
+    assert_eq!(
+        admin(admin_p, env, "POST", "/records?key=k&authority=a").status,
+        400
+    );
+    let data = admin(admin_p, env, "POST", "/o");
+    assert_eq!(data.status, 404);
+    assert!(String::from_utf8_lossy(&data.body).contains("not-admin-path"));
+    let stats = admin(admin_p, env, "GET", "/stats");
+    assert_eq!(stats.status, 200);
+    assert!(admin_json(&stats).is_object());
+}
+
+#[test]
+fn the_admin_api_inspects_and_purges_shared_data_records() {
+    let p = plugin(r#"{"scope": {"headers": ["x-tenant"]}}"#);
+    let admin_p = plugin(r#"{"role": "admin", "scope": {"headers": ["x-tenant"]}}"#);
+    let (_, mut env) = world();
+    check_admin_api(&p, &admin_p, &mut env);
+    let v = admin_json(&admin(&admin_p, &mut env, "GET", "/stats"));
+    assert_eq!(v["completed"], 2);
+    assert_eq!(v["in_flight"], 0);
+}
+
+#[test]
+fn the_admin_api_inspects_and_purges_etcd_records() {
+    let p = etcd_plugin(r#""scope": {"headers": ["x-tenant"]}"#);
+    let admin_p = etcd_plugin(r#""role": "admin", "scope": {"headers": ["x-tenant"]}"#);
+    let (mut a, _) = two_proxies();
+    check_admin_api(&p, &admin_p, &mut a);
+    let v = admin_json(&admin(&admin_p, &mut a, "GET", "/stats"));
+    assert_eq!(v["records"], 2);
+}

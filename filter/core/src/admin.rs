@@ -1,0 +1,377 @@
+//! The operator API (`"role": "admin"`): look up, remove and count records. Mounted on an
+//! admin-only listener with the same `vm_id` and store settings as the data plane, it
+//! answers `GET /records?…`, `DELETE /records?…` and `GET /stats`, and nothing else.
+
+use crate::config::{Config, StoreConfig};
+use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState};
+use crate::key::{record_digest, ClientKey, Digest, KeySource, RequestHead};
+use crate::reply::{LocalReply, Problem};
+use crate::store::{Purge, RecordView, SharedStore};
+use crate::stream::{Action, CallAnswer, Env, Plugin, StoreCall};
+use serde_json::{json, Value};
+
+/// One admin operation, parsed from the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminOp {
+    Get(Digest),
+    Delete { digest: Digest, force: bool },
+    Stats,
+}
+
+/// Decodes `%XX` and `+` in a query component.
+fn unescape(s: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(s.len());
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn bad(detail: &str) -> LocalReply {
+    Problem::BadAdminRequest.reply(detail, Vec::new())
+}
+
+/// Parses an admin request; `Err` is the answer to give at once.
+pub fn parse(cfg: &Config, method: &str, path: &str) -> Result<AdminOp, LocalReply> {
+    let (route, query) = path.split_once('?').unwrap_or((path, ""));
+    match (method, route) {
+        ("GET", "/stats") => return Ok(AdminOp::Stats),
+        ("GET" | "DELETE", "/records") => {}
+        (_, "/records" | "/stats") => {
+            return Err(bad(&format!("{method} is not allowed on {route}")));
+        }
+        _ => {
+            let detail = "this listener serves the proxy-dedup admin API only: GET /records, DELETE /records, GET /stats";
+            return Err(Problem::NotAdminPath.reply(detail, Vec::new()));
+        }
+    }
+    let mut key = None;
+    let mut source = KeySource::Header;
+    let mut head = RequestHead::default();
+    let mut authority = None;
+    let mut force = false;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let (Some(name), Some(value)) = (unescape(name), unescape(value)) else {
+            return Err(bad(&format!("`{pair}` is not a valid query parameter")));
+        };
+        match name.as_str() {
+            "key" => key = Some(value),
+            "source" => {
+                source = match value.as_str() {
+                    "header" => KeySource::Header,
+                    "json_pointer" => KeySource::JsonPointer,
+                    other => {
+                        return Err(bad(&format!(
+                            "source `{other}`: expected \"header\" or \"json_pointer\""
+                        )))
+                    }
+                }
+            }
+            "authority" => authority = Some(value),
+            "force" => force = value == "true" || value == "1",
+            other => match other.strip_prefix("scope.") {
+                Some(h) if cfg.scope_headers.iter().any(|s| s == &h.to_ascii_lowercase()) => {
+                    head.headers.push((h.to_ascii_lowercase(), value));
+                }
+                _ => {
+                    return Err(bad(&format!(
+                        "unknown parameter `{other}` (key, source, authority, force, scope.<one of scope.headers>)"
+                    )))
+                }
+            },
+        }
+    }
+    let Some(key) = key.filter(|k| !k.is_empty()) else {
+        return Err(bad("the parameter `key` is required"));
+    };
+    if cfg.scope_authority {
+        match authority {
+            Some(a) => head.authority = a,
+            None => return Err(bad(
+                "the parameter `authority` (the request's host) is required: scope.authority is on",
+            )),
+        }
+    }
+    // Pseudo-headers named as scope parts come from their own parameters.
+    for name in &cfg.scope_headers {
+        if name == ":authority" {
+            head.authority = head.header(name).unwrap_or_default().to_string();
+        }
+    }
+    let digest = record_digest(
+        cfg,
+        &head,
+        &ClientKey {
+            source,
+            value: key.into_bytes(),
+        },
+    );
+    Ok(match method {
+        "DELETE" => AdminOp::Delete { digest, force },
+        _ => AdminOp::Get(digest),
+    })
+}
+
+fn hex(d: &Digest) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn json_reply(status: u16, v: Value) -> LocalReply {
+    LocalReply {
+        status,
+        headers: vec![("content-type".to_string(), b"application/json".to_vec())],
+        body: v.to_string().into_bytes(),
+        details: "proxy_dedup_admin",
+    }
+}
+
+/// A record as JSON: state, expiry, age (by this configuration's timeouts), payload
+/// digest, and the stored response's status and body size.
+fn record_json(cfg: &Config, digest: &Digest, view: &RecordView, now_ms: u64) -> Value {
+    let life = match view.state {
+        "in_flight" | "held" => cfg.in_flight_timeout_ms,
+        _ => cfg.ttl_ms,
+    };
+    json!({
+        "record": hex(digest),
+        "state": view.state,
+        "expires_at_ms": view.expires_ms,
+        "expires_in_ms": view.expires_ms.saturating_sub(now_ms),
+        "age_ms": now_ms.saturating_sub(view.expires_ms.saturating_sub(life)),
+        "payload_digest": hex(&view.payload),
+        "status": view.response.map(|r| r.0),
+        "body_bytes": view.response.map(|r| r.1),
+    })
+}
+
+fn not_found(digest: &Digest) -> LocalReply {
+    let detail = format!("no live record {} for these parameters", hex(digest));
+    Problem::NoSuchRecord.reply(&detail, Vec::new())
+}
+
+fn refused(detail: &str) -> LocalReply {
+    Problem::RecordIsClaim.reply(detail, Vec::new())
+}
+
+const CLAIM_REFUSED: &str =
+    "the record is a claim (in flight or held): its request may be running; add force=true to remove it anyway";
+
+/// An admin request on its way: shared data answers at once, etcd after calls.
+#[derive(Debug, Default)]
+pub struct AdminStream {
+    op: Option<AdminOp>,
+    key: String,
+    /// Removal attempts (a record that changed between read and delete is read again).
+    rounds: u32,
+}
+
+impl AdminStream {
+    /// The request's head arrived (an admin request is decided there).
+    pub fn on_request<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        method: &str,
+        path: &str,
+        peer: &str,
+    ) -> Action {
+        let op = match parse(&p.config, method, path) {
+            Ok(op) => op,
+            Err(reply) => return Action::Reply(reply),
+        };
+        let now = env.now_ms();
+        match &p.config.store {
+            StoreConfig::SharedData => Action::Reply(self.shared(p, env, op, now, peer)),
+            StoreConfig::Etcd(ec) => {
+                let call = match &op {
+                    AdminOp::Stats => StoreCall {
+                        path: etcd::RANGE_PATH,
+                        body: etcd::count_prefix(&ec.prefix),
+                        timeout_ms: ec.timeout_ms,
+                    },
+                    AdminOp::Get(d) | AdminOp::Delete { digest: d, .. } => {
+                        self.key = etcd::record_key(&ec.prefix, d);
+                        read_call(&self.key, ec.timeout_ms)
+                    }
+                };
+                if matches!(op, AdminOp::Delete { .. }) {
+                    env.warn(&format!("proxy-dedup admin: DELETE {path} from {peer}"));
+                }
+                self.op = Some(op);
+                Action::Call(call)
+            }
+        }
+    }
+
+    fn shared<E: Env>(
+        &self,
+        p: &Plugin,
+        env: &mut E,
+        op: AdminOp,
+        now: u64,
+        peer: &str,
+    ) -> LocalReply {
+        let store = SharedStore::new(&*env, &p.layout);
+        let failed = |e: crate::store::StoreError| {
+            Problem::StoreUnavailable.reply(&format!("shared data failed: {e}"), Vec::new())
+        };
+        match op {
+            AdminOp::Stats => match store.stats(now) {
+                Ok(st) => json_reply(
+                    200,
+                    json!({
+                        "store": "shared_data",
+                        "buckets": st.buckets,
+                        "capacity": st.ways,
+                        "in_flight": st.in_flight,
+                        "held": st.held,
+                        "completed": st.completed,
+                        "completed_not_stored": st.completed_not_stored,
+                        "expired": st.expired,
+                        "other_layouts": st.other_layouts,
+                    }),
+                ),
+                Err(e) => failed(e),
+            },
+            AdminOp::Get(d) => match store.inspect(&d, now) {
+                Ok(Some(view)) => json_reply(200, record_json(&p.config, &d, &view, now)),
+                Ok(None) => not_found(&d),
+                Err(e) => failed(e),
+            },
+            AdminOp::Delete { digest, force } => {
+                let result = store.purge(&digest, force, now);
+                env.warn(&format!(
+                    "proxy-dedup admin: {peer} asked to remove record {} (force {force}): {:?}",
+                    hex(&digest),
+                    result.as_ref().map(|r| match r {
+                        Purge::Removed(_) => "removed",
+                        Purge::Refused(_) => "refused: a claim",
+                        Purge::NotFound => "not found",
+                    })
+                ));
+                match result {
+                    Ok(Purge::Removed(view)) => json_reply(
+                        200,
+                        json!({"removed": record_json(&p.config, &digest, &view, now)}),
+                    ),
+                    Ok(Purge::Refused(_)) => refused(CLAIM_REFUSED),
+                    Ok(Purge::NotFound) => not_found(&digest),
+                    Err(e) => failed(e),
+                }
+            }
+        }
+    }
+
+    /// etcd answered the admin stream's call.
+    pub fn on_store_answer<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        answer: CallAnswer,
+    ) -> Action {
+        let now = env.now_ms();
+        let Some(op) = self.op.clone() else {
+            return Action::Continue;
+        };
+        let unavailable =
+            |why: String| Action::Reply(Problem::StoreUnavailable.reply(&why, Vec::new()));
+        if op == AdminOp::Stats {
+            return match etcd::parse_count(&answer.body) {
+                Some(n) => Action::Reply(json_reply(200, json!({"store": "etcd", "records": n}))),
+                None => unavailable(format!("etcd answered {} without a count", answer.status)),
+            };
+        }
+        let parsed = etcd::parse_answer(&answer.body);
+        let (digest, delete, force) = match op {
+            AdminOp::Get(d) => (d, false, false),
+            AdminOp::Delete { digest, force } => (digest, true, force),
+            AdminOp::Stats => return Action::Continue,
+        };
+        match parsed {
+            // Our delete went through.
+            Some(EtcdAnswer::Txn {
+                succeeded: true, ..
+            }) => Action::Reply(json_reply(
+                200,
+                json!({"removed": {"record": hex(&digest)}}),
+            )),
+            Some(EtcdAnswer::Txn { existing: None, .. }) => Action::Reply(not_found(&digest)),
+            Some(EtcdAnswer::Txn {
+                existing: Some((mod_revision, value)),
+                ..
+            }) => {
+                let Some(r) = EtcdRecord::decode(&value, &digest) else {
+                    return unavailable("the record cannot be read by this version".to_string());
+                };
+                let claim = matches!(r.state, EtcdState::InFlight | EtcdState::Held);
+                if !claim && r.expires_ms <= now {
+                    return Action::Reply(not_found(&digest));
+                }
+                let view = RecordView {
+                    state: match r.state {
+                        EtcdState::InFlight => "in_flight",
+                        EtcdState::Held => "held",
+                        EtcdState::Completed => "completed",
+                        EtcdState::CompletedNotStored => "completed_not_stored",
+                    },
+                    expires_ms: r.expires_ms,
+                    payload: r.payload,
+                    response: r.response.as_ref().map(|s| (s.status, s.body.len())),
+                    buckets: 0,
+                };
+                if !delete {
+                    return Action::Reply(json_reply(
+                        200,
+                        record_json(&p.config, &digest, &view, now),
+                    ));
+                }
+                if claim && !force {
+                    return Action::Reply(refused(CLAIM_REFUSED));
+                }
+                self.rounds += 1;
+                if self.rounds > 4 {
+                    return unavailable("the record keeps changing; try again".to_string());
+                }
+                let timeout_ms = match &p.config.store {
+                    StoreConfig::Etcd(ec) => ec.timeout_ms,
+                    StoreConfig::SharedData => 1000,
+                };
+                Action::Call(StoreCall {
+                    path: etcd::TXN_PATH,
+                    body: etcd::delete_txn(&self.key, mod_revision),
+                    timeout_ms,
+                })
+            }
+            Some(EtcdAnswer::Error { code, message }) => {
+                unavailable(format!("etcd error {code}: {message}"))
+            }
+            _ => unavailable(format!("etcd answered {} unreadably", answer.status)),
+        }
+    }
+}
+
+/// Reads a record: a delete whose compare never holds returns the current value.
+fn read_call(key: &str, timeout_ms: u64) -> StoreCall {
+    StoreCall {
+        path: etcd::TXN_PATH,
+        body: etcd::delete_txn(key, -1),
+        timeout_ms,
+    }
+}
