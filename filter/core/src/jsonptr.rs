@@ -93,8 +93,10 @@ impl<'de> Visitor<'de> for Follow<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let (token, rest) = (&self.tokens[0], &self.tokens[1..]);
-        // RFC 6901: an index is "0" or digits without a leading zero.
-        let index = (token == "0" || !token.starts_with('0'))
+        // RFC 6901: an index is "0" or digits without a leading zero (no sign: Rust's
+        // `parse` would take "+1" as 1).
+        let digits = !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit());
+        let index = (digits && (token == "0" || !token.starts_with('0')))
             .then(|| token.parse::<usize>().ok())
             .flatten();
         let mut i = 0usize;
@@ -213,6 +215,9 @@ mod tests {
         assert_eq!(at(doc, "/a/b~1c/1/~0d"), Target::Str("x".into()));
         assert_eq!(at(doc, "/a/b~1c/2"), Target::Missing);
         assert_eq!(at(doc, "/a/b~1c/01"), Target::Missing);
+        // A signed index names no element (found by the property test against serde_json).
+        assert_eq!(at(doc, "/a/b~1c/+0"), Target::Missing);
+        assert_eq!(at(doc, "/a/b~1c/+1/~0d"), Target::Missing);
         assert_eq!(at(doc, "/f"), Target::Other("a non-integer number"));
         assert_eq!(at(doc, "/a"), Target::Other("an object"));
         assert_eq!(at(doc, "/s/x"), Target::Missing);

@@ -2,8 +2,8 @@
 //! per-stream decision machine, and the claim/complete/release store on Envoy shared data.
 //! The cdylib in `filter/` is thin glue that feeds Envoy's callbacks into `DedupStream`.
 
-pub mod callouts;
 pub mod admin;
+pub mod callouts;
 pub mod config;
 pub mod etcd;
 pub mod jsonptr;
@@ -18,6 +18,8 @@ pub mod store;
 pub mod stream;
 pub mod wire;
 
+#[cfg(test)]
+mod decoder_props;
 #[cfg(test)]
 mod fake;
 #[cfg(test)]
