@@ -44,6 +44,9 @@ fn every_envoy_config_passes_envoy_validate() {
             ("UPSTREAM_PORT", "8080".into()),
             ("WASM_PATH", wasm.display().to_string()),
             ("FILTER_CONFIG", r#"{"key": {"required": true}}"#.into()),
+            // admin-api.yaml: the operator API listener.
+            ("ADMIN_API_PORT", "9902".into()),
+            ("ADMIN_FILTER_CONFIG", r#"{"role": "admin"}"#.into()),
         ];
         // The LDS bootstrap names its listener file: render that too. (Envoy's
         // validate mode does not read LDS files; lds_and_jwt_scope_configs_

@@ -4,7 +4,8 @@
 use crate::abi;
 use crate::context::{Action, Context, HttpContext};
 use crate::Shared;
-use dedup_core::config::StoreConfig;
+use dedup_core::admin::AdminStream;
+use dedup_core::config::{Role, StoreConfig};
 use dedup_core::etcd::LeaseCache;
 use dedup_core::key::RequestHead;
 use dedup_core::local::LocalTier;
@@ -18,6 +19,8 @@ pub(crate) struct DedupHttp {
     shared: Option<Rc<Shared>>,
     context_id: u32,
     stream: DedupStream,
+    /// Set when the plugin serves the admin API (`"role": "admin"`).
+    admin: Option<AdminStream>,
     /// The store call this stream is waiting for, if any, and when it was sent (ms).
     pending: Option<u32>,
     pending_since_ms: u64,
@@ -225,6 +228,7 @@ impl DedupHttp {
             shared,
             stream: DedupStream::new(context_id),
             context_id,
+            admin: None,
             pending: None,
             pending_since_ms: 0,
             orphaned: false,
@@ -278,6 +282,49 @@ impl DedupHttp {
         }
     }
 
+    /// Gives a store answer to whoever waits for it: the admin request, or the stream.
+    fn store_answer(&mut self, answer: CallAnswer) -> Option<Decision> {
+        let shared = self.shared.clone()?;
+        if let Some(admin) = self.admin.as_mut() {
+            let mut leases = shared.leases.try_borrow_mut().ok()?;
+            let mut local = shared.local.try_borrow_mut().ok()?;
+            let mut env = WasmEnv {
+                shared: &shared,
+                leases: &mut leases,
+                local: &mut local,
+            };
+            return Some(admin.on_store_answer(&shared.plugin, &mut env, answer));
+        }
+        self.with_env(|s, sh, env| s.on_store_answer(&sh.plugin, env, answer))
+    }
+
+    /// An admin request (`"role": "admin"`): answered from the store, never forwarded.
+    fn admin_request(&mut self, head: &RequestHead) -> Action {
+        let Some(shared) = self.shared.clone() else {
+            return Action::Continue;
+        };
+        let peer = abi::property(&["source", "address"])
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+            .unwrap_or_default();
+        let mut admin = AdminStream::default();
+        let decision = {
+            let (Ok(mut leases), Ok(mut local)) = (
+                shared.leases.try_borrow_mut(),
+                shared.local.try_borrow_mut(),
+            ) else {
+                return Action::Continue;
+            };
+            let mut env = WasmEnv {
+                shared: &shared,
+                leases: &mut leases,
+                local: &mut local,
+            };
+            admin.on_request(&shared.plugin, &mut env, &head.method, &head.path, &peer)
+        };
+        self.admin = Some(admin);
+        self.drive(decision)
+    }
+
     /// Carries out a request-path decision, following store calls until one is in flight
     /// (then the request stays paused) or the stream decides.
     fn drive(&mut self, mut decision: Decision) -> Action {
@@ -288,13 +335,10 @@ impl DedupHttp {
                         self.waiting_on_store = true;
                         return Action::Pause;
                     }
-                    Err(answer) => {
-                        match self.with_env(|s, sh, env| s.on_store_answer(&sh.plugin, env, answer))
-                        {
-                            Some(d) => decision = d,
-                            None => return Action::Continue,
-                        }
-                    }
+                    Err(answer) => match self.store_answer(answer) {
+                        Some(d) => decision = d,
+                        None => return Action::Continue,
+                    },
                 },
                 other => return self.apply(other),
             }
@@ -429,6 +473,13 @@ impl HttpContext for DedupHttp {
             );
             return Action::Continue;
         };
+        if self
+            .shared
+            .as_ref()
+            .is_some_and(|sh| sh.plugin.config.role == Role::Admin)
+        {
+            return self.admin_request(&head);
+        }
         match self.with_env(|s, sh, env| s.on_request_headers(&sh.plugin, env, head, end_of_stream))
         {
             Some(d) => self.drive(d),
@@ -587,8 +638,7 @@ impl Context for DedupHttp {
         }
         let was_waiting = self.waiting_on_store;
         self.waiting_on_store = false;
-        let Some(decision) = self.with_env(|s, sh, env| s.on_store_answer(&sh.plugin, env, answer))
-        else {
+        let Some(decision) = self.store_answer(answer) else {
             return;
         };
         if self.response_held {

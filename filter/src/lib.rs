@@ -6,7 +6,7 @@ mod context;
 mod http;
 
 use context::{HttpContext, RootContext};
-use dedup_core::config::StoreConfig;
+use dedup_core::config::{Role, StoreConfig};
 use dedup_core::etcd::LeaseCache;
 use dedup_core::local::LocalTier;
 use dedup_core::store::{bucket_secret, SharedStore, SECRET_LEN};
@@ -141,9 +141,14 @@ impl RootContext for DedupRoot {
                 }
             }
             // Make this layout visible to the configurations already serving (a push).
-            if let Err(e) =
-                SharedStore::new(&abi::HostSharedData, &plugin.layout).register(abi::now_ms())
-            {
+            // The admin role only reads the layouts the data plane registered.
+            let registered = match plugin.config.role {
+                Role::Data => SharedStore::new(&abi::HostSharedData, &plugin.layout)
+                    .register(abi::now_ms())
+                    .map(|_| ()),
+                Role::Admin => Ok(()),
+            };
+            if let Err(e) = registered {
                 abi::log(
                     abi::LOG_WARN,
                     &format!("proxy-dedup: cannot register the store layout yet: {e}"),

@@ -1,0 +1,163 @@
+//! dedupctl: look up, remove and count proxy-dedup records through the filter's operator
+//! API (a listener where the filter runs with `"role": "admin"`, see
+//! envoy/configs/admin-api.yaml).
+//!
+//!   dedupctl [--addr HOST:PORT] [--json] get   --key K [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer]
+//!   dedupctl [--addr HOST:PORT] [--json] purge --key K [--authority H] [--scope NAME=VALUE]... [--force]
+//!   dedupctl [--addr HOST:PORT] [--json] stats
+//!
+//! Exit status: 0 when the API answered 2xx, 1 when it refused (404, 409, 400), 2 on
+//! usage or connection errors.
+
+use dedup_envoy::client::{send, Request};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::Duration;
+
+const USAGE: &str = "usage: dedupctl [--addr HOST:PORT] [--json] get|purge|stats \
+[--key K] [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer] [--force]";
+
+/// Percent-encodes a query component (unreserved characters stay).
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+struct Args {
+    addr: String,
+    json: bool,
+    command: String,
+    query: Vec<(String, String)>,
+}
+
+fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut a = Args {
+        addr: "127.0.0.1:9902".to_string(),
+        json: false,
+        command: String::new(),
+        query: Vec::new(),
+    };
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            "--addr" => a.addr = value("--addr")?,
+            "--json" => a.json = true,
+            "--key" => a.query.push(("key".into(), value("--key")?)),
+            "--authority" => a.query.push(("authority".into(), value("--authority")?)),
+            "--source" => a.query.push(("source".into(), value("--source")?)),
+            "--force" => a.query.push(("force".into(), "true".into())),
+            "--scope" => {
+                let v = value("--scope")?;
+                let (name, val) = v
+                    .split_once('=')
+                    .ok_or(format!("--scope {v}: expected NAME=VALUE"))?;
+                a.query.push((format!("scope.{name}"), val.to_string()));
+            }
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            "get" | "purge" | "stats" if a.command.is_empty() => a.command = arg,
+            other => return Err(format!("unexpected `{other}`\n{USAGE}")),
+        }
+    }
+    if a.command.is_empty() {
+        return Err(USAGE.to_string());
+    }
+    Ok(a)
+}
+
+fn show(command: &str, status: u16, v: &serde_json::Value) -> String {
+    let field = |k: &str| v.get(k).cloned().unwrap_or(serde_json::Value::Null);
+    if status >= 400 {
+        return format!(
+            "{} ({status}): {}",
+            field("title").as_str().unwrap_or("error"),
+            field("detail").as_str().unwrap_or("")
+        );
+    }
+    let record = |r: &serde_json::Value| {
+        let secs = |k: &str| r.get(k).and_then(|x| x.as_u64()).unwrap_or(0) / 1000;
+        let mut line = format!(
+            "record {}: {}",
+            r.get("record").and_then(|x| x.as_str()).unwrap_or("?"),
+            r.get("state").and_then(|x| x.as_str()).unwrap_or("?"),
+        );
+        if let Some(s) = r.get("status").and_then(|x| x.as_u64()) {
+            let bytes = r.get("body_bytes").and_then(|x| x.as_u64()).unwrap_or(0);
+            line += &format!(", stored response {s} ({bytes} body bytes)");
+        }
+        if r.get("expires_in_ms").is_some() {
+            line += &format!(
+                ", age {} s, expires in {} s",
+                secs("age_ms"),
+                secs("expires_in_ms")
+            );
+        }
+        line
+    };
+    match command {
+        "purge" => format!("removed {}", record(&field("removed"))),
+        "get" => record(v),
+        _ => v
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, x)| format!("{k}: {x}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .unwrap_or_default(),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let Some(addr) = args.addr.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
+        eprintln!("cannot resolve {}", args.addr);
+        return ExitCode::from(2);
+    };
+    let (method, path) = match args.command.as_str() {
+        "get" => ("GET", "/records"),
+        "purge" => ("DELETE", "/records"),
+        _ => ("GET", "/stats"),
+    };
+    let query: Vec<String> = args
+        .query
+        .iter()
+        .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+        .collect();
+    let target = if query.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{}", query.join("&"))
+    };
+    let req = Request::new(method, &target).timeout(Duration::from_secs(10));
+    let resp = match send(SocketAddr::from(addr), &req) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{method} {target} on {addr}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap_or_default();
+    if args.json {
+        println!("{}", String::from_utf8_lossy(&resp.body));
+    } else {
+        println!("{}", show(&args.command, resp.status, &v));
+    }
+    if resp.status < 300 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
