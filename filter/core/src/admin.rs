@@ -5,6 +5,7 @@
 use crate::config::{Config, StoreConfig};
 use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState};
 use crate::key::{record_digest, ClientKey, Digest, KeySource, RequestHead};
+use crate::metrics::Counter;
 use crate::reply::{LocalReply, Problem};
 use crate::store::{Purge, RecordView, SharedStore};
 use crate::stream::{Action, CallAnswer, Env, Plugin, StoreCall};
@@ -267,10 +268,13 @@ impl AdminStream {
                     })
                 ));
                 match result {
-                    Ok(Purge::Removed(view)) => json_reply(
-                        200,
-                        json!({"removed": record_json(&p.config, &digest, &view, now)}),
-                    ),
+                    Ok(Purge::Removed(view)) => {
+                        env.count(Counter::AdminRemoved);
+                        json_reply(
+                            200,
+                            json!({"removed": record_json(&p.config, &digest, &view, now)}),
+                        )
+                    }
                     Ok(Purge::Refused(_)) => refused(CLAIM_REFUSED),
                     Ok(Purge::NotFound) => not_found(&digest),
                     Err(e) => failed(e),

@@ -37,10 +37,12 @@ pub enum Counter {
     /// timeout, reset after sending): held in flight, or released under
     /// `on_unknown_outcome: "release"`.
     OutcomeUnknown,
+    /// Records removed through the operator API.
+    AdminRemoved,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 16] = [
+    pub const ALL: [Counter; 17] = [
         Counter::Requests,
         Counter::Executed,
         Counter::Replayed,
@@ -57,6 +59,7 @@ impl Counter {
         Counter::ResponseNotStored,
         Counter::ClaimsLost,
         Counter::OutcomeUnknown,
+        Counter::AdminRemoved,
     ];
 
     pub fn name(self) -> &'static str {
@@ -77,6 +80,7 @@ impl Counter {
             Counter::ResponseNotStored => "proxy_dedup_response_not_stored",
             Counter::ClaimsLost => "proxy_dedup_claims_lost",
             Counter::OutcomeUnknown => "proxy_dedup_outcome_unknown",
+            Counter::AdminRemoved => "proxy_dedup_admin_removed",
         }
     }
 

@@ -2389,6 +2389,7 @@ fn the_admin_api_inspects_and_purges_shared_data_records() {
     let v = admin_json(&admin(&admin_p, &mut env, "GET", "/stats"));
     assert_eq!(v["completed"], 2);
     assert_eq!(v["in_flight"], 0);
+    assert_eq!(env.count_of(Counter::AdminRemoved), 2);
 }
 
 #[test]
