@@ -23,6 +23,8 @@ mod decoder_props;
 #[cfg(test)]
 mod fake;
 #[cfg(test)]
+mod model;
+#[cfg(test)]
 mod tests;
 
 pub use config::{Config, ConfigError};

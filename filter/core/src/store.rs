@@ -395,7 +395,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         // at least one sees the other and yields, so the key never runs twice.
         for buckets in others {
             if let Some(found) = self.lookup(buckets, digest, payload, now_ms)? {
-                self.update_own(claim, None, |_| false)?;
+                self.update_own(claim, None, None, |_| false)?;
                 return Ok(found);
             }
         }
@@ -502,7 +502,10 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
 
     /// Marks a won claim completed and stores its response (`None`: too large to keep).
     /// Returns false when the claim was lost meanwhile (in-flight timeout, eviction): the
-    /// record then belongs to someone else and is left alone.
+    /// record then belongs to someone else, or is free for the next claim, and is left
+    /// alone. A claim past its in-flight time is lost even if no one took its way yet:
+    /// another layout (a configuration before or after a push) may already have run the
+    /// key again, and a late completion here would answer its retries with this response.
     pub fn complete(
         &self,
         claim: &Claim,
@@ -530,7 +533,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                     None => u32::MAX,
                 };
                 let (b, cas) = self.read(claim.buckets, claim.bucket)?;
-                if !owns(&b, claim) {
+                if !owns_at(&b, claim, now_ms) {
                     return Ok(false);
                 }
                 match self.shared.set(&slot, &bytes, slot_cas) {
@@ -549,7 +552,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         } else {
             RecordState::CompletedNotStored
         };
-        self.update_own(claim, read_bucket, |r| {
+        self.update_own(claim, read_bucket, Some(now_ms), |r| {
             r.state = state;
             r.expires_ms = now_ms.saturating_add(self.layout.ttl_ms);
             true
@@ -559,24 +562,26 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
     /// Releases a won claim (the upstream answered a status not stored, or never got
     /// the request) so a retry runs again.
     pub fn release(&self, claim: &Claim) -> Result<bool, StoreError> {
-        self.update_own(claim, None, |_| false)
+        self.update_own(claim, None, None, |_| false)
     }
 
     /// Marks a won claim held: its outcome is unknown, so it stays until it expires and
     /// duplicates are told how long that is.
     pub fn hold(&self, claim: &Claim) -> Result<bool, StoreError> {
-        self.update_own(claim, None, |r| {
+        self.update_own(claim, None, None, |r| {
             r.state = RecordState::Held;
             true
         })
     }
 
     /// Applies `f` to the claim's own in-flight record (`false` from `f` empties the way).
-    /// `first` is a bucket already read (with its cas), used for the first attempt.
+    /// `first` is a bucket already read (with its cas), used for the first attempt;
+    /// with `unexpired_at`, a record past its expiry then is no longer ours.
     fn update_own(
         &self,
         claim: &Claim,
         mut first: Option<(Bucket, u32)>,
+        unexpired_at: Option<u64>,
         f: impl Fn(&mut Record) -> bool,
     ) -> Result<bool, StoreError> {
         for _ in 0..MAX_ATTEMPTS {
@@ -584,7 +589,11 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                 Some(read) => read,
                 None => self.read(claim.buckets, claim.bucket)?,
             };
-            if !owns(&b, claim) {
+            let ours = match unexpired_at {
+                Some(now_ms) => owns_at(&b, claim, now_ms),
+                None => owns(&b, claim),
+            };
+            if !ours {
                 return Ok(false);
             }
             let keep = match b[claim.way].as_mut() {
@@ -622,6 +631,11 @@ fn owns(b: &Bucket, claim: &Claim) -> bool {
     b[claim.way].as_ref().is_some_and(|r| {
         r.digest == claim.digest && r.token == claim.token && r.state == RecordState::InFlight
     })
+}
+
+/// Whether the claim's in-flight record is still in its way and unexpired at `now_ms`.
+fn owns_at(b: &Bucket, claim: &Claim, now_ms: u64) -> bool {
+    owns(b, claim) && b[claim.way].as_ref().is_some_and(|r| r.expires_ms > now_ms)
 }
 
 /// An empty way, else an expired one.

@@ -2401,3 +2401,6 @@ fn the_admin_api_inspects_and_purges_etcd_records() {
     let v = admin_json(&admin(&admin_p, &mut a, "GET", "/stats"));
     assert_eq!(v["records"], 2);
 }
+
+#[path = "edge_tests.rs"]
+mod edge;
