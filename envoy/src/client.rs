@@ -6,7 +6,6 @@ use crate::http::{read_body, read_head, write_chunk, Head};
 use crate::{fail, Result};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -271,26 +270,9 @@ impl Connection {
     /// Close with a TCP reset (SO_LINGER 0) instead of an orderly FIN: the
     /// client "crashes" or its connection is cut.
     pub fn reset(self) -> Result<()> {
-        let linger = libc::linger {
-            l_onoff: 1,
-            l_linger: 0,
-        };
-        // SAFETY: setsockopt on a socket this connection owns, with a
-        // correctly sized `linger` value.
-        let rc = unsafe {
-            libc::setsockopt(
-                self.stream.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                (&linger as *const libc::linger).cast(),
-                std::mem::size_of::<libc::linger>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            fail!("setsockopt(SO_LINGER): {}", std::io::Error::last_os_error());
-        }
-        drop(self);
-        Ok(())
+        let Connection { stream, reader, .. } = self;
+        drop(reader);
+        crate::http::close_with_reset(stream)
     }
 }
 

@@ -2,7 +2,8 @@
 //! from the `etcd` binary (3.4, Debian `etcd-server`), killed or frozen on
 //! demand, stopped on drop; read through etcd's v3 JSON gateway.
 //!
-//! Members listen on free 127.0.0.1 ports, keep their data in a fresh
+//! Members listen on free 127.0.0.1 ports (optionally behind `Relay`s that
+//! can cut a member off: `start_relayed`), keep their data in a fresh
 //! temporary directory (removed on drop: etcd preallocates ~120 MB of WAL per
 //! member) and log to `target/envoy-runs/<name>-…/<member>.log`. Raft timing
 //! is shortened (`--heartbeat-interval 50 --election-timeout 500`) so a
@@ -14,10 +15,12 @@ use crate::envoy::Envoy;
 use crate::paths::{config_file, scratch_dir};
 use crate::ports::free_port;
 use crate::process::{spawn, ChildGuard};
+use crate::relay::Relay;
 use crate::{fail, Result};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use serde_json::{json, Value};
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -54,6 +57,14 @@ pub struct Member {
     pub log_path: PathBuf,
     pub state: MemberState,
     child: ChildGuard,
+    /// The command line, to restart the member on its data after a kill.
+    args: Vec<OsString>,
+    stdout_path: PathBuf,
+    stderr_path: PathBuf,
+    /// With `start_relayed`: what proxies (client) and the other members
+    /// (peer) connect to instead of the member's own ports.
+    client_relay: Option<Relay>,
+    peer_relay: Option<Relay>,
 }
 
 impl Member {
@@ -80,6 +91,40 @@ impl Member {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
+
+    /// The port proxies should use: the client relay's, else the member's own.
+    pub fn proxy_port(&self) -> u16 {
+        self.client_relay
+            .as_ref()
+            .map(Relay::port)
+            .unwrap_or(self.client_port)
+    }
+
+    /// Cut off from proxies and peers by its relays.
+    pub fn is_cut(&self) -> bool {
+        self.client_relay.as_ref().is_some_and(Relay::is_cut)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        self.child = spawn_etcd(&self.args, &self.stdout_path, &self.stderr_path)?;
+        Ok(())
+    }
+}
+
+/// One etcd process with `args`, its output appended to the two files.
+fn spawn_etcd(args: &[OsString], stdout: &Path, stderr: &Path) -> Result<ChildGuard> {
+    let append = |path: &Path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    };
+    let mut cmd = Command::new(etcd_binary());
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(append(stdout)?))
+        .stderr(Stdio::from(append(stderr)?));
+    spawn(cmd)
 }
 
 /// A running etcd cluster; every member is SIGKILLed and its data removed on drop.
@@ -95,6 +140,18 @@ impl EtcdCluster {
     /// answers `/health` with `{"health":"true"}`. Retries with new ports if
     /// one was taken in the meantime.
     pub fn start(name: &str, size: usize) -> Result<EtcdCluster> {
+        Self::start_inner(name, size, false)
+    }
+
+    /// Like `start`, with a `Relay` in front of each member's client port
+    /// (what `proxy_ports` and `multi_proxy_config` give the proxies) and
+    /// peer port (what the other members dial), so that `cut` can partition
+    /// a member. The harness's own calls go to the members directly.
+    pub fn start_relayed(name: &str, size: usize) -> Result<EtcdCluster> {
+        Self::start_inner(name, size, true)
+    }
+
+    fn start_inner(name: &str, size: usize, relayed: bool) -> Result<EtcdCluster> {
         if size == 0 {
             fail!("an etcd cluster needs at least one member");
         }
@@ -109,7 +166,7 @@ impl EtcdCluster {
         }
         let mut last = String::new();
         for _attempt in 0..3 {
-            let cluster = Self::spawn_members(name, size)?;
+            let cluster = Self::spawn_members(name, size, relayed)?;
             match cluster.wait_healthy(HEALTHY_TIMEOUT) {
                 Ok(()) => return Ok(cluster),
                 Err(e) => {
@@ -130,7 +187,7 @@ impl EtcdCluster {
         fail!("etcd could not bind its ports: {last}")
     }
 
-    fn spawn_members(name: &str, size: usize) -> Result<EtcdCluster> {
+    fn spawn_members(name: &str, size: usize, relayed: bool) -> Result<EtcdCluster> {
         let dir = scratch_dir(name)?;
         // Unique per cluster, so members of two clusters can never join each other.
         let token = dir
@@ -144,11 +201,24 @@ impl EtcdCluster {
         std::fs::create_dir_all(&data_dir)?;
         let mut ports = Vec::with_capacity(size);
         for i in 0..size {
-            ports.push((format!("m{}", i + 1), free_port()?, free_port()?));
+            let (client_port, peer_port) = (free_port()?, free_port()?);
+            let relays = if relayed {
+                let at = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+                Some((Relay::start(at(client_port))?, Relay::start(at(peer_port))?))
+            } else {
+                None
+            };
+            ports.push((format!("m{}", i + 1), client_port, peer_port, relays));
         }
+        // What the other members dial: the peer relay when there is one.
+        let advertised_peer = |peer: u16, relays: &Option<(Relay, Relay)>| {
+            relays.as_ref().map(|(_, p)| p.port()).unwrap_or(peer)
+        };
         let initial_cluster = ports
             .iter()
-            .map(|(n, _, peer)| format!("{n}=http://127.0.0.1:{peer}"))
+            .map(|(n, _, peer, relays)| {
+                format!("{n}=http://127.0.0.1:{}", advertised_peer(*peer, relays))
+            })
             .collect::<Vec<_>>()
             .join(",");
         let mut cluster = EtcdCluster {
@@ -157,9 +227,11 @@ impl EtcdCluster {
             data_dir: data_dir.clone(),
         };
         let mut commands = String::new();
-        for (member, client_port, peer_port) in ports {
+        for (member, client_port, peer_port, relays) in ports {
             let client_url = format!("http://127.0.0.1:{client_port}");
             let peer_url = format!("http://127.0.0.1:{peer_port}");
+            let advertised_peer_url =
+                format!("http://127.0.0.1:{}", advertised_peer(peer_port, &relays));
             let log_path = dir.join(format!("{member}.log"));
             let mut cmd = Command::new(etcd_binary());
             cmd.arg("--name")
@@ -173,7 +245,7 @@ impl EtcdCluster {
                 .arg("--listen-peer-urls")
                 .arg(&peer_url)
                 .arg("--initial-advertise-peer-urls")
-                .arg(&peer_url)
+                .arg(&advertised_peer_url)
                 .arg("--initial-cluster")
                 .arg(&initial_cluster)
                 .arg("--initial-cluster-state")
@@ -189,23 +261,28 @@ impl EtcdCluster {
                 .arg("--log-level")
                 .arg("error")
                 .arg("--log-outputs")
-                .arg(&log_path)
-                .stdin(Stdio::null())
-                .stdout(Stdio::from(std::fs::File::create(
-                    dir.join(format!("{member}.stdout")),
-                )?))
-                .stderr(Stdio::from(std::fs::File::create(
-                    dir.join(format!("{member}.stderr")),
-                )?));
+                .arg(&log_path);
             commands.push_str(&format!("{cmd:?}\n"));
-            let child = spawn(cmd)?;
+            let (client_relay, peer_relay) = match relays {
+                Some((c, p)) => (Some(c), Some(p)),
+                None => (None, None),
+            };
+            let args: Vec<OsString> = cmd.get_args().map(OsString::from).collect();
+            let stdout_path = dir.join(format!("{member}.stdout"));
+            let stderr_path = dir.join(format!("{member}.stderr"));
+            let child = spawn_etcd(&args, &stdout_path, &stderr_path)?;
             cluster.members.push(Member {
+                args,
+                stdout_path,
+                stderr_path,
                 name: member,
                 client_port,
                 peer_port,
                 log_path,
                 state: MemberState::Running,
                 child,
+                client_relay,
+                peer_relay,
             });
         }
         std::fs::write(dir.join("commands.txt"), commands)?;
@@ -250,6 +327,12 @@ impl EtcdCluster {
         self.members.iter().map(|m| m.client_port).collect()
     }
 
+    /// The ports proxies connect to: the client relays' (`start_relayed`),
+    /// else the members' own.
+    pub fn proxy_ports(&self) -> Vec<u16> {
+        self.members.iter().map(Member::proxy_port).collect()
+    }
+
     /// `http://127.0.0.1:P,…` of every member (for etcdctl `--endpoints`).
     pub fn endpoints(&self) -> String {
         self.members
@@ -265,6 +348,44 @@ impl EtcdCluster {
             m.signal(libc::SIGKILL);
             m.child.stop();
             m.state = MemberState::Killed;
+        }
+    }
+
+    /// Start killed member `i` again on its data directory (it rejoins the
+    /// cluster and catches up); a member not killed is left alone.
+    pub fn restart(&mut self, i: usize) -> Result<()> {
+        let Some(m) = self.members.get_mut(i) else {
+            fail!("no etcd member {i}");
+        };
+        if m.state != MemberState::Killed {
+            return Ok(());
+        }
+        m.spawn()?;
+        m.state = MemberState::Running;
+        Ok(())
+    }
+
+    /// Partition member `i` (`start_relayed` only): its client and peer
+    /// relays stop passing bytes, so proxies and the other members see a
+    /// black hole; the member itself keeps running (and dialing out).
+    pub fn cut(&mut self, i: usize) -> Result<()> {
+        let Some(m) = self.members.get(i) else {
+            fail!("no etcd member {i}");
+        };
+        let (Some(c), Some(p)) = (&m.client_relay, &m.peer_relay) else {
+            fail!("etcd member {i} has no relays: start the cluster with start_relayed");
+        };
+        c.cut();
+        p.cut();
+        Ok(())
+    }
+
+    /// End the partition of member `i`.
+    pub fn heal(&mut self, i: usize) {
+        if let Some(m) = self.members.get(i) {
+            for r in [&m.client_relay, &m.peer_relay].into_iter().flatten() {
+                r.heal();
+            }
         }
     }
 
@@ -568,12 +689,29 @@ pub fn multi_proxy_config(
     wasm: &Path,
     filter_config: &str,
 ) -> Result<EnvoyConfig> {
-    let template_path = config_file(MULTI_PROXY_ETCD);
-    let template = match std::fs::read_to_string(&template_path) {
+    etcd_proxy_config(
+        etcd,
+        &config_file(MULTI_PROXY_ETCD),
+        upstream_port,
+        wasm,
+        filter_config,
+    )
+}
+
+/// `multi_proxy_config` from another template with the same `# etcd member N`
+/// endpoint lines (e.g. one whose listener comes by LDS).
+pub fn etcd_proxy_config(
+    etcd: &EtcdCluster,
+    template_path: &Path,
+    upstream_port: u16,
+    wasm: &Path,
+    filter_config: &str,
+) -> Result<EnvoyConfig> {
+    let template = match std::fs::read_to_string(template_path) {
         Ok(t) => t,
         Err(e) => fail!("cannot read {}: {e}", template_path.display()),
     };
-    let rendered = render_etcd_endpoints(&template, &etcd.client_ports())?;
+    let rendered = render_etcd_endpoints(&template, &etcd.proxy_ports())?;
     // Next to the cluster's logs: removed with them.
     static SEQ: AtomicU32 = AtomicU32::new(0);
     let path = etcd.dir.join(format!(

@@ -3,6 +3,8 @@
 
 use crate::{fail, Result};
 use std::io::{BufRead, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 
 /// Largest head or body accepted; the harness never needs more.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -151,6 +153,32 @@ pub fn write_chunk(w: &mut impl Write, data: &[u8]) -> std::io::Result<()> {
         w.write_all(b"\r\n")?;
     }
     w.flush()
+}
+
+/// Close `stream` with a TCP reset (SO_LINGER 0) instead of an orderly FIN:
+/// the peer sees its connection cut (a crashed client, a service that dies
+/// mid-request).
+pub fn close_with_reset(stream: TcpStream) -> Result<()> {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt on a socket this function owns, with a correctly
+    // sized `linger` value.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        fail!("setsockopt(SO_LINGER): {}", std::io::Error::last_os_error());
+    }
+    drop(stream);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ pub mod http;
 pub mod paths;
 pub mod ports;
 pub mod process;
+pub mod relay;
 pub mod signals;
 pub mod upstream;
 
