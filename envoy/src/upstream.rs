@@ -5,8 +5,15 @@
 //! recognisable (same id as the first). On demand it is slow or failing:
 //! header `x-demo-delay-ms: 2000` / query `delay_ms=2000`, header
 //! `x-demo-status: 503` / query `status=503`, with `x-demo-retry-after: 1` /
-//! query `retry_after=1` a `retry-after` header. `GET /__executions` returns the
-//! counts as JSON, `POST /__reset` clears them; neither is counted.
+//! query `retry_after=1` a `retry-after` header. Header `x-demo-fault: reset`
+//! executes the request and then resets the connection without answering;
+//! `x-demo-fault: cut` sends the status line, headers and half the body, then
+//! resets. `GET /__executions` returns the counts as JSON, `POST /__reset`
+//! clears them; neither is counted.
+//!
+//! Started with `start_recording`, it also keeps every execution (request
+//! headers and body, the status and body it sent, when) for the chaos soak's
+//! checker.
 //!
 //! std threads, one per connection, HTTP/1.1 keep-alive, content-length and
 //! chunked request bodies (Envoy forwards chunked when the client sent chunked).
@@ -19,9 +26,9 @@ use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Longest delay honoured, so a typo cannot hang a test.
 const MAX_DELAY_MS: u64 = 30_000;
@@ -38,15 +45,70 @@ struct Counts {
     by_request: BTreeMap<String, u64>,
 }
 
+/// What the upstream did besides answering (header `x-demo-fault`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamFault {
+    /// Executed, then the connection was reset without an answer.
+    Reset,
+    /// Executed, status line, headers and half the body sent, then reset.
+    Cut,
+}
+
+/// One execution, as the upstream saw and answered it (`start_recording`).
+#[derive(Debug, Clone)]
+pub struct Execution {
+    /// The `order_id` of its answer: unique per execution.
+    pub order_id: u64,
+    /// When the whole request had been read (the execution began).
+    pub arrived: Instant,
+    /// When the status line and headers were written; `None`: never
+    /// (reset without an answer).
+    pub head_sent: Option<Instant>,
+    /// The whole answer was written without error.
+    pub delivered: bool,
+    pub method: String,
+    /// Path with query.
+    pub target: String,
+    /// Every request header line, names lower-cased, in order.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// The status it answered (or would have, for `Reset`).
+    pub status: u16,
+    /// The body it sent in full (`Cut` sent only half of it).
+    pub response_body: Vec<u8>,
+    pub fault: Option<UpstreamFault>,
+}
+
+impl Execution {
+    /// Every value of request header `name` (lower-case), in order.
+    pub fn header_values(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+}
+
 struct Shared {
     counts: Mutex<Counts>,
     stop: AtomicBool,
     log: bool,
+    /// `Some`: every execution is kept.
+    record: Option<Mutex<Vec<Execution>>>,
+    /// Executions begun and not yet answered (or reset).
+    running: AtomicU64,
 }
 
 impl Shared {
     fn counts(&self) -> MutexGuard<'_, Counts> {
         self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn keep(&self, e: Execution) {
+        if let Some(r) = &self.record {
+            r.lock().unwrap_or_else(|e| e.into_inner()).push(e);
+        }
     }
 }
 
@@ -59,6 +121,16 @@ pub struct DemoUpstream {
 impl DemoUpstream {
     /// Listen on 127.0.0.1:`port` (0: any free port). `log`: one line per request on stderr.
     pub fn start(port: u16, log: bool) -> Result<Self> {
+        Self::start_inner(port, log, false)
+    }
+
+    /// Like `start` (any free port, no log), keeping every execution: see
+    /// `executions`.
+    pub fn start_recording() -> Result<Self> {
+        Self::start_inner(0, false, true)
+    }
+
+    fn start_inner(port: u16, log: bool, record: bool) -> Result<Self> {
         let listener = TcpListener::bind(("127.0.0.1", port))?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -68,6 +140,8 @@ impl DemoUpstream {
             }),
             stop: AtomicBool::new(false),
             log,
+            record: record.then(|| Mutex::new(Vec::new())),
+            running: AtomicU64::new(0),
         });
         let s = shared.clone();
         std::thread::Builder::new()
@@ -96,6 +170,20 @@ impl DemoUpstream {
 
     pub fn total_executions(&self) -> u64 {
         self.shared.counts().total
+    }
+
+    /// Every execution so far, in the order they were answered
+    /// (`start_recording`; empty otherwise).
+    pub fn executions(&self) -> Vec<Execution> {
+        match &self.shared.record {
+            Some(r) => r.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Executions begun but not yet answered (a slow one sleeping).
+    pub fn running(&self) -> u64 {
+        self.shared.running.load(Ordering::SeqCst)
     }
 
     /// The same JSON as `GET /__executions`.
@@ -149,6 +237,8 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> Result<()> {
             return Ok(());
         };
         let body = read_body(&mut reader, &head, false)?;
+        let arrived = Instant::now();
+        shared.running.fetch_add(1, Ordering::SeqCst);
         let (status, payload, delay) = handle(&head, &body, shared);
         let retry_after = head
             .header("x-demo-retry-after")
@@ -158,7 +248,12 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> Result<()> {
         if !delay.is_zero() {
             std::thread::sleep(delay);
         }
-        let close = head.wants_close();
+        let fault = match head.header("x-demo-fault") {
+            Some("reset") => Some(UpstreamFault::Reset),
+            Some("cut") => Some(UpstreamFault::Cut),
+            _ => None,
+        };
+        let close = head.wants_close() || fault.is_some();
         let text = payload.to_string();
         let mut resp = format!(
             "HTTP/1.1 {status} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
@@ -175,9 +270,46 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> Result<()> {
             resp.push_str("connection: close\r\n");
         }
         resp.push_str("\r\n");
+        let head_len = resp.len();
         resp.push_str(&text);
-        out.write_all(resp.as_bytes())?;
-        out.flush()?;
+        let order_id = payload.get("order_id").and_then(Value::as_u64);
+        let mut execution = order_id.map(|order_id| Execution {
+            order_id,
+            arrived,
+            head_sent: None,
+            delivered: false,
+            method: head.start.split_whitespace().next().unwrap_or("").into(),
+            target: head.start.split_whitespace().nth(1).unwrap_or("").into(),
+            headers: head.headers.clone(),
+            body,
+            status,
+            response_body: text.clone().into_bytes(),
+            fault,
+        });
+        // Taken before writing: the proxy cannot have the head any earlier.
+        let head_at = Instant::now();
+        let sent = match fault {
+            None => out.write_all(resp.as_bytes()).and_then(|_| out.flush()),
+            Some(UpstreamFault::Reset) => Ok(()),
+            Some(UpstreamFault::Cut) => out
+                .write_all(&resp.as_bytes()[..head_len + text.len() / 2])
+                .and_then(|_| out.flush()),
+        };
+        if let Some(e) = execution.as_mut() {
+            if fault != Some(UpstreamFault::Reset) {
+                e.head_sent = Some(head_at);
+            }
+            e.delivered = fault.is_none() && sent.is_ok();
+        }
+        if let Some(e) = execution {
+            shared.keep(e);
+        }
+        shared.running.fetch_sub(1, Ordering::SeqCst);
+        if fault.is_some() {
+            drop(reader);
+            return crate::http::close_with_reset(out);
+        }
+        sent?;
         if close {
             return Ok(());
         }
