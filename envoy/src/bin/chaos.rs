@@ -1,0 +1,63 @@
+//! `make chaos`: the fault-injection soak with an at-most-once checker.
+//! `chaos [--seconds N] [--seed N] [--clients N] [--broken release|no-scope]`
+//! (defaults 60 s, seed from the clock, 24 clients, the correct configuration).
+//! Exits 1 when the checker finds a violation, 2 when the run itself failed.
+
+use dedup_envoy::chaos::{self, Broken, Options};
+
+fn usage() -> ! {
+    eprintln!("usage: chaos [--seconds N] [--seed N] [--clients N] [--broken release|no-scope]");
+    std::process::exit(2);
+}
+
+fn main() {
+    let mut options = Options {
+        seconds: 60,
+        seed: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() % 100_000)
+            .unwrap_or(1),
+        clients: 24,
+        broken: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().unwrap_or_else(|| usage());
+        let number = || value.parse::<u64>().unwrap_or_else(|_| usage());
+        match flag.as_str() {
+            "--seconds" => options.seconds = number(),
+            "--seed" => options.seed = number(),
+            "--clients" => options.clients = number() as usize,
+            "--broken" if value.is_empty() => {}
+            "--broken" => options.broken = Some(Broken::parse(&value).unwrap_or_else(|| usage())),
+            _ => usage(),
+        }
+    }
+    eprintln!(
+        "chaos: seed {}, {} s, {} clients{}; starting etcd (3 members), 3 Envoys and the upstream…",
+        options.seed,
+        options.seconds,
+        options.clients,
+        options
+            .broken
+            .map(|b| format!(", broken configuration: {}", b.name()))
+            .unwrap_or_default()
+    );
+    let report = match chaos::run(&options) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("chaos: the run failed: {e}");
+            std::process::exit(2);
+        }
+    };
+    println!("{}", report.text());
+    if report.violations() > 0 || !report.nemesis_errors.is_empty() {
+        println!("fault schedule:\n{}", report.fault_log());
+    }
+    if report.violations() > 0 {
+        std::process::exit(1);
+    }
+    if !report.nemesis_errors.is_empty() {
+        std::process::exit(2);
+    }
+}

@@ -1,0 +1,1031 @@
+//! The checker: reads the whole history of a soak (every attempt as its
+//! client saw it, every execution as the upstream saw it, the proxies'
+//! counters) and lists what breaks the README's promises.
+//!
+//! A record's identity is (store, tenant, key): the two etcd proxies share
+//! one store, the shared-data proxy has its own; every client sends one host.
+//!
+//! - (a) at most once. Executions of one identity, in the order they reached
+//!   the upstream: each one after the first is allowed only if
+//!   1. the previous one was answered by the upstream with a status the
+//!      filter does not store (5xx, 429…: the claim is released) and that
+//!      status line had been written before this one arrived; or
+//!   2. it arrived `in_flight_timeout` or more after the client began sending
+//!      the request that caused the previous one (that claim is at least this
+//!      old when it expires: held claims of unknown outcome and claims whose
+//!      completion never reached the store end then).
+//!
+//!   Completed records live `ttl` (longer than any run), so in addition no
+//!   execution may arrive after a client was answered from a completed record
+//!   of the same identity (a replay, or `409 response-not-stored`), unless the
+//!   store counted unexpired evictions. And one attempt never executes twice
+//!   (the proxy must not retry upstream).
+//! - (b) right response: every answer carrying an `order_id` comes from an
+//!   execution of the same store, tenant, key and payload; a fresh (not
+//!   replayed) answer from the execution of that very attempt.
+//! - (c) replays: a replayed answer equals the status and body the upstream
+//!   sent for that execution, in full, with a status the filter stores; a
+//!   fresh answer equals what the upstream sent.
+//! - (d) counters: per proxy (summed over its restarts), the filter's
+//!   counters agree with the history, within what the history cannot see:
+//!   attempts whose client left or failed (counted by the proxy, not seen by
+//!   the client) and counts lost when a proxy was killed after its last
+//!   snapshot. `failed_open` must be 0 (the soak runs `failure_mode: closed`).
+//! - (e) bad keys: requests with a missing, too long or repeated key, or a
+//!   repeated tenant header, are answered 400 and never executed.
+
+use super::history::{proxy_name, Attempt, Domain, Exec, KeyForm, Outcome, MAX_KEY_LENGTH};
+use crate::upstream::UpstreamFault;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Rule {
+    AtMostOnce,
+    RightResponse,
+    Replay,
+    Counters,
+    BadKey,
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Rule::AtMostOnce => "(a) at most once",
+            Rule::RightResponse => "(b) right scope and payload",
+            Rule::Replay => "(c) replay equals the execution",
+            Rule::Counters => "(d) counters agree",
+            Rule::BadKey => "(e) bad keys refused",
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Violation {
+    pub rule: Rule,
+    pub at: Duration,
+    pub what: String,
+    /// The attempts and executions involved, one per line.
+    pub excerpt: Vec<String>,
+}
+
+/// What the checker needs to know about the run.
+#[derive(Debug, Clone)]
+pub struct Params {
+    pub in_flight_timeout: Duration,
+    pub ttl: Duration,
+    /// The store of each proxy, by index.
+    pub domains: Vec<Domain>,
+}
+
+/// One proxy's counters over the run.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyCounters {
+    /// Short names (`executed`), summed over the proxy's processes.
+    pub totals: BTreeMap<String, u64>,
+    /// From each last snapshot to the kill after it: counts made then are lost.
+    pub lost: Vec<(Duration, Duration)>,
+}
+
+impl ProxyCounters {
+    pub fn get(&self, short: &str) -> u64 {
+        self.totals.get(short).copied().unwrap_or(0)
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Findings {
+    pub violations: Vec<Violation>,
+    /// Second and later executions of one identity, by the rule that allowed them.
+    pub again_after_release: u64,
+    pub again_after_expiry: u64,
+    /// One line per counter comparison.
+    pub counter_lines: Vec<String>,
+}
+
+/// The filter's default `store_statuses`: 2xx, 3xx, 4xx except 408, 425, 429.
+pub fn stored_status(status: u16) -> bool {
+    (200..500).contains(&status) && !matches!(status, 408 | 425 | 429)
+}
+
+type Identity = (Domain, String, String);
+
+fn exec_identity(e: &Exec, domain: Domain) -> Option<Identity> {
+    match (e.tenants.as_slice(), e.keys.as_slice()) {
+        ([t], [k]) if !k.is_empty() && k.len() <= MAX_KEY_LENGTH => {
+            Some((domain, t.clone(), k.clone()))
+        }
+        _ => None,
+    }
+}
+
+fn attempt_identity(a: &Attempt) -> Option<Identity> {
+    match (&a.form, &a.key) {
+        (KeyForm::Good, Some(k)) => Some((a.domain, a.tenant.clone(), k.clone())),
+        _ => None,
+    }
+}
+
+pub fn check(
+    params: &Params,
+    attempts: &[Attempt],
+    execs: &[Exec],
+    counters: &[ProxyCounters],
+) -> Findings {
+    let mut f = Findings::default();
+    let by_request: HashMap<&str, &Attempt> = attempts
+        .iter()
+        .map(|a| (a.request_id.as_str(), a))
+        .collect();
+    let by_order: HashMap<u64, &Exec> = execs.iter().map(|e| (e.order_id, e)).collect();
+    let mut of_identity: HashMap<Identity, Vec<&Attempt>> = HashMap::new();
+    for a in attempts {
+        if let Some(id) = attempt_identity(a) {
+            of_identity.entry(id).or_default().push(a);
+        }
+    }
+
+    // Executions: attributed to one attempt each, grouped by identity.
+    let mut groups: BTreeMap<Identity, Vec<(&Exec, &Attempt)>> = BTreeMap::new();
+    let mut per_request: HashMap<&str, Vec<&Exec>> = HashMap::new();
+    for e in execs {
+        let Some(a) = e.request_id.as_deref().and_then(|r| by_request.get(r)) else {
+            f.violations.push(Violation {
+                rule: Rule::AtMostOnce,
+                at: e.arrived,
+                what: "an execution no recorded request asked for".into(),
+                excerpt: vec![e.describe()],
+            });
+            continue;
+        };
+        per_request
+            .entry(a.request_id.as_str())
+            .or_default()
+            .push(e);
+        match exec_identity(e, a.domain) {
+            Some(id) => groups.entry(id).or_default().push((e, a)),
+            None => f.violations.push(Violation {
+                rule: Rule::BadKey,
+                at: e.arrived,
+                what: "a request with a missing, too long or repeated key or tenant was executed"
+                    .into(),
+                excerpt: vec![e.describe(), a.describe()],
+            }),
+        }
+    }
+    for (req, es) in &per_request {
+        if es.len() > 1 {
+            f.violations.push(Violation {
+                rule: Rule::AtMostOnce,
+                at: es[1].arrived,
+                what: format!("attempt {req} reached the upstream {} times", es.len()),
+                excerpt: es.iter().map(|e| e.describe()).collect(),
+            });
+        }
+    }
+
+    // (a) consecutive executions of one identity.
+    for (id, list) in groups.iter_mut() {
+        list.sort_by_key(|(e, _)| e.arrived);
+        for w in list.windows(2) {
+            let ((prev, prev_a), (next, next_a)) = (w[0], w[1]);
+            let released = !stored_status(prev.status)
+                && prev.fault != Some(UpstreamFault::Reset)
+                && prev.head_sent.is_some_and(|h| h <= next.arrived);
+            let expired = next.arrived >= prev_a.start + params.in_flight_timeout;
+            if released {
+                f.again_after_release += 1;
+            } else if expired {
+                f.again_after_expiry += 1;
+            } else {
+                f.violations.push(Violation {
+                    rule: Rule::AtMostOnce,
+                    at: next.arrived,
+                    what: format!(
+                        "{} executed again {:.3}s after its previous execution (whose request began {:.3}s before), which was not released ({})",
+                        identity_text(id),
+                        (next.arrived.saturating_sub(prev.arrived)).as_secs_f64(),
+                        (next.arrived.saturating_sub(prev_a.start)).as_secs_f64(),
+                        match prev.fault {
+                            Some(UpstreamFault::Reset) => "reset without an answer".to_string(),
+                            _ if stored_status(prev.status) => format!("status {} is stored", prev.status),
+                            _ => format!("its status {} was not written before", prev.status),
+                        }
+                    ),
+                    excerpt: excerpt(
+                        &[prev, next],
+                        &[prev_a, next_a],
+                        of_identity.get(id),
+                        prev_a.start,
+                        next.arrived,
+                    ),
+                });
+            }
+        }
+    }
+    // (a) nothing runs after a client was answered from the completed record.
+    let evicting: Vec<Domain> = params
+        .domains
+        .iter()
+        .zip(counters)
+        .filter(|(_, c)| c.get("evictions_unexpired") > 0)
+        .map(|(d, _)| *d)
+        .collect();
+    for (id, list) in &groups {
+        if evicting.contains(&id.0) {
+            continue;
+        }
+        let Some(seen) = of_identity.get(id).and_then(|atts| {
+            atts.iter()
+                .filter(|a| {
+                    a.answer().is_some_and(|r| {
+                        r.replayed || r.problem.as_deref() == Some("response-not-stored")
+                    })
+                })
+                .min_by_key(|a| a.end)
+                .copied()
+        }) else {
+            continue;
+        };
+        for (e, a) in list {
+            if e.arrived > seen.end && e.arrived < seen.end + params.ttl {
+                f.violations.push(Violation {
+                    rule: Rule::AtMostOnce,
+                    at: e.arrived,
+                    what: format!(
+                        "{} executed after a client had been answered from its completed record",
+                        identity_text(id)
+                    ),
+                    excerpt: vec![
+                        format!("completed record seen: {}", seen.describe()),
+                        format!("later execution: {}", e.describe()),
+                        format!("  by: {}", a.describe()),
+                    ],
+                });
+            }
+        }
+    }
+
+    // (b), (c), (e) per attempt.
+    for a in attempts {
+        let Some(ans) = a.answer() else { continue };
+        if a.form != KeyForm::Good {
+            if ans.status != 400 {
+                f.violations.push(Violation {
+                    rule: Rule::BadKey,
+                    at: a.end,
+                    what: format!(
+                        "a {:?} request was answered {}, not 400",
+                        a.form, ans.status
+                    ),
+                    excerpt: vec![a.describe()],
+                });
+            }
+            continue;
+        }
+        let Some(order) = ans.order_id else {
+            if ans.replayed {
+                f.violations.push(Violation {
+                    rule: Rule::Replay,
+                    at: a.end,
+                    what: "a replay without the execution's order id".into(),
+                    excerpt: vec![a.describe()],
+                });
+            }
+            continue;
+        };
+        let Some(e) = by_order.get(&order) else {
+            f.violations.push(Violation {
+                rule: Rule::RightResponse,
+                at: a.end,
+                what: format!("answered with order {order}, which no execution has"),
+                excerpt: vec![a.describe()],
+            });
+            continue;
+        };
+        let cause = e.request_id.as_deref().and_then(|r| by_request.get(r));
+        let same_store = cause.is_some_and(|c| c.domain == a.domain);
+        let same_scope = e.tenants.len() == 1 && e.tenants[0] == a.tenant;
+        let same_key = e.keys.len() == 1 && Some(&e.keys[0]) == a.key.as_ref();
+        let same_payload = e.payload == a.payload;
+        let own = e.request_id.as_deref() == Some(a.request_id.as_str());
+        if !(same_store && same_scope && same_key && same_payload) || (!ans.replayed && !own) {
+            let mut wrong = Vec::new();
+            for (ok, what) in [
+                (same_store, "store"),
+                (same_scope, "tenant"),
+                (same_key, "key"),
+                (same_payload, "payload"),
+                (
+                    ans.replayed || own,
+                    "request (a fresh answer from another request's execution)",
+                ),
+            ] {
+                if !ok {
+                    wrong.push(what);
+                }
+            }
+            let mut ex = vec![
+                format!("answer: {}", a.describe()),
+                format!("execution: {}", e.describe()),
+            ];
+            if let Some(c) = cause {
+                ex.push(format!("  by: {}", c.describe()));
+            }
+            f.violations.push(Violation {
+                rule: Rule::RightResponse,
+                at: a.end,
+                what: format!("a client got the response of another {}", wrong.join(", ")),
+                excerpt: ex,
+            });
+        }
+        let equal = ans.status == e.status && ans.body_hash == e.body_hash;
+        if ans.replayed && (!stored_status(e.status) || e.fault.is_some() || !equal) {
+            f.violations.push(Violation {
+                rule: Rule::Replay,
+                at: a.end,
+                what: if !stored_status(e.status) {
+                    format!(
+                        "replayed an execution answered {}, a status not stored",
+                        e.status
+                    )
+                } else if e.fault.is_some() {
+                    "replayed an execution whose answer was never complete".into()
+                } else {
+                    "the replay differs from the execution's status or body".into()
+                },
+                excerpt: vec![
+                    format!("replay: {}", a.describe()),
+                    format!("execution: {}", e.describe()),
+                ],
+            });
+        } else if !ans.replayed && !equal {
+            f.violations.push(Violation {
+                rule: Rule::Replay,
+                at: a.end,
+                what: "a fresh answer differs from what the upstream sent".into(),
+                excerpt: vec![
+                    format!("answer: {}", a.describe()),
+                    format!("execution: {}", e.describe()),
+                ],
+            });
+        }
+    }
+
+    check_counters(params, attempts, execs, counters, &by_request, &mut f);
+    f.violations.sort_by_key(|v| (v.rule, v.at));
+    f
+}
+
+/// (d): the filter's counters against the history, per proxy.
+fn check_counters(
+    params: &Params,
+    attempts: &[Attempt],
+    execs: &[Exec],
+    counters: &[ProxyCounters],
+    by_request: &HashMap<&str, &Attempt>,
+    f: &mut Findings,
+) {
+    for (p, c) in counters.iter().enumerate().take(params.domains.len()) {
+        let mine: Vec<&Attempt> = attempts.iter().filter(|a| a.proxy == p).collect();
+        let lost = mine
+            .iter()
+            .filter(|a| {
+                c.lost
+                    .iter()
+                    .any(|(from, to)| a.start <= *to && a.end >= *from)
+            })
+            .count() as u64;
+        let unanswered = mine.iter().filter(|a| a.answer().is_none()).count() as u64;
+        let count =
+            |pred: &dyn Fn(&Attempt) -> bool| mine.iter().filter(|a| pred(a)).count() as u64;
+        let problem = |a: &Attempt, slug: &str| {
+            a.answer()
+                .is_some_and(|r| r.problem.as_deref() == Some(slug))
+        };
+        let executions = execs
+            .iter()
+            .filter(|e| {
+                e.request_id
+                    .as_deref()
+                    .and_then(|r| by_request.get(r))
+                    .is_some_and(|a| a.proxy == p)
+            })
+            .count() as u64;
+        let bad_keys = count(&|a| {
+            a.answer().is_some_and(|r| r.status == 400)
+                && matches!(
+                    a.answer().and_then(|r| r.problem.as_deref()),
+                    Some("missing-key" | "invalid-key" | "ambiguous-key" | "ambiguous-scope")
+                )
+        });
+        // (name, seen in the history, counter)
+        let rows: Vec<(&str, u64, u64)> = vec![
+            // An answered attempt was seen by the filter; an unanswered one may not
+            // have been (refused while the proxy restarted).
+            (
+                "requests",
+                mine.len() as u64 - unanswered,
+                c.get("requests"),
+            ),
+            ("executed", executions, c.get("executed")),
+            (
+                "replayed",
+                count(&|a| a.answer().is_some_and(|r| r.replayed)),
+                c.get("replayed"),
+            ),
+            (
+                "rejected_in_flight",
+                count(&|a| problem(a, "in-flight")),
+                c.get("rejected_in_flight"),
+            ),
+            (
+                "payload_mismatch",
+                count(&|a| problem(a, "payload-mismatch")),
+                c.get("payload_mismatch"),
+            ),
+            ("bad_key", bad_keys, c.get("bad_key")),
+        ];
+        let name = proxy_name(p);
+        for (what, seen, counted) in rows {
+            // A counted event the client never saw: it left, or its connection failed.
+            // A seen event not counted: counted by a process killed after its snapshot.
+            let ok = seen <= counted + lost && counted <= seen + unanswered;
+            f.counter_lines.push(format!(
+                "{name} {what}: counter {counted}, history {seen} (unanswered {unanswered}, lost in restarts {lost}) {}",
+                if ok { "ok" } else { "MISMATCH" }
+            ));
+            if !ok {
+                f.violations.push(Violation {
+                    rule: Rule::Counters,
+                    at: Duration::ZERO,
+                    what: format!(
+                        "proxy {name}: counter {what} is {counted}, the history has {seen} (allowed: {}..={})",
+                        seen.saturating_sub(lost),
+                        seen + unanswered
+                    ),
+                    excerpt: Vec::new(),
+                });
+            }
+        }
+        let failed_open = c.get("failed_open");
+        if failed_open > 0 {
+            f.violations.push(Violation {
+                rule: Rule::Counters,
+                at: Duration::ZERO,
+                what: format!(
+                    "proxy {name}: failed_open is {failed_open} under failure_mode closed"
+                ),
+                excerpt: Vec::new(),
+            });
+        }
+        let stored_answers = count(&|a| problem(a, "response-not-stored"));
+        if stored_answers > c.get("response_not_stored") + lost {
+            f.violations.push(Violation {
+                rule: Rule::Counters,
+                at: Duration::ZERO,
+                what: format!(
+                    "proxy {name}: {stored_answers} answers 409 response-not-stored, counter response_not_stored {}",
+                    c.get("response_not_stored")
+                ),
+                excerpt: Vec::new(),
+            });
+        }
+    }
+}
+
+fn identity_text(id: &Identity) -> String {
+    format!(
+        "{} tenant {} key {}",
+        match id.0 {
+            Domain::Etcd => "etcd store",
+            Domain::SharedData => "shared-data store",
+        },
+        id.1,
+        id.2
+    )
+}
+
+/// Both executions, their attempts, and every attempt of the identity in between.
+fn excerpt(
+    execs: &[&Exec],
+    causes: &[&Attempt],
+    all: Option<&Vec<&Attempt>>,
+    from: Duration,
+    to: Duration,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (e, a) in execs.iter().zip(causes) {
+        out.push(format!("execution: {}", e.describe()));
+        out.push(format!("  by: {}", a.describe()));
+    }
+    if let Some(all) = all {
+        let mut around: Vec<&&Attempt> = all
+            .iter()
+            .filter(|a| a.end >= from && a.start <= to + Duration::from_secs(1))
+            .collect();
+        around.sort_by_key(|a| a.start);
+        for a in around.iter().take(12) {
+            out.push(format!("  attempt: {}", a.describe()));
+        }
+    }
+    out
+}
+
+/// Outcome counts for the figures.
+pub fn tally(attempts: &[Attempt]) -> BTreeMap<String, u64> {
+    let mut t = BTreeMap::new();
+    let mut add = |k: String| *t.entry(k).or_insert(0) += 1;
+    for a in attempts {
+        match &a.outcome {
+            Outcome::Answered(r) => {
+                let what = match (r.status, r.replayed, r.problem.as_deref(), r.order_id) {
+                    (s, true, _, _) => format!("{s} replayed"),
+                    (s, false, _, Some(_)) if s < 300 => format!("{s} executed"),
+                    (s, false, _, Some(_)) => format!("{s} from the upstream"),
+                    (s, false, Some(p), None) => format!("{s} {p}"),
+                    (s, false, None, None) => format!("{s} from Envoy"),
+                };
+                add(what);
+            }
+            Outcome::GaveUp { reset: true } => add("gave up (reset)".into()),
+            Outcome::GaveUp { reset: false } => add("gave up (close)".into()),
+            Outcome::Failed(_) => add("no answer (connection failed)".into()),
+        }
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::super::history::Answer;
+    use super::*;
+
+    const T: Duration = Duration::from_secs(5);
+
+    fn params() -> Params {
+        Params {
+            in_flight_timeout: T,
+            ttl: Duration::from_secs(3600),
+            domains: vec![Domain::Etcd, Domain::Etcd, Domain::SharedData],
+        }
+    }
+
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    fn attempt(
+        id: &str,
+        proxy: usize,
+        tenant: &str,
+        key: &str,
+        start: u64,
+        end: u64,
+        outcome: Outcome,
+    ) -> Attempt {
+        Attempt {
+            client: 0,
+            op: 0,
+            n: 0,
+            proxy,
+            domain: params().domains[proxy],
+            request_id: id.into(),
+            tenant: tenant.into(),
+            key: Some(key.into()),
+            form: KeyForm::Good,
+            payload: 7,
+            start: ms(start),
+            end: ms(end),
+            asked: None,
+            outcome,
+        }
+    }
+
+    fn answered(status: u16, replayed: bool, order: Option<u64>, body: u64) -> Outcome {
+        Outcome::Answered(Answer {
+            status,
+            replayed,
+            order_id: order,
+            body_hash: body,
+            problem: None,
+            retry_after: None,
+        })
+    }
+
+    fn exec(
+        order: u64,
+        id: &str,
+        tenant: &str,
+        key: &str,
+        arrived: u64,
+        status: u16,
+        fault: Option<UpstreamFault>,
+    ) -> Exec {
+        Exec {
+            order_id: order,
+            arrived: ms(arrived),
+            head_sent: (fault != Some(UpstreamFault::Reset)).then(|| ms(arrived + 10)),
+            request_id: Some(id.into()),
+            tenants: vec![tenant.into()],
+            keys: vec![key.into()],
+            payload: 7,
+            status,
+            body_hash: order * 100,
+            fault,
+        }
+    }
+
+    fn rules(f: &Findings) -> Vec<Rule> {
+        f.violations.iter().map(|v| v.rule).collect()
+    }
+
+    fn no_counters() -> Vec<ProxyCounters> {
+        Vec::new()
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        // Executed once on A, replayed on B, 5xx released then run again on C.
+        let atts = vec![
+            attempt(
+                "r1",
+                0,
+                "t1",
+                "k",
+                0,
+                50,
+                answered(200, false, Some(1), 100),
+            ),
+            attempt(
+                "r2",
+                1,
+                "t1",
+                "k",
+                60,
+                70,
+                answered(200, true, Some(1), 100),
+            ),
+            attempt(
+                "r3",
+                2,
+                "t1",
+                "k",
+                0,
+                50,
+                answered(503, false, Some(2), 200),
+            ),
+            attempt(
+                "r4",
+                2,
+                "t1",
+                "k",
+                100,
+                150,
+                answered(200, false, Some(3), 300),
+            ),
+        ];
+        let execs = vec![
+            exec(1, "r1", "t1", "k", 10, 200, None),
+            exec(2, "r3", "t1", "k", 10, 503, None),
+            exec(3, "r4", "t1", "k", 110, 200, None),
+        ];
+        let f = check(&params(), &atts, &execs, &no_counters());
+        assert!(f.violations.is_empty(), "{:#?}", f.violations);
+        assert_eq!(f.again_after_release, 1);
+    }
+
+    #[test]
+    fn a_second_execution_while_held_is_flagged_and_after_the_timeout_is_not() {
+        // r1 gives up (held), r2 runs 1 s later: a violation. r3 after T: allowed.
+        let atts = vec![
+            attempt("r1", 0, "t1", "k", 0, 300, Outcome::GaveUp { reset: true }),
+            attempt(
+                "r2",
+                1,
+                "t1",
+                "k",
+                1000,
+                1100,
+                answered(200, false, Some(2), 200),
+            ),
+        ];
+        let execs = vec![
+            exec(1, "r1", "t1", "k", 10, 200, None),
+            exec(2, "r2", "t1", "k", 1010, 200, None),
+        ];
+        let f = check(&params(), &atts, &execs, &no_counters());
+        assert_eq!(rules(&f), vec![Rule::AtMostOnce], "{:#?}", f.violations);
+        assert!(f.violations[0].excerpt.iter().any(|l| l.contains("r1")));
+
+        let late = vec![
+            attempt("r1", 0, "t1", "k", 0, 300, Outcome::GaveUp { reset: true }),
+            attempt(
+                "r3",
+                1,
+                "t1",
+                "k",
+                5000,
+                5100,
+                answered(200, false, Some(3), 300),
+            ),
+        ];
+        let execs = vec![
+            exec(1, "r1", "t1", "k", 10, 200, None),
+            exec(3, "r3", "t1", "k", 5010, 200, None),
+        ];
+        let f = check(&params(), &late, &execs, &no_counters());
+        assert!(f.violations.is_empty(), "{:#?}", f.violations);
+        assert_eq!(f.again_after_expiry, 1);
+    }
+
+    #[test]
+    fn a_reset_upstream_does_not_release_but_other_stores_and_tenants_are_separate() {
+        let atts = vec![
+            attempt("r1", 0, "t1", "k", 0, 300, answered(504, false, None, 0)),
+            attempt(
+                "r2",
+                0,
+                "t1",
+                "k",
+                400,
+                500,
+                answered(200, false, Some(2), 200),
+            ),
+            attempt(
+                "r3",
+                2,
+                "t1",
+                "k",
+                400,
+                500,
+                answered(200, false, Some(3), 300),
+            ),
+            attempt(
+                "r4",
+                0,
+                "t2",
+                "k",
+                400,
+                500,
+                answered(200, false, Some(4), 400),
+            ),
+        ];
+        let execs = vec![
+            exec(1, "r1", "t1", "k", 10, 200, Some(UpstreamFault::Reset)),
+            exec(2, "r2", "t1", "k", 410, 200, None),
+            exec(3, "r3", "t1", "k", 410, 200, None),
+            exec(4, "r4", "t2", "k", 410, 200, None),
+        ];
+        let f = check(&params(), &atts, &execs, &no_counters());
+        assert_eq!(rules(&f), vec![Rule::AtMostOnce], "{:#?}", f.violations);
+        assert!(f.violations[0].what.contains("etcd store tenant t1"));
+    }
+
+    #[test]
+    fn an_execution_after_a_replay_is_flagged_even_past_the_timeout() {
+        let atts = vec![
+            attempt(
+                "r1",
+                0,
+                "t1",
+                "k",
+                0,
+                50,
+                answered(200, false, Some(1), 100),
+            ),
+            attempt(
+                "r2",
+                1,
+                "t1",
+                "k",
+                100,
+                120,
+                answered(200, true, Some(1), 100),
+            ),
+            attempt(
+                "r3",
+                1,
+                "t1",
+                "k",
+                9000,
+                9100,
+                answered(200, false, Some(3), 300),
+            ),
+        ];
+        let execs = vec![
+            exec(1, "r1", "t1", "k", 10, 200, None),
+            exec(3, "r3", "t1", "k", 9010, 200, None),
+        ];
+        let f = check(&params(), &atts, &execs, &no_counters());
+        assert_eq!(rules(&f), vec![Rule::AtMostOnce], "{:#?}", f.violations);
+        assert!(f.violations[0].what.contains("completed record"));
+    }
+
+    #[test]
+    fn another_tenants_or_payloads_response_is_flagged() {
+        let mut other_payload = attempt(
+            "r3",
+            0,
+            "t1",
+            "k",
+            200,
+            220,
+            answered(200, true, Some(1), 100),
+        );
+        other_payload.payload = 8;
+        let atts = vec![
+            attempt(
+                "r1",
+                0,
+                "t1",
+                "k",
+                0,
+                50,
+                answered(200, false, Some(1), 100),
+            ),
+            attempt(
+                "r2",
+                1,
+                "t2",
+                "k",
+                100,
+                120,
+                answered(200, true, Some(1), 100),
+            ),
+            other_payload,
+        ];
+        let execs = vec![exec(1, "r1", "t1", "k", 10, 200, None)];
+        let f = check(&params(), &atts, &execs, &no_counters());
+        assert_eq!(
+            rules(&f),
+            vec![Rule::RightResponse, Rule::RightResponse],
+            "{:#?}",
+            f.violations
+        );
+        assert!(f.violations[0].what.contains("tenant"));
+        assert!(f.violations[1].what.contains("payload"));
+    }
+
+    #[test]
+    fn a_replay_that_differs_or_replays_a_5xx_or_a_cut_answer_is_flagged() {
+        let atts = vec![
+            attempt(
+                "r1",
+                0,
+                "t1",
+                "k1",
+                0,
+                50,
+                answered(201, false, Some(1), 100),
+            ),
+            attempt(
+                "r2",
+                0,
+                "t1",
+                "k1",
+                60,
+                70,
+                answered(201, true, Some(1), 999),
+            ),
+            attempt(
+                "r3",
+                0,
+                "t1",
+                "k2",
+                0,
+                50,
+                answered(503, false, Some(2), 200),
+            ),
+            attempt(
+                "r4",
+                0,
+                "t1",
+                "k2",
+                60,
+                70,
+                answered(503, true, Some(2), 200),
+            ),
+            attempt("r5", 0, "t1", "k3", 0, 50, Outcome::Failed("cut".into())),
+            attempt(
+                "r6",
+                0,
+                "t1",
+                "k3",
+                60,
+                70,
+                answered(200, true, Some(3), 300),
+            ),
+        ];
+        let mut e1 = exec(1, "r1", "t1", "k1", 10, 201, None);
+        e1.body_hash = 100;
+        let execs = vec![
+            e1,
+            exec(2, "r3", "t1", "k2", 10, 503, None),
+            exec(3, "r5", "t1", "k3", 10, 200, Some(UpstreamFault::Cut)),
+        ];
+        let f = check(&params(), &atts, &execs, &no_counters());
+        let whats: Vec<&str> = f.violations.iter().map(|v| v.what.as_str()).collect();
+        assert_eq!(rules(&f), vec![Rule::Replay; 3], "{whats:#?}");
+    }
+
+    #[test]
+    fn bad_keys_must_get_400_and_never_execute() {
+        let mut missing = attempt(
+            "r1",
+            0,
+            "t1",
+            "k",
+            0,
+            10,
+            answered(200, false, Some(1), 100),
+        );
+        missing.form = KeyForm::Missing;
+        missing.key = None;
+        let mut long = attempt("r2", 0, "t1", "k", 0, 10, answered(400, false, None, 0));
+        long.form = KeyForm::TooLong;
+        let mut e = exec(1, "r1", "t1", "k", 5, 200, None);
+        e.keys.clear();
+        let f = check(&params(), &[missing, long], &[e], &no_counters());
+        assert_eq!(
+            rules(&f),
+            vec![Rule::BadKey, Rule::BadKey],
+            "{:#?}",
+            f.violations
+        );
+    }
+
+    #[test]
+    fn one_attempt_executed_twice_and_unknown_executions_are_flagged() {
+        let atts = vec![attempt(
+            "r1",
+            0,
+            "t1",
+            "k",
+            0,
+            50,
+            answered(200, false, Some(2), 200),
+        )];
+        let execs = vec![
+            exec(1, "r1", "t1", "k", 10, 503, None),
+            exec(2, "r1", "t1", "k", 30, 200, None),
+            exec(3, "nobody", "t1", "k", 30, 200, None),
+        ];
+        let f = check(&params(), &atts, &execs, &no_counters());
+        assert!(f
+            .violations
+            .iter()
+            .any(|v| v.what.contains("reached the upstream 2 times")));
+        assert!(f
+            .violations
+            .iter()
+            .any(|v| v.what.contains("no recorded request")));
+    }
+
+    #[test]
+    fn counters_must_agree_within_what_the_history_cannot_see() {
+        let atts = vec![
+            attempt(
+                "r1",
+                0,
+                "t1",
+                "k",
+                0,
+                50,
+                answered(200, false, Some(1), 100),
+            ),
+            attempt(
+                "r2",
+                0,
+                "t1",
+                "k",
+                60,
+                70,
+                answered(200, true, Some(1), 100),
+            ),
+            attempt("r3", 0, "t1", "j", 60, 70, Outcome::GaveUp { reset: false }),
+        ];
+        let execs = vec![exec(1, "r1", "t1", "k", 10, 200, None)];
+        let counters = |executed: u64, replayed: u64, failed_open: u64| {
+            let mut c = ProxyCounters::default();
+            for (k, v) in [
+                ("requests", 3),
+                ("executed", executed),
+                ("replayed", replayed),
+                ("failed_open", failed_open),
+            ] {
+                c.totals.insert(k.into(), v);
+            }
+            vec![c, ProxyCounters::default(), ProxyCounters::default()]
+        };
+        // r3 may have been executed by the proxy but not reached the upstream yet.
+        let f = check(&params(), &atts, &execs, &counters(2, 1, 0));
+        assert!(f.violations.is_empty(), "{:#?}", f.violations);
+        let f = check(&params(), &atts, &execs, &counters(3, 1, 0));
+        assert_eq!(rules(&f), vec![Rule::Counters], "{:#?}", f.violations);
+        let f = check(&params(), &atts, &execs, &counters(1, 0, 1));
+        assert_eq!(rules(&f), vec![Rule::Counters; 2], "{:#?}", f.violations);
+    }
+}

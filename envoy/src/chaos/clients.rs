@@ -1,0 +1,334 @@
+//! The soak's clients: each a thread with its own tenant, sending keyed POSTs
+//! and retrying them with backoff to either proxy of its store, the way a
+//! client behind a load balancer does; every attempt goes into the history.
+//!
+//! An operation is one of: a new key (payload drawn from a small pool, so
+//! payloads repeat across keys and tenants, and key names repeat across
+//! tenants); a late duplicate of an earlier key; an earlier key with another
+//! payload; the same request sent to two proxies at once; a bad key (missing,
+//! too long, repeated, or a repeated tenant header). Each attempt may stop
+//! waiting early (a client timeout that closes, or a hang-up that resets),
+//! and may ask the upstream to be slow, fail or reset (per the nemesis's
+//! upstream weather).
+
+use super::cluster::Cluster;
+use super::history::{
+    fnv1a, payload_hash, Answer, Attempt, Domain, KeyForm, Outcome, KEY_HEADER, MAX_KEY_LENGTH,
+    REQUEST_ID_HEADER, TENANT_HEADER,
+};
+use super::nemesis::{Nemesis, Weather};
+use super::rng::Rng;
+use crate::client::{send_or_give_up, GiveUp, Leave, Request};
+use std::time::{Duration, Instant};
+
+/// The host every client sends to every proxy (one service behind a load balancer).
+pub const HOST: &str = "orders.example";
+/// Attempts per operation before the client gives it up.
+const MAX_ATTEMPTS: u32 = 8;
+/// How long a patient client waits for an answer.
+const PATIENCE: Duration = Duration::from_secs(8);
+/// Payloads: 2 paths × 6 bodies.
+const PAYLOADS: usize = 12;
+
+fn payload(i: usize) -> (&'static str, String) {
+    let path = ["/orders", "/orders?express=1"][i % 2];
+    let v = i / 2;
+    (path, format!(r#"{{"item":{},"qty":{}}}"#, v % 3, 1 + v / 3))
+}
+
+pub struct Client<'a> {
+    pub id: usize,
+    pub domain: Domain,
+    /// Indices of the proxies serving this client's store.
+    pub proxies: Vec<usize>,
+    pub tenant: String,
+    rng: Rng,
+    cluster: &'a Cluster,
+    nemesis: &'a Nemesis,
+    next_op: u64,
+    /// Earlier operations with a good key: (key, payload).
+    done: Vec<(String, usize)>,
+    history: Vec<Attempt>,
+}
+
+/// One prepared attempt: the request and its record before it is sent.
+struct Prepared {
+    req: Request,
+    record: Attempt,
+    patience: Duration,
+    leave: Leave,
+}
+
+enum Next {
+    Done,
+    Wait(Duration),
+}
+
+impl<'a> Client<'a> {
+    pub fn new(
+        id: usize,
+        domain: Domain,
+        proxies: Vec<usize>,
+        seed: u64,
+        cluster: &'a Cluster,
+        nemesis: &'a Nemesis,
+    ) -> Client<'a> {
+        Client {
+            id,
+            domain,
+            proxies,
+            tenant: format!("tenant-{id}"),
+            rng: Rng::fork(seed, id as u64),
+            cluster,
+            nemesis,
+            next_op: 0,
+            done: Vec::new(),
+            history: Vec::new(),
+        }
+    }
+
+    /// Operations until `deadline`; returns every attempt.
+    pub fn run(mut self, deadline: Instant) -> Vec<Attempt> {
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(self.rng.below(40)));
+            let op = self.next_op;
+            self.next_op += 1;
+            let roll = self.rng.below(100);
+            let have_old = !self.done.is_empty();
+            match roll {
+                0..=7 if have_old => {
+                    let (key, p) = self.done[self.rng.index(self.done.len())].clone();
+                    self.operation(op, &key, p, deadline, false);
+                }
+                8..=12 if have_old => {
+                    let (key, p) = self.done[self.rng.index(self.done.len())].clone();
+                    let other = (p + 1 + self.rng.index(PAYLOADS - 1)) % PAYLOADS;
+                    self.operation(op, &key, other, deadline, false);
+                }
+                13..=18 => {
+                    let p = self.rng.index(PAYLOADS);
+                    self.operation(op, &format!("op-{op}"), p, deadline, true);
+                }
+                19..=25 => self.bad_key(op),
+                _ => {
+                    let p = self.rng.index(PAYLOADS);
+                    self.operation(op, &format!("op-{op}"), p, deadline, false);
+                }
+            }
+        }
+        self.history
+    }
+
+    /// Send `key` with payload `p` until a final answer, `MAX_ATTEMPTS` or the
+    /// deadline; `race`: the first attempt goes to two proxies at once.
+    fn operation(&mut self, op: u64, key: &str, p: usize, deadline: Instant, race: bool) {
+        self.done.push((key.to_string(), p));
+        let mut n = 0u32;
+        if race {
+            let a = self.prepare(op, n, KeyForm::Good, key, p);
+            let b = self.prepare(op, n + 1, KeyForm::Good, key, p);
+            n += 2;
+            let (a, b) = std::thread::scope(|s| {
+                let ha = s.spawn(|| self.send(a));
+                let hb = s.spawn(|| self.send(b));
+                (ha.join(), hb.join())
+            });
+            let mut finished = false;
+            for r in [a, b].into_iter().flatten() {
+                finished |= matches!(self.next(&r), Next::Done);
+                self.history.push(r);
+            }
+            if finished {
+                return;
+            }
+        }
+        while n < MAX_ATTEMPTS && Instant::now() < deadline {
+            let prepared = self.prepare(op, n, KeyForm::Good, key, p);
+            n += 1;
+            let r = self.send(prepared);
+            let next = self.next(&r);
+            self.history.push(r);
+            match next {
+                Next::Done => return,
+                Next::Wait(d) => std::thread::sleep(d),
+            }
+        }
+    }
+
+    fn bad_key(&mut self, op: u64) {
+        let form = match self.rng.below(4) {
+            0 => KeyForm::Missing,
+            1 => KeyForm::TooLong,
+            2 => KeyForm::RepeatedKey,
+            _ => KeyForm::RepeatedTenant,
+        };
+        let key = match form {
+            KeyForm::TooLong => "k".repeat(MAX_KEY_LENGTH + 1 + self.rng.index(40)),
+            _ => format!("op-{op}"),
+        };
+        let p = self.rng.index(PAYLOADS);
+        let prepared = self.prepare(op, 0, form, &key, p);
+        let r = self.send(prepared);
+        self.history.push(r);
+    }
+
+    fn prepare(&mut self, op: u64, n: u32, form: KeyForm, key: &str, p: usize) -> Prepared {
+        let proxy = self.proxies[self.rng.index(self.proxies.len())];
+        let (path, body) = payload(p);
+        let request_id = format!("c{}-o{op}-a{n}", self.id);
+        let mut req = Request::post(path)
+            .host(HOST)
+            .header("content-type", "application/json")
+            .header(REQUEST_ID_HEADER, &request_id)
+            .header(TENANT_HEADER, &self.tenant)
+            .timeout(Duration::from_secs(10));
+        match form {
+            KeyForm::Missing => {}
+            KeyForm::RepeatedKey => {
+                req = req
+                    .header(KEY_HEADER, key)
+                    .header(KEY_HEADER, &format!("{key}-2"));
+            }
+            KeyForm::RepeatedTenant => {
+                req = req
+                    .header(KEY_HEADER, key)
+                    .header(TENANT_HEADER, &format!("{}-2", self.tenant));
+            }
+            KeyForm::Good | KeyForm::TooLong => req = req.header(KEY_HEADER, key),
+        }
+        let (asked, headers) = self.ask_upstream();
+        for (name, value) in &headers {
+            req = req.header(name, value);
+        }
+        let req = req.body(body.clone());
+        let (patience, leave) = if self.rng.percent(20) {
+            let leave = if self.rng.percent(50) {
+                Leave::Reset
+            } else {
+                Leave::Close
+            };
+            (Duration::from_millis(self.rng.between(30, 2500)), leave)
+        } else {
+            (PATIENCE, Leave::Close)
+        };
+        Prepared {
+            req,
+            patience,
+            leave,
+            record: Attempt {
+                client: self.id,
+                op,
+                n,
+                proxy,
+                domain: self.domain,
+                request_id,
+                tenant: self.tenant.clone(),
+                key: (form != KeyForm::Missing).then(|| key.to_string()),
+                form,
+                payload: payload_hash("POST", path, body.as_bytes()),
+                start: Duration::ZERO,
+                end: Duration::ZERO,
+                asked,
+                outcome: Outcome::Failed("not sent".into()),
+            },
+        }
+    }
+
+    /// Headers asking the upstream to misbehave, drawn per the weather, and
+    /// what they ask for.
+    fn ask_upstream(&mut self) -> (Option<&'static str>, Vec<(&'static str, String)>) {
+        let roll = self.rng.below(100);
+        let (what, header, value): (&'static str, &'static str, String) =
+            match self.nemesis.weather() {
+                Weather::Calm if roll < 3 => {
+                    let ms = self.rng.between(200, 1500);
+                    ("slow", "x-demo-delay-ms", ms.to_string())
+                }
+                Weather::Calm if roll < 4 => ("5xx", "x-demo-status", "503".into()),
+                Weather::Slow if roll < 50 => {
+                    let ms = self.rng.between(300, 3000);
+                    let what = if ms >= 2000 {
+                        "slow beyond the route timeout"
+                    } else {
+                        "slow"
+                    };
+                    (what, "x-demo-delay-ms", ms.to_string())
+                }
+                Weather::Errors if roll < 35 => {
+                    let status = [500u16, 502, 503, 429][self.rng.index(4)];
+                    let what = if status == 429 { "429" } else { "5xx" };
+                    (what, "x-demo-status", status.to_string())
+                }
+                Weather::Resets if roll < 15 => {
+                    ("reset before answering", "x-demo-fault", "reset".into())
+                }
+                Weather::Resets if roll < 25 => ("reset mid-body", "x-demo-fault", "cut".into()),
+                _ => return (None, Vec::new()),
+            };
+        let mut headers = vec![(header, value)];
+        if header == "x-demo-fault" {
+            // Some time upstream first, so the fault lands while the proxy waits.
+            headers.push(("x-demo-delay-ms", self.rng.between(0, 600).to_string()));
+        }
+        (Some(what), headers)
+    }
+
+    fn send(&self, p: Prepared) -> Attempt {
+        let Prepared {
+            req,
+            mut record,
+            patience,
+            leave,
+        } = p;
+        let addr = self.cluster.proxies[record.proxy].addr();
+        record.start = self.cluster.now();
+        let got = send_or_give_up(addr, &req, patience, leave);
+        record.end = self.cluster.now();
+        record.outcome = match got {
+            Ok(GiveUp::Answered(r)) => {
+                let json: Option<serde_json::Value> = serde_json::from_slice(&r.body).ok();
+                let problem = r
+                    .header("content-type")
+                    .filter(|ct| ct.starts_with("application/problem+json"))
+                    .and(json.as_ref())
+                    .and_then(|j| j["type"].as_str())
+                    .map(|t| t.trim_start_matches("urn:proxy-dedup:problem:").to_string());
+                Outcome::Answered(Answer {
+                    status: r.status,
+                    replayed: r.header("idempotent-replayed") == Some("true"),
+                    order_id: json.as_ref().and_then(|j| j["order_id"].as_u64()),
+                    body_hash: fnv1a(&r.body),
+                    problem,
+                    retry_after: r.header("retry-after").and_then(|v| v.trim().parse().ok()),
+                })
+            }
+            Ok(GiveUp::GaveUp) => Outcome::GaveUp {
+                reset: leave == Leave::Reset,
+            },
+            Err(e) => Outcome::Failed(e.0),
+        };
+        record
+    }
+
+    /// What to do after `a`: done, or wait and retry.
+    fn next(&mut self, a: &Attempt) -> Next {
+        let backoff = |rng: &mut Rng, n: u32| {
+            Duration::from_millis((50u64 << n.min(4)).min(1000) + rng.below(100))
+        };
+        match &a.outcome {
+            Outcome::Answered(r)
+                if r.status == 409 && r.problem.as_deref() == Some("in-flight") =>
+            {
+                let secs = r.retry_after.unwrap_or(1).clamp(1, 3);
+                Next::Wait(Duration::from_millis(
+                    secs * 1000 / 2 + self.rng.below(secs * 500 + 1),
+                ))
+            }
+            Outcome::Answered(r) if r.status >= 500 || matches!(r.status, 408 | 429) => {
+                Next::Wait(backoff(&mut self.rng, a.n))
+            }
+            Outcome::Answered(_) => Next::Done,
+            Outcome::GaveUp { .. } | Outcome::Failed(_) => Next::Wait(backoff(&mut self.rng, a.n)),
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! The chaos soak (`make chaos`): a bounded, seeded run of many clients
+//! against two Envoys on a 3-member etcd and one Envoy on shared data, while
+//! a nemesis kills, freezes and partitions etcd members, restarts proxies,
+//! pushes their configuration and makes the upstream slow, failing or
+//! resetting; then a checker reads the whole history (see `checker` for the
+//! rules) and prints the figures.
+//!
+//! The seed fixes the fault schedule and every client's choices; thread
+//! timing still differs between runs, so a seed replays the same pressure,
+//! not the same interleaving.
+
+pub mod checker;
+pub mod clients;
+pub mod cluster;
+pub mod history;
+pub mod nemesis;
+pub mod rng;
+
+use crate::Result;
+use checker::{Findings, Params, ProxyCounters, Rule};
+pub use cluster::Broken;
+use cluster::{Cluster, IN_FLIGHT_TIMEOUT, TTL};
+use history::{Attempt, Domain, Exec};
+use nemesis::{FaultEvent, Nemesis};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Length of the soak (clients and nemesis), startup and checking excluded.
+    pub seconds: u64,
+    pub seed: u64,
+    /// Client threads; three quarters on proxies A and B, the rest on C.
+    pub clients: usize,
+    pub broken: Option<Broken>,
+}
+
+pub struct Report {
+    pub options: Options,
+    pub soak: Duration,
+    pub attempts: Vec<Attempt>,
+    pub execs: Vec<Exec>,
+    pub findings: Findings,
+    pub faults: Vec<FaultEvent>,
+    pub nemesis_errors: Vec<String>,
+    pub counters: Vec<ProxyCounters>,
+    pub operations: u64,
+}
+
+/// Start everything, soak, drain, check.
+pub fn run(options: &Options) -> Result<Report> {
+    let epoch = Instant::now();
+    let cluster = Cluster::start(options.broken, epoch)?;
+    let nemesis = Nemesis::new();
+    let soak_start = Instant::now();
+    let deadline = soak_start + Duration::from_secs(options.seconds);
+    let on_etcd = (options.clients * 3 / 4).max(1);
+    let attempts: Vec<Attempt> = std::thread::scope(|s| {
+        let nem = s.spawn(|| nemesis.run(&cluster, options.seed, deadline));
+        let handles: Vec<_> = (0..options.clients.max(2))
+            .map(|id| {
+                let (domain, proxies) = if id < on_etcd {
+                    (Domain::Etcd, vec![0, 1])
+                } else {
+                    (Domain::SharedData, vec![2])
+                };
+                let client =
+                    clients::Client::new(id, domain, proxies, options.seed, &cluster, &nemesis);
+                s.spawn(move || client.run(deadline))
+            })
+            .collect();
+        let mut all = Vec::new();
+        for h in handles {
+            if let Ok(mut a) = h.join() {
+                all.append(&mut a);
+            }
+        }
+        let _ = nem.join();
+        all
+    });
+    let soak = soak_start.elapsed();
+    // Drain: slow executions finish, completions and releases land.
+    let end = Instant::now() + Duration::from_secs(15);
+    while cluster.upstream.running() > 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let counters = cluster.final_counters()?;
+    let execs: Vec<Exec> = cluster
+        .upstream
+        .executions()
+        .iter()
+        .map(|e| Exec::from_upstream(e, epoch))
+        .collect();
+    let params = Params {
+        in_flight_timeout: IN_FLIGHT_TIMEOUT,
+        ttl: TTL,
+        domains: cluster.proxies.iter().map(|p| p.domain).collect(),
+    };
+    let findings = checker::check(&params, &attempts, &execs, &counters);
+    let operations = attempts
+        .iter()
+        .map(|a| (a.client, a.op))
+        .collect::<std::collections::HashSet<_>>()
+        .len() as u64;
+    Ok(Report {
+        options: options.clone(),
+        soak,
+        attempts,
+        execs,
+        findings,
+        faults: nemesis.events(),
+        nemesis_errors: nemesis.errors(),
+        counters,
+        operations,
+    })
+}
+
+impl Report {
+    pub fn violations(&self) -> usize {
+        self.findings.violations.len()
+    }
+
+    pub fn violations_of(&self, rule: Rule) -> usize {
+        self.findings
+            .violations
+            .iter()
+            .filter(|v| v.rule == rule)
+            .count()
+    }
+
+    /// Faults injected, by kind: the nemesis's events, what requests asked
+    /// of the upstream, and clients leaving early.
+    pub fn fault_counts(&self) -> BTreeMap<String, u64> {
+        let mut m = BTreeMap::new();
+        for e in &self.faults {
+            *m.entry(e.kind.to_string()).or_insert(0) += 1;
+        }
+        for a in &self.attempts {
+            if let Some(asked) = a.asked {
+                *m.entry(format!("upstream asked: {asked}")).or_insert(0) += 1;
+            }
+            match a.outcome {
+                history::Outcome::GaveUp { reset: true } => {
+                    *m.entry("client hang-up (reset)".into()).or_insert(0) += 1
+                }
+                history::Outcome::GaveUp { reset: false } => {
+                    *m.entry("client timeout (close)".into()).or_insert(0) += 1
+                }
+                _ => {}
+            }
+        }
+        m
+    }
+
+    /// The figures and, if any, the violations with their history excerpts.
+    pub fn text(&self) -> String {
+        let o = &self.options;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "chaos soak: seed {}, {} s ({:.1} s run), {} clients, configuration: {}",
+            o.seed,
+            o.seconds,
+            self.soak.as_secs_f64(),
+            o.clients,
+            o.broken.map(|b| b.name()).unwrap_or("correct")
+        );
+        let answered = self
+            .attempts
+            .iter()
+            .filter(|a| a.answer().is_some())
+            .count();
+        let _ = writeln!(
+            s,
+            "requests: {} attempts in {} operations ({:.0}/s), {} answered",
+            self.attempts.len(),
+            self.operations,
+            self.attempts.len() as f64 / self.soak.as_secs_f64().max(1.0),
+            answered
+        );
+        let by_status = |pred: &dyn Fn(u16) -> bool| {
+            self.attempts
+                .iter()
+                .filter(|a| a.answer().is_some_and(|r| pred(r.status)))
+                .count()
+        };
+        let replays = self
+            .attempts
+            .iter()
+            .filter(|a| a.answer().is_some_and(|r| r.replayed))
+            .count();
+        let on_etcd: std::collections::HashSet<&str> = self
+            .attempts
+            .iter()
+            .filter(|a| a.domain == Domain::Etcd)
+            .map(|a| a.request_id.as_str())
+            .collect();
+        let etcd_execs = self
+            .execs
+            .iter()
+            .filter(|e| e.request_id.as_deref().is_some_and(|r| on_etcd.contains(r)))
+            .count();
+        let _ = writeln!(
+            s,
+            "executions: {} ({} etcd store, {} shared data); a key ran again after a release: {}, after the in-flight timeout: {}",
+            self.execs.len(),
+            etcd_execs,
+            self.execs.len() - etcd_execs,
+            self.findings.again_after_release,
+            self.findings.again_after_expiry
+        );
+        let _ = writeln!(
+            s,
+            "answers: {} replays, 409: {}, 422: {}, 400: {}, 5xx: {}",
+            replays,
+            by_status(&|st| st == 409),
+            by_status(&|st| st == 422),
+            by_status(&|st| st == 400),
+            by_status(&|st| st >= 500),
+        );
+        for (what, n) in checker::tally(&self.attempts) {
+            let _ = writeln!(s, "  {n:>7}  {what}");
+        }
+        let _ = writeln!(s, "faults injected:");
+        for (kind, n) in self.fault_counts() {
+            let _ = writeln!(s, "  {n:>7}  {kind}");
+        }
+        let _ = writeln!(s, "counters (summed over restarts) against the history:");
+        for l in &self.findings.counter_lines {
+            let _ = writeln!(s, "  {l}");
+        }
+        if !self.nemesis_errors.is_empty() {
+            let _ = writeln!(s, "nemesis errors:");
+            for e in &self.nemesis_errors {
+                let _ = writeln!(s, "  {e}");
+            }
+        }
+        let mut by_rule: BTreeMap<Rule, usize> = BTreeMap::new();
+        for v in &self.findings.violations {
+            *by_rule.entry(v.rule).or_insert(0) += 1;
+        }
+        let rules: Vec<String> = by_rule.iter().map(|(r, n)| format!("{r}: {n}")).collect();
+        let _ = writeln!(
+            s,
+            "violations: {}{}",
+            self.violations(),
+            if rules.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", rules.join(", "))
+            }
+        );
+        for v in self.findings.violations.iter().take(8) {
+            let _ = writeln!(s, "- {} at {:.3}s: {}", v.rule, v.at.as_secs_f64(), v.what);
+            for l in &v.excerpt {
+                let _ = writeln!(s, "    {l}");
+            }
+        }
+        if self.violations() > 8 {
+            let _ = writeln!(s, "  … and {} more", self.violations() - 8);
+        }
+        let _ = writeln!(
+            s,
+            "seed {} (replay the schedule: make chaos SEED={} SECONDS={}{})",
+            o.seed,
+            o.seed,
+            o.seconds,
+            match o.broken {
+                Some(Broken::ReleaseOnUnknown) => " BROKEN=release",
+                Some(Broken::NoTenantScope) => " BROKEN=no-scope",
+                None => "",
+            }
+        );
+        s
+    }
+
+    /// The nemesis's events in order, one per line.
+    pub fn fault_log(&self) -> String {
+        self.faults
+            .iter()
+            .map(|e| format!("{:>8.3}s  {}: {}", e.at.as_secs_f64(), e.kind, e.detail))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}

@@ -1,0 +1,287 @@
+//! The nemesis: three lanes of faults on schedules drawn from the seed, run
+//! concurrently so faults combine (a proxy restart during an etcd leader
+//! kill during a burst of upstream resets).
+//!
+//! - etcd lane, one member at a time, the cluster healthy again before the
+//!   next: kill -9 the leader or a follower and restart it; SIGSTOP a member
+//!   longer than `store.timeout_ms`, then SIGCONT; cut a member off from
+//!   proxies and peers by its relays, then heal.
+//! - proxy lane: kill -9 proxy A or B and start it again (records are in
+//!   etcd); push a changed filter configuration to A, B or C by LDS.
+//! - upstream lane: windows in which requests ask the upstream to answer
+//!   slowly (some beyond the route timeout), with 5xx or 429, or to reset
+//!   (before answering, or mid-body). Outside them a few requests do too.
+//!
+//! Each lane first runs every kind of its faults once (in a seeded order),
+//! so even a short run injects every kind, then draws kinds at random.
+
+use super::cluster::{Cluster, STORE_TIMEOUT_MS};
+use super::rng::Rng;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct FaultEvent {
+    pub at: Duration,
+    pub kind: &'static str,
+    pub detail: String,
+}
+
+/// What the upstream lane currently asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Weather {
+    Calm,
+    Slow,
+    Errors,
+    Resets,
+}
+
+pub struct Nemesis {
+    log: Mutex<Vec<FaultEvent>>,
+    weather: Mutex<Weather>,
+    /// Lane errors (a restart that failed…): reported, and they fail the run.
+    errors: Mutex<Vec<String>>,
+}
+
+impl Default for Nemesis {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Nemesis {
+    pub fn new() -> Nemesis {
+        Nemesis {
+            log: Mutex::new(Vec::new()),
+            weather: Mutex::new(Weather::Calm),
+            errors: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn log(&self) -> MutexGuard<'_, Vec<FaultEvent>> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn record(&self, c: &Cluster, kind: &'static str, detail: String) {
+        self.log().push(FaultEvent {
+            at: c.now(),
+            kind,
+            detail,
+        });
+    }
+
+    fn error(&self, c: &Cluster, what: String) {
+        self.errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(format!("{:.1}s: {what}", c.now().as_secs_f64()));
+    }
+
+    pub fn events(&self) -> Vec<FaultEvent> {
+        self.log().clone()
+    }
+
+    pub fn errors(&self) -> Vec<String> {
+        self.errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Faults injected, by kind.
+    pub fn counts(&self) -> BTreeMap<&'static str, u64> {
+        let mut m = BTreeMap::new();
+        for e in self.log().iter() {
+            *m.entry(e.kind).or_insert(0) += 1;
+        }
+        m
+    }
+
+    pub fn weather(&self) -> Weather {
+        *self.weather.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_weather(&self, w: Weather) {
+        *self.weather.lock().unwrap_or_else(|e| e.into_inner()) = w;
+    }
+
+    /// Run the three lanes until `deadline`; returns with every fault healed
+    /// (members running and connected, proxies up, weather calm).
+    pub fn run(&self, c: &Cluster, seed: u64, deadline: Instant) {
+        std::thread::scope(|s| {
+            s.spawn(|| self.etcd_lane(c, Rng::fork(seed, 1001), deadline));
+            s.spawn(|| self.proxy_lane(c, Rng::fork(seed, 1002), deadline));
+            s.spawn(|| self.upstream_lane(c, Rng::fork(seed, 1003), deadline));
+        });
+    }
+
+    fn etcd_lane(&self, c: &Cluster, mut rng: Rng, deadline: Instant) {
+        let mut first = vec![0u8, 1, 2, 3];
+        rng.shuffle(&mut first);
+        let mut round = first.into_iter();
+        loop {
+            if !sleep_until_or(deadline, Duration::from_millis(rng.between(1500, 4000))) {
+                return;
+            }
+            let kind = round.next().unwrap_or_else(|| rng.below(4) as u8);
+            let leader = leader(c);
+            let member = match (kind, leader) {
+                (0, Some(l)) => l,
+                (1, Some(l)) => (l + 1 + rng.index(2)) % 3,
+                _ => rng.index(3),
+            };
+            let is_leader = leader == Some(member);
+            let role = match leader {
+                Some(_) if is_leader => "leader",
+                Some(_) => "follower",
+                None => "member",
+            };
+            match kind {
+                0 | 1 => {
+                    let down = Duration::from_millis(rng.between(1000, 4000));
+                    c.etcd().kill(member);
+                    self.record(
+                        c,
+                        if is_leader {
+                            "etcd kill -9 leader"
+                        } else {
+                            "etcd kill -9 follower"
+                        },
+                        format!(
+                            "member {} ({role}) down {down:?}, then restarted",
+                            member + 1
+                        ),
+                    );
+                    std::thread::sleep(down);
+                    if let Err(e) = c.etcd().restart(member) {
+                        self.error(c, format!("restarting etcd member {}: {e}", member + 1));
+                    }
+                }
+                2 => {
+                    let paused = Duration::from_millis(STORE_TIMEOUT_MS + rng.between(500, 2500));
+                    c.etcd().pause(member);
+                    self.record(
+                        c,
+                        "etcd SIGSTOP member",
+                        format!("member {} ({role}) stopped {paused:?} (store.timeout_ms {STORE_TIMEOUT_MS})", member + 1),
+                    );
+                    std::thread::sleep(paused);
+                    c.etcd().resume(member);
+                }
+                _ => {
+                    let cut = Duration::from_millis(rng.between(1500, 5000));
+                    if let Err(e) = c.etcd().cut(member) {
+                        self.error(c, format!("cutting etcd member {}: {e}", member + 1));
+                        continue;
+                    }
+                    self.record(
+                        c,
+                        "etcd partition member",
+                        format!(
+                            "member {} ({role}) cut off from proxies and peers for {cut:?}",
+                            member + 1
+                        ),
+                    );
+                    std::thread::sleep(cut);
+                    c.etcd().heal(member);
+                }
+            }
+            // The next fault only once every member is back in the quorum.
+            let healthy = c.etcd().wait_healthy(Duration::from_secs(30));
+            if let Err(e) = healthy {
+                self.error(c, format!("etcd not healthy after a fault: {e}"));
+            }
+        }
+    }
+
+    fn proxy_lane(&self, c: &Cluster, mut rng: Rng, deadline: Instant) {
+        let mut first = vec![0u8, 1];
+        rng.shuffle(&mut first);
+        let mut round = first.into_iter();
+        loop {
+            if !sleep_until_or(deadline, Duration::from_millis(rng.between(3000, 7000))) {
+                return;
+            }
+            let restart = match round.next() {
+                Some(k) => k == 0,
+                None => rng.percent(35),
+            };
+            if restart {
+                let i = rng.index(2);
+                match c.restart_proxy(i) {
+                    Ok(down) => self.record(
+                        c,
+                        "proxy kill -9 and restart",
+                        format!("proxy {} (etcd store) down {down:?}", c.proxies[i].name),
+                    ),
+                    Err(e) => self.error(c, format!("restarting proxy {}: {e}", c.proxies[i].name)),
+                }
+            } else {
+                let i = rng.index(3);
+                let at = c.now();
+                match c.push_config(i) {
+                    Ok(fields) => self.log().push(FaultEvent {
+                        at,
+                        kind: "proxy LDS push",
+                        detail: format!(
+                            "proxy {}: {fields}, taken in {:?}",
+                            c.proxies[i].name,
+                            c.now().saturating_sub(at)
+                        ),
+                    }),
+                    Err(e) => self.error(c, format!("pushing to proxy {}: {e}", c.proxies[i].name)),
+                }
+            }
+        }
+    }
+
+    fn upstream_lane(&self, c: &Cluster, mut rng: Rng, deadline: Instant) {
+        let mut first = vec![Weather::Slow, Weather::Errors, Weather::Resets];
+        rng.shuffle(&mut first);
+        let mut round = first.into_iter();
+        loop {
+            if !sleep_until_or(deadline, Duration::from_millis(rng.between(1000, 4000))) {
+                self.set_weather(Weather::Calm);
+                return;
+            }
+            let w = round
+                .next()
+                .unwrap_or_else(|| [Weather::Slow, Weather::Errors, Weather::Resets][rng.index(3)]);
+            let window = Duration::from_millis(rng.between(2000, 5000));
+            self.set_weather(w);
+            self.record(
+                c,
+                match w {
+                    Weather::Slow => "upstream slow window",
+                    Weather::Errors => "upstream 5xx/429 window",
+                    _ => "upstream reset window",
+                },
+                format!("{window:?}"),
+            );
+            std::thread::sleep(window);
+            self.set_weather(Weather::Calm);
+        }
+    }
+}
+
+/// The current etcd leader, asked a few times (an election may be under way).
+fn leader(c: &Cluster) -> Option<usize> {
+    for _ in 0..10 {
+        if let Ok(l) = c.etcd().leader() {
+            return Some(l);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    None
+}
+
+/// Sleep `d`, unless `deadline` comes first; false if the deadline has passed.
+fn sleep_until_or(deadline: Instant, d: Duration) -> bool {
+    let now = Instant::now();
+    if now >= deadline {
+        return false;
+    }
+    std::thread::sleep(d.min(deadline - now));
+    Instant::now() < deadline
+}
