@@ -71,6 +71,7 @@ pub(crate) const MAP_CALL_TRAILERS: i32 = 7;
 // Buffer types.
 pub(crate) const BUF_REQUEST_BODY: i32 = 0;
 pub(crate) const BUF_RESPONSE_BODY: i32 = 1;
+pub(crate) const BUF_GRPC_RECEIVE: i32 = 5;
 pub(crate) const BUF_CALL_RESPONSE_BODY: i32 = 4;
 pub(crate) const BUF_VM_CONFIGURATION: i32 = 6;
 pub(crate) const BUF_PLUGIN_CONFIGURATION: i32 = 7;

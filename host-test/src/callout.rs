@@ -29,16 +29,18 @@ pub(crate) enum CalloutResult {
     ResetAfter(u32),
 }
 
+// Envoy's own answers to a callout (local replies of its async client),
+// as Envoy 1.40 delivers them.
 pub(crate) fn timeout_reply() -> Reply {
-    Reply::new(504)
+    Reply::local(504, "response_timeout", 0)
         .header("content-type", "text/plain")
         .body("upstream request timeout")
 }
 
 pub(crate) fn connect_failure_reply() -> Reply {
-    Reply::new(503).header("content-type", "text/plain").body(
-        "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure, transport failure reason: delayed connect error: Connection refused",
-    )
+    Reply::local(503, "connect_failure", 0)
+        .header("content-type", "text/plain")
+        .body("upstream connect error or disconnect/reset before headers. reset reason: remote connection failure")
 }
 
 pub(crate) fn call(
@@ -59,12 +61,12 @@ pub(crate) fn call(
                 ReplyKind::NoAnswerAfterHeaders => CalloutResult::ResetAfter(timeout_ms),
                 ReplyKind::ConnectFailure => CalloutResult::Response(connect_failure_reply()),
                 ReplyKind::NoHealthyUpstream => CalloutResult::Response(
-                    Reply::new(503)
+                    Reply::local(503, "no_healthy_upstream", 0)
                         .header("content-type", "text/plain")
                         .body("no healthy upstream"),
                 ),
                 ReplyKind::Overflow => CalloutResult::Response(
-                    Reply::new(503).header("content-type", "text/plain").body(
+                    Reply::local(503, "overflow", 0).header("content-type", "text/plain").body(
                         "upstream connect error or disconnect/reset before headers. reset reason: overflow",
                     ),
                 ),
@@ -128,6 +130,8 @@ fn exchange(
             Failure::Connect
         }
     })?;
+    // As Envoy's HTTP/1.1 codec writes it: `host` from `:authority`, then
+    // the headers in order (content-length among them when there is a body).
     let mut head = format!(
         "{} {} HTTP/1.1\r\nhost: {}\r\n",
         request.method(),
@@ -135,14 +139,18 @@ fn exchange(
         request.header(":authority").unwrap_or("")
     );
     for (k, v) in &request.headers {
-        if !k.starts_with(':') && k != "content-length" && k != "connection" {
+        if !k.starts_with(':') {
             head.push_str(&format!("{k}: {v}\r\n"));
         }
     }
-    head.push_str(&format!(
-        "content-length: {}\r\nconnection: close\r\n\r\n",
-        request.body.len()
-    ));
+    // The codec's own length for a bodiless request of a method with a body.
+    if request.body.is_empty()
+        && request.header("content-length").is_none()
+        && !matches!(request.method(), "GET" | "HEAD")
+    {
+        head.push_str("content-length: 0\r\n");
+    }
+    head.push_str("\r\n");
     stream
         .set_write_timeout(Some(remaining(deadline)?))
         .map_err(io_failure)?;

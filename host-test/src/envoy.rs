@@ -3,6 +3,8 @@
 //! virtual clock. Streams are driven whole ([`Envoy::request`]) or step by
 //! step ([`Envoy::start`], [`Envoy::send_headers`], ...).
 
+mod grpc_calls;
+
 use crate::abi::{LogLevel, MetricKind};
 use crate::callout::{self, CalloutResult, Cluster};
 use crate::error::Error;
@@ -10,6 +12,7 @@ use crate::http::{header_get, Headers, Reply, ReplyKind, Request, Response, Upst
 use crate::origin::{code_details, response_flags, StreamOrigin};
 use crate::shared::{lock, Faults, LogLine, Metric, Shared, SharedInner};
 use crate::vm::{CalloutResponse, Deferred, Exports, PluginInfo, StreamHost, Vm, VmState};
+use grpc_calls::{GrpcCluster, GrpcEvent, GrpcLive};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -49,7 +52,13 @@ pub struct EnvoyBuilder {
     upstream: Option<crate::callout::Handler>,
     upstream_address: String,
     clusters: HashMap<String, Cluster>,
+    grpc_clusters: HashMap<String, GrpcCluster>,
     random_seed: u64,
+    route_name: Option<String>,
+    cluster_name: Option<String>,
+    route_metadata: crate::value::Metadata,
+    filter_metadata: crate::value::Metadata,
+    properties: Vec<(Vec<String>, Vec<u8>)>,
 }
 
 impl EnvoyBuilder {
@@ -161,6 +170,66 @@ impl EnvoyBuilder {
         self
     }
 
+    /// A cluster for `proxy_grpc_call` and `proxy_grpc_stream`, answered in
+    /// process: the handler gets each call ([`crate::GrpcRequest`]: service,
+    /// method, messages, metadata as Envoy sends it) and answers a
+    /// [`crate::GrpcReply`]. A stream is answered when the filter
+    /// half-closes it (`proxy_grpc_close`, or a send with end of stream).
+    pub fn grpc_cluster(
+        mut self,
+        name: &str,
+        handler: impl FnMut(&crate::GrpcRequest) -> crate::GrpcReply + 'static,
+    ) -> Self {
+        self.grpc_clusters
+            .insert(name.to_string(), GrpcCluster::InProcess(Box::new(handler)));
+        self
+    }
+
+    /// A cluster for `proxy_grpc_call` and `proxy_grpc_stream` served by a
+    /// real gRPC server (HTTP/2 cleartext) on loopback, e.g. etcd's client
+    /// port or a [`crate::GrpcServer`]. Unary calls block until the answer
+    /// or the call's timeout (real time); stream messages arrive as they come.
+    pub fn grpc_cluster_addr(mut self, name: &str, addr: &str) -> Self {
+        self.grpc_clusters
+            .insert(name.to_string(), GrpcCluster::H2(addr.to_string()));
+        self
+    }
+
+    /// The matched route's name (`xds.route_name`; NotFound if unset).
+    pub fn route_name(mut self, name: &str) -> Self {
+        self.route_name = Some(name.to_string());
+        self
+    }
+
+    /// The route's cluster (`xds.cluster_name`; NotFound if unset).
+    pub fn cluster_name(mut self, name: &str) -> Self {
+        self.cluster_name = Some(name.to_string());
+        self
+    }
+
+    /// The route's metadata (`xds.route_metadata.filter_metadata.<namespace>`).
+    pub fn route_metadata(mut self, namespace: &str, value: crate::Value) -> Self {
+        self.route_metadata.push((namespace.to_string(), value));
+        self
+    }
+
+    /// Dynamic metadata every request carries when it reaches the filter
+    /// (`metadata.filter_metadata.<namespace>...`), as an earlier filter
+    /// such as `set_metadata` would set it; [`Request::filter_metadata`]
+    /// adds or replaces it per request.
+    pub fn filter_metadata(mut self, namespace: &str, value: crate::Value) -> Self {
+        self.filter_metadata.push((namespace.to_string(), value));
+        self
+    }
+
+    /// A property every stream can read, by path segments, as the raw bytes
+    /// Envoy returns (for anything host-test does not model).
+    pub fn property(mut self, path: &[&str], value: impl AsRef<[u8]>) -> Self {
+        let path = path.iter().map(|p| p.to_string()).collect();
+        self.properties.push((path, value.as_ref().to_vec()));
+        self
+    }
+
     /// Loads the module (compiled once per path), starts one VM per worker
     /// (`_initialize`, `on_context_create`, `on_vm_start`, `on_configure`).
     pub fn build(self) -> Result<Envoy, Error> {
@@ -172,7 +241,15 @@ impl EnvoyBuilder {
             root_id: self.root_id,
             plugin_config: self.plugin_config,
             vm_config: self.vm_config,
-            clusters: self.clusters.keys().cloned().collect::<HashSet<_>>(),
+            clusters: self
+                .clusters
+                .keys()
+                .chain(self.grpc_clusters.keys())
+                .cloned()
+                .collect::<HashSet<_>>(),
+            route_name: self.route_name,
+            cluster_name: self.cluster_name,
+            route_metadata: self.route_metadata,
         });
         let mut envoy = Envoy {
             vms: Vec::new(),
@@ -190,7 +267,11 @@ impl EnvoyBuilder {
                 Box::new(|_req: &UpstreamRequest| Reply::ok().body("upstream ok"))
             }),
             upstream_address: self.upstream_address,
+            filter_metadata: self.filter_metadata,
+            properties: self.properties,
             clusters: self.clusters,
+            grpc_clusters: self.grpc_clusters,
+            grpc_live: HashMap::new(),
             ready: VecDeque::new(),
             timed: Vec::new(),
             seq: 0,
@@ -311,6 +392,11 @@ enum Event {
         ctx: u32,
         token: u32,
     },
+    Grpc {
+        worker: usize,
+        token: u32,
+        events: Vec<GrpcEvent>,
+    },
     RouteTimeout(u64),
 }
 
@@ -329,7 +415,11 @@ pub struct Envoy {
     next_ctx: Vec<u32>,
     upstream: crate::callout::Handler,
     upstream_address: String,
+    filter_metadata: crate::value::Metadata,
+    properties: Vec<(Vec<String>, Vec<u8>)>,
     clusters: HashMap<String, Cluster>,
+    grpc_clusters: HashMap<String, GrpcCluster>,
+    grpc_live: HashMap<(usize, u32), GrpcLive>,
     ready: VecDeque<Event>,
     /// (deadline ns, sequence, event)
     timed: Vec<(u64, u64, Event)>,
@@ -373,6 +463,12 @@ impl Envoy {
             upstream_address: "127.0.0.1:8080".into(),
             random_seed: 0,
             clusters: HashMap::new(),
+            grpc_clusters: HashMap::new(),
+            route_name: None,
+            cluster_name: None,
+            route_metadata: Vec::new(),
+            filter_metadata: Vec::new(),
+            properties: Vec::new(),
         }
     }
 
@@ -417,10 +513,17 @@ impl Envoy {
 
     /// Timer changes and new callouts, right after a VM call.
     fn after_call(&mut self, worker: usize) {
-        let (tick, callouts) = {
+        let (tick, callouts, grpc) = {
             let s = self.vms[worker].store.data_mut();
-            (s.tick_request.take(), std::mem::take(&mut s.new_callouts))
+            (
+                s.tick_request.take(),
+                std::mem::take(&mut s.new_callouts),
+                std::mem::take(&mut s.grpc_ops),
+            )
         };
+        if !grpc.is_empty() {
+            self.grpc_ops(worker, grpc);
+        }
         if let Some(period) = tick {
             self.ticks[worker] = if period == 0 {
                 None
@@ -439,6 +542,10 @@ impl Envoy {
                 response,
             };
             match callout::call(cluster, &c.request, c.timeout_ms) {
+                CalloutResult::Response(reply) if !reply.delay.is_zero() => {
+                    let at = self.now_ns() + reply.delay.as_nanos() as u64;
+                    self.schedule(at, answer(Some(reply)));
+                }
                 CalloutResult::Response(reply) => self.answer_callout(answer(Some(reply))),
                 CalloutResult::Reset => self.answer_callout(answer(None)),
                 CalloutResult::Never => {}
@@ -513,6 +620,7 @@ impl Envoy {
                         self.resume(sid, side);
                     }
                 }
+                Deferred::GrpcRefused { token } => self.grpc_refused(worker, token),
                 Deferred::Close { ctx } => {
                     if let Some(sid) = self.by_ctx.get(&(worker, ctx)).copied() {
                         self.cancel_upstream(sid);
@@ -525,9 +633,17 @@ impl Envoy {
                     body,
                     headers,
                     details,
+                    grpc_status,
                 } => {
                     if let Some(sid) = self.by_ctx.get(&(worker, ctx)).copied() {
-                        self.local_reply(sid, status, body, headers, true, &details);
+                        let reply = LocalReply {
+                            status,
+                            body,
+                            extra: headers,
+                            details,
+                            grpc_status,
+                        };
+                        self.local_reply_of(sid, reply, true);
                     }
                 }
             }
@@ -617,6 +733,7 @@ impl Envoy {
     /// notifications, route timeouts.
     fn pump(&mut self) {
         loop {
+            self.poll_grpc_streams();
             let queued: Vec<(usize, u32, u32)> =
                 std::mem::take(&mut lock(&self.shared).queue_ready);
             for (worker, ctx, token) in queued {
@@ -632,6 +749,11 @@ impl Envoy {
                     token,
                     response,
                 } => self.deliver_callout(worker, token, response),
+                Event::Grpc {
+                    worker,
+                    token,
+                    events,
+                } => self.deliver_grpc(worker, token, events),
                 Event::QueueReady { worker, ctx, token } => {
                     if worker < self.vms.len() {
                         self.invoke(
@@ -669,7 +791,11 @@ impl Envoy {
             let s = self.vms[worker].store.data_mut();
             match response {
                 Some(reply) => {
-                    let headers = reply.envoy_headers();
+                    let mut headers = reply.envoy_headers();
+                    if reply.kind == ReplyKind::Response {
+                        // The router times every upstream answer.
+                        headers.push(("x-envoy-upstream-service-time".into(), "0".into()));
+                    }
                     let body = reply.body_bytes();
                     let counts = (headers.len(), body.len(), 0);
                     s.callout_response = Some(CalloutResponse {
@@ -776,11 +902,16 @@ impl Envoy {
         self.next_stream += 1;
         let ctx = self.next_ctx[worker];
         self.next_ctx[worker] += 1;
-        self.vms[worker]
-            .store
-            .data_mut()
-            .streams
-            .insert(ctx, StreamHost::new(request.source_address.clone()));
+        let mut host = StreamHost::new(request.source_address.clone());
+        host.metadata = self.filter_metadata.clone();
+        for (ns, v) in &request.filter_metadata {
+            host.metadata.retain(|(n, _)| n != ns);
+            host.metadata.push((ns.clone(), v.clone()));
+        }
+        for (path, value) in self.properties.iter().chain(&request.properties) {
+            host.properties.insert(path.join("\0"), value.clone());
+        }
+        self.vms[worker].store.data_mut().streams.insert(ctx, host);
         self.by_ctx.insert((worker, ctx), sid);
         self.streams.insert(
             sid,
@@ -1646,15 +1777,49 @@ impl Envoy {
         through_filter: bool,
         details: &str,
     ) {
+        let reply = LocalReply {
+            status,
+            body,
+            extra,
+            details: details.to_string(),
+            grpc_status: None,
+        };
+        self.local_reply_of(sid, reply, through_filter);
+    }
+
+    /// Envoy's sendLocalReply (see [`Envoy::local_reply`]); for a gRPC
+    /// request (`content-type: application/grpc...`) it answers as Envoy
+    /// does: 200, `content-type: application/grpc`, `grpc-status` (the
+    /// filter's, or mapped from the HTTP status), `grpc-message` (the body,
+    /// percent-encoded), no body: a trailers-only response.
+    fn local_reply_of(&mut self, sid: u64, reply: LocalReply, through_filter: bool) {
+        let LocalReply {
+            status,
+            body,
+            extra,
+            details,
+            grpc_status,
+        } = reply;
+        let details = details.as_str();
         if !self.open(sid) {
             return;
         }
+        let grpc = self.streams.get(&sid).is_some_and(|s| {
+            header_get(&s.request.headers, "content-type")
+                .is_some_and(|t| t.starts_with("application/grpc"))
+        });
         if let Some(o) = self.origin(sid) {
             o.details = Some(details.to_string());
         }
         self.cancel_upstream(sid);
         let mut headers: Headers = vec![(":status".into(), status.to_string())];
         headers.extend(extra);
+        let (status, body) = if grpc {
+            grpc_local_reply(&mut headers, status, &body, grpc_status);
+            (200, Vec::new())
+        } else {
+            (status, body)
+        };
         if !body.is_empty() {
             headers.retain(|(k, _)| k != "content-length");
             headers.push(("content-length".into(), body.len().to_string()));
@@ -1778,6 +1943,8 @@ impl Envoy {
     /// [`Error::Stalled`] (it stays open: inspect it, advance, or reset it).
     pub fn finish_stream(&mut self, id: StreamId) -> Result<Response, Error> {
         self.send_request(id)?;
+        const REAL_WAIT: Duration = Duration::from_secs(10);
+        let mut waited = Duration::ZERO;
         loop {
             self.pump();
             let s = self.stream(id)?;
@@ -1794,6 +1961,11 @@ impl Envoy {
             }
             match self.timed.iter().map(|t| t.0).min() {
                 Some(next) => self.advance_to(next),
+                None if self.grpc_streams_open() && waited < REAL_WAIT => {
+                    // A gRPC stream on a real server may still answer.
+                    std::thread::sleep(Duration::from_millis(5));
+                    waited += Duration::from_millis(5);
+                }
                 None => {
                     return Err(Error::Stalled {
                         stream: id,
@@ -2006,6 +2178,44 @@ impl Envoy {
     /// All metrics, by name.
     pub fn metrics(&self) -> HashMap<String, Metric> {
         lock(&self.shared).metrics.clone()
+    }
+}
+
+/// A local reply as `sendLocalReply` takes it.
+struct LocalReply {
+    status: u16,
+    body: Vec<u8>,
+    extra: Headers,
+    details: String,
+    grpc_status: Option<u32>,
+}
+
+/// Envoy's `Grpc::Utility::httpToGrpcStatus`.
+pub(crate) fn http_to_grpc_status(status: u16) -> u32 {
+    use crate::grpc::grpc_status::*;
+    match status {
+        400 => INTERNAL,
+        401 => UNAUTHENTICATED,
+        403 => PERMISSION_DENIED,
+        404 => UNIMPLEMENTED,
+        429 | 502 | 503 | 504 => UNAVAILABLE,
+        _ => UNKNOWN,
+    }
+}
+
+/// Turns a local reply's headers into Envoy's gRPC form (trailers only).
+fn grpc_local_reply(headers: &mut Headers, status: u16, body: &[u8], grpc_status: Option<u32>) {
+    headers.retain(|(k, _)| k != ":status" && k != "content-length");
+    headers.insert(0, (":status".into(), "200".into()));
+    headers.retain(|(k, _)| k != "content-type");
+    headers.push(("content-type".into(), "application/grpc".into()));
+    if header_get(headers, "grpc-status").is_none() {
+        let code = grpc_status.unwrap_or_else(|| http_to_grpc_status(status));
+        headers.push(("grpc-status".into(), code.to_string()));
+    }
+    if !body.is_empty() {
+        let message = crate::grpc::percent_encode(&String::from_utf8_lossy(body));
+        headers.push(("grpc-message".into(), message));
     }
 }
 

@@ -5,7 +5,7 @@
 use crate::abi::*;
 use crate::http::{header_get, Headers, UpstreamRequest};
 use crate::shared::lock;
-use crate::vm::{status, Deferred, NewCallout, VmState};
+use crate::vm::{status, Deferred, GrpcOp, NewCallout, VmState};
 use std::collections::HashSet;
 use wasmtime::{Caller, FuncType, Linker, Val, ValType};
 
@@ -97,7 +97,14 @@ fn const_map(s: &VmState, map: i32) -> MapView<'_> {
             Some(r) => MapView::Available(&r.trailers),
             None => MapView::Unavailable,
         },
-        MAP_GRPC_INITIAL | MAP_GRPC_TRAILING => MapView::Unavailable,
+        MAP_GRPC_INITIAL => match &s.grpc.initial {
+            Some(h) => MapView::Available(h),
+            None => MapView::Unavailable,
+        },
+        MAP_GRPC_TRAILING => match &s.grpc.trailing {
+            Some(h) => MapView::Available(h),
+            None => MapView::Unavailable,
+        },
         _ => {
             let Some(st) = s.stream() else {
                 return MapView::Unavailable;
@@ -187,10 +194,10 @@ fn set_header_map_pairs(mut c: C, map: i32, ptr: i32, size: i32) -> R {
     let Some(h) = mut_map(c.data_mut(), map) else {
         return Ok(BAD_ARGUMENT);
     };
-    *h = pairs
-        .into_iter()
-        .map(|(k, v)| (k.to_ascii_lowercase(), v))
-        .collect();
+    h.clear();
+    for (k, v) in pairs {
+        add_header(h, k.to_ascii_lowercase(), v);
+    }
     Ok(OK)
 }
 
@@ -231,25 +238,29 @@ fn edit_header(mut c: C, map: i32, kp: i32, kl: i32, value: Option<(i32, i32)>, 
         return Ok(BAD_ARGUMENT);
     };
     match (value, add) {
-        (Some(v), true) => h.push((key, v)),
+        (Some(v), true) => add_header(h, key, v),
         (Some(v), false) => {
-            // Envoy's setCopy: replace the first entry in place, drop the rest.
-            match h.iter().position(|(k, _)| *k == key) {
-                Some(first) => {
-                    h[first].1 = v;
-                    let mut i = 0;
-                    h.retain(|(k, _)| {
-                        let keep = *k != key || i == first;
-                        i += 1;
-                        keep
-                    });
-                }
-                None => h.push((key, v)),
-            }
+            // Envoy 1.40's setCopy: every entry of the name goes, one is
+            // appended (seen with the ABI probe: a replaced header moves to
+            // the end; a replaced pseudo header to the end of the pseudo
+            // headers).
+            h.retain(|(k, _)| *k != key);
+            add_header(h, key, v);
         }
         (None, _) => h.retain(|(k, _)| *k != key),
     }
     Ok(OK)
+}
+
+/// Envoy's `addCopy`: a pseudo header goes after the last pseudo header
+/// (Envoy keeps them in front), any other header at the end.
+fn add_header(h: &mut Headers, key: String, value: String) {
+    if key.starts_with(':') {
+        let at = h.iter().take_while(|(k, _)| k.starts_with(':')).count();
+        h.insert(at, (key, value));
+    } else {
+        h.push((key, value));
+    }
 }
 
 fn get_header_map_size(mut c: C, map: i32, result_ptr: i32) -> R {
@@ -293,6 +304,10 @@ fn buffer(s: &VmState, kind: i32) -> BufView {
         BUF_CALL_RESPONSE_BODY => match &s.callout_response {
             Some(r) => BufView::Data(r.body.clone()),
             None => BufView::Missing,
+        },
+        BUF_GRPC_RECEIVE => match &s.grpc.message {
+            Some(m) => BufView::Data(m.clone()),
+            None => BufView::Null,
         },
         BUF_VM_CONFIGURATION => BufView::Data(s.plugin.vm_config.clone()),
         BUF_PLUGIN_CONFIGURATION if s.in_configure => BufView::Data(s.plugin.plugin_config.clone()),
@@ -458,6 +473,27 @@ fn property(s: &VmState, path: &[u8]) -> Result<Vec<u8>, Status> {
             .and_then(|st| st.origin.upstream_address.clone())
             .map(String::into_bytes)
             .ok_or(Status::NotFound),
+        ["xds", "route_name"] => st
+            .and(s.plugin.route_name.clone())
+            .map(String::into_bytes)
+            .ok_or(Status::NotFound),
+        ["xds", "cluster_name"] => st
+            .and(s.plugin.cluster_name.clone())
+            .map(String::into_bytes)
+            .ok_or(Status::NotFound),
+        ["xds", "route_metadata", rest @ ..] if !rest.is_empty() && st.is_some() => {
+            crate::value::metadata_property(&s.plugin.route_metadata, rest)
+        }
+        ["metadata", rest @ ..] if !rest.is_empty() => {
+            let st = st.ok_or(Status::NotFound)?;
+            match crate::value::metadata_property(&st.metadata, rest) {
+                Err(Status::NotFound) => {
+                    let joined = parts.join("\0");
+                    st.properties.get(&joined).cloned().ok_or(Status::NotFound)
+                }
+                other => other,
+            }
+        }
         ["request", attr] => {
             let h = req_headers.ok_or(Status::NotFound)?;
             let path = header_get(h, ":path").unwrap_or("");
@@ -833,7 +869,7 @@ fn define_proxy(
          bl: i32,
          hp: i32,
          hl: i32,
-         _grpc: i32|
+         grpc: i32|
          -> i32 {
             let (Some(body), Some(headers), Some(details)) = (
                 read(&mut c, bp, bl),
@@ -856,6 +892,9 @@ fn define_proxy(
                     body,
                     headers,
                     details,
+                    // Envoy takes 0..=16 as a gRPC status; anything else
+                    // (the SDK passes -1) leaves it to the HTTP status.
+                    grpc_status: (0..=16).contains(&grpc).then_some(grpc as u32),
                 });
             }
             s.stop_next_iteration = true;
@@ -905,13 +944,22 @@ fn define_proxy(
             {
                 return BAD_ARGUMENT;
             }
-            let mut headers = headers;
+            // What reaches the cluster (seen in Envoy 1.40): pseudo headers
+            // first, the filter's headers, content-length, then what the
+            // router adds for an internal request.
+            let mut headers = pseudo_first(headers);
             if !body.is_empty() {
                 headers.retain(|(k, _)| k != "content-length");
                 headers.push(("content-length".into(), body.len().to_string()));
             }
+            headers.push(("x-envoy-internal".into(), "true".into()));
+            if timeout > 0 {
+                headers.push(("x-envoy-expected-rq-timeout-ms".into(), timeout.to_string()));
+            }
             let s = c.data_mut();
-            let token = s.next_callout_token;
+            // Envoy 1.40's tokens: a counter per kind, shifted left by two,
+            // the kind in the low bits (HTTP 0, gRPC call 1, gRPC stream 2).
+            let token = s.next_callout_token << 2;
             s.next_callout_token += 1;
             s.new_callouts.push(NewCallout {
                 token,
@@ -1064,26 +1112,247 @@ fn define_proxy(
         },
     )?;
 
-    // Not modelled: foreign functions, gRPC. They answer as a host without them.
+    // Not modelled: foreign functions. They answer as a host without them.
     n("proxy_call_foreign_function");
     l.func_wrap(
         ENV,
         "proxy_call_foreign_function",
         |_c: C, _a: i32, _b: i32, _d: i32, _e: i32, _f: i32, _g: i32| -> i32 { NOT_FOUND },
     )?;
-    let unimplemented = Status::Unimplemented as i32;
-    for (name, params) in [
-        ("proxy_grpc_call", 12),
-        ("proxy_grpc_stream", 9),
-        ("proxy_grpc_send", 4),
-        ("proxy_grpc_cancel", 1),
-        ("proxy_grpc_close", 1),
-        ("proxy_get_status", 3),
-    ] {
-        n(name);
-        stub(l, ENV, name, &vec![ValType::I32; params], unimplemented)?;
-    }
+    define_grpc(l, &mut n)?;
     Ok(())
+}
+
+/// The cluster named by the `service` argument of a gRPC call: a serialized
+/// `envoy.config.core.v3.GrpcService` whose `envoy_grpc.cluster_name` names
+/// it, or (as the Rust SDK passes it) the cluster name itself.
+/// `Err` when the bytes are no `GrpcService` and name no cluster (Envoy
+/// 1.40 then answers ParseFailure).
+fn grpc_cluster(service: &[u8], clusters: &HashSet<String>) -> Result<String, i32> {
+    fn field(bytes: &[u8], number: u8) -> Option<&[u8]> {
+        // Only what a GrpcService with envoy_grpc { cluster_name } holds:
+        // a length-delimited field with a one-byte length.
+        let (&tag, rest) = bytes.split_first()?;
+        let (&len, rest) = rest.split_first()?;
+        (tag == (number << 3 | 2) && len < 0x80 && rest.len() == len as usize).then_some(rest)
+    }
+    if let Some(name) = field(service, 1).and_then(|envoy_grpc| field(envoy_grpc, 1)) {
+        return Ok(String::from_utf8_lossy(name).into_owned());
+    }
+    let name = String::from_utf8_lossy(service).into_owned();
+    if clusters.contains(&name) {
+        Ok(name)
+    } else {
+        Err(Status::ParseFailure as i32)
+    }
+}
+
+/// Envoy 1.40's gRPC tokens (seen with the ABI probe): a counter per kind,
+/// shifted left by two, the kind in the low bits (call 1, stream 2).
+fn next_grpc_token(s: &mut VmState, stream: bool) -> u32 {
+    let counter = if stream {
+        &mut s.next_grpc_stream
+    } else {
+        &mut s.next_grpc_call
+    };
+    let id = *counter;
+    *counter = counter.wrapping_add(1);
+    (id << 2) | if stream { 2 } else { 1 }
+}
+
+fn is_grpc_call_token(token: u32) -> bool {
+    token & 3 == 1
+}
+
+fn define_grpc(l: &mut Linker<VmState>, n: &mut impl FnMut(&str)) -> wasmtime::Result<()> {
+    const ENV: &str = "env";
+    n("proxy_grpc_call");
+    l.func_wrap(
+        ENV,
+        "proxy_grpc_call",
+        |mut c: C,
+         sp: i32,
+         sl: i32,
+         np: i32,
+         nl: i32,
+         mp: i32,
+         ml: i32,
+         ip: i32,
+         il: i32,
+         rp: i32,
+         rl: i32,
+         timeout: i32,
+         token_ptr: i32|
+         -> i32 {
+            let (Some(service), Some(name), Some(method), Some(meta), Some(message)) = (
+                read(&mut c, sp, sl),
+                read_str(&mut c, np, nl),
+                read_str(&mut c, mp, ml),
+                read(&mut c, ip, il),
+                read(&mut c, rp, rl),
+            ) else {
+                return INVALID_MEMORY;
+            };
+            let cluster = match grpc_cluster(&service, &c.data().plugin.clusters) {
+                Ok(name) => name,
+                Err(status) => return status,
+            };
+            let s = c.data_mut();
+            let token = next_grpc_token(s, false);
+            if !s.plugin.clusters.contains(&cluster) {
+                // A GrpcService naming an unknown cluster: Envoy's client
+                // fails at once ("Cluster not available", delivered after
+                // this call) and the call returns InternalFailure.
+                s.grpc_tokens.insert(token, false);
+                s.deferred.push(Deferred::GrpcRefused { token });
+                return Status::InternalFailure as i32;
+            }
+            s.grpc_tokens.insert(token, false);
+            s.grpc_ops.push(GrpcOp::Call {
+                token,
+                cluster,
+                service: name,
+                method,
+                metadata: lower_pairs(&meta),
+                message,
+                timeout_ms: timeout as u32,
+            });
+            if write_u32(&mut c, token_ptr, token) {
+                OK
+            } else {
+                INVALID_MEMORY
+            }
+        },
+    )?;
+    n("proxy_grpc_stream");
+    l.func_wrap(
+        ENV,
+        "proxy_grpc_stream",
+        |mut c: C,
+         sp: i32,
+         sl: i32,
+         np: i32,
+         nl: i32,
+         mp: i32,
+         ml: i32,
+         ip: i32,
+         il: i32,
+         token_ptr: i32|
+         -> i32 {
+            let (Some(service), Some(name), Some(method), Some(meta)) = (
+                read(&mut c, sp, sl),
+                read_str(&mut c, np, nl),
+                read_str(&mut c, mp, ml),
+                read(&mut c, ip, il),
+            ) else {
+                return INVALID_MEMORY;
+            };
+            let cluster = match grpc_cluster(&service, &c.data().plugin.clusters) {
+                Ok(name) => name,
+                Err(status) => return status,
+            };
+            let s = c.data_mut();
+            let token = next_grpc_token(s, true);
+            if !s.plugin.clusters.contains(&cluster) {
+                s.grpc_tokens.insert(token, true);
+                s.deferred.push(Deferred::GrpcRefused { token });
+                return Status::InternalFailure as i32;
+            }
+            s.grpc_tokens.insert(token, true);
+            s.grpc_ops.push(GrpcOp::Stream {
+                token,
+                cluster,
+                service: name,
+                method,
+                metadata: lower_pairs(&meta),
+            });
+            if write_u32(&mut c, token_ptr, token) {
+                OK
+            } else {
+                INVALID_MEMORY
+            }
+        },
+    )?;
+    n("proxy_grpc_send");
+    l.func_wrap(
+        ENV,
+        "proxy_grpc_send",
+        |mut c: C, token: i32, mp: i32, ml: i32, end: i32| -> i32 {
+            let Some(message) = read(&mut c, mp, ml) else {
+                return INVALID_MEMORY;
+            };
+            let s = c.data_mut();
+            let token = token as u32;
+            if is_grpc_call_token(token) {
+                return BAD_ARGUMENT;
+            }
+            if !s.grpc_tokens.contains_key(&token) {
+                return NOT_FOUND;
+            }
+            s.grpc_ops.push(GrpcOp::Send {
+                token,
+                message,
+                end: end != 0,
+            });
+            OK
+        },
+    )?;
+    n("proxy_grpc_close");
+    l.func_wrap(ENV, "proxy_grpc_close", |mut c: C, token: i32| -> i32 {
+        let s = c.data_mut();
+        let token = token as u32;
+        match s.grpc_tokens.get(&token) {
+            None => NOT_FOUND,
+            // Closing a call cancels it.
+            Some(false) => {
+                s.grpc_tokens.remove(&token);
+                s.grpc_ops.push(GrpcOp::Cancel { token });
+                OK
+            }
+            Some(true) => {
+                s.grpc_ops.push(GrpcOp::Close { token });
+                OK
+            }
+        }
+    })?;
+    n("proxy_grpc_cancel");
+    l.func_wrap(ENV, "proxy_grpc_cancel", |mut c: C, token: i32| -> i32 {
+        let s = c.data_mut();
+        let token = token as u32;
+        if s.grpc_tokens.remove(&token).is_none() {
+            return NOT_FOUND;
+        }
+        s.grpc_ops.push(GrpcOp::Cancel { token });
+        OK
+    })?;
+    n("proxy_get_status");
+    l.func_wrap(
+        ENV,
+        "proxy_get_status",
+        |mut c: C, code_ptr: i32, mpp: i32, msp: i32| -> R {
+            let (code, message) = c.data().status.clone();
+            if !write_u32(&mut c, code_ptr, code) {
+                return Ok(INVALID_MEMORY);
+            }
+            copy_out(&mut c, message.as_bytes(), mpp, msp)
+        },
+    )?;
+    Ok(())
+}
+
+/// Envoy's header maps keep pseudo headers in front, in their order.
+fn pseudo_first(headers: Headers) -> Headers {
+    let (mut pseudo, rest): (Headers, Headers) =
+        headers.into_iter().partition(|(k, _)| k.starts_with(':'));
+    pseudo.extend(rest);
+    pseudo
+}
+
+fn lower_pairs(bytes: &[u8]) -> Headers {
+    decode_pairs(bytes)
+        .into_iter()
+        .map(|(k, v)| (k.to_ascii_lowercase(), v))
+        .collect()
 }
 
 /// Envoy `continueStream`: the maps go away at once, the resume runs after

@@ -25,6 +25,10 @@ pub struct Request {
     pub trailers: Headers,
     /// Client address, `ip:port` (the `source.address` property).
     pub source_address: String,
+    /// Dynamic metadata set by filters before ours, by namespace.
+    pub filter_metadata: Vec<(String, crate::Value)>,
+    /// Other properties the filter can read, by path segments, raw bytes.
+    pub properties: Vec<(Vec<String>, Vec<u8>)>,
 }
 
 impl Request {
@@ -37,6 +41,8 @@ impl Request {
             chunks: Vec::new(),
             trailers: Vec::new(),
             source_address: "127.0.0.1:50000".to_string(),
+            filter_metadata: Vec::new(),
+            properties: Vec::new(),
         }
     }
 
@@ -96,6 +102,24 @@ impl Request {
 
     pub fn source_address(mut self, address: &str) -> Request {
         self.source_address = address.to_string();
+        self
+    }
+
+    /// Dynamic metadata an earlier filter set for this request (e.g.
+    /// `envoy.filters.http.set_metadata`, JWT claims): the filter reads it
+    /// as `metadata.filter_metadata.<namespace>...`, in Envoy's encodings.
+    /// Replaces the builder's [`crate::EnvoyBuilder::filter_metadata`] of
+    /// the same namespace.
+    pub fn filter_metadata(mut self, namespace: &str, value: crate::Value) -> Request {
+        self.filter_metadata.push((namespace.to_string(), value));
+        self
+    }
+
+    /// Any other property the filter may read for this request, by path
+    /// segments, as the raw bytes Envoy would return.
+    pub fn property(mut self, path: &[&str], value: impl AsRef<[u8]>) -> Request {
+        let path = path.iter().map(|p| p.to_string()).collect();
+        self.properties.push((path, value.as_ref().to_vec()));
         self
     }
 
@@ -187,6 +211,9 @@ pub struct Reply {
     /// Response flags added to the ones the kind of answer sets
     /// ([`Reply::with_flags`]).
     pub(crate) flags: u64,
+    /// For a cluster of `proxy_http_call` in process: how long (virtual
+    /// time) the answer takes ([`Reply::after`]).
+    pub(crate) delay: std::time::Duration,
 }
 
 impl Reply {
@@ -198,6 +225,7 @@ impl Reply {
             headers: Vec::new(),
             chunks: Vec::new(),
             flags: 0,
+            delay: std::time::Duration::ZERO,
         }
     }
 
@@ -322,6 +350,13 @@ impl Reply {
     /// (connect-failure retries exhausted: flags UF and URX).
     pub fn with_flags(mut self, flags: u64) -> Reply {
         self.flags |= flags;
+        self
+    }
+
+    /// A cluster of `proxy_http_call` in process answers after `delay` on
+    /// the virtual clock (e.g. to let the calling stream end first).
+    pub fn after(mut self, delay: std::time::Duration) -> Reply {
+        self.delay = delay;
         self
     }
 

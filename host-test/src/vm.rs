@@ -19,6 +19,10 @@ pub(crate) struct PluginInfo {
     pub plugin_config: Vec<u8>,
     pub vm_config: Vec<u8>,
     pub clusters: HashSet<String>,
+    /// `xds.route_name`, `xds.cluster_name`, `xds.route_metadata`.
+    pub route_name: Option<String>,
+    pub cluster_name: Option<String>,
+    pub route_metadata: crate::value::Metadata,
 }
 
 /// Host-side view of one direction (request or response) of a stream, as
@@ -46,6 +50,8 @@ pub(crate) struct StreamHost {
     pub properties: HashMap<String, Vec<u8>>,
     /// What Envoy's stream info says of the response's origin.
     pub origin: crate::origin::StreamOrigin,
+    /// Dynamic metadata (`metadata.filter_metadata.*`).
+    pub metadata: crate::value::Metadata,
 }
 
 impl StreamHost {
@@ -57,6 +63,7 @@ impl StreamHost {
             log_phase: false,
             properties: HashMap::new(),
             origin: Default::default(),
+            metadata: Vec::new(),
         }
     }
 }
@@ -70,6 +77,11 @@ pub(crate) enum Deferred {
     Close {
         ctx: u32,
     },
+    /// A gRPC call or stream to an unknown cluster: Envoy's client closes it
+    /// ("Cluster not available") right after the VM call.
+    GrpcRefused {
+        token: u32,
+    },
     LocalReply {
         ctx: u32,
         status: u16,
@@ -77,6 +89,8 @@ pub(crate) enum Deferred {
         headers: Headers,
         /// `response.code_details` as Envoy records it.
         details: String,
+        /// The filter's gRPC status for a gRPC request (0..=16), if any.
+        grpc_status: Option<u32>,
     },
 }
 
@@ -85,6 +99,43 @@ pub(crate) struct NewCallout {
     pub cluster: String,
     pub request: crate::http::UpstreamRequest,
     pub timeout_ms: u32,
+}
+
+/// A gRPC operation the filter asked for, carried out after the VM call.
+pub(crate) enum GrpcOp {
+    Call {
+        token: u32,
+        cluster: String,
+        service: String,
+        method: String,
+        metadata: Headers,
+        message: Vec<u8>,
+        timeout_ms: u32,
+    },
+    Stream {
+        token: u32,
+        cluster: String,
+        service: String,
+        method: String,
+        metadata: Headers,
+    },
+    Send {
+        token: u32,
+        message: Vec<u8>,
+        end: bool,
+    },
+    /// Half-close of a stream.
+    Close { token: u32 },
+    /// Cancel of a call, reset of a stream.
+    Cancel { token: u32 },
+}
+
+/// What the VM's gRPC callbacks can read while they run.
+#[derive(Default)]
+pub(crate) struct GrpcDelivery {
+    pub message: Option<Vec<u8>>,
+    pub initial: Option<Headers>,
+    pub trailing: Option<Headers>,
 }
 
 pub(crate) struct CalloutResponse {
@@ -111,6 +162,15 @@ pub(crate) struct VmState {
     pub stop_next_iteration: bool,
     pub new_callouts: Vec<NewCallout>,
     pub next_callout_token: u32,
+    pub grpc_ops: Vec<GrpcOp>,
+    /// Counters of gRPC calls and streams (tokens: see hostcalls).
+    pub next_grpc_call: u32,
+    pub next_grpc_stream: u32,
+    /// Live gRPC tokens: true for a stream.
+    pub grpc_tokens: HashMap<u32, bool>,
+    pub grpc: GrpcDelivery,
+    /// `proxy_get_status`: the status of the callout being delivered.
+    pub status: (u32, String),
     /// Set when the filter called `proxy_set_tick_period_milliseconds`.
     pub tick_request: Option<u32>,
     pub metric_names: HashMap<u32, String>,
@@ -136,6 +196,12 @@ impl VmState {
             stop_next_iteration: false,
             new_callouts: Vec::new(),
             next_callout_token: 1,
+            grpc_ops: Vec::new(),
+            next_grpc_call: 1,
+            next_grpc_stream: 1,
+            grpc_tokens: HashMap::new(),
+            grpc: GrpcDelivery::default(),
+            status: (0, String::new()),
             tick_request: None,
             metric_names: HashMap::new(),
             next_metric_id: [0, 1, 2],
@@ -177,6 +243,10 @@ pub(crate) struct Exports {
     pub on_tick: Option<TypedFunc<i32, ()>>,
     pub on_queue_ready: Option<TypedFunc<(i32, i32), ()>>,
     pub on_http_call_response: Option<CallResponseFn>,
+    pub on_grpc_receive_initial_metadata: Option<TypedFunc<(i32, i32, i32), ()>>,
+    pub on_grpc_receive: Option<TypedFunc<(i32, i32, i32), ()>>,
+    pub on_grpc_receive_trailing_metadata: Option<TypedFunc<(i32, i32, i32), ()>>,
+    pub on_grpc_close: Option<TypedFunc<(i32, i32, i32), ()>>,
 }
 
 pub(crate) struct Vm {
@@ -309,6 +379,10 @@ impl Vm {
             on_tick: export!("proxy_on_tick"),
             on_queue_ready: export!("proxy_on_queue_ready"),
             on_http_call_response: export!("proxy_on_http_call_response"),
+            on_grpc_receive_initial_metadata: export!("proxy_on_grpc_receive_initial_metadata"),
+            on_grpc_receive: export!("proxy_on_grpc_receive"),
+            on_grpc_receive_trailing_metadata: export!("proxy_on_grpc_receive_trailing_metadata"),
+            on_grpc_close: export!("proxy_on_grpc_close"),
         };
         let init = instance
             .get_typed_func::<(), ()>(&mut store, "_initialize")

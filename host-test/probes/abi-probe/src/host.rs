@@ -97,7 +97,7 @@ pub const MAP_RESPONSE_HEADERS: u32 = 2;
 pub const MAP_GRPC_INITIAL: u32 = 4;
 pub const MAP_GRPC_TRAILING: u32 = 5;
 pub const MAP_CALL_HEADERS: u32 = 6;
-pub const BUF_GRPC_RECEIVE: u32 = 2;
+pub const BUF_GRPC_RECEIVE: u32 = 5;
 pub const BUF_CALL_BODY: u32 = 4;
 pub const BUF_PLUGIN_CONFIG: u32 = 7;
 
