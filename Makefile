@@ -12,7 +12,7 @@ WASM_ENV    := RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc CARGO_TARGET_DIR=$(WASM_DI
 WASM_CRATES := dedup_filter empty_filter shared_data_probe abi_probe
 CARGO       ?= cargo
 
-.PHONY: deps wasm test test-native test-host test-envoy lint fmt bench bench-envoy demo clean
+.PHONY: deps wasm test test-native test-host test-envoy lint fmt bench bench-envoy chaos demo clean
 
 deps:
 	@bash .ci/install-deps.sh
@@ -42,6 +42,19 @@ bench: wasm
 bench-envoy: wasm
 	$(CARGO) run --locked --release -p dedup-envoy --bin bench-envoy
 	$(CARGO) run --locked --release -p dedup-envoy --bin bench-etcd
+
+# The chaos soak (README, "How we test"): 2 Envoys on a 3-member etcd and 1 on
+# shared data under seeded clients and faults, then the at-most-once checker.
+# `make chaos SECONDS=600 SEED=42`; BROKEN=release or BROKEN=no-scope runs a
+# deliberately broken configuration that the checker must catch. Its short
+# variant runs in `make test` (envoy/tests/chaos.rs).
+SECONDS ?= 60
+SEED    ?=
+CLIENTS ?= 24
+BROKEN  ?=
+chaos: wasm
+	$(CARGO) run --locked -q -p dedup-envoy --bin chaos -- --seconds $(SECONDS) --clients $(CLIENTS) \
+		$(if $(SEED),--seed $(SEED)) $(if $(BROKEN),--broken $(BROKEN))
 
 demo: wasm
 	$(CARGO) run --locked --release -p dedup-envoy --bin demo
