@@ -39,6 +39,8 @@ pub enum StreamState {
 pub struct EnvoyBuilder {
     wasm: PathBuf,
     workers: usize,
+    main_thread_vm: bool,
+    config_check: bool,
     plugin_config: Vec<u8>,
     vm_config: Vec<u8>,
     vm_id: String,
@@ -65,6 +67,27 @@ impl EnvoyBuilder {
     /// Number of worker threads, each with its own VM (default 1).
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = n.max(1);
+        self
+    }
+
+    /// Envoy's VM on the main thread (default on, as Envoy): one more VM of
+    /// the plugin, started and configured before the workers' (`on_vm_start`,
+    /// `on_configure`, its own root context and ticks), that never sees a
+    /// stream. Its log lines carry `worker == workers()`; it shares shared
+    /// data, queues and metrics with the workers and keeps ticking when a
+    /// worker's VM fails.
+    pub fn main_thread_vm(mut self, on: bool) -> Self {
+        self.main_thread_vm = on;
+        self
+    }
+
+    /// The short-lived copy of the plugin Envoy starts and configures once
+    /// before serving (default on, as Envoy): `on_vm_start` and
+    /// `on_configure` run one more time, first, in a VM that is then dropped
+    /// (its log lines carry `worker == workers() + 1` when the main-thread
+    /// VM is on). A configuration it rejects fails the build.
+    pub fn config_check(mut self, on: bool) -> Self {
+        self.config_check = on;
         self
     }
 
@@ -253,6 +276,7 @@ impl EnvoyBuilder {
         });
         let mut envoy = Envoy {
             vms: Vec::new(),
+            workers: self.workers,
             shared: shared.clone(),
             plugin: plugin.clone(),
             allow_stop: self.allow_on_headers_stop_iteration,
@@ -280,13 +304,29 @@ impl EnvoyBuilder {
             hold_callouts: false,
             held_callouts: Vec::new(),
         };
-        for worker in 0..self.workers {
-            let mut state = VmState::new(shared.clone(), plugin.clone(), worker);
+        // VMs by index: the workers, then the main thread's, then (while it
+        // lives) the short-lived copy Envoy configures before serving.
+        let main = usize::from(self.main_thread_vm);
+        let check = usize::from(self.config_check);
+        for index in 0..self.workers + main + check {
+            let mut state = VmState::new(shared.clone(), plugin.clone(), index);
             state.rng ^= self.random_seed.wrapping_mul(0xd134_2543_de82_ef95);
             let vm = Vm::instantiate(&pre, state)?;
             envoy.vms.push(vm);
             envoy.next_ctx.push(2);
             envoy.ticks.push(None);
+        }
+        if self.config_check {
+            let index = self.workers + main;
+            envoy.start_vm(index)?;
+            envoy.vms.pop();
+            envoy.next_ctx.pop();
+            envoy.ticks.pop();
+        }
+        if self.main_thread_vm {
+            envoy.start_vm(self.workers)?;
+        }
+        for worker in 0..self.workers {
             envoy.start_vm(worker)?;
         }
         envoy.pump();
@@ -402,7 +442,9 @@ enum Event {
 
 /// A simulated Envoy process with one proxy-wasm HTTP filter.
 pub struct Envoy {
+    /// The workers' VMs, then the main thread's.
     vms: Vec<Vm>,
+    workers: usize,
     shared: Shared,
     plugin: Arc<PluginInfo>,
     allow_stop: bool,
@@ -449,6 +491,8 @@ impl Envoy {
         EnvoyBuilder {
             wasm: wasm.as_ref().to_path_buf(),
             workers: 1,
+            main_thread_vm: true,
+            config_check: true,
             plugin_config: Vec::new(),
             vm_config: Vec::new(),
             vm_id: String::new(),
@@ -892,10 +936,10 @@ impl Envoy {
 
     /// Opens a stream on `worker` without sending anything yet.
     pub fn start(&mut self, worker: usize, request: Request) -> Result<StreamId, Error> {
-        if worker >= self.vms.len() {
+        if worker >= self.workers {
             return Err(Error::Usage(format!(
                 "worker {worker} does not exist ({} workers)",
-                self.vms.len()
+                self.workers
             )));
         }
         let sid = self.next_stream;
@@ -2044,8 +2088,14 @@ impl Envoy {
 
     // ---- inspection and control ------------------------------------------
 
+    /// Worker threads (VMs that serve streams).
     pub fn workers(&self) -> usize {
-        self.vms.len()
+        self.workers
+    }
+
+    /// The main-thread VM trapped (in `on_tick`, say) and is failed.
+    pub fn main_thread_failed(&self) -> bool {
+        self.vms.get(self.workers).is_some_and(|v| v.failed)
     }
 
     /// The worker's VM trapped and is failed (every later stream: 503).

@@ -47,9 +47,25 @@ fn ticks_follow_the_virtual_clock_per_worker() {
     envoy.advance(Duration::from_millis(99));
     assert_eq!(envoy.counter("probe_ticks"), Some(0));
     envoy.advance(Duration::from_millis(1));
-    assert_eq!(envoy.counter("probe_ticks"), Some(2), "one per worker");
+    assert_eq!(
+        envoy.counter("probe_ticks"),
+        Some(3),
+        "one per worker, one on the main thread"
+    );
     envoy.advance(Duration::from_secs(1));
-    assert_eq!(envoy.counter("probe_ticks"), Some(22));
+    assert_eq!(envoy.counter("probe_ticks"), Some(33));
+}
+
+#[test]
+fn ticks_only_on_workers_without_the_main_thread_vm() {
+    let mut envoy = probe_builder()
+        .workers(2)
+        .main_thread_vm(false)
+        .plugin_config(r#"{"tick_ms": 100}"#)
+        .build()
+        .unwrap();
+    envoy.advance(Duration::from_millis(100));
+    assert_eq!(envoy.counter("probe_ticks"), Some(2), "one per worker");
 }
 
 #[test]
