@@ -647,8 +647,11 @@ fn etcd_slower_than_the_timeout_applies_failure_mode_in_bounded_time() {
 fn completed_records_vanish_from_etcd_when_their_lease_ends() {
     const TTL: i64 = 2;
     const IN_FLIGHT: i64 = 2;
-    let cfg =
-        etcd_filter_config(json!({"ttl_seconds": TTL, "in_flight_timeout_seconds": IN_FLIGHT}));
+    const TIMEOUT_S: i64 = 1;
+    let cfg = etcd_filter_config(
+        json!({"ttl_seconds": TTL, "in_flight_timeout_seconds": IN_FLIGHT,
+        "store": {"timeout_ms": TIMEOUT_S * 1000}}),
+    );
     let m = Multi::start("mp-ttl", [&cfg, &cfg]);
     let path = "/orders/ttl";
     let body = json!({"item": "tea"});
@@ -670,8 +673,9 @@ fn completed_records_vanish_from_etcd_when_their_lease_ends() {
             String::from_utf8_lossy(&k.key)
         );
         // A record's lease is taken when it is claimed, so it covers the
-        // in-flight time, then ttl_seconds, plus the window in which one
-        // lease is shared (1/8 of the life, at least 1 s), whole seconds.
+        // in-flight lease (in-flight time, its 1 s window, the store budget
+        // and a second of rounding), then ttl_seconds, plus the window in
+        // which one lease is shared (1/8 of the life, at least 1 s).
         if let Some(ttl) = m.etcd.lease_ttl(k.lease).unwrap() {
             eprintln!(
                 "record {} lease {:x}: granted {} s, {} s left",
@@ -681,7 +685,7 @@ fn completed_records_vanish_from_etcd_when_their_lease_ends() {
                 ttl.remaining_seconds
             );
             assert!(
-                ttl.granted_seconds <= TTL + IN_FLIGHT + 1,
+                ttl.granted_seconds <= TTL + IN_FLIGHT + 1 + TIMEOUT_S + 1 + 1,
                 "lease granted {} s for ttl_seconds {TTL}, in_flight_timeout_seconds {IN_FLIGHT}",
                 ttl.granted_seconds
             );

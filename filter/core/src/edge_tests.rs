@@ -310,3 +310,41 @@ fn a_pending_callout_is_found_until_answered() {
     assert_eq!(t.get(4), None);
     assert!(t.is_empty());
 }
+
+// ---------- etcd leases answered late ----------
+
+#[test]
+fn etcd_a_lease_grant_answered_late_never_shortens_the_claims_made_with_it() {
+    // The worker uses a lease for claims during one window. Counted from when the grant
+    // was answered, a grant answered late (up to the attempt timeout) lets claims use a
+    // lease that ends before their in-flight time.
+    let p = etcd_plugin(r#""in_flight_timeout_seconds": 5"#);
+    let (mut a, mut b) = two_proxies();
+    let t0 = a.now_ms;
+    let mut first = DedupStream::new(1);
+    let mut action = first.on_request_headers(&p, &mut a, req("POST", "/o").key("k0").head, true);
+    // etcd grants the in-flight lease at t0; the answer reaches the worker 999 ms later
+    // (within the attempt timeout).
+    let Action::Call(grant) = action else {
+        panic!("{action:?}")
+    };
+    assert_eq!(grant.path, crate::etcd::LEASE_GRANT_PATH);
+    let granted = call(&a, &grant);
+    a.now_ms = t0 + 999;
+    action = first.on_store_answer(&p, &mut a, granted);
+    assert_eq!(settle(&p, &mut a, &mut first, action), Action::Continue);
+    // Another request on the same worker, just inside the lease's window.
+    a.now_ms = t0 + 1_998;
+    let r = req("POST", "/o").key("k1");
+    let second = send(&p, &mut a, &r).unwrap();
+    let forwarded_at = a.now_ms;
+    // Until 5 s after that claim, the key is in flight on every proxy.
+    b.now_ms = forwarded_at + 4_999;
+    let dup = run(&p, &mut b, &r, ok("twice"));
+    assert_eq!(
+        dup.status(),
+        409,
+        "the claim made at t+1998 ended early: {dup:?}"
+    );
+    drop((first, second));
+}

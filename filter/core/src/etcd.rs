@@ -270,21 +270,13 @@ impl LeaseCache {
         slot.filter(|(_, until)| now_ms < *until).map(|(id, _)| id)
     }
 
-    pub fn put(&mut self, purpose: LeasePurpose, id: i64, now_ms: u64, window_ms: u64) {
-        let v = Some((id, now_ms.saturating_add(window_ms)));
+    /// Caches lease `id` for the window after `sent_ms`, when its grant was sent (not
+    /// when the answer came: etcd's TTL started before that).
+    pub fn put(&mut self, purpose: LeasePurpose, id: i64, sent_ms: u64, window_ms: u64) {
+        let v = Some((id, sent_ms.saturating_add(window_ms)));
         match purpose {
             LeasePurpose::InFlight => self.in_flight = v,
             LeasePurpose::Completed => self.completed = v,
-        }
-    }
-
-    /// Forgets a lease etcd no longer knows.
-    pub fn forget(&mut self, id: i64) {
-        if self.in_flight.is_some_and(|(i, _)| i == id) {
-            self.in_flight = None;
-        }
-        if self.completed.is_some_and(|(i, _)| i == id) {
-            self.completed = None;
         }
     }
 }
@@ -299,18 +291,27 @@ pub struct LeasePlan {
 }
 
 impl LeasePlan {
-    /// The completed lease is taken at claim time (so completion is one call even if the
-    /// stream is gone by the time etcd answers), hence it also covers the in-flight time.
-    pub fn new(ttl_ms: u64, in_flight_ms: u64) -> Self {
+    /// A lease is attached to records created in the window after its grant was *sent*
+    /// (etcd starts its TTL when it grants, which is later), and lives past that window
+    /// by the record's whole life: a claim built with it may be forwarded as late as its
+    /// store budget (`budget_ms`, `store.timeout_ms`) after it was built, and must stay
+    /// in flight for `in_flight_ms` from then. The completed lease is taken at claim time
+    /// (so completion is one call even if the stream is gone by the time etcd answers),
+    /// hence it also covers the in-flight time, the in-flight window and the budget: a
+    /// completion may land until the in-flight lease ends, and then answers for `ttl_ms`.
+    pub fn new(ttl_ms: u64, in_flight_ms: u64, budget_ms: u64) -> Self {
         let window = |life: u64| (life / 8).clamp(1_000, 60_000);
         let in_flight_window_ms = window(in_flight_ms);
         let completed_window_ms = window(ttl_ms);
         let secs = |ms: u64| ms.div_ceil(1000);
+        let in_flight_life = in_flight_ms + in_flight_window_ms + budget_ms;
         LeasePlan {
             in_flight_window_ms,
             completed_window_ms,
-            in_flight_ttl_s: secs(in_flight_ms + in_flight_window_ms),
-            completed_ttl_s: secs(ttl_ms + in_flight_ms + completed_window_ms),
+            in_flight_ttl_s: secs(in_flight_life),
+            // The in-flight lease's rounding to seconds: a completion may land up to
+            // one second after `in_flight_life`.
+            completed_ttl_s: secs(ttl_ms + in_flight_life + 1_000 + completed_window_ms),
         }
     }
 

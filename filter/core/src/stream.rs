@@ -28,7 +28,11 @@ pub struct Plugin {
 
 impl Plugin {
     pub fn new(config: Config) -> Self {
-        let leases = LeasePlan::new(config.ttl_ms, config.in_flight_timeout_ms);
+        let budget_ms = match &config.store {
+            StoreConfig::Etcd(ec) => ec.timeout_ms,
+            StoreConfig::SharedData => 0,
+        };
+        let leases = LeasePlan::new(config.ttl_ms, config.in_flight_timeout_ms, budget_ms);
         let layout = Layout::new(
             &config.namespace,
             config.capacity,
@@ -139,6 +143,8 @@ struct Claiming {
     retries: u32,
     deadline_ms: u64,
     call: StoreCall,
+    /// When `call` was last sent (a lease's window starts then).
+    sent_ms: u64,
     /// The lease the completed record will carry, fixed when the claim txn is built.
     completed_lease: Option<i64>,
     /// The in-flight lease and expiry of the record the last claim txn writes.
@@ -847,6 +853,7 @@ impl DedupStream {
                 body: Vec::new(),
                 timeout_ms: ec.timeout_ms,
             },
+            sent_ms: now,
             completed_lease: None,
             in_flight_lease: 0,
             expires_ms: 0,
@@ -887,6 +894,7 @@ impl DedupStream {
         };
         c.step = step;
         c.retries = 0;
+        c.sent_ms = now;
         c.call = StoreCall {
             path,
             body,
@@ -915,6 +923,7 @@ impl DedupStream {
             if c.retries < MAX_RETRIES && now < c.deadline_ms {
                 c.retries += 1;
                 c.call.timeout_ms = attempt_timeout(p, c.deadline_ms, now);
+                c.sent_ms = now;
                 let call = c.call.clone();
                 self.phase = Phase::Claiming(c);
                 return Action::Call(call);
@@ -934,7 +943,8 @@ impl DedupStream {
         };
         match (c.step, parsed) {
             (ClaimStep::Grant(purpose), EtcdAnswer::Lease { id }) => {
-                env.leases().put(purpose, id, now, p.leases.window(purpose));
+                env.leases()
+                    .put(purpose, id, c.sent_ms, p.leases.window(purpose));
                 self.next_claim_call(p, env, c)
             }
             (ClaimStep::Txn, EtcdAnswer::Error { code, message })
@@ -1080,6 +1090,7 @@ impl DedupStream {
                             timeout_ms: attempt_timeout(p, c.deadline_ms, now),
                         };
                         c.retries = 0;
+                        c.sent_ms = now;
                         let call = c.call.clone();
                         self.phase = Phase::Claiming(c);
                         Action::Call(call)

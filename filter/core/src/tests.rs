@@ -1817,11 +1817,12 @@ fn etcd_in_flight_records_end_only_with_their_lease_whatever_the_clocks() {
     assert_eq!(dup.problem_type(), "urn:proxy-dedup:problem:in-flight");
     b.now_ms = t0 + 60_000 + 4_000;
     assert_eq!(run(&p, &mut b, &r, ok("twice")).status(), 409);
-    // The in-flight lease (5 s + a 1 s window) has ended by etcd's clock: the key is
+    // The in-flight lease (5 s + a 1 s window + the 0.5 s store budget, in whole
+    // seconds) has ended by etcd's clock: the key is
     // gone and may run again.
-    b.now_ms = t0 + 60_000 + 6_001;
+    b.now_ms = t0 + 60_000 + 7_001;
     let retry = send(&p, &mut b, &r).unwrap();
-    a.now_ms = t0 + 6_001;
+    a.now_ms = t0 + 7_001;
     respond(&p, &mut a, stuck, ok("late"));
     assert_eq!(a.count_of(Counter::ClaimsLost), 1);
     respond(&p, &mut b, retry, ok("fresh"));
@@ -1830,7 +1831,12 @@ fn etcd_in_flight_records_end_only_with_their_lease_whatever_the_clocks() {
     // them from etcd.
     let t1 = a.now_ms;
     assert!(a.etcd.key_count(t1) >= 1);
-    assert_eq!(a.etcd.key_count(t1 + 10_000 + 5_000 + 1_250 + 1_000), 0);
+    // ttl + (in flight + window + budget) + 1 s + the completed window, from the grant.
+    assert_eq!(
+        a.etcd
+            .key_count(t1 + 10_000 + 6_500 + 1_000 + 1_250 + 1_000),
+        0
+    );
     let (mut c, _) = two_proxies();
     c.etcd = a.etcd.clone();
     c.now_ms = t1 + 10_000;
