@@ -348,3 +348,268 @@ fn etcd_a_lease_grant_answered_late_never_shortens_the_claims_made_with_it() {
     );
     drop((first, second));
 }
+
+// ---------- configuration bounds: each documented end is inside, one past it outside ----------
+
+#[test]
+fn every_documented_range_includes_its_ends() {
+    let ok = |json: &str| {
+        Config::parse(json.as_bytes()).unwrap_or_else(|e| panic!("{json}: {e}"));
+    };
+    let refused = |json: &str, field: &str| {
+        assert_eq!(cfg_err(json).0, field, "{json}");
+    };
+    for (field, low, high) in [
+        ("ttl_seconds", 1u64, 31_536_000u64),
+        ("in_flight_timeout_seconds", 1, 86_400),
+        ("retry_after_seconds", 0, 3600),
+        ("capacity", 16, 10_000_000),
+        ("max_body_bytes", 0, 64 << 20),
+        ("max_replay_body_bytes", 0, 16 << 20),
+    ] {
+        ok(&format!(r#"{{"{field}": {low}}}"#));
+        ok(&format!(r#"{{"{field}": {high}}}"#));
+        refused(&format!(r#"{{"{field}": {}}}"#, high + 1), field);
+        if low > 0 {
+            refused(&format!(r#"{{"{field}": {}}}"#, low - 1), field);
+        }
+    }
+    let c = Config::parse(br#"{"ttl_seconds": 31536000, "capacity": 16}"#).unwrap();
+    assert_eq!((c.ttl_ms, c.capacity), (31_536_000_000, 16));
+    ok(r#"{"key": {"max_length": 4096}}"#);
+    refused(r#"{"key": {"max_length": 4097}}"#, "key.max_length");
+    let etcd = |extra: &str| format!(r#"{{"store": {{"kind": "etcd", "cluster": "e"{extra}}}}}"#);
+    ok(&etcd(r#", "timeout_ms": 10"#));
+    ok(&etcd(r#", "timeout_ms": 60000"#));
+    refused(&etcd(r#", "timeout_ms": 60001"#), "store.timeout_ms");
+    ok(&etcd(r#", "max_record_bytes": 67108864"#));
+    refused(
+        &etcd(r#", "max_record_bytes": 4095"#),
+        "store.max_record_bytes",
+    );
+}
+
+#[test]
+fn header_lists_hold_up_to_16_names() {
+    let names = |n: usize| {
+        (0..n)
+            .map(|i| format!("\"x-h{i}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for field in ["key", "scope"] {
+        let json = |n| format!(r#"{{"{field}": {{"headers": [{}]}}}}"#, names(n));
+        Config::parse(json(16).as_bytes()).unwrap();
+        assert_eq!(cfg_err(&json(17)).0, format!("{field}.headers"));
+    }
+}
+
+#[test]
+fn the_etcd_record_limit_defaults_to_1_mib_and_must_fit_the_replay_cap() {
+    let c = Config::parse(br#"{"store": {"kind": "etcd", "cluster": "e"}}"#).unwrap();
+    let crate::config::StoreConfig::Etcd(ec) = &c.store else {
+        panic!("{:?}", c.store)
+    };
+    assert_eq!(ec.max_record_bytes, 1 << 20);
+    // The replay cap may use all the room the record's own bytes leave, not one more.
+    let room = 4096 * 4 + 100 - crate::config::RECORD_OVERHEAD_BYTES;
+    let json = |cap: usize| {
+        format!(
+            r#"{{"max_replay_body_bytes": {cap}, "store": {{"kind": "etcd", "cluster": "e", "max_record_bytes": {}}}}}"#,
+            4096 * 4 + 100
+        )
+    };
+    Config::parse(json(room).as_bytes()).unwrap();
+    assert_eq!(cfg_err(&json(room + 1)).0, "max_replay_body_bytes");
+}
+
+#[test]
+fn store_names_are_checked_at_both_ends() {
+    let ns = |n: &str| format!(r#"{{"store": {{"namespace": "{n}"}}}}"#);
+    Config::parse(ns(&"n".repeat(64)).as_bytes()).unwrap();
+    for bad in ["".to_string(), "n".repeat(65), "a/b".into(), "a b".into()] {
+        assert_eq!(cfg_err(&ns(&bad)).0, "store.namespace", "{bad:?}");
+    }
+    let etcd = |extra: &str| format!(r#"{{"store": {{"kind": "etcd"{extra}}}}}"#);
+    assert_eq!(cfg_err(&etcd(r#", "cluster": """#)).0, "store.cluster");
+    Config::parse(etcd(r#", "cluster": "c", "authority": "etcd.local""#).as_bytes()).unwrap();
+    for bad in ["", "a b", "a\\u0001"] {
+        let json = etcd(&format!(r#", "cluster": "c", "authority": "{bad}""#));
+        assert_eq!(cfg_err(&json).0, "store.authority", "{bad:?}");
+    }
+    let prefix = |p: &str| etcd(&format!(r#", "cluster": "c", "prefix": "{p}""#));
+    Config::parse(prefix(&"p".repeat(128)).as_bytes()).unwrap();
+    for bad in ["".to_string(), "p".repeat(129), "a\\u0007".into()] {
+        assert_eq!(cfg_err(&prefix(&bad)).0, "store.prefix", "{bad:?}");
+    }
+}
+
+// ---------- request identity ----------
+
+#[test]
+fn a_short_content_type_is_not_grpc() {
+    let p = plugin("{}");
+    let (_, mut env) = world();
+    for ct in ["text/plain", "application/grp", ""] {
+        let r = req("POST", "/o")
+            .key(&format!("k-{ct}"))
+            .header("content-type", ct);
+        assert!(matches!(
+            run(&p, &mut env, &r, ok("a")),
+            Outcome::Upstream(..)
+        ));
+        assert_eq!(run(&p, &mut env, &r, ok("b")).local().body, b"a", "{ct:?}");
+    }
+    assert_eq!(env.count_of(Counter::Bypassed), 0);
+}
+
+#[test]
+fn the_query_is_part_of_the_payload_and_of_a_query_fingerprint() {
+    let (_, mut env) = world();
+    let p = plugin("{}");
+    assert!(matches!(
+        run(&p, &mut env, &req("POST", "/o?a=1").key("k"), ok("a")),
+        Outcome::Upstream(..)
+    ));
+    let o = run(&p, &mut env, &req("POST", "/o?a=2").key("k"), ok("no"));
+    assert_eq!(o.problem_type(), "urn:proxy-dedup:problem:payload-mismatch");
+    // Keyless: only the query differs, and it is a configured part.
+    let p = plugin(r#"{"key": {"fingerprint": ["path", "query"]}, "store": {"namespace": "fp"}}"#);
+    for q in ["/f?x=1", "/f?x=2"] {
+        assert!(matches!(
+            run(&p, &mut env, &req("POST", q), ok(q)),
+            Outcome::Upstream(..)
+        ));
+    }
+    assert_eq!(
+        run(&p, &mut env, &req("POST", "/f?x=2"), ok("no"))
+            .local()
+            .body,
+        b"/f?x=2"
+    );
+}
+
+#[test]
+fn authority_as_a_named_header_separates_hosts() {
+    // Without scope.authority, naming :authority in the fingerprint still tells hosts apart.
+    let p = plugin(
+        r#"{"scope": {"authority": false}, "key": {"fingerprint": ["header::authority", "body"]}}"#,
+    );
+    let (_, mut env) = world();
+    let mut one = req("POST", "/x").body("same");
+    one.head.authority = "one.example".into();
+    let mut two = one.clone();
+    two.head.authority = "two.example".into();
+    assert!(matches!(
+        run(&p, &mut env, &one, ok("one")),
+        Outcome::Upstream(..)
+    ));
+    assert!(matches!(
+        run(&p, &mut env, &two, ok("two")),
+        Outcome::Upstream(..)
+    ));
+    assert_eq!(run(&p, &mut env, &two, ok("no")).local().body, b"two");
+}
+
+#[test]
+fn a_json_key_that_is_absent_passes_unless_keys_are_required() {
+    let (_, mut env) = world();
+    let p = plugin(r#"{"key": {"json_pointer": "/id"}}"#);
+    let r = req("POST", "/o").body(r#"{"other": 1}"#);
+    assert!(matches!(
+        run(&p, &mut env, &r, ok("a")),
+        Outcome::Upstream(..)
+    ));
+    assert!(matches!(
+        run(&p, &mut env, &r, ok("b")),
+        Outcome::Upstream(..)
+    ));
+    assert_eq!(env.count_of(Counter::Bypassed), 2);
+    let p = plugin(r#"{"key": {"json_pointer": "/id", "required": true}}"#);
+    assert_eq!(run(&p, &mut env, &r, ok("no")).status(), 400);
+}
+
+// ---------- what the glue asks the stream ----------
+
+#[test]
+fn the_stream_says_when_it_wants_bodies() {
+    let p = plugin(r#"{"max_replay_body_bytes": 4}"#);
+    let (_, mut env) = world();
+    let mut s = DedupStream::new(1);
+    let head = req("POST", "/o").key("k").head;
+    assert_eq!(
+        s.on_request_headers(&p, &mut env, head, false),
+        Action::Pause
+    );
+    assert!(s.reading_request());
+    assert_eq!(
+        s.on_request_body(&p, &mut env, 2, true, || Some(b"{}".to_vec())),
+        Action::Continue
+    );
+    assert!(!s.reading_request());
+    assert!(s.holds_claim());
+    let pairs = || vec![(":status".to_string(), b"200".to_vec())];
+    assert_eq!(
+        s.on_response_headers(&p, &mut env, 200, &Origin::upstream(), pairs, false),
+        None
+    );
+    assert!(s.wants_response_body() && s.capture_within_cap());
+    assert_eq!(s.on_response_body(&p, &mut env, b"12345", false), None);
+    // Over the cap: still completing (it executed), no longer worth buffering.
+    assert!(s.wants_response_body() && !s.capture_within_cap());
+    // Trailers end the response: completed, not kept.
+    assert_eq!(s.on_response_trailers(&p, &mut env), None);
+    assert!(!s.wants_response_body() && !s.holds_claim());
+    let dup = run(
+        &p,
+        &mut env,
+        &req("POST", "/o").key("k").body("{}"),
+        ok("no"),
+    );
+    assert_eq!(
+        dup.problem_type(),
+        "urn:proxy-dedup:problem:response-not-stored"
+    );
+}
+
+#[test]
+fn trailers_complete_a_captured_response() {
+    let p = plugin("{}");
+    let (_, mut env) = world();
+    let r = req("POST", "/o").key("k");
+    let mut s = send(&p, &mut env, &r).unwrap();
+    let pairs = || vec![(":status".to_string(), b"201".to_vec())];
+    assert_eq!(
+        s.on_response_headers(&p, &mut env, 201, &Origin::upstream(), pairs, false),
+        None
+    );
+    assert_eq!(s.on_response_body(&p, &mut env, b"made", false), None);
+    assert_eq!(s.on_response_trailers(&p, &mut env), None);
+    let replay = run(&p, &mut env, &r, ok("no"));
+    assert_eq!(
+        (replay.status(), &replay.local().body[..]),
+        (201, &b"made"[..])
+    );
+}
+
+#[test]
+fn an_unreadable_response_body_completes_without_keeping_it() {
+    let p = plugin("{}");
+    let (_, mut env) = world();
+    let r = req("POST", "/o").key("k");
+    let mut s = send(&p, &mut env, &r).unwrap();
+    let pairs = || vec![(":status".to_string(), b"200".to_vec())];
+    assert_eq!(
+        s.on_response_headers(&p, &mut env, 200, &Origin::upstream(), pairs, false),
+        None
+    );
+    s.on_response_body_unreadable();
+    assert!(!s.capture_within_cap());
+    assert_eq!(s.on_response_body(&p, &mut env, b"rest", true), None);
+    let dup = run(&p, &mut env, &r, ok("no"));
+    assert_eq!(
+        dup.problem_type(),
+        "urn:proxy-dedup:problem:response-not-stored"
+    );
+    assert_eq!(env.count_of(Counter::Executed), 1);
+}
