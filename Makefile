@@ -12,7 +12,7 @@ WASM_ENV    := RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc CARGO_TARGET_DIR=$(WASM_DI
 WASM_CRATES := dedup_filter empty_filter shared_data_probe abi_probe
 CARGO       ?= cargo
 
-.PHONY: deps wasm test test-native test-host test-envoy lint fmt bench bench-envoy chaos demo clean
+.PHONY: deps wasm oci test test-native test-host test-envoy lint fmt bench bench-envoy chaos demo clean
 
 deps:
 	@bash .ci/install-deps.sh
@@ -23,6 +23,13 @@ wasm: deps
 	@mkdir -p dist
 	@for c in $(WASM_CRATES); do cp $(WASM_DIR)/$(WASM_TARGET)/release/$$c.wasm dist/; done
 	@ls -l dist/*.wasm
+
+# The module as an OCI image for Istio's WasmPlugin, in dist/oci (an OCI image
+# layout); prints the module's sha256 and the image digest (README, "Istio:
+# the OCI image"). `make oci OCI_TAG=1.2.3` for another tag.
+OCI_TAG ?= 0.1.0
+oci: wasm
+	$(CARGO) run --locked -q -p dedup-envoy --bin oci-image -- --out dist/oci --tag $(OCI_TAG)
 
 # Everything: native logic tests, host-test scenarios on the built module,
 # real-Envoy end-to-end tests (they start Envoy, the demo upstream and etcd).

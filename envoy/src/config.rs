@@ -15,6 +15,9 @@ pub const NO_FILTER: &str = "no-filter.yaml";
 pub const SINGLE_NODE_LDS: &str = "single-node-lds.yaml";
 /// The listener resource of `SINGLE_NODE_LDS` (a DiscoveryResponse).
 pub const LDS_LISTENER: &str = "lds/ingress-listener.yaml";
+/// `single-node.yaml` with the module fetched over HTTP
+/// (`vm_config.code.remote`, checked against its SHA-256).
+pub const REMOTE_MODULE: &str = "remote-module.yaml";
 
 /// Replace every `{{NAME}}` outside comment lines with its value from `vars`.
 /// A placeholder with no value is an error; comment lines are left as written
@@ -141,6 +144,22 @@ impl EnvoyConfig {
             ports: Vec::new(),
             lds_template: None,
         })
+    }
+
+    /// `remote-module.yaml`: Envoy fetches the module from
+    /// `http://127.0.0.1:<module_port>/dedup_filter.wasm` and refuses it unless
+    /// its SHA-256 is `sha256` (hex).
+    pub fn remote_module(
+        upstream_port: u16,
+        module_port: u16,
+        sha256: &str,
+        filter_config: &str,
+    ) -> Result<Self> {
+        let mut c = Self::no_filter(upstream_port)?;
+        c.template = config_file(REMOTE_MODULE);
+        c.filter_config = filter_config.to_string();
+        Ok(c.with_var("MODULE_PORT", &module_port.to_string())
+            .with_var("MODULE_SHA256", sha256))
     }
 
     /// New listener and admin ports (after a bind clash).

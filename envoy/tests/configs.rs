@@ -47,6 +47,9 @@ fn every_envoy_config_passes_envoy_validate() {
             // admin-api.yaml: the operator API listener.
             ("ADMIN_API_PORT", "9902".into()),
             ("ADMIN_FILTER_CONFIG", r#"{"role": "admin"}"#.into()),
+            // remote-module.yaml (validate mode does not fetch the module).
+            ("MODULE_PORT", "8000".into()),
+            ("MODULE_SHA256", "0".repeat(64)),
         ];
         // The LDS bootstrap names its listener file: render that too. (Envoy's
         // validate mode does not read LDS files; lds_and_jwt_scope_configs_
