@@ -1030,3 +1030,86 @@ fn etcd_settling_answers_say_what_happened_to_the_record() {
         );
     }
 }
+
+// ---------- the shared-data store: keys, layouts, errors ----------
+
+#[test]
+fn the_store_writes_only_its_documented_keys() {
+    let p = plugin(r#"{"capacity": 32, "store": {"namespace": "orders"}}"#);
+    let (shared, mut env) = world();
+    for i in 0..20 {
+        run(
+            &p,
+            &mut env,
+            &req("POST", "/o").key(&format!("k{i}")),
+            ok("x"),
+        );
+    }
+    let mut keys = shared.keys();
+    keys.sort();
+    assert!(keys.contains(&"orders/layouts".to_string()), "{keys:?}");
+    for k in &keys {
+        let ok =
+            k == "orders/layouts" || k.starts_with("orders/2/b/") || k.starts_with("orders/2/r/");
+        assert!(ok, "unexpected key {k}");
+    }
+    assert!(keys.len() as u64 <= p.layout.max_keys(), "{}", keys.len());
+    assert_eq!(p.layout.namespace(), "orders");
+}
+
+#[test]
+fn another_layout_yields_only_to_a_live_record_of_the_same_key() {
+    let (_, mut env) = world();
+    let old = plugin(r#"{"capacity": 16, "ttl_seconds": 10}"#);
+    let new = plugin(r#"{"capacity": 32, "ttl_seconds": 10}"#);
+    // The old layout has one bucket: every key of it is in the bucket read.
+    assert!(matches!(
+        run(&old, &mut env, &req("POST", "/o").key("a"), ok("a")),
+        Outcome::Upstream(..)
+    ));
+    assert_eq!(
+        run(&new, &mut env, &req("POST", "/o").key("b"), ok("b")),
+        Outcome::Upstream(200, b"b".to_vec())
+    );
+    assert_eq!(
+        run(&new, &mut env, &req("POST", "/o").key("a"), ok("no"))
+            .local()
+            .body,
+        b"a"
+    );
+    // Expired there: it runs again here.
+    env.now_ms += 10_000;
+    assert_eq!(
+        run(&new, &mut env, &req("POST", "/o").key("a"), ok("a2")),
+        Outcome::Upstream(200, b"a2".to_vec())
+    );
+}
+
+#[test]
+fn store_errors_say_what_failed() {
+    use crate::store::{HostFault, StoreError};
+    assert!(StoreError::Host(HostFault("boom".into()))
+        .to_string()
+        .contains("boom"));
+    assert!(StoreError::Contention.to_string().contains("contention"));
+    assert!(StoreError::BucketFull.to_string().contains("full"));
+}
+
+#[test]
+fn an_etcd_error_without_a_code_is_not_mistaken_for_a_known_one() {
+    use crate::etcd::{parse_answer, EtcdAnswer};
+    assert_eq!(
+        parse_answer(br#"{"error": "boom"}"#),
+        Some(EtcdAnswer::Error {
+            code: -1,
+            message: "boom".into()
+        })
+    );
+    assert_eq!(
+        parse_answer(br#"{"message": "m", "code": "14"}"#),
+        Some(EtcdAnswer::Error {
+            code: 14,
+            message: "m".into()
+        })
+    );
+}
