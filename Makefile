@@ -12,7 +12,7 @@ WASM_ENV    := RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc CARGO_TARGET_DIR=$(WASM_DI
 WASM_CRATES := dedup_filter empty_filter shared_data_probe abi_probe
 CARGO       ?= cargo
 
-.PHONY: deps wasm oci test test-native test-host test-envoy lint fmt bench bench-envoy chaos demo clean
+.PHONY: deps wasm oci test test-native test-host test-envoy lint fmt bench bench-envoy chaos mutants demo clean
 
 deps:
 	@bash .ci/install-deps.sh
@@ -62,6 +62,17 @@ BROKEN  ?=
 chaos: wasm
 	$(CARGO) run --locked -q -p dedup-envoy --bin chaos -- --seconds $(SECONDS) --clients $(CLIENTS) \
 		$(if $(SEED),--seed $(SEED)) $(if $(BROKEN),--broken $(BROKEN))
+
+# Mutation testing of dedup-core (cargo-mutants from crates.io, installed on first use;
+# README, "How we test"). Not part of `make test`: about an hour on 2 cores. It runs on
+# a snapshot of the committed tree (HEAD), so edits made meanwhile do not mix in;
+# results in target/mutants/mutants.out (caught.txt, missed.txt, ...).
+mutants:
+	@command -v cargo-mutants >/dev/null || $(CARGO) install --locked cargo-mutants
+	rm -rf target/mutants-src && mkdir -p target/mutants-src
+	git archive HEAD | tar -x -C target/mutants-src
+	cd target/mutants-src && CARGO_PROFILE_DEV_DEBUG=0 PROPTEST_CASES=64 \
+		cargo mutants -p dedup-core --jobs 2 -o $(CURDIR)/target/mutants $(MUTANTS_ARGS)
 
 demo: wasm
 	$(CARGO) run --locked --release -p dedup-envoy --bin demo
