@@ -63,6 +63,17 @@
 //! - A trap fails the worker's VM: its streams get 503 (or pass through
 //!   with [`EnvoyBuilder::fail_open`]), other workers are unaffected.
 //! - Shared data follows cpp-host exactly (see [`Envoy::shared_data`]).
+//! - Besides the workers, a main-thread VM (start, configure, ticks, no
+//!   streams) and a short-lived copy configured before serving, as Envoy
+//!   ([`EnvoyBuilder::main_thread_vm`], [`EnvoyBuilder::config_check`]).
+//! - gRPC calls and streams against in-process handlers
+//!   ([`EnvoyBuilder::grpc_cluster`]) or real HTTP/2 servers on loopback
+//!   ([`EnvoyBuilder::grpc_cluster_addr`], [`GrpcServer`]), delivered on the
+//!   root context with Envoy's statuses, messages, metadata and tokens;
+//!   gRPC-aware local replies; header replace as remove + append; callouts
+//!   outliving their stream; route, cluster and metadata properties
+//!   ([`Value`]). Each is checked against real Envoy by
+//!   `envoy/tests/probe_differential.rs` with the ABI probe.
 //!
 //! Known differences from Envoy (deliberate simplifications):
 //! - Header values are strings (non-UTF-8 bytes are converted lossily).
@@ -75,9 +86,9 @@
 //! - Only the request buffer limit is modelled (413); the response buffer
 //!   limit and watermark flow control (data held during StopAllIteration)
 //!   are not.
-//! - Envoy's router and codec headers (`x-envoy-*`, `date`, `server`) are not
-//!   added; requests carry `x-forwarded-proto` and a deterministic
-//!   `x-request-id`. Local replies carry `:status`, the filter's headers,
+//! - Envoy's router and codec headers on the main stream (`x-envoy-*`,
+//!   `date`, `server`) are not added (callouts do carry Envoy's);
+//!   requests carry `x-forwarded-proto` and a deterministic `x-request-id`. Local replies carry `:status`, the filter's headers,
 //!   and for a non-empty body `content-length` and `content-type: text/plain`.
 //! - Properties: `request.{path,url_path,query,method,host,scheme,id,protocol,headers}`,
 //!   `response.{code,code_details,flags,headers}`, `upstream.address`,
@@ -89,8 +100,8 @@
 //!   asks the upstream handler (whose [`Reply`] decides) only once the
 //!   whole request passed the filter. For a filter that holds the request
 //!   until its end (as the dedup filter does) the two are the same.
-//! - gRPC calls answer Unimplemented, foreign functions NotFound;
-//!   `random_get` is deterministic per worker.
+//! - Foreign functions answer NotFound; `random_get` is deterministic per
+//!   worker.
 //! - Callouts to in-process clusters answer on the next event-loop turn and
 //!   time out on the virtual clock; callouts over TCP block and time out in
 //!   real time.
