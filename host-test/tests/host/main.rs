@@ -3,6 +3,7 @@
 
 mod basics;
 mod bodies;
+mod grpc;
 mod origin;
 mod replies;
 mod runtime;
