@@ -466,9 +466,7 @@ fn normalize(text: &str) -> String {
         out.push_str(&tail[..sep_len]);
         out.push('*');
         let value = &tail[sep_len..];
-        let end = value
-            .find([',', ']', '\n', '\\'])
-            .unwrap_or(value.len());
+        let end = value.find([',', ']', '\n', '\\']).unwrap_or(value.len());
         rest = &value[end..];
     }
 }
@@ -865,5 +863,96 @@ fn envoy_and_host_test_agree_on_every_probe_case() {
         differences.is_empty(),
         "Envoy and host-test differ:\n{}",
         differences.join("\n")
+    );
+}
+
+/// The probe's start-up and tick lines in a process with two workers:
+/// (lines from start until ready, tick lines in one second, tick lines in
+/// one second after one worker's VM trapped).
+fn vm_layout_in_envoy(echo: u16, grpc: u16) -> (Vec<String>, usize, usize) {
+    let envoy = RealEnvoy::start("vms", 2, "tick_ms=100", echo, grpc);
+    std::thread::sleep(Duration::from_millis(300));
+    let start: Vec<String> = envoy
+        .abi_lines()
+        .into_iter()
+        .filter(|l| !l.starts_with("abi tick"))
+        .collect();
+    let ticks = |envoy: &RealEnvoy| {
+        let before = envoy
+            .abi_lines()
+            .iter()
+            .filter(|l| l.starts_with("abi tick"))
+            .count();
+        std::thread::sleep(Duration::from_millis(1000));
+        envoy
+            .abi_lines()
+            .iter()
+            .filter(|l| l.starts_with("abi tick"))
+            .count()
+            - before
+    };
+    let healthy = ticks(&envoy);
+    let trap = EnvoyRequest::get("/probe").header("x-abi", "trap");
+    let r = client::send(envoy.addr(), &trap).unwrap();
+    assert_eq!(r.status, 503);
+    let after_trap = ticks(&envoy);
+    (start, healthy, after_trap)
+}
+
+/// The same in host-test (two workers, virtual time).
+fn vm_layout_in_host(echo: SocketAddr, grpc: SocketAddr) -> (Vec<String>, usize, usize) {
+    let mut e = host("tick_ms=100", echo, grpc, 2, Default::default());
+    let ticks = |e: &HostEnvoy| {
+        e.logs()
+            .iter()
+            .filter(|l| l.message.starts_with("abi tick"))
+            .count()
+    };
+    let start = e
+        .logs()
+        .iter()
+        .filter(|l| l.message.starts_with("abi ") && !l.message.starts_with("abi tick"))
+        .map(|l| l.message.clone())
+        .collect();
+    let before = ticks(&e);
+    e.advance(Duration::from_millis(1000));
+    let healthy = ticks(&e) - before;
+    let r = e
+        .request(0, HostRequest::get("/probe").header("x-abi", "trap"))
+        .unwrap();
+    assert_eq!(r.status, 503);
+    let before = ticks(&e);
+    e.advance(Duration::from_millis(1000));
+    (start, healthy, ticks(&e) - before)
+}
+
+/// Start-up lines as a sorted multiset (Envoy starts its threads' VMs
+/// concurrently, so only what happens, not its order, is compared).
+fn sorted(mut lines: Vec<String>) -> Vec<String> {
+    lines.sort();
+    lines
+}
+
+// Not yet run to completion against real Envoy (the session ran out while
+// the other helpers' work kept the envoy crate from building): run it with
+// `--ignored` and drop this attribute once it agrees.
+#[test]
+#[ignore = "VM layout comparison not yet verified against real Envoy"]
+fn envoy_and_host_test_agree_on_the_vm_layout() {
+    let echo = EchoServer::start();
+    let server = GrpcServer::start(grpc_handler).unwrap();
+    let (start, healthy, after_trap) = vm_layout_in_envoy(echo.addr.port(), server.addr().port());
+    eprintln!("ENVOY start: {start:#?}\nticks/s: {healthy}, after a trap: {after_trap}");
+    let (h_start, h_healthy, h_after) = vm_layout_in_host(echo.addr, server.addr());
+    assert_eq!(sorted(start), sorted(h_start), "start-up callbacks");
+    // Ticks every 100 ms: Envoy's timers drift a little in real time.
+    let close = |a: usize, b: usize| a.abs_diff(b) <= a / 10 + 1;
+    assert!(
+        close(healthy, h_healthy),
+        "ticks/s: envoy {healthy}, host-test {h_healthy}"
+    );
+    assert!(
+        close(after_trap, h_after),
+        "ticks/s after a worker trapped: envoy {after_trap}, host-test {h_after}"
     );
 }
