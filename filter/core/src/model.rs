@@ -46,6 +46,8 @@ struct Knobs {
     closed: bool,
     /// How far the second proxy's clock runs ahead of etcd's (etcd store).
     skew_ms: u64,
+    /// etcd store: two workers per proxy (else one).
+    two_workers: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +71,8 @@ enum Fate {
     Duplicated,
     /// A member without a leader: gRPC "unavailable", not applied.
     Unavailable,
+    /// Applied now; the answer arrives just before Envoy's timeout for the call.
+    Late,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -367,17 +371,18 @@ impl World {
         })
     }
 
-    /// Shared data: workers 0-2 of one process. etcd: workers 0-1 are proxy A, 2-3 proxy B.
+    /// Shared data: workers 0-2 of one process. etcd: proxy A's workers, then proxy B's.
     fn workers(&self) -> usize {
         match self.knobs.store {
             StoreKind::Shared => 3,
-            StoreKind::Etcd => 4,
+            StoreKind::Etcd if self.knobs.two_workers => 4,
+            StoreKind::Etcd => 2,
         }
     }
 
     fn skew(&self, worker: usize) -> u64 {
         match self.knobs.store {
-            StoreKind::Etcd if worker >= 2 => self.knobs.skew_ms,
+            StoreKind::Etcd if worker >= self.workers() / 2 => self.knobs.skew_ms,
             _ => 0,
         }
     }
@@ -1001,6 +1006,20 @@ impl World {
                     None => (503, Vec::new()),
                 }
             }
+            Fate::Late => {
+                self.apply(i);
+                let due = self.sims[i].call.as_ref().map_or(self.now, |p| {
+                    p.sent_at + p.call.timeout_ms.saturating_sub(1)
+                });
+                if due > self.now {
+                    self.tick(due - self.now)?;
+                }
+                if self.sims[i].call.is_none() {
+                    // Answered meanwhile (a timeout of its own cannot come first).
+                    return Ok(());
+                }
+                self.applied(i)
+            }
             Fate::Unavailable => {
                 self.sims[i].faulted = true;
                 (
@@ -1011,7 +1030,7 @@ impl World {
             }
         };
         self.log(format!("stream {i}: answer {fate:?} {}", answer.0));
-        let genuine = matches!(fate, Fate::Normal | Fate::Duplicated);
+        let genuine = matches!(fate, Fate::Normal | Fate::Duplicated | Fate::Late);
         self.answer(i, answer, genuine)
     }
 
@@ -1387,14 +1406,18 @@ fn knobs() -> impl Strategy<Value = Knobs> {
         prop::bool::weighted(0.2),
         any::<bool>(),
         prop_oneof![Just(0u64), 1u64..3_000],
+        any::<bool>(),
     )
-        .prop_map(|(store, unknown_release, reject, closed, skew_ms)| Knobs {
-            store,
-            unknown_release,
-            reject,
-            closed,
-            skew_ms,
-        })
+        .prop_map(
+            |(store, unknown_release, reject, closed, skew_ms, two_workers)| Knobs {
+                store,
+                unknown_release,
+                reject,
+                closed,
+                skew_ms,
+                two_workers,
+            },
+        )
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -1410,6 +1433,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Fate::Failed),
         1 => Just(Fate::Duplicated),
         1 => Just(Fate::Unavailable),
+        2 => Just(Fate::Late),
     ];
     let resp = prop_oneof![
         6 => (prop::sample::select(vec![200u16, 201, 302, 404, 409, 429, 500, 503]), 0u8..13)
@@ -1450,5 +1474,48 @@ proptest! {
         if let Err(e) = run_case(knobs, &ops) {
             return Err(TestCaseError::fail(e));
         }
+    }
+}
+
+/// The history that showed leases counted from a late grant answer ending claims early
+/// (fixed in `LeaseCache::put`): the model must flag it, and the filter must pass it.
+#[test]
+fn a_late_lease_grant_history_keeps_the_contract() {
+    let knobs = Knobs {
+        store: StoreKind::Etcd,
+        unknown_release: false,
+        reject: false,
+        closed: false,
+        skew_ms: 0,
+        two_workers: false,
+    };
+    let start = |worker, key| Op::Start {
+        worker,
+        scope: 0,
+        key,
+        payload: 0,
+        bad: None,
+        layout: 0,
+    };
+    let deliver = |fate| Op::Deliver { s: 0, fate };
+    let ops = vec![
+        start(0, 0),
+        // The in-flight lease is granted now, and its answer comes 999 ms later.
+        deliver(Fate::Late),
+        deliver(Fate::Normal),
+        deliver(Fate::Normal),
+        Op::Tick { ms: 400 },
+        // Another claim on that worker, with the same lease.
+        start(0, 1),
+        deliver(Fate::Normal),
+        // 4999 ms after that claim, a retry on the other proxy.
+        Op::Tick { ms: 4_999 },
+        start(1, 1),
+        deliver(Fate::Normal),
+        deliver(Fate::Normal),
+        deliver(Fate::Normal),
+    ];
+    if let Err(e) = run_case(knobs, &ops) {
+        panic!("{e}");
     }
 }
