@@ -29,8 +29,9 @@
 //! - (d) counters: per proxy (summed over its restarts), the filter's
 //!   counters agree with the history, within what the history cannot see:
 //!   attempts whose client left or failed (counted by the proxy, not seen by
-//!   the client) and counts lost when a proxy was killed after its last
-//!   snapshot. `failed_open` must be 0 (the soak runs `failure_mode: closed`).
+//!   the client), requests forwarded and answered by Envoy itself (a local
+//!   5xx: counted as executed, maybe never at the upstream), and counts lost
+//!   when a proxy was killed after its last snapshot. `failed_open` must be 0 (the soak runs `failure_mode: closed`).
 //! - (e) bad keys: requests with a missing, too long or repeated key, or a
 //!   repeated tenant header, are answered 400 and never executed.
 
@@ -420,40 +421,56 @@ fn check_counters(
                     Some("missing-key" | "invalid-key" | "ambiguous-key" | "ambiguous-scope")
                 )
         });
-        // (name, seen in the history, counter)
-        let rows: Vec<(&str, u64, u64)> = vec![
+        // Forwarded, then answered by Envoy itself (connect failure, upstream
+        // reset, route timeout): counted as executed whether or not the
+        // upstream got it.
+        let local_5xx = count(&|a| {
+            a.answer()
+                .is_some_and(|r| r.status >= 500 && r.order_id.is_none() && r.problem.is_none())
+        });
+        // (name, seen in the history, counter, how many more it may count)
+        let rows: Vec<(&str, u64, u64, u64)> = vec![
             // An answered attempt was seen by the filter; an unanswered one may not
             // have been (refused while the proxy restarted).
             (
                 "requests",
                 mine.len() as u64 - unanswered,
                 c.get("requests"),
+                0,
             ),
-            ("executed", executions, c.get("executed")),
+            ("executed", executions, c.get("executed"), local_5xx),
             (
                 "replayed",
                 count(&|a| a.answer().is_some_and(|r| r.replayed)),
                 c.get("replayed"),
+                0,
             ),
             (
                 "rejected_in_flight",
                 count(&|a| problem(a, "in-flight")),
                 c.get("rejected_in_flight"),
+                0,
             ),
             (
                 "payload_mismatch",
                 count(&|a| problem(a, "payload-mismatch")),
                 c.get("payload_mismatch"),
+                0,
             ),
-            ("bad_key", bad_keys, c.get("bad_key")),
+            ("bad_key", bad_keys, c.get("bad_key"), 0),
         ];
         let name = proxy_name(p);
-        for (what, seen, counted) in rows {
+        for (what, seen, counted, local) in rows {
             // A counted event the client never saw: it left, or its connection failed.
             // A seen event not counted: counted by a process killed after its snapshot.
-            let ok = seen <= counted + lost && counted <= seen + unanswered;
+            let ok = seen <= counted + lost && counted <= seen + unanswered + local;
             f.counter_lines.push(format!(
-                "{name} {what}: counter {counted}, history {seen} (unanswered {unanswered}, lost in restarts {lost}) {}",
+                "{name} {what}: counter {counted}, history {seen} (unanswered {unanswered}{}, lost in restarts {lost}) {}",
+                if local > 0 {
+                    format!(", local 5xx {local}")
+                } else {
+                    String::new()
+                },
                 if ok { "ok" } else { "MISMATCH" }
             ));
             if !ok {
@@ -463,7 +480,7 @@ fn check_counters(
                     what: format!(
                         "proxy {name}: counter {what} is {counted}, the history has {seen} (allowed: {}..={})",
                         seen.saturating_sub(lost),
-                        seen + unanswered
+                        seen + unanswered + local
                     ),
                     excerpt: Vec::new(),
                 });
