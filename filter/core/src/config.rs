@@ -295,11 +295,6 @@ impl Config {
     pub fn dedups_method(&self, method: &str) -> bool {
         self.methods.iter().any(|m| m == method)
     }
-
-    /// Whether the request body takes part in the keyless fingerprint.
-    pub fn fingerprint_uses_body(&self) -> bool {
-        self.fingerprint.contains(&FingerprintPart::Body)
-    }
 }
 
 /// Turns a serde error into a field-naming error, e.g. `key.max_length`.
