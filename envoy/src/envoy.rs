@@ -19,8 +19,38 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// cross-worker claim (two VMs sharing one shared-data store).
 pub const WORKERS: u32 = 2;
 
-fn envoy_binary() -> String {
+/// The Envoy binary every harness start uses: `ENVOY_BIN` (how `make
+/// test-compat` runs the suites on an older Envoy), else `envoy` on PATH.
+pub fn envoy_binary() -> String {
     std::env::var("ENVOY_BIN").unwrap_or_else(|_| "envoy".into())
+}
+
+/// The release of [`envoy_binary`], e.g. `1.40.0`, from `envoy --version`
+/// (`…  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL`).
+pub fn version() -> Result<String> {
+    let bin = envoy_binary();
+    let out = match Command::new(&bin).arg("--version").output() {
+        Ok(out) => out,
+        Err(e) => fail!("cannot run {bin} --version: {e}"),
+    };
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    match parse_version(&text) {
+        Some(v) => Ok(v),
+        None => fail!("no version in `{bin} --version`: {text:?}"),
+    }
+}
+
+/// `1.40.0` from a version line (`envoy --version`, or /server_info's
+/// `version` field: `<sha>/1.40.0/Clean/RELEASE/BoringSSL`).
+pub fn parse_version(text: &str) -> Option<String> {
+    let rest = match text.split_once("version: ") {
+        Some((_, rest)) => rest,
+        None => text,
+    };
+    let v = rest.trim().split('/').nth(1)?;
+    let parts: Vec<&str> = v.split('.').collect();
+    let numeric = parts.len() == 3 && parts.iter().all(|p| p.parse::<u32>().is_ok());
+    numeric.then(|| v.to_string())
 }
 
 fn envoy_command(config: &Path, log: &Path, extra: &[&str]) -> Command {
@@ -321,4 +351,19 @@ fn url_escape(s: &str) -> String {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_version;
+
+    #[test]
+    fn versions_are_read_from_both_spellings() {
+        let cli = "\n/usr/bin/envoy  version: 9e5580933739775e8bce696a57a2e1bc99368f23/1.40.0/Clean/RELEASE/BoringSSL\n\n";
+        assert_eq!(parse_version(cli).as_deref(), Some("1.40.0"));
+        let server_info = "bad8280de85c25b147a90c1d9b8a8c67a13e7134/1.36.4/Clean/RELEASE/BoringSSL";
+        assert_eq!(parse_version(server_info).as_deref(), Some("1.36.4"));
+        // The old bench parse took the first '/' of the binary's path.
+        assert_eq!(parse_version("/Real Envoy root/envoy version: x"), None);
+    }
 }
