@@ -8,6 +8,8 @@ use std::path::PathBuf;
 /// One benchmark case.
 pub struct Case {
     pub name: &'static str,
+    /// What the case measures, for the table and chart in BENCHMARKS.md.
+    pub about: &'static str,
     /// File in `dist/`.
     pub wasm: &'static str,
     pub plugin_config: &'static str,
@@ -52,6 +54,7 @@ fn sized_body(i: u64, size: usize) -> Vec<u8> {
 /// The baseline every ratio is computed against.
 pub const BASELINE: Case = Case {
     name: "empty_filter",
+    about: "empty filter (baseline), small JSON body",
     wasm: "empty_filter.wasm",
     plugin_config: "",
     allow_on_headers_stop_iteration: false,
@@ -66,6 +69,7 @@ pub const BASELINE: Case = Case {
 /// host-test's own copying from the dedup filter's work at 64 KiB.
 pub const BASELINE_64K: Case = Case {
     name: "empty_filter_64k",
+    about: "empty filter, 64 KiB body (host cost of moving the body)",
     wasm: "empty_filter.wasm",
     plugin_config: "",
     allow_on_headers_stop_iteration: false,
@@ -76,6 +80,7 @@ pub const BASELINE_64K: Case = Case {
 pub const DEDUP: &[Case] = &[
     Case {
         name: "dedup_first_execution",
+        about: "dedup, first execution (claim, store the response)",
         wasm: "dedup_filter.wasm",
         plugin_config: r#"{"capacity": 10000000}"#,
         allow_on_headers_stop_iteration: true,
@@ -87,6 +92,7 @@ pub const DEDUP: &[Case] = &[
     },
     Case {
         name: "dedup_replay",
+        about: "dedup, replay (one stored response)",
         wasm: "dedup_filter.wasm",
         plugin_config: r#"{"capacity": 10000000}"#,
         allow_on_headers_stop_iteration: true,
@@ -98,6 +104,7 @@ pub const DEDUP: &[Case] = &[
     },
     Case {
         name: "keyless_fingerprint_1k",
+        about: "dedup keyless fingerprint, 1 KiB body",
         wasm: "dedup_filter.wasm",
         plugin_config: r#"{"capacity": 10000000, "key": {"fingerprint": ["method", "path", "body"]}}"#,
         allow_on_headers_stop_iteration: true,
@@ -105,6 +112,7 @@ pub const DEDUP: &[Case] = &[
     },
     Case {
         name: "keyless_fingerprint_64k",
+        about: "dedup keyless fingerprint, 64 KiB body",
         wasm: "dedup_filter.wasm",
         plugin_config: r#"{"capacity": 10000000, "key": {"fingerprint": ["method", "path", "body"]}}"#,
         allow_on_headers_stop_iteration: true,

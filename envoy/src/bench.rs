@@ -3,6 +3,7 @@
 //! the cases with each case reporting its best round, the results table and
 //! the BENCHMARKS.md section.
 
+use crate::chart::{self, Chart, Panel, Series};
 use crate::paths::{scratch_dir, workspace_root};
 use crate::process::spawn;
 use crate::{fail, Envoy, EnvoyConfig, Request, Result};
@@ -327,6 +328,86 @@ pub fn counters_list(cases: &[Case]) -> String {
         .collect()
 }
 
+/// Where the benchmarks write their charts (linked from BENCHMARKS.md).
+pub const CHARTS_DIR: &str = "benches/charts";
+
+/// One case of a load chart: its name, its best round, and the text after
+/// its req/s (a ratio to the run's baseline).
+pub struct ChartRow<'a> {
+    pub name: &'a str,
+    pub measured: &'a Measured,
+    pub note: String,
+}
+
+/// A load benchmark as a chart: req/s per case (with its note, a ratio to
+/// `baseline`), then p50 and p99.
+pub fn load_chart(title: &str, subtitle: &str, baseline: &str, rows: &[ChartRow]) -> Chart {
+    let rps = rows.iter().map(|r| Some(r.measured.rps)).collect();
+    let rps_labels = rows
+        .iter()
+        .map(|r| {
+            format!("{:.0} {}", r.measured.rps, r.note)
+                .trim()
+                .to_string()
+        })
+        .collect();
+    let ms = |f: fn(&Measured) -> f64| rows.iter().map(|r| Some(f(r.measured))).collect();
+    Chart {
+        title: title.to_string(),
+        subtitle: subtitle.to_string(),
+        rows: rows.iter().map(|r| r.name.to_string()).collect(),
+        panels: vec![
+            Panel {
+                title: format!("req/s, × {baseline} (higher is better)"),
+                series: vec![Series::new("req/s", chart::BLUE, rps).labels(rps_labels)],
+            },
+            Panel {
+                title: "latency, ms (lower is better)".into(),
+                series: vec![
+                    Series::new("p50", chart::GREEN, ms(|m| m.p50_ms)),
+                    Series::new("p99", chart::VERMILLION, ms(|m| m.p99_ms)),
+                ],
+            },
+        ],
+    }
+}
+
+/// Write `chart` to `benches/charts/<file>` and say so on stderr; returns
+/// the path relative to the workspace root, for a link in BENCHMARKS.md.
+pub fn write_chart(file: &str, chart: &Chart) -> Result<String> {
+    let relative = format!("{CHARTS_DIR}/{file}");
+    chart.write(&workspace_root().join(&relative))?;
+    eprintln!("wrote {relative}");
+    Ok(relative)
+}
+
+/// "AMD EPYC, 2 cores, 24 GiB": the CPU model, the cores and the memory of
+/// this machine, for the text beside the results.
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|l| l.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map(|kb| (kb / (1024.0 * 1024.0)).round())
+        .unwrap_or(0.0);
+    format!("{cpu}, {cores} cores, {gib:.0} GiB")
+}
+
 /// The 1-minute load average, as text.
 pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -335,18 +416,10 @@ pub fn load_average() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-/// `…envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL` -> `1.40.0`.
+/// The release of the Envoy the benchmark runs (`ENVOY_BIN` or `envoy`),
+/// e.g. `1.40.0`.
 pub fn envoy_version() -> String {
-    Command::new("envoy")
-        .arg("--version")
-        .output()
-        .ok()
-        .and_then(|o| {
-            let text = String::from_utf8_lossy(&o.stdout).into_owned();
-            let (_, rest) = text.split_once("version: ")?;
-            rest.split('/').nth(1).map(str::to_string)
-        })
-        .unwrap_or_else(|| "?".into())
+    crate::envoy::version().unwrap_or_else(|_| "?".into())
 }
 
 /// Replace the section of BENCHMARKS.md that starts with `heading` (or

@@ -5,6 +5,7 @@
 //! (`PR_SET_PDEATHSIG`).
 
 pub mod bench;
+pub mod chart;
 pub mod chaos;
 pub mod client;
 pub mod config;

@@ -2,12 +2,13 @@
 //! no filter, the empty Wasm filter, dedup with unique keys, dedup replays.
 //! Prints throughput and latency (p50, p99) with ratios to the no-filter and
 //! empty-filter baselines of the same run, and writes the "## Envoy load"
-//! section of BENCHMARKS.md. `BENCH_SECONDS` (default 3) per case,
+//! section of BENCHMARKS.md with its chart, benches/charts/envoy-load.svg. `BENCH_SECONDS` (default 3) per case,
 //! `BENCH_NO_WRITE=1` to leave BENCHMARKS.md alone.
 
 use dedup_envoy::bench::{
-    counters_list, envoy_version, load_average, measure_interleaved, no_write, table_header,
-    table_row, write_section, Case, Settings, BODY, CONNECTIONS, REPLAY_LUA, THREADS, UNIQUE_LUA,
+    counters_list, envoy_version, load_average, load_chart, measure_interleaved, no_write,
+    table_header, table_row, write_chart, write_section, Case, ChartRow, Settings, BODY,
+    CONNECTIONS, REPLAY_LUA, THREADS, UNIQUE_LUA,
 };
 use dedup_envoy::paths::{dedup_wasm, empty_wasm};
 use dedup_envoy::{DemoUpstream, EnvoyConfig, Result};
@@ -108,6 +109,26 @@ fn run() -> Result<()> {
     if no_write() {
         return Ok(());
     }
+    let version = envoy_version();
+    let rows: Vec<ChartRow> = results
+        .iter()
+        .map(|(case, m)| ChartRow {
+            name: &case.name,
+            measured: m,
+            note: format!("×{:.2}", m.rps / base.rps),
+        })
+        .collect();
+    let chart = write_chart(
+        "envoy-load.svg",
+        &load_chart(
+            "Envoy load: proxy-dedup against no filter and the empty Wasm filter",
+            &format!(
+                "Envoy {version}, --concurrency 2, wrk -t{THREADS} -c{CONNECTIONS}, best of {rounds} rounds of {seconds} s, one 2-core machine, load average before: {load_before}"
+            ),
+            "the no-filter case",
+            &rows,
+        ),
+    )?;
     let section = format!(
         "## Envoy load\n\n\
 `make bench-envoy` (envoy/src/bin/bench-envoy.rs). Real Envoy {} with \
@@ -128,8 +149,9 @@ share the 2 cores, so absolute figures are low and noisy; the ratios are the poi
 Load average before this run: {load_before} (anything above ~1 means other work \
 competed for the cores; figures then vary by tens of percent between runs).\n\n\
 {table}\n\
+![Envoy load: req/s, p50 and p99 per case]({chart})\n\n\
 Filter counters after each dedup case:\n\n{counters}",
-        envoy_version(),
+        version,
         BODY.len()
     );
     write_section("## Envoy load", &section)?;

@@ -5,12 +5,13 @@
 //! its own Envoy, started first; measured rounds interleave the cases and each
 //! case reports its best round. Prints throughput and latency with ratios to
 //! the shared-data case of the same load, and writes the "## etcd store"
-//! section of BENCHMARKS.md. `BENCH_SECONDS` (default 3) per round,
+//! section of BENCHMARKS.md with its chart, benches/charts/etcd-store.svg. `BENCH_SECONDS` (default 3) per round,
 //! `BENCH_ROUNDS` (default 3), `BENCH_NO_WRITE=1` to leave BENCHMARKS.md alone.
 
 use dedup_envoy::bench::{
-    counters_list, envoy_version, load_average, measure_interleaved, no_write, table_header,
-    table_row, write_section, Case, Settings, BODY, CONNECTIONS, REPLAY_LUA, THREADS, UNIQUE_LUA,
+    counters_list, envoy_version, load_average, load_chart, measure_interleaved, no_write,
+    table_header, table_row, write_chart, write_section, Case, ChartRow, Settings, BODY,
+    CONNECTIONS, REPLAY_LUA, THREADS, UNIQUE_LUA,
 };
 use dedup_envoy::etcd::{multi_proxy_config, wait_etcd_hosts_healthy, EtcdCluster};
 use dedup_envoy::paths::dedup_wasm;
@@ -155,6 +156,27 @@ fn run() -> Result<()> {
     if no_write() {
         return Ok(());
     }
+    let version = envoy_version();
+    let etcd = etcd_version();
+    let rows: Vec<ChartRow> = results
+        .iter()
+        .map(|(case, _, load, m)| ChartRow {
+            name: &case.name,
+            measured: m,
+            note: format!("×{:.2}", m.rps / baseline(*load).0),
+        })
+        .collect();
+    let chart = write_chart(
+        "etcd-store.svg",
+        &load_chart(
+            "The etcd store against the shared-data store",
+            &format!(
+                "Envoy {version} (--concurrency 2) and a 3-member etcd {etcd}, wrk -t{THREADS} -c{CONNECTIONS}, best of {rounds} rounds of {seconds} s, one 2-core machine, load average before: {load_before}"
+            ),
+            "shared data, same load",
+            &rows,
+        ),
+    )?;
     let section = format!(
         "## etcd store\n\n\
 `make bench-envoy` (envoy/src/bin/bench-etcd.rs). Real Envoy {} with \
@@ -180,9 +202,10 @@ the ratios are the point. Load average before this run: {load_before} \
 (above ~1 means other work competed for the cores). Records in etcd after \
 the run: {records} (they expire with their leases).\n\n\
 {table}\n\
+![etcd store: req/s, p50 and p99 per case]({chart})\n\n\
 Filter counters after each case (warm-up and all rounds):\n\n{counters}",
-        envoy_version(),
-        etcd_version(),
+        version,
+        etcd,
         BODY.len()
     );
     write_section("## etcd store", &section)?;
