@@ -43,7 +43,8 @@ test: wasm
 # binaries it built are reused, not rebuilt. The suites that test the filter
 # in Envoy; not oci (no Envoy in it), chaos (a soak that takes the machine)
 # nor probe_differential (it holds host-test to Envoy 1.40 exactly). More
-# versions: `make test-compat ENVOY_COMPAT_VERSIONS="1.36.4 1.38.3"`.
+# versions: `make test-compat ENVOY_COMPAT_VERSIONS="1.36.4 1.38.2"` (not 1.38.3:
+# that pip build has no V8).
 ENVOY_COMPAT_VERSIONS ?= 1.36.4
 ENVOY_SUITES ?= e2e differential hardening configs multi_proxy remote admin envoy_version
 test-compat: wasm
