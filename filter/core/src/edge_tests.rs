@@ -1113,3 +1113,180 @@ fn an_etcd_error_without_a_code_is_not_mistaken_for_a_known_one() {
         })
     );
 }
+
+// ---------- the operator API: parameters, ages, etcd answers ----------
+
+fn detail(r: &LocalReply) -> String {
+    admin_json(r)["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn admin_parameters_are_percent_decoded() {
+    let p = plugin("{}");
+    let admin_p = plugin(r#"{"role": "admin"}"#);
+    let (_, mut env) = world();
+    for key in ["a/b c", "é+x"] {
+        assert!(matches!(
+            run(&p, &mut env, &req("POST", "/o").key(key), ok(key)),
+            Outcome::Upstream(..)
+        ));
+    }
+    let digest = |key: &str| {
+        let d = record_digest(
+            &p.config,
+            &req("POST", "/o").key(key).head,
+            &ClientKey {
+                source: KeySource::Header,
+                value: key.as_bytes().to_vec(),
+            },
+        );
+        d.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    for (query, key) in [
+        ("key=a%2Fb+c", "a/b c"),
+        ("key=a%2fb%20c", "a/b c"),
+        ("key=%C3%A9%2Bx", "é+x"),
+        ("k%65y=a%2Fb+c", "a/b c"),
+    ] {
+        let got = admin(
+            &admin_p,
+            &mut env,
+            "GET",
+            &format!("/records?{query}&authority=api.example"),
+        );
+        assert_eq!(got.status, 200, "{query}: {}", detail(&got));
+        assert_eq!(admin_json(&got)["record"], digest(key), "{query}");
+    }
+    for query in ["key=a%2", "key=a%zzb", "key=%C3", "key=%"] {
+        let got = admin(
+            &admin_p,
+            &mut env,
+            "GET",
+            &format!("/records?{query}&authority=api.example"),
+        );
+        assert_eq!(got.status, 400, "{query}");
+    }
+    // The record named in a 404 is the digest of the parameters.
+    let missing = admin(
+        &admin_p,
+        &mut env,
+        "GET",
+        "/records?key=none&authority=api.example",
+    );
+    assert_eq!(missing.status, 404);
+    assert!(
+        detail(&missing).contains(&digest("none")),
+        "{}",
+        detail(&missing)
+    );
+}
+
+#[test]
+fn admin_force_is_true_or_1_only() {
+    let p = plugin("{}");
+    let admin_p = plugin(r#"{"role": "admin"}"#);
+    let (_, mut env) = world();
+    for (i, (force, removed)) in [("yes", false), ("0", false), ("1", true), ("true", true)]
+        .into_iter()
+        .enumerate()
+    {
+        let key = format!("k{i}");
+        let _flying = send(&p, &mut env, &req("POST", "/o").key(&key)).unwrap();
+        let got = admin(
+            &admin_p,
+            &mut env,
+            "DELETE",
+            &format!("/records?key={key}&authority=api.example&force={force}"),
+        );
+        assert_eq!(got.status == 200, removed, "force={force}: {}", got.status);
+    }
+}
+
+#[test]
+fn admin_ages_count_from_the_claim_or_the_completion() {
+    let admin_of = |p: &Plugin| {
+        let mut c = p.config.clone();
+        c.role = crate::config::Role::Admin;
+        Plugin::new(c)
+    };
+    for (p, mut env) in [
+        (plugin("{}"), world().1),
+        (etcd_plugin(""), two_proxies().0),
+    ] {
+        let admin_p = admin_of(&p);
+        let _flying = send(&p, &mut env, &req("POST", "/o").key("f")).unwrap();
+        run(&p, &mut env, &req("POST", "/o").key("d"), ok("x"));
+        env.now_ms += 1_234;
+        for key in ["f", "d"] {
+            let got = admin(
+                &admin_p,
+                &mut env,
+                "GET",
+                &format!("/records?key={key}&authority=api.example"),
+            );
+            assert_eq!(got.status, 200, "{key}: {}", detail(&got));
+            assert_eq!(admin_json(&got)["age_ms"], 1_234, "{key}");
+        }
+    }
+}
+
+#[test]
+fn admin_on_etcd_reads_without_deleting_and_gives_up_on_a_record_that_keeps_changing() {
+    let p = etcd_plugin(r#""ttl_seconds": 10"#);
+    let admin_p = etcd_plugin(r#""role": "admin", "ttl_seconds": 10"#);
+    let (mut a, _) = two_proxies();
+    let r = req("POST", "/o").key("k");
+    let (_, mut b) = two_proxies();
+    b.etcd = a.etcd.clone();
+    // The first record etcd ever wrote (mod revision 1): a read must not remove it.
+    let first = send(&p, &mut a, &r).unwrap();
+    let q = "/records?key=k&authority=api.example";
+    for _ in 0..2 {
+        let got = admin(&admin_p, &mut a, "GET", q);
+        assert_eq!(admin_json(&got)["state"], "in_flight");
+    }
+    assert_eq!(run(&p, &mut b, &r, ok("twice")).status(), 409);
+    respond(&p, &mut a, first, ok("kept"));
+    assert_eq!(run(&p, &mut b, &r, ok("no")).local().body, b"kept");
+    // Past its TTL by this proxy's clock (still in etcd): not a live record.
+    a.now_ms += 10_000;
+    assert_eq!(admin(&admin_p, &mut a, "GET", q).status, 404);
+    a.now_ms -= 10_000;
+    // A DELETE whose record changes under it every time: five reads, then 503.
+    let mut s = crate::admin::AdminStream::default();
+    let mut action = s.on_request(&admin_p, &mut a, "DELETE", q, "peer");
+    let Action::Call(first) = &action else {
+        panic!("{action:?}")
+    };
+    let read = first.body.clone();
+    let mut answers = 0;
+    while let Action::Call(_) = action {
+        // Whatever was asked, etcd's answer shows the record as it is (not removed).
+        let (status, body) = a.etcd.handle(crate::etcd::TXN_PATH, &read, a.now_ms);
+        answers += 1;
+        action = s.on_store_answer(&admin_p, &mut a, CallAnswer { status, body });
+        assert!(answers < 10);
+    }
+    assert_eq!(answers, 5);
+    assert!(
+        matches!(action, Action::Reply(ref r) if r.status == 503),
+        "{action:?}"
+    );
+    // etcd's own errors are named in the answer.
+    let mut s = crate::admin::AdminStream::default();
+    assert!(matches!(
+        s.on_request(&admin_p, &mut a, "GET", q, "peer"),
+        Action::Call(_)
+    ));
+    let e = s.on_store_answer(
+        &admin_p,
+        &mut a,
+        txn_answer(r#"{"error": "etcdserver: too many requests", "code": 8}"#),
+    );
+    let Action::Reply(e) = e else { panic!("{e:?}") };
+    assert_eq!(e.status, 503);
+    assert!(detail(&e).contains("too many requests"), "{}", detail(&e));
+}
