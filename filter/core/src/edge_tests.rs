@@ -1290,3 +1290,35 @@ fn admin_on_etcd_reads_without_deleting_and_gives_up_on_a_record_that_keeps_chan
     assert_eq!(e.status, 503);
     assert!(detail(&e).contains("too many requests"), "{}", detail(&e));
 }
+
+#[test]
+fn a_cached_lease_serves_its_window_and_not_a_millisecond_more() {
+    use crate::etcd::{LeaseCache, LeasePurpose};
+    let mut c = LeaseCache::default();
+    assert_eq!(c.get(LeasePurpose::InFlight, 0), None);
+    c.put(LeasePurpose::InFlight, 7, 1_000, 500);
+    c.put(LeasePurpose::Completed, 8, 1_000, 2_000);
+    assert_eq!(c.get(LeasePurpose::InFlight, 1_499), Some(7));
+    assert_eq!(c.get(LeasePurpose::InFlight, 1_500), None);
+    assert_eq!(c.get(LeasePurpose::Completed, 2_999), Some(8));
+    assert_eq!(c.get(LeasePurpose::Completed, 3_000), None);
+}
+
+#[test]
+fn the_method_can_be_a_fingerprint_part() {
+    let p = plugin(r#"{"key": {"fingerprint": ["header::method", "body"]}}"#);
+    let (_, mut env) = world();
+    for m in ["POST", "PATCH"] {
+        let r = req(m, "/x").body("same");
+        assert_eq!(
+            run(&p, &mut env, &r, ok(m)),
+            Outcome::Upstream(200, m.as_bytes().to_vec())
+        );
+    }
+    assert_eq!(
+        run(&p, &mut env, &req("PATCH", "/x").body("same"), ok("no"))
+            .local()
+            .body,
+        b"PATCH"
+    );
+}
