@@ -10,7 +10,7 @@
 //! usage or connection errors.
 
 use dedup_envoy::client::{send, Request};
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::ToSocketAddrs;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -142,7 +142,7 @@ fn main() -> ExitCode {
         format!("{path}?{}", query.join("&"))
     };
     let req = Request::new(method, &target).timeout(Duration::from_secs(10));
-    let resp = match send(SocketAddr::from(addr), &req) {
+    let resp = match send(addr, &req) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("{method} {target} on {addr}: {e}");
