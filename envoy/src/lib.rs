@@ -5,8 +5,8 @@
 //! (`PR_SET_PDEATHSIG`).
 
 pub mod bench;
-pub mod chart;
 pub mod chaos;
+pub mod chart;
 pub mod client;
 pub mod config;
 pub mod envoy;
