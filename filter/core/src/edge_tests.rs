@@ -260,6 +260,28 @@ mod tier {
     }
 
     #[test]
+    fn a_tier_full_of_bytes_drops_expired_entries_before_live_ones() {
+        let mut t = LocalTier::default();
+        let body = MAX_BYTES / 16 - cost(0, 0);
+        for i in 0..16 {
+            let exp = if i % 2 == 0 { NOW + 10 } else { LIVE };
+            t.insert(d(i), entry(body, 0, exp), NOW);
+        }
+        assert_eq!(t.bytes(), MAX_BYTES);
+        // Eight more: the eight expired entries make room, no live one is dropped.
+        for i in 16..24 {
+            t.insert(d(i), entry(body, 0, LIVE), NOW + 10);
+        }
+        for i in (1..24).filter(|i| i % 2 == 1 || *i >= 16) {
+            assert!(
+                t.get(&d(i), NOW + 10).is_some(),
+                "live entry {i} was dropped"
+            );
+        }
+        assert_eq!(t.bytes(), MAX_BYTES);
+    }
+
+    #[test]
     fn the_tier_never_holds_more_than_its_bytes() {
         let mut t = LocalTier::default();
         let body = MAX_BYTES / 16 - cost(0, 0);
@@ -1321,4 +1343,17 @@ fn the_method_can_be_a_fingerprint_part() {
             .body,
         b"PATCH"
     );
+}
+
+#[test]
+fn response_flags_are_envoys_bits() {
+    use crate::outcome::flags::*;
+    // `StreamInfo::CoreResponseFlag`, in order: the filter reads Envoy's bits as they are.
+    let order = [
+        LH, UH, UT, LR, UR, UF, UC, UO, NR, DI, FI, RL, UAEX, RLSE, DC, URX, SI, IH, DPE, UMSDR,
+        RFCF, NFCF, DT, UPE, NC, OM, DF, DO, DR, UDO,
+    ];
+    for (i, bit) in order.iter().enumerate() {
+        assert_eq!(*bit, 1u64 << i, "flag {i}");
+    }
 }

@@ -51,37 +51,52 @@ pub mod flags {
     pub const UDO: u64 = 1 << 29; // unconditional drop overload
 }
 
+/// The union of a list of flags.
+const fn any_of(list: &[u64]) -> u64 {
+    let mut bits = 0;
+    let mut i = 0;
+    while i < list.len() {
+        bits |= list[i];
+        i += 1;
+    }
+    bits
+}
+
 /// Flags that leave the upstream's execution open: any of them wins over the rest.
-const UNKNOWN_FLAGS: u64 = flags::UT
-    | flags::LR
-    | flags::UR
-    | flags::UC
-    | flags::DC
-    | flags::URX
-    | flags::SI
-    | flags::DPE
-    | flags::UMSDR
-    | flags::DT
-    | flags::UPE
-    | flags::DR;
+const UNKNOWN_FLAGS: u64 = any_of(&[
+    flags::UT,
+    flags::LR,
+    flags::UR,
+    flags::UC,
+    flags::DC,
+    flags::URX,
+    flags::SI,
+    flags::DPE,
+    flags::UMSDR,
+    flags::DT,
+    flags::UPE,
+    flags::DR,
+]);
 
 /// Flags that say the request was never handed to an upstream.
-const NOT_SENT_FLAGS: u64 = flags::LH
-    | flags::UH
-    | flags::UF
-    | flags::UO
-    | flags::NR
-    | flags::FI
-    | flags::RL
-    | flags::UAEX
-    | flags::RLSE
-    | flags::IH
-    | flags::NFCF
-    | flags::NC
-    | flags::OM
-    | flags::DF
-    | flags::DO
-    | flags::UDO;
+const NOT_SENT_FLAGS: u64 = any_of(&[
+    flags::LH,
+    flags::UH,
+    flags::UF,
+    flags::UO,
+    flags::NR,
+    flags::FI,
+    flags::RL,
+    flags::UAEX,
+    flags::RLSE,
+    flags::IH,
+    flags::NFCF,
+    flags::NC,
+    flags::OM,
+    flags::DF,
+    flags::DO,
+    flags::UDO,
+]);
 
 /// Reset reasons (in `upstream_reset_before_response_started{…}`) that mean the request
 /// was never written: the connection was never made, the circuit breaker refused it, or
