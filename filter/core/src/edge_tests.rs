@@ -1357,3 +1357,22 @@ fn response_flags_are_envoys_bits() {
         assert_eq!(*bit, 1u64 << i, "flag {i}");
     }
 }
+
+#[test]
+fn a_layout_in_use_stays_registered_for_its_other_layouts() {
+    // The old configuration keeps serving for hours after a push: the new one must keep
+    // seeing its records, however long ago the old one first registered.
+    let (_, mut env) = world();
+    let old = plugin(r#"{"capacity": 16, "ttl_seconds": 10}"#);
+    let new = plugin(r#"{"capacity": 32, "ttl_seconds": 10}"#);
+    run(&old, &mut env, &req("POST", "/o").key("first"), ok("1"));
+    env.now_ms += 3 * 3_600_000;
+    run(&old, &mut env, &req("POST", "/o").key("late"), ok("late"));
+    env.now_ms += 5_000;
+    assert_eq!(
+        run(&new, &mut env, &req("POST", "/o").key("late"), ok("no"))
+            .local()
+            .body,
+        b"late"
+    );
+}
