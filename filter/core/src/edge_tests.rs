@@ -1376,3 +1376,62 @@ fn a_layout_in_use_stays_registered_for_its_other_layouts() {
         b"late"
     );
 }
+
+// ---------- the payload check ----------
+
+#[test]
+fn ignored_array_elements_do_not_count_in_the_payload() {
+    let p =
+        plugin(r#"{"payload": {"ignore_json_pointers": ["/items/0", "/items/5", "/meta/at"]}}"#);
+    let (_, mut env) = world();
+    let r = |body: &str| req("POST", "/o").key("k").body(body);
+    let first = r(r#"{"items": [1, 2], "meta": {"at": 1}}"#);
+    assert!(matches!(
+        run(&p, &mut env, &first, ok("made")),
+        Outcome::Upstream(..)
+    ));
+    // Only the ignored element and member differ: the same payload.
+    let same = r(r#"{"items": [9, 2], "meta": {"at": 2}}"#);
+    assert_eq!(run(&p, &mut env, &same, ok("no")).local().body, b"made");
+    // Another element differs: another payload.
+    let other = r(r#"{"items": [1, 3], "meta": {"at": 1}}"#);
+    assert_eq!(run(&p, &mut env, &other, ok("no")).status(), 422);
+    // A pointer one past the end of the array removes nothing.
+    let p2 = plugin(
+        r#"{"payload": {"ignore_json_pointers": ["/items/2"]}, "store": {"namespace": "two"}}"#,
+    );
+    let two = r(r#"{"items": [1, 2]}"#);
+    assert!(matches!(
+        run(&p2, &mut env, &two, ok("two")),
+        Outcome::Upstream(..)
+    ));
+    assert_eq!(
+        run(&p2, &mut env, &r(r#"{"items": [1, 3]}"#), ok("no")).status(),
+        422
+    );
+}
+
+#[test]
+fn the_default_payload_digest_is_the_one_records_were_written_with() {
+    // Records written before the payload check could be shaped carry this digest: a
+    // retry across an upgrade must still match them.
+    use sha2::{Digest as _, Sha256};
+    let head = req("POST", "/o?x=1").head;
+    let mut hasher = crate::key::BodyHasher::default();
+    hasher.update(b"{}");
+    let body = hasher.finish();
+    let mut h = Sha256::new();
+    h.update(b"proxy-dedup payload v1\0");
+    for part in [&b"POST"[..], &b"/o?x=1"[..]] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    h.update(2u64.to_be_bytes());
+    h.update(body.digest);
+    let want: [u8; 32] = h.finalize().into();
+    let cfg = crate::payload::PayloadConfig::default();
+    assert_eq!(
+        crate::payload::payload_digest(&cfg, &head, &body, b"{}"),
+        want
+    );
+}
