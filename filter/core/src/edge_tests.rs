@@ -1435,3 +1435,20 @@ fn the_default_payload_digest_is_the_one_records_were_written_with() {
         want
     );
 }
+
+#[test]
+fn a_failed_settling_call_says_which_one_failed() {
+    let p = etcd_plugin("");
+    for (a, what) in [
+        (ok("x"), "completion failed"),
+        (answer(503, "x"), "release failed"),
+        (upstream_reset(), "hold failed"),
+    ] {
+        let (mut env, _) = two_proxies();
+        let s = send(&p, &mut env, &req("POST", "/o").key("k")).unwrap();
+        env.etcd.set_down(true);
+        respond(&p, &mut env, s, a);
+        let warned = env.warnings.borrow().join("\n");
+        assert!(warned.contains(what), "{what}: {warned}");
+    }
+}

@@ -104,6 +104,8 @@ pub struct FakeEnv {
     pub etcd: Arc<FakeEtcd>,
     /// How far this worker's clock runs ahead of etcd's (leases follow etcd's clock).
     pub clock_ahead_ms: u64,
+    /// Warnings logged, in order.
+    pub warnings: std::cell::RefCell<Vec<String>>,
 }
 
 impl FakeEnv {
@@ -117,6 +119,7 @@ impl FakeEnv {
             local: LocalTier::default(),
             etcd: FakeEtcd::new(),
             clock_ahead_ms: 0,
+            warnings: Default::default(),
         }
     }
 
@@ -149,7 +152,9 @@ impl Env for FakeEnv {
         // Formatting is part of what is tested: it must not panic.
         let _ = message.to_string();
     }
-    fn warn(&self, _message: &str) {}
+    fn warn(&self, message: &str) {
+        self.warnings.borrow_mut().push(message.to_string());
+    }
     fn leases(&mut self) -> &mut LeaseCache {
         &mut self.leases
     }
