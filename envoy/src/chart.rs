@@ -64,7 +64,11 @@ pub const VERMILLION: &str = "#D55E00";
 
 const FONT: &str = "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\"";
 const MARGIN: f64 = 16.0;
-const ROW_LABEL_WIDTH: f64 = 200.0;
+/// Width of one character of 12 px text, a little generous (DejaVu Sans
+/// averages about 6.8 px): the SVG is laid out without measuring text.
+const CHAR_WIDTH: f64 = 7.0;
+/// The narrowest column of row labels.
+const MIN_ROW_LABEL_WIDTH: f64 = 120.0;
 const PANEL_WIDTH: f64 = 330.0;
 const PANEL_GAP: f64 = 30.0;
 /// Room right of the longest bar for its label.
@@ -88,9 +92,13 @@ impl Chart {
         let panel_title_y = MARGIN + 60.0;
         let top = panel_title_y + if legend { 34.0 } else { 14.0 };
         let plot_height = self.rows.len() as f64 * row_height;
-        let width =
-            MARGIN * 2.0 + ROW_LABEL_WIDTH + self.panels.len() as f64 * (PANEL_WIDTH + PANEL_GAP)
-                - PANEL_GAP;
+        let longest_row = self.rows.iter().map(|r| r.chars().count()).max();
+        let label_width =
+            (longest_row.unwrap_or(0) as f64 * CHAR_WIDTH + 10.0).max(MIN_ROW_LABEL_WIDTH);
+        let plots = self.panels.len() as f64 * (PANEL_WIDTH + PANEL_GAP) - PANEL_GAP;
+        // Wide enough for the rows and panels, and for the subtitle.
+        let width = (MARGIN * 2.0 + label_width + plots)
+            .max(MARGIN * 2.0 + self.subtitle.chars().count() as f64 * CHAR_WIDTH * 0.95);
         let height = top + plot_height + 34.0 + MARGIN;
         let mut s = String::new();
         let _ = writeln!(
@@ -113,12 +121,12 @@ impl Chart {
             let _ = writeln!(
                 s,
                 "<text x=\"{:.1}\" y=\"{y:.1}\" text-anchor=\"end\">{}</text>",
-                MARGIN + ROW_LABEL_WIDTH - 10.0,
+                MARGIN + label_width - 10.0,
                 escape(row)
             );
         }
         for (p, panel) in self.panels.iter().enumerate() {
-            let x0 = MARGIN + ROW_LABEL_WIDTH + p as f64 * (PANEL_WIDTH + PANEL_GAP);
+            let x0 = MARGIN + label_width + p as f64 * (PANEL_WIDTH + PANEL_GAP);
             self.panel(
                 &mut s,
                 panel,
