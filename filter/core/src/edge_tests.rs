@@ -1452,3 +1452,145 @@ fn a_failed_settling_call_says_which_one_failed() {
         assert!(warned.contains(what), "{what}: {warned}");
     }
 }
+
+// ---------- decisions as the glue and access logs see them ----------
+
+#[test]
+fn each_local_answer_is_logged_as_its_decision() {
+    let (_, mut env) = world();
+    let decide = |p: &Plugin, env: &mut FakeEnv, r: &Req| {
+        let mut s = DedupStream::new(9);
+        let body = r.body.clone();
+        let mut a = s.on_request_headers(p, env, r.head.clone(), body.is_none());
+        if let Some(b) = body {
+            a = s.on_request_body(p, env, b.len(), true, || Some(b.clone()));
+        }
+        assert!(matches!(a, Action::Reply(_)), "{a:?}");
+        s.log_fields().map(|(v, _)| v)
+    };
+    let p = plugin(r#"{"max_body_bytes": 4, "max_replay_body_bytes": 2}"#);
+    let flying = send(&p, &mut env, &req("POST", "/o").key("fly")).unwrap();
+    assert_eq!(
+        decide(&p, &mut env, &req("POST", "/o").key("fly")),
+        Some("in_flight")
+    );
+    drop(flying);
+    run(&p, &mut env, &req("POST", "/o").key("big"), ok("too big"));
+    assert_eq!(
+        decide(&p, &mut env, &req("POST", "/o").key("big")),
+        Some("not_stored")
+    );
+    assert_eq!(
+        decide(&p, &mut env, &req("POST", "/o").key("b").body("12345")),
+        Some("body_too_large")
+    );
+    let reject = plugin(r#"{"on_duplicate": "reject", "store": {"namespace": "r"}}"#);
+    run(&reject, &mut env, &req("POST", "/o").key("done"), ok("x"));
+    assert_eq!(
+        decide(&reject, &mut env, &req("POST", "/o").key("done")),
+        Some("rejected_completed")
+    );
+    let closed = plugin(r#"{"failure_mode": "closed", "store": {"namespace": "c"}}"#);
+    env.shared.set_failing(true);
+    assert_eq!(
+        decide(&closed, &mut env, &req("POST", "/o").key("c")),
+        Some("store_unavailable")
+    );
+    env.shared.set_failing(false);
+    let required = plugin(r#"{"key": {"required": true}}"#);
+    assert_eq!(
+        decide(&required, &mut env, &req("POST", "/o")),
+        Some("bad_key")
+    );
+}
+
+#[test]
+fn a_body_read_at_its_trailers_is_held_to_the_limit() {
+    let p = plugin(r#"{"max_body_bytes": 4}"#);
+    let (_, mut env) = world();
+    let mut s = DedupStream::new(1);
+    let head = req("POST", "/o").key("k").head;
+    assert_eq!(
+        s.on_request_headers(&p, &mut env, head, false),
+        Action::Pause
+    );
+    // The body arrived in chunks the filter was not shown (trailers end it).
+    let a = s.on_request_trailers(&p, &mut env, || Some(b"12345".to_vec()));
+    assert!(
+        matches!(a, Action::Reply(ref r) if r.status == 413),
+        "{a:?}"
+    );
+    assert_eq!(env.count_of(Counter::Executed), 0);
+}
+
+#[test]
+fn the_stream_debug_names_its_phase() {
+    let p = plugin("{}");
+    let (_, mut env) = world();
+    let mut s = DedupStream::new(42);
+    assert_eq!(format!("{s:?}"), "DedupStream { id: 42, phase: start }");
+    s.on_request_headers(&p, &mut env, req("POST", "/o").key("k").head, false);
+    assert_eq!(format!("{s:?}"), "DedupStream { id: 42, phase: reading }");
+}
+
+#[test]
+fn an_etcd_error_on_the_claim_is_a_store_failure_not_a_lost_lease() {
+    let p = etcd_plugin(r#""failure_mode": "closed""#);
+    let (mut a, _) = two_proxies();
+    let mut s = DedupStream::new(1);
+    let first = s.on_request_headers(&p, &mut a, req("POST", "/o").key("k").head, true);
+    let (decision, n) = drive(&p, &mut a, &mut s, first, |_| {
+        Some(txn_answer(
+            r#"{"error": "etcdserver: too many requests", "code": 8}"#,
+        ))
+    });
+    assert_eq!(n, 1, "not retried");
+    assert!(
+        matches!(decision, Action::Reply(ref r) if r.status == 503),
+        "{decision:?}"
+    );
+}
+
+#[test]
+fn an_etcd_record_of_exactly_the_limit_keeps_its_response() {
+    use crate::etcd::{EtcdRecord, EtcdState};
+    let limit = 20_000;
+    let p = plugin(&format!(
+        r#"{{"max_replay_body_bytes": 3616,
+            "store": {{"kind": "etcd", "cluster": "etcd", "max_record_bytes": {limit}}}}}"#
+    ));
+    // The size of the completed record for a header value of `n` bytes.
+    let size = |n: usize| {
+        EtcdRecord {
+            state: EtcdState::Completed,
+            token: 0,
+            expires_ms: 0,
+            payload: [0; 32],
+            response: Some(StoredResponse {
+                status: 200,
+                headers: vec![
+                    ("content-type".into(), b"application/json".to_vec()),
+                    ("x-big".into(), vec![b'h'; n]),
+                ],
+                body: b"body".to_vec(),
+            }),
+        }
+        .encode(&[0; 32])
+        .len()
+    };
+    let fits = limit - size(0);
+    assert_eq!(size(fits), limit);
+    for (key, n, kept) in [("exact", fits, true), ("over", fits + 1, false)] {
+        let (mut a, mut b) = two_proxies();
+        let r = req("POST", "/o").key(key);
+        let mut big = ok("body");
+        big.headers.push(("x-big".into(), vec![b'h'; n]));
+        assert!(matches!(run(&p, &mut a, &r, big), Outcome::Upstream(..)));
+        let dup = run(&p, &mut b, &r, ok("no"));
+        assert_eq!(
+            matches!(dup, Outcome::Local(ref l) if l.status == 200),
+            kept,
+            "{key}: {dup:?}"
+        );
+    }
+}
