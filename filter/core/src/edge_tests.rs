@@ -1594,3 +1594,30 @@ fn an_etcd_record_of_exactly_the_limit_keeps_its_response() {
         );
     }
 }
+
+#[test]
+fn etcd_a_completed_record_is_taken_over_at_its_expiry_while_its_lease_lives() {
+    let p = etcd_plugin(r#""ttl_seconds": 10, "in_flight_timeout_seconds": 5"#);
+    let (mut a, mut b) = two_proxies();
+    let r = req("POST", "/o").key("k");
+    let t0 = a.now_ms;
+    assert!(matches!(
+        run(&p, &mut a, &r, ok("first")),
+        Outcome::Upstream(..)
+    ));
+    b.now_ms = t0 + 9_999;
+    assert_eq!(run(&p, &mut b, &r, ok("no")).local().body, b"first");
+    // Expired by the reader's clock; etcd still has it (its lease runs longer).
+    let (mut c, _) = two_proxies();
+    c.etcd = a.etcd.clone();
+    c.now_ms = t0 + 10_000;
+    assert!(c.etcd.key_count(c.now_ms) >= 1);
+    assert_eq!(
+        run(&p, &mut c, &r, ok("second")),
+        Outcome::Upstream(200, b"second".to_vec())
+    );
+    let (mut d, _) = two_proxies();
+    d.etcd = a.etcd.clone();
+    d.now_ms = t0 + 10_001;
+    assert_eq!(run(&p, &mut d, &r, ok("no")).local().body, b"second");
+}
