@@ -1621,3 +1621,37 @@ fn etcd_a_completed_record_is_taken_over_at_its_expiry_while_its_lease_lives() {
     d.now_ms = t0 + 10_001;
     assert_eq!(run(&p, &mut d, &r, ok("no")).local().body, b"second");
 }
+
+#[test]
+fn admin_stats_and_lookups_on_shared_data() {
+    let p = plugin(r#"{"capacity": 48, "ttl_seconds": 10}"#);
+    let admin_p = plugin(r#"{"role": "admin", "capacity": 48, "ttl_seconds": 10}"#);
+    let (_, mut env) = world();
+    let v = admin_json(&admin(&admin_p, &mut env, "GET", "/stats"));
+    assert_eq!(
+        (v["buckets"].as_u64(), v["capacity"].as_u64()),
+        (Some(3), Some(48))
+    );
+    // Another key in the same bucket is not this one; an expired record is not live.
+    run(&p, &mut env, &req("POST", "/o").key("k"), ok("x"));
+    let q = |k: &str| format!("/records?key={k}&authority=api.example");
+    assert_eq!(admin(&admin_p, &mut env, "GET", &q("k")).status, 200);
+    assert_eq!(admin(&admin_p, &mut env, "GET", &q("other")).status, 404);
+    env.now_ms += 10_000;
+    assert_eq!(admin(&admin_p, &mut env, "GET", &q("k")).status, 404);
+}
+
+#[test]
+fn payload_pointer_lists_hold_1_to_32() {
+    let json = |n: usize| {
+        let list: Vec<String> = (0..n).map(|i| format!("\"/f{i}\"")).collect();
+        format!(
+            r#"{{"payload": {{"json_pointers": [{}]}}}}"#,
+            list.join(", ")
+        )
+    };
+    Config::parse(json(1).as_bytes()).unwrap();
+    Config::parse(json(32).as_bytes()).unwrap();
+    assert_eq!(cfg_err(&json(33)).0, "payload.json_pointers");
+    assert_eq!(cfg_err(&json(0)).0, "payload.json_pointers");
+}
