@@ -54,6 +54,8 @@ mod tests {
             ("set-cookie".to_string(), b"a=1".to_vec()),
             ("set-cookie".to_string(), b"b=2".to_vec()),
             ("x-empty".to_string(), Vec::new()),
+            // An empty name and value: the encoder's size arithmetic must not underflow.
+            (String::new(), Vec::new()),
         ];
         assert_eq!(decode_pairs(&encode_pairs(&pairs)), Some(pairs));
     }
