@@ -37,6 +37,9 @@ struct RawConfig {
     scope: Option<RawScope>,
     methods: Option<Vec<String>>,
     on_duplicate: Option<OnDuplicate>,
+    on_in_flight: Option<OnInFlight>,
+    wait_timeout_ms: Option<u64>,
+    max_waiters: Option<u64>,
     ttl_seconds: Option<u64>,
     in_flight_timeout_seconds: Option<u64>,
     retry_after_seconds: Option<u64>,
@@ -122,6 +125,17 @@ pub enum OnDuplicate {
     Reject,
 }
 
+/// What a duplicate of a request still in flight gets.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OnInFlight {
+    /// Answer 409 `in-flight` at once.
+    Reject,
+    /// Hold the duplicate (nothing forwarded) until the first completes, then answer it
+    /// as a duplicate of the completed record; 409 after `wait_timeout_ms`.
+    Wait,
+}
+
 /// What to do when the store cannot answer.
 #[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -194,6 +208,9 @@ pub const DEFAULT_STORE_STATUSES: [StatusRange; 4] = [
 
 /// Default largest etcd record value: below etcd's default `--max-request-bytes`
 /// (1.5 MiB) once base64-encoded in the JSON gateway's request.
+/// Default `max_waiters`: duplicates one worker holds at once in wait mode.
+pub const DEFAULT_MAX_WAITERS: u64 = 1024;
+
 pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1 << 20;
 
 /// Room a record needs besides the response body: its header, the stored response's
@@ -215,6 +232,11 @@ pub struct Config {
     pub scope_authority: bool,
     pub methods: Vec<String>,
     pub on_duplicate: OnDuplicate,
+    pub on_in_flight: OnInFlight,
+    /// How long a duplicate waits for the first (wait mode), ≤ `in_flight_timeout_ms`.
+    pub wait_timeout_ms: u64,
+    /// Most duplicates waiting at once on one worker; above it they get 409 at once.
+    pub max_waiters: usize,
     pub ttl_ms: u64,
     pub in_flight_timeout_ms: u64,
     pub retry_after_seconds: u64,
@@ -244,6 +266,9 @@ impl Default for Config {
             scope_authority: true,
             methods: vec!["POST".to_string(), "PATCH".to_string()],
             on_duplicate: OnDuplicate::Replay,
+            on_in_flight: OnInFlight::Reject,
+            wait_timeout_ms: 10_000,
+            max_waiters: DEFAULT_MAX_WAITERS as usize,
             ttl_ms: 86_400_000,
             in_flight_timeout_ms: 30_000,
             retry_after_seconds: 1,
@@ -471,6 +496,25 @@ impl TryFrom<RawConfig> for Config {
         )?;
         let retry_after_seconds =
             in_range("retry_after_seconds", raw.retry_after_seconds, 1, 0, 3600)?;
+        let in_flight_ms = in_flight_s * 1000;
+        // A waiter never outlasts the claim it waits for; the default follows a shorter
+        // in-flight timeout down.
+        let wait_timeout_ms = raw.wait_timeout_ms.unwrap_or(10_000.min(in_flight_ms));
+        if wait_timeout_ms == 0 || wait_timeout_ms > in_flight_ms {
+            return Err(err(
+                "wait_timeout_ms",
+                format!(
+                    "{wait_timeout_ms} is out of range 1..={in_flight_ms} (at most in_flight_timeout_seconds)"
+                ),
+            ));
+        }
+        let max_waiters = in_range(
+            "max_waiters",
+            raw.max_waiters,
+            DEFAULT_MAX_WAITERS,
+            1,
+            100_000,
+        )? as usize;
         let capacity = in_range("capacity", raw.capacity, 100_000, 16, 10_000_000)?;
         let max_body_bytes =
             in_range("max_body_bytes", raw.max_body_bytes, 1_048_576, 0, 64 << 20)? as usize;
@@ -530,8 +574,11 @@ impl TryFrom<RawConfig> for Config {
             scope_authority: scope.authority.unwrap_or(true),
             methods,
             on_duplicate: raw.on_duplicate.unwrap_or(OnDuplicate::Replay),
+            on_in_flight: raw.on_in_flight.unwrap_or(OnInFlight::Reject),
+            wait_timeout_ms,
+            max_waiters,
             ttl_ms: ttl_s * 1000,
-            in_flight_timeout_ms: in_flight_s * 1000,
+            in_flight_timeout_ms: in_flight_ms,
             retry_after_seconds,
             capacity,
             max_body_bytes,

@@ -148,6 +148,35 @@ pub fn delete_txn(key: &str, mod_revision: i64) -> Vec<u8> {
     .into_bytes()
 }
 
+/// A range request reading one key (`RANGE_PATH`; a linearizable read, no write).
+pub fn read_key(key: &str) -> Vec<u8> {
+    json!({"key": b64(key.as_bytes())}).to_string().into_bytes()
+}
+
+/// The answer to `read_key`: `Some(None)` when the key is absent, `Some(Some((mod
+/// revision, value)))` when present; `None` when the body is not a range answer (an
+/// error, or no answer at all).
+pub fn parse_read(body: &[u8]) -> Option<Option<(i64, Vec<u8>)>> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    if v.get("error").is_some() || v.get("message").is_some() {
+        return None;
+    }
+    v.get("header")?;
+    let Some(kv) = v
+        .get("kvs")
+        .and_then(Value::as_array)
+        .and_then(|kvs| kvs.first())
+    else {
+        return Some(None);
+    };
+    let mod_rev = kv.get("mod_revision").and_then(int)?;
+    let value = match kv.get("value").and_then(Value::as_str) {
+        Some(s) => B64.decode(s).ok()?,
+        None => Vec::new(),
+    };
+    Some(Some((mod_rev, value)))
+}
+
 /// A range request counting the keys under `prefix`.
 pub fn count_prefix(prefix: &str) -> Vec<u8> {
     let mut end = prefix.as_bytes().to_vec();

@@ -6,6 +6,7 @@ use crate::local::LocalTier;
 use crate::metrics::Counter;
 use crate::store::{HostFault, SetError, SharedData};
 use crate::stream::Env;
+use crate::wait::Waiters;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -106,6 +107,10 @@ pub struct FakeEnv {
     pub clock_ahead_ms: u64,
     /// Warnings logged, in order.
     pub warnings: std::cell::RefCell<Vec<String>>,
+    /// Duplicates this worker holds in wait mode.
+    pub waiters: Waiters,
+    /// Records whose waiters this worker notified (every worker's, in the glue).
+    pub wake_calls: Vec<crate::key::Digest>,
 }
 
 impl FakeEnv {
@@ -120,6 +125,8 @@ impl FakeEnv {
             etcd: FakeEtcd::new(),
             clock_ahead_ms: 0,
             warnings: Default::default(),
+            waiters: Waiters::default(),
+            wake_calls: Vec::new(),
         }
     }
 
@@ -160,6 +167,13 @@ impl Env for FakeEnv {
     }
     fn local(&mut self) -> &mut LocalTier {
         &mut self.local
+    }
+    fn waiters(&mut self) -> &mut Waiters {
+        &mut self.waiters
+    }
+    fn wake_waiters(&mut self, digest: &crate::key::Digest) {
+        self.wake_calls.push(*digest);
+        self.waiters.wake(digest);
     }
 }
 
@@ -266,8 +280,25 @@ impl FakeEtcd {
             return (200, out.to_string().into_bytes());
         }
         if path == "/v3/kv/range" {
-            // Only what the admin API sends: a count of the keys in [key, range_end).
             let from = b64.decode(req["key"].as_str().unwrap()).unwrap();
+            if req.get("range_end").is_none() {
+                // One key (a waiter's poll).
+                let kvs: Vec<serde_json::Value> = i
+                    .kv
+                    .get(&from)
+                    .iter()
+                    .map(|(c, m, v, l)| {
+                        serde_json::json!({"key": b64.encode(&from), "create_revision": c.to_string(), "mod_revision": m.to_string(), "value": b64.encode(v), "lease": l.to_string()})
+                    })
+                    .collect();
+                let mut out = serde_json::json!({"header": header(i.revision)});
+                if !kvs.is_empty() {
+                    out["count"] = serde_json::json!(kvs.len().to_string());
+                    out["kvs"] = serde_json::Value::Array(kvs);
+                }
+                return (200, out.to_string().into_bytes());
+            }
+            // The admin API: a count of the keys in [key, range_end).
             let to = b64.decode(req["range_end"].as_str().unwrap()).unwrap();
             assert_eq!(req["count_only"], true);
             let n = i.kv.keys().filter(|k| **k >= from && **k < to).count();

@@ -16,6 +16,7 @@ pub mod reply;
 pub mod response;
 pub mod store;
 pub mod stream;
+pub mod wait;
 pub mod wire;
 
 #[cfg(test)]

@@ -39,10 +39,16 @@ pub enum Counter {
     OutcomeUnknown,
     /// Records removed through the operator API.
     AdminRemoved,
+    /// Duplicates of a request in flight held to wait for its answer (`on_in_flight: "wait"`).
+    Waited,
+    /// Waiting duplicates answered with the first request's stored response.
+    WaitReplayed,
+    /// Waiting duplicates answered 409 `in-flight` when `wait_timeout_ms` ran out.
+    WaitTimeout,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 17] = [
+    pub const ALL: [Counter; 20] = [
         Counter::Requests,
         Counter::Executed,
         Counter::Replayed,
@@ -60,6 +66,9 @@ impl Counter {
         Counter::ClaimsLost,
         Counter::OutcomeUnknown,
         Counter::AdminRemoved,
+        Counter::Waited,
+        Counter::WaitReplayed,
+        Counter::WaitTimeout,
     ];
 
     pub fn name(self) -> &'static str {
@@ -81,6 +90,9 @@ impl Counter {
             Counter::ClaimsLost => "proxy_dedup_claims_lost",
             Counter::OutcomeUnknown => "proxy_dedup_outcome_unknown",
             Counter::AdminRemoved => "proxy_dedup_admin_removed",
+            Counter::Waited => "proxy_dedup_waited",
+            Counter::WaitReplayed => "proxy_dedup_wait_replayed",
+            Counter::WaitTimeout => "proxy_dedup_wait_timeout",
         }
     }
 

@@ -2,7 +2,9 @@
 //! the request, response capture, completion or release. Host-independent: the proxy-wasm
 //! glue feeds it callbacks and carries out the `Action`s it returns.
 
-use crate::config::{Config, EtcdConfig, FailureMode, OnDuplicate, OnUnknownOutcome, StoreConfig};
+use crate::config::{
+    Config, EtcdConfig, FailureMode, OnDuplicate, OnInFlight, OnUnknownOutcome, StoreConfig,
+};
 use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState, LeaseCache, LeasePlan, LeasePurpose};
 use crate::key::{
     fingerprint_key, header_key, json_key, record_digest, short_hex, BodyHasher, ClientKey,
@@ -17,6 +19,7 @@ use crate::reply::{replay, LocalReply, Problem};
 use crate::response::Capture;
 use crate::response::StoredResponse;
 use crate::store::{Claim, ClaimOutcome, Layout, SharedData, SharedStore};
+use crate::wait::{Waiters, POLL_ETCD_MS, RECHECK_SHARED_MS};
 
 /// A configured plugin: immutable config and the store geometry derived from it.
 #[derive(Debug, Clone)]
@@ -61,6 +64,10 @@ pub trait Env: SharedData {
     fn leases(&mut self) -> &mut LeaseCache;
     /// This worker's tier of completed records (etcd store).
     fn local(&mut self) -> &mut LocalTier;
+    /// The duplicates this worker holds in wait mode.
+    fn waiters(&mut self) -> &mut Waiters;
+    /// A record this proxy completed or released: wake its waiters on every worker.
+    fn wake_waiters(&mut self, digest: &Digest);
 }
 
 /// A call to the remote store through the proxy: POST `path` with a JSON `body` to the
@@ -102,6 +109,10 @@ enum Phase {
     Reading(Box<Reading>),
     /// Waiting for the remote store to answer a claim.
     Claiming(Box<Claiming>),
+    /// Wait mode: a duplicate held until the first request's answer (see `on_wake`).
+    Waiting(Box<Waiting>),
+    /// Wait mode, etcd: a read of the record is out.
+    Polling(Box<Waiting>),
     /// Claim won; waiting for the upstream's response headers.
     Forwarded(Owned),
     /// Claim won; collecting a storable response.
@@ -110,6 +121,14 @@ enum Phase {
     Settling(Box<Settling>),
     /// Answered locally, completed or released: nothing left to do.
     Finished,
+}
+
+/// The record a waiting duplicate waits for.
+struct Waiting {
+    digest: Digest,
+    payload: Digest,
+    /// Set when the first's outcome is unknown and its claim is held until then (ms).
+    held_until: Option<u64>,
 }
 
 /// A claim the stream holds.
@@ -240,6 +259,10 @@ pub struct DedupStream {
     verdict: Option<&'static str>,
     record: Option<Digest>,
     log_changed: bool,
+    /// The request's payload digest, once decided.
+    payload: Option<Digest>,
+    /// Wait mode: when this duplicate stops waiting (ms), once it waits.
+    wait_deadline: Option<u64>,
 }
 
 impl std::fmt::Debug for DedupStream {
@@ -249,6 +272,8 @@ impl std::fmt::Debug for DedupStream {
             Phase::Passthrough => "passthrough",
             Phase::Reading(_) => "reading",
             Phase::Claiming(_) => "claiming",
+            Phase::Waiting(_) => "waiting",
+            Phase::Polling(_) => "polling",
             Phase::Forwarded(_) => "forwarded",
             Phase::Settling(_) => "settling",
             Phase::Capturing(..) => "capturing",
@@ -266,6 +291,8 @@ impl DedupStream {
             verdict: None,
             record: None,
             log_changed: false,
+            payload: None,
+            wait_deadline: None,
         }
     }
 
@@ -273,7 +300,8 @@ impl DedupStream {
     /// call: the glue puts them in Envoy's filter state for access logs. Decisions:
     /// `executed`, `replayed`, `in_flight`, `mismatch`, `bad_key`, `bypassed`,
     /// `failed_open`, `store_unavailable`, `body_too_large`, `not_stored`,
-    /// `rejected_completed`, `released`, `outcome_unknown`.
+    /// `rejected_completed`, `released`, `outcome_unknown`, `waited` (a duplicate that
+    /// waited in wait mode and got the first request's response).
     pub fn log_fields(&mut self) -> Option<(&'static str, Option<ShortHex<'_>>)> {
         if !std::mem::take(&mut self.log_changed) {
             return None;
@@ -289,6 +317,97 @@ impl DedupStream {
     /// True while the stream holds a claim whose response has not been settled.
     pub fn holds_claim(&self) -> bool {
         matches!(self.phase, Phase::Forwarded(_) | Phase::Capturing(..))
+    }
+
+    /// True while the stream waits (wait mode) for the first request's answer.
+    pub fn waiting(&self) -> bool {
+        matches!(self.phase, Phase::Waiting(_) | Phase::Polling(_))
+    }
+
+    /// Wait mode: the glue woke this waiting duplicate (its record changed, its periodic
+    /// check or its deadline came). It re-reads the record: the first's response
+    /// (replayed), a released key (claimed: this one executes), still in flight (it
+    /// waits on, `Pause`), or, past `wait_timeout_ms`, 409 as in reject mode. With etcd
+    /// the read is a store call (`Call`) whose answer goes to `on_store_answer`.
+    pub fn on_wake<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Action {
+        let Phase::Waiting(w) = std::mem::replace(&mut self.phase, Phase::Finished) else {
+            return Action::Pause;
+        };
+        let now = env.now_ms();
+        if self.wait_deadline.is_some_and(|d| now >= d) {
+            return self.duplicate(
+                p,
+                env,
+                Duplicate::InFlight {
+                    held_until: w.held_until,
+                },
+            );
+        }
+        match &p.config.store {
+            StoreConfig::SharedData => self.claim_shared(p, env, w.digest, w.payload),
+            StoreConfig::Etcd(ec) => {
+                if env.local().get(&w.digest, now).is_some() {
+                    return self.claim_etcd(p, env, ec, w.digest, w.payload);
+                }
+                let call = poll_call(ec, &w.digest);
+                self.phase = Phase::Polling(w);
+                Action::Call(call)
+            }
+        }
+    }
+
+    /// The answer to a waiter's read of its etcd record: still a claim (wait on), a
+    /// completed record (learnt by this worker's tier, so its other waiters answer
+    /// without a round trip, then answered like any duplicate), or gone or over (claim
+    /// it). A failed read waits on until the next check.
+    fn polled<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        mut w: Box<Waiting>,
+        answer: &CallAnswer,
+    ) -> Action {
+        let StoreConfig::Etcd(ec) = &p.config.store else {
+            return Action::Continue;
+        };
+        let now = env.now_ms();
+        match poll_answer(&answer.body, &w.digest) {
+            Polled::Claimed { held_until } => {
+                w.held_until = held_until;
+                self.wait_on(p, env, w)
+            }
+            Polled::Completed(entry) => {
+                env.local().insert(w.digest, entry, now);
+                env.waiters().wake(&w.digest);
+                self.claim_etcd(p, env, ec, w.digest, w.payload)
+            }
+            Polled::Free => self.claim_etcd(p, env, ec, w.digest, w.payload),
+            Polled::Failed => {
+                env.count(Counter::StoreErrors);
+                env.debug(format_args!(
+                    "stream {}: reading record {} failed (status {}); waiting on",
+                    self.id,
+                    short_hex(&w.digest),
+                    answer.status
+                ));
+                self.wait_on(p, env, w)
+            }
+        }
+    }
+
+    /// Keeps a waiter waiting, or answers 409 once its deadline has passed.
+    fn wait_on<E: Env>(&mut self, p: &Plugin, env: &mut E, w: Box<Waiting>) -> Action {
+        if self.wait_deadline.is_some_and(|d| env.now_ms() < d) {
+            self.phase = Phase::Waiting(w);
+            return Action::Pause;
+        }
+        self.duplicate(
+            p,
+            env,
+            Duplicate::InFlight {
+                held_until: w.held_until,
+            },
+        )
     }
 
     /// True while the request body is wanted (the glue reads it only then).
@@ -509,7 +628,18 @@ impl DedupStream {
         env: &mut E,
         origin: &Origin,
     ) -> Option<StoreCall> {
+        if self.wait_deadline.is_some() {
+            // A client that leaves while waiting leaves nothing behind.
+            env.waiters().remove(self.id);
+        }
         match std::mem::replace(&mut self.phase, Phase::Finished) {
+            Phase::Waiting(_) | Phase::Polling(_) => {
+                env.debug(format_args!(
+                    "stream {}: the client left while waiting",
+                    self.id
+                ));
+                None
+            }
             Phase::Forwarded(owned) => match classify(&origin.details, origin.flags) {
                 Outcome::NotExecuted => {
                     env.debug(format_args!(
@@ -609,6 +739,7 @@ impl DedupStream {
         match std::mem::replace(&mut self.phase, Phase::Finished) {
             Phase::Claiming(c) => self.claim_step(p, env, c, answer),
             Phase::Settling(st) => self.settled(p, env, st, &answer),
+            Phase::Polling(w) => self.polled(p, env, w, &answer),
             other => {
                 self.phase = other;
                 Action::Continue
@@ -622,6 +753,13 @@ impl DedupStream {
         env.debug(format_args!("stream {}: bypass ({why})", self.id));
         self.phase = Phase::Passthrough;
         Action::Continue
+    }
+
+    /// A waiting duplicate is answered or goes on: it leaves the worker's registry.
+    fn stop_waiting<E: Env>(&mut self, env: &mut E) {
+        if self.wait_deadline.is_some() {
+            env.waiters().remove(self.id);
+        }
     }
 
     fn bad_key<E: Env>(&mut self, env: &mut E, e: KeyError) -> Action {
@@ -640,7 +778,12 @@ impl DedupStream {
             self.id, reply.status, reply.details
         ));
         self.phase = Phase::Finished;
-        self.decided(verdict_of(reply.details));
+        self.stop_waiting(env);
+        let verdict = match verdict_of(reply.details) {
+            "replayed" if self.wait_deadline.is_some() => "waited",
+            v => v,
+        };
+        self.decided(verdict);
         Action::Reply(reply)
     }
 
@@ -686,7 +829,10 @@ impl DedupStream {
         };
         let digest = record_digest(cfg, &head, &key);
         self.record = Some(digest);
-        let payload = payload_digest(&cfg.payload, &head, &body, raw_body);
+        self.payload = Some(payload_digest(&cfg.payload, &head, &body, raw_body));
+        let Some(payload) = self.payload else {
+            return Action::Continue;
+        };
         match &cfg.store {
             StoreConfig::SharedData => self.claim_shared(p, env, digest, payload),
             StoreConfig::Etcd(ec) => self.claim_etcd(p, env, ec, digest, payload),
@@ -755,6 +901,7 @@ impl DedupStream {
     }
 
     fn forward<E: Env>(&mut self, env: &mut E, owned: Owned) -> Action {
+        self.stop_waiting(env);
         self.decided("executed");
         env.count(Counter::Executed);
         let digest = match &owned {
@@ -775,6 +922,14 @@ impl DedupStream {
         let cfg = &p.config;
         match dup {
             Duplicate::InFlight { held_until } => {
+                if cfg.on_in_flight == OnInFlight::Wait {
+                    if let Some(action) = self.start_or_keep_waiting(p, env, held_until) {
+                        return action;
+                    }
+                    if self.wait_deadline.is_some() {
+                        env.count(Counter::WaitTimeout);
+                    }
+                }
                 env.count(Counter::RejectedInFlight);
                 let (seconds, detail) = match held_until {
                     Some(until) => (
@@ -803,6 +958,9 @@ impl DedupStream {
             }
             Duplicate::Completed(Some(resp)) => {
                 env.count(Counter::Replayed);
+                if self.wait_deadline.is_some() {
+                    env.count(Counter::WaitReplayed);
+                }
                 env.debug(format_args!(
                     "stream {}: replaying a stored {}",
                     self.id, resp.status
@@ -811,6 +969,55 @@ impl DedupStream {
             }
             Duplicate::Completed(None) => self.not_stored(env),
         }
+    }
+
+    /// Wait mode: a duplicate of a claim starts waiting (a place among this worker's
+    /// `max_waiters`), or waits on. `None`: it answers 409 now (no place, or its
+    /// `wait_timeout_ms` is over).
+    fn start_or_keep_waiting<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        held_until: Option<u64>,
+    ) -> Option<Action> {
+        let (digest, payload) = (self.record?, self.payload?);
+        let now = env.now_ms();
+        let deadline = match self.wait_deadline {
+            Some(d) => d,
+            None => {
+                let d = now.saturating_add(p.config.wait_timeout_ms);
+                // The first check comes at the next tick: a completion that landed
+                // between the claim's read and this registration woke nobody here.
+                if !env
+                    .waiters()
+                    .add(self.id, digest, d, now, p.config.max_waiters)
+                {
+                    env.debug(format_args!(
+                        "stream {}: {} duplicates already wait on this worker (max_waiters); 409",
+                        self.id, p.config.max_waiters
+                    ));
+                    return None;
+                }
+                env.count(Counter::Waited);
+                env.debug(format_args!(
+                    "stream {}: record {} in flight; waiting up to {} ms for its answer",
+                    self.id,
+                    short_hex(&digest),
+                    p.config.wait_timeout_ms
+                ));
+                self.wait_deadline = Some(d);
+                d
+            }
+        };
+        if now >= deadline {
+            return None;
+        }
+        self.phase = Phase::Waiting(Box::new(Waiting {
+            digest,
+            payload,
+            held_until,
+        }));
+        Some(Action::Pause)
     }
 
     fn claim_etcd<E: Env>(
@@ -1158,6 +1365,9 @@ impl DedupStream {
                 if let Some((digest, entry)) = st.learned {
                     env.local().insert(digest, entry, now);
                 }
+                if matches!(st.kind, Settle::Complete | Settle::Release) {
+                    wake(p, env, &st.digest);
+                }
             }
             Some(false) => {
                 env.count(Counter::ClaimsLost);
@@ -1191,6 +1401,7 @@ impl DedupStream {
         env.warn(&format!("stream {}: store error: {why}", self.id));
         match p.config.failure_mode {
             FailureMode::Open => {
+                self.stop_waiting(env);
                 env.count(Counter::FailedOpen);
                 self.decided("failed_open");
                 self.phase = Phase::Passthrough;
@@ -1217,11 +1428,14 @@ impl DedupStream {
         match owned {
             Owned::Shared(claim) => {
                 match SharedStore::new(&*env, &p.layout).complete(&claim, response.as_ref(), now) {
-                    Ok(true) => env.debug(format_args!(
-                        "stream {}: record {} completed",
-                        self.id,
-                        short_hex(&claim.digest)
-                    )),
+                    Ok(true) => {
+                        env.debug(format_args!(
+                            "stream {}: record {} completed",
+                            self.id,
+                            short_hex(&claim.digest)
+                        ));
+                        wake(p, env, &claim.digest);
+                    }
                     Ok(false) => {
                         env.count(Counter::ClaimsLost);
                         env.warn(&format!(
@@ -1281,7 +1495,10 @@ impl DedupStream {
         match owned {
             Owned::Shared(claim) => {
                 match SharedStore::new(&*env, &p.layout).release(&claim) {
-                    Ok(true) => env.count(Counter::Released),
+                    Ok(true) => {
+                        env.count(Counter::Released);
+                        wake(p, env, &claim.digest);
+                    }
                     Ok(false) => env.count(Counter::ClaimsLost),
                     Err(e) => {
                         env.count(Counter::StoreErrors);
@@ -1327,6 +1544,70 @@ impl DedupStream {
             deadline_ms,
         }));
         call
+    }
+}
+
+/// Wait mode: a record this stream completed or released may have waiters, on any
+/// worker.
+fn wake<E: Env>(p: &Plugin, env: &mut E, digest: &Digest) {
+    if p.config.on_in_flight == OnInFlight::Wait {
+        env.wake_waiters(digest);
+    }
+}
+
+/// How often a worker re-checks what its waiters wait for without a wake-up.
+pub fn recheck_interval_ms(p: &Plugin) -> u64 {
+    match p.config.store {
+        StoreConfig::SharedData => RECHECK_SHARED_MS,
+        StoreConfig::Etcd(_) => POLL_ETCD_MS,
+    }
+}
+
+/// What a waiter's read of its etcd record found.
+enum Polled {
+    /// In flight or held (when its outcome is unknown, until then): wait on.
+    Claimed { held_until: Option<u64> },
+    /// Completed: what a duplicate gets (checked against the payload by the claim).
+    Completed(LocalEntry),
+    /// Gone (released, or its lease ended), unreadable or past its TTL: claim it.
+    Free,
+    /// No answer, or not one etcd gives to a read.
+    Failed,
+}
+
+/// The store call that reads a waiter's record (etcd store).
+fn poll_call(ec: &EtcdConfig, digest: &Digest) -> StoreCall {
+    StoreCall {
+        path: etcd::RANGE_PATH,
+        body: etcd::read_key(&etcd::record_key(&ec.prefix, digest)),
+        timeout_ms: ec.timeout_ms.min(POLL_ETCD_MS.max(1000)),
+    }
+}
+
+/// Interprets the answer to `poll_call`. The time in a completed record is not compared
+/// here: the claim that follows decides whether it is over.
+fn poll_answer(body: &[u8], digest: &Digest) -> Polled {
+    let Some(read) = etcd::parse_read(body) else {
+        return Polled::Failed;
+    };
+    let Some((_, value)) = read else {
+        return Polled::Free;
+    };
+    match EtcdRecord::decode(&value, digest) {
+        Some(r) => match r.state {
+            EtcdState::InFlight => Polled::Claimed { held_until: None },
+            EtcdState::Held => Polled::Claimed {
+                held_until: Some(r.expires_ms),
+            },
+            EtcdState::Completed | EtcdState::CompletedNotStored => Polled::Completed(LocalEntry {
+                payload: r.payload,
+                expires_ms: r.expires_ms,
+                response: r.response,
+            }),
+        },
+        // A record this version cannot read is a claim it must not take over: the
+        // claim that follows answers it as in flight.
+        None => Polled::Free,
     }
 }
 

@@ -1,0 +1,317 @@
+//! Native tests of wait mode (`on_in_flight: "wait"`): duplicates held until the first's
+//! answer, on other workers and, with etcd, other proxies.
+
+use super::*;
+use crate::config::OnInFlight;
+
+const WAIT: &str = r#""on_in_flight": "wait", "wait_timeout_ms": 5000"#;
+
+fn wait_plugin(extra: &str) -> Plugin {
+    let sep = if extra.is_empty() { "" } else { ", " };
+    plugin(&format!("{{{WAIT}{sep}{extra}}}"))
+}
+
+/// Runs a request up to the filter's decision (store calls answered): the stream and
+/// what it decided (`Pause`: it waits).
+fn decide(p: &Plugin, env: &mut FakeEnv, r: &Req, id: u32) -> (DedupStream, Action) {
+    let mut s = DedupStream::new(id);
+    let mut a = s.on_request_headers(p, env, r.head.clone(), r.body.is_none());
+    if let (Some(b), Action::Pause) = (&r.body, &a) {
+        let whole = b.clone();
+        a = s.on_request_body(p, env, b.len(), true, || Some(whole));
+    }
+    let a = settle(p, env, &mut s, a);
+    (s, a)
+}
+
+/// The glue's wake-up: the stream re-checks, its store calls answered.
+fn wake(p: &Plugin, env: &mut FakeEnv, s: &mut DedupStream) -> Action {
+    let a = s.on_wake(p, env);
+    settle(p, env, s, a)
+}
+
+fn reply(a: Action) -> LocalReply {
+    match a {
+        Action::Reply(r) => r,
+        other => panic!("expected a local reply, got {other:?}"),
+    }
+}
+
+fn decision(s: &mut DedupStream) -> Option<&'static str> {
+    s.log_fields().map(|(d, _)| d)
+}
+
+#[test]
+fn wait_config_defaults_and_errors_name_the_field() {
+    let c = Config::parse(b"{}").unwrap();
+    assert_eq!(c.on_in_flight, OnInFlight::Reject);
+    assert_eq!(c.wait_timeout_ms, 10_000);
+    assert_eq!(c.max_waiters, 1024);
+    let c = Config::parse(br#"{"in_flight_timeout_seconds": 4}"#).unwrap();
+    assert_eq!(
+        c.wait_timeout_ms, 4_000,
+        "the default follows a shorter in-flight timeout"
+    );
+    let c =
+        Config::parse(br#"{"on_in_flight": "wait", "wait_timeout_ms": 30000, "max_waiters": 7}"#)
+            .unwrap();
+    assert_eq!(
+        (c.on_in_flight, c.wait_timeout_ms, c.max_waiters),
+        (OnInFlight::Wait, 30_000, 7)
+    );
+    assert_eq!(cfg_err(r#"{"wait_timeout_ms": 0}"#).0, "wait_timeout_ms");
+    let (field, reason) = cfg_err(r#"{"in_flight_timeout_seconds": 5, "wait_timeout_ms": 5001}"#);
+    assert_eq!(field, "wait_timeout_ms");
+    assert!(reason.contains("in_flight_timeout_seconds"), "{reason}");
+    assert_eq!(cfg_err(r#"{"max_waiters": 0}"#).0, "max_waiters");
+    assert_eq!(cfg_err(r#"{"on_in_flight": "queue"}"#).0, "on_in_flight");
+}
+
+#[test]
+fn a_duplicate_on_another_worker_waits_and_gets_the_replay() {
+    let p = wait_plugin("");
+    let (shared, mut a) = world();
+    let mut b = FakeEnv::new(shared, 1);
+    let r = req("POST", "/orders").key("k1").body("{}");
+    let first = send(&p, &mut a, &r).unwrap();
+    let (mut dup, act) = decide(&p, &mut b, &r, 2);
+    assert_eq!(act, Action::Pause, "held, nothing forwarded");
+    assert!(dup.waiting());
+    assert_eq!(b.count_of(Counter::Waited), 1);
+    assert_eq!(b.count_of(Counter::RejectedInFlight), 0);
+    assert_eq!(b.waiters.len(), 1);
+    // Still in flight: a re-check waits on.
+    assert_eq!(wake(&p, &mut b, &mut dup), Action::Pause);
+    respond(&p, &mut a, first, ok("made"));
+    assert_eq!(a.wake_calls.len(), 1, "the completion wakes the waiters");
+    let got = reply(wake(&p, &mut b, &mut dup));
+    assert_eq!((got.status, got.body.as_slice()), (200, &b"made"[..]));
+    assert_eq!(got.header("idempotent-replayed"), Some(&b"true"[..]));
+    assert_eq!(decision(&mut dup), Some("waited"));
+    assert_eq!(b.count_of(Counter::WaitReplayed), 1);
+    assert_eq!(b.count_of(Counter::Replayed), 1);
+    assert!(b.waiters.is_empty());
+    assert_eq!(
+        a.count_of(Counter::Executed) + b.count_of(Counter::Executed),
+        1
+    );
+}
+
+#[test]
+fn after_a_release_exactly_one_waiter_executes_and_the_others_get_its_answer() {
+    let p = wait_plugin("");
+    let (shared, mut a) = world();
+    let mut b = FakeEnv::new(shared, 1);
+    let r = req("POST", "/pay").key("k").body("x");
+    let first = send(&p, &mut a, &r).unwrap();
+    let mut waiters: Vec<DedupStream> = (10..14)
+        .map(|id| {
+            let (s, act) = decide(&p, &mut b, &r, id);
+            assert_eq!(act, Action::Pause);
+            s
+        })
+        .collect();
+    respond(&p, &mut a, first, answer(503, "down"));
+    let acts: Vec<Action> = waiters.iter_mut().map(|s| wake(&p, &mut b, s)).collect();
+    let executing: Vec<usize> = (0..acts.len())
+        .filter(|i| acts[*i] == Action::Continue)
+        .collect();
+    assert_eq!(executing.len(), 1, "{acts:?}");
+    assert!(acts
+        .iter()
+        .all(|a| matches!(a, Action::Continue | Action::Pause)));
+    let runner = waiters.remove(executing[0]);
+    assert_eq!(b.waiters.len(), 3, "the executing one left the registry");
+    respond(&p, &mut b, runner, answer(201, "charged"));
+    for mut s in waiters {
+        let got = reply(wake(&p, &mut b, &mut s));
+        assert_eq!((got.status, got.body.as_slice()), (201, &b"charged"[..]));
+    }
+    assert_eq!(b.count_of(Counter::Executed), 1);
+    assert_eq!(b.count_of(Counter::WaitReplayed), 3);
+    assert!(b.waiters.is_empty());
+}
+
+#[test]
+fn a_waiter_gets_409_when_its_wait_times_out() {
+    let p = wait_plugin(r#""retry_after_seconds": 2"#);
+    let (shared, mut a) = world();
+    let mut b = FakeEnv::new(shared, 1);
+    let r = req("POST", "/orders").key("slow").body("{}");
+    let _first = send(&p, &mut a, &r).unwrap();
+    let (mut dup, act) = decide(&p, &mut b, &r, 2);
+    assert_eq!(act, Action::Pause);
+    b.now_ms += 4_999;
+    assert_eq!(wake(&p, &mut b, &mut dup), Action::Pause);
+    b.now_ms += 1;
+    let got = reply(wake(&p, &mut b, &mut dup));
+    assert_eq!(got.status, 409);
+    assert_eq!(got.header("retry-after"), Some(&b"2"[..]));
+    assert_eq!(decision(&mut dup), Some("in_flight"));
+    assert_eq!(b.count_of(Counter::WaitTimeout), 1);
+    assert_eq!(b.count_of(Counter::RejectedInFlight), 1);
+    assert!(b.waiters.is_empty());
+}
+
+#[test]
+fn above_max_waiters_a_duplicate_gets_409_at_once() {
+    let p = wait_plugin(r#""max_waiters": 2"#);
+    let (shared, mut a) = world();
+    let mut b = FakeEnv::new(shared, 1);
+    let r = req("POST", "/orders").key("k").body("{}");
+    let _first = send(&p, &mut a, &r).unwrap();
+    for id in [2, 3] {
+        assert_eq!(decide(&p, &mut b, &r, id).1, Action::Pause);
+    }
+    let (_, act) = decide(&p, &mut b, &r, 4);
+    assert_eq!(reply(act).status, 409);
+    assert_eq!(b.count_of(Counter::Waited), 2);
+    assert_eq!(b.count_of(Counter::RejectedInFlight), 1);
+    assert_eq!(b.count_of(Counter::WaitTimeout), 0);
+    // Another worker has its own places.
+    assert_eq!(decide(&p, &mut a, &r, 5).1, Action::Pause);
+}
+
+#[test]
+fn a_client_that_leaves_while_waiting_leaves_nothing_behind() {
+    let p = wait_plugin("");
+    let (shared, mut a) = world();
+    let mut b = FakeEnv::new(shared, 1);
+    let r = req("POST", "/orders").key("k").body("{}");
+    let first = send(&p, &mut a, &r).unwrap();
+    let (mut dup, _) = decide(&p, &mut b, &r, 2);
+    assert_eq!(
+        dup.on_stream_end(
+            &p,
+            &mut b,
+            &origin("downstream_remote_disconnect", flags::DC)
+        ),
+        None
+    );
+    assert!(b.waiters.is_empty());
+    assert!(!dup.waiting());
+    assert_eq!(
+        wake(&p, &mut b, &mut dup),
+        Action::Pause,
+        "a late wake-up does nothing"
+    );
+    respond(&p, &mut a, first, answer(503, "down"));
+    // Nothing was claimed for the client that left: the key is free.
+    assert!(send(&p, &mut b, &r).is_ok());
+}
+
+#[test]
+fn a_waiter_of_a_response_not_stored_gets_what_a_duplicate_gets() {
+    let p = wait_plugin(r#""max_replay_body_bytes": 4"#);
+    let (shared, mut a) = world();
+    let mut b = FakeEnv::new(shared, 1);
+    let r = req("POST", "/orders").key("k").body("{}");
+    let first = send(&p, &mut a, &r).unwrap();
+    let (mut dup, _) = decide(&p, &mut b, &r, 2);
+    respond(&p, &mut a, first, ok("far too long"));
+    let got = reply(wake(&p, &mut b, &mut dup));
+    assert_eq!(got.status, 409);
+    assert_eq!(got.details, "proxy_dedup_response_not_stored");
+}
+
+#[test]
+fn a_held_claim_keeps_waiters_until_their_timeout() {
+    let p = wait_plugin("");
+    let (shared, mut a) = world();
+    let mut b = FakeEnv::new(shared, 1);
+    let r = req("POST", "/orders").key("k").body("{}");
+    let first = send(&p, &mut a, &r).unwrap();
+    let (mut dup, _) = decide(&p, &mut b, &r, 2);
+    respond(&p, &mut a, first, upstream_reset());
+    assert_eq!(wake(&p, &mut b, &mut dup), Action::Pause);
+    b.now_ms += 5_000;
+    let got = reply(wake(&p, &mut b, &mut dup));
+    assert_eq!(got.status, 409);
+    // retry-after: what is left of the hold (30 s from the claim, 5 s gone).
+    assert_eq!(got.header("retry-after"), Some(&b"25"[..]));
+}
+
+#[test]
+fn reject_mode_never_waits_nor_wakes() {
+    let p = plugin("{}");
+    let (shared, mut a) = world();
+    let mut b = FakeEnv::new(shared, 1);
+    let r = req("POST", "/orders").key("k").body("{}");
+    let first = send(&p, &mut a, &r).unwrap();
+    assert_eq!(reply(decide(&p, &mut b, &r, 2).1).status, 409);
+    assert!(b.waiters.is_empty());
+    respond(&p, &mut a, first, ok("x"));
+    assert!(a.wake_calls.is_empty());
+}
+
+#[test]
+fn etcd_a_waiter_on_another_proxy_polls_and_gets_the_replay() {
+    let p = etcd_plugin(WAIT);
+    let (mut a, mut b) = two_proxies();
+    let r = req("POST", "/orders").key("k1").body("{}");
+    let first = send(&p, &mut a, &r).unwrap();
+    let (mut dup, act) = decide(&p, &mut b, &r, 2);
+    assert_eq!(act, Action::Pause);
+    // The poll is a read of the record, not a claim.
+    match dup.on_wake(&p, &mut b) {
+        Action::Call(c) => {
+            assert_eq!(c.path, crate::etcd::RANGE_PATH);
+            let got = call(&b, &c);
+            assert_eq!(dup.on_store_answer(&p, &mut b, got), Action::Pause);
+        }
+        other => panic!("{other:?}"),
+    }
+    respond(&p, &mut a, first, ok("made"));
+    let got = reply(wake(&p, &mut b, &mut dup));
+    assert_eq!((got.status, got.body.as_slice()), (200, &b"made"[..]));
+    assert_eq!(got.header("idempotent-replayed"), Some(&b"true"[..]));
+    assert_eq!(b.count_of(Counter::WaitReplayed), 1);
+    assert_eq!(
+        a.count_of(Counter::Executed) + b.count_of(Counter::Executed),
+        1
+    );
+}
+
+#[test]
+fn etcd_after_a_release_one_waiter_claims_and_a_failed_poll_waits_on() {
+    let p = etcd_plugin(WAIT);
+    let (mut a, mut b) = two_proxies();
+    let r = req("POST", "/pay").key("k").body("x");
+    let first = send(&p, &mut a, &r).unwrap();
+    let (mut w1, _) = decide(&p, &mut b, &r, 2);
+    let (mut w2, _) = decide(&p, &mut b, &r, 3);
+    b.etcd.fail_next(1);
+    let c = match w1.on_wake(&p, &mut b) {
+        Action::Call(c) => c,
+        other => panic!("{other:?}"),
+    };
+    let failed = call(&b, &c);
+    assert_eq!(w1.on_store_answer(&p, &mut b, failed), Action::Pause);
+    respond(&p, &mut a, first, answer(500, "boom"));
+    assert_eq!(
+        wake(&p, &mut b, &mut w1),
+        Action::Continue,
+        "w1 claims and executes"
+    );
+    assert_eq!(wake(&p, &mut b, &mut w2), Action::Pause, "w2 waits for w1");
+    respond(&p, &mut b, w1, answer(201, "charged"));
+    let got = reply(wake(&p, &mut b, &mut w2));
+    assert_eq!((got.status, got.body.as_slice()), (201, &b"charged"[..]));
+    assert_eq!(b.count_of(Counter::Executed), 1);
+}
+
+#[test]
+fn etcd_a_completed_poll_answers_this_workers_other_waiters_from_the_tier() {
+    let p = etcd_plugin(WAIT);
+    let (mut a, mut b) = two_proxies();
+    let r = req("POST", "/orders").key("k").body("{}");
+    let first = send(&p, &mut a, &r).unwrap();
+    let (mut w1, _) = decide(&p, &mut b, &r, 2);
+    let (mut w2, _) = decide(&p, &mut b, &r, 3);
+    respond(&p, &mut a, first, ok("made"));
+    assert!(matches!(reply(wake(&p, &mut b, &mut w1)).status, 200));
+    // w1's poll learnt the record and woke w2, which needs no round trip now.
+    b.etcd.set_down(true);
+    assert_eq!(b.waiters.take_due(b.now_ms, 250), vec![3]);
+    assert_eq!(reply(wake(&p, &mut b, &mut w2)).body, b"made");
+}
