@@ -103,6 +103,18 @@ extern "C" {
         return_token: *mut u32,
     ) -> u32;
     fn proxy_set_effective_context(context_id: u32) -> u32;
+    fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+    fn proxy_register_shared_queue(
+        name_data: *const u8,
+        name_size: usize,
+        return_token: *mut u32,
+    ) -> u32;
+    fn proxy_enqueue_shared_queue(token: u32, value_data: *const u8, value_size: usize) -> u32;
+    fn proxy_dequeue_shared_queue(
+        token: u32,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
     fn proxy_get_property(
         path_data: *const u8,
         path_size: usize,
@@ -325,6 +337,55 @@ pub fn set_effective_context(context_id: u32) -> Result<(), u32> {
         Ok(())
     } else {
         Err(status)
+    }
+}
+
+/// Ticks of this VM's root context every `period_ms` (0: no ticks).
+pub fn set_tick_period(period_ms: u32) -> Result<(), u32> {
+    // SAFETY: no pointers.
+    let status = unsafe { proxy_set_tick_period_milliseconds(period_ms) };
+    if status == OK {
+        Ok(())
+    } else {
+        Err(status)
+    }
+}
+
+/// Registers a shared queue named `name` for this VM (the last VM to register a name
+/// gets its notifications, so names must be unique per VM). Returns its token, which any
+/// VM of the process may enqueue to.
+pub fn register_shared_queue(name: &str) -> Result<u32, u32> {
+    let mut token = 0u32;
+    // SAFETY: pointer and length of a live str; valid out-pointer.
+    let status = unsafe { proxy_register_shared_queue(name.as_ptr(), name.len(), &mut token) };
+    if status == OK {
+        Ok(token)
+    } else {
+        Err(status)
+    }
+}
+
+pub fn enqueue_shared_queue(token: u32, value: &[u8]) -> Result<(), u32> {
+    // SAFETY: pointer and length of a live buffer.
+    let status = unsafe { proxy_enqueue_shared_queue(token, value.as_ptr(), value.len()) };
+    if status == OK {
+        Ok(())
+    } else {
+        Err(status)
+    }
+}
+
+/// The next item of a queue this VM registered; `Ok(None)` when it is empty.
+pub fn dequeue_shared_queue(token: u32) -> Result<Option<Vec<u8>>, u32> {
+    let mut ptr: *mut u8 = std::ptr::null_mut();
+    let mut size = 0usize;
+    // SAFETY: valid out-pointers.
+    let status = unsafe { proxy_dequeue_shared_queue(token, &mut ptr, &mut size) };
+    match status {
+        OK => Ok(Some(take_host_buffer(ptr, size))),
+        // Empty (7) or not found (1): nothing to take.
+        1 | 7 => Ok(None),
+        other => Err(other),
     }
 }
 

@@ -66,6 +66,9 @@ pub trait RootContext {
 
     fn on_tick(&mut self) {}
 
+    /// An item was put on a shared queue this VM registered.
+    fn on_queue_ready(&mut self, _queue_id: u32) {}
+
     fn on_done(&mut self) -> bool {
         true
     }
@@ -112,6 +115,26 @@ pub trait HttpContext: Context {
     }
 
     fn on_log(&mut self) {}
+
+    /// Wait mode: the root wakes a stream it holds (see `wake_stream`).
+    fn on_wake(&mut self) {}
+}
+
+/// Runs a stream's `on_wake` from a root callback (tick, queue), with the stream as the
+/// effective context so that its resume or local reply acts on it. False when there is
+/// no such stream (it ended).
+pub(crate) fn wake_stream(context_id: u32) -> bool {
+    if stream(context_id).is_none() {
+        return false;
+    }
+    if let Err(status) = abi::set_effective_context(context_id) {
+        debug(format_args!(
+            "proxy-dedup: cannot make stream {context_id} effective (status {status})"
+        ));
+        return false;
+    }
+    on_stream(context_id, "wake", (), |s| s.on_wake());
+    true
 }
 
 pub type NewRootContext = fn(context_id: u32) -> Box<dyn RootContext>;
@@ -405,7 +428,11 @@ pub extern "C" fn proxy_on_tick(context_id: u32) {
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_queue_ready(_context_id: u32, _queue_id: u32) {}
+pub extern "C" fn proxy_on_queue_ready(context_id: u32, queue_id: u32) {
+    on_root(context_id, "proxy_on_queue_ready", (), |r| {
+        r.on_queue_ready(queue_id)
+    });
+}
 
 #[no_mangle]
 pub extern "C" fn proxy_on_request_headers(

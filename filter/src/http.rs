@@ -11,6 +11,7 @@ use dedup_core::key::RequestHead;
 use dedup_core::local::LocalTier;
 use dedup_core::store::{HostFault, SetError, SharedData};
 use dedup_core::stream::{CallAnswer, Origin, StoreCall};
+use dedup_core::wait::Waiters;
 use dedup_core::{Action as Decision, Counter, DedupStream, Env};
 use std::rc::Rc;
 use std::time::Duration;
@@ -42,6 +43,7 @@ struct WasmEnv<'a> {
     shared: &'a Shared,
     leases: &'a mut LeaseCache,
     local: &'a mut LocalTier,
+    waiters: &'a mut Waiters,
 }
 
 impl SharedData for WasmEnv<'_> {
@@ -87,6 +89,14 @@ impl Env for WasmEnv<'_> {
     fn local(&mut self) -> &mut LocalTier {
         self.local
     }
+
+    fn waiters(&mut self) -> &mut Waiters {
+        self.waiters
+    }
+
+    fn wake_waiters(&mut self, digest: &dedup_core::key::Digest) {
+        crate::waiting::wake_everywhere(self.shared, digest);
+    }
 }
 
 fn splitmix64(mut x: u64) -> u64 {
@@ -103,14 +113,20 @@ fn with_env<R>(
     stream: &mut DedupStream,
     f: impl FnOnce(&mut DedupStream, &Shared, &mut WasmEnv) -> R,
 ) -> Option<R> {
-    let mut leases = shared.leases.try_borrow_mut().ok()?;
-    let mut local = shared.local.try_borrow_mut().ok()?;
-    let mut env = WasmEnv {
-        shared,
-        leases: &mut leases,
-        local: &mut local,
+    let result = {
+        let mut leases = shared.leases.try_borrow_mut().ok()?;
+        let mut local = shared.local.try_borrow_mut().ok()?;
+        let mut waiters = shared.waiters.try_borrow_mut().ok()?;
+        let mut env = WasmEnv {
+            shared,
+            leases: &mut leases,
+            local: &mut local,
+            waiters: &mut waiters,
+        };
+        f(stream, shared, &mut env)
     };
-    Some(f(stream, shared, &mut env))
+    crate::waiting::waiters_changed(shared);
+    Some(result)
 }
 
 /// A call that got no answer (not dispatched, reset): the stream treats it as a
@@ -288,10 +304,12 @@ impl DedupHttp {
         if let Some(admin) = self.admin.as_mut() {
             let mut leases = shared.leases.try_borrow_mut().ok()?;
             let mut local = shared.local.try_borrow_mut().ok()?;
+            let mut waiters = shared.waiters.try_borrow_mut().ok()?;
             let mut env = WasmEnv {
                 shared: &shared,
                 leases: &mut leases,
                 local: &mut local,
+                waiters: &mut waiters,
             };
             return Some(admin.on_store_answer(&shared.plugin, &mut env, answer));
         }
@@ -308,9 +326,10 @@ impl DedupHttp {
             .unwrap_or_default();
         let mut admin = AdminStream::default();
         let decision = {
-            let (Ok(mut leases), Ok(mut local)) = (
+            let (Ok(mut leases), Ok(mut local), Ok(mut waiters)) = (
                 shared.leases.try_borrow_mut(),
                 shared.local.try_borrow_mut(),
+                shared.waiters.try_borrow_mut(),
             ) else {
                 return Action::Continue;
             };
@@ -318,6 +337,7 @@ impl DedupHttp {
                 shared: &shared,
                 leases: &mut leases,
                 local: &mut local,
+                waiters: &mut waiters,
             };
             admin.on_request(&shared.plugin, &mut env, &head.method, &head.path, &peer)
         };
@@ -602,6 +622,24 @@ impl HttpContext for DedupHttp {
             .with_env(|s, sh, env| s.on_response_trailers(&sh.plugin, env))
             .flatten();
         self.hold_response_for(call)
+    }
+
+    fn on_wake(&mut self) {
+        // A waiter whose read is out hears from the store instead.
+        if self.orphaned || self.waiting_on_store || !self.stream.waiting() {
+            return;
+        }
+        let Some(decision) = self.with_env(|s, sh, env| s.on_wake(&sh.plugin, env)) else {
+            return;
+        };
+        if self.drive(decision) == Action::Continue {
+            if let Err(status) = abi::resume_request() {
+                abi::log(
+                    abi::LOG_WARN,
+                    &format!("proxy-dedup: cannot resume the request (status {status})"),
+                );
+            }
+        }
     }
 
     fn on_log(&mut self) {

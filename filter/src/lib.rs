@@ -4,12 +4,14 @@
 mod abi;
 mod context;
 mod http;
+mod waiting;
 
 use context::{HttpContext, RootContext};
 use dedup_core::config::{Role, StoreConfig};
 use dedup_core::etcd::LeaseCache;
 use dedup_core::local::LocalTier;
 use dedup_core::store::{bucket_secret, SharedStore, SECRET_LEN};
+use dedup_core::wait::Waiters;
 use dedup_core::{Config, Counter, DedupStream, Plugin};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -54,6 +56,14 @@ pub(crate) struct Shared {
     /// `http::adopt_orphan`). Bounded by the calls in flight: every call has a timeout,
     /// and Envoy answers or cancels it.
     pub orphans: RefCell<HashMap<u32, DedupStream>>,
+    /// Wait mode: the duplicates this worker holds (see `waiting`).
+    pub waiters: RefCell<Waiters>,
+    /// This VM's wake-up queue, once registered.
+    pub queue: Cell<Option<u32>>,
+    /// Until when this worker's queue is on the shared board (ms).
+    pub announced_until: Cell<u64>,
+    /// Whether this worker's tick is on (only while it holds waiters).
+    pub ticking: Cell<bool>,
 }
 
 struct DedupRoot {
@@ -178,6 +188,10 @@ impl RootContext for DedupRoot {
             leases: RefCell::new(LeaseCache::default()),
             local: RefCell::new(LocalTier::default()),
             orphans: RefCell::new(HashMap::new()),
+            waiters: RefCell::new(Waiters::default()),
+            queue: Cell::new(None),
+            announced_until: Cell::new(0),
+            ticking: Cell::new(false),
         }));
         true
     }
@@ -188,6 +202,18 @@ impl RootContext for DedupRoot {
             context_id,
             self.shared.clone(),
         )))
+    }
+
+    fn on_tick(&mut self) {
+        if let Some(shared) = self.shared.as_ref() {
+            waiting::run_due(shared);
+        }
+    }
+
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        if let Some(shared) = self.shared.as_ref() {
+            waiting::on_queue_ready(shared, queue_id);
+        }
     }
 
     fn on_orphan_call_response(

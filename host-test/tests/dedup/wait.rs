@@ -1,0 +1,196 @@
+//! Wait mode (`on_in_flight: "wait"`) in host-test: duplicates held on every worker until
+//! the first answers (woken by the shared queue), one waiter executing after a release,
+//! the wait timeout and the client that leaves, on the virtual clock.
+
+use super::{envoy_with, keyed, problem_type, Upstream, R};
+use host_test::{Reply, StreamState};
+use std::time::Duration;
+
+const WAIT: &str = r#"{"on_in_flight": "wait", "wait_timeout_ms": 3000}"#;
+
+#[test]
+fn duplicates_on_every_worker_get_the_replay_when_the_first_completes() -> R {
+    let up = Upstream::default();
+    let mut e = envoy_with(WAIT, 2, &up).build()?;
+    let first = e.start(0, keyed("/pay", "k1", "amount=5"))?;
+    e.send_request(first)?;
+    let dups: Vec<_> = (0..6)
+        .map(|i| e.start(i % 2, keyed("/pay", "k1", "amount=5")))
+        .collect::<Result<_, _>>()?;
+    for d in &dups {
+        e.send_request(*d)?;
+    }
+    e.advance(Duration::from_millis(1200));
+    for d in &dups {
+        assert_eq!(e.state(*d)?, StreamState::Open, "held, not answered");
+        assert!(
+            e.upstream_request(*d).is_none(),
+            "nothing reaches the upstream"
+        );
+    }
+    assert_eq!(e.counter("proxy_dedup_waited"), Some(6));
+    // The completion on worker 0 wakes worker 1's waiters through its queue: no tick
+    // needs to pass.
+    e.respond(
+        first,
+        Reply::new(201).header("x-order", "7").body("charged"),
+    )?;
+    for d in &dups {
+        let r = e
+            .response(*d)
+            .expect("answered as soon as the first completed");
+        assert_eq!((r.status, r.body_str().as_str()), (201, "charged"));
+        assert_eq!(r.header("idempotent-replayed"), Some("true"));
+        assert_eq!(r.header("x-order"), Some("7"));
+        assert!(!r.upstream_called);
+    }
+    assert_eq!(e.upstream_calls(), 1);
+    assert_eq!(e.counter("proxy_dedup_wait_replayed"), Some(6));
+    assert_eq!(e.counter("proxy_dedup_rejected_in_flight"), Some(0));
+    assert_eq!(e.counter("proxy_dedup_wait_timeout"), Some(0));
+    Ok(())
+}
+
+#[test]
+fn after_a_5xx_exactly_one_waiter_executes_and_the_others_get_its_answer() -> R {
+    let up = Upstream::default();
+    let mut e = envoy_with(WAIT, 2, &up).build()?;
+    let first = e.start(1, keyed("/pay", "k", "x"))?;
+    e.send_request(first)?;
+    let dups: Vec<_> = (0..5)
+        .map(|i| e.start(i % 2, keyed("/pay", "k", "x")))
+        .collect::<Result<_, _>>()?;
+    for d in &dups {
+        e.send_request(*d)?;
+    }
+    e.respond(first, Reply::new(503).body("down"))?;
+    assert_eq!(e.response(first).map(|r| r.status), Some(503));
+    e.advance(Duration::from_millis(600));
+    let running: Vec<_> = dups
+        .iter()
+        .filter(|d| e.upstream_request(**d).is_some())
+        .copied()
+        .collect();
+    assert_eq!(running.len(), 1, "exactly one waiter claims the key");
+    let runner = running[0];
+    let body = e
+        .upstream_request(runner)
+        .map(|r| r.body)
+        .unwrap_or_default();
+    assert_eq!(body, b"x", "its buffered body went upstream");
+    for d in dups.iter().filter(|d| **d != runner) {
+        assert_eq!(e.state(*d)?, StreamState::Open, "the others keep waiting");
+    }
+    e.respond(runner, Reply::new(201).body("charged"))?;
+    assert_eq!(e.response(runner).map(|r| r.status), Some(201));
+    for d in dups.iter().filter(|d| **d != runner) {
+        let r = e.response(*d).expect("answered when the runner completed");
+        assert_eq!((r.status, r.body_str().as_str()), (201, "charged"));
+        assert_eq!(r.header("idempotent-replayed"), Some("true"));
+    }
+    assert_eq!(e.counter("proxy_dedup_executed"), Some(2));
+    assert_eq!(e.counter("proxy_dedup_released"), Some(1));
+    Ok(())
+}
+
+#[test]
+fn a_wait_that_times_out_gets_409_with_retry_after() -> R {
+    let up = Upstream::default();
+    let mut e = envoy_with(WAIT, 2, &up).build()?;
+    let first = e.start(0, keyed("/pay", "slow", "x"))?;
+    e.send_request(first)?;
+    let dup = e.start(1, keyed("/pay", "slow", "x"))?;
+    e.send_request(dup)?;
+    e.advance(Duration::from_millis(2900));
+    assert_eq!(e.state(dup)?, StreamState::Open);
+    e.advance(Duration::from_millis(200));
+    let r = e.response(dup).expect("answered at wait_timeout_ms");
+    assert_eq!(r.status, 409);
+    assert_eq!(problem_type(&r), "urn:proxy-dedup:problem:in-flight");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(e.counter("proxy_dedup_wait_timeout"), Some(1));
+    assert_eq!(e.counter("proxy_dedup_rejected_in_flight"), Some(1));
+    // The first still completes and is replayed afterwards.
+    e.respond(first, Reply::new(200).body("ok"))?;
+    let again = e.request(1, keyed("/pay", "slow", "x"))?;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    Ok(())
+}
+
+#[test]
+fn a_client_that_leaves_while_waiting_leaves_no_waiter_behind() -> R {
+    let up = Upstream::default();
+    let cfg = r#"{"on_in_flight": "wait", "wait_timeout_ms": 3000, "max_waiters": 1}"#;
+    let mut e = envoy_with(cfg, 2, &up).build()?;
+    let first = e.start(0, keyed("/pay", "k", "x"))?;
+    e.send_request(first)?;
+    let gone = e.start(1, keyed("/pay", "k", "x"))?;
+    e.send_request(gone)?;
+    e.advance(Duration::from_millis(300));
+    e.reset_client(gone)?;
+    // Its place among worker 1's max_waiters (1) is free again.
+    let next = e.start(1, keyed("/pay", "k", "x"))?;
+    e.send_request(next)?;
+    assert_eq!(e.state(next)?, StreamState::Open, "waits, not 409");
+    e.respond(first, Reply::new(503))?;
+    e.advance(Duration::from_millis(300));
+    assert!(
+        e.upstream_request(next).is_some(),
+        "the key was not claimed by the one that left"
+    );
+    e.respond(next, Reply::new(200).body("done"))?;
+    assert_eq!(e.response(next).map(|r| r.status), Some(200));
+    assert_eq!(e.upstream_calls(), 2);
+    Ok(())
+}
+
+#[test]
+fn above_max_waiters_a_duplicate_gets_409_at_once() -> R {
+    let up = Upstream::default();
+    let cfg = r#"{"on_in_flight": "wait", "max_waiters": 2, "retry_after_seconds": 4}"#;
+    let mut e = envoy_with(cfg, 2, &up).build()?;
+    let first = e.start(0, keyed("/pay", "k", "x"))?;
+    e.send_request(first)?;
+    let held: Vec<_> = (0..2)
+        .map(|_| e.start(1, keyed("/pay", "k", "x")))
+        .collect::<Result<_, _>>()?;
+    for h in &held {
+        e.send_request(*h)?;
+    }
+    let over = e.request(1, keyed("/pay", "k", "x"))?;
+    assert_eq!(over.status, 409);
+    assert_eq!(over.header("retry-after"), Some("4"));
+    for h in &held {
+        assert_eq!(e.state(*h)?, StreamState::Open);
+    }
+    e.respond(first, Reply::new(200).body("ok"))?;
+    for h in &held {
+        assert_eq!(e.response(*h).map(|r| r.status), Some(200));
+    }
+    assert_eq!(e.counter("proxy_dedup_waited"), Some(2));
+    Ok(())
+}
+
+#[test]
+fn a_waiter_answers_after_a_held_claim_only_with_409_at_its_timeout() -> R {
+    let up = Upstream::default();
+    let mut e = envoy_with(WAIT, 2, &up).build()?;
+    let first = e.start(0, keyed("/pay", "k", "x"))?;
+    e.send_request(first)?;
+    let dup = e.start(1, keyed("/pay", "k", "x"))?;
+    e.send_request(dup)?;
+    e.respond(first, Reply::reset())?;
+    e.advance(Duration::from_millis(2000));
+    assert_eq!(
+        e.state(dup)?,
+        StreamState::Open,
+        "a held claim keeps it waiting"
+    );
+    e.advance(Duration::from_millis(1100));
+    let r = e.response(dup).expect("409 at its timeout");
+    assert_eq!(r.status, 409);
+    // retry-after: the seconds left of the hold (30 s in-flight timeout).
+    assert_eq!(r.header("retry-after"), Some("27"));
+    assert_eq!(e.upstream_calls(), 1);
+    Ok(())
+}
