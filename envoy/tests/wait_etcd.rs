@@ -1,0 +1,177 @@
+//! Wait mode on the etcd store: two real Envoys (2 workers each) on one 3-member etcd and
+//! one demo upstream. Duplicates spread over both proxies wait for the first's answer; a
+//! waiter on proxy B gets proxy A's answer (by polling the record); after a 5xx exactly
+//! one waiter executes; a wait past `wait_timeout_ms` gets 409.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{assert_problem, is_replayed, post};
+use dedup_envoy::etcd::{multi_proxy_config, wait_etcd_hosts_healthy, EtcdCluster};
+use dedup_envoy::paths::dedup_wasm;
+use dedup_envoy::{DemoUpstream, Envoy, Request, Response};
+use serde_json::{json, Value};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+const CONFIG: &str = r#"{"key": {"required": true}, "store": {"kind": "etcd", "cluster": "etcd"},
+    "on_in_flight": "wait", "wait_timeout_ms": 4000}"#;
+const HOST: &str = "orders.example";
+
+/// Dropped in this order: proxies, upstream, etcd.
+struct Multi {
+    proxies: Vec<Envoy>,
+    upstream: DemoUpstream,
+    _etcd: EtcdCluster,
+}
+
+impl Multi {
+    fn start(name: &str) -> Multi {
+        let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
+        let etcd = EtcdCluster::start(&format!("{name}-etcd"), 3)
+            .unwrap_or_else(|e| panic!("starting etcd: {e}"));
+        let upstream = DemoUpstream::start(0, false).expect("demo upstream");
+        let cfg = CONFIG.replace('\n', " ");
+        let proxies: Vec<Envoy> = ["a", "b"]
+            .iter()
+            .map(|p| {
+                let config = multi_proxy_config(&etcd, upstream.port(), &wasm, &cfg)
+                    .unwrap_or_else(|e| panic!("{e}"));
+                Envoy::start(&format!("{name}-proxy-{p}"), config)
+                    .unwrap_or_else(|e| panic!("starting Envoy: {e}"))
+            })
+            .collect();
+        for p in &proxies {
+            wait_etcd_hosts_healthy(p, 3, Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        Multi {
+            proxies,
+            upstream,
+            _etcd: etcd,
+        }
+    }
+
+    fn send(&self, proxy: usize, req: &Request) -> Response {
+        self.proxies[proxy]
+            .send(req)
+            .unwrap_or_else(|e| panic!("proxy {proxy}: {e}"))
+    }
+
+    fn counter(&self, proxy: usize, short: &str) -> u64 {
+        self.proxies[proxy]
+            .dedup_counters()
+            .unwrap_or_else(|e| panic!("{e}"))
+            .get(short)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn wait_executions(&self, path: &str, n: u64) {
+        let end = Instant::now() + Duration::from_secs(5);
+        while self.upstream.executions_for_path(path) < n {
+            assert!(Instant::now() < end, "the upstream never ran {path}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+fn keyed(path: &str, key: &str, body: &Value) -> Request {
+    post(path, key, body)
+        .host(HOST)
+        .timeout(Duration::from_secs(20))
+}
+
+/// `n` copies of `req` at once, alternating between the proxies, each on its own
+/// connection: (proxy, answer).
+fn burst(m: &Arc<Multi>, n: usize, req: &Request) -> Vec<(usize, Response)> {
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let (m, req, barrier) = (m.clone(), req.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let mut conn = dedup_envoy::client::Connection::open(
+                    m.proxies[i % 2].addr(),
+                    Duration::from_secs(20),
+                )
+                .unwrap();
+                barrier.wait();
+                (i % 2, conn.send(&req).unwrap())
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn etcd_wait_mode_across_two_proxies() {
+    let m = Arc::new(Multi::start("wait-etcd"));
+
+    // 40 concurrent duplicates over both proxies: one execution, 40 identical answers.
+    let path = "/wait/forty";
+    let req = keyed(path, "forty-1", &json!({"n": 40})).header("x-demo-delay-ms", "1500");
+    let answers = burst(&m, 40, &req);
+    assert_eq!(m.upstream.executions_for_path(path), 1);
+    let fresh: Vec<_> = answers.iter().filter(|(_, r)| !is_replayed(r)).collect();
+    assert_eq!(fresh.len(), 1, "one fresh answer, 39 replays");
+    for (p, r) in &answers {
+        assert_eq!(r.status, 200, "proxy {p}: {}", r.summary());
+        assert_eq!(r.body, fresh[0].1.body);
+    }
+
+    // A waiter on proxy B gets proxy A's answer.
+    let path = "/wait/other-proxy";
+    let req = keyed(path, "other-1", &json!({"n": 1}));
+    let slow = req.clone().header("x-demo-delay-ms", "1200");
+    let a = {
+        let m = m.clone();
+        std::thread::spawn(move || m.send(0, &slow))
+    };
+    m.wait_executions(path, 1);
+    let on_b = m.send(1, &req);
+    let on_a = a.join().unwrap();
+    assert_eq!(on_a.status, 200);
+    assert!(!is_replayed(&on_a));
+    assert_eq!(on_b.status, 200, "{}", on_b.summary());
+    assert!(is_replayed(&on_b));
+    assert_eq!(on_b.body, on_a.body, "B's waiter got A's answer");
+    assert!(m.counter(1, "wait_replayed") >= 1);
+    assert_eq!(m.upstream.executions_for_path(path), 1);
+
+    // The first answers 503: exactly one waiter executes, the others get its answer.
+    let path = "/wait/release";
+    let body = json!({"n": 5});
+    let failing = keyed(path, "release-1", &body)
+        .header("x-demo-delay-ms", "1000")
+        .header("x-demo-status", "503");
+    let first = {
+        let m = m.clone();
+        std::thread::spawn(move || m.send(0, &failing))
+    };
+    m.wait_executions(path, 1);
+    let dup = keyed(path, "release-1", &body).header("x-demo-delay-ms", "700");
+    let answers = burst(&m, 10, &dup);
+    assert_eq!(first.join().unwrap().status, 503);
+    assert_eq!(m.upstream.executions_for_path(path), 2);
+    let fresh: Vec<_> = answers.iter().filter(|(_, r)| !is_replayed(r)).collect();
+    assert_eq!(fresh.len(), 1);
+    for (p, r) in &answers {
+        assert_eq!(r.status, 200, "proxy {p}: {}", r.summary());
+        assert_eq!(r.body, fresh[0].1.body);
+    }
+
+    // A first that runs longer than wait_timeout_ms: the waiter gets 409.
+    let path = "/wait/timeout";
+    let req = keyed(path, "timeout-1", &json!({"n": 9}));
+    let slow = req.clone().header("x-demo-delay-ms", "6000");
+    let first = {
+        let m = m.clone();
+        std::thread::spawn(move || m.send(0, &slow))
+    };
+    m.wait_executions(path, 1);
+    let dup = m.send(1, &req);
+    assert_problem(&dup, 409, "in-flight");
+    assert_eq!(m.counter(1, "wait_timeout"), 1);
+    assert_eq!(first.join().unwrap().status, 200);
+    assert_eq!(m.upstream.executions_for_path(path), 1);
+}
