@@ -32,6 +32,9 @@ enum Step {
     Send(Call),
     /// Hold `first` at the upstream, send `dup` meanwhile, then let `first` finish.
     WhileInFlight { first: Call, dup: Call },
+    /// Wait mode: hold `first` at the upstream, send `dup` (it waits, held by the
+    /// filter), then let `first` finish; `dup` is answered after it.
+    WaitsForFirst { first: Call, dup: Call },
     /// Let time pass (real in Envoy, virtual in host-test).
     Wait(Duration),
     /// The client sends the request, the upstream gets it and takes long, and the
@@ -156,6 +159,28 @@ fn scenarios() -> Vec<Scenario> {
                     dup: call("in-flight", k, "x"),
                 },
                 Step::Send(call("in-flight", k, "x")),
+            ],
+        },
+        Scenario {
+            name: "wait",
+            config: r#"{"on_in_flight": "wait"}"#,
+            steps: vec![
+                Step::WaitsForFirst {
+                    first: call("wait", k, "x"),
+                    dup: call("wait", k, "x"),
+                },
+                Step::Send(call("wait", k, "x")),
+            ],
+        },
+        Scenario {
+            name: "wait-release",
+            config: r#"{"on_in_flight": "wait"}"#,
+            steps: vec![
+                Step::WaitsForFirst {
+                    first: with(call("wait-release", k, "x"), "x-demo-status", "503"),
+                    dup: call("wait-release", k, "x"),
+                },
+                Step::Send(call("wait-release", k, "x")),
             ],
         },
         Scenario {
@@ -302,6 +327,25 @@ fn run_in_envoy(s: &Scenario) -> Vec<Seen> {
                     out.push(dup_seen);
                 });
             }
+            Step::WaitsForFirst { first, dup } => {
+                let slow = envoy_request(&with(first.clone(), "x-demo-delay-ms", "1000"));
+                std::thread::scope(|scope| {
+                    let held = scope.spawn(|| stack.send(&slow));
+                    stack.wait_executions(&path, 1, Duration::from_secs(5));
+                    let d = stack.send(&envoy_request(dup));
+                    let f = held.join().unwrap();
+                    out.push(seen(
+                        f.status,
+                        f.header("idempotent-replayed") == Some("true"),
+                        &f.body,
+                    ));
+                    out.push(seen(
+                        d.status,
+                        d.header("idempotent-replayed") == Some("true"),
+                        &d.body,
+                    ));
+                });
+            }
             Step::Wait(d) => std::thread::sleep(*d),
             Step::GiveUp(c) => {
                 let slow = envoy_request(&with(c.clone(), "x-demo-delay-ms", "1000"));
@@ -411,6 +455,25 @@ fn run_in_host_test(s: &Scenario) -> Vec<Seen> {
                     executions: after,
                     ..dup_seen
                 });
+            }
+            Step::WaitsForFirst { first, dup } => {
+                let id = e.start(0, host_request(first)).unwrap();
+                e.send_request(id).unwrap();
+                let d = e.start(1, host_request(dup)).unwrap();
+                e.send_request(d).unwrap();
+                e.advance(Duration::from_millis(500));
+                assert!(e.response(d).is_none(), "the duplicate waits for the first");
+                let f = e.finish_stream(id).unwrap();
+                let r = e.finish_stream(d).unwrap();
+                // As in Envoy, both are recorded once both have their answer.
+                for x in [f, r] {
+                    out.push(Seen {
+                        status: x.status,
+                        replayed: x.header("idempotent-replayed") == Some("true"),
+                        problem: problem_of(&x.body),
+                        executions: executions(),
+                    });
+                }
             }
             Step::Wait(d) => e.advance(*d),
             Step::GiveUp(c) => {
