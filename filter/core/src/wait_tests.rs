@@ -315,3 +315,41 @@ fn etcd_a_completed_poll_answers_this_workers_other_waiters_from_the_tier() {
     assert_eq!(b.waiters.take_due(b.now_ms, 250), vec![3]);
     assert_eq!(reply(wake(&p, &mut b, &mut w2)).body, b"made");
 }
+
+#[test]
+fn any_answer_to_a_poll_keeps_the_waiter_safe() {
+    let p = etcd_plugin(WAIT);
+    let (mut a, mut b) = two_proxies();
+    let r = req("POST", "/orders").key("k").body("{}");
+    let _first = send(&p, &mut a, &r).unwrap();
+    let (mut dup, _) = decide(&p, &mut b, &r, 2);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let bodies: Vec<Vec<u8>> = vec![
+        Vec::new(),
+        b"{}".to_vec(),
+        br#"{"header": {}, "kvs": [{"mod_revision": "x"}]}"#.to_vec(),
+        br#"{"header": {}, "kvs": [{"mod_revision": "3", "value": "!!"}]}"#.to_vec(),
+        br#"{"error": "etcdserver: no leader", "code": 14}"#.to_vec(),
+    ];
+    for i in 0..200 {
+        let body = match bodies.get(i) {
+            Some(b) => b.clone(),
+            None => (0..(i % 50))
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed as u8
+                })
+                .collect(),
+        };
+        let Action::Call(c) = dup.on_wake(&p, &mut b) else {
+            panic!("a waiter polls");
+        };
+        assert_eq!(c.path, crate::etcd::RANGE_PATH);
+        let got = dup.on_store_answer(&p, &mut b, CallAnswer { status: 200, body });
+        assert_eq!(got, Action::Pause, "still in flight: it waits on");
+    }
+    assert!(b.count_of(Counter::StoreErrors) >= 5);
+    assert_eq!(b.count_of(Counter::Executed), 0);
+}
