@@ -8,9 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// One etcd member on free loopback ports, killed on drop.
-struct Etcd {
+pub(super) struct Etcd {
     child: Child,
-    client: String,
+    pub(super) client: String,
     dir: std::path::PathBuf,
 }
 
@@ -22,7 +22,7 @@ fn free_port() -> u16 {
 }
 
 impl Etcd {
-    fn start() -> Etcd {
+    pub(super) fn start() -> Etcd {
         let (cp, pp) = (free_port(), free_port());
         let dir = std::env::temp_dir().join(format!("host-test-etcd-{}-{cp}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);

@@ -194,3 +194,68 @@ fn a_waiter_answers_after_a_held_claim_only_with_409_at_its_timeout() -> R {
     assert_eq!(e.upstream_calls(), 1);
     Ok(())
 }
+
+/// A "proxy" on the real etcd of `super::etcd` in wait mode, with its own random source.
+fn etcd_proxy(
+    etcd: &super::etcd::Etcd,
+    up: &Upstream,
+    seed: u64,
+) -> Result<host_test::Envoy, host_test::Error> {
+    host_test::Envoy::builder(super::wasm())
+        .random_seed(seed)
+        .workers(2)
+        .vm_id("proxy_dedup")
+        .plugin_config(
+            r#"{"store": {"kind": "etcd", "cluster": "etcd", "timeout_ms": 2000},
+                "on_in_flight": "wait", "wait_timeout_ms": 3000}"#,
+        )
+        .allow_on_headers_stop_iteration(true)
+        .upstream(up.handler())
+        .cluster_addr("etcd", &etcd.client)
+        .build()
+}
+
+#[test]
+fn etcd_waiters_on_this_proxy_are_woken_and_on_another_proxy_poll() -> R {
+    let etcd = super::etcd::Etcd::start();
+    let up = Upstream::default();
+    let (mut a, mut b) = (etcd_proxy(&etcd, &up, 11)?, etcd_proxy(&etcd, &up, 12)?);
+    let first = a.start(0, keyed("/orders", "k1", "{}"))?;
+    a.send_request(first)?;
+    let on_a = a.start(1, keyed("/orders", "k1", "{}"))?;
+    a.send_request(on_a)?;
+    let on_b: Vec<_> = (0..2)
+        .map(|w| b.start(w, keyed("/orders", "k1", "{}")))
+        .collect::<Result<_, _>>()?;
+    for s in &on_b {
+        b.send_request(*s)?;
+    }
+    b.advance(Duration::from_millis(600));
+    for s in &on_b {
+        assert_eq!(
+            b.state(*s)?,
+            StreamState::Open,
+            "B's waiters poll, still in flight"
+        );
+    }
+    a.respond(first, Reply::new(201).body("created"))?;
+    // Proxy A's other worker hears of it through its queue, at once.
+    let r = a.response(on_a).expect("woken by the queue");
+    assert_eq!((r.status, r.body_str().as_str()), (201, "created"));
+    assert_eq!(r.header("idempotent-replayed"), Some("true"));
+    // Proxy B learns it at its next poll.
+    b.advance(Duration::from_millis(300));
+    for s in &on_b {
+        let r = b.response(*s).expect("answered after B's poll");
+        assert_eq!((r.status, r.body_str().as_str()), (201, "created"));
+        assert_eq!(r.header("idempotent-replayed"), Some("true"));
+    }
+    assert_eq!(
+        up.calls.get(),
+        0,
+        "the first was answered by hand; nobody else ran"
+    );
+    assert_eq!(b.counter("proxy_dedup_wait_replayed"), Some(2));
+    assert_eq!(b.counter("proxy_dedup_store_errors"), Some(0));
+    Ok(())
+}
