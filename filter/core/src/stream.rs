@@ -330,6 +330,10 @@ impl DedupStream {
     /// waits on, `Pause`), or, past `wait_timeout_ms`, 409 as in reject mode. With etcd
     /// the read is a store call (`Call`) whose answer goes to `on_store_answer`.
     pub fn on_wake<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Action {
+        if !matches!(self.phase, Phase::Waiting(_)) {
+            // Not waiting (any more), or its read is out: nothing to do now.
+            return Action::Pause;
+        }
         let Phase::Waiting(w) = std::mem::replace(&mut self.phase, Phase::Finished) else {
             return Action::Pause;
         };

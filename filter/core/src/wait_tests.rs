@@ -353,3 +353,16 @@ fn any_answer_to_a_poll_keeps_the_waiter_safe() {
     assert!(b.count_of(Counter::StoreErrors) >= 5);
     assert_eq!(b.count_of(Counter::Executed), 0);
 }
+
+#[test]
+fn a_wake_up_of_a_stream_that_does_not_wait_changes_nothing() {
+    let p = wait_plugin("");
+    let (_, mut a) = world();
+    let r = req("POST", "/orders").key("k").body("{}");
+    let mut first = send(&p, &mut a, &r).unwrap();
+    assert_eq!(first.on_wake(&p, &mut a), Action::Pause);
+    assert!(first.holds_claim(), "the executing stream keeps its claim");
+    let out = respond(&p, &mut a, first, ok("made"));
+    assert_eq!(out, Outcome::Upstream(200, b"made".to_vec()));
+    assert_eq!(run(&p, &mut a, &r, ok("no")).local().body, b"made");
+}
