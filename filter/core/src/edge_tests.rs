@@ -350,7 +350,7 @@ fn etcd_a_lease_grant_answered_late_never_shortens_the_claims_made_with_it() {
     let Action::Call(grant) = action else {
         panic!("{action:?}")
     };
-    assert_eq!(grant.path, crate::etcd::LEASE_GRANT_PATH);
+    assert_eq!(grant.path, crate::etcdpb::LEASE_GRANT);
     let granted = call(&a, &grant);
     a.now_ms = t0 + 999;
     action = first.on_store_answer(&p, &mut a, granted);
@@ -656,7 +656,7 @@ fn drive(
 ) -> (Action, usize) {
     let mut n = 0;
     while let Action::Call(c) = action {
-        let a = if c.path == crate::etcd::TXN_PATH {
+        let a = if crate::etcd::is_txn(c.path) {
             match txn(n) {
                 Some(a) => {
                     n += 1;
@@ -693,7 +693,7 @@ fn etcd_transport_failures_are_retried_four_times_per_call() {
 
 #[test]
 fn etcd_only_transport_statuses_and_unavailable_are_retried() {
-    let p = etcd_plugin(r#""failure_mode": "closed""#);
+    let p = etcd_json_plugin(r#""failure_mode": "closed""#);
     for (status, body, retried) in [
         (0u16, "", true),
         (502, "", true),
@@ -792,7 +792,7 @@ fn etcd_claim_rounds_are_bounded() {
     // claim tries again, eight times at most.
     let gone =
         r#"{"header": {"revision": "9"}, "responses": [{"response_range": {"header": {}}}]}"#;
-    let p = etcd_plugin(r#""failure_mode": "closed""#);
+    let p = etcd_json_plugin(r#""failure_mode": "closed""#);
     for (fake, executes) in [(8, true), (9, false)] {
         let (mut a, _) = two_proxies();
         let mut s = DedupStream::new(1);
@@ -811,7 +811,7 @@ fn etcd_claim_rounds_are_bounded() {
 
 #[test]
 fn etcd_a_lost_lease_is_granted_again_a_bounded_number_of_times() {
-    let p = etcd_plugin(r#""failure_mode": "closed""#);
+    let p = etcd_json_plugin(r#""failure_mode": "closed""#);
     for lost in [
         r#"{"error": "etcdserver: requested lease not found", "code": 5}"#,
         r#"{"error": "x", "code": 5}"#,
@@ -948,7 +948,7 @@ fn etcd_a_hold_whose_answer_was_lost_is_recognised() {
 fn etcd_settling_answers_say_what_happened_to_the_record() {
     use crate::etcd::{EtcdRecord, EtcdState};
     use base64::Engine as _;
-    let p = etcd_plugin("");
+    let p = etcd_json_plugin("");
     let b64 = base64::engine::general_purpose::STANDARD;
     // A record of another claim in place of ours.
     let theirs = |digest: &[u8; 32], state| {
@@ -1284,10 +1284,11 @@ fn admin_on_etcd_reads_without_deleting_and_gives_up_on_a_record_that_keeps_chan
         panic!("{action:?}")
     };
     let read = first.body.clone();
+    let read_path = first.path;
     let mut answers = 0;
     while let Action::Call(_) = action {
         // Whatever was asked, etcd's answer shows the record as it is (not removed).
-        let (status, body) = a.etcd.handle(crate::etcd::TXN_PATH, &read, a.now_ms);
+        let (status, body) = a.etcd.handle(read_path, &read, a.now_ms);
         answers += 1;
         action = s.on_store_answer(&admin_p, &mut a, CallAnswer { status, body });
         assert!(answers < 10);
@@ -1306,7 +1307,10 @@ fn admin_on_etcd_reads_without_deleting_and_gives_up_on_a_record_that_keeps_chan
     let e = s.on_store_answer(
         &admin_p,
         &mut a,
-        txn_answer(r#"{"error": "etcdserver: too many requests", "code": 8}"#),
+        CallAnswer {
+            status: 0,
+            body: crate::etcdpb::status_body(8, b"etcdserver: too many requests"),
+        },
     );
     let Action::Reply(e) = e else { panic!("{e:?}") };
     assert_eq!(e.status, 503);
@@ -1535,7 +1539,7 @@ fn the_stream_debug_names_its_phase() {
 
 #[test]
 fn an_etcd_error_on_the_claim_is_a_store_failure_not_a_lost_lease() {
-    let p = etcd_plugin(r#""failure_mode": "closed""#);
+    let p = etcd_json_plugin(r#""failure_mode": "closed""#);
     let (mut a, _) = two_proxies();
     let mut s = DedupStream::new(1);
     let first = s.on_request_headers(&p, &mut a, req("POST", "/o").key("k").head, true);

@@ -588,7 +588,7 @@ impl DedupStream {
                     payload: o.payload,
                     response: None,
                 };
-                let body = etcd::replace_txn(
+                let body = protocol(p).replace_txn(
                     &o.key,
                     o.mod_revision,
                     &record.encode(&o.digest),
@@ -849,7 +849,7 @@ impl DedupStream {
             retries: 0,
             deadline_ms: now.saturating_add(ec.timeout_ms),
             call: StoreCall {
-                path: etcd::TXN_PATH,
+                path: ec.protocol.txn_path(),
                 body: Vec::new(),
                 timeout_ms: ec.timeout_ms,
             },
@@ -869,16 +869,17 @@ impl DedupStream {
         let timeout_ms = attempt_timeout(p, c.deadline_ms, now);
         let in_flight = env.leases().get(LeasePurpose::InFlight, now);
         let completed = env.leases().get(LeasePurpose::Completed, now);
+        let proto = protocol(p);
         let (step, path, body) = match (in_flight, completed) {
             (None, _) => (
                 ClaimStep::Grant(LeasePurpose::InFlight),
-                etcd::LEASE_GRANT_PATH,
-                etcd::lease_grant(p.leases.ttl_s(LeasePurpose::InFlight)),
+                proto.lease_grant_path(),
+                proto.lease_grant(p.leases.ttl_s(LeasePurpose::InFlight)),
             ),
             (_, None) => (
                 ClaimStep::Grant(LeasePurpose::Completed),
-                etcd::LEASE_GRANT_PATH,
-                etcd::lease_grant(p.leases.ttl_s(LeasePurpose::Completed)),
+                proto.lease_grant_path(),
+                proto.lease_grant(p.leases.ttl_s(LeasePurpose::Completed)),
             ),
             (Some(lease), Some(completed)) => {
                 c.completed_lease = Some(completed);
@@ -887,8 +888,8 @@ impl DedupStream {
                 c.expires_ms = rec.expires_ms;
                 (
                     ClaimStep::Txn,
-                    etcd::TXN_PATH,
-                    etcd::claim_txn(&c.key, &rec.encode(&c.digest), lease),
+                    proto.txn_path(),
+                    proto.claim_txn(&c.key, &rec.encode(&c.digest), lease),
                 )
             }
         };
@@ -913,10 +914,11 @@ impl DedupStream {
         answer: CallAnswer,
     ) -> Action {
         let now = env.now_ms();
-        let parsed = etcd::parse_answer(&answer.body);
+        let parsed = etcd::read_answer(c.call.path, answer.status, &answer.body);
         let transport_failure = matches!(answer.status, 0 | 502 | 503 | 504) && parsed.is_none();
-        // etcd's "unavailable" (gRPC code 14: no leader, leader changed) passes too.
-        let unavailable = matches!(&parsed, Some(EtcdAnswer::Error { code: 14, .. }));
+        // etcd's "unavailable" (gRPC code 14: no leader, leader changed, and Envoy's
+        // timeouts and resets of a gRPC call) and "deadline exceeded" pass too.
+        let unavailable = etcd::retryable_error(&parsed);
         if transport_failure || unavailable {
             // Connection refused or reset, or a member without a leader: another member
             // may answer. Retry within the budget.
@@ -1080,8 +1082,8 @@ impl DedupStream {
                         c.in_flight_lease = lease;
                         c.expires_ms = rec.expires_ms;
                         c.call = StoreCall {
-                            path: etcd::TXN_PATH,
-                            body: etcd::replace_txn(
+                            path: protocol(p).txn_path(),
+                            body: protocol(p).replace_txn(
                                 &c.key,
                                 mod_revision,
                                 &rec.encode(&c.digest),
@@ -1112,9 +1114,9 @@ impl DedupStream {
         mut st: Box<Settling>,
         answer: &CallAnswer,
     ) -> Action {
-        let parsed = etcd::parse_answer(&answer.body);
+        let parsed = etcd::read_answer(st.call.path, answer.status, &answer.body);
         let retryable = (matches!(answer.status, 0 | 502 | 503 | 504) && parsed.is_none())
-            || matches!(&parsed, Some(EtcdAnswer::Error { code: 14, .. }));
+            || etcd::retryable_error(&parsed);
         let now = env.now_ms();
         if retryable && st.retries < MAX_RETRIES && now < st.deadline_ms {
             st.retries += 1;
@@ -1262,7 +1264,8 @@ impl DedupStream {
                     record.response = None;
                     value = record.encode(&o.digest);
                 }
-                let body = etcd::replace_txn(&o.key, o.mod_revision, &value, o.completed_lease);
+                let body =
+                    protocol(p).replace_txn(&o.key, o.mod_revision, &value, o.completed_lease);
                 let learned = LocalEntry {
                     payload: o.payload,
                     expires_ms,
@@ -1295,7 +1298,7 @@ impl DedupStream {
             }
             Owned::Etcd(o) => {
                 env.count(Counter::Released);
-                let body = etcd::delete_txn(&o.key, o.mod_revision);
+                let body = protocol(p).delete_txn(&o.key, o.mod_revision);
                 Some(self.settle(p, env.now_ms(), &o, Settle::Release, body, None))
             }
         }
@@ -1313,7 +1316,7 @@ impl DedupStream {
     ) -> StoreCall {
         let deadline_ms = now.saturating_add(etcd_timeout(p));
         let call = StoreCall {
-            path: etcd::TXN_PATH,
+            path: protocol(p).txn_path(),
             body,
             timeout_ms: attempt_timeout(p, deadline_ms, now),
         };
@@ -1348,6 +1351,13 @@ fn etcd_timeout(p: &Plugin) -> u64 {
     match &p.config.store {
         StoreConfig::Etcd(ec) => ec.timeout_ms,
         StoreConfig::SharedData => 1000,
+    }
+}
+
+fn protocol(p: &Plugin) -> etcd::Protocol {
+    match &p.config.store {
+        StoreConfig::Etcd(ec) => ec.protocol,
+        StoreConfig::SharedData => etcd::Protocol::default(),
     }
 }
 
