@@ -308,10 +308,10 @@ pub fn dispatch_http_call(
 }
 
 /// Sends a unary gRPC call (`service`/`method`, `message` already serialized) to the
-/// HTTP/2 `cluster` and records its token like `dispatch_http_call`. `Err` carries the
+/// HTTP/2 `cluster` (its name, or a serialized `GrpcService`) and records its token like `dispatch_http_call`. `Err` carries the
 /// host's status (ParseFailure for an unknown cluster): then no call exists.
 pub fn dispatch_grpc_call(
-    cluster: &str,
+    cluster: &[u8],
     service: &str,
     method: &str,
     message: &[u8],

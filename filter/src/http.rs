@@ -135,7 +135,14 @@ fn dispatch(shared: &Shared, call: &StoreCall) -> Result<u32, CallAnswer> {
         let Some((service, method)) = etcdpb::split_method(call.path) else {
             return Err(no_answer());
         };
-        return abi::dispatch_grpc_call(&ec.cluster, service, method, &call.body, timeout).map_err(
+        // The cluster by name (`:authority` is then the cluster's name), or a
+        // `GrpcService` carrying `store.authority` when that was set to something else.
+        let upstream = if ec.authority == ec.cluster {
+            ec.cluster.as_bytes().to_vec()
+        } else {
+            etcdpb::grpc_service(&ec.cluster, &ec.authority)
+        };
+        return abi::dispatch_grpc_call(&upstream, service, method, &call.body, timeout).map_err(
             |status| {
                 abi::log(
                     abi::LOG_WARN,

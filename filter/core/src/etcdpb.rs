@@ -147,6 +147,17 @@ pub fn status_body(code: u32, message: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Envoy's `config.core.v3.GrpcService` naming `cluster` with `authority` (the first
+/// argument of `proxy_grpc_call` when the calls' `:authority` is not the cluster name).
+pub fn grpc_service(cluster: &str, authority: &str) -> Vec<u8> {
+    let mut envoy_grpc = Vec::with_capacity(cluster.len() + authority.len() + 4);
+    bytes_field(&mut envoy_grpc, 1, cluster.as_bytes());
+    bytes_field(&mut envoy_grpc, 2, authority.as_bytes());
+    let mut out = Vec::with_capacity(envoy_grpc.len() + 2);
+    bytes_field(&mut out, 1, &envoy_grpc);
+    out
+}
+
 // ---- decoding ----
 
 /// One field's value.
