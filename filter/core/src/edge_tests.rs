@@ -739,6 +739,90 @@ fn etcd_only_transport_statuses_and_unavailable_are_retried() {
 }
 
 #[test]
+fn etcd_grpc_unavailable_deadline_and_failed_dispatch_are_retried_other_statuses_are_errors() {
+    let p = etcd_plugin(r#""failure_mode": "closed""#);
+    let status = |code: u32, msg: &str| CallAnswer {
+        status: 0,
+        body: crate::etcdpb::status_body(code, msg.as_bytes()),
+    };
+    for (answer, retried) in [
+        // Envoy's timeout and reset of a gRPC call.
+        (
+            status(14, "upstream request timeout{response_timeout}"),
+            true,
+        ),
+        (status(14, "etcdserver: leader changed"), true),
+        (status(4, "context deadline exceeded"), true),
+        // Not dispatched at all (unknown cluster).
+        (
+            CallAnswer {
+                status: 0,
+                body: Vec::new(),
+            },
+            true,
+        ),
+        (status(8, "etcdserver: too many requests"), false),
+        (status(3, "etcdserver: request is too large"), false),
+        (status(2, "unknown"), false),
+        // A message that is not a TxnResponse.
+        (
+            CallAnswer {
+                status: 200,
+                body: vec![0xff, 0xff],
+            },
+            false,
+        ),
+    ] {
+        let (mut a, _) = two_proxies();
+        let mut s = DedupStream::new(1);
+        let mut action = s.on_request_headers(&p, &mut a, req("POST", "/o").key("k").head, true);
+        // Leases first (from the fake), up to the claim txn.
+        while let Action::Call(c) = &action {
+            if crate::etcd::is_txn(c.path) {
+                break;
+            }
+            let ans = call(&a, c);
+            action = s.on_store_answer(&p, &mut a, ans);
+        }
+        assert!(matches!(&action, Action::Call(c) if c.path == crate::etcdpb::TXN));
+        let next = s.on_store_answer(&p, &mut a, answer.clone());
+        assert_eq!(
+            matches!(next, Action::Call(_)),
+            retried,
+            "{answer:?}: {next:?}"
+        );
+        if !retried {
+            assert!(
+                matches!(next, Action::Reply(ref r) if r.status == 503),
+                "{next:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn etcd_grpc_lease_not_found_on_a_claim_takes_fresh_leases() {
+    let p = etcd_plugin(r#""failure_mode": "closed""#);
+    let (mut a, _) = two_proxies();
+    let mut s = DedupStream::new(1);
+    let first = s.on_request_headers(&p, &mut a, req("POST", "/o").key("k").head, true);
+    let grants = a.etcd.grants();
+    let (decision, n) = drive(&p, &mut a, &mut s, first, |n| {
+        (n < 2).then(|| CallAnswer {
+            status: 0,
+            body: crate::etcdpb::status_body(5, b"etcdserver: requested lease not found"),
+        })
+    });
+    assert_eq!(n, 2);
+    assert_eq!(decision, Action::Continue);
+    assert!(s.holds_claim());
+    assert!(
+        a.etcd.grants() - grants >= 4,
+        "both leases granted again twice"
+    );
+}
+
+#[test]
 fn etcd_attempts_are_a_third_of_the_budget_and_stop_at_its_end() {
     let p = etcd_plugin(r#""failure_mode": "closed""#); // timeout_ms 500
     let (mut a, _) = two_proxies();

@@ -1589,9 +1589,30 @@ fn etcd_config() {
                 ),
                 ("etcd-c", "etcd-c", "proxy-dedup/", 3000)
             );
+            assert_eq!(e.protocol, crate::etcd::Protocol::Grpc, "gRPC by default");
         }
         other => panic!("{other:?}"),
     }
+    for (name, want) in [
+        ("grpc", crate::etcd::Protocol::Grpc),
+        ("json", crate::etcd::Protocol::Json),
+    ] {
+        let c = Config::parse(
+            format!(r#"{{"store": {{"kind": "etcd", "cluster": "e", "protocol": "{name}"}}}}"#)
+                .as_bytes(),
+        )
+        .unwrap();
+        assert!(matches!(c.store, crate::config::StoreConfig::Etcd(e) if e.protocol == want));
+    }
+    assert_eq!(
+        cfg_err(r#"{"store": {"kind": "etcd", "cluster": "e", "protocol": "http"}}"#).0,
+        "store.protocol"
+    );
+    assert_eq!(
+        cfg_err(r#"{"store": {"protocol": "grpc"}}"#).0,
+        "store.protocol",
+        "only for etcd"
+    );
     assert_eq!(cfg_err(r#"{"store": {"kind": "etcd"}}"#).0, "store.cluster");
     assert_eq!(
         cfg_err(r#"{"store": {"kind": "etcd", "cluster": "e", "timeout_ms": 1}}"#).0,
