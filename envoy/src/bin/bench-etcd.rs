@@ -99,6 +99,26 @@ fn etcd_version() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
+/// When and where the run happened: `date -u` and the CPU model.
+fn run_stamp() -> String {
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "?".into());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "?".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{date}, {cores} cores ({cpu})")
+}
+
 fn run() -> Result<()> {
     let Settings { seconds, rounds } = Settings::from_env()?;
     let dedup = dedup_wasm()?;
@@ -109,6 +129,7 @@ fn run() -> Result<()> {
         "bench-etcd: wrk -t{THREADS} -c{CONNECTIONS}, {WARMUP_SECONDS} s warm-up, then {rounds} rounds of {seconds} s per case, Envoy --concurrency 2, 3-member etcd, loopback"
     );
     let load_before = load_average();
+    let stamp = run_stamp();
     // (store, load) of each case, in the order of `cases`.
     let mut kinds = Vec::new();
     let mut cases = Vec::new();
@@ -274,7 +295,7 @@ the completed records it has seen, so a hot key is replayed mostly without \
 an etcd read and this case measures that tier. Ratios are to the shared-data \
 case of the same load in the same run. wrk, Envoy, the upstream and the \
 three etcd members share the 2 cores, so absolute figures are low and noisy; \
-the ratios are the point. Load average before this run: {load_before} \
+the ratios are the point. Run: {stamp}. Load average before this run: {load_before} \
 (above ~1 means other work competed for the cores). Records in etcd after \
 the run: {records} (they expire with their leases).\n\n\
 {table}\n\
