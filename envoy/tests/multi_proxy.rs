@@ -431,6 +431,19 @@ fn replay_from_the_other_proxy(over_json: bool) {
     }
 }
 
+#[test]
+fn grpc_over_an_http1_cluster_is_a_store_error_handled_by_failure_mode() {
+    // The README: the cluster must speak HTTP/2 for store.protocol "grpc". Without its
+    // protocol options (the JSON gateway's cluster), every call fails and the request
+    // gets what failure_mode says, here closed: 503, never forwarded.
+    let cfg = etcd_filter_config(json!({"failure_mode": "closed", "store": {"timeout_ms": 600}}));
+    let m = Multi::start_on("mp-h1-grpc", [&cfg, &cfg], true);
+    let r = m.send(0, &keyed("/orders/h1", "h1-1", &json!({"n": 1})));
+    assert_problem(&r, 503, "store-unavailable");
+    assert_eq!(m.upstream.executions_for_path("/orders/h1"), 0);
+    assert_eq!(m.counter(0, "store_errors"), 1, "{}", m.diagnostics());
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Victim {
     Follower,

@@ -163,7 +163,15 @@ impl RootContext for DedupRoot {
                 plugin.layout.max_keys()
             ),
             StoreConfig::Etcd(ec) => {
-                format!("etcd via cluster `{}`, prefix `{}`", ec.cluster, ec.prefix)
+                format!(
+                    "etcd via cluster `{}` ({}), prefix `{}`",
+                    ec.cluster,
+                    match ec.protocol {
+                        dedup_core::etcd::Protocol::Grpc => "gRPC",
+                        dedup_core::etcd::Protocol::Json => "JSON gateway",
+                    },
+                    ec.prefix
+                )
             }
         };
         abi::log(
