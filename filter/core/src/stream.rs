@@ -63,8 +63,9 @@ pub trait Env: SharedData {
     fn local(&mut self) -> &mut LocalTier;
 }
 
-/// A call to the remote store through the proxy: POST `path` with a JSON `body` to the
-/// configured cluster, giving up after `timeout_ms`.
+/// A call to the remote store through the proxy, giving up after `timeout_ms`: a unary
+/// gRPC call of method `path` (`/etcdserverpb.KV/Txn`, …) with the protobuf message
+/// `body`, or (JSON gateway) a POST of `path` with the JSON `body`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreCall {
     pub path: &'static str,
@@ -73,7 +74,8 @@ pub struct StoreCall {
 }
 
 /// The answer to a `StoreCall`: the HTTP status (0 when the call failed without a
-/// response, e.g. reset) and the body.
+/// response, e.g. reset) and the body. A gRPC call's answer is status 200 and the
+/// response message, or status 0 and `etcdpb::status_body` (the gRPC status and message).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallAnswer {
     pub status: u16,
