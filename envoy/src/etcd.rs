@@ -820,6 +820,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_json_template_is_the_copyable_one_without_http2() {
+        let template = std::fs::read_to_string(config_file(MULTI_PROXY_ETCD)).unwrap();
+        assert!(template.contains("http2_protocol_options"));
+        let http1 = without_http2_options(&template).unwrap();
+        let config_lines = || http1.lines().filter(|l| !l.trim_start().starts_with('#'));
+        assert!(!config_lines().any(|l| l.contains("typed_extension_protocol_options")));
+        assert!(!config_lines().any(|l| l.contains("http2_protocol_options")));
+        // Only those lines went: the cluster and its members are still there.
+        let removed = template.lines().count() - http1.lines().count();
+        assert_eq!(removed, 5, "{http1}");
+        assert!(http1.contains("# etcd member 3"));
+        assert!(http1.contains("    connect_timeout: 0.25s"));
+        assert!(without_http2_options("a: 1\n").is_err());
+    }
+
+    #[test]
     fn base64_round_trips() {
         for (raw, enc) in [
             (&b""[..], ""),
