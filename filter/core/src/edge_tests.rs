@@ -1011,6 +1011,54 @@ fn etcd_a_completion_is_not_retried_past_its_budget() {
 }
 
 #[test]
+fn etcd_a_completion_whose_lease_etcd_lost_is_written_again_with_a_fresh_lease() {
+    let p = etcd_plugin("");
+    let lost = || CallAnswer {
+        status: 0,
+        body: crate::etcdpb::status_body(5, b"etcdserver: requested lease not found"),
+    };
+    // Lost once, twice: a fresh lease each time, and the completion lands. Three
+    // times: a store error, and the key stays in flight (never runs twice).
+    for (losses, lands) in [(1, true), (2, true), (3, false)] {
+        let (mut a, mut b) = two_proxies();
+        let r = req("POST", "/o").key("k");
+        let mut s = send(&p, &mut a, &r).unwrap();
+        let pairs = || vec![(":status".to_string(), b"201".to_vec())];
+        let mut c = s
+            .on_response_headers(&p, &mut a, 201, &Origin::upstream(), pairs, true)
+            .expect("a completion call");
+        let grants = a.etcd.grants();
+        let mut answered = 0;
+        loop {
+            let answer = if crate::etcd::is_txn(c.path) && answered < losses {
+                answered += 1;
+                lost()
+            } else {
+                call(&a, &c)
+            };
+            match s.on_store_answer(&p, &mut a, answer) {
+                Action::Call(next) => c = next,
+                _ => break,
+            }
+        }
+        let regrants = a.etcd.grants() - grants;
+        assert_eq!(regrants, losses.min(2), "{losses}");
+        assert_eq!(
+            a.count_of(Counter::StoreErrors),
+            u64::from(!lands),
+            "{losses}"
+        );
+        let dup = run(&p, &mut b, &r, ok("no"));
+        if lands {
+            assert!(matches!(dup, Outcome::Local(_)), "{losses}: {dup:?}");
+            assert_eq!(dup.status(), 201, "{losses}: replayed");
+        } else {
+            assert_eq!(dup.status(), 409, "{losses}: still in flight");
+        }
+    }
+}
+
+#[test]
 fn etcd_a_hold_whose_answer_was_lost_is_recognised() {
     let p = etcd_plugin("");
     let (mut a, mut b) = two_proxies();

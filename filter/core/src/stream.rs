@@ -191,6 +191,17 @@ struct Settling {
     call: StoreCall,
     retries: u32,
     deadline_ms: u64,
+    /// A completion whose lease etcd no longer has is written again with a fresh one.
+    regrant: Option<Regrant>,
+}
+
+/// What a completion needs to be written again with a fresh lease.
+struct Regrant {
+    key: String,
+    mod_revision: i64,
+    /// A lease grant is out (`call` is that grant), sent at this time.
+    granting: Option<u64>,
+    rounds: u8,
 }
 
 /// What a claim found when the key was already taken.
@@ -1120,6 +1131,12 @@ impl DedupStream {
         let retryable = (matches!(answer.status, 0 | 502 | 503 | 504) && parsed.is_none())
             || etcd::retryable_error(&parsed);
         let now = env.now_ms();
+        if !retryable {
+            if let Some(next) = self.regranted(p, env, &mut st, &parsed, now) {
+                self.phase = Phase::Settling(st);
+                return Action::Call(next);
+            }
+        }
         if retryable && st.retries < MAX_RETRIES && now < st.deadline_ms {
             st.retries += 1;
             st.call.timeout_ms = attempt_timeout(p, st.deadline_ms, now);
@@ -1182,6 +1199,69 @@ impl DedupStream {
             }
         }
         Action::Continue
+    }
+
+    /// A completion answered "lease not found" (etcd lost or revoked the completed lease
+    /// cached at claim time; the in-flight record is still there, or the compare would
+    /// have failed first): take a fresh completed lease and write the completion again,
+    /// twice at most, within the budget. Returns the next call, if any.
+    fn regranted<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        st: &mut Settling,
+        parsed: &Option<EtcdAnswer>,
+        now: u64,
+    ) -> Option<StoreCall> {
+        let proto = protocol(p);
+        let r = st.regrant.as_mut()?;
+        if let Some(sent_ms) = r.granting {
+            let Some(EtcdAnswer::Lease { id }) = parsed else {
+                return None;
+            };
+            r.granting = None;
+            let purpose = LeasePurpose::Completed;
+            env.leases()
+                .put(purpose, *id, sent_ms, p.leases.window(purpose));
+            let (_, entry) = st.learned.as_ref()?;
+            let record = EtcdRecord {
+                state: if entry.response.is_some() {
+                    EtcdState::Completed
+                } else {
+                    EtcdState::CompletedNotStored
+                },
+                token: st.token,
+                expires_ms: entry.expires_ms,
+                payload: entry.payload,
+                response: entry.response.clone(),
+            };
+            st.call = StoreCall {
+                path: proto.txn_path(),
+                body: proto.replace_txn(&r.key, r.mod_revision, &record.encode(&st.digest), *id),
+                timeout_ms: attempt_timeout(p, st.deadline_ms, now),
+            };
+            st.retries = 0;
+            return Some(st.call.clone());
+        }
+        let lost = matches!(parsed, Some(EtcdAnswer::Error { code, message })
+            if *code == 5 || message.contains("lease not found"));
+        if !lost || r.rounds >= 2 || now >= st.deadline_ms {
+            return None;
+        }
+        env.warn(&format!(
+            "stream {}: completion: etcd lost its lease; writing it again with a fresh one",
+            self.id
+        ));
+        *env.leases() = LeaseCache::default();
+        r.rounds += 1;
+        r.granting = Some(now);
+        st.call = StoreCall {
+            path: proto.lease_grant_path(),
+            body: proto.lease_grant(p.leases.ttl_s(LeasePurpose::Completed)),
+            timeout_ms: attempt_timeout(p, st.deadline_ms, now),
+        };
+        st.retries = 0;
+        Some(st.call.clone())
     }
 
     fn not_stored<E: Env>(&mut self, env: &mut E) -> Action {
@@ -1273,7 +1353,16 @@ impl DedupStream {
                     expires_ms,
                     response: record.response,
                 };
-                Some(self.settle(p, now, &o, Settle::Complete, body, Some(learned)))
+                let call = self.settle(p, now, &o, Settle::Complete, body, Some(learned));
+                if let Phase::Settling(st) = &mut self.phase {
+                    st.regrant = Some(Regrant {
+                        key: o.key,
+                        mod_revision: o.mod_revision,
+                        granting: None,
+                        rounds: 0,
+                    });
+                }
+                Some(call)
             }
         }
     }
@@ -1330,6 +1419,7 @@ impl DedupStream {
             call: call.clone(),
             retries: 0,
             deadline_ms,
+            regrant: None,
         }));
         call
     }
