@@ -348,7 +348,9 @@ fn replay_from_the_other_proxy(over_json: bool) {
     let cfg = if over_json {
         etcd_filter_config(json!({"store": {"protocol": "json"}}))
     } else {
-        etcd_filter_config(json!({}))
+        // An authority other than the cluster name: the filter then names the cluster
+        // in a serialized GrpcService (the other tests pass the cluster name).
+        etcd_filter_config(json!({"store": {"authority": "etcd.internal"}}))
     };
     let name = if over_json {
         "mp-replay-json"
