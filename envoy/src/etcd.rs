@@ -698,6 +698,62 @@ pub fn multi_proxy_config(
     )
 }
 
+/// `multi_proxy_config` for the filter's `store.protocol: "json"`: the same
+/// template with its `etcd` cluster on HTTP/1.1 (the `typed_extension_protocol_options`
+/// block that makes it HTTP/2 removed, as the template's comments tell users to do),
+/// since etcd serves its JSON gateway on HTTP/1.1 only.
+pub fn multi_proxy_json_config(
+    etcd: &EtcdCluster,
+    upstream_port: u16,
+    wasm: &Path,
+    filter_config: &str,
+) -> Result<EnvoyConfig> {
+    let template = match std::fs::read_to_string(config_file(MULTI_PROXY_ETCD)) {
+        Ok(t) => t,
+        Err(e) => fail!("cannot read {MULTI_PROXY_ETCD}: {e}"),
+    };
+    let http1 = without_http2_options(&template)?;
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let path = etcd.dir.join(format!(
+        "json-template-{}.yaml",
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    if let Err(e) = std::fs::write(&path, http1) {
+        fail!("cannot write {}: {e}", path.display());
+    }
+    etcd_proxy_config(etcd, &path, upstream_port, wasm, filter_config)
+}
+
+/// `template` without its `typed_extension_protocol_options:` block (the line and the
+/// more deeply indented lines after it).
+pub fn without_http2_options(template: &str) -> Result<String> {
+    let mut out = String::with_capacity(template.len());
+    let mut skipping: Option<usize> = None;
+    let mut found = false;
+    for line in template.split_inclusive('\n') {
+        let indent = line.len() - line.trim_start().len();
+        if let Some(at) = skipping {
+            if indent > at && !line.trim().is_empty() {
+                continue;
+            }
+            skipping = None;
+        }
+        if line
+            .trim_start()
+            .starts_with("typed_extension_protocol_options:")
+        {
+            skipping = Some(indent);
+            found = true;
+            continue;
+        }
+        out.push_str(line);
+    }
+    if !found {
+        fail!("the template has no typed_extension_protocol_options block");
+    }
+    Ok(out)
+}
+
 /// `multi_proxy_config` from another template with the same `# etcd member N`
 /// endpoint lines (e.g. one whose listener comes by LDS).
 pub fn etcd_proxy_config(
@@ -762,6 +818,22 @@ pub fn wait_etcd_hosts_healthy(envoy: &Envoy, want: usize, limit: Duration) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_json_template_is_the_copyable_one_without_http2() {
+        let template = std::fs::read_to_string(config_file(MULTI_PROXY_ETCD)).unwrap();
+        assert!(template.contains("http2_protocol_options"));
+        let http1 = without_http2_options(&template).unwrap();
+        let config_lines = || http1.lines().filter(|l| !l.trim_start().starts_with('#'));
+        assert!(!config_lines().any(|l| l.contains("typed_extension_protocol_options")));
+        assert!(!config_lines().any(|l| l.contains("http2_protocol_options")));
+        // Only those lines went: the cluster and its members are still there.
+        let removed = template.lines().count() - http1.lines().count();
+        assert_eq!(removed, 5, "{http1}");
+        assert!(http1.contains("# etcd member 3"));
+        assert!(http1.contains("    connect_timeout: 0.25s"));
+        assert!(without_http2_options("a: 1\n").is_err());
+    }
 
     #[test]
     fn base64_round_trips() {

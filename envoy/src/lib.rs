@@ -12,6 +12,7 @@ pub mod config;
 pub mod envoy;
 pub mod error;
 pub mod etcd;
+pub mod etcd_grpc;
 pub mod files;
 pub mod http;
 pub mod oci;

@@ -8,7 +8,9 @@
 mod common;
 
 use common::{assert_executed, assert_problem, assert_replay_of, is_replayed, json, post};
-use dedup_envoy::etcd::{multi_proxy_config, wait_etcd_hosts_healthy, EtcdCluster};
+use dedup_envoy::etcd::{
+    multi_proxy_config, multi_proxy_json_config, wait_etcd_hosts_healthy, EtcdCluster,
+};
 use dedup_envoy::paths::dedup_wasm;
 use dedup_envoy::{client, DemoUpstream, Envoy, Request, Response};
 use serde_json::{json, Value};
@@ -52,8 +54,13 @@ struct Multi {
 }
 
 impl Multi {
-    /// Proxy A with `configs[0]`, proxy B with `configs[1]`.
+    /// Proxy A with `configs[0]`, proxy B with `configs[1]`, on etcd's gRPC API.
     fn start(name: &str, configs: [&str; 2]) -> Multi {
+        Multi::start_on(name, configs, false)
+    }
+
+    /// `start`, on etcd's JSON gateway (an HTTP/1.1 cluster) when `json`.
+    fn start_on(name: &str, configs: [&str; 2], json: bool) -> Multi {
         let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
         let etcd = EtcdCluster::start(&format!("{name}-etcd"), 3)
             .unwrap_or_else(|e| panic!("starting etcd: {e}"));
@@ -63,8 +70,12 @@ impl Multi {
                 .iter()
                 .enumerate()
                 .map(|(i, cfg)| {
-                    let config = multi_proxy_config(&etcd, upstream.port(), &wasm, cfg)
-                        .unwrap_or_else(|e| panic!("{e}"));
+                    let config = if json {
+                        multi_proxy_json_config(&etcd, upstream.port(), &wasm, cfg)
+                    } else {
+                        multi_proxy_config(&etcd, upstream.port(), &wasm, cfg)
+                    }
+                    .unwrap_or_else(|e| panic!("{e}"));
                     let label = format!("{name}-proxy-{}", ["a", "b"][i]);
                     s.spawn(move || Envoy::start(&label, config))
                 })
@@ -325,8 +336,28 @@ fn concurrent_identical_requests_over_two_proxies_execute_once() {
 
 #[test]
 fn replay_comes_from_the_proxy_that_did_not_execute() {
-    let cfg = etcd_filter_config(json!({}));
-    let m = Multi::start("mp-replay", [&cfg, &cfg]);
+    replay_from_the_other_proxy(false);
+}
+
+#[test]
+fn replay_comes_from_the_proxy_that_did_not_execute_over_the_json_gateway() {
+    replay_from_the_other_proxy(true);
+}
+
+fn replay_from_the_other_proxy(over_json: bool) {
+    let cfg = if over_json {
+        etcd_filter_config(json!({"store": {"protocol": "json"}}))
+    } else {
+        // An authority other than the cluster name: the filter then names the cluster
+        // in a serialized GrpcService (the other tests pass the cluster name).
+        etcd_filter_config(json!({"store": {"authority": "etcd.internal"}}))
+    };
+    let name = if over_json {
+        "mp-replay-json"
+    } else {
+        "mp-replay"
+    };
+    let m = Multi::start_on(name, [&cfg, &cfg], over_json);
     // The client has the first response, so the first request has completed:
     // a duplicate sent right then, to either proxy, is a replay (README:
     // "same key, same payload, first one completed"), never a 409.
@@ -389,7 +420,30 @@ fn replay_comes_from_the_proxy_that_did_not_execute() {
     );
     for p in 0..2 {
         assert_eq!(m.counter(p, "store_errors"), 0, "{}", m.diagnostics());
+        // The calls went the configured way: gRPC streams over HTTP/2, or the JSON
+        // gateway over HTTP/1.1 (the health checks are HTTP/1.1 either way).
+        let h2 = m.proxies[p]
+            .stat("cluster.etcd.upstream_cx_http2_total")
+            .unwrap_or(0);
+        assert_eq!(
+            h2 > 0,
+            !over_json,
+            "proxy {p}: {h2} HTTP/2 connections to etcd"
+        );
     }
+}
+
+#[test]
+fn grpc_over_an_http1_cluster_is_a_store_error_handled_by_failure_mode() {
+    // The README: the cluster must speak HTTP/2 for store.protocol "grpc". Without its
+    // protocol options (the JSON gateway's cluster), every call fails and the request
+    // gets what failure_mode says, here closed: 503, never forwarded.
+    let cfg = etcd_filter_config(json!({"failure_mode": "closed", "store": {"timeout_ms": 600}}));
+    let m = Multi::start_on("mp-h1-grpc", [&cfg, &cfg], true);
+    let r = m.send(0, &keyed("/orders/h1", "h1-1", &json!({"n": 1})));
+    assert_problem(&r, 503, "store-unavailable");
+    assert_eq!(m.upstream.executions_for_path("/orders/h1"), 0);
+    assert_eq!(m.counter(0, "store_errors"), 1, "{}", m.diagnostics());
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -19,6 +19,7 @@ pub const MAP_REQUEST_HEADERS: u32 = 0;
 pub const MAP_RESPONSE_HEADERS: u32 = 2;
 pub const MAP_HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
 pub const BUFFER_HTTP_CALL_RESPONSE_BODY: u32 = 4;
+pub const BUFFER_GRPC_RECEIVE: u32 = 5;
 const STREAM_HTTP_REQUEST: u32 = 0;
 const STREAM_HTTP_RESPONSE: u32 = 1;
 pub const BUFFER_REQUEST_BODY: u32 = 0;
@@ -101,6 +102,25 @@ extern "C" {
         trailers_size: usize,
         timeout_milliseconds: u32,
         return_token: *mut u32,
+    ) -> u32;
+    fn proxy_grpc_call(
+        service_data: *const u8,
+        service_size: usize,
+        service_name_data: *const u8,
+        service_name_size: usize,
+        method_name_data: *const u8,
+        method_name_size: usize,
+        initial_metadata_data: *const u8,
+        initial_metadata_size: usize,
+        request_data: *const u8,
+        request_size: usize,
+        timeout_milliseconds: u32,
+        return_token: *mut u32,
+    ) -> u32;
+    fn proxy_get_status(
+        return_code: *mut u32,
+        return_message_data: *mut *mut u8,
+        return_message_size: *mut usize,
     ) -> u32;
     fn proxy_set_effective_context(context_id: u32) -> u32;
     fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
@@ -297,6 +317,54 @@ pub fn dispatch_http_call(
     }
     crate::context::register_callout(token);
     Ok(token)
+}
+
+/// Sends a unary gRPC call (`service`/`method`, `message` already serialized) to the
+/// HTTP/2 `cluster` (its name, or a serialized `GrpcService`) and records its token like `dispatch_http_call`. `Err` carries the
+/// host's status (ParseFailure for an unknown cluster): then no call exists.
+pub fn dispatch_grpc_call(
+    cluster: &[u8],
+    service: &str,
+    method: &str,
+    message: &[u8],
+    timeout: Duration,
+) -> Result<u32, u32> {
+    let metadata = encode_pairs(&[]);
+    let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+    let mut token = 0u32;
+    // SAFETY: pointers and lengths of live buffers; valid out-pointer.
+    let status = unsafe {
+        proxy_grpc_call(
+            cluster.as_ptr(),
+            cluster.len(),
+            service.as_ptr(),
+            service.len(),
+            method.as_ptr(),
+            method.len(),
+            metadata.as_ptr(),
+            metadata.len(),
+            message.as_ptr(),
+            message.len(),
+            timeout_ms,
+            &mut token,
+        )
+    };
+    if status != OK {
+        return Err(status);
+    }
+    crate::context::register_callout(token);
+    Ok(token)
+}
+
+/// The status of the gRPC call being closed (`proxy_on_grpc_close`): code and message.
+pub fn grpc_status() -> Option<(u32, Vec<u8>)> {
+    let mut code = 0u32;
+    let mut ptr: *mut u8 = std::ptr::null_mut();
+    let mut size = 0usize;
+    // SAFETY: valid out-pointers; the message buffer is taken back below.
+    let status = unsafe { proxy_get_status(&mut code, &mut ptr, &mut size) };
+    let message = take_host_buffer(ptr, size);
+    (status == OK).then_some((code, message))
 }
 
 /// A property (e.g. `["response", "code_details"]`); `None` when the host has none.

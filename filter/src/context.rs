@@ -8,8 +8,9 @@
 //! - a callback for a context we do not know is ignored (Continue; logged at debug);
 //! - an answer for a token we do not know is ignored; a token dispatched again while we
 //!   still hold it (Envoy's per-VM call-id counter wrapped) replaces the old entry;
-//! - Envoy makes every `proxy_http_call` on the ROOT context and answers it there
-//!   (`proxy_on_http_call_response(root_context_id, token, ..)`), so a call outlives the
+//! - Envoy makes every `proxy_http_call` and `proxy_grpc_call` on the ROOT context and
+//!   answers it there (`proxy_on_http_call_response(root_context_id, token, ..)`,
+//!   `proxy_on_grpc_receive` / `proxy_on_grpc_close`), so a call outlives the
 //!   stream that made it. The stream that dispatched a call owns it while it lives; when
 //!   it is deleted its pending calls pass to the root, whose
 //!   [`RootContext::on_orphan_call_response`] gets their answers;
@@ -23,6 +24,7 @@
 
 use crate::abi;
 use dedup_core::callouts::Callouts;
+use dedup_core::stream::CallAnswer;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -37,16 +39,9 @@ pub enum Action {
 
 /// Callbacks any context may get.
 pub trait Context {
-    /// The answer to a call this context dispatched (its headers, body and trailers are
-    /// readable through the host calls while this runs).
-    fn on_http_call_response(
-        &mut self,
-        _token_id: u32,
-        _num_headers: usize,
-        _body_size: usize,
-        _num_trailers: usize,
-    ) {
-    }
+    /// The answer to a call this context dispatched (HTTP or gRPC, read from the host
+    /// before this runs).
+    fn on_call_answer(&mut self, _token_id: u32, _answer: CallAnswer) {}
 
     /// The host is about to delete this context; `false` would ask it to wait.
     fn on_done(&mut self) -> bool {
@@ -75,14 +70,7 @@ pub trait RootContext {
 
     /// The answer to a call no live stream owns: one the root made itself, or one whose
     /// stream has ended (the host still answers it, on the root context).
-    fn on_orphan_call_response(
-        &mut self,
-        _token_id: u32,
-        _num_headers: usize,
-        _body_size: usize,
-        _num_trailers: usize,
-    ) {
-    }
+    fn on_orphan_call_answer(&mut self, _token_id: u32, _answer: CallAnswer) {}
 
     /// The context of a new stream; `None` leaves the stream to pass through.
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>>;
@@ -145,7 +133,8 @@ pub fn set_root_context(new_root: NewRootContext) {
 }
 
 /// Records a call just dispatched as owned by the running HTTP context (or by the root,
-/// outside a stream callback). Called by `abi::dispatch_http_call`.
+/// outside a stream callback). Called by `abi::dispatch_http_call` and
+/// `abi::dispatch_grpc_call`.
 pub(crate) fn register_callout(token: u32) {
     let replaced = with_vm(|vm| {
         let active = vm.active.get();
@@ -560,8 +549,50 @@ pub extern "C" fn proxy_on_http_call_response(
     token: u32,
     num_headers: usize,
     body_size: usize,
-    num_trailers: usize,
+    _num_trailers: usize,
 ) {
+    // Read while the context Envoy answered on (the root) is effective: the answer's
+    // headers and body belong to it.
+    let answer = crate::http::read_call_answer(num_headers, body_size);
+    route_answer(context_id, token, answer, "proxy_on_http_call_response");
+}
+
+/// A unary gRPC call's message: the call succeeded (`grpc-status` 0).
+#[no_mangle]
+pub extern "C" fn proxy_on_grpc_receive(context_id: u32, token: u32, response_size: usize) {
+    let body = abi::buffer(abi::BUFFER_GRPC_RECEIVE, 0, response_size).unwrap_or_default();
+    route_answer(
+        context_id,
+        token,
+        CallAnswer { status: 200, body },
+        "proxy_on_grpc_receive",
+    );
+}
+
+/// A gRPC call that ended without a message: a non-zero status from the server, or
+/// Envoy's own (14 for a timeout, a reset or no healthy member). Handed over as status 0
+/// with the status and message in `etcdpb::status_body`.
+#[no_mangle]
+pub extern "C" fn proxy_on_grpc_close(context_id: u32, token: u32, status_code: u32) {
+    let message = abi::grpc_status().map(|(_, m)| m).unwrap_or_default();
+    let body = dedup_core::etcdpb::status_body(status_code, &message);
+    route_answer(
+        context_id,
+        token,
+        CallAnswer { status: 0, body },
+        "proxy_on_grpc_close",
+    );
+}
+
+/// Unary calls get no metadata callbacks from Envoy; streams are not used.
+#[no_mangle]
+pub extern "C" fn proxy_on_grpc_receive_initial_metadata(_context_id: u32, _token: u32, _n: u32) {}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_grpc_receive_trailing_metadata(_context_id: u32, _token: u32, _n: u32) {}
+
+/// Gives a call's answer to the stream that owns the call, or to the root.
+fn route_answer(context_id: u32, token: u32, answer: CallAnswer, what: &'static str) {
     let Some(callout) = with_vm(|vm| vm.callouts.try_borrow_mut().ok()?.take(token)).flatten()
     else {
         debug(format_args!(
@@ -589,9 +620,7 @@ pub extern "C" fn proxy_on_http_call_response(
                  (status {status}); answer goes to the root"
             ));
         } else {
-            on_stream(owner, "proxy_on_http_call_response", (), |s| {
-                s.on_http_call_response(token, num_headers, body_size, num_trailers)
-            });
+            on_stream(owner, what, (), |s| s.on_call_answer(token, answer));
             return;
         }
     }
@@ -606,7 +635,7 @@ pub extern "C" fn proxy_on_http_call_response(
              {status})"
         ));
     }
-    on_root(root_id, "proxy_on_http_call_response", (), |r| {
-        r.on_orphan_call_response(token, num_headers, body_size, num_trailers)
+    on_root(root_id, what, (), |r| {
+        r.on_orphan_call_answer(token, answer)
     });
 }

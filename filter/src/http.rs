@@ -6,7 +6,8 @@ use crate::context::{Action, Context, HttpContext};
 use crate::Shared;
 use dedup_core::admin::AdminStream;
 use dedup_core::config::{Role, StoreConfig};
-use dedup_core::etcd::LeaseCache;
+use dedup_core::etcd::{LeaseCache, Protocol};
+use dedup_core::etcdpb;
 use dedup_core::key::RequestHead;
 use dedup_core::local::LocalTier;
 use dedup_core::store::{HostFault, SetError, SharedData};
@@ -138,35 +139,56 @@ fn no_answer() -> CallAnswer {
     }
 }
 
-/// Sends a store call to the configured cluster. `Err` carries the answer to give the
-/// stream when the call could not even be dispatched.
+/// Sends a store call to the configured cluster: a unary gRPC call when its path is a
+/// gRPC method (`/service/method`, `store.protocol: "grpc"`), else an HTTP POST. `Err`
+/// carries the answer to give the stream when the call could not even be dispatched.
 fn dispatch(shared: &Shared, call: &StoreCall) -> Result<u32, CallAnswer> {
     let StoreConfig::Etcd(ec) = &shared.plugin.config.store else {
         return Err(no_answer());
     };
+    let timeout = Duration::from_millis(call.timeout_ms);
+    if ec.protocol == Protocol::Grpc {
+        let Some((service, method)) = etcdpb::split_method(call.path) else {
+            return Err(no_answer());
+        };
+        // The cluster by name (`:authority` is then the cluster's name), or a
+        // `GrpcService` carrying `store.authority` when that was set to something else.
+        let upstream = if ec.authority == ec.cluster {
+            ec.cluster.as_bytes().to_vec()
+        } else {
+            etcdpb::grpc_service(&ec.cluster, &ec.authority)
+        };
+        return abi::dispatch_grpc_call(&upstream, service, method, &call.body, timeout).map_err(
+            |status| {
+                abi::log(
+                    abi::LOG_WARN,
+                    &format!(
+                        "proxy-dedup: cannot call cluster `{}` over gRPC: status {status}",
+                        ec.cluster
+                    ),
+                );
+                no_answer()
+            },
+        );
+    }
     let headers = [
         (":method", "POST"),
         (":path", call.path),
         (":authority", ec.authority.as_str()),
         ("content-type", "application/json"),
     ];
-    abi::dispatch_http_call(
-        &ec.cluster,
-        &headers,
-        Some(&call.body),
-        &[],
-        Duration::from_millis(call.timeout_ms),
+    abi::dispatch_http_call(&ec.cluster, &headers, Some(&call.body), &[], timeout).map_err(
+        |status| {
+            abi::log(
+                abi::LOG_WARN,
+                &format!(
+                    "proxy-dedup: cannot call cluster `{}`: status {status}",
+                    ec.cluster
+                ),
+            );
+            no_answer()
+        },
     )
-    .map_err(|status| {
-        abi::log(
-            abi::LOG_WARN,
-            &format!(
-                "proxy-dedup: cannot call cluster `{}`: status {status}",
-                ec.cluster
-            ),
-        );
-        no_answer()
-    })
 }
 
 /// The answer to a store call, read while `on_http_call_response` runs. Envoy reports a
@@ -656,14 +678,7 @@ impl HttpContext for DedupHttp {
 }
 
 impl Context for DedupHttp {
-    fn on_http_call_response(
-        &mut self,
-        token_id: u32,
-        num_headers: usize,
-        body_size: usize,
-        _num_trailers: usize,
-    ) {
-        let answer = read_call_answer(num_headers, body_size);
+    fn on_call_answer(&mut self, token_id: u32, answer: CallAnswer) {
         if self.orphaned {
             if let Some(shared) = self.shared.clone() {
                 orphan_answer(&shared, token_id, answer);

@@ -11,6 +11,7 @@ use dedup_core::config::{Role, StoreConfig};
 use dedup_core::etcd::LeaseCache;
 use dedup_core::local::LocalTier;
 use dedup_core::store::{bucket_secret, SharedStore, SECRET_LEN};
+use dedup_core::stream::CallAnswer;
 use dedup_core::wait::Waiters;
 use dedup_core::{Config, Counter, DedupStream, Plugin};
 use std::cell::{Cell, RefCell};
@@ -172,7 +173,15 @@ impl RootContext for DedupRoot {
                 plugin.layout.max_keys()
             ),
             StoreConfig::Etcd(ec) => {
-                format!("etcd via cluster `{}`, prefix `{}`", ec.cluster, ec.prefix)
+                format!(
+                    "etcd via cluster `{}` ({}), prefix `{}`",
+                    ec.cluster,
+                    match ec.protocol {
+                        dedup_core::etcd::Protocol::Grpc => "gRPC",
+                        dedup_core::etcd::Protocol::Json => "JSON gateway",
+                    },
+                    ec.prefix
+                )
             }
         };
         abi::log(
@@ -216,17 +225,10 @@ impl RootContext for DedupRoot {
         }
     }
 
-    fn on_orphan_call_response(
-        &mut self,
-        token_id: u32,
-        num_headers: usize,
-        body_size: usize,
-        _num_trailers: usize,
-    ) {
+    fn on_orphan_call_answer(&mut self, token_id: u32, answer: CallAnswer) {
         // The answer to a call whose stream has ended (a completion or release the
         // client did not wait for): finish it, retries included.
         if let Some(shared) = self.shared.as_ref() {
-            let answer = http::read_call_answer(num_headers, body_size);
             http::orphan_answer(shared, token_id, answer);
         }
     }

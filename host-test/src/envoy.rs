@@ -2133,6 +2133,22 @@ impl Envoy {
             .insert(name.to_string(), Cluster::InProcess(Box::new(handler)));
     }
 
+    /// Replaces (or adds) a gRPC cluster answered in process.
+    pub fn set_grpc_cluster(
+        &mut self,
+        name: &str,
+        handler: impl FnMut(&crate::GrpcRequest) -> crate::GrpcReply + 'static,
+    ) {
+        self.grpc_clusters
+            .insert(name.to_string(), GrpcCluster::InProcess(Box::new(handler)));
+    }
+
+    /// Replaces (or adds) a gRPC cluster served by a real HTTP/2 server on loopback.
+    pub fn set_grpc_cluster_addr(&mut self, name: &str, addr: &str) {
+        self.grpc_clusters
+            .insert(name.to_string(), GrpcCluster::H2(addr.to_string()));
+    }
+
     pub fn set_faults(&mut self, faults: Faults) {
         lock(&self.shared).faults = faults;
     }

@@ -1,7 +1,10 @@
 //! `make bench-envoy` (second half): the etcd store against the shared-data
 //! store, with wrk against real Envoys on loopback in one run. Cases: first
 //! executions (a unique key per request) and replays (one key), each on
-//! shared data and on a real 3-member etcd. As in bench-envoy, every case has
+//! shared data and on a real 3-member etcd over gRPC; first executions also
+//! over etcd's JSON gateway; and etcd's own txn rate through gRPC at the same
+//! concurrency (the filter's claim txn, from a small HTTP/2 client in this
+//! process), the ceiling of first executions (two txns each). As in bench-envoy, every case has
 //! its own Envoy, started first; measured rounds interleave the cases and each
 //! case reports its best round. Prints throughput and latency with ratios to
 //! the shared-data case of the same load, and writes the "## etcd store"
@@ -13,7 +16,10 @@ use dedup_envoy::bench::{
     table_header, table_row, write_chart, write_section, Case, ChartRow, Settings, BODY,
     CONNECTIONS, REPLAY_LUA, THREADS, UNIQUE_LUA,
 };
-use dedup_envoy::etcd::{multi_proxy_config, wait_etcd_hosts_healthy, EtcdCluster};
+use dedup_envoy::etcd::{
+    multi_proxy_config, multi_proxy_json_config, wait_etcd_hosts_healthy, EtcdCluster,
+};
+use dedup_envoy::etcd_grpc::{txn_rate, TxnRate};
 use dedup_envoy::paths::dedup_wasm;
 use dedup_envoy::{DemoUpstream, EnvoyConfig, Result};
 use std::process::Command;
@@ -22,11 +28,16 @@ use std::time::Duration;
 const WARMUP_SECONDS: u64 = 2;
 const SHARED_DATA_CONFIG: &str = "{}";
 const ETCD_CONFIG: &str = r#"{"store": {"kind": "etcd", "cluster": "etcd"}}"#;
+const ETCD_JSON_CONFIG: &str =
+    r#"{"store": {"kind": "etcd", "cluster": "etcd", "protocol": "json"}}"#;
+/// The value of the raw txns: about a completed record with the demo's response.
+const TXN_VALUE_BYTES: usize = 400;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Store {
     SharedData,
     Etcd,
+    EtcdJson,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -40,7 +51,8 @@ fn start_case(store: Store, load: Load, config: EnvoyConfig) -> Result<Case> {
         "{}, {}",
         match store {
             Store::SharedData => "shared data",
-            Store::Etcd => "etcd",
+            Store::Etcd => "etcd (gRPC)",
+            Store::EtcdJson => "etcd (JSON gateway)",
         },
         match load {
             Load::FirstExecutions => "first executions",
@@ -52,7 +64,7 @@ fn start_case(store: Store, load: Load, config: EnvoyConfig) -> Result<Case> {
         Load::Replays => REPLAY_LUA,
     };
     let case = Case::start("bench-etcd", &name, config, script)?;
-    if store == Store::Etcd {
+    if store != Store::SharedData {
         wait_etcd_hosts_healthy(&case.envoy, 3, Duration::from_secs(10))?;
     }
     if load == Load::Replays {
@@ -87,6 +99,26 @@ fn etcd_version() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
+/// When and where the run happened: `date -u` and the CPU model.
+fn run_stamp() -> String {
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "?".into());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "?".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{date}, {cores} cores ({cpu})")
+}
+
 fn run() -> Result<()> {
     let Settings { seconds, rounds } = Settings::from_env()?;
     let dedup = dedup_wasm()?;
@@ -97,6 +129,7 @@ fn run() -> Result<()> {
         "bench-etcd: wrk -t{THREADS} -c{CONNECTIONS}, {WARMUP_SECONDS} s warm-up, then {rounds} rounds of {seconds} s per case, Envoy --concurrency 2, 3-member etcd, loopback"
     );
     let load_before = load_average();
+    let stamp = run_stamp();
     // (store, load) of each case, in the order of `cases`.
     let mut kinds = Vec::new();
     let mut cases = Vec::new();
@@ -113,8 +146,42 @@ fn run() -> Result<()> {
             load,
             multi_proxy_config(&etcd, port, &dedup, ETCD_CONFIG)?,
         )?);
+        if load == Load::FirstExecutions {
+            kinds.push((Store::EtcdJson, load));
+            cases.push(start_case(
+                Store::EtcdJson,
+                load,
+                multi_proxy_json_config(&etcd, port, &dedup, ETCD_JSON_CONFIG)?,
+            )?);
+        }
     }
     measure_interleaved(&mut cases, seconds, rounds, 26)?;
+    // etcd's own txn rate through gRPC at wrk's concurrency, best of the rounds, the
+    // Envoys idle meanwhile.
+    let members: Vec<std::net::SocketAddr> = etcd
+        .client_ports()
+        .iter()
+        .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], *p)))
+        .collect();
+    let mut raw: Option<TxnRate> = None;
+    let mut raw_rounds = Vec::new();
+    for round in 0..rounds {
+        let round = u32::try_from(round).unwrap_or(0);
+        let r = txn_rate(
+            &members,
+            CONNECTIONS as usize,
+            seconds,
+            TXN_VALUE_BYTES,
+            round,
+        )?;
+        raw_rounds.push(format!("{:.0}", r.txn_per_s));
+        if raw.as_ref().is_none_or(|b| r.txn_per_s > b.txn_per_s) {
+            raw = Some(r);
+        }
+    }
+    let Some(raw) = raw else {
+        return Err(dedup_envoy::Error::msg("no etcd gRPC round"));
+    };
     let records = etcd.count_keys("proxy-dedup/").unwrap_or(0);
     let mut results = Vec::new();
     for (case, &(store, load)) in cases.iter().zip(&kinds) {
@@ -152,6 +219,34 @@ fn run() -> Result<()> {
         ));
     }
     println!("\n{table}");
+    let first_rps = |store: Store| {
+        results
+            .iter()
+            .find(|(_, s, l, _)| *s == store && *l == Load::FirstExecutions)
+            .map_or(0.0, |(_, _, _, m)| m.rps)
+    };
+    let (grpc_rps, json_rps) = (first_rps(Store::Etcd), first_rps(Store::EtcdJson));
+    let half = raw.txn_per_s / 2.0;
+    let ceiling = format!(
+        "etcd's own txn rate through gRPC, same concurrency ({CONNECTIONS} clients, one HTTP/2 \
+connection each over the 3 members, the filter's claim txn with a {TXN_VALUE_BYTES}-byte \
+value and a lease, a fresh key each; best of {rounds} rounds of {seconds} s, every round: \
+{}): **{:.0} txn/s** (p50 {:.1} ms, p99 {:.1} ms; {} txns failed). A first execution is \
+two txns (claim, completion), so the ceiling is half of that, {:.0} req/s. The filter's \
+first executions over gRPC: {:.0} req/s = **{:.2}× that ceiling**; over the JSON gateway \
+in the same run: {:.0} req/s, so gRPC is **{:.2}× the JSON gateway**.",
+        raw_rounds.join(", "),
+        raw.txn_per_s,
+        raw.p50_ms,
+        raw.p99_ms,
+        raw.failed,
+        half,
+        grpc_rps,
+        grpc_rps / half.max(1e-9),
+        json_rps,
+        grpc_rps / json_rps.max(1e-9),
+    );
+    println!("{ceiling}\n");
     let counters = counters_list(&cases);
     if no_write() {
         return Ok(());
@@ -183,7 +278,9 @@ fn run() -> Result<()> {
 `--concurrency 2` and the dedup filter, in front of the in-process demo \
 upstream; the shared-data cases use `envoy/configs/single-node.yaml` with the \
 default store, the etcd cases `envoy/configs/multi-proxy-etcd.yaml` with \
-`\"store\": {{\"kind\": \"etcd\", \"cluster\": \"etcd\"}}` and a 3-member etcd {} \
+`\"store\": {{\"kind\": \"etcd\", \"cluster\": \"etcd\"}}` (gRPC over the \
+template's HTTP/2 cluster; the JSON-gateway case adds `\"protocol\": \"json\"` and \
+removes the cluster's HTTP/2 options) and a 3-member etcd {} \
 (`--heartbeat-interval 50 --election-timeout 500`, data on the local disk, \
 fsync on). Everything on 127.0.0.1 of one 2-core machine. Load: wrk \
 `-t{THREADS} -c{CONNECTIONS}`, every request a `POST /orders` with a {}-byte \
@@ -198,10 +295,11 @@ the completed records it has seen, so a hot key is replayed mostly without \
 an etcd read and this case measures that tier. Ratios are to the shared-data \
 case of the same load in the same run. wrk, Envoy, the upstream and the \
 three etcd members share the 2 cores, so absolute figures are low and noisy; \
-the ratios are the point. Load average before this run: {load_before} \
+the ratios are the point. Run: {stamp}. Load average before this run: {load_before} \
 (above ~1 means other work competed for the cores). Records in etcd after \
 the run: {records} (they expire with their leases).\n\n\
 {table}\n\
+{ceiling}\n\n\
 ![etcd store: req/s, p50 and p99 per case]({chart})\n\n\
 Filter counters after each case (warm-up and all rounds):\n\n{counters}",
         version,

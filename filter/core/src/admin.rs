@@ -203,13 +203,13 @@ impl AdminStream {
             StoreConfig::Etcd(ec) => {
                 let call = match &op {
                     AdminOp::Stats => StoreCall {
-                        path: etcd::RANGE_PATH,
-                        body: etcd::count_prefix(&ec.prefix),
+                        path: ec.protocol.range_path(),
+                        body: ec.protocol.count_prefix(&ec.prefix),
                         timeout_ms: ec.timeout_ms,
                     },
                     AdminOp::Get(d) | AdminOp::Delete { digest: d, .. } => {
                         self.key = etcd::record_key(&ec.prefix, d);
-                        read_call(&self.key, ec.timeout_ms)
+                        read_call(ec.protocol, &self.key, ec.timeout_ms)
                     }
                 };
                 if matches!(op, AdminOp::Delete { .. }) {
@@ -297,12 +297,20 @@ impl AdminStream {
         let unavailable =
             |why: String| Action::Reply(Problem::StoreUnavailable.reply(&why, Vec::new()));
         if op == AdminOp::Stats {
-            return match etcd::parse_count(&answer.body) {
+            let path = match &p.config.store {
+                StoreConfig::Etcd(ec) => ec.protocol.range_path(),
+                StoreConfig::SharedData => etcd::RANGE_PATH,
+            };
+            return match etcd::read_count(path, answer.status, &answer.body) {
                 Some(n) => Action::Reply(json_reply(200, json!({"store": "etcd", "records": n}))),
                 None => unavailable(format!("etcd answered {} without a count", answer.status)),
             };
         }
-        let parsed = etcd::parse_answer(&answer.body);
+        let proto = match &p.config.store {
+            StoreConfig::Etcd(ec) => ec.protocol,
+            StoreConfig::SharedData => etcd::Protocol::default(),
+        };
+        let parsed = etcd::read_answer(proto.txn_path(), answer.status, &answer.body);
         let (digest, delete, force) = match op {
             AdminOp::Get(d) => (d, false, false),
             AdminOp::Delete { digest, force } => (digest, true, force),
@@ -358,8 +366,8 @@ impl AdminStream {
                     StoreConfig::SharedData => 1000,
                 };
                 Action::Call(StoreCall {
-                    path: etcd::TXN_PATH,
-                    body: etcd::delete_txn(&self.key, mod_revision),
+                    path: proto.txn_path(),
+                    body: proto.delete_txn(&self.key, mod_revision),
                     timeout_ms,
                 })
             }
@@ -372,10 +380,10 @@ impl AdminStream {
 }
 
 /// Reads a record: a delete whose compare never holds returns the current value.
-fn read_call(key: &str, timeout_ms: u64) -> StoreCall {
+fn read_call(proto: etcd::Protocol, key: &str, timeout_ms: u64) -> StoreCall {
     StoreCall {
-        path: etcd::TXN_PATH,
-        body: etcd::delete_txn(key, -1),
+        path: proto.txn_path(),
+        body: proto.delete_txn(key, -1),
         timeout_ms,
     }
 }

@@ -90,6 +90,7 @@ struct RawStore {
     prefix: Option<String>,
     timeout_ms: Option<u64>,
     max_record_bytes: Option<u64>,
+    protocol: Option<String>,
 }
 
 /// Where records live.
@@ -113,6 +114,8 @@ pub struct EtcdConfig {
     pub timeout_ms: u64,
     /// Largest record value written (etcd refuses requests above `--max-request-bytes`).
     pub max_record_bytes: usize,
+    /// etcd's gRPC API (an HTTP/2 cluster) or its JSON gateway.
+    pub protocol: crate::etcd::Protocol,
 }
 
 /// What a completed duplicate gets.
@@ -702,6 +705,7 @@ fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigError> {
         ("store.prefix", st.prefix.is_some()),
         ("store.timeout_ms", st.timeout_ms.is_some()),
         ("store.max_record_bytes", st.max_record_bytes.is_some()),
+        ("store.protocol", st.protocol.is_some()),
     ];
     match kind {
         "shared_data" => {
@@ -760,6 +764,18 @@ fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigError> {
                 4096,
                 64 << 20,
             )? as usize;
+            let protocol = match st.protocol.as_deref() {
+                None | Some("grpc") => crate::etcd::Protocol::Grpc,
+                Some("json") => crate::etcd::Protocol::Json,
+                Some(other) => {
+                    return Err(err(
+                        "store.protocol",
+                        format!(
+                            "`{other}` is not a known protocol (expected \"grpc\" or \"json\")"
+                        ),
+                    ))
+                }
+            };
             Ok((
                 "proxy-dedup".to_string(),
                 StoreConfig::Etcd(EtcdConfig {
@@ -768,6 +784,7 @@ fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigError> {
                     prefix,
                     timeout_ms,
                     max_record_bytes,
+                    protocol,
                 }),
             ))
         }

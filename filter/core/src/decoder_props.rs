@@ -1,5 +1,5 @@
 //! Property tests of every decoder of outside bytes: stored responses, etcd records and
-//! answers, JSON pointers, the proxy-wasm pair encoding. Random bytes never panic, and
+//! answers (JSON gateway and gRPC), JSON pointers, the proxy-wasm pair encoding. Random bytes never panic, and
 //! encoding then decoding gives back what was encoded. (Bucket records and the layouts
 //! registry are private to `store`: their properties are in `store_props.rs`.)
 
@@ -243,6 +243,67 @@ proptest! {
         prop_assert_eq!(
             etcd::parse_answer(error.to_string().as_bytes()),
             Some(EtcdAnswer::Error { code, message: message.clone() })
+        );
+    }
+
+    #[test]
+    fn etcd_grpc_answers_never_panic(
+        bytes in prop::collection::vec(any::<u8>(), 0..200),
+        status in prop::sample::select(vec![0u16, 200, 503]),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        use crate::etcdpb;
+        for path in [etcdpb::TXN, etcdpb::LEASE_GRANT, etcdpb::RANGE] {
+            let _ = etcd::read_answer(path, status, &bytes);
+            let _ = etcd::read_count(path, status, &bytes);
+            let _ = etcd::read_one(path, status, &bytes);
+        }
+        let _ = etcdpb::status(&bytes);
+        let _ = etcdpb::range_read(&bytes);
+        // A well-formed answer cut anywhere, or with bytes appended: never a panic.
+        let kv = etcdpb::testing::kv(b"k", 1, 2, &bytes, 3);
+        let range = etcdpb::testing::range_response(2, &[kv], 1);
+        // A read's answer decodes to the kv it carries; cut anywhere, no panic.
+        prop_assert_eq!(etcdpb::range_read(&range), Some(Some((2, bytes.clone()))));
+        let _ = etcdpb::range_read(&range[..cut.index(range.len() + 1)]);
+        let mut t = etcdpb::testing::txn_response(5, false, &[(1, range)]);
+        let at = cut.index(t.len() + 1);
+        let _ = etcdpb::txn_response(&t[..at]);
+        t.extend_from_slice(&bytes);
+        let _ = etcdpb::txn_response(&t);
+    }
+
+    #[test]
+    fn etcd_grpc_answers_read_as_etcd_writes_them(
+        succeeded in any::<bool>(),
+        revision in 0i64..i64::MAX,
+        existing in prop::option::of((1i64..i64::MAX, prop::collection::vec(any::<u8>(), 0..80))),
+        lease in 1i64..i64::MAX,
+        code in 1u32..17,
+        message in ".{0,20}",
+        count in 0i64..i64::MAX,
+    ) {
+        use crate::etcdpb::{self, testing as pb};
+        let ops = match &existing {
+            Some((m, v)) => vec![(1, pb::range_response(revision, &[pb::kv(b"key", 1, *m, v, lease)], 1))],
+            None => vec![(1, pb::range_response(revision, &[], 0))],
+        };
+        let txn = pb::txn_response(revision, succeeded, &ops);
+        prop_assert_eq!(
+            etcd::read_answer(etcdpb::TXN, 200, &txn),
+            Some(EtcdAnswer::Txn { succeeded, revision, existing: existing.clone() })
+        );
+        prop_assert_eq!(
+            etcd::read_answer(etcdpb::LEASE_GRANT, 200, &pb::lease_response(revision, lease, 6)),
+            Some(EtcdAnswer::Lease { id: lease })
+        );
+        prop_assert_eq!(
+            etcd::read_answer(etcdpb::TXN, 0, &etcdpb::status_body(code, message.as_bytes())),
+            Some(EtcdAnswer::Error { code: i64::from(code), message: message.clone() })
+        );
+        prop_assert_eq!(
+            etcd::read_count(etcdpb::RANGE, 200, &pb::range_response(revision, &[], count)),
+            Some(count as u64)
         );
     }
 

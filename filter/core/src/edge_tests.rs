@@ -350,7 +350,7 @@ fn etcd_a_lease_grant_answered_late_never_shortens_the_claims_made_with_it() {
     let Action::Call(grant) = action else {
         panic!("{action:?}")
     };
-    assert_eq!(grant.path, crate::etcd::LEASE_GRANT_PATH);
+    assert_eq!(grant.path, crate::etcdpb::LEASE_GRANT);
     let granted = call(&a, &grant);
     a.now_ms = t0 + 999;
     action = first.on_store_answer(&p, &mut a, granted);
@@ -656,7 +656,7 @@ fn drive(
 ) -> (Action, usize) {
     let mut n = 0;
     while let Action::Call(c) = action {
-        let a = if c.path == crate::etcd::TXN_PATH {
+        let a = if crate::etcd::is_txn(c.path) {
             match txn(n) {
                 Some(a) => {
                     n += 1;
@@ -693,7 +693,7 @@ fn etcd_transport_failures_are_retried_four_times_per_call() {
 
 #[test]
 fn etcd_only_transport_statuses_and_unavailable_are_retried() {
-    let p = etcd_plugin(r#""failure_mode": "closed""#);
+    let p = etcd_json_plugin(r#""failure_mode": "closed""#);
     for (status, body, retried) in [
         (0u16, "", true),
         (502, "", true),
@@ -736,6 +736,90 @@ fn etcd_only_transport_statuses_and_unavailable_are_retried() {
             );
         }
     }
+}
+
+#[test]
+fn etcd_grpc_unavailable_deadline_and_failed_dispatch_are_retried_other_statuses_are_errors() {
+    let p = etcd_plugin(r#""failure_mode": "closed""#);
+    let status = |code: u32, msg: &str| CallAnswer {
+        status: 0,
+        body: crate::etcdpb::status_body(code, msg.as_bytes()),
+    };
+    for (answer, retried) in [
+        // Envoy's timeout and reset of a gRPC call.
+        (
+            status(14, "upstream request timeout{response_timeout}"),
+            true,
+        ),
+        (status(14, "etcdserver: leader changed"), true),
+        (status(4, "context deadline exceeded"), true),
+        // Not dispatched at all (unknown cluster).
+        (
+            CallAnswer {
+                status: 0,
+                body: Vec::new(),
+            },
+            true,
+        ),
+        (status(8, "etcdserver: too many requests"), false),
+        (status(3, "etcdserver: request is too large"), false),
+        (status(2, "unknown"), false),
+        // A message that is not a TxnResponse.
+        (
+            CallAnswer {
+                status: 200,
+                body: vec![0xff, 0xff],
+            },
+            false,
+        ),
+    ] {
+        let (mut a, _) = two_proxies();
+        let mut s = DedupStream::new(1);
+        let mut action = s.on_request_headers(&p, &mut a, req("POST", "/o").key("k").head, true);
+        // Leases first (from the fake), up to the claim txn.
+        while let Action::Call(c) = &action {
+            if crate::etcd::is_txn(c.path) {
+                break;
+            }
+            let ans = call(&a, c);
+            action = s.on_store_answer(&p, &mut a, ans);
+        }
+        assert!(matches!(&action, Action::Call(c) if c.path == crate::etcdpb::TXN));
+        let next = s.on_store_answer(&p, &mut a, answer.clone());
+        assert_eq!(
+            matches!(next, Action::Call(_)),
+            retried,
+            "{answer:?}: {next:?}"
+        );
+        if !retried {
+            assert!(
+                matches!(next, Action::Reply(ref r) if r.status == 503),
+                "{next:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn etcd_grpc_lease_not_found_on_a_claim_takes_fresh_leases() {
+    let p = etcd_plugin(r#""failure_mode": "closed""#);
+    let (mut a, _) = two_proxies();
+    let mut s = DedupStream::new(1);
+    let first = s.on_request_headers(&p, &mut a, req("POST", "/o").key("k").head, true);
+    let grants = a.etcd.grants();
+    let (decision, n) = drive(&p, &mut a, &mut s, first, |n| {
+        (n < 2).then(|| CallAnswer {
+            status: 0,
+            body: crate::etcdpb::status_body(5, b"etcdserver: requested lease not found"),
+        })
+    });
+    assert_eq!(n, 2);
+    assert_eq!(decision, Action::Continue);
+    assert!(s.holds_claim());
+    assert!(
+        a.etcd.grants() - grants >= 4,
+        "both leases granted again twice"
+    );
 }
 
 #[test]
@@ -792,7 +876,7 @@ fn etcd_claim_rounds_are_bounded() {
     // claim tries again, eight times at most.
     let gone =
         r#"{"header": {"revision": "9"}, "responses": [{"response_range": {"header": {}}}]}"#;
-    let p = etcd_plugin(r#""failure_mode": "closed""#);
+    let p = etcd_json_plugin(r#""failure_mode": "closed""#);
     for (fake, executes) in [(8, true), (9, false)] {
         let (mut a, _) = two_proxies();
         let mut s = DedupStream::new(1);
@@ -811,7 +895,7 @@ fn etcd_claim_rounds_are_bounded() {
 
 #[test]
 fn etcd_a_lost_lease_is_granted_again_a_bounded_number_of_times() {
-    let p = etcd_plugin(r#""failure_mode": "closed""#);
+    let p = etcd_json_plugin(r#""failure_mode": "closed""#);
     for lost in [
         r#"{"error": "etcdserver: requested lease not found", "code": 5}"#,
         r#"{"error": "x", "code": 5}"#,
@@ -927,6 +1011,54 @@ fn etcd_a_completion_is_not_retried_past_its_budget() {
 }
 
 #[test]
+fn etcd_a_completion_whose_lease_etcd_lost_is_written_again_with_a_fresh_lease() {
+    let p = etcd_plugin("");
+    let lost = || CallAnswer {
+        status: 0,
+        body: crate::etcdpb::status_body(5, b"etcdserver: requested lease not found"),
+    };
+    // Lost once, twice: a fresh lease each time, and the completion lands. Three
+    // times: a store error, and the key stays in flight (never runs twice).
+    for (losses, lands) in [(1, true), (2, true), (3, false)] {
+        let (mut a, mut b) = two_proxies();
+        let r = req("POST", "/o").key("k");
+        let mut s = send(&p, &mut a, &r).unwrap();
+        let pairs = || vec![(":status".to_string(), b"201".to_vec())];
+        let mut c = s
+            .on_response_headers(&p, &mut a, 201, &Origin::upstream(), pairs, true)
+            .expect("a completion call");
+        let grants = a.etcd.grants();
+        let mut answered = 0;
+        loop {
+            let answer = if crate::etcd::is_txn(c.path) && answered < losses {
+                answered += 1;
+                lost()
+            } else {
+                call(&a, &c)
+            };
+            match s.on_store_answer(&p, &mut a, answer) {
+                Action::Call(next) => c = next,
+                _ => break,
+            }
+        }
+        let regrants = a.etcd.grants() - grants;
+        assert_eq!(regrants, losses.min(2), "{losses}");
+        assert_eq!(
+            a.count_of(Counter::StoreErrors),
+            u64::from(!lands),
+            "{losses}"
+        );
+        let dup = run(&p, &mut b, &r, ok("no"));
+        if lands {
+            assert!(matches!(dup, Outcome::Local(_)), "{losses}: {dup:?}");
+            assert_eq!(dup.status(), 201, "{losses}: replayed");
+        } else {
+            assert_eq!(dup.status(), 409, "{losses}: still in flight");
+        }
+    }
+}
+
+#[test]
 fn etcd_a_hold_whose_answer_was_lost_is_recognised() {
     let p = etcd_plugin("");
     let (mut a, mut b) = two_proxies();
@@ -948,7 +1080,7 @@ fn etcd_a_hold_whose_answer_was_lost_is_recognised() {
 fn etcd_settling_answers_say_what_happened_to_the_record() {
     use crate::etcd::{EtcdRecord, EtcdState};
     use base64::Engine as _;
-    let p = etcd_plugin("");
+    let p = etcd_json_plugin("");
     let b64 = base64::engine::general_purpose::STANDARD;
     // A record of another claim in place of ours.
     let theirs = |digest: &[u8; 32], state| {
@@ -1284,10 +1416,11 @@ fn admin_on_etcd_reads_without_deleting_and_gives_up_on_a_record_that_keeps_chan
         panic!("{action:?}")
     };
     let read = first.body.clone();
+    let read_path = first.path;
     let mut answers = 0;
     while let Action::Call(_) = action {
         // Whatever was asked, etcd's answer shows the record as it is (not removed).
-        let (status, body) = a.etcd.handle(crate::etcd::TXN_PATH, &read, a.now_ms);
+        let (status, body) = a.etcd.handle(read_path, &read, a.now_ms);
         answers += 1;
         action = s.on_store_answer(&admin_p, &mut a, CallAnswer { status, body });
         assert!(answers < 10);
@@ -1306,7 +1439,10 @@ fn admin_on_etcd_reads_without_deleting_and_gives_up_on_a_record_that_keeps_chan
     let e = s.on_store_answer(
         &admin_p,
         &mut a,
-        txn_answer(r#"{"error": "etcdserver: too many requests", "code": 8}"#),
+        CallAnswer {
+            status: 0,
+            body: crate::etcdpb::status_body(8, b"etcdserver: too many requests"),
+        },
     );
     let Action::Reply(e) = e else { panic!("{e:?}") };
     assert_eq!(e.status, 503);
@@ -1535,7 +1671,7 @@ fn the_stream_debug_names_its_phase() {
 
 #[test]
 fn an_etcd_error_on_the_claim_is_a_store_failure_not_a_lost_lease() {
-    let p = etcd_plugin(r#""failure_mode": "closed""#);
+    let p = etcd_json_plugin(r#""failure_mode": "closed""#);
     let (mut a, _) = two_proxies();
     let mut s = DedupStream::new(1);
     let first = s.on_request_headers(&p, &mut a, req("POST", "/o").key("k").head, true);

@@ -1,5 +1,7 @@
-//! The distributed store: records in etcd, reached through Envoy with the etcd v3 JSON
-//! gateway. This module builds the requests and reads the answers; `stream` drives them.
+//! The distributed store: records in etcd, reached through Envoy over etcd's v3 gRPC API
+//! (`store.protocol: "grpc"`, the default; messages in `etcdpb`) or its JSON gateway
+//! (`"json"`). This module builds the requests and reads the answers in either protocol;
+//! `stream` drives them and sees only `EtcdAnswer`.
 //!
 //! - claim: one txn, `CREATE(key) == 0` → put the in-flight record with a lease; on
 //!   failure the same txn returns the existing record (range), so a duplicate learns the
@@ -11,6 +13,7 @@
 //! Leases are shared, not one per request: each worker keeps one lease per purpose and
 //! time window, and attaches it to every record created in that window (see `LeaseCache`).
 
+use crate::etcdpb;
 use crate::key::Digest;
 use crate::response::StoredResponse;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -20,6 +23,163 @@ use serde_json::{json, Value};
 pub const TXN_PATH: &str = "/v3/kv/txn";
 pub const LEASE_GRANT_PATH: &str = "/v3/lease/grant";
 pub const RANGE_PATH: &str = "/v3/kv/range";
+
+/// How the filter talks to etcd (`store.protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    /// etcd's v3 gRPC API through `proxy_grpc_call` (an HTTP/2 cluster).
+    #[default]
+    Grpc,
+    /// etcd's v3 JSON gateway through `proxy_http_call`.
+    Json,
+}
+
+impl Protocol {
+    pub fn txn_path(self) -> &'static str {
+        match self {
+            Protocol::Grpc => etcdpb::TXN,
+            Protocol::Json => TXN_PATH,
+        }
+    }
+
+    pub fn lease_grant_path(self) -> &'static str {
+        match self {
+            Protocol::Grpc => etcdpb::LEASE_GRANT,
+            Protocol::Json => LEASE_GRANT_PATH,
+        }
+    }
+
+    pub fn range_path(self) -> &'static str {
+        match self {
+            Protocol::Grpc => etcdpb::RANGE,
+            Protocol::Json => RANGE_PATH,
+        }
+    }
+
+    /// Claim: create the record if absent, else return the existing one.
+    pub fn claim_txn(self, key: &str, value: &[u8], lease: i64) -> Vec<u8> {
+        match self {
+            Protocol::Grpc => etcdpb::claim_txn(key, value, lease),
+            Protocol::Json => claim_txn(key, value, lease),
+        }
+    }
+
+    /// Replace the record at `mod_revision`, else return the current one.
+    pub fn replace_txn(self, key: &str, mod_revision: i64, value: &[u8], lease: i64) -> Vec<u8> {
+        match self {
+            Protocol::Grpc => etcdpb::replace_txn(key, mod_revision, value, lease),
+            Protocol::Json => replace_txn(key, mod_revision, value, lease),
+        }
+    }
+
+    /// Delete the record if it is still at `mod_revision`, else return the current one.
+    pub fn delete_txn(self, key: &str, mod_revision: i64) -> Vec<u8> {
+        match self {
+            Protocol::Grpc => etcdpb::delete_txn(key, mod_revision),
+            Protocol::Json => delete_txn(key, mod_revision),
+        }
+    }
+
+    /// A range request reading one key.
+    pub fn read_key(self, key: &str) -> Vec<u8> {
+        match self {
+            Protocol::Grpc => etcdpb::read_key(key.as_bytes()),
+            Protocol::Json => read_key(key),
+        }
+    }
+
+    /// A range request counting the keys under `prefix`.
+    pub fn count_prefix(self, prefix: &str) -> Vec<u8> {
+        match self {
+            Protocol::Grpc => etcdpb::count_range(prefix.as_bytes(), &prefix_end(prefix)),
+            Protocol::Json => count_prefix(prefix),
+        }
+    }
+
+    pub fn lease_grant(self, ttl_seconds: u64) -> Vec<u8> {
+        match self {
+            Protocol::Grpc => etcdpb::lease_grant(ttl_seconds),
+            Protocol::Json => lease_grant(ttl_seconds),
+        }
+    }
+}
+
+/// Whether `path` is a txn in either protocol.
+pub fn is_txn(path: &str) -> bool {
+    path == TXN_PATH || path == etcdpb::TXN
+}
+
+/// Reads the answer to a call made on `path`, in that call's protocol: a gRPC answer
+/// has status 200 and the response message, or status 0 and `etcdpb::status_body`.
+/// `None` when it is not a recognisable etcd answer.
+pub fn read_answer(path: &str, status: u16, body: &[u8]) -> Option<EtcdAnswer> {
+    if !path.starts_with("/etcdserverpb.") {
+        return parse_answer(body);
+    }
+    if status != 200 {
+        let (code, message) = etcdpb::status(body)?;
+        return Some(EtcdAnswer::Error { code, message });
+    }
+    match path {
+        etcdpb::LEASE_GRANT => Some(match etcdpb::lease_grant_response(body)? {
+            Ok(id) => EtcdAnswer::Lease { id },
+            Err(message) => EtcdAnswer::Error { code: -1, message },
+        }),
+        _ => {
+            let (succeeded, revision, existing) = etcdpb::txn_response(body)?;
+            Some(EtcdAnswer::Txn {
+                succeeded,
+                revision,
+                existing,
+            })
+        }
+    }
+}
+
+/// The count of a range answer to a call made on `path`, in that call's protocol.
+pub fn read_count(path: &str, status: u16, body: &[u8]) -> Option<u64> {
+    if path == etcdpb::RANGE {
+        return if status == 200 {
+            etcdpb::range_count(body)
+        } else {
+            None
+        };
+    }
+    parse_count(body)
+}
+
+/// The answer to a `read_key` call made on `path`, in that call's protocol: see
+/// [`parse_read`].
+pub fn read_one(path: &str, status: u16, body: &[u8]) -> Option<Option<(i64, Vec<u8>)>> {
+    if path == etcdpb::RANGE {
+        return if status == 200 {
+            etcdpb::range_read(body)
+        } else {
+            None
+        };
+    }
+    parse_read(body)
+}
+
+/// Whether an etcd error is one a retry may get past: no leader, leader changed, or a
+/// call that ran out of time (gRPC UNAVAILABLE, DEADLINE_EXCEEDED).
+pub fn retryable_error(answer: &Option<EtcdAnswer>) -> bool {
+    matches!(
+        answer,
+        Some(EtcdAnswer::Error {
+            code: etcdpb::UNAVAILABLE | etcdpb::DEADLINE_EXCEEDED,
+            ..
+        })
+    )
+}
+
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last = last.saturating_add(1);
+    }
+    end
+}
 
 const VALUE_VERSION: u8 = 1;
 
@@ -179,10 +339,7 @@ pub fn parse_read(body: &[u8]) -> Option<Option<(i64, Vec<u8>)>> {
 
 /// A range request counting the keys under `prefix`.
 pub fn count_prefix(prefix: &str) -> Vec<u8> {
-    let mut end = prefix.as_bytes().to_vec();
-    if let Some(last) = end.last_mut() {
-        *last = last.saturating_add(1);
-    }
+    let end = prefix_end(prefix);
     json!({"key": b64(prefix.as_bytes()), "range_end": b64(&end), "count_only": true})
         .to_string()
         .into_bytes()

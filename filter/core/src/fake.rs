@@ -245,8 +245,15 @@ impl FakeEtcd {
         }
     }
 
-    /// Answers one call: (status, body).
+    /// Answers one call: (status, body). A gRPC call (`/etcdserverpb.…`) is answered as
+    /// the filter's glue hands it over: status 200 and the response message, or status 0
+    /// and `etcdpb::status_body` (a transport failure: UNAVAILABLE, as Envoy reports it).
     pub fn handle(&self, path: &str, body: &[u8], now_ms: u64) -> (u16, Vec<u8>) {
+        if path.starts_with("/etcdserverpb.") {
+            let (json_path, json_body) = grpc_request_as_json(path, body);
+            let (status, out) = self.handle(json_path, &json_body, now_ms);
+            return json_answer_as_grpc(path, status, &out);
+        }
         let answer = self.apply(path, body, now_ms);
         let mut i = self.inner.lock().unwrap();
         if i.losing > 0 && answer.0 == 200 {
@@ -375,4 +382,160 @@ impl EtcdInner {
             self.kv.retain(|_, v| v.3 != id);
         }
     }
+}
+
+fn b64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn unb64(v: &serde_json::Value) -> Vec<u8> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(v.as_str().unwrap_or(""))
+        .unwrap()
+}
+
+fn num(v: &serde_json::Value) -> i64 {
+    v.as_str().map_or(0, |s| s.parse().unwrap())
+}
+
+/// A gRPC request message as the gateway's JSON request (what the fake applies).
+fn grpc_request_as_json(path: &str, body: &[u8]) -> (&'static str, Vec<u8>) {
+    use crate::etcdpb::testing::{all, bytes_of, int_of};
+    use serde_json::json;
+    let fs = all(body);
+    match path {
+        crate::etcdpb::LEASE_GRANT => {
+            let ttl = int_of(&fs, 1).unwrap_or(0);
+            (
+                "/v3/lease/grant",
+                json!({"TTL": ttl.to_string()}).to_string().into_bytes(),
+            )
+        }
+        crate::etcdpb::RANGE if bytes_of(&fs, 2).is_empty() => {
+            // One key (a waiter's poll).
+            let key = bytes_of(&fs, 1)[0];
+            let j = json!({"key": b64(key)});
+            ("/v3/kv/range", j.to_string().into_bytes())
+        }
+        crate::etcdpb::RANGE => {
+            let key = bytes_of(&fs, 1)[0];
+            let end = bytes_of(&fs, 2)[0];
+            assert_eq!(int_of(&fs, 9), Some(1));
+            let j = json!({"key": b64(key), "range_end": b64(end), "count_only": true});
+            ("/v3/kv/range", j.to_string().into_bytes())
+        }
+        crate::etcdpb::TXN => {
+            let cmp = all(bytes_of(&fs, 1)[0]);
+            let key = b64(bytes_of(&cmp, 3)[0]);
+            let compare = match int_of(&cmp, 2) {
+                Some(1) => json!({"key": key, "target": "CREATE",
+                    "create_revision": int_of(&cmp, 5).unwrap().to_string()}),
+                Some(2) => json!({"key": key, "target": "MOD",
+                    "mod_revision": int_of(&cmp, 6).unwrap().to_string()}),
+                t => panic!("compare target {t:?}"),
+            };
+            let ops = |n: u64| -> Vec<serde_json::Value> {
+                bytes_of(&fs, n)
+                    .into_iter()
+                    .map(|op| {
+                        let op = all(op);
+                        let (f, inner) = match op[0] {
+                            (f, crate::etcdpb::Value::Bytes(b)) => (f, all(b)),
+                            _ => panic!("request op"),
+                        };
+                        let k = b64(bytes_of(&inner, 1)[0]);
+                        match f {
+                            1 => json!({"request_range": {"key": k}}),
+                            2 => json!({"request_put": {"key": k,
+                                "value": b64(bytes_of(&inner, 2).first().copied().unwrap_or(b"")),
+                                "lease": int_of(&inner, 3).unwrap_or(0).to_string()}}),
+                            3 => json!({"request_delete_range": {"key": k}}),
+                            f => panic!("request op {f}"),
+                        }
+                    })
+                    .collect()
+            };
+            let j = json!({"compare": [compare], "success": ops(2), "failure": ops(3)});
+            ("/v3/kv/txn", j.to_string().into_bytes())
+        }
+        other => panic!("gRPC method {other}"),
+    }
+}
+
+/// The gateway's JSON answer as the gRPC answer the glue would hand over.
+fn json_answer_as_grpc(path: &str, status: u16, body: &[u8]) -> (u16, Vec<u8>) {
+    use crate::etcdpb::testing as pb;
+    if status != 200 {
+        if body.is_empty() {
+            return (0, crate::etcdpb::status_body(14, b"upstream connect error"));
+        }
+        let e: serde_json::Value = serde_json::from_slice(body).unwrap();
+        let code = e["code"].as_i64().unwrap() as u32;
+        let msg = e["message"].as_str().unwrap_or("");
+        return (0, crate::etcdpb::status_body(code, msg.as_bytes()));
+    }
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+    let rev = num(&v["header"]["revision"]);
+    let out = match path {
+        crate::etcdpb::LEASE_GRANT => pb::lease_response(rev, num(&v["ID"]), num(&v["TTL"])),
+        crate::etcdpb::RANGE => {
+            let kvs: Vec<Vec<u8>> = v["kvs"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|kv| {
+                    pb::kv(
+                        &unb64(&kv["key"]),
+                        num(&kv["create_revision"]),
+                        num(&kv["mod_revision"]),
+                        &unb64(&kv["value"]),
+                        num(&kv["lease"]),
+                    )
+                })
+                .collect();
+            pb::range_response(rev, &kvs, num(&v["count"]))
+        }
+        _ => {
+            let ops: Vec<(u32, Vec<u8>)> = v["responses"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|r| {
+                    if let Some(rr) = r.get("response_range") {
+                        let kvs: Vec<Vec<u8>> = rr["kvs"]
+                            .as_array()
+                            .cloned()
+                            .unwrap_or_default()
+                            .iter()
+                            .map(|kv| {
+                                pb::kv(
+                                    &unb64(&kv["key"]),
+                                    num(&kv["create_revision"]),
+                                    num(&kv["mod_revision"]),
+                                    &unb64(&kv["value"]),
+                                    num(&kv["lease"]),
+                                )
+                            })
+                            .collect();
+                        let n = kvs.len() as i64;
+                        (
+                            1,
+                            pb::range_response(num(&rr["header"]["revision"]), &kvs, n),
+                        )
+                    } else if let Some(p) = r.get("response_put") {
+                        (2, pb::put_response(num(&p["header"]["revision"])))
+                    } else {
+                        let d = &r["response_delete_range"];
+                        (3, pb::put_response(num(&d["header"]["revision"])))
+                    }
+                })
+                .collect();
+            pb::txn_response(rev, v["succeeded"] == true, &ops)
+        }
+    };
+    (200, out)
 }

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod callouts;
 pub mod config;
 pub mod etcd;
+pub mod etcdpb;
 pub mod jsonptr;
 pub mod key;
 pub mod local;

@@ -949,7 +949,7 @@ impl World {
         }
         let call = p.call.clone();
         let deciding = self.sims[i].req == ReqPhase::Deciding && !self.sims[i].ended;
-        if deciding && call.path == etcd::TXN_PATH {
+        if deciding && etcd::is_txn(call.path) {
             let d = self.demanded(i);
             if let Some(p) = self.sims[i].call.as_mut() {
                 p.demand = Some(d);
@@ -960,18 +960,18 @@ impl World {
             "stream {i}: etcd applies {} -> {}",
             call.path, answer.0
         ));
-        self.observe(i, &answer);
+        self.observe(i, call.path, &answer);
         if let Some(p) = self.sims[i].call.as_mut() {
             p.applied = Some(answer);
         }
     }
 
     /// A completion that etcd applied is certain.
-    fn observe(&mut self, i: usize, answer: &(u16, Vec<u8>)) {
+    fn observe(&mut self, i: usize, path: &str, answer: &(u16, Vec<u8>)) {
         let Some(n) = self.sims[i].exec else { return };
         if let Some(EtcdAnswer::Txn {
             succeeded: true, ..
-        }) = etcd::parse_answer(&answer.1)
+        }) = etcd::read_answer(path, answer.0, &answer.1)
         {
             if let ExecState::Completed { sure, .. } = &mut self.execs[n].state {
                 *sure = true;
@@ -1000,7 +1000,7 @@ impl World {
                 match call {
                     Some(c) => {
                         let again = self.etcd.handle(c.path, &c.body, self.now);
-                        self.observe(i, &again);
+                        self.observe(i, c.path, &again);
                         again
                     }
                     None => (503, Vec::new()),

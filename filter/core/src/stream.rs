@@ -70,8 +70,9 @@ pub trait Env: SharedData {
     fn wake_waiters(&mut self, digest: &Digest);
 }
 
-/// A call to the remote store through the proxy: POST `path` with a JSON `body` to the
-/// configured cluster, giving up after `timeout_ms`.
+/// A call to the remote store through the proxy, giving up after `timeout_ms`: a unary
+/// gRPC call of method `path` (`/etcdserverpb.KV/Txn`, …) with the protobuf message
+/// `body`, or (JSON gateway) a POST of `path` with the JSON `body`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreCall {
     pub path: &'static str,
@@ -80,7 +81,8 @@ pub struct StoreCall {
 }
 
 /// The answer to a `StoreCall`: the HTTP status (0 when the call failed without a
-/// response, e.g. reset) and the body.
+/// response, e.g. reset) and the body. A gRPC call's answer is status 200 and the
+/// response message, or status 0 and `etcdpb::status_body` (the gRPC status and message).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallAnswer {
     pub status: u16,
@@ -208,6 +210,17 @@ struct Settling {
     call: StoreCall,
     retries: u32,
     deadline_ms: u64,
+    /// A completion whose lease etcd no longer has is written again with a fresh one.
+    regrant: Option<Regrant>,
+}
+
+/// What a completion needs to be written again with a fresh lease.
+struct Regrant {
+    key: String,
+    mod_revision: i64,
+    /// A lease grant is out (`call` is that grant), sent at this time.
+    granting: Option<u64>,
+    rounds: u8,
 }
 
 /// What a claim found when the key was already taken.
@@ -375,7 +388,7 @@ impl DedupStream {
             return Action::Continue;
         };
         let now = env.now_ms();
-        match poll_answer(&answer.body, &w.digest) {
+        match poll_answer(ec.protocol.range_path(), answer, &w.digest) {
             Polled::Claimed { held_until } => {
                 w.held_until = held_until;
                 self.wait_on(p, env, w)
@@ -722,7 +735,7 @@ impl DedupStream {
                     payload: o.payload,
                     response: None,
                 };
-                let body = etcd::replace_txn(
+                let body = protocol(p).replace_txn(
                     &o.key,
                     o.mod_revision,
                     &record.encode(&o.digest),
@@ -1060,7 +1073,7 @@ impl DedupStream {
             retries: 0,
             deadline_ms: now.saturating_add(ec.timeout_ms),
             call: StoreCall {
-                path: etcd::TXN_PATH,
+                path: ec.protocol.txn_path(),
                 body: Vec::new(),
                 timeout_ms: ec.timeout_ms,
             },
@@ -1080,16 +1093,17 @@ impl DedupStream {
         let timeout_ms = attempt_timeout(p, c.deadline_ms, now);
         let in_flight = env.leases().get(LeasePurpose::InFlight, now);
         let completed = env.leases().get(LeasePurpose::Completed, now);
+        let proto = protocol(p);
         let (step, path, body) = match (in_flight, completed) {
             (None, _) => (
                 ClaimStep::Grant(LeasePurpose::InFlight),
-                etcd::LEASE_GRANT_PATH,
-                etcd::lease_grant(p.leases.ttl_s(LeasePurpose::InFlight)),
+                proto.lease_grant_path(),
+                proto.lease_grant(p.leases.ttl_s(LeasePurpose::InFlight)),
             ),
             (_, None) => (
                 ClaimStep::Grant(LeasePurpose::Completed),
-                etcd::LEASE_GRANT_PATH,
-                etcd::lease_grant(p.leases.ttl_s(LeasePurpose::Completed)),
+                proto.lease_grant_path(),
+                proto.lease_grant(p.leases.ttl_s(LeasePurpose::Completed)),
             ),
             (Some(lease), Some(completed)) => {
                 c.completed_lease = Some(completed);
@@ -1098,8 +1112,8 @@ impl DedupStream {
                 c.expires_ms = rec.expires_ms;
                 (
                     ClaimStep::Txn,
-                    etcd::TXN_PATH,
-                    etcd::claim_txn(&c.key, &rec.encode(&c.digest), lease),
+                    proto.txn_path(),
+                    proto.claim_txn(&c.key, &rec.encode(&c.digest), lease),
                 )
             }
         };
@@ -1124,10 +1138,11 @@ impl DedupStream {
         answer: CallAnswer,
     ) -> Action {
         let now = env.now_ms();
-        let parsed = etcd::parse_answer(&answer.body);
+        let parsed = etcd::read_answer(c.call.path, answer.status, &answer.body);
         let transport_failure = matches!(answer.status, 0 | 502 | 503 | 504) && parsed.is_none();
-        // etcd's "unavailable" (gRPC code 14: no leader, leader changed) passes too.
-        let unavailable = matches!(&parsed, Some(EtcdAnswer::Error { code: 14, .. }));
+        // etcd's "unavailable" (gRPC code 14: no leader, leader changed, and Envoy's
+        // timeouts and resets of a gRPC call) and "deadline exceeded" pass too.
+        let unavailable = etcd::retryable_error(&parsed);
         if transport_failure || unavailable {
             // Connection refused or reset, or a member without a leader: another member
             // may answer. Retry within the budget.
@@ -1291,8 +1306,8 @@ impl DedupStream {
                         c.in_flight_lease = lease;
                         c.expires_ms = rec.expires_ms;
                         c.call = StoreCall {
-                            path: etcd::TXN_PATH,
-                            body: etcd::replace_txn(
+                            path: protocol(p).txn_path(),
+                            body: protocol(p).replace_txn(
                                 &c.key,
                                 mod_revision,
                                 &rec.encode(&c.digest),
@@ -1323,10 +1338,16 @@ impl DedupStream {
         mut st: Box<Settling>,
         answer: &CallAnswer,
     ) -> Action {
-        let parsed = etcd::parse_answer(&answer.body);
+        let parsed = etcd::read_answer(st.call.path, answer.status, &answer.body);
         let retryable = (matches!(answer.status, 0 | 502 | 503 | 504) && parsed.is_none())
-            || matches!(&parsed, Some(EtcdAnswer::Error { code: 14, .. }));
+            || etcd::retryable_error(&parsed);
         let now = env.now_ms();
+        if !retryable {
+            if let Some(next) = self.regranted(p, env, &mut st, &parsed, now) {
+                self.phase = Phase::Settling(st);
+                return Action::Call(next);
+            }
+        }
         if retryable && st.retries < MAX_RETRIES && now < st.deadline_ms {
             st.retries += 1;
             st.call.timeout_ms = attempt_timeout(p, st.deadline_ms, now);
@@ -1392,6 +1413,69 @@ impl DedupStream {
             }
         }
         Action::Continue
+    }
+
+    /// A completion answered "lease not found" (etcd lost or revoked the completed lease
+    /// cached at claim time; the in-flight record is still there, or the compare would
+    /// have failed first): take a fresh completed lease and write the completion again,
+    /// twice at most, within the budget. Returns the next call, if any.
+    fn regranted<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        st: &mut Settling,
+        parsed: &Option<EtcdAnswer>,
+        now: u64,
+    ) -> Option<StoreCall> {
+        let proto = protocol(p);
+        let r = st.regrant.as_mut()?;
+        if let Some(sent_ms) = r.granting {
+            let Some(EtcdAnswer::Lease { id }) = parsed else {
+                return None;
+            };
+            r.granting = None;
+            let purpose = LeasePurpose::Completed;
+            env.leases()
+                .put(purpose, *id, sent_ms, p.leases.window(purpose));
+            let (_, entry) = st.learned.as_ref()?;
+            let record = EtcdRecord {
+                state: if entry.response.is_some() {
+                    EtcdState::Completed
+                } else {
+                    EtcdState::CompletedNotStored
+                },
+                token: st.token,
+                expires_ms: entry.expires_ms,
+                payload: entry.payload,
+                response: entry.response.clone(),
+            };
+            st.call = StoreCall {
+                path: proto.txn_path(),
+                body: proto.replace_txn(&r.key, r.mod_revision, &record.encode(&st.digest), *id),
+                timeout_ms: attempt_timeout(p, st.deadline_ms, now),
+            };
+            st.retries = 0;
+            return Some(st.call.clone());
+        }
+        let lost = matches!(parsed, Some(EtcdAnswer::Error { code, message })
+            if *code == 5 || message.contains("lease not found"));
+        if !lost || r.rounds >= 2 || now >= st.deadline_ms {
+            return None;
+        }
+        env.warn(&format!(
+            "stream {}: completion: etcd lost its lease; writing it again with a fresh one",
+            self.id
+        ));
+        *env.leases() = LeaseCache::default();
+        r.rounds += 1;
+        r.granting = Some(now);
+        st.call = StoreCall {
+            path: proto.lease_grant_path(),
+            body: proto.lease_grant(p.leases.ttl_s(LeasePurpose::Completed)),
+            timeout_ms: attempt_timeout(p, st.deadline_ms, now),
+        };
+        st.retries = 0;
+        Some(st.call.clone())
     }
 
     fn not_stored<E: Env>(&mut self, env: &mut E) -> Action {
@@ -1480,13 +1564,23 @@ impl DedupStream {
                     record.response = None;
                     value = record.encode(&o.digest);
                 }
-                let body = etcd::replace_txn(&o.key, o.mod_revision, &value, o.completed_lease);
+                let body =
+                    protocol(p).replace_txn(&o.key, o.mod_revision, &value, o.completed_lease);
                 let learned = LocalEntry {
                     payload: o.payload,
                     expires_ms,
                     response: record.response,
                 };
-                Some(self.settle(p, now, &o, Settle::Complete, body, Some(learned)))
+                let call = self.settle(p, now, &o, Settle::Complete, body, Some(learned));
+                if let Phase::Settling(st) = &mut self.phase {
+                    st.regrant = Some(Regrant {
+                        key: o.key,
+                        mod_revision: o.mod_revision,
+                        granting: None,
+                        rounds: 0,
+                    });
+                }
+                Some(call)
             }
         }
     }
@@ -1516,7 +1610,7 @@ impl DedupStream {
             }
             Owned::Etcd(o) => {
                 env.count(Counter::Released);
-                let body = etcd::delete_txn(&o.key, o.mod_revision);
+                let body = protocol(p).delete_txn(&o.key, o.mod_revision);
                 Some(self.settle(p, env.now_ms(), &o, Settle::Release, body, None))
             }
         }
@@ -1534,7 +1628,7 @@ impl DedupStream {
     ) -> StoreCall {
         let deadline_ms = now.saturating_add(etcd_timeout(p));
         let call = StoreCall {
-            path: etcd::TXN_PATH,
+            path: protocol(p).txn_path(),
             body,
             timeout_ms: attempt_timeout(p, deadline_ms, now),
         };
@@ -1546,6 +1640,7 @@ impl DedupStream {
             call: call.clone(),
             retries: 0,
             deadline_ms,
+            regrant: None,
         }));
         call
     }
@@ -1582,16 +1677,16 @@ enum Polled {
 /// The store call that reads a waiter's record (etcd store).
 fn poll_call(ec: &EtcdConfig, digest: &Digest) -> StoreCall {
     StoreCall {
-        path: etcd::RANGE_PATH,
-        body: etcd::read_key(&etcd::record_key(&ec.prefix, digest)),
+        path: ec.protocol.range_path(),
+        body: ec.protocol.read_key(&etcd::record_key(&ec.prefix, digest)),
         timeout_ms: ec.timeout_ms.min(POLL_ETCD_MS.max(1000)),
     }
 }
 
 /// Interprets the answer to `poll_call`. The time in a completed record is not compared
 /// here: the claim that follows decides whether it is over.
-fn poll_answer(body: &[u8], digest: &Digest) -> Polled {
-    let Some(read) = etcd::parse_read(body) else {
+fn poll_answer(path: &str, answer: &CallAnswer, digest: &Digest) -> Polled {
+    let Some(read) = etcd::read_one(path, answer.status, &answer.body) else {
         return Polled::Failed;
     };
     let Some((_, value)) = read else {
@@ -1633,6 +1728,13 @@ fn etcd_timeout(p: &Plugin) -> u64 {
     match &p.config.store {
         StoreConfig::Etcd(ec) => ec.timeout_ms,
         StoreConfig::SharedData => 1000,
+    }
+}
+
+fn protocol(p: &Plugin) -> etcd::Protocol {
+    match &p.config.store {
+        StoreConfig::Etcd(ec) => ec.protocol,
+        StoreConfig::SharedData => etcd::Protocol::default(),
     }
 }
 

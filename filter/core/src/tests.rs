@@ -1558,6 +1558,15 @@ fn etcd_plugin(extra: &str) -> Plugin {
     plugin(&format!("{{{ETCD}{sep}{extra}}}"))
 }
 
+/// The etcd store over the JSON gateway (`store.protocol: "json"`).
+const ETCD_JSON: &str =
+    r#""store": {"kind": "etcd", "cluster": "etcd", "timeout_ms": 500, "protocol": "json"}"#;
+
+fn etcd_json_plugin(extra: &str) -> Plugin {
+    let sep = if extra.is_empty() { "" } else { ", " };
+    plugin(&format!("{{{ETCD_JSON}{sep}{extra}}}"))
+}
+
 /// Two proxies (workers of different Envoys) sharing one etcd.
 fn two_proxies() -> (FakeEnv, FakeEnv) {
     let a = FakeEnv::new(FakeShared::new(), 1);
@@ -1580,9 +1589,30 @@ fn etcd_config() {
                 ),
                 ("etcd-c", "etcd-c", "proxy-dedup/", 3000)
             );
+            assert_eq!(e.protocol, crate::etcd::Protocol::Grpc, "gRPC by default");
         }
         other => panic!("{other:?}"),
     }
+    for (name, want) in [
+        ("grpc", crate::etcd::Protocol::Grpc),
+        ("json", crate::etcd::Protocol::Json),
+    ] {
+        let c = Config::parse(
+            format!(r#"{{"store": {{"kind": "etcd", "cluster": "e", "protocol": "{name}"}}}}"#)
+                .as_bytes(),
+        )
+        .unwrap();
+        assert!(matches!(c.store, crate::config::StoreConfig::Etcd(e) if e.protocol == want));
+    }
+    assert_eq!(
+        cfg_err(r#"{"store": {"kind": "etcd", "cluster": "e", "protocol": "http"}}"#).0,
+        "store.protocol"
+    );
+    assert_eq!(
+        cfg_err(r#"{"store": {"protocol": "grpc"}}"#).0,
+        "store.protocol",
+        "only for etcd"
+    );
     assert_eq!(cfg_err(r#"{"store": {"kind": "etcd"}}"#).0, "store.cluster");
     assert_eq!(
         cfg_err(r#"{"store": {"kind": "etcd", "cluster": "e", "timeout_ms": 1}}"#).0,
@@ -2145,7 +2175,7 @@ fn etcd_a_claim_won_after_the_client_left_is_released() {
     let mut action = s.on_request_headers(&p, &mut a, r.head.clone(), true);
     // Grant leases, up to the claim txn itself.
     while let Action::Call(c) = &action {
-        if c.path == crate::etcd::TXN_PATH {
+        if crate::etcd::is_txn(c.path) {
             break;
         }
         let answer = call(&a, c);

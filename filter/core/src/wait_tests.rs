@@ -255,7 +255,7 @@ fn etcd_a_waiter_on_another_proxy_polls_and_gets_the_replay() {
     // The poll is a read of the record, not a claim.
     match dup.on_wake(&p, &mut b) {
         Action::Call(c) => {
-            assert_eq!(c.path, crate::etcd::RANGE_PATH);
+            assert_eq!(c.path, crate::etcdpb::RANGE);
             let got = call(&b, &c);
             assert_eq!(dup.on_store_answer(&p, &mut b, got), Action::Pause);
         }
@@ -318,40 +318,60 @@ fn etcd_a_completed_poll_answers_this_workers_other_waiters_from_the_tier() {
 
 #[test]
 fn any_answer_to_a_poll_keeps_the_waiter_safe() {
-    let p = etcd_plugin(WAIT);
-    let (mut a, mut b) = two_proxies();
-    let r = req("POST", "/orders").key("k").body("{}");
-    let _first = send(&p, &mut a, &r).unwrap();
-    let (mut dup, _) = decide(&p, &mut b, &r, 2);
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let bodies: Vec<Vec<u8>> = vec![
-        Vec::new(),
-        b"{}".to_vec(),
-        br#"{"header": {}, "kvs": [{"mod_revision": "x"}]}"#.to_vec(),
-        br#"{"header": {}, "kvs": [{"mod_revision": "3", "value": "!!"}]}"#.to_vec(),
-        br#"{"error": "etcdserver: no leader", "code": 14}"#.to_vec(),
-    ];
-    for i in 0..200 {
-        let body = match bodies.get(i) {
-            Some(b) => b.clone(),
-            None => (0..(i % 50))
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    seed as u8
-                })
-                .collect(),
-        };
-        let Action::Call(c) = dup.on_wake(&p, &mut b) else {
-            panic!("a waiter polls");
-        };
-        assert_eq!(c.path, crate::etcd::RANGE_PATH);
-        let got = dup.on_store_answer(&p, &mut b, CallAnswer { status: 200, body });
-        assert_eq!(got, Action::Pause, "still in flight: it waits on");
+    // Both protocols: gRPC (the default) and the JSON gateway.
+    for (p, protocol) in [
+        (etcd_plugin(WAIT), crate::etcd::Protocol::Grpc),
+        (etcd_json_plugin(WAIT), crate::etcd::Protocol::Json),
+    ] {
+        let (mut a, mut b) = two_proxies();
+        let r = req("POST", "/orders").key("k").body("{}");
+        let _first = send(&p, &mut a, &r).unwrap();
+        let (mut dup, _) = decide(&p, &mut b, &r, 2);
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let bodies: Vec<(u16, Vec<u8>)> = vec![
+            (200, Vec::new()),
+            (200, b"{}".to_vec()),
+            (
+                200,
+                br#"{"header": {}, "kvs": [{"mod_revision": "x"}]}"#.to_vec(),
+            ),
+            (
+                200,
+                br#"{"header": {}, "kvs": [{"mod_revision": "3", "value": "!!"}]}"#.to_vec(),
+            ),
+            (
+                200,
+                br#"{"error": "etcdserver: no leader", "code": 14}"#.to_vec(),
+            ),
+            // A RangeResponse with a kv but no header: not an answer etcd gives.
+            (200, vec![0x12, 0x04, 0x18, 0x03, 0x2a, 0x00]),
+            (0, crate::etcdpb::status_body(14, b"no leader")),
+        ];
+        for i in 0..200 {
+            let (status, body) = match bodies.get(i) {
+                Some(b) => b.clone(),
+                None => (
+                    200,
+                    (0..(i % 50))
+                        .map(|_| {
+                            seed ^= seed << 13;
+                            seed ^= seed >> 7;
+                            seed ^= seed << 17;
+                            seed as u8
+                        })
+                        .collect(),
+                ),
+            };
+            let Action::Call(c) = dup.on_wake(&p, &mut b) else {
+                panic!("a waiter polls");
+            };
+            assert_eq!(c.path, protocol.range_path());
+            let got = dup.on_store_answer(&p, &mut b, CallAnswer { status, body });
+            assert_eq!(got, Action::Pause, "still in flight: it waits on");
+        }
+        assert!(b.count_of(Counter::StoreErrors) >= 5);
+        assert_eq!(b.count_of(Counter::Executed), 0);
     }
-    assert!(b.count_of(Counter::StoreErrors) >= 5);
-    assert_eq!(b.count_of(Counter::Executed), 0);
 }
 
 #[test]

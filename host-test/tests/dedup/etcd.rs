@@ -1,8 +1,9 @@
-//! The etcd store in host-test: callouts to a real etcd on loopback (two "proxies"
-//! sharing it), and to clusters that reset or never answer.
+//! The etcd store in host-test: gRPC calls (and, with `store.protocol: "json"`, HTTP
+//! calls to the JSON gateway) to a real etcd on loopback (two "proxies" sharing it), and
+//! to clusters that reset or never answer.
 
 use super::{keyed, problem_type, Upstream, R};
-use host_test::{Envoy, Reply};
+use host_test::{Envoy, GrpcReply, Reply};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -71,36 +72,6 @@ impl Etcd {
     }
 }
 
-/// Forwards a callout to a real HTTP/1.1 server (etcd) and returns its answer.
-fn forward(addr: &str, req: &host_test::UpstreamRequest) -> Reply {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
-        return Reply::reset();
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let head = format!(
-        "POST {} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        req.header(":path").unwrap_or("/"),
-        req.body.len()
-    );
-    if s.write_all(head.as_bytes()).is_err() || s.write_all(&req.body).is_err() {
-        return Reply::reset();
-    }
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out);
-    let Some((head, body)) = text.split_once("\r\n\r\n") else {
-        return Reply::reset();
-    };
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(502);
-    Reply::new(status).body(body)
-}
-
 impl Drop for Etcd {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -113,27 +84,86 @@ fn etcd_config(extra: &str) -> String {
     format!(r#"{{"store": {{"kind": "etcd", "cluster": "etcd", "timeout_ms": 2000}}{extra}}}"#)
 }
 
+fn etcd_json_config(extra: &str) -> String {
+    format!(
+        r#"{{"store": {{"kind": "etcd", "cluster": "etcd", "timeout_ms": 2000, "protocol": "json"}}{extra}}}"#
+    )
+}
+
 /// A "proxy" on the etcd store with `workers` workers, calling `up` upstream and
-/// the real `etcd` through its "etcd" cluster. Each has its own random source, as
-/// separate Envoy processes do (claim tokens are random).
+/// the real `etcd` over gRPC through its "etcd" cluster. Each has its own random source,
+/// as separate Envoy processes do (claim tokens are random).
 fn proxy(etcd: &Etcd, up: &Upstream, workers: usize) -> Result<Envoy, host_test::Error> {
+    proxy_on(etcd, up, workers, false)
+}
+
+/// `proxy`, over the JSON gateway when `json`.
+fn proxy_on(
+    etcd: &Etcd,
+    up: &Upstream,
+    workers: usize,
+    json: bool,
+) -> Result<Envoy, host_test::Error> {
     static SEED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    Envoy::builder(super::wasm())
+    let b = Envoy::builder(super::wasm())
         .random_seed(SEED.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
         .workers(workers)
         .vm_id("proxy_dedup")
-        .plugin_config(etcd_config(""))
         .allow_on_headers_stop_iteration(true)
-        .upstream(up.handler())
-        .cluster_addr("etcd", &etcd.client)
-        .build()
+        .upstream(up.handler());
+    if json {
+        b.plugin_config(etcd_json_config(""))
+            .cluster_addr("etcd", &etcd.client)
+            .build()
+    } else {
+        b.plugin_config(etcd_config(""))
+            .grpc_cluster_addr("etcd", &etcd.client)
+            .build()
+    }
 }
 
 #[test]
 fn two_proxies_share_one_real_etcd() -> R {
+    two_proxies_share(false)
+}
+
+#[test]
+fn two_proxies_share_one_real_etcd_over_the_json_gateway() -> R {
+    two_proxies_share(true)
+}
+
+#[test]
+fn a_grpc_proxy_and_a_json_proxy_share_records() -> R {
+    // Same records whatever the protocol: a fleet can switch proxy by proxy.
     let etcd = Etcd::start();
     let up = Upstream::default();
-    let (mut a, mut b) = (proxy(&etcd, &up, 2)?, proxy(&etcd, &up, 2)?);
+    let (mut g, mut j) = (
+        proxy_on(&etcd, &up, 1, false)?,
+        proxy_on(&etcd, &up, 1, true)?,
+    );
+    assert!(
+        g.request(0, keyed("/orders", "mixed", "{}"))?
+            .upstream_called
+    );
+    let replay = j.request(0, keyed("/orders", "mixed", "{}"))?;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert!(
+        j.request(0, keyed("/orders", "mixed-j", "{}"))?
+            .upstream_called
+    );
+    let replay = g.request(0, keyed("/orders", "mixed-j", "{}"))?;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(up.calls.get(), 2);
+    Ok(())
+}
+
+fn two_proxies_share(json: bool) -> R {
+    let etcd = Etcd::start();
+    let up = Upstream::default();
+    let (mut a, mut b) = (
+        proxy_on(&etcd, &up, 2, json)?,
+        proxy_on(&etcd, &up, 2, json)?,
+    );
     // In flight on A: B learns it from etcd.
     let first = a.start(0, keyed("/orders", "k1", "{}"))?;
     a.send_request(first)?;
@@ -169,20 +199,35 @@ fn two_proxies_share_one_real_etcd() -> R {
 
 #[test]
 fn failing_and_silent_clusters_follow_failure_mode() -> R {
-    for (mode, want) in [("open", 200), ("closed", 503)] {
+    for (mode, want, json) in [
+        ("open", 200, false),
+        ("closed", 503, false),
+        ("open", 200, true),
+        ("closed", 503, true),
+    ] {
         let up = Upstream::default();
         let resets = std::rc::Rc::new(std::cell::Cell::new(0));
         let seen = resets.clone();
-        let mut e = Envoy::builder(super::wasm())
+        let b = Envoy::builder(super::wasm())
             .workers(1)
-            .plugin_config(etcd_config(&format!(r#", "failure_mode": "{mode}""#)))
             .allow_on_headers_stop_iteration(true)
-            .upstream(up.handler())
-            .cluster("etcd", move |_| {
-                seen.set(seen.get() + 1);
-                Reply::reset()
-            })
-            .build()?;
+            .upstream(up.handler());
+        let extra = format!(r#", "failure_mode": "{mode}""#);
+        let mut e = if json {
+            b.plugin_config(etcd_json_config(&extra))
+                .cluster("etcd", move |_| {
+                    seen.set(seen.get() + 1);
+                    Reply::reset()
+                })
+                .build()?
+        } else {
+            b.plugin_config(etcd_config(&extra))
+                .grpc_cluster("etcd", move |_| {
+                    seen.set(seen.get() + 1);
+                    GrpcReply::reset()
+                })
+                .build()?
+        };
         let r = e.request(0, keyed("/o", "k", "x"))?;
         assert_eq!(r.status, want, "{mode}: reset cluster");
         assert!(
@@ -198,7 +243,11 @@ fn failing_and_silent_clusters_follow_failure_mode() -> R {
         assert_eq!(e.counter("proxy_dedup_store_errors"), Some(1));
 
         // A cluster that never answers: the call's timeout (virtual clock) decides.
-        e.set_cluster("etcd", |_| Reply::no_answer());
+        if json {
+            e.set_cluster("etcd", |_| Reply::no_answer());
+        } else {
+            e.set_grpc_cluster("etcd", |_| GrpcReply::no_answer());
+        }
         let id = e.start(0, keyed("/o", "k2", "x"))?;
         e.send_request(id)?;
         assert!(e.response(id).is_none(), "waiting on etcd");
@@ -258,25 +307,18 @@ fn an_answer_after_the_stream_ended_reaches_the_root() -> R {
         .plugin_config(etcd_config(""))
         .allow_on_headers_stop_iteration(true)
         .upstream(up.handler())
-        .cluster_addr("etcd", &etcd.client)
+        .grpc_cluster_addr("etcd", &etcd.client)
         .log_level(host_test::LogLevel::Debug)
         .build()?;
     let first = a.start(0, keyed("/orders", "k-gone", "{}"))?;
     a.send_request(first)?;
     // The completion's first attempt fails (a member that resets): only a retry made
     // after the client left can complete the record.
-    let fail_next = std::rc::Rc::new(std::cell::Cell::new(true));
-    let (fail, client) = (fail_next.clone(), etcd.client.clone());
-    a.set_cluster("etcd", move |req| {
-        if fail.replace(false) {
-            Reply::reset()
-        } else {
-            forward(&client, req)
-        }
-    });
+    a.set_grpc_cluster("etcd", |_| GrpcReply::reset());
     a.hold_callouts(true);
     a.respond(first, Reply::new(200).body("done"))?;
     assert!(a.held_callouts() >= 1, "the completion is in flight");
+    a.set_grpc_cluster_addr("etcd", &etcd.client);
     a.reset_client(first)?;
     assert!(
         a.log_contains("ended with 1 pending call"),

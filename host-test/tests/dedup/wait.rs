@@ -196,30 +196,48 @@ fn a_waiter_answers_after_a_held_claim_only_with_409_at_its_timeout() -> R {
 }
 
 /// A "proxy" on the real etcd of `super::etcd` in wait mode, with its own random source.
+/// A proxy in wait mode on the real `etcd`, over gRPC or (`json`) the JSON gateway.
 fn etcd_proxy(
     etcd: &super::etcd::Etcd,
     up: &Upstream,
     seed: u64,
+    json: bool,
 ) -> Result<host_test::Envoy, host_test::Error> {
-    host_test::Envoy::builder(super::wasm())
+    let protocol = if json { "json" } else { "grpc" };
+    let b = host_test::Envoy::builder(super::wasm())
         .random_seed(seed)
         .workers(2)
         .vm_id("proxy_dedup")
-        .plugin_config(
-            r#"{"store": {"kind": "etcd", "cluster": "etcd", "timeout_ms": 2000},
-                "on_in_flight": "wait", "wait_timeout_ms": 3000}"#,
-        )
+        .plugin_config(format!(
+            r#"{{"store": {{"kind": "etcd", "cluster": "etcd", "timeout_ms": 2000, "protocol": "{protocol}"}},
+                "on_in_flight": "wait", "wait_timeout_ms": 3000}}"#
+        ))
         .allow_on_headers_stop_iteration(true)
-        .upstream(up.handler())
-        .cluster_addr("etcd", &etcd.client)
-        .build()
+        .upstream(up.handler());
+    if json {
+        b.cluster_addr("etcd", &etcd.client).build()
+    } else {
+        b.grpc_cluster_addr("etcd", &etcd.client).build()
+    }
 }
 
 #[test]
 fn etcd_waiters_on_this_proxy_are_woken_and_on_another_proxy_poll() -> R {
+    etcd_waiters_woken_and_polling(false)
+}
+
+#[test]
+fn etcd_waiters_woken_and_polling_over_the_json_gateway() -> R {
+    etcd_waiters_woken_and_polling(true)
+}
+
+fn etcd_waiters_woken_and_polling(json: bool) -> R {
     let etcd = super::etcd::Etcd::start();
     let up = Upstream::default();
-    let (mut a, mut b) = (etcd_proxy(&etcd, &up, 11)?, etcd_proxy(&etcd, &up, 12)?);
+    let (mut a, mut b) = (
+        etcd_proxy(&etcd, &up, 11, json)?,
+        etcd_proxy(&etcd, &up, 12, json)?,
+    );
     let first = a.start(0, keyed("/orders", "k1", "{}"))?;
     a.send_request(first)?;
     let on_a = a.start(1, keyed("/orders", "k1", "{}"))?;
