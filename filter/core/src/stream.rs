@@ -2,7 +2,9 @@
 //! the request, response capture, completion or release. Host-independent: the proxy-wasm
 //! glue feeds it callbacks and carries out the `Action`s it returns.
 
-use crate::config::{Config, EtcdConfig, FailureMode, OnDuplicate, OnUnknownOutcome, StoreConfig};
+use crate::config::{
+    Config, EtcdConfig, FailureMode, OnDuplicate, OnUnknownOutcome, Policy, StoreConfig,
+};
 use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState, LeaseCache, LeasePlan, LeasePurpose};
 use crate::key::{
     fingerprint_key, header_key, json_key, record_digest, short_hex, BodyHasher, ClientKey,
@@ -28,22 +30,55 @@ pub struct Plugin {
 
 impl Plugin {
     pub fn new(config: Config) -> Self {
-        let budget_ms = match &config.store {
-            StoreConfig::Etcd(ec) => ec.timeout_ms,
-            StoreConfig::SharedData => 0,
-        };
-        let leases = LeasePlan::new(config.ttl_ms, config.in_flight_timeout_ms, budget_ms);
+        let top = &config.policy;
+        let leases = LeasePlan::new(top.ttl_ms, top.in_flight_timeout_ms, budget_ms(&config));
+        // Every policy shares the buckets; the layout registers itself for as long as
+        // the longest-lived policy's records may live.
+        let policies = || std::iter::once(top).chain(config.rules.iter().map(|r| &r.policy));
         let layout = Layout::new(
             &config.namespace,
             config.capacity,
-            config.in_flight_timeout_ms,
-            config.ttl_ms,
+            policies()
+                .map(|p| p.in_flight_timeout_ms)
+                .max()
+                .unwrap_or(0),
+            policies().map(|p| p.ttl_ms).max().unwrap_or(0),
         );
         Plugin {
             config,
             layout,
             leases,
         }
+    }
+
+    /// The shared-data layout with a policy's timing (borrowed when it is the layout's).
+    pub fn layout_for(&self, policy: &Policy) -> std::borrow::Cow<'_, Layout> {
+        if policy.in_flight_timeout_ms == self.layout.in_flight_ms
+            && policy.ttl_ms == self.layout.ttl_ms
+        {
+            std::borrow::Cow::Borrowed(&self.layout)
+        } else {
+            std::borrow::Cow::Owned(
+                self.layout
+                    .timed(policy.in_flight_timeout_ms, policy.ttl_ms),
+            )
+        }
+    }
+
+    /// The etcd lease timing of a policy.
+    pub fn leases_for(&self, policy: &Policy) -> LeasePlan {
+        LeasePlan::new(
+            policy.ttl_ms,
+            policy.in_flight_timeout_ms,
+            budget_ms(&self.config),
+        )
+    }
+}
+
+fn budget_ms(config: &Config) -> u64 {
+    match &config.store {
+        StoreConfig::Etcd(ec) => ec.timeout_ms,
+        StoreConfig::SharedData => 0,
     }
 }
 
@@ -240,6 +275,8 @@ pub struct DedupStream {
     verdict: Option<&'static str>,
     record: Option<Digest>,
     log_changed: bool,
+    /// The rule whose policy this stream follows (`None`: the top-level fields).
+    rule: Option<usize>,
 }
 
 impl std::fmt::Debug for DedupStream {
@@ -266,7 +303,16 @@ impl DedupStream {
             verdict: None,
             record: None,
             log_changed: false,
+            rule: None,
         }
+    }
+
+    /// The name of the rule whose policy this stream follows, once the request's
+    /// headers chose it (`None`: no rule matched).
+    pub fn rule<'p>(&self, p: &'p Plugin) -> Option<&'p str> {
+        self.rule
+            .and_then(|i| p.config.rules.get(i))
+            .map(|r| r.name.as_str())
     }
 
     /// The decision and the record's digest prefix, when they changed since the last
@@ -323,7 +369,11 @@ impl DedupStream {
         end_of_stream: bool,
     ) -> Action {
         env.count(Counter::Requests);
-        let cfg = &p.config;
+        let (rule, cfg) = p.config.select(&head);
+        self.rule = rule;
+        if cfg.bypass {
+            return self.bypass(env, "bypassed by its rule");
+        }
         if !cfg.dedups_method(&head.method) {
             return self.bypass(env, "method not deduplicated");
         }
@@ -382,11 +432,11 @@ impl DedupStream {
         if !matches!(self.phase, Phase::Reading(_)) {
             return Action::Continue;
         }
-        if buffered_len > p.config.max_body_bytes {
+        let max_body_bytes = p.config.policy_at(self.rule).max_body_bytes;
+        if buffered_len > max_body_bytes {
             env.count(Counter::BodyTooLarge);
             let detail = format!(
-                "the request body exceeds {} bytes, the most this proxy reads to deduplicate a request",
-                p.config.max_body_bytes
+                "the request body exceeds {max_body_bytes} bytes, the most this proxy reads to deduplicate a request",
             );
             return self.reply(env, Problem::BodyTooLarge.reply(&detail, Vec::new()));
         }
@@ -418,13 +468,13 @@ impl DedupStream {
         env: &mut E,
         read_body: impl FnOnce() -> Option<Vec<u8>>,
     ) -> Action {
+        let max_body_bytes = p.config.policy_at(self.rule).max_body_bytes;
         match read_body() {
-            Some(body) if body.len() <= p.config.max_body_bytes => self.decide(p, env, &body),
+            Some(body) if body.len() <= max_body_bytes => self.decide(p, env, &body),
             Some(_) => {
                 env.count(Counter::BodyTooLarge);
                 let detail = format!(
-                    "the request body exceeds {} bytes, the most this proxy reads to deduplicate a request",
-                    p.config.max_body_bytes
+                    "the request body exceeds {max_body_bytes} bytes, the most this proxy reads to deduplicate a request",
                 );
                 self.reply(env, Problem::BodyTooLarge.reply(&detail, Vec::new()))
             }
@@ -447,8 +497,9 @@ impl DedupStream {
         let Phase::Forwarded(owned) = std::mem::replace(&mut self.phase, Phase::Finished) else {
             return None;
         };
+        let policy = p.config.policy_at(self.rule);
         match classify(&origin.details, origin.flags) {
-            Outcome::Upstream if p.config.stores_status(status) => {}
+            Outcome::Upstream if policy.stores_status(status) => {}
             Outcome::Upstream => {
                 env.debug(format_args!(
                     "stream {}: upstream answered {status}; releasing the claim",
@@ -465,7 +516,7 @@ impl DedupStream {
             }
             Outcome::Unknown => return self.unknown_outcome(p, env, owned, origin),
         }
-        let capture = Capture::new(status, pairs(), p.config.max_replay_body_bytes);
+        let capture = Capture::new(status, pairs(), policy.max_replay_body_bytes);
         self.phase = Phase::Capturing(owned, capture);
         if end_of_stream {
             return self.complete(p, env);
@@ -649,7 +700,7 @@ impl DedupStream {
         let Phase::Reading(r) = std::mem::replace(&mut self.phase, Phase::Finished) else {
             return Action::Continue;
         };
-        let cfg = &p.config;
+        let cfg = p.config.policy_at(self.rule);
         let Reading {
             head,
             header_key,
@@ -687,7 +738,7 @@ impl DedupStream {
         let digest = record_digest(cfg, &head, &key);
         self.record = Some(digest);
         let payload = payload_digest(&cfg.payload, &head, &body, raw_body);
-        match &cfg.store {
+        match &p.config.store {
             StoreConfig::SharedData => self.claim_shared(p, env, digest, payload),
             StoreConfig::Etcd(ec) => self.claim_etcd(p, env, ec, digest, payload),
         }
@@ -702,7 +753,8 @@ impl DedupStream {
     ) -> Action {
         let token = env.new_token();
         let now = env.now_ms();
-        let outcome = SharedStore::new(&*env, &p.layout).claim(&digest, &payload, now, token);
+        let layout = p.layout_for(p.config.policy_at(self.rule));
+        let outcome = SharedStore::new(&*env, &layout).claim(&digest, &payload, now, token);
         match outcome {
             Ok(ClaimOutcome::Claimed {
                 claim,
@@ -718,7 +770,9 @@ impl DedupStream {
             }
             Ok(ClaimOutcome::PayloadMismatch) => self.duplicate(p, env, Duplicate::PayloadMismatch),
             Ok(ClaimOutcome::CompletedNotStored) => self.duplicate(p, env, Duplicate::NotStored),
-            Ok(ClaimOutcome::Completed(_)) if p.config.on_duplicate == OnDuplicate::Reject => {
+            Ok(ClaimOutcome::Completed(_))
+                if p.config.policy_at(self.rule).on_duplicate == OnDuplicate::Reject =>
+            {
                 self.duplicate(p, env, Duplicate::Completed(None))
             }
             Ok(ClaimOutcome::Completed(done)) => {
@@ -773,6 +827,7 @@ impl DedupStream {
     /// Answers a request whose key is already taken.
     fn duplicate<E: Env>(&mut self, p: &Plugin, env: &mut E, dup: Duplicate) -> Action {
         let cfg = &p.config;
+        let policy = cfg.policy_at(self.rule);
         match dup {
             Duplicate::InFlight { held_until } => {
                 env.count(Counter::RejectedInFlight);
@@ -796,7 +851,7 @@ impl DedupStream {
                 self.reply(env, Problem::PayloadMismatch.reply(detail, Vec::new()))
             }
             Duplicate::NotStored => self.not_stored(env),
-            Duplicate::Completed(_) if cfg.on_duplicate == OnDuplicate::Reject => {
+            Duplicate::Completed(_) if policy.on_duplicate == OnDuplicate::Reject => {
                 env.count(Counter::RejectedCompleted);
                 let detail = "a request with this key has already completed";
                 self.reply(env, Problem::AlreadyCompleted.reply(detail, Vec::new()))
@@ -867,22 +922,23 @@ impl DedupStream {
     fn next_claim_call<E: Env>(&mut self, p: &Plugin, env: &mut E, mut c: Box<Claiming>) -> Action {
         let now = env.now_ms();
         let timeout_ms = attempt_timeout(p, c.deadline_ms, now);
-        let in_flight = env.leases().get(LeasePurpose::InFlight, now);
-        let completed = env.leases().get(LeasePurpose::Completed, now);
+        let plan = p.leases_for(p.config.policy_at(self.rule));
+        let in_flight = env.leases().get(LeasePurpose::InFlight, &plan, now);
+        let completed = env.leases().get(LeasePurpose::Completed, &plan, now);
         let (step, path, body) = match (in_flight, completed) {
             (None, _) => (
                 ClaimStep::Grant(LeasePurpose::InFlight),
                 etcd::LEASE_GRANT_PATH,
-                etcd::lease_grant(p.leases.ttl_s(LeasePurpose::InFlight)),
+                etcd::lease_grant(plan.ttl_s(LeasePurpose::InFlight)),
             ),
             (_, None) => (
                 ClaimStep::Grant(LeasePurpose::Completed),
                 etcd::LEASE_GRANT_PATH,
-                etcd::lease_grant(p.leases.ttl_s(LeasePurpose::Completed)),
+                etcd::lease_grant(plan.ttl_s(LeasePurpose::Completed)),
             ),
             (Some(lease), Some(completed)) => {
                 c.completed_lease = Some(completed);
-                let rec = in_flight_record(p, &c, now);
+                let rec = in_flight_record(p.config.policy_at(self.rule), &c, now);
                 c.in_flight_lease = lease;
                 c.expires_ms = rec.expires_ms;
                 (
@@ -943,8 +999,8 @@ impl DedupStream {
         };
         match (c.step, parsed) {
             (ClaimStep::Grant(purpose), EtcdAnswer::Lease { id }) => {
-                env.leases()
-                    .put(purpose, id, c.sent_ms, p.leases.window(purpose));
+                let plan = p.leases_for(p.config.policy_at(self.rule));
+                env.leases().put(purpose, &plan, id, c.sent_ms);
                 self.next_claim_call(p, env, c)
             }
             (ClaimStep::Txn, EtcdAnswer::Error { code, message })
@@ -1073,10 +1129,13 @@ impl DedupStream {
                     // out yet): take it over, conditional on it being unchanged since we
                     // read it. A clock running ahead by D takes it over D early.
                     Some(_) => {
-                        let Some(lease) = env.leases().get(LeasePurpose::InFlight, now) else {
+                        let policy = p.config.policy_at(self.rule);
+                        let plan = p.leases_for(policy);
+                        let Some(lease) = env.leases().get(LeasePurpose::InFlight, &plan, now)
+                        else {
                             return self.next_claim_call(p, env, c);
                         };
-                        let rec = in_flight_record(p, &c, now);
+                        let rec = in_flight_record(policy, &c, now);
                         c.in_flight_lease = lease;
                         c.expires_ms = rec.expires_ms;
                         c.call = StoreCall {
@@ -1216,7 +1275,8 @@ impl DedupStream {
         let now = env.now_ms();
         match owned {
             Owned::Shared(claim) => {
-                match SharedStore::new(&*env, &p.layout).complete(&claim, response.as_ref(), now) {
+                let layout = p.layout_for(p.config.policy_at(self.rule));
+                match SharedStore::new(&*env, &layout).complete(&claim, response.as_ref(), now) {
                     Ok(true) => env.debug(format_args!(
                         "stream {}: record {} completed",
                         self.id,
@@ -1241,7 +1301,7 @@ impl DedupStream {
                 None
             }
             Owned::Etcd(o) => {
-                let expires_ms = now.saturating_add(p.config.ttl_ms);
+                let expires_ms = now.saturating_add(p.config.policy_at(self.rule).ttl_ms);
                 let mut record = EtcdRecord {
                     state: if response.is_some() {
                         EtcdState::Completed
@@ -1366,11 +1426,11 @@ fn attempt_timeout(p: &Plugin, deadline_ms: u64, now_ms: u64) -> u64 {
     deadline_ms.saturating_sub(now_ms).min(slice).max(1)
 }
 
-fn in_flight_record(p: &Plugin, c: &Claiming, now_ms: u64) -> EtcdRecord {
+fn in_flight_record(policy: &Policy, c: &Claiming, now_ms: u64) -> EtcdRecord {
     EtcdRecord {
         state: EtcdState::InFlight,
         token: c.token,
-        expires_ms: now_ms.saturating_add(p.config.in_flight_timeout_ms),
+        expires_ms: now_ms.saturating_add(policy.in_flight_timeout_ms),
         payload: c.payload,
         response: None,
     }
