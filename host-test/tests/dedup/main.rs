@@ -5,6 +5,7 @@
 
 mod etcd;
 mod hardening;
+mod rules;
 
 use host_test::{Envoy, EnvoyBuilder, Reply, Request, Response, Status};
 use std::cell::{Cell, RefCell};
