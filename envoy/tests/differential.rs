@@ -239,14 +239,26 @@ fn scenarios() -> Vec<Scenario> {
                 // The same key where no rule matches: the top level's records.
                 Step::Send(call("rules", k, "x")),
                 Step::Send(call("rules", k, "x")),
-                Step::Send(with(call("rules", None, r#"{"id": "m1"}"#), "x-route", "hook")),
-                Step::Send(with(call("rules", None, r#"{"id": "m1"}"#), "x-route", "hook")),
+                Step::Send(with(
+                    call("rules", None, r#"{"id": "m1"}"#),
+                    "x-route",
+                    "hook",
+                )),
+                Step::Send(with(
+                    call("rules", None, r#"{"id": "m1"}"#),
+                    "x-route",
+                    "hook",
+                )),
                 Step::Send(with(
                     with(call("rules", None, r#"{"id": "m2"}"#), "x-route", "hook"),
                     "x-demo-status",
                     "404",
                 )),
-                Step::Send(with(call("rules", None, r#"{"id": "m2"}"#), "x-route", "hook")),
+                Step::Send(with(
+                    call("rules", None, r#"{"id": "m2"}"#),
+                    "x-route",
+                    "hook",
+                )),
                 Step::Send(with(call("rules", k, "x"), "x-route", "search")),
                 Step::Send(with(call("rules", k, "x"), "x-route", "search")),
                 // A header sent twice never matches `equals`: the top level applies.

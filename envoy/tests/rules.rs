@@ -37,12 +37,10 @@ fn example(extra: &str) -> String {
 }
 
 fn push(attempt: u32, data: &str) -> Request {
-    Request::post("/webhooks/pubsub")
-        .host(HOST)
-        .json(&json!({
-            "message": {"messageId": "msg-1", "data": data},
-            "deliveryAttempt": attempt,
-        }))
+    Request::post("/webhooks/pubsub").host(HOST).json(&json!({
+        "message": {"messageId": "msg-1", "data": data},
+        "deliveryAttempt": attempt,
+    }))
 }
 
 fn keyed(path: &str, key: &str) -> Request {
@@ -103,7 +101,10 @@ fn three_routes_follow_their_own_policies() {
     let target = ["--key", "k-1", "--authority", HOST, "--rule", "payments"];
     let (code, out) = ctl(&[&["get"][..], &target].concat());
     assert_eq!(code, Some(0), "{out}");
-    assert!(out.contains("completed") && out.contains("(rule payments)"), "{out}");
+    assert!(
+        out.contains("completed") && out.contains("(rule payments)"),
+        "{out}"
+    );
     let (code, out) = ctl(&["get", "--key", "k-1", "--authority", HOST, "--rule", "nope"]);
     assert_eq!(code, Some(1), "{out}");
     let (code, out) = ctl(&[&["purge"][..], &target].concat());
@@ -159,7 +160,10 @@ fn envoy_refuses_bad_rules_naming_the_rule_index_and_the_field() {
         let named = log
             .lines()
             .any(|l| l.contains("[wasm]") && l.contains(&format!("`{field}`")));
-        assert!(named, "no wasm log line names {field:?} for {config}; log:\n{log}");
+        assert!(
+            named,
+            "no wasm log line names {field:?} for {config}; log:\n{log}"
+        );
     }
 }
 
@@ -217,10 +221,7 @@ fn on_etcd_reordered_rules_share_records_and_each_ttl_gets_its_own_lease() {
                 .granted_seconds
         })
         .collect();
-    let (low, high) = (
-        *granted.first().unwrap(),
-        *granted.last().unwrap(),
-    );
+    let (low, high) = (*granted.first().unwrap(), *granted.last().unwrap());
     assert!(low > 60 && low < 600, "{granted:?}");
     assert!(high > 86_400, "{granted:?}");
 }

@@ -468,7 +468,7 @@ impl RuleMatch {
             && self
                 .methods
                 .as_ref()
-                .is_none_or(|m| m.iter().any(|m| *m == head.method))
+                .is_none_or(|m| m.contains(&head.method))
             && self
                 .authority
                 .as_ref()
@@ -896,12 +896,14 @@ fn parse_rules(top: &Policy, raw: Vec<RawRule>) -> Result<Vec<Rule>, ConfigError
                     ))
                 }
                 Some(j) if j == i => return Err(err(&field, "a rule cannot name itself")),
-                Some(j) if shares[j].is_some() => return Err(err(
-                    &field,
-                    format!(
+                Some(j) if shares[j].is_some() => {
+                    return Err(err(
+                        &field,
+                        format!(
                         "`{target}` shares another rule's records itself: name that rule instead"
                     ),
-                )),
+                    ))
+                }
                 Some(j) if rules[j].policy.bypass => {
                     return Err(err(
                         &field,

@@ -258,8 +258,11 @@ pub enum LeasePurpose {
 #[derive(Debug, Default, Clone)]
 pub struct LeaseCache {
     /// (purpose, lease TTL s, window ms) → (lease id, usable until ms).
-    slots: Vec<((LeasePurpose, u64, u64), (i64, u64))>,
+    slots: Vec<(LeaseSlot, (i64, u64))>,
 }
+
+/// Which records a cached lease is for: a purpose under one lease plan.
+type LeaseSlot = (LeasePurpose, u64, u64);
 
 impl LeaseCache {
     /// A lease usable now for a record of `purpose` under `plan`, if one is cached.

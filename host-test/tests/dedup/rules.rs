@@ -33,7 +33,10 @@ fn three_routes_follow_their_own_policies_across_workers() -> R {
     let paid = e.request(0, keyed("/payments/charge", "k", "{}"))?;
     assert!(paid.upstream_called);
     let again = e.request(1, keyed("/payments/charge", "k", "{}"))?;
-    assert_eq!((again.upstream_called, again.body.clone()), (false, paid.body.clone()));
+    assert_eq!(
+        (again.upstream_called, again.body.clone()),
+        (false, paid.body.clone())
+    );
     // The same key where no rule matches: other records.
     assert!(e.request(1, keyed("/orders", "k", "{}"))?.upstream_called);
     assert!(!e.request(0, keyed("/orders", "k", "{}"))?.upstream_called);
@@ -49,7 +52,10 @@ fn three_routes_follow_their_own_policies_across_workers() -> R {
     assert_eq!(up.calls.get(), 5);
     // payments' TTL (60 s) ends long before the top level's (1 h).
     e.advance(Duration::from_secs(60));
-    assert!(e.request(0, keyed("/payments/charge", "k", "{}"))?.upstream_called);
+    assert!(
+        e.request(0, keyed("/payments/charge", "k", "{}"))?
+            .upstream_called
+    );
     assert!(!e.request(1, keyed("/orders", "k", "{}"))?.upstream_called);
     // payments' in-flight timeout (5 s) against the top level's 30 s.
     let stuck = e.start(0, keyed("/payments/charge", "f", "{}"))?;
@@ -57,7 +63,10 @@ fn three_routes_follow_their_own_policies_across_workers() -> R {
     let stuck_too = e.start(1, keyed("/orders", "f", "{}"))?;
     e.send_request(stuck_too)?;
     e.advance(Duration::from_secs(5));
-    assert!(e.request(1, keyed("/payments/charge", "f", "{}"))?.upstream_called);
+    assert!(
+        e.request(1, keyed("/payments/charge", "f", "{}"))?
+            .upstream_called
+    );
     assert_eq!(e.request(0, keyed("/orders", "f", "{}"))?.status, 409);
     e.respond(stuck, Reply::new(200).body("late"))?;
     e.respond(stuck_too, Reply::new(200).body("done"))?;
