@@ -631,3 +631,19 @@ fn detail(r: &LocalReply) -> String {
         .unwrap_or_default()
         .to_string()
 }
+
+#[test]
+fn the_readme_example_parses_and_means_what_it_says() {
+    let readme = include_str!("../../../README.md");
+    let section = &readme[readme.find("### Per-route policies").unwrap()..];
+    let start = section.find("```json\n").unwrap() + "```json\n".len();
+    let json = &section[start..start + section[start..].find("```").unwrap()];
+    let c = Config::parse(json.as_bytes()).unwrap_or_else(|e| panic!("{e}\n{json}"));
+    let names: Vec<&str> = c.rules.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["payments", "webhooks", "search"]);
+    let hook = &c.rules[1].policy;
+    assert_eq!(hook.scope_headers, vec!["x-tenant"], "the top-level scope is kept");
+    assert_eq!(hook.ttl_ms, 604_800_000);
+    assert!(hook.stores_status(200) && !hook.stores_status(404));
+    assert!(c.rules[2].policy.bypass);
+}
