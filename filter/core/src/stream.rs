@@ -24,7 +24,10 @@ use crate::store::{Claim, ClaimOutcome, Layout, SharedData, SharedStore};
 #[derive(Debug, Clone)]
 pub struct Plugin {
     pub config: Config,
+    /// The buckets every policy shares, timed for the longest-lived policy (what the
+    /// layout registry needs); a stream uses `layout_for` its policy.
     pub layout: Layout,
+    /// The top-level policy's lease plan; a stream uses `leases_for` its policy.
     pub leases: LeasePlan,
 }
 
