@@ -642,7 +642,11 @@ fn the_readme_example_parses_and_means_what_it_says() {
     let names: Vec<&str> = c.rules.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, ["payments", "webhooks", "search"]);
     let hook = &c.rules[1].policy;
-    assert_eq!(hook.scope_headers, vec!["x-tenant"], "the top-level scope is kept");
+    assert_eq!(
+        hook.scope_headers,
+        vec!["x-tenant"],
+        "the top-level scope is kept"
+    );
     assert_eq!(hook.ttl_ms, 604_800_000);
     assert!(hook.stores_status(200) && !hook.stores_status(404));
     assert!(c.rules[2].policy.bypass);
