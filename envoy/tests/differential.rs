@@ -249,6 +249,75 @@ fn scenarios() -> Vec<Scenario> {
             ],
         },
         Scenario {
+            name: "rules",
+            config: r#"{"rules": [
+                {"name": "pay", "match": {"header": {"name": "x-route", "equals": "pay"}},
+                 "key": {"required": true}, "on_duplicate": "reject"},
+                {"name": "hook", "match": {"header": {"name": "x-route", "equals": "hook"}},
+                 "key": {"json_pointer": "/id"}, "store_statuses": ["2xx"]},
+                {"name": "search", "match": {"header": {"name": "x-route", "equals": "search"}},
+                 "bypass": true}]}"#,
+            steps: vec![
+                Step::Send(with(call("rules", None, "x"), "x-route", "pay")),
+                Step::Send(with(call("rules", k, "x"), "x-route", "pay")),
+                Step::Send(with(call("rules", k, "x"), "x-route", "pay")),
+                // The same key where no rule matches: the top level's records.
+                Step::Send(call("rules", k, "x")),
+                Step::Send(call("rules", k, "x")),
+                Step::Send(with(
+                    call("rules", None, r#"{"id": "m1"}"#),
+                    "x-route",
+                    "hook",
+                )),
+                Step::Send(with(
+                    call("rules", None, r#"{"id": "m1"}"#),
+                    "x-route",
+                    "hook",
+                )),
+                Step::Send(with(
+                    with(call("rules", None, r#"{"id": "m2"}"#), "x-route", "hook"),
+                    "x-demo-status",
+                    "404",
+                )),
+                Step::Send(with(
+                    call("rules", None, r#"{"id": "m2"}"#),
+                    "x-route",
+                    "hook",
+                )),
+                Step::Send(with(call("rules", k, "x"), "x-route", "search")),
+                Step::Send(with(call("rules", k, "x"), "x-route", "search")),
+                // A header sent twice never matches `equals`: the top level applies.
+                Step::Send(with(
+                    with(call("rules", Some("k3"), "x"), "x-route", "search"),
+                    "x-route",
+                    "search",
+                )),
+                Step::Send(call("rules", Some("k3"), "x")),
+            ],
+        },
+        Scenario {
+            name: "rule-ttl",
+            config: r#"{"rules": [{"name": "put", "match": {"methods": ["PUT"]},
+                        "methods": ["PUT"], "ttl_seconds": 1}]}"#,
+            steps: vec![
+                Step::Send(Call {
+                    method: "PUT",
+                    ..call("rule-ttl", k, "x")
+                }),
+                Step::Send(Call {
+                    method: "PUT",
+                    ..call("rule-ttl", k, "x")
+                }),
+                Step::Send(call("rule-ttl", k, "x")),
+                Step::Wait(Duration::from_millis(1_300)),
+                Step::Send(Call {
+                    method: "PUT",
+                    ..call("rule-ttl", k, "x")
+                }),
+                Step::Send(call("rule-ttl", k, "x")),
+            ],
+        },
+        Scenario {
             name: "ttl",
             config: r#"{"ttl_seconds": 1}"#,
             steps: vec![
@@ -288,7 +357,8 @@ fn envoy_request(c: &Call) -> EnvoyRequest {
 }
 
 fn run_in_envoy(s: &Scenario) -> Vec<Seen> {
-    let stack = Stack::start(&format!("diff-{}", s.name), s.config);
+    // One line: the template quotes it into YAML.
+    let stack = Stack::start(&format!("diff-{}", s.name), &s.config.replace('\n', " "));
     let path = format!("/diff/{}", s.name);
     let seen = |status: u16, replayed: bool, body: &[u8]| Seen {
         status,

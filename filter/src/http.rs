@@ -298,9 +298,11 @@ impl DedupHttp {
         Ok(token)
     }
 
-    /// Puts a new decision (and the record's digest prefix) in Envoy's filter state, for
-    /// access logs: `%FILTER_STATE(wasm.proxy_dedup_decision:PLAIN)%` and
-    /// `%FILTER_STATE(wasm.proxy_dedup_record:PLAIN)%`.
+    /// Puts a new decision (and the record's digest prefix, and the rule that chose the
+    /// policy) in Envoy's filter state, for access logs:
+    /// `%FILTER_STATE(wasm.proxy_dedup_decision:PLAIN)%`,
+    /// `%FILTER_STATE(wasm.proxy_dedup_record:PLAIN)%` and
+    /// `%FILTER_STATE(wasm.proxy_dedup_rule:PLAIN)%`.
     fn report(&mut self) {
         let Some((verdict, record)) = self.stream.log_fields() else {
             return;
@@ -309,6 +311,13 @@ impl DedupHttp {
         if let Some(record) = record {
             let hex = record.to_string();
             failed = failed.or(abi::set_property("proxy_dedup_record", hex.as_bytes()).err());
+        }
+        if let Some(rule) = self
+            .shared
+            .as_ref()
+            .and_then(|sh| self.stream.rule(&sh.plugin))
+        {
+            failed = failed.or(abi::set_property("proxy_dedup_rule", rule.as_bytes()).err());
         }
         if let Some(status) = failed {
             if abi::log_level() <= abi::LOG_DEBUG {

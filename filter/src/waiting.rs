@@ -34,7 +34,7 @@ pub(crate) fn waiters_changed(shared: &Shared) {
         }
     }
     let now = abi::now_ms();
-    let wait_ms = shared.plugin.config.wait_timeout_ms;
+    let wait_ms = shared.plugin.config.longest_wait_ms();
     if shared.announced_until.get() >= now.saturating_add(wait_ms) {
         return;
     }

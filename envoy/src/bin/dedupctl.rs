@@ -2,8 +2,8 @@
 //! API (a listener where the filter runs with `"role": "admin"`, see
 //! envoy/configs/admin-api.yaml).
 //!
-//!   dedupctl [--addr HOST:PORT] [--json] get   --key K [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer]
-//!   dedupctl [--addr HOST:PORT] [--json] purge --key K [--authority H] [--scope NAME=VALUE]... [--force]
+//!   dedupctl [--addr HOST:PORT] [--json] get   --key K [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer] [--rule NAME]
+//!   dedupctl [--addr HOST:PORT] [--json] purge --key K [--authority H] [--scope NAME=VALUE]... [--rule NAME] [--force]
 //!   dedupctl [--addr HOST:PORT] [--json] stats
 //!
 //! Exit status: 0 when the API answered 2xx, 1 when it refused (404, 409, 400), 2 on
@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 const USAGE: &str = "usage: dedupctl [--addr HOST:PORT] [--json] get|purge|stats \
-[--key K] [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer] [--force]";
+[--key K] [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer] [--rule NAME] [--force]";
 
 /// Percent-encodes a query component (unreserved characters stay).
 fn encode(s: &str) -> String {
@@ -51,6 +51,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--key" => a.query.push(("key".into(), value("--key")?)),
             "--authority" => a.query.push(("authority".into(), value("--authority")?)),
             "--source" => a.query.push(("source".into(), value("--source")?)),
+            "--rule" => a.query.push(("rule".into(), value("--rule")?)),
             "--force" => a.query.push(("force".into(), "true".into())),
             "--scope" => {
                 let v = value("--scope")?;
@@ -86,6 +87,9 @@ fn show(command: &str, status: u16, v: &serde_json::Value) -> String {
             r.get("record").and_then(|x| x.as_str()).unwrap_or("?"),
             r.get("state").and_then(|x| x.as_str()).unwrap_or("?"),
         );
+        if let Some(rule) = r.get("rule").and_then(|x| x.as_str()) {
+            line += &format!(" (rule {rule})");
+        }
         if let Some(s) = r.get("status").and_then(|x| x.as_u64()) {
             let bytes = r.get("body_bytes").and_then(|x| x.as_u64()).unwrap_or(0);
             line += &format!(", stored response {s} ({bytes} body bytes)");

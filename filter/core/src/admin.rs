@@ -2,7 +2,7 @@
 //! admin-only listener with the same `vm_id` and store settings as the data plane, it
 //! answers `GET /records?…`, `DELETE /records?…` and `GET /stats`, and nothing else.
 
-use crate::config::{Config, StoreConfig};
+use crate::config::{Config, Policy, StoreConfig};
 use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState};
 use crate::key::{record_digest, ClientKey, Digest, KeySource, RequestHead};
 use crate::metrics::Counter;
@@ -11,11 +11,19 @@ use crate::store::{Purge, RecordView, SharedStore};
 use crate::stream::{Action, CallAnswer, Env, Plugin, StoreCall};
 use serde_json::{json, Value};
 
-/// One admin operation, parsed from the request.
+/// One admin operation, parsed from the request. `rule` is the index of the rule named
+/// by `rule=<name>` (`None`: the top-level records).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AdminOp {
-    Get(Digest),
-    Delete { digest: Digest, force: bool },
+    Get {
+        digest: Digest,
+        rule: Option<usize>,
+    },
+    Delete {
+        digest: Digest,
+        force: bool,
+        rule: Option<usize>,
+    },
     Stats,
 }
 
@@ -67,12 +75,37 @@ pub fn parse(cfg: &Config, method: &str, path: &str) -> Result<AdminOp, LocalRep
     let mut head = RequestHead::default();
     let mut authority = None;
     let mut force = false;
+    let mut params = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let (Some(name), Some(value)) = (unescape(name), unescape(value)) else {
             return Err(bad(&format!("`{pair}` is not a valid query parameter")));
         };
+        params.push((name, value));
+    }
+    // The rule first: its policy says which scope parameters the record has.
+    let rule = match params.iter().find(|(n, _)| n == "rule") {
+        None => None,
+        Some((_, name)) => match cfg.rules.iter().position(|r| &r.name == name) {
+            Some(i) if cfg.rules[i].policy.bypass => {
+                return Err(bad(&format!(
+                    "rule `{name}` is bypassed: its requests have no records"
+                )))
+            }
+            Some(i) => Some(i),
+            None => {
+                let names: Vec<&str> = cfg.rules.iter().map(|r| r.name.as_str()).collect();
+                return Err(bad(&format!(
+                    "no rule is named `{name}` (rules: {}); leave `rule` out for requests no rule matches",
+                    if names.is_empty() { "none".to_string() } else { names.join(", ") }
+                )));
+            }
+        },
+    };
+    let policy = cfg.policy_at(rule);
+    for (name, value) in params {
         match name.as_str() {
+            "rule" => {}
             "key" => key = Some(value),
             "source" => {
                 source = match value.as_str() {
@@ -88,12 +121,12 @@ pub fn parse(cfg: &Config, method: &str, path: &str) -> Result<AdminOp, LocalRep
             "authority" => authority = Some(value),
             "force" => force = value == "true" || value == "1",
             other => match other.strip_prefix("scope.") {
-                Some(h) if cfg.scope_headers.iter().any(|s| s == &h.to_ascii_lowercase()) => {
+                Some(h) if policy.scope_headers.iter().any(|s| s == &h.to_ascii_lowercase()) => {
                     head.headers.push((h.to_ascii_lowercase(), value));
                 }
                 _ => {
                     return Err(bad(&format!(
-                        "unknown parameter `{other}` (key, source, authority, force, scope.<one of scope.headers>)"
+                        "unknown parameter `{other}` (key, source, authority, force, rule, scope.<one of the policy's scope.headers>)"
                     )))
                 }
             },
@@ -102,7 +135,7 @@ pub fn parse(cfg: &Config, method: &str, path: &str) -> Result<AdminOp, LocalRep
     let Some(key) = key.filter(|k| !k.is_empty()) else {
         return Err(bad("the parameter `key` is required"));
     };
-    if cfg.scope_authority {
+    if policy.scope_authority {
         match authority {
             Some(a) => head.authority = a,
             None => return Err(bad(
@@ -111,13 +144,13 @@ pub fn parse(cfg: &Config, method: &str, path: &str) -> Result<AdminOp, LocalRep
         }
     }
     // Pseudo-headers named as scope parts come from their own parameters.
-    for name in &cfg.scope_headers {
+    for name in &policy.scope_headers {
         if name == ":authority" {
             head.authority = head.header(name).unwrap_or_default().to_string();
         }
     }
     let digest = record_digest(
-        cfg,
+        policy,
         &head,
         &ClientKey {
             source,
@@ -125,8 +158,12 @@ pub fn parse(cfg: &Config, method: &str, path: &str) -> Result<AdminOp, LocalRep
         },
     );
     Ok(match method {
-        "DELETE" => AdminOp::Delete { digest, force },
-        _ => AdminOp::Get(digest),
+        "DELETE" => AdminOp::Delete {
+            digest,
+            force,
+            rule,
+        },
+        _ => AdminOp::Get { digest, rule },
     })
 }
 
@@ -143,15 +180,16 @@ fn json_reply(status: u16, v: Value) -> LocalReply {
     }
 }
 
-/// A record as JSON: state, expiry, age (by this configuration's timeouts), payload
-/// digest, and the stored response's status and body size.
-fn record_json(cfg: &Config, digest: &Digest, view: &RecordView, now_ms: u64) -> Value {
+/// A record as JSON: state, expiry, age (by the policy's timeouts), payload digest, and
+/// the stored response's status and body size.
+fn record_json(cfg: &Policy, digest: &Digest, view: &RecordView, now_ms: u64) -> Value {
     let life = match view.state {
         "in_flight" | "held" => cfg.in_flight_timeout_ms,
         _ => cfg.ttl_ms,
     };
     json!({
         "record": hex(digest),
+        "rule": cfg.rule,
         "state": view.state,
         "expires_at_ms": view.expires_ms,
         "expires_in_ms": view.expires_ms.saturating_sub(now_ms),
@@ -207,7 +245,7 @@ impl AdminStream {
                         body: ec.protocol.count_prefix(&ec.prefix),
                         timeout_ms: ec.timeout_ms,
                     },
-                    AdminOp::Get(d) | AdminOp::Delete { digest: d, .. } => {
+                    AdminOp::Get { digest: d, .. } | AdminOp::Delete { digest: d, .. } => {
                         self.key = etcd::record_key(&ec.prefix, d);
                         read_call(ec.protocol, &self.key, ec.timeout_ms)
                     }
@@ -251,12 +289,18 @@ impl AdminStream {
                 ),
                 Err(e) => failed(e),
             },
-            AdminOp::Get(d) => match store.inspect(&d, now) {
-                Ok(Some(view)) => json_reply(200, record_json(&p.config, &d, &view, now)),
+            AdminOp::Get { digest: d, rule } => match store.inspect(&d, now) {
+                Ok(Some(view)) => {
+                    json_reply(200, record_json(p.config.policy_at(rule), &d, &view, now))
+                }
                 Ok(None) => not_found(&d),
                 Err(e) => failed(e),
             },
-            AdminOp::Delete { digest, force } => {
+            AdminOp::Delete {
+                digest,
+                force,
+                rule,
+            } => {
                 let result = store.purge(&digest, force, now);
                 env.warn(&format!(
                     "proxy-dedup admin: {peer} asked to remove record {} (force {force}): {:?}",
@@ -272,7 +316,7 @@ impl AdminStream {
                         env.count(Counter::AdminRemoved);
                         json_reply(
                             200,
-                            json!({"removed": record_json(&p.config, &digest, &view, now)}),
+                            json!({"removed": record_json(p.config.policy_at(rule), &digest, &view, now)}),
                         )
                     }
                     Ok(Purge::Refused(_)) => refused(CLAIM_REFUSED),
@@ -311,9 +355,13 @@ impl AdminStream {
             StoreConfig::SharedData => etcd::Protocol::default(),
         };
         let parsed = etcd::read_answer(proto.txn_path(), answer.status, &answer.body);
-        let (digest, delete, force) = match op {
-            AdminOp::Get(d) => (d, false, false),
-            AdminOp::Delete { digest, force } => (digest, true, force),
+        let (digest, delete, force, rule) = match op {
+            AdminOp::Get { digest, rule } => (digest, false, false, rule),
+            AdminOp::Delete {
+                digest,
+                force,
+                rule,
+            } => (digest, true, force, rule),
             AdminOp::Stats => return Action::Continue,
         };
         match parsed {
@@ -351,7 +399,7 @@ impl AdminStream {
                 if !delete {
                     return Action::Reply(json_reply(
                         200,
-                        record_json(&p.config, &digest, &view, now),
+                        record_json(p.config.policy_at(rule), &digest, &view, now),
                     ));
                 }
                 if claim && !force {

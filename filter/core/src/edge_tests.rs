@@ -397,7 +397,7 @@ fn every_documented_range_includes_its_ends() {
         }
     }
     let c = Config::parse(br#"{"ttl_seconds": 31536000, "capacity": 16}"#).unwrap();
-    assert_eq!((c.ttl_ms, c.capacity), (31_536_000_000, 16));
+    assert_eq!((c.policy.ttl_ms, c.capacity), (31_536_000_000, 16));
     ok(r#"{"key": {"max_length": 4096}}"#);
     refused(r#"{"key": {"max_length": 4097}}"#, "key.max_length");
     let etcd = |extra: &str| format!(r#"{{"store": {{"kind": "etcd", "cluster": "e"{extra}}}}}"#);
@@ -1098,7 +1098,7 @@ fn etcd_settling_answers_say_what_happened_to_the_record() {
     };
     let digest = |r: &Req| {
         crate::key::record_digest(
-            &p.config,
+            &p.config.policy,
             &r.head,
             &ClientKey {
                 source: KeySource::Header,
@@ -1290,7 +1290,7 @@ fn admin_parameters_are_percent_decoded() {
     }
     let digest = |key: &str| {
         let d = record_digest(
-            &p.config,
+            &p.config.policy,
             &req("POST", "/o").key(key).head,
             &ClientKey {
                 source: KeySource::Header,
@@ -1451,15 +1451,32 @@ fn admin_on_etcd_reads_without_deleting_and_gives_up_on_a_record_that_keeps_chan
 
 #[test]
 fn a_cached_lease_serves_its_window_and_not_a_millisecond_more() {
-    use crate::etcd::{LeaseCache, LeasePurpose};
+    use crate::etcd::{LeaseCache, LeasePlan, LeasePurpose};
+    let plan = LeasePlan {
+        in_flight_window_ms: 500,
+        completed_window_ms: 2_000,
+        in_flight_ttl_s: 10,
+        completed_ttl_s: 20,
+    };
+    // Another rule's plan (a longer TTL) never gets this plan's leases.
+    let other = LeasePlan {
+        in_flight_ttl_s: 11,
+        completed_ttl_s: 21,
+        ..plan
+    };
     let mut c = LeaseCache::default();
-    assert_eq!(c.get(LeasePurpose::InFlight, 0), None);
-    c.put(LeasePurpose::InFlight, 7, 1_000, 500);
-    c.put(LeasePurpose::Completed, 8, 1_000, 2_000);
-    assert_eq!(c.get(LeasePurpose::InFlight, 1_499), Some(7));
-    assert_eq!(c.get(LeasePurpose::InFlight, 1_500), None);
-    assert_eq!(c.get(LeasePurpose::Completed, 2_999), Some(8));
-    assert_eq!(c.get(LeasePurpose::Completed, 3_000), None);
+    assert_eq!(c.get(LeasePurpose::InFlight, &plan, 0), None);
+    c.put(LeasePurpose::InFlight, &plan, 7, 1_000);
+    c.put(LeasePurpose::Completed, &plan, 8, 1_000);
+    assert_eq!(c.get(LeasePurpose::InFlight, &plan, 1_499), Some(7));
+    assert_eq!(c.get(LeasePurpose::InFlight, &other, 1_499), None);
+    assert_eq!(c.get(LeasePurpose::InFlight, &plan, 1_500), None);
+    assert_eq!(c.get(LeasePurpose::Completed, &plan, 2_999), Some(8));
+    assert_eq!(c.get(LeasePurpose::Completed, &other, 2_999), None);
+    assert_eq!(c.get(LeasePurpose::Completed, &plan, 3_000), None);
+    c.put(LeasePurpose::InFlight, &other, 9, 1_200);
+    assert_eq!(c.get(LeasePurpose::InFlight, &other, 1_300), Some(9));
+    assert_eq!(c.get(LeasePurpose::InFlight, &plan, 1_300), Some(7));
 }
 
 #[test]

@@ -434,36 +434,42 @@ pub enum LeasePurpose {
     Completed,
 }
 
-/// Time-bucketed leases, one per purpose per worker. A lease granted at `g` with TTL
-/// `life + window` is attached to records created in `[g, g + window)`, so each record
-/// outlives its logical expiry by at most `window` (plus etcd's one-second lease
-/// granularity), and etcd sees one lease grant per window per worker instead of one per
-/// request. Records are expired logically by the time inside them; the lease only
-/// removes them from etcd.
+/// Time-bucketed leases, one per purpose and lease plan per worker. A lease granted at
+/// `g` with TTL `life + window` is attached to records created in `[g, g + window)`, so
+/// each record outlives its logical expiry by at most `window` (plus etcd's one-second
+/// lease granularity), and etcd sees one lease grant per window per worker instead of one
+/// per request. Records are expired logically by the time inside them; the lease only
+/// removes them from etcd. Rules with other TTLs or in-flight timeouts have other plans,
+/// hence their own leases: a lease is only reused for records of the same life.
 #[derive(Debug, Default, Clone)]
 pub struct LeaseCache {
-    in_flight: Option<(i64, u64)>,
-    completed: Option<(i64, u64)>,
+    /// (purpose, lease TTL s, window ms) → (lease id, usable until ms).
+    slots: Vec<(LeaseSlot, (i64, u64))>,
 }
 
+/// Which records a cached lease is for: a purpose under one lease plan.
+type LeaseSlot = (LeasePurpose, u64, u64);
+
 impl LeaseCache {
-    /// A lease usable for a record created now, if one is cached.
-    pub fn get(&self, purpose: LeasePurpose, now_ms: u64) -> Option<i64> {
-        let slot = match purpose {
-            LeasePurpose::InFlight => self.in_flight,
-            LeasePurpose::Completed => self.completed,
-        };
-        slot.filter(|(_, until)| now_ms < *until).map(|(id, _)| id)
+    /// A lease usable now for a record of `purpose` under `plan`, if one is cached.
+    pub fn get(&self, purpose: LeasePurpose, plan: &LeasePlan, now_ms: u64) -> Option<i64> {
+        let slot = (purpose, plan.ttl_s(purpose), plan.window(purpose));
+        self.slots
+            .iter()
+            .find(|(s, _)| *s == slot)
+            .map(|(_, v)| *v)
+            .filter(|(_, until)| now_ms < *until)
+            .map(|(id, _)| id)
     }
 
-    /// Caches lease `id` for the window after `sent_ms`, when its grant was sent (not
-    /// when the answer came: etcd's TTL started before that).
-    pub fn put(&mut self, purpose: LeasePurpose, id: i64, sent_ms: u64, window_ms: u64) {
-        let v = Some((id, sent_ms.saturating_add(window_ms)));
-        match purpose {
-            LeasePurpose::InFlight => self.in_flight = v,
-            LeasePurpose::Completed => self.completed = v,
-        }
+    /// Caches lease `id` for `plan`'s window after `sent_ms`, when its grant was sent
+    /// (not when the answer came: etcd's TTL started before that). Leases whose window
+    /// has passed are dropped, so the cache holds at most two per plan in use.
+    pub fn put(&mut self, purpose: LeasePurpose, plan: &LeasePlan, id: i64, sent_ms: u64) {
+        let slot = (purpose, plan.ttl_s(purpose), plan.window(purpose));
+        let until = sent_ms.saturating_add(plan.window(purpose));
+        self.slots.retain(|(s, (_, u))| *s != slot && *u > sent_ms);
+        self.slots.push((slot, (id, until)));
     }
 }
 

@@ -1,7 +1,7 @@
 //! Request identity: the client key (header, JSON pointer or keyless fingerprint), its
 //! validation, the scope, and the digests stored in place of raw keys.
 
-use crate::config::{Config, FingerprintPart};
+use crate::config::{FingerprintPart, Policy};
 use crate::jsonptr::{self, NotJson, Target};
 use sha2::{Digest as _, Sha256};
 
@@ -61,7 +61,7 @@ impl RequestHead {
     }
 
     /// The first scope header sent on more than one line, if any.
-    pub fn ambiguous_scope<'a>(&self, cfg: &'a Config) -> Option<&'a str> {
+    pub fn ambiguous_scope<'a>(&self, cfg: &'a Policy) -> Option<&'a str> {
         cfg.scope_headers
             .iter()
             .find(|name| self.header_count(name) > 1)
@@ -141,7 +141,7 @@ pub fn validate_key(raw: &str, max_length: usize, what: &str) -> Result<String, 
 /// The key from the configured headers, if one is present. A key header sent on more
 /// than one line is refused: a proxy or client library before us could pick another
 /// line than we do.
-pub fn header_key(cfg: &Config, head: &RequestHead) -> Option<Result<ClientKey, KeyError>> {
+pub fn header_key(cfg: &Policy, head: &RequestHead) -> Option<Result<ClientKey, KeyError>> {
     cfg.key_headers.iter().find_map(|name| {
         if head.header_count(name) > 1 {
             return Some(Err(KeyError::Ambiguous {
@@ -169,7 +169,7 @@ pub enum JsonKey {
 /// The key at `pointer` in a JSON body. Strings and integers are keys; other values are
 /// invalid, and so is a member named twice on the pointer's path. The body is scanned
 /// once without building the document (see `jsonptr`).
-pub fn json_key(cfg: &Config, pointer: &str, body: &[u8]) -> JsonKey {
+pub fn json_key(cfg: &Policy, pointer: &str, body: &[u8]) -> JsonKey {
     let what = format!("JSON value at `{pointer}`");
     let found = match jsonptr::find(body, pointer) {
         Ok(t) => t,
@@ -237,7 +237,7 @@ impl BodyHasher {
 }
 
 /// The keyless fingerprint of the configured parts (the body enters as its digest).
-pub fn fingerprint_key(cfg: &Config, head: &RequestHead, body: &BodyDigest) -> ClientKey {
+pub fn fingerprint_key(cfg: &Policy, head: &RequestHead, body: &BodyDigest) -> ClientKey {
     let mut h = Sha256::new();
     h.update(b"proxy-dedup fingerprint v1\0");
     for part in &cfg.fingerprint {
@@ -260,13 +260,21 @@ pub fn fingerprint_key(cfg: &Config, head: &RequestHead, body: &BodyDigest) -> C
     }
 }
 
-/// The record digest: the authority (unless `scope.authority` is off), scope values and
-/// the key, length-prefixed, with the key's source.
+/// The record digest: the records group of a rule (its name, or the one it shares), the
+/// authority (unless `scope.authority` is off), scope values and the key,
+/// length-prefixed, with the key's source. The top-level records have no group, so their
+/// digests are the same with or without rules configured.
 /// The store only ever sees this digest, never the raw key, and a client cannot choose a
 /// key that lands on another scope's record without a SHA-256 collision.
-pub fn record_digest(cfg: &Config, head: &RequestHead, key: &ClientKey) -> Digest {
+pub fn record_digest(cfg: &Policy, head: &RequestHead, key: &ClientKey) -> Digest {
     let mut h = Sha256::new();
     h.update(b"proxy-dedup record v2\0");
+    // A distinct marker byte (the authority flag below is 0 or 1), so a group never
+    // reads as an authority.
+    if let Some(group) = &cfg.records {
+        h.update([2]);
+        feed(&mut h, group.as_bytes());
+    }
     if cfg.scope_authority {
         h.update([1]);
         feed(&mut h, head.authority.to_ascii_lowercase().as_bytes());

@@ -189,6 +189,16 @@ impl Layout {
         }
     }
 
+    /// The same buckets with another policy's timing: records carry their own expiry,
+    /// so rules with different TTLs and in-flight timeouts share one layout.
+    pub fn timed(&self, in_flight_ms: u64, ttl_ms: u64) -> Self {
+        Layout {
+            in_flight_ms,
+            ttl_ms,
+            ..self.clone()
+        }
+    }
+
     pub fn with_secret(mut self, secret: [u8; SECRET_LEN]) -> Self {
         self.secret = secret;
         self

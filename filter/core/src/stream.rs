@@ -3,7 +3,7 @@
 //! glue feeds it callbacks and carries out the `Action`s it returns.
 
 use crate::config::{
-    Config, EtcdConfig, FailureMode, OnDuplicate, OnInFlight, OnUnknownOutcome, StoreConfig,
+    Config, EtcdConfig, FailureMode, OnDuplicate, OnInFlight, OnUnknownOutcome, Policy, StoreConfig,
 };
 use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState, LeaseCache, LeasePlan, LeasePurpose};
 use crate::key::{
@@ -25,28 +25,64 @@ use crate::wait::{Waiters, POLL_ETCD_MS, RECHECK_SHARED_MS};
 #[derive(Debug, Clone)]
 pub struct Plugin {
     pub config: Config,
+    /// The buckets every policy shares, timed for the longest-lived policy (what the
+    /// layout registry needs); a stream uses `layout_for` its policy.
     pub layout: Layout,
+    /// The top-level policy's lease plan; a stream uses `leases_for` its policy.
     pub leases: LeasePlan,
 }
 
 impl Plugin {
     pub fn new(config: Config) -> Self {
-        let budget_ms = match &config.store {
-            StoreConfig::Etcd(ec) => ec.timeout_ms,
-            StoreConfig::SharedData => 0,
-        };
-        let leases = LeasePlan::new(config.ttl_ms, config.in_flight_timeout_ms, budget_ms);
+        let top = &config.policy;
+        let leases = LeasePlan::new(top.ttl_ms, top.in_flight_timeout_ms, budget_ms(&config));
+        // Every policy shares the buckets; the layout registers itself for as long as
+        // the longest-lived policy's records may live.
+        let policies = || std::iter::once(top).chain(config.rules.iter().map(|r| &r.policy));
         let layout = Layout::new(
             &config.namespace,
             config.capacity,
-            config.in_flight_timeout_ms,
-            config.ttl_ms,
+            policies()
+                .map(|p| p.in_flight_timeout_ms)
+                .max()
+                .unwrap_or(0),
+            policies().map(|p| p.ttl_ms).max().unwrap_or(0),
         );
         Plugin {
             config,
             layout,
             leases,
         }
+    }
+
+    /// The shared-data layout with a policy's timing (borrowed when it is the layout's).
+    pub fn layout_for(&self, policy: &Policy) -> std::borrow::Cow<'_, Layout> {
+        if policy.in_flight_timeout_ms == self.layout.in_flight_ms
+            && policy.ttl_ms == self.layout.ttl_ms
+        {
+            std::borrow::Cow::Borrowed(&self.layout)
+        } else {
+            std::borrow::Cow::Owned(
+                self.layout
+                    .timed(policy.in_flight_timeout_ms, policy.ttl_ms),
+            )
+        }
+    }
+
+    /// The etcd lease timing of a policy.
+    pub fn leases_for(&self, policy: &Policy) -> LeasePlan {
+        LeasePlan::new(
+            policy.ttl_ms,
+            policy.in_flight_timeout_ms,
+            budget_ms(&self.config),
+        )
+    }
+}
+
+fn budget_ms(config: &Config) -> u64 {
+    match &config.store {
+        StoreConfig::Etcd(ec) => ec.timeout_ms,
+        StoreConfig::SharedData => 0,
     }
 }
 
@@ -276,6 +312,8 @@ pub struct DedupStream {
     payload: Option<Digest>,
     /// Wait mode: when this duplicate stops waiting (ms), once it waits.
     wait_deadline: Option<u64>,
+    /// The rule whose policy this stream follows (`None`: the top-level fields).
+    rule: Option<usize>,
 }
 
 impl std::fmt::Debug for DedupStream {
@@ -306,7 +344,16 @@ impl DedupStream {
             log_changed: false,
             payload: None,
             wait_deadline: None,
+            rule: None,
         }
+    }
+
+    /// The name of the rule whose policy this stream follows, once the request's
+    /// headers chose it (`None`: no rule matched).
+    pub fn rule<'p>(&self, p: &'p Plugin) -> Option<&'p str> {
+        self.rule
+            .and_then(|i| p.config.rules.get(i))
+            .map(|r| r.name.as_str())
     }
 
     /// The decision and the record's digest prefix, when they changed since the last
@@ -459,7 +506,11 @@ impl DedupStream {
         end_of_stream: bool,
     ) -> Action {
         env.count(Counter::Requests);
-        let cfg = &p.config;
+        let (rule, cfg) = p.config.select(&head);
+        self.rule = rule;
+        if cfg.bypass {
+            return self.bypass(env, "bypassed by its rule");
+        }
         if !cfg.dedups_method(&head.method) {
             return self.bypass(env, "method not deduplicated");
         }
@@ -518,11 +569,11 @@ impl DedupStream {
         if !matches!(self.phase, Phase::Reading(_)) {
             return Action::Continue;
         }
-        if buffered_len > p.config.max_body_bytes {
+        let max_body_bytes = p.config.policy_at(self.rule).max_body_bytes;
+        if buffered_len > max_body_bytes {
             env.count(Counter::BodyTooLarge);
             let detail = format!(
-                "the request body exceeds {} bytes, the most this proxy reads to deduplicate a request",
-                p.config.max_body_bytes
+                "the request body exceeds {max_body_bytes} bytes, the most this proxy reads to deduplicate a request",
             );
             return self.reply(env, Problem::BodyTooLarge.reply(&detail, Vec::new()));
         }
@@ -554,13 +605,13 @@ impl DedupStream {
         env: &mut E,
         read_body: impl FnOnce() -> Option<Vec<u8>>,
     ) -> Action {
+        let max_body_bytes = p.config.policy_at(self.rule).max_body_bytes;
         match read_body() {
-            Some(body) if body.len() <= p.config.max_body_bytes => self.decide(p, env, &body),
+            Some(body) if body.len() <= max_body_bytes => self.decide(p, env, &body),
             Some(_) => {
                 env.count(Counter::BodyTooLarge);
                 let detail = format!(
-                    "the request body exceeds {} bytes, the most this proxy reads to deduplicate a request",
-                    p.config.max_body_bytes
+                    "the request body exceeds {max_body_bytes} bytes, the most this proxy reads to deduplicate a request",
                 );
                 self.reply(env, Problem::BodyTooLarge.reply(&detail, Vec::new()))
             }
@@ -583,8 +634,9 @@ impl DedupStream {
         let Phase::Forwarded(owned) = std::mem::replace(&mut self.phase, Phase::Finished) else {
             return None;
         };
+        let policy = p.config.policy_at(self.rule);
         match classify(&origin.details, origin.flags) {
-            Outcome::Upstream if p.config.stores_status(status) => {}
+            Outcome::Upstream if policy.stores_status(status) => {}
             Outcome::Upstream => {
                 env.debug(format_args!(
                     "stream {}: upstream answered {status}; releasing the claim",
@@ -601,7 +653,7 @@ impl DedupStream {
             }
             Outcome::Unknown => return self.unknown_outcome(p, env, owned, origin),
         }
-        let capture = Capture::new(status, pairs(), p.config.max_replay_body_bytes);
+        let capture = Capture::new(status, pairs(), policy.max_replay_body_bytes);
         self.phase = Phase::Capturing(owned, capture);
         if end_of_stream {
             return self.complete(p, env);
@@ -809,7 +861,7 @@ impl DedupStream {
         let Phase::Reading(r) = std::mem::replace(&mut self.phase, Phase::Finished) else {
             return Action::Continue;
         };
-        let cfg = &p.config;
+        let cfg = p.config.policy_at(self.rule);
         let Reading {
             head,
             header_key,
@@ -850,7 +902,7 @@ impl DedupStream {
         let Some(payload) = self.payload else {
             return Action::Continue;
         };
-        match &cfg.store {
+        match &p.config.store {
             StoreConfig::SharedData => self.claim_shared(p, env, digest, payload),
             StoreConfig::Etcd(ec) => self.claim_etcd(p, env, ec, digest, payload),
         }
@@ -865,7 +917,8 @@ impl DedupStream {
     ) -> Action {
         let token = env.new_token();
         let now = env.now_ms();
-        let outcome = SharedStore::new(&*env, &p.layout).claim(&digest, &payload, now, token);
+        let layout = p.layout_for(p.config.policy_at(self.rule));
+        let outcome = SharedStore::new(&*env, &layout).claim(&digest, &payload, now, token);
         match outcome {
             Ok(ClaimOutcome::Claimed {
                 claim,
@@ -881,7 +934,9 @@ impl DedupStream {
             }
             Ok(ClaimOutcome::PayloadMismatch) => self.duplicate(p, env, Duplicate::PayloadMismatch),
             Ok(ClaimOutcome::CompletedNotStored) => self.duplicate(p, env, Duplicate::NotStored),
-            Ok(ClaimOutcome::Completed(_)) if p.config.on_duplicate == OnDuplicate::Reject => {
+            Ok(ClaimOutcome::Completed(_))
+                if p.config.policy_at(self.rule).on_duplicate == OnDuplicate::Reject =>
+            {
                 self.duplicate(p, env, Duplicate::Completed(None))
             }
             Ok(ClaimOutcome::Completed(done)) => {
@@ -937,9 +992,10 @@ impl DedupStream {
     /// Answers a request whose key is already taken.
     fn duplicate<E: Env>(&mut self, p: &Plugin, env: &mut E, dup: Duplicate) -> Action {
         let cfg = &p.config;
+        let policy = cfg.policy_at(self.rule);
         match dup {
             Duplicate::InFlight { held_until } => {
-                if cfg.on_in_flight == OnInFlight::Wait {
+                if policy.on_in_flight == OnInFlight::Wait {
                     if let Some(action) = self.start_or_keep_waiting(p, env, held_until) {
                         return action;
                     }
@@ -968,7 +1024,7 @@ impl DedupStream {
                 self.reply(env, Problem::PayloadMismatch.reply(detail, Vec::new()))
             }
             Duplicate::NotStored => self.not_stored(env),
-            Duplicate::Completed(_) if cfg.on_duplicate == OnDuplicate::Reject => {
+            Duplicate::Completed(_) if policy.on_duplicate == OnDuplicate::Reject => {
                 env.count(Counter::RejectedCompleted);
                 let detail = "a request with this key has already completed";
                 self.reply(env, Problem::AlreadyCompleted.reply(detail, Vec::new()))
@@ -999,10 +1055,11 @@ impl DedupStream {
     ) -> Option<Action> {
         let (digest, payload) = (self.record?, self.payload?);
         let now = env.now_ms();
+        let wait_timeout_ms = p.config.policy_at(self.rule).wait_timeout_ms;
         let deadline = match self.wait_deadline {
             Some(d) => d,
             None => {
-                let d = now.saturating_add(p.config.wait_timeout_ms);
+                let d = now.saturating_add(wait_timeout_ms);
                 // The first check comes at the next tick: a completion that landed
                 // between the claim's read and this registration woke nobody here.
                 if !env
@@ -1020,7 +1077,7 @@ impl DedupStream {
                     "stream {}: record {} in flight; waiting up to {} ms for its answer",
                     self.id,
                     short_hex(&digest),
-                    p.config.wait_timeout_ms
+                    wait_timeout_ms
                 ));
                 self.wait_deadline = Some(d);
                 d
@@ -1091,23 +1148,24 @@ impl DedupStream {
     fn next_claim_call<E: Env>(&mut self, p: &Plugin, env: &mut E, mut c: Box<Claiming>) -> Action {
         let now = env.now_ms();
         let timeout_ms = attempt_timeout(p, c.deadline_ms, now);
-        let in_flight = env.leases().get(LeasePurpose::InFlight, now);
-        let completed = env.leases().get(LeasePurpose::Completed, now);
+        let plan = p.leases_for(p.config.policy_at(self.rule));
+        let in_flight = env.leases().get(LeasePurpose::InFlight, &plan, now);
+        let completed = env.leases().get(LeasePurpose::Completed, &plan, now);
         let proto = protocol(p);
         let (step, path, body) = match (in_flight, completed) {
             (None, _) => (
                 ClaimStep::Grant(LeasePurpose::InFlight),
                 proto.lease_grant_path(),
-                proto.lease_grant(p.leases.ttl_s(LeasePurpose::InFlight)),
+                proto.lease_grant(plan.ttl_s(LeasePurpose::InFlight)),
             ),
             (_, None) => (
                 ClaimStep::Grant(LeasePurpose::Completed),
                 proto.lease_grant_path(),
-                proto.lease_grant(p.leases.ttl_s(LeasePurpose::Completed)),
+                proto.lease_grant(plan.ttl_s(LeasePurpose::Completed)),
             ),
             (Some(lease), Some(completed)) => {
                 c.completed_lease = Some(completed);
-                let rec = in_flight_record(p, &c, now);
+                let rec = in_flight_record(p.config.policy_at(self.rule), &c, now);
                 c.in_flight_lease = lease;
                 c.expires_ms = rec.expires_ms;
                 (
@@ -1169,8 +1227,8 @@ impl DedupStream {
         };
         match (c.step, parsed) {
             (ClaimStep::Grant(purpose), EtcdAnswer::Lease { id }) => {
-                env.leases()
-                    .put(purpose, id, c.sent_ms, p.leases.window(purpose));
+                let plan = p.leases_for(p.config.policy_at(self.rule));
+                env.leases().put(purpose, &plan, id, c.sent_ms);
                 self.next_claim_call(p, env, c)
             }
             (ClaimStep::Txn, EtcdAnswer::Error { code, message })
@@ -1299,10 +1357,13 @@ impl DedupStream {
                     // out yet): take it over, conditional on it being unchanged since we
                     // read it. A clock running ahead by D takes it over D early.
                     Some(_) => {
-                        let Some(lease) = env.leases().get(LeasePurpose::InFlight, now) else {
+                        let policy = p.config.policy_at(self.rule);
+                        let plan = p.leases_for(policy);
+                        let Some(lease) = env.leases().get(LeasePurpose::InFlight, &plan, now)
+                        else {
                             return self.next_claim_call(p, env, c);
                         };
-                        let rec = in_flight_record(p, &c, now);
+                        let rec = in_flight_record(policy, &c, now);
                         c.in_flight_lease = lease;
                         c.expires_ms = rec.expires_ms;
                         c.call = StoreCall {
@@ -1434,9 +1495,9 @@ impl DedupStream {
                 return None;
             };
             r.granting = None;
-            let purpose = LeasePurpose::Completed;
+            let plan = p.leases_for(p.config.policy_at(self.rule));
             env.leases()
-                .put(purpose, *id, sent_ms, p.leases.window(purpose));
+                .put(LeasePurpose::Completed, &plan, *id, sent_ms);
             let (_, entry) = st.learned.as_ref()?;
             let record = EtcdRecord {
                 state: if entry.response.is_some() {
@@ -1471,7 +1532,10 @@ impl DedupStream {
         r.granting = Some(now);
         st.call = StoreCall {
             path: proto.lease_grant_path(),
-            body: proto.lease_grant(p.leases.ttl_s(LeasePurpose::Completed)),
+            body: proto.lease_grant(
+                p.leases_for(p.config.policy_at(self.rule))
+                    .ttl_s(LeasePurpose::Completed),
+            ),
             timeout_ms: attempt_timeout(p, st.deadline_ms, now),
         };
         st.retries = 0;
@@ -1515,7 +1579,8 @@ impl DedupStream {
         let now = env.now_ms();
         match owned {
             Owned::Shared(claim) => {
-                match SharedStore::new(&*env, &p.layout).complete(&claim, response.as_ref(), now) {
+                let layout = p.layout_for(p.config.policy_at(self.rule));
+                match SharedStore::new(&*env, &layout).complete(&claim, response.as_ref(), now) {
                     Ok(true) => {
                         env.debug(format_args!(
                             "stream {}: record {} completed",
@@ -1543,7 +1608,7 @@ impl DedupStream {
                 None
             }
             Owned::Etcd(o) => {
-                let expires_ms = now.saturating_add(p.config.ttl_ms);
+                let expires_ms = now.saturating_add(p.config.policy_at(self.rule).ttl_ms);
                 let mut record = EtcdRecord {
                     state: if response.is_some() {
                         EtcdState::Completed
@@ -1649,7 +1714,7 @@ impl DedupStream {
 /// Wait mode: a record this stream completed or released may have waiters, on any
 /// worker.
 fn wake<E: Env>(p: &Plugin, env: &mut E, digest: &Digest) {
-    if p.config.on_in_flight == OnInFlight::Wait {
+    if p.config.waits() {
         env.wake_waiters(digest);
     }
 }
@@ -1753,11 +1818,11 @@ fn attempt_timeout(p: &Plugin, deadline_ms: u64, now_ms: u64) -> u64 {
     deadline_ms.saturating_sub(now_ms).min(slice).max(1)
 }
 
-fn in_flight_record(p: &Plugin, c: &Claiming, now_ms: u64) -> EtcdRecord {
+fn in_flight_record(policy: &Policy, c: &Claiming, now_ms: u64) -> EtcdRecord {
     EtcdRecord {
         state: EtcdState::InFlight,
         token: c.token,
-        expires_ms: now_ms.saturating_add(p.config.in_flight_timeout_ms),
+        expires_ms: now_ms.saturating_add(policy.in_flight_timeout_ms),
         payload: c.payload,
         response: None,
     }

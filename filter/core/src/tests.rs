@@ -269,18 +269,22 @@ fn empty_config_gives_documented_defaults() {
     assert_eq!(c, Config::default());
     let c2 = Config::parse(b"{}").unwrap();
     assert_eq!(c2, c);
-    assert_eq!(c.key_headers, vec!["idempotency-key"]);
-    assert_eq!(c.methods, vec!["POST", "PATCH"]);
+    assert_eq!(c.policy.key_headers, vec!["idempotency-key"]);
+    assert_eq!(c.policy.methods, vec!["POST", "PATCH"]);
     assert_eq!(
-        (c.ttl_ms, c.in_flight_timeout_ms, c.capacity),
+        (c.policy.ttl_ms, c.policy.in_flight_timeout_ms, c.capacity),
         (86_400_000, 30_000, 100_000)
     );
     assert_eq!(
-        (c.max_body_bytes, c.max_replay_body_bytes, c.key_max_length),
+        (
+            c.policy.max_body_bytes,
+            c.policy.max_replay_body_bytes,
+            c.policy.key_max_length
+        ),
         (1_048_576, 65_536, 255)
     );
     assert_eq!(
-        (c.on_duplicate, c.failure_mode),
+        (c.policy.on_duplicate, c.failure_mode),
         (OnDuplicate::Replay, FailureMode::Open)
     );
     assert!(c.stores_status(200) && c.stores_status(404) && c.stores_status(302));
@@ -297,11 +301,14 @@ fn full_config_parses() {
             "failure_mode": "closed", "store": {"kind": "shared_data", "namespace": "orders"}}"#,
     )
     .unwrap();
-    assert_eq!(c.key_headers, vec!["x-request-id", "idempotency-key"]);
-    assert_eq!(c.json_pointer.as_deref(), Some("/msg~1id"));
-    assert_eq!(c.fingerprint.len(), 5);
-    assert!(c.key_required);
-    assert_eq!(c.on_duplicate, OnDuplicate::Reject);
+    assert_eq!(
+        c.policy.key_headers,
+        vec!["x-request-id", "idempotency-key"]
+    );
+    assert_eq!(c.policy.json_pointer.as_deref(), Some("/msg~1id"));
+    assert_eq!(c.policy.fingerprint.len(), 5);
+    assert!(c.policy.key_required);
+    assert_eq!(c.policy.on_duplicate, OnDuplicate::Reject);
     assert_eq!(c.failure_mode, FailureMode::Closed);
     assert!(c.stores_status(201) && c.stores_status(409) && !c.stores_status(404));
     assert_eq!(c.replayed_header, "x-replayed");
@@ -466,11 +473,17 @@ fn header_key_first_present_wins_and_is_validated() {
         .header("x-b", "second")
         .header("x-a", "first")
         .head;
-    assert_eq!(key::header_key(&cfg, &h).unwrap().unwrap().value, b"first");
+    assert_eq!(
+        key::header_key(&cfg.policy, &h).unwrap().unwrap().value,
+        b"first"
+    );
     h.headers.remove(1);
-    assert_eq!(key::header_key(&cfg, &h).unwrap().unwrap().value, b"second");
+    assert_eq!(
+        key::header_key(&cfg.policy, &h).unwrap().unwrap().value,
+        b"second"
+    );
     h.headers.clear();
-    assert!(key::header_key(&cfg, &h).is_none());
+    assert!(key::header_key(&cfg.policy, &h).is_none());
     for (bad, why) in [
         ("123456789", "at most 8"),
         ("a\u{1}b", "control"),
@@ -479,23 +492,26 @@ fn header_key_first_present_wins_and_is_validated() {
         ("a\tb", "control"),
     ] {
         let h = req("POST", "/").header("x-a", bad).head;
-        match key::header_key(&cfg, &h).unwrap() {
+        match key::header_key(&cfg.policy, &h).unwrap() {
             Err(KeyError::Invalid { detail }) => assert!(detail.contains(why), "{bad:?}: {detail}"),
             other => panic!("{bad:?}: {other:?}"),
         }
     }
     // An RFC 8941 string (as in the IETF draft) is the same key as its content.
     let q = req("POST", "/").header("x-a", "\"abc\"").head;
-    assert_eq!(key::header_key(&cfg, &q).unwrap().unwrap().value, b"abc");
+    assert_eq!(
+        key::header_key(&cfg.policy, &q).unwrap().unwrap().value,
+        b"abc"
+    );
     // Exactly max_length is fine.
     let h = req("POST", "/").header("x-a", "12345678").head;
-    assert!(key::header_key(&cfg, &h).unwrap().is_ok());
+    assert!(key::header_key(&cfg.policy, &h).unwrap().is_ok());
 }
 
 #[test]
 fn json_pointer_keys() {
     let cfg = Config::parse(br#"{"key": {"json_pointer": "/msg/id", "max_length": 10}}"#).unwrap();
-    let found = |body: &str| json_key(&cfg, "/msg/id", body.as_bytes());
+    let found = |body: &str| json_key(&cfg.policy, "/msg/id", body.as_bytes());
     assert!(
         matches!(found(r#"{"msg": {"id": "m-1"}}"#), JsonKey::Found(ClientKey { value, source: KeySource::JsonPointer }) if value == b"m-1")
     );
@@ -529,7 +545,7 @@ fn json_pointer_keys() {
     assert!(matches!(found("\u{0}\u{ff}garbage"), JsonKey::Absent(_)));
     // Escapes: "/a~1b" is the member "a/b".
     assert!(matches!(
-        json_key(&cfg, "/a~1b", br#"{"a/b": "k"}"#),
+        json_key(&cfg.policy, "/a~1b", br#"{"a/b": "k"}"#),
         JsonKey::Found(_)
     ));
 }
@@ -547,7 +563,7 @@ fn fingerprints_differ_by_each_configured_part_only() {
                 h.update(c);
             }
         }
-        key::fingerprint_key(&cfg, &r.head, &h.finish()).value
+        key::fingerprint_key(&cfg.policy, &r.head, &h.finish()).value
     };
     let base = req("POST", "/push?x=1")
         .header("x-device", "d1")
@@ -572,7 +588,7 @@ fn fingerprints_differ_by_each_configured_part_only() {
     let mut one = key::BodyHasher::default();
     one.update(b"hello");
     assert_eq!(
-        key::fingerprint_key(&cfg, &base.head, &one.finish()).value,
+        key::fingerprint_key(&cfg.policy, &base.head, &one.finish()).value,
         same
     );
     // The body's place: an empty body and no body part differ from a body of "".
@@ -581,8 +597,8 @@ fn fingerprints_differ_by_each_configured_part_only() {
             .unwrap();
     let empty = key::BodyHasher::default().finish();
     assert_ne!(
-        key::fingerprint_key(&no_body, &base.head, &empty).value,
-        key::fingerprint_key(&cfg, &base.head, &empty).value
+        key::fingerprint_key(&no_body.policy, &base.head, &empty).value,
+        key::fingerprint_key(&cfg.policy, &base.head, &empty).value
     );
 }
 
@@ -597,23 +613,26 @@ fn digests_separate_scopes_and_key_sources() {
     let b = req("POST", "/").header("x-tenant", "b").head;
     let none = req("POST", "/").head;
     let empty = req("POST", "/").header("x-tenant", "").head;
-    let da = record_digest(&cfg, &a, &k);
-    assert_eq!(da, record_digest(&cfg, &a, &k));
-    assert_ne!(da, record_digest(&cfg, &b, &k));
+    let da = record_digest(&cfg.policy, &a, &k);
+    assert_eq!(da, record_digest(&cfg.policy, &a, &k));
+    assert_ne!(da, record_digest(&cfg.policy, &b, &k));
     assert_ne!(
-        record_digest(&cfg, &none, &k),
-        record_digest(&cfg, &empty, &k)
+        record_digest(&cfg.policy, &none, &k),
+        record_digest(&cfg.policy, &empty, &k)
     );
     let j = ClientKey {
         source: KeySource::JsonPointer,
         value: b"k1".to_vec(),
     };
-    assert_ne!(da, record_digest(&cfg, &a, &j));
+    assert_ne!(da, record_digest(&cfg.policy, &a, &j));
     // Length prefixes: ("ab","c") and ("a","bc") scopes cannot meet.
     let cfg2 = Config::parse(br#"{"scope": {"headers": ["x-a", "x-b"]}}"#).unwrap();
     let h1 = req("POST", "/").header("x-a", "ab").header("x-b", "c").head;
     let h2 = req("POST", "/").header("x-a", "a").header("x-b", "bc").head;
-    assert_ne!(record_digest(&cfg2, &h1, &k), record_digest(&cfg2, &h2, &k));
+    assert_ne!(
+        record_digest(&cfg2.policy, &h1, &k),
+        record_digest(&cfg2.policy, &h2, &k)
+    );
 }
 
 // ---------- the decision table ----------
@@ -809,12 +828,12 @@ fn statuses_that_ask_for_a_retry_are_not_stored_by_default() {
         );
     }
     for status in [400u16, 404, 409, 422, 201, 302] {
-        assert!(p.config.stores_status(status), "{status}");
+        assert!(p.config.policy.stores_status(status), "{status}");
     }
     // Exclusions: "!code" or "!class"; an exclusion wins over an inclusion.
     let p = plugin(r#"{"store_statuses": ["2xx", "4xx", "!404", "!5xx"]}"#);
-    assert!(p.config.stores_status(200) && p.config.stores_status(429));
-    assert!(!p.config.stores_status(404) && !p.config.stores_status(302));
+    assert!(p.config.policy.stores_status(200) && p.config.policy.stores_status(429));
+    assert!(!p.config.policy.stores_status(404) && !p.config.policy.stores_status(302));
 }
 
 #[test]
@@ -2443,3 +2462,6 @@ mod edge;
 
 #[path = "wait_tests.rs"]
 mod wait_tests;
+
+#[path = "rules_tests.rs"]
+mod rules;

@@ -5,6 +5,7 @@
 
 mod etcd;
 mod hardening;
+mod rules;
 mod wait;
 
 use host_test::{Envoy, EnvoyBuilder, Reply, Request, Response, Status};
