@@ -87,6 +87,7 @@ struct RawStore {
     prefix: Option<String>,
     timeout_ms: Option<u64>,
     max_record_bytes: Option<u64>,
+    max_store_bytes: Option<u64>,
 }
 
 /// Where records live.
@@ -202,6 +203,12 @@ pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1 << 20;
 /// response instead.
 pub const RECORD_OVERHEAD_BYTES: usize = 16 << 10;
 
+/// Default byte budget of stored responses in shared data (`store.max_store_bytes`).
+pub const DEFAULT_MAX_STORE_BYTES: u64 = 128 << 20;
+/// The least share of `store.max_store_bytes` a bucket of 16 records may get: below it
+/// hardly a response would be kept. The default grows to it for very large `capacity`.
+pub const MIN_BUCKET_STORE_BYTES: u64 = 4096;
+
 /// The validated configuration. Header names are lower-case.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -230,6 +237,8 @@ pub struct Config {
     pub role: Role,
     pub namespace: String,
     pub store: StoreConfig,
+    /// Budget of stored response bytes in shared data, split evenly over the buckets.
+    pub max_store_bytes: u64,
 }
 
 impl Default for Config {
@@ -258,6 +267,7 @@ impl Default for Config {
             role: Role::Data,
             namespace: "proxy-dedup".to_string(),
             store: StoreConfig::SharedData,
+            max_store_bytes: DEFAULT_MAX_STORE_BYTES,
         }
     }
 }
@@ -501,10 +511,12 @@ impl TryFrom<RawConfig> for Config {
             Some(h) => header_names("replayed_header", vec![h], false)?.remove(0),
             None => d.replayed_header,
         };
+        let max_store_bytes = raw.store.as_ref().and_then(|st| st.max_store_bytes);
         let (namespace, store) = match raw.store {
             Some(st) => parse_store(st)?,
             None => (d.namespace, StoreConfig::SharedData),
         };
+        let max_store_bytes = store_budget(max_store_bytes, capacity)?;
         if let StoreConfig::Etcd(ec) = &store {
             // The record carries the response plus its own header: leave room for both.
             let room = ec.max_record_bytes.saturating_sub(RECORD_OVERHEAD_BYTES);
@@ -544,8 +556,32 @@ impl TryFrom<RawConfig> for Config {
             role: raw.role.unwrap_or(Role::Data),
             namespace,
             store,
+            max_store_bytes,
         })
     }
+}
+
+/// `store.max_store_bytes`: 128 MiB by default, or 4 KiB per bucket when `capacity` has
+/// more buckets than that covers. A set value must leave every bucket at least 4 KiB.
+fn store_budget(set: Option<u64>, capacity: u64) -> Result<u64, ConfigError> {
+    let buckets = (capacity / crate::store::WAYS as u64).max(1);
+    let least = buckets * MIN_BUCKET_STORE_BYTES;
+    let Some(v) = set else {
+        return Ok(DEFAULT_MAX_STORE_BYTES.max(least));
+    };
+    let v = in_range("store.max_store_bytes", Some(v), 0, 1 << 20, 1 << 40)?;
+    if v < least {
+        return Err(err(
+            "store.max_store_bytes",
+            format!(
+                "{v} leaves each of the {buckets} buckets (capacity {capacity} / 16) {} bytes; \
+                 at least {MIN_BUCKET_STORE_BYTES} per bucket ({least} in all) are needed: \
+                 raise it or lower capacity",
+                v / buckets
+            ),
+        ));
+    }
+    Ok(v)
 }
 
 /// An RFC 6901 pointer into a JSON body, checked.
@@ -679,6 +715,12 @@ fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigError> {
             Ok((namespace, StoreConfig::SharedData))
         }
         "etcd" => {
+            if st.max_store_bytes.is_some() {
+                return Err(err(
+                    "store.max_store_bytes",
+                    "only applies to store.kind \"shared_data\" (the etcd store's local tier has its own bound)",
+                ));
+            }
             if st.namespace.is_some() {
                 return Err(err(
                     "store.namespace",

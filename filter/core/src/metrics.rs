@@ -39,10 +39,13 @@ pub enum Counter {
     OutcomeUnknown,
     /// Records removed through the operator API.
     AdminRemoved,
+    /// Stored responses of completed records dropped to keep a bucket within its share
+    /// of `store.max_store_bytes` (their keys then answer 409 `response-not-stored`).
+    BodiesDropped,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 17] = [
+    pub const ALL: [Counter; 18] = [
         Counter::Requests,
         Counter::Executed,
         Counter::Replayed,
@@ -60,6 +63,7 @@ impl Counter {
         Counter::ClaimsLost,
         Counter::OutcomeUnknown,
         Counter::AdminRemoved,
+        Counter::BodiesDropped,
     ];
 
     pub fn name(self) -> &'static str {
@@ -81,6 +85,7 @@ impl Counter {
             Counter::ClaimsLost => "proxy_dedup_claims_lost",
             Counter::OutcomeUnknown => "proxy_dedup_outcome_unknown",
             Counter::AdminRemoved => "proxy_dedup_admin_removed",
+            Counter::BodiesDropped => "proxy_dedup_bodies_dropped",
         }
     }
 

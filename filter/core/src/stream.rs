@@ -38,7 +38,8 @@ impl Plugin {
             config.capacity,
             config.in_flight_timeout_ms,
             config.ttl_ms,
-        );
+        )
+        .with_max_store_bytes(config.max_store_bytes);
         Plugin {
             config,
             layout,
@@ -1216,13 +1217,25 @@ impl DedupStream {
         let now = env.now_ms();
         match owned {
             Owned::Shared(claim) => {
-                match SharedStore::new(&*env, &p.layout).complete(&claim, response.as_ref(), now) {
-                    Ok(true) => env.debug(format_args!(
-                        "stream {}: record {} completed",
-                        self.id,
-                        short_hex(&claim.digest)
-                    )),
-                    Ok(false) => {
+                let store = SharedStore::new(&*env, &p.layout);
+                match store.complete_within_budget(&claim, response.as_ref(), now) {
+                    Ok(done) if done.owned => {
+                        if response.is_some() && !done.stored {
+                            // Larger than its bucket's share of `max_store_bytes`.
+                            env.count(Counter::ResponseNotStored);
+                        }
+                        for _ in 0..done.dropped {
+                            env.count(Counter::BodiesDropped);
+                        }
+                        env.debug(format_args!(
+                            "stream {}: record {} completed (response kept: {}, bodies dropped: {})",
+                            self.id,
+                            short_hex(&claim.digest),
+                            done.stored,
+                            done.dropped
+                        ))
+                    }
+                    Ok(_) => {
                         env.count(Counter::ClaimsLost);
                         env.warn(&format!(
                             "stream {}: claim on record {} expired before the response came; not stored",

@@ -2410,3 +2410,6 @@ fn the_admin_api_inspects_and_purges_etcd_records() {
 
 #[path = "edge_tests.rs"]
 mod edge;
+
+#[path = "budget_tests.rs"]
+mod budget;
