@@ -276,3 +276,59 @@ fn max_store_bytes_defaults_and_bounds() {
     let ok = Config::parse(br#"{"store": {"max_store_bytes": 25600000}}"#).unwrap();
     assert_eq!(ok.max_store_bytes, 25_600_000);
 }
+
+#[test]
+fn racing_completions_in_one_bucket_never_undercount_nor_exceed_the_budget() {
+    // Four workers complete keys of one bucket at once (CAS races on the bucket and
+    // on the slots). Once they are done, the bytes held are within the budget and
+    // never above what the bucket counts.
+    for round in 0..10u64 {
+        let shared = FakeShared::new();
+        let layout = Arc::new(Layout::new("t", 16, 30_000, 600_000).with_max_store_bytes(10_000));
+        let handles: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (s, l) = (shared.clone(), layout.clone());
+                std::thread::spawn(move || {
+                    let store = SharedStore::new(&*s, &l);
+                    for i in 0..12u64 {
+                        let d = digest(round * 1_000 + t * 100 + i);
+                        let now = i * 10 + t;
+                        match store.claim(&d, &[1; 32], now, t << 32 | i) {
+                            Ok(ClaimOutcome::Claimed { claim, .. }) => {
+                                let size = 1_000 + 700 * (i as usize % 4);
+                                let _ = store.complete_within_budget(
+                                    &claim,
+                                    Some(&response(size, i as u8)),
+                                    now,
+                                );
+                            }
+                            // A bucket full of in-flight claims, or contention.
+                            Ok(_) | Err(_) => {}
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let store = SharedStore::new(&*shared, &layout);
+        let held = slot_bytes(&shared, "t/1/r/");
+        let counted = store.stats(1_000).unwrap().stored_bytes;
+        assert!(held <= 10_000, "round {round}: {held} bytes held");
+        assert!(
+            held <= counted,
+            "round {round}: {held} held, {counted} counted"
+        );
+        // Every completed record's body is there, whole.
+        for t in 0..4u64 {
+            for i in 0..12u64 {
+                let d = digest(round * 1_000 + t * 100 + i);
+                if let Ok(ClaimOutcome::Completed(c)) = store.claim(&d, &[1; 32], 1_000, 7) {
+                    let size = 1_000 + 700 * (i as usize % 4);
+                    assert_eq!(store.response(&c).unwrap(), Some(response(size, i as u8)));
+                }
+            }
+        }
+    }
+}
