@@ -293,17 +293,16 @@ fn racing_completions_in_one_bucket_never_undercount_nor_exceed_the_budget() {
                     for i in 0..12u64 {
                         let d = digest(round * 1_000 + t * 100 + i);
                         let now = i * 10 + t;
-                        match store.claim(&d, &[1; 32], now, t << 32 | i) {
-                            Ok(ClaimOutcome::Claimed { claim, .. }) => {
-                                let size = 1_000 + 700 * (i as usize % 4);
-                                let _ = store.complete_within_budget(
-                                    &claim,
-                                    Some(&response(size, i as u8)),
-                                    now,
-                                );
-                            }
-                            // A bucket full of in-flight claims, or contention.
-                            Ok(_) | Err(_) => {}
+                        // Not claimed: a bucket full of in-flight claims, or contention.
+                        if let Ok(ClaimOutcome::Claimed { claim, .. }) =
+                            store.claim(&d, &[1; 32], now, t << 32 | i)
+                        {
+                            let size = 1_000 + 700 * (i as usize % 4);
+                            let _ = store.complete_within_budget(
+                                &claim,
+                                Some(&response(size, i as u8)),
+                                now,
+                            );
                         }
                     }
                 })
