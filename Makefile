@@ -7,8 +7,11 @@ SHELL := /bin/bash
 DEB_CARGO   ?= /usr/bin/cargo
 WASM_TARGET ?= wasm32-wasip1
 WASM_DIR    := target/wasm
+# simd128: Wasm SIMD, which V8 (Envoy) and wasmtime (host-test) run; BLAKE3 body
+# hashing uses it (its `wasm32_simd` feature).
 WASM_ENV    := RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc CARGO_TARGET_DIR=$(WASM_DIR) \
-	CARGO_TARGET_WASM32_WASIP1_LINKER=/usr/lib/llvm-19/bin/wasm-ld RUSTFLAGS=-L/usr/lib/wasm32-wasi
+	CARGO_TARGET_WASM32_WASIP1_LINKER=/usr/lib/llvm-19/bin/wasm-ld \
+	RUSTFLAGS="-L/usr/lib/wasm32-wasi -C target-feature=+simd128"
 WASM_CRATES := dedup_filter empty_filter shared_data_probe abi_probe
 CARGO       ?= cargo
 
@@ -46,7 +49,7 @@ test: wasm
 # versions: `make test-compat ENVOY_COMPAT_VERSIONS="1.36.4 1.38.2"` (not 1.38.3:
 # that pip build has no V8).
 ENVOY_COMPAT_VERSIONS ?= 1.36.4
-ENVOY_SUITES ?= e2e differential hardening configs multi_proxy remote admin envoy_version wait wait_etcd
+ENVOY_SUITES ?= e2e differential hardening configs multi_proxy remote admin budget envoy_version wait wait_etcd rules
 test-compat: wasm
 	@set -e; for v in $(ENVOY_COMPAT_VERSIONS); do \
 		bin=$$(bash .ci/install-envoy.sh $$v target/envoy-$$v); \

@@ -32,6 +32,8 @@ use std::time::{Duration, Instant};
 
 /// Longest delay honoured, so a typo cannot hang a test.
 const MAX_DELAY_MS: u64 = 30_000;
+/// Largest `x-demo-pad-bytes`.
+const MAX_PAD_BYTES: usize = 1 << 20;
 
 #[derive(Default)]
 struct Counts {
@@ -403,6 +405,15 @@ fn handle(head: &Head, body: &[u8], shared: &Shared) -> (u16, Value, Duration) {
     });
     if status >= 400 {
         payload["error"] = json!(format!("failing on demand with {status}"));
+    }
+    // A large response on demand (memory budget tests).
+    let pad = head
+        .header("x-demo-pad-bytes")
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0)
+        .min(MAX_PAD_BYTES);
+    if pad > 0 {
+        payload["pad"] = json!("p".repeat(pad));
     }
     (status, payload, Duration::from_millis(delay_ms))
 }

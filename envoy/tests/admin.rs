@@ -70,6 +70,10 @@ fn records_are_looked_up_purged_and_then_run_again() {
     let (status, v) = api(admin, "GET", "/stats");
     assert_eq!(status, 200);
     assert_eq!(v["completed"], 1, "{v}");
+    // The one stored response, within the default budget.
+    let stored = v["stored_bytes"].as_u64().unwrap();
+    assert!(stored > first.body.len() as u64, "{v}");
+    assert_eq!(v["max_store_bytes"], 128 << 20, "{v}");
 }
 
 #[test]

@@ -285,6 +285,8 @@ impl AdminStream {
                         "completed_not_stored": st.completed_not_stored,
                         "expired": st.expired,
                         "other_layouts": st.other_layouts,
+                        "stored_bytes": st.stored_bytes,
+                        "max_store_bytes": p.config.max_store_bytes,
                     }),
                 ),
                 Err(e) => failed(e),

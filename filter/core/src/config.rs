@@ -149,6 +149,7 @@ struct RawStore {
     timeout_ms: Option<u64>,
     max_record_bytes: Option<u64>,
     protocol: Option<String>,
+    max_store_bytes: Option<u64>,
 }
 
 /// Where records live.
@@ -283,6 +284,17 @@ pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1 << 20;
 /// `store.max_record_bytes` at completion (very large headers) is kept without its
 /// response instead.
 pub const RECORD_OVERHEAD_BYTES: usize = 16 << 10;
+
+/// Default byte budget of stored responses in shared data (`store.max_store_bytes`),
+/// raised so that every bucket can keep one response of the largest
+/// `max_replay_body_bytes` (see `store_budget`).
+pub const DEFAULT_MAX_STORE_BYTES: u64 = 128 << 20;
+/// The least share of `store.max_store_bytes` a bucket of 16 records may get: below it
+/// hardly a response would be kept.
+pub const MIN_BUCKET_STORE_BYTES: u64 = 4096;
+/// Room for a stored response's status and headers beside its body, in the default
+/// budget's per-bucket floor.
+pub const STORED_HEADERS_ALLOWANCE: u64 = 4096;
 
 /// What one request is deduplicated by: the top-level fields, or a rule's overrides of
 /// them. The stream reads every per-request setting from here, never from `Config`.
@@ -432,6 +444,8 @@ pub struct Config {
     pub role: Role,
     pub namespace: String,
     pub store: StoreConfig,
+    /// Budget of stored response bytes in shared data, split evenly over the buckets.
+    pub max_store_bytes: u64,
 }
 
 impl Default for Config {
@@ -448,6 +462,7 @@ impl Default for Config {
             role: Role::Data,
             namespace: "proxy-dedup".to_string(),
             store: StoreConfig::SharedData,
+            max_store_bytes: store_budget(None, 100_000, 65_536).unwrap_or(DEFAULT_MAX_STORE_BYTES),
         }
     }
 }
@@ -688,11 +703,17 @@ impl TryFrom<RawConfig> for Config {
             Some(h) => header_names("replayed_header", vec![h], false)?.remove(0),
             None => d.replayed_header,
         };
+        let max_store_bytes = raw.store.as_ref().and_then(|st| st.max_store_bytes);
         let (namespace, store) = match raw.store {
             Some(st) => parse_store(st)?,
             None => (d.namespace, StoreConfig::SharedData),
         };
         let rules = parse_rules(&policy, raw.rules.unwrap_or_default())?;
+        let largest_replay = rules
+            .iter()
+            .map(|r| r.policy.max_replay_body_bytes)
+            .fold(policy.max_replay_body_bytes, usize::max);
+        let max_store_bytes = store_budget(max_store_bytes, capacity, largest_replay as u64)?;
         if let StoreConfig::Etcd(ec) = &store {
             check_record_room("", &policy, ec)?;
             for (i, r) in rules.iter().enumerate() {
@@ -711,8 +732,37 @@ impl TryFrom<RawConfig> for Config {
             role: raw.role.unwrap_or(Role::Data),
             namespace,
             store,
+            max_store_bytes,
         })
     }
+}
+
+/// `store.max_store_bytes`. By default 128 MiB, raised so that every bucket's share
+/// holds one response of the largest `max_replay_body_bytes` with its headers (with the
+/// defaults: 6250 buckets × 68 KiB ≈ 415 MiB), so the default never refuses a response
+/// the size limits allow; and never below 4 KiB per bucket. A set value must leave every
+/// bucket at least 4 KiB; below the default, responses larger than a bucket's share
+/// (`max_store_bytes / (capacity / 16)`) are not kept.
+fn store_budget(set: Option<u64>, capacity: u64, largest_replay: u64) -> Result<u64, ConfigError> {
+    let buckets = (capacity / crate::store::WAYS as u64).max(1);
+    let least = buckets * MIN_BUCKET_STORE_BYTES;
+    let Some(v) = set else {
+        let one_response = buckets.saturating_mul(largest_replay + STORED_HEADERS_ALLOWANCE);
+        return Ok(DEFAULT_MAX_STORE_BYTES.max(least).max(one_response));
+    };
+    let v = in_range("store.max_store_bytes", Some(v), 0, 1 << 20, 1 << 40)?;
+    if v < least {
+        return Err(err(
+            "store.max_store_bytes",
+            format!(
+                "{v} leaves each of the {buckets} buckets (capacity {capacity} / 16) {} bytes; \
+                 at least {MIN_BUCKET_STORE_BYTES} per bucket ({least} in all) are needed: \
+                 raise it or lower capacity",
+                v / buckets
+            ),
+        ));
+    }
+    Ok(v)
 }
 
 /// The record carries the response plus its own header: leave room for both.
@@ -1225,6 +1275,12 @@ fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigError> {
             Ok((namespace, StoreConfig::SharedData))
         }
         "etcd" => {
+            if st.max_store_bytes.is_some() {
+                return Err(err(
+                    "store.max_store_bytes",
+                    "only applies to store.kind \"shared_data\" (the etcd store's local tier has its own bound)",
+                ));
+            }
             if st.namespace.is_some() {
                 return Err(err(
                     "store.namespace",

@@ -1565,14 +1565,17 @@ fn ignored_array_elements_do_not_count_in_the_payload() {
 }
 
 #[test]
-fn the_default_payload_digest_is_the_one_records_were_written_with() {
-    // Records written before the payload check could be shaped carry this digest: a
-    // retry across an upgrade must still match them.
+fn the_default_payload_digest_format_is_pinned() {
+    // SHA-256 over method, path with query, and the body's length and BLAKE3 digest.
+    // A change here is a new record format: bump `key::RECORD_DIGEST_VERSION`.
     use sha2::{Digest as _, Sha256};
     let head = req("POST", "/o?x=1").head;
     let mut hasher = crate::key::BodyHasher::default();
-    hasher.update(b"{}");
+    hasher.update(b"{");
+    hasher.update(b"}");
     let body = hasher.finish();
+    assert_eq!(body.digest, *blake3::hash(b"{}").as_bytes());
+    assert_eq!(body.len, 2);
     let mut h = Sha256::new();
     h.update(b"proxy-dedup payload v1\0");
     for part in [&b"POST"[..], &b"/o?x=1"[..]] {
@@ -1587,6 +1590,51 @@ fn the_default_payload_digest_is_the_one_records_were_written_with() {
         crate::payload::payload_digest(&cfg, &head, &body, b"{}"),
         want
     );
+}
+
+#[test]
+fn a_record_of_the_previous_format_is_never_found_nor_misread() {
+    // The previous version's records: digest "record v2", payload digest over a SHA-256
+    // of the body. The same request now neither replays that record nor calls its
+    // payload different (422): it is a new request.
+    use sha2::{Digest as _, Sha256};
+    let p = plugin("{}");
+    let (shared, mut env) = world();
+    let r = req("POST", "/orders").key("k-old").body("{}");
+    let feed = |h: &mut Sha256, b: &[u8]| {
+        h.update((b.len() as u64).to_be_bytes());
+        h.update(b);
+    };
+    let mut h = Sha256::new();
+    h.update(b"proxy-dedup record v2\0");
+    h.update([1]);
+    feed(&mut h, b"api.example");
+    h.update(0u32.to_be_bytes());
+    h.update([1]);
+    feed(&mut h, b"k-old");
+    let old: [u8; 32] = h.finalize().into();
+    let key = ClientKey {
+        source: KeySource::Header,
+        value: b"k-old".to_vec(),
+    };
+    assert_ne!(record_digest(&p.config.policy, &r.head, &key), old);
+    let store = SharedStore::new(&*shared, &p.layout);
+    let now = env.now_ms;
+    let ClaimOutcome::Claimed { claim, .. } = store.claim(&old, &[9; 32], now, 1).unwrap() else {
+        panic!()
+    };
+    let stale = StoredResponse {
+        status: 200,
+        headers: vec![],
+        body: b"from the old version".to_vec(),
+    };
+    assert!(store.complete(&claim, Some(&stale), now).unwrap());
+    assert_eq!(
+        run(&p, &mut env, &r, ok("new")),
+        Outcome::Upstream(200, b"new".to_vec())
+    );
+    assert_eq!(env.count_of(Counter::Executed), 1);
+    assert_eq!(env.count_of(Counter::PayloadMismatch), 0);
 }
 
 #[test]

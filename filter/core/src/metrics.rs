@@ -45,10 +45,13 @@ pub enum Counter {
     WaitReplayed,
     /// Waiting duplicates answered 409 `in-flight` when `wait_timeout_ms` ran out.
     WaitTimeout,
+    /// Stored responses of completed records dropped to keep a bucket within its share
+    /// of `store.max_store_bytes` (their keys then answer 409 `response-not-stored`).
+    BodiesDropped,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 20] = [
+    pub const ALL: [Counter; 21] = [
         Counter::Requests,
         Counter::Executed,
         Counter::Replayed,
@@ -69,6 +72,7 @@ impl Counter {
         Counter::Waited,
         Counter::WaitReplayed,
         Counter::WaitTimeout,
+        Counter::BodiesDropped,
     ];
 
     pub fn name(self) -> &'static str {
@@ -93,6 +97,7 @@ impl Counter {
             Counter::Waited => "proxy_dedup_waited",
             Counter::WaitReplayed => "proxy_dedup_wait_replayed",
             Counter::WaitTimeout => "proxy_dedup_wait_timeout",
+            Counter::BodiesDropped => "proxy_dedup_bodies_dropped",
         }
     }
 

@@ -66,6 +66,13 @@ impl StoredResponse {
         out
     }
 
+    /// Whether a slot holds a response of `digest`/`token` (without decoding it).
+    pub fn belongs(bytes: &[u8], digest: &Digest, token: u64) -> bool {
+        bytes.get(..4) == Some(MAGIC)
+            && bytes.get(4..36) == Some(digest)
+            && bytes.get(36..44) == Some(&token.to_be_bytes()[..])
+    }
+
     /// Decodes a slot; `None` unless it is well-formed and belongs to `digest`/`token`.
     pub fn decode(bytes: &[u8], digest: &Digest, token: u64) -> Option<StoredResponse> {
         let mut r = Reader { b: bytes };

@@ -20,6 +20,9 @@ pub const WAYS: usize = 16;
 const MAX_ATTEMPTS: usize = 64;
 const BUCKET_VERSION: u8 = 1;
 const RECORD_LEN: usize = 32 + 1 + 8 + 8 + 32;
+/// The way byte of the bucket's slot-size entry. A reader without byte budgets skips it
+/// like any way number past `WAYS`, so buckets stay readable by the previous version.
+const SLOTS_WAY: u8 = 0xFF;
 
 /// A failure of the shared-data host calls other than NotFound / CasMismatch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,6 +166,17 @@ pub enum ClaimOutcome {
     PayloadMismatch,
 }
 
+/// What a completion did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Completion {
+    /// The claim was still ours and is now completed (false: lost, left alone).
+    pub owned: bool,
+    /// Its response is kept for replay.
+    pub stored: bool,
+    /// Bodies of other completed records dropped to keep the bucket within its budget.
+    pub dropped: u32,
+}
+
 /// Bucket geometry and timing for one plugin configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
@@ -172,6 +186,8 @@ pub struct Layout {
     secret: [u8; SECRET_LEN],
     pub in_flight_ms: u64,
     pub ttl_ms: u64,
+    /// Bytes of response slots one bucket may hold (`max_store_bytes / buckets`).
+    pub bucket_budget: u64,
 }
 
 impl Layout {
@@ -186,6 +202,7 @@ impl Layout {
             secret: [0; SECRET_LEN],
             in_flight_ms,
             ttl_ms,
+            bucket_budget: u64::MAX,
         }
     }
 
@@ -197,6 +214,13 @@ impl Layout {
             ttl_ms,
             ..self.clone()
         }
+    }
+
+    /// Bounds the bytes of stored responses: each bucket gets an equal share of
+    /// `max_store_bytes`, kept in the bucket record itself, so no shared counter is hot.
+    pub fn with_max_store_bytes(mut self, max_store_bytes: u64) -> Self {
+        self.bucket_budget = max_store_bytes / self.buckets.max(1);
+        self
     }
 
     pub fn with_secret(mut self, secret: [u8; SECRET_LEN]) -> Self {
@@ -290,15 +314,56 @@ impl Registry {
     }
 }
 
-type Bucket = [Option<Record>; WAYS];
+/// A bucket: its record ways, and the bytes each way's response slot holds (as this
+/// store last wrote or blanked it), which the byte budget adds up.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Bucket {
+    ways: [Option<Record>; WAYS],
+    slots: [u32; WAYS],
+}
+
+impl std::ops::Index<usize> for Bucket {
+    type Output = Option<Record>;
+    fn index(&self, way: usize) -> &Option<Record> {
+        &self.ways[way]
+    }
+}
+
+impl std::ops::IndexMut<usize> for Bucket {
+    fn index_mut(&mut self, way: usize) -> &mut Option<Record> {
+        &mut self.ways[way]
+    }
+}
+
+impl Bucket {
+    fn iter(&self) -> std::slice::Iter<'_, Option<Record>> {
+        self.ways.iter()
+    }
+
+    #[cfg(test)]
+    fn iter_mut(&mut self) -> std::slice::IterMut<'_, Option<Record>> {
+        self.ways.iter_mut()
+    }
+
+    /// Bytes of all response slots of the bucket.
+    fn slot_bytes(&self) -> u64 {
+        self.slots.iter().map(|&n| u64::from(n)).sum()
+    }
+}
 
 fn decode_bucket(bytes: &[u8]) -> Bucket {
-    let mut out: Bucket = Default::default();
+    let mut out = Bucket::default();
     // An empty value (never written, or a tombstone) or an unknown version is an empty bucket.
     if bytes.first() != Some(&BUCKET_VERSION) {
         return out;
     }
     for chunk in bytes[1..].chunks_exact(1 + RECORD_LEN) {
+        if chunk[0] == SLOTS_WAY {
+            for (way, n) in chunk[1..1 + 4 * WAYS].chunks_exact(4).enumerate() {
+                out.slots[way] = u32::from_be_bytes([n[0], n[1], n[2], n[3]]);
+            }
+            continue;
+        }
         let way = chunk[0] as usize;
         if way >= WAYS {
             continue;
@@ -333,7 +398,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 }
 
 fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
-    let mut out = Vec::with_capacity(1 + WAYS * (1 + RECORD_LEN));
+    let mut out = Vec::with_capacity(1 + (WAYS + 1) * (1 + RECORD_LEN));
     out.push(BUCKET_VERSION);
     for (way, rec) in bucket.iter().enumerate() {
         if let Some(r) = rec {
@@ -344,6 +409,14 @@ fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
             out.extend_from_slice(&r.expires_ms.to_be_bytes());
             out.extend_from_slice(&r.payload);
         }
+    }
+    // Slot sizes ride in an entry of a record's size, written only once a slot holds bytes.
+    if bucket.slots.iter().any(|&n| n > 0) {
+        out.push(SLOTS_WAY);
+        for n in bucket.slots {
+            out.extend_from_slice(&n.to_be_bytes());
+        }
+        out.resize(out.len() + RECORD_LEN - 4 * WAYS, 0);
     }
     out
 }
@@ -522,18 +595,46 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         response: Option<&StoredResponse>,
         now_ms: u64,
     ) -> Result<bool, StoreError> {
+        self.complete_within_budget(claim, response, now_ms)
+            .map(|c| c.owned)
+    }
+
+    /// `complete`, saying whether the response was kept and how many other responses
+    /// were dropped to keep the bucket within its byte budget.
+    ///
+    /// The bucket record counts the bytes of each way's response slot. When a response
+    /// would take the bucket past its budget, slots of dead ways (no record, expired,
+    /// held, completed without response) are blanked first, then the bodies of the
+    /// completed records closest to expiry, which become completed-without-response:
+    /// their keys answer `409 response-not-stored` and never run again. Claims are
+    /// never touched (an in-flight owner may be writing its slot). If the response
+    /// still does not fit, the record is completed without it.
+    pub fn complete_within_budget(
+        &self,
+        claim: &Claim,
+        response: Option<&StoredResponse>,
+        now_ms: u64,
+    ) -> Result<Completion, StoreError> {
+        let budget = self.layout.bucket_budget;
+        let slot = self
+            .layout
+            .response_key(claim.buckets, claim.bucket, claim.way);
+        // A response larger than a whole bucket's share is never kept.
+        let mut bytes = response
+            .map(|r| r.encode(&claim.digest, claim.token))
+            .filter(|b| b.len() as u64 <= budget);
+        let size = bytes
+            .as_ref()
+            .map_or(0, |b| u32::try_from(b.len()).unwrap_or(u32::MAX));
         let mut read_bucket = None;
-        if let Some(resp) = response {
+        let mut written = false;
+        if let Some(encoded) = &bytes {
             // The slot is written before the record flips, so a reader that sees
             // Completed finds the body. The slot write is a CAS on the slot's own cas,
             // taken before ownership is checked: if a later owner of this way wrote its
             // response in between, ours fails and the recheck finds us no longer owner,
             // so a late completion never clobbers its successor's response. The digest
             // and token inside the slot let readers reject any other leftover.
-            let bytes = resp.encode(&claim.digest, claim.token);
-            let slot = self
-                .layout
-                .response_key(claim.buckets, claim.bucket, claim.way);
             for attempt in 0.. {
                 if attempt == MAX_ATTEMPTS {
                     return Err(StoreError::Contention);
@@ -544,12 +645,18 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                 };
                 let (b, cas) = self.read(claim.buckets, claim.bucket)?;
                 if !owns_at(&b, claim, now_ms) {
-                    return Ok(false);
+                    return Ok(Completion::default());
                 }
-                match self.shared.set(&slot, &bytes, slot_cas) {
+                if room_for(&b, claim.way, size, budget, now_ms).is_none() {
+                    // Claims hold the rest of the budget: not worth writing.
+                    read_bucket = Some((b, cas));
+                    break;
+                }
+                match self.shared.set(&slot, encoded, slot_cas) {
                     // The bucket just read is the first CAS attempt of the flip.
                     Ok(()) => {
                         read_bucket = Some((b, cas));
+                        written = true;
                         break;
                     }
                     Err(SetError::CasMismatch) => continue,
@@ -557,16 +664,100 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                 }
             }
         }
-        let state = if response.is_some() {
-            RecordState::Completed
-        } else {
-            RecordState::CompletedNotStored
-        };
-        self.update_own(claim, read_bucket, Some(now_ms), |r| {
-            r.state = state;
-            r.expires_ms = now_ms.saturating_add(self.layout.ttl_ms);
-            true
-        })
+        if !written {
+            bytes = None;
+        }
+        for _ in 0..MAX_ATTEMPTS {
+            let (mut b, cas) = match read_bucket.take() {
+                Some(read) => read,
+                None => self.read(claim.buckets, claim.bucket)?,
+            };
+            if !owns_at(&b, claim, now_ms) {
+                if bytes.is_some() {
+                    // Written for nothing: give the bytes back.
+                    self.blank_slot_of(&slot, claim)?;
+                }
+                return Ok(Completion::default());
+            }
+            let mut completion = Completion {
+                owned: true,
+                stored: bytes.is_some(),
+                dropped: 0,
+            };
+            let mut victims = Vec::new();
+            if completion.stored {
+                match room_for(&b, claim.way, size, budget, now_ms) {
+                    Some(ways) => {
+                        b.slots[claim.way] = size;
+                        for v in ways {
+                            if let Some(r) = b[v].as_mut() {
+                                if r.state == RecordState::Completed && r.expires_ms > now_ms {
+                                    completion.dropped += 1;
+                                }
+                                if r.state == RecordState::Completed {
+                                    r.state = RecordState::CompletedNotStored;
+                                }
+                            }
+                            b.slots[v] = 0;
+                            // The victim's slot cas, read before the bucket write: if a
+                            // new owner of that way writes its slot after the write, the
+                            // blank below fails instead of erasing its response.
+                            let key = self.layout.response_key(claim.buckets, claim.bucket, v);
+                            if let Some((_, slot_cas)) =
+                                self.shared.get(&key).map_err(StoreError::Host)?
+                            {
+                                victims.push((key, slot_cas));
+                            }
+                        }
+                    }
+                    None => {
+                        // Only claims hold the rest: keep the completion without the
+                        // response (counted until our bytes are blanked below).
+                        completion.stored = false;
+                        b.slots[claim.way] = b.slots[claim.way].max(size);
+                    }
+                }
+            }
+            if let Some(r) = b[claim.way].as_mut() {
+                r.state = if completion.stored {
+                    RecordState::Completed
+                } else {
+                    RecordState::CompletedNotStored
+                };
+                r.expires_ms = now_ms.saturating_add(self.layout.ttl_ms);
+            }
+            if !self.write(claim.buckets, claim.bucket, &b, cas)? {
+                continue;
+            }
+            // Shared data has no delete: a dropped body's slot is overwritten with an
+            // empty value, which readers take for "no response".
+            for (key, slot_cas) in victims {
+                self.blank(&key, slot_cas)?;
+            }
+            if bytes.is_some() && !completion.stored {
+                self.blank_slot_of(&slot, claim)?;
+            }
+            return Ok(completion);
+        }
+        Err(StoreError::Contention)
+    }
+
+    /// Empties a slot unless it changed since `cas` was read.
+    fn blank(&self, key: &str, cas: u32) -> Result<(), StoreError> {
+        match self.shared.set(key, &[], cas) {
+            Ok(()) | Err(SetError::CasMismatch) => Ok(()),
+            Err(SetError::Fault(f)) => Err(StoreError::Host(f)),
+        }
+    }
+
+    /// Empties a slot if it still holds the response of `claim`.
+    fn blank_slot_of(&self, key: &str, claim: &Claim) -> Result<(), StoreError> {
+        match self.shared.get(key).map_err(StoreError::Host)? {
+            Some((bytes, cas)) if StoredResponse::belongs(&bytes, &claim.digest, claim.token) => {
+                self.blank(key, cas)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Releases a won claim (the upstream answered a status not stored, or never got
@@ -675,6 +866,42 @@ fn existing(r: &Record, payload: &Digest, buckets: u64, bucket: u64, way: usize)
             way,
         }),
     }
+}
+
+/// The ways whose slots to empty so that `size` bytes fit in `way`'s slot within
+/// `budget`: dead ways first (no record, expired, held, completed without response),
+/// then completed records closest to expiry. Unexpired in-flight ways are never
+/// chosen: their owner may be writing its slot. `None` when even all of them are not
+/// enough.
+fn room_for(b: &Bucket, way: usize, size: u32, budget: u64, now_ms: u64) -> Option<Vec<usize>> {
+    let mut total = b.slot_bytes() - u64::from(b.slots[way]) + u64::from(size);
+    if total <= budget {
+        return Some(Vec::new());
+    }
+    let mut candidates: Vec<(bool, u64, usize)> = (0..WAYS)
+        .filter(|&v| v != way && b.slots[v] > 0)
+        .filter_map(|v| match &b[v] {
+            None => Some((false, 0, v)),
+            Some(r) if r.expires_ms <= now_ms => Some((false, r.expires_ms, v)),
+            Some(r) => match r.state {
+                RecordState::InFlight => None,
+                RecordState::Completed => Some((true, r.expires_ms, v)),
+                RecordState::Held | RecordState::CompletedNotStored => {
+                    Some((false, r.expires_ms, v))
+                }
+            },
+        })
+        .collect();
+    candidates.sort_unstable();
+    let mut victims = Vec::new();
+    for (_, _, v) in candidates {
+        total -= u64::from(b.slots[v]);
+        victims.push(v);
+        if total <= budget {
+            return Some(victims);
+        }
+    }
+    None
 }
 
 /// The completed record closest to expiry: evicted when the bucket is full.

@@ -33,13 +33,18 @@ fn record() -> impl Strategy<Value = Record> {
 }
 
 fn bucket() -> impl Strategy<Value = Bucket> {
-    prop::collection::vec(prop::option::of(record()), WAYS).prop_map(|ways| {
-        let mut b: Bucket = Default::default();
-        for (slot, r) in b.iter_mut().zip(ways) {
-            *slot = r;
-        }
-        b
-    })
+    (
+        prop::collection::vec(prop::option::of(record()), WAYS),
+        prop::option::of(any::<[u32; WAYS]>()),
+    )
+        .prop_map(|(ways, slots)| {
+            let mut b: Bucket = Default::default();
+            for (slot, r) in b.iter_mut().zip(ways) {
+                *slot = r;
+            }
+            b.slots = slots.unwrap_or_default();
+            b
+        })
 }
 
 proptest! {
@@ -48,8 +53,20 @@ proptest! {
     #[test]
     fn buckets_round_trip(b in bucket()) {
         let bytes = encode_bucket(&b);
-        prop_assert_eq!(bytes.len(), 1 + b.iter().flatten().count() * (1 + RECORD_LEN));
-        prop_assert_eq!(decode_bucket(&bytes), b);
+        let sizes = usize::from(b.slots.iter().any(|&n| n > 0));
+        prop_assert_eq!(bytes.len(), 1 + (b.iter().flatten().count() + sizes) * (1 + RECORD_LEN));
+        prop_assert_eq!(decode_bucket(&bytes), b.clone());
+        // A reader of the previous format (no slot sizes) skips the sizes entry, whose
+        // way number is past WAYS, and sees the same records.
+        for chunk in bytes[1..].chunks_exact(1 + RECORD_LEN) {
+            prop_assert!(usize::from(chunk[0]) < WAYS || chunk[0] == SLOTS_WAY);
+        }
+        let mut without_sizes = b;
+        without_sizes.slots = Default::default();
+        let old_reader: Vec<u8> = std::iter::once(BUCKET_VERSION)
+            .chain(bytes[1..].chunks_exact(1 + RECORD_LEN).filter(|c| c[0] != SLOTS_WAY).flatten().copied())
+            .collect();
+        prop_assert_eq!(decode_bucket(&old_reader), without_sizes);
     }
 
     #[test]

@@ -47,7 +47,8 @@ impl Plugin {
                 .max()
                 .unwrap_or(0),
             policies().map(|p| p.ttl_ms).max().unwrap_or(0),
-        );
+        )
+        .with_max_store_bytes(config.max_store_bytes);
         Plugin {
             config,
             layout,
@@ -1580,16 +1581,26 @@ impl DedupStream {
         match owned {
             Owned::Shared(claim) => {
                 let layout = p.layout_for(p.config.policy_at(self.rule));
-                match SharedStore::new(&*env, &layout).complete(&claim, response.as_ref(), now) {
-                    Ok(true) => {
+                let store = SharedStore::new(&*env, &layout);
+                match store.complete_within_budget(&claim, response.as_ref(), now) {
+                    Ok(done) if done.owned => {
+                        if response.is_some() && !done.stored {
+                            // Larger than its bucket's share of `max_store_bytes`.
+                            env.count(Counter::ResponseNotStored);
+                        }
+                        for _ in 0..done.dropped {
+                            env.count(Counter::BodiesDropped);
+                        }
                         env.debug(format_args!(
-                            "stream {}: record {} completed",
+                            "stream {}: record {} completed (response kept: {}, bodies dropped: {})",
                             self.id,
-                            short_hex(&claim.digest)
+                            short_hex(&claim.digest),
+                            done.stored,
+                            done.dropped
                         ));
                         wake(p, env, &claim.digest);
                     }
-                    Ok(false) => {
+                    Ok(_) => {
                         env.count(Counter::ClaimsLost);
                         env.warn(&format!(
                             "stream {}: claim on record {} expired before the response came; not stored",

@@ -2465,3 +2465,6 @@ mod wait_tests;
 
 #[path = "rules_tests.rs"]
 mod rules;
+
+#[path = "budget_tests.rs"]
+mod budget;

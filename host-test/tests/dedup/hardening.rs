@@ -1,7 +1,7 @@
 //! The filter against hostile inputs in host-test: bucket aiming, memory under many
-//! large pending bodies.
+//! large pending bodies, stored responses within `store.max_store_bytes`.
 
-use super::{envoy_with, keyed, Upstream, R};
+use super::{envoy_with, keyed, problem_type, Upstream, R};
 use host_test::Request;
 use std::collections::BTreeSet;
 
@@ -83,5 +83,72 @@ fn many_large_pending_json_bodies_do_not_grow_the_vm() -> R {
     let r = e.request(0, Request::post("/deep").body(deep))?;
     assert_eq!(r.status, 400);
     assert!(!e.worker_failed(0));
+    Ok(())
+}
+
+#[test]
+fn stored_responses_stay_within_max_store_bytes_and_no_key_runs_twice() -> R {
+    // 64 buckets with 16 KiB each: two 6 KB responses fit in a bucket. 200 keys give
+    // every bucket about three, so older bodies are dropped as newer ones come.
+    let calls = std::rc::Rc::new(std::cell::Cell::new(0u32));
+    let seen = calls.clone();
+    let config = r#"{"capacity": 1024, "store": {"max_store_bytes": 1048576}}"#;
+    let mut e = host_test::Envoy::builder(super::wasm())
+        .workers(2)
+        .vm_id("proxy_dedup")
+        .plugin_config(config)
+        .allow_on_headers_stop_iteration(true)
+        .upstream(move |req| {
+            seen.set(seen.get() + 1);
+            let tag = req.body.first().copied().unwrap_or(b'?');
+            host_test::Reply::new(201).body(vec![tag; 6_000])
+        })
+        .build()?;
+    let stored = |e: &host_test::Envoy| -> usize {
+        e.shared_data_keys()
+            .iter()
+            .filter(|k| k.contains("/r/"))
+            .map(|k| e.shared_data(k).map_or(0, |(v, _)| v.len()))
+            .sum()
+    };
+    let body = |i: usize| format!("{}", i % 10);
+    for i in 0..200 {
+        let r = e.request(i % 2, keyed("/o", &format!("key-{i}"), &body(i)))?;
+        assert_eq!(r.status, 201);
+        assert!(stored(&e) <= 1 << 20, "after key {i}: {} bytes", stored(&e));
+    }
+    assert_eq!(calls.get(), 200);
+    let dropped = e.counter("proxy_dedup_bodies_dropped").unwrap_or(0);
+    assert!(dropped > 0, "the budget was reached");
+    assert_eq!(e.counter("proxy_dedup_evictions_unexpired"), Some(0));
+    // Every key is answered from the store: its body when kept, else 409.
+    let (mut replayed, mut not_stored) = (0, 0);
+    for i in 0..200 {
+        let r = e.request(i % 2, keyed("/o", &format!("key-{i}"), &body(i)))?;
+        assert!(!r.upstream_called, "key-{i} ran twice");
+        match r.status {
+            201 => {
+                assert_eq!(r.body.len(), 6_000);
+                assert_eq!(r.body[0], body(i).as_bytes()[0]);
+                replayed += 1;
+            }
+            409 => {
+                assert_eq!(
+                    problem_type(&r),
+                    "urn:proxy-dedup:problem:response-not-stored"
+                );
+                not_stored += 1;
+            }
+            s => panic!("key-{i}: {s}"),
+        }
+    }
+    assert_eq!(calls.get(), 200);
+    assert_eq!(not_stored as u64, dropped, "every dropped body answers 409");
+    assert!(replayed <= 64 * 2, "{replayed} bodies kept");
+    // The last key completed is always kept.
+    assert_eq!(
+        e.request(0, keyed("/o", "key-199", &body(199)))?.status,
+        201
+    );
     Ok(())
 }

@@ -40,6 +40,9 @@ pub struct StoreStats {
     pub expired: u64,
     /// Other layouts whose records may still live (a capacity change).
     pub other_layouts: Vec<u64>,
+    /// Bytes held in response slots, as the buckets count them (kept within
+    /// `store.max_store_bytes`).
+    pub stored_bytes: u64,
 }
 
 impl<S: SharedData + ?Sized> SharedStore<'_, S> {
@@ -129,6 +132,7 @@ impl<S: SharedData + ?Sized> SharedStore<'_, S> {
         };
         for bucket in 0..self.layout.buckets {
             let (b, _) = self.read(self.layout.buckets, bucket)?;
+            st.stored_bytes += b.slot_bytes();
             for r in b.iter().flatten() {
                 let counter = if r.expires_ms <= now_ms {
                     &mut st.expired

@@ -1,0 +1,128 @@
+//! `store.max_store_bytes` in a real Envoy: with 60 KB responses and an 8 MiB budget,
+//! Envoy's memory stops growing once the budget is reached, while the same traffic
+//! under a budget large enough never to be reached keeps growing with every stored
+//! response. Memory is what Envoy's allocator holds (`allocated` of admin `/memory`,
+//! the live value of the `server.memory_allocated` gauge); VmRSS from /proc is printed
+//! alongside (it never shrinks).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use dedup_envoy::Request;
+use serde_json::json;
+
+const PAD: usize = 60_000;
+const BUDGET: u64 = 8 << 20;
+/// Past the budget: 8 MiB over 128 buckets (`capacity` 2048) holds one 60 KB response
+/// per bucket, about 128 in all.
+const WARM: usize = 250;
+/// Requests after the warm-up; unbounded, they would add about 15 MB.
+const MORE: usize = 250;
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// tcmalloc's allocated bytes, read now (admin `/memory`; the `server.memory_allocated`
+/// gauge is only refreshed at each stats flush).
+fn allocated(s: &Stack) -> u64 {
+    let v = json(&s.envoy.admin("/memory").unwrap());
+    v["allocated"]
+        .as_str()
+        .and_then(|n| n.parse().ok())
+        .or_else(|| v["allocated"].as_u64())
+        .unwrap_or_else(|| panic!("/memory: {v}"))
+}
+
+/// Sends unique keys `from..to` with 60 KB responses; all must execute.
+fn unique(s: &Stack, from: usize, to: usize) {
+    for i in from..to {
+        let r = s.send(
+            &Request::post("/budget")
+                .key(&format!("budget-{i}"))
+                .header("x-demo-pad-bytes", &PAD.to_string())
+                .json(&json!({"i": i})),
+        );
+        assert_eq!(r.status, 200, "budget-{i}");
+        assert!(r.body.len() > PAD);
+    }
+}
+
+/// Memory (allocated bytes) at start, after `WARM` and after `WARM + MORE` unique keys.
+fn grow(name: &str, config: &str) -> (Stack, [u64; 3]) {
+    let s = Stack::start(name, config);
+    unique(&s, 0, 20);
+    let base = allocated(&s);
+    unique(&s, 20, WARM);
+    let warm = allocated(&s);
+    unique(&s, WARM, WARM + MORE);
+    let end = allocated(&s);
+    eprintln!(
+        "{name}: allocated {base} -> {warm} -> {end} bytes; VmRSS {} KiB",
+        rss_kib(s.envoy.pid())
+    );
+    (s, [base, warm, end])
+}
+
+#[test]
+fn envoy_memory_stays_within_the_budget_plus_a_fixed_overhead() {
+    let config =
+        |budget: u64| json!({"capacity": 2048, "store": {"max_store_bytes": budget}}).to_string();
+    let (s, [base, warm, end]) = grow("budget-8m", &config(BUDGET));
+    // Past the budget, more responses cost (almost) nothing: each new one replaces an
+    // old one in its bucket (unbounded, they would add about 15 MB). The slack covers
+    // new keys of slots and the allocator's noise (measured: about 1.4 MB).
+    assert!(
+        end <= warm + (4 << 20),
+        "{MORE} more 60 KB responses grew Envoy from {warm} to {end} bytes"
+    );
+    // Everything stored stays within the budget plus a fixed overhead (records,
+    // keys, one response in flight per worker).
+    assert!(
+        end <= base + BUDGET + (4 << 20),
+        "Envoy grew from {base} to {end} bytes with an {BUDGET}-byte budget"
+    );
+    let dropped = s.counter("bodies_dropped");
+    assert!(dropped as usize >= WARM + MORE - 200, "dropped {dropped}");
+    // The newest key replays; a dropped one answers 409 and does not run again.
+    let last = WARM + MORE - 1;
+    let again = |i: usize| {
+        s.send(
+            &Request::post("/budget")
+                .key(&format!("budget-{i}"))
+                .header("x-demo-pad-bytes", &PAD.to_string())
+                .json(&json!({"i": i})),
+        )
+    };
+    assert!(is_replayed(&again(last)));
+    let executed = s.executions("/budget");
+    let mut not_stored = 0;
+    for i in 20..40 {
+        let r = again(i);
+        if r.status == 409 {
+            assert_problem(&r, 409, "response-not-stored");
+            not_stored += 1;
+        }
+    }
+    assert!(not_stored > 0);
+    assert_eq!(
+        s.executions("/budget"),
+        executed,
+        "a key whose body was dropped never runs again"
+    );
+    drop(s);
+
+    // The same traffic under a budget it never reaches keeps every response: the
+    // measurement above can see growth.
+    let (_big, [_, warm, end]) = grow("budget-1g", &config(1 << 30));
+    assert!(
+        end >= warm + (MORE * PAD / 2) as u64,
+        "without a reachable budget Envoy grew only from {warm} to {end} bytes"
+    );
+}
