@@ -44,6 +44,46 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Idempotency-Key"] = "bench-replay"
 "#;
 
+/// Every request: GET /orders, a method the filter does not deduplicate.
+pub const GET_LUA: &str = r#"
+wrk.method = "GET"
+wrk.path = "/orders"
+"#;
+
+/// Every request: POST /orders with a JSON body and no key (the default
+/// config lets it through untouched).
+pub const NO_KEY_LUA: &str = r#"
+wrk.method = "POST"
+wrk.path = "/orders"
+wrk.body = BODY
+wrk.headers["Content-Type"] = "application/json"
+"#;
+
+/// The body size of [`KEYLESS_64K_LUA`].
+pub const BIG_BODY_BYTES: usize = 64 * 1024;
+
+/// Every request: POST /orders with a 64 KiB JSON body never sent before and
+/// no key (with `key.fingerprint` the key is the hash of method, path and
+/// body: every request is a first execution).
+pub const KEYLESS_64K_LUA: &str = r#"
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("tid", threads)
+end
+function init(args)
+  counter = 0
+  prefix = '{"run": "' .. (args[1] or "run") .. '-' .. tid .. '", "n": '
+  pad = string.rep("x", BIG_BODY_BYTES - 64)
+end
+function request()
+  counter = counter + 1
+  local head = prefix .. string.format("%12d", counter) .. ', "pad": "'
+  local body = head .. string.sub(pad, 1, BIG_BODY_BYTES - #head - 2) .. '"}'
+  return wrk.format("POST", "/orders", {["Content-Type"] = "application/json"}, body)
+end
+"#;
+
 /// `BENCH_SECONDS` (default 3) per round and `BENCH_ROUNDS` (default 3).
 pub struct Settings {
     pub seconds: u64,
@@ -88,14 +128,48 @@ pub struct Measured {
 }
 
 fn lua(script: &str) -> String {
-    script.replace("BODY", &format!("'{BODY}'"))
+    script
+        .replace("BIG_BODY_BYTES", &BIG_BODY_BYTES.to_string())
+        .replace("BODY", &format!("'{BODY}'"))
 }
 
-fn wrk(dir: &Path, url: &str, script: &Path, seconds: u64, tag: &str) -> Result<String> {
+/// How wrk loads a case: its threads and connections, and the CPUs it is
+/// pinned to (`taskset -c`), if any.
+#[derive(Debug, Clone, Copy)]
+pub struct Load {
+    pub threads: u32,
+    pub connections: u32,
+    pub cpus: Option<&'static str>,
+}
+
+impl Load {
+    /// `-t2 -c32`, not pinned: what the load tables use.
+    pub const DEFAULT: Load = Load {
+        threads: THREADS,
+        connections: CONNECTIONS,
+        cpus: None,
+    };
+}
+
+fn wrk(
+    dir: &Path,
+    url: &str,
+    script: &Path,
+    seconds: u64,
+    tag: &str,
+    load: Load,
+) -> Result<String> {
     let out = dir.join(format!("wrk-{tag}.txt"));
-    let mut cmd = Command::new("wrk");
-    cmd.arg(format!("-t{THREADS}"))
-        .arg(format!("-c{CONNECTIONS}"))
+    let mut cmd = match load.cpus {
+        Some(cpus) => {
+            let mut c = Command::new("taskset");
+            c.arg("-c").arg(cpus).arg("wrk");
+            c
+        }
+        None => Command::new("wrk"),
+    };
+    cmd.arg(format!("-t{}", load.threads))
+        .arg(format!("-c{}", load.connections))
         .arg(format!("-d{seconds}s"))
         .arg("--timeout")
         .arg("5s")
@@ -167,6 +241,7 @@ pub struct Case {
     script: PathBuf,
     best: Option<Measured>,
     rounds: Vec<f64>,
+    load: Load,
 }
 
 impl Case {
@@ -174,6 +249,17 @@ impl Case {
     /// `REPLAY_LUA`), and an Envoy named `label` on `config`. Then, as the
     /// case needs: [`Case::prime_replay_key`], and [`Case::warm_up`].
     pub fn start(label: &str, name: &str, config: EnvoyConfig, script: &str) -> Result<Case> {
+        Self::start_with(label, name, config, script, Load::DEFAULT)
+    }
+
+    /// [`Case::start`] with wrk loading it as `load` says.
+    pub fn start_with(
+        label: &str,
+        name: &str,
+        config: EnvoyConfig,
+        script: &str,
+        load: Load,
+    ) -> Result<Case> {
         let dir = scratch_dir(label)?;
         let script_path = dir.join("script.lua");
         std::fs::write(&script_path, lua(script))?;
@@ -185,6 +271,7 @@ impl Case {
             script: script_path,
             best: None,
             rounds: Vec::new(),
+            load,
         })
     }
 
@@ -215,7 +302,7 @@ impl Case {
             std::process::id()
         );
         let url = format!("{}/orders", self.envoy.url());
-        wrk(&self.dir, &url, &self.script, seconds, &tag)
+        wrk(&self.dir, &url, &self.script, seconds, &tag, self.load)
     }
 
     /// One measured round; keeps the best (highest throughput) one. The
@@ -273,6 +360,92 @@ impl Case {
             })
             .unwrap_or_default()
     }
+}
+
+/// `benches/envoy/ceiling.yaml`: the setups where Envoy answers by itself.
+pub const CEILING_TEMPLATE: &str = "benches/envoy/ceiling.yaml";
+
+/// Where the ceiling listener's router sends a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CeilingRoute {
+    /// A `direct_response`: Envoy answers by itself, nothing upstream.
+    Direct,
+    /// The cluster `answer`: a second listener of the same Envoy whose
+    /// `direct_response` plays the upstream (the filter sees an upstream answer).
+    Answer,
+}
+
+/// An HTTP filter before the router in the ceiling setups.
+#[derive(Debug, Clone)]
+pub enum BenchFilter {
+    /// Envoy's buffer filter (1 MiB): every request body is read whole first.
+    Buffer,
+    /// A Wasm module with its JSON configuration.
+    Wasm { module: PathBuf, config: String },
+}
+
+impl BenchFilter {
+    fn yaml(&self) -> String {
+        match self {
+            BenchFilter::Buffer => "          - name: envoy.filters.http.buffer
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer
+              max_request_bytes: 1048576
+"
+            .to_string(),
+            BenchFilter::Wasm { module, config } => format!(
+                "          - name: proxy_dedup
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: proxy_dedup
+                root_id: \"\"
+                allow_on_headers_stop_iteration: true
+                configuration:
+                  \"@type\": type.googleapis.com/google.protobuf.StringValue
+                  value: '{}'
+                vm_config:
+                  vm_id: proxy_dedup
+                  runtime: envoy.wasm.runtime.v8
+                  code: {{ local: {{ filename: {} }} }}
+",
+                config.replace('\'', "''"),
+                module.display()
+            ),
+        }
+    }
+}
+
+/// The ceiling template with `filters` (in order, before the router) and
+/// `route`, with `workers` workers pinned to `cpus` when given.
+pub fn ceiling_config(
+    route: CeilingRoute,
+    filters: &[BenchFilter],
+    workers: u32,
+    cpus: Option<&str>,
+) -> Result<EnvoyConfig> {
+    let route = match route {
+        CeilingRoute::Direct => {
+            r#"direct_response: { status: 200, body: { inline_string: "{\"order\": \"accepted\", \"id\": 42}" } }"#
+        }
+        CeilingRoute::Answer => "route: { cluster: answer, timeout: 15s }",
+    };
+    let filters: String = filters.iter().map(BenchFilter::yaml).collect();
+    let template = workspace_root().join(CEILING_TEMPLATE);
+    // The upstream port is not used by this template.
+    let mut config = EnvoyConfig::no_filter(0)?
+        .with_port("ANSWER_PORT")?
+        .with_var("ROUTE", route)
+        .with_var("HTTP_FILTERS", filters.trim_end_matches('\n'))
+        .with_workers(workers, cpus);
+    config.template = template;
+    Ok(config)
+}
+
+/// The µs a case adds per request over `baseline` when one worker does all the
+/// work: the difference of their inverse throughputs.
+pub fn added_us(case: &Measured, baseline: &Measured) -> f64 {
+    1e6 / case.rps - 1e6 / baseline.rps
 }
 
 /// `rounds` measured rounds of `seconds` each. Rounds interleave the cases,

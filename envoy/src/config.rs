@@ -70,6 +70,10 @@ pub struct EnvoyConfig {
     /// (`{{LDS_DIR}}` / `{{LDS_PATH}}` in the bootstrap template); it gets the
     /// same placeholders as the bootstrap.
     pub lds_template: Option<PathBuf>,
+    /// Envoy's `--concurrency` (default `envoy::WORKERS`).
+    pub workers: u32,
+    /// CPUs Envoy is pinned to (`taskset -c`), e.g. "0"; `None`: not pinned.
+    pub cpus: Option<String>,
 }
 
 impl EnvoyConfig {
@@ -85,6 +89,8 @@ impl EnvoyConfig {
             vars: Vec::new(),
             ports: Vec::new(),
             lds_template: None,
+            workers: crate::envoy::WORKERS,
+            cpus: None,
         })
     }
 
@@ -126,6 +132,14 @@ impl EnvoyConfig {
         Ok(self)
     }
 
+    /// Envoy with `workers` worker threads, pinned to `cpus` (`taskset -c`
+    /// syntax) when given.
+    pub fn with_workers(mut self, workers: u32, cpus: Option<&str>) -> Self {
+        self.workers = workers;
+        self.cpus = cpus.map(str::to_string);
+        self
+    }
+
     /// The port given to placeholder `name` by `with_port`.
     pub fn port(&self, name: &str) -> Option<u16> {
         self.ports.iter().find(|(n, _)| n == name).map(|(_, p)| *p)
@@ -143,6 +157,8 @@ impl EnvoyConfig {
             vars: Vec::new(),
             ports: Vec::new(),
             lds_template: None,
+            workers: crate::envoy::WORKERS,
+            cpus: None,
         })
     }
 

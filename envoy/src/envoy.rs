@@ -53,12 +53,27 @@ pub fn parse_version(text: &str) -> Option<String> {
     numeric.then(|| v.to_string())
 }
 
-fn envoy_command(config: &Path, log: &Path, extra: &[&str]) -> Command {
-    let mut cmd = Command::new(envoy_binary());
+/// `envoy -c config` with `workers` worker threads, pinned to `cpus`
+/// (`taskset -c`, which execs Envoy: the child is Envoy itself) when given.
+fn envoy_command(
+    config: &Path,
+    log: &Path,
+    workers: u32,
+    cpus: Option<&str>,
+    extra: &[&str],
+) -> Command {
+    let mut cmd = match cpus {
+        Some(cpus) => {
+            let mut c = Command::new("taskset");
+            c.arg("-c").arg(cpus).arg(envoy_binary());
+            c
+        }
+        None => Command::new(envoy_binary()),
+    };
     cmd.arg("-c")
         .arg(config)
         .arg("--concurrency")
-        .arg(WORKERS.to_string())
+        .arg(workers.to_string())
         // No hot restart: no shared-memory segment, so parallel Envoys never
         // clash on a base id.
         .arg("--disable-hot-restart")
@@ -101,7 +116,13 @@ impl Envoy {
             let cfg_path = dir.join("envoy.yaml");
             std::fs::write(&cfg_path, config.render_in(&dir)?)?;
             let log_path = dir.join("envoy.log");
-            let mut cmd = envoy_command(&cfg_path, &log_path, &[]);
+            let mut cmd = envoy_command(
+                &cfg_path,
+                &log_path,
+                config.workers,
+                config.cpus.as_deref(),
+                &[],
+            );
             cmd.stdout(Stdio::from(std::fs::File::create(dir.join("stdout.log"))?));
             cmd.stderr(Stdio::from(std::fs::File::create(dir.join("stderr.log"))?));
             let child = spawn(cmd)?;
@@ -134,7 +155,13 @@ impl Envoy {
         let cfg_path = dir.join("envoy.yaml");
         std::fs::write(&cfg_path, config.render_in(&dir)?)?;
         let log_path = dir.join("envoy.log");
-        let mut cmd = envoy_command(&cfg_path, &log_path, &[]);
+        let mut cmd = envoy_command(
+            &cfg_path,
+            &log_path,
+            config.workers,
+            config.cpus.as_deref(),
+            &[],
+        );
         cmd.stdout(Stdio::null()).stderr(Stdio::null());
         let mut child = spawn(cmd)?;
         match child.wait_exit(READY_TIMEOUT) {
@@ -154,7 +181,7 @@ impl Envoy {
         let cfg_path = dir.join("envoy.yaml");
         std::fs::write(&cfg_path, yaml)?;
         let log_path = dir.join("envoy.log");
-        let mut cmd = envoy_command(&cfg_path, &log_path, &["--mode", "validate"]);
+        let mut cmd = envoy_command(&cfg_path, &log_path, WORKERS, None, &["--mode", "validate"]);
         cmd.stdout(Stdio::null()).stderr(Stdio::null());
         let mut child = spawn(cmd)?;
         match child.wait_exit(READY_TIMEOUT) {

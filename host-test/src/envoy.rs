@@ -56,6 +56,7 @@ pub struct EnvoyBuilder {
     clusters: HashMap<String, Cluster>,
     grpc_clusters: HashMap<String, GrpcCluster>,
     random_seed: u64,
+    count_host_calls: bool,
     route_name: Option<String>,
     cluster_name: Option<String>,
     route_metadata: crate::value::Metadata,
@@ -160,6 +161,14 @@ impl EnvoyBuilder {
         self
     }
 
+    /// Count every host call per import and the bytes copied through guest
+    /// memory ([`Envoy::host_calls`]); each call then goes through a wrapper,
+    /// so time measurements of such an Envoy mean nothing.
+    pub fn count_host_calls(mut self, on: bool) -> Self {
+        self.count_host_calls = on;
+        self
+    }
+
     /// Seeds WASI `random_get` (deterministic per worker and seed; Envoy uses
     /// BoringSSL). Two builders with different seeds model two Envoy processes.
     pub fn random_seed(mut self, seed: u64) -> Self {
@@ -256,7 +265,11 @@ impl EnvoyBuilder {
     /// Loads the module (compiled once per path), starts one VM per worker
     /// (`_initialize`, `on_context_create`, `on_vm_start`, `on_configure`).
     pub fn build(self) -> Result<Envoy, Error> {
-        let pre = crate::vm::load(&self.wasm)?;
+        let pre = if self.count_host_calls {
+            crate::vm::load_counting(&self.wasm)?
+        } else {
+            crate::vm::load(&self.wasm)?
+        };
         let shared: Shared = Arc::new(Mutex::new(SharedInner::new(self.log_level)));
         let plugin = Arc::new(PluginInfo {
             vm_id: self.vm_id,
@@ -311,6 +324,9 @@ impl EnvoyBuilder {
         for index in 0..self.workers + main + check {
             let mut state = VmState::new(shared.clone(), plugin.clone(), index);
             state.rng ^= self.random_seed.wrapping_mul(0xd134_2543_de82_ef95);
+            if self.count_host_calls {
+                state.host_calls = Some(crate::vm::HostCalls::default());
+            }
             let vm = Vm::instantiate(&pre, state)?;
             envoy.vms.push(vm);
             envoy.next_ctx.push(2);
@@ -506,6 +522,7 @@ impl Envoy {
             upstream: None,
             upstream_address: "127.0.0.1:8080".into(),
             random_seed: 0,
+            count_host_calls: false,
             clusters: HashMap::new(),
             grpc_clusters: HashMap::new(),
             route_name: None,
@@ -2110,6 +2127,28 @@ impl Envoy {
             .get(worker)
             .and_then(|v| v.store.data().memory.map(|m| m.data_size(&v.store)))
             .unwrap_or(0)
+    }
+
+    /// Host calls and bytes copied since the last [`Envoy::reset_host_calls`],
+    /// over every VM (empty unless built with
+    /// [`EnvoyBuilder::count_host_calls`]).
+    pub fn host_calls(&self) -> crate::vm::HostCalls {
+        let mut all = crate::vm::HostCalls::default();
+        for vm in &self.vms {
+            if let Some(h) = &vm.store.data().host_calls {
+                all.add(h);
+            }
+        }
+        all
+    }
+
+    /// Starts the host-call counts anew.
+    pub fn reset_host_calls(&mut self) {
+        for vm in &mut self.vms {
+            if let Some(h) = vm.store.data_mut().host_calls.as_mut() {
+                *h = crate::vm::HostCalls::default();
+            }
+        }
     }
 
     /// Requests that fully reached the upstream (any stream).

@@ -20,6 +20,9 @@ const INVALID_MEMORY: i32 = Status::InvalidMemoryAccess as i32;
 // ---- guest memory -------------------------------------------------------
 
 fn read(c: &mut C, ptr: i32, len: i32) -> Option<Vec<u8>> {
+    if let Some(h) = c.data_mut().host_calls.as_mut() {
+        h.bytes_in += len as u32 as u64;
+    }
     let mem = c.data().memory?;
     let start = ptr as u32 as usize;
     let end = start.checked_add(len as u32 as usize)?;
@@ -67,6 +70,9 @@ fn copy_out(c: &mut C, data: &[u8], ptr_ptr: i32, size_ptr: i32) -> R {
     let Some(alloc) = c.data().alloc.clone() else {
         return Ok(INVALID_MEMORY);
     };
+    if let Some(h) = c.data_mut().host_calls.as_mut() {
+        h.bytes_out += data.len() as u64;
+    }
     let addr = alloc.call(&mut *c, data.len() as i32)?;
     if addr == 0 || !write(c, addr, data) {
         return Ok(INVALID_MEMORY);

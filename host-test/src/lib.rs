@@ -171,7 +171,7 @@ pub use http::{Headers, Reply, Request, Response, UpstreamRequest};
 pub use origin::{code_details, response_flags};
 pub use shared::{Faults, LogLine, Metric};
 pub use value::Value;
-pub use vm::module_imports;
+pub use vm::{module_imports, HostCalls};
 
 use std::path::PathBuf;
 

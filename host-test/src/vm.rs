@@ -176,6 +176,36 @@ pub(crate) struct VmState {
     pub metric_names: HashMap<u32, String>,
     pub next_metric_id: [u32; 3],
     pub rng: u64,
+    /// Host calls and bytes copied, when the Envoy counts them
+    /// ([`crate::EnvoyBuilder::count_host_calls`]).
+    pub host_calls: Option<HostCalls>,
+}
+
+/// What a module asked of the host: calls per import, and bytes copied each
+/// way through guest memory (`bytes_in`: read from the guest, e.g. a header
+/// value or a shared-data value it sets; `bytes_out`: handed to the guest,
+/// e.g. a body or a shared-data value it gets).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostCalls {
+    pub calls: std::collections::BTreeMap<String, u64>,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+impl HostCalls {
+    /// Every call, whatever the import.
+    pub fn total(&self) -> u64 {
+        self.calls.values().sum()
+    }
+
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &HostCalls) {
+        for (name, n) in &other.calls {
+            *self.calls.entry(name.clone()).or_default() += n;
+        }
+        self.bytes_in += other.bytes_in;
+        self.bytes_out += other.bytes_out;
+    }
 }
 
 impl VmState {
@@ -206,6 +236,7 @@ impl VmState {
             metric_names: HashMap::new(),
             next_metric_id: [0, 1, 2],
             rng: 0x9e37_79b9_7f4a_7c15 ^ (worker as u64 + 1),
+            host_calls: None,
         }
     }
 
@@ -319,6 +350,54 @@ pub(crate) fn load(path: &Path) -> Result<InstancePre<VmState>, Error> {
     let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
     cache.insert(path.to_path_buf(), (stamp.0, stamp.1, pre.clone()));
     Ok(pre)
+}
+
+/// [`load`] with every import wrapped to count its calls in the VM's
+/// [`HostCalls`]: slower, for the host-call profile only, so compiled anew.
+pub(crate) fn load_counting(path: &Path) -> Result<InstancePre<VmState>, Error> {
+    let rt = runtime()?;
+    // Checks the imports, and compiles the module for the plain linker.
+    load(path)?;
+    let bytes = std::fs::read(path).map_err(|_| Error::WasmMissing(path.to_path_buf()))?;
+    let module = Module::new(&rt.engine, &bytes)
+        .map_err(|e| Error::Host(format!("cannot compile {}: {e:#}", path.display())))?;
+    let mut counting: Linker<VmState> = Linker::new(&rt.engine);
+    for import in module.imports() {
+        let wasmtime::ExternType::Func(ty) = import.ty() else {
+            continue;
+        };
+        let (module_name, name) = (import.module().to_string(), import.name().to_string());
+        let (m, n) = (module_name.clone(), name.clone());
+        counting
+            .func_new(
+                &module_name,
+                &name,
+                ty,
+                move |mut caller: wasmtime::Caller<'_, VmState>, params, results| {
+                    if let Some(h) = caller.data_mut().host_calls.as_mut() {
+                        match h.calls.get_mut(&n) {
+                            Some(count) => *count += 1,
+                            None => {
+                                h.calls.insert(n.clone(), 1);
+                            }
+                        }
+                    }
+                    let Some(f) = rt
+                        .linker
+                        .get(&mut caller, &m, &n)
+                        .ok()
+                        .and_then(|e| e.into_func())
+                    else {
+                        return Err(wasmtime::Error::msg(format!("no host function {m}::{n}")));
+                    };
+                    f.call(&mut caller, params, results)
+                },
+            )
+            .map_err(|e| Error::Host(format!("cannot wrap {module_name}::{name}: {e:#}")))?;
+    }
+    counting
+        .instantiate_pre(&module)
+        .map_err(|e| Error::Host(format!("cannot link {}: {e:#}", path.display())))
 }
 
 /// The imports of a module, `module::name`, for diagnostics.

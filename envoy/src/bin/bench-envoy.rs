@@ -6,10 +6,12 @@
 //! `BENCH_NO_WRITE=1` to leave BENCHMARKS.md alone.
 
 use dedup_envoy::bench::{
-    counters_list, envoy_version, load_average, load_chart, measure_interleaved, no_write,
-    table_header, table_row, write_chart, write_section, Case, ChartRow, Settings, BODY,
-    CONNECTIONS, REPLAY_LUA, THREADS, UNIQUE_LUA,
+    added_us, ceiling_config, counters_list, envoy_version, load_average, load_chart,
+    measure_interleaved, no_write, table_header, table_row, write_chart, write_section,
+    BenchFilter, Case, CeilingRoute, ChartRow, Load, Measured, Settings, BIG_BODY_BYTES, BODY,
+    CONNECTIONS, GET_LUA, KEYLESS_64K_LUA, NO_KEY_LUA, REPLAY_LUA, THREADS, UNIQUE_LUA,
 };
+use dedup_envoy::envoy::WORKERS;
 use dedup_envoy::paths::{dedup_wasm, empty_wasm};
 use dedup_envoy::{DemoUpstream, EnvoyConfig, Result};
 
@@ -24,7 +26,22 @@ fn start_case(name: &str, config: EnvoyConfig, script: &str, prime: bool) -> Res
     Ok(case)
 }
 
+/// `BENCH_PART=load` or `BENCH_PART=cost` runs one of the two sections.
+fn part(name: &str) -> bool {
+    std::env::var("BENCH_PART").map_or(true, |p| p.is_empty() || p == name)
+}
+
 fn run() -> Result<()> {
+    if part("load") {
+        envoy_load()?;
+    }
+    if part("cost") {
+        filter_cost()?;
+    }
+    Ok(())
+}
+
+fn envoy_load() -> Result<()> {
     let Settings { seconds, rounds } = Settings::from_env()?;
     let dedup = dedup_wasm()?;
     let empty = empty_wasm()?;
@@ -58,6 +75,12 @@ fn run() -> Result<()> {
             REPLAY_LUA,
             true,
         ),
+        (
+            "direct_response (ceiling)",
+            ceiling_config(CeilingRoute::Direct, &[], WORKERS, None)?,
+            REPLAY_LUA,
+            false,
+        ),
     ];
     let load_before = load_average();
     let mut started = Vec::new();
@@ -71,9 +94,11 @@ fn run() -> Result<()> {
     }
     let base = results[0].1;
     let empty_filter = results[1].1;
+    let ceiling = results[4].1;
     let mut table = table_header(&[
         "req/s vs no filter",
         "req/s vs empty filter",
+        "req/s vs direct_response",
         "p50 vs no filter",
         "p99 vs no filter",
         "p50 vs empty",
@@ -96,6 +121,7 @@ fn run() -> Result<()> {
             &[
                 m.rps / base.rps,
                 m.rps / empty_filter.rps,
+                m.rps / ceiling.rps,
                 m.p50_ms / base.p50_ms,
                 m.p99_ms / base.p99_ms,
                 m.p50_ms / empty_filter.p50_ms,
@@ -144,7 +170,9 @@ filter; `dist/empty_filter.wasm` (a filter that does nothing: the cost of Wasm \
 itself); the dedup filter with defaults and a unique `Idempotency-Key` per \
 request (each one claims, executes upstream and stores its response); the dedup \
 filter replaying one stored response (same key and body; the upstream is not \
-called). Ratios are to the baselines of the same run. wrk, Envoy and the upstream \
+called); and Envoy answering every request by itself with a `direct_response` \
+route (`benches/envoy/ceiling.yaml`, no filter, no upstream): no filter can \
+answer a replay faster, so it is the ceiling for replays. Ratios are to the baselines of the same run. wrk, Envoy and the upstream \
 share the 2 cores, so absolute figures are low and noisy; the ratios are the point. \
 Load average before this run: {load_before} (anything above ~1 means other work \
 competed for the cores; figures then vary by tens of percent between runs).\n\n\
@@ -155,6 +183,160 @@ Filter counters after each dedup case:\n\n{counters}",
         BODY.len()
     );
     write_section("## Envoy load", &section)?;
+    Ok(())
+}
+
+/// Envoy's worker and wrk on separate cores in the filter-cost section.
+const ENVOY_CPU: &str = "0";
+const WRK_CPU: &str = "1";
+const COST_LOAD: Load = Load {
+    threads: 1,
+    connections: 16,
+    cpus: Some(WRK_CPU),
+};
+
+/// One case of the filter-cost section: its filters, the wrk script, the
+/// filter config, whether to prime the replay key, and the index of its
+/// baseline (the empty filter with the same requests).
+struct CostCase {
+    name: &'static str,
+    wasm: Option<&'static str>,
+    script: &'static str,
+    prime: bool,
+    baseline: usize,
+    /// `Direct`: Envoy answers by itself (the baseline of a replay, which
+    /// never goes upstream either).
+    route: CeilingRoute,
+}
+
+/// The filter's own µs per request in Envoy: one worker pinned to one core,
+/// wrk pinned to the other, the upstream a `direct_response` listener of the
+/// same Envoy, every body read whole by the buffer filter first.
+fn filter_cost() -> Result<()> {
+    let Settings { seconds, rounds } = Settings::from_env()?;
+    let dedup = dedup_wasm()?;
+    let empty = empty_wasm()?;
+    eprintln!(
+        "bench-envoy, filter cost: Envoy --concurrency 1 on CPU {ENVOY_CPU}, wrk -t{} -c{} on CPU {WRK_CPU}, {rounds} rounds of {seconds} s",
+        COST_LOAD.threads, COST_LOAD.connections
+    );
+    const EMPTY: Option<&str> = Some("empty");
+    const DEFAULTS: Option<&str> = Some("{}");
+    const KEYLESS: Option<&str> = Some(r#"{"key": {"fingerprint": ["method", "path", "body"]}}"#);
+    use CeilingRoute::{Answer, Direct};
+    let case = |name, wasm, script, baseline, route| CostCase {
+        name,
+        wasm,
+        script,
+        prime: script == REPLAY_LUA,
+        baseline,
+        route,
+    };
+    // Baselines: 1 the empty filter with the same small POSTs, 2 with GETs,
+    // 3 with 64 KiB POSTs, 9 with small POSTs answered by Envoy itself.
+    let cases = [
+        case("buffer filter only", None, NO_KEY_LUA, 1, Answer),
+        case("empty filter, POST", EMPTY, NO_KEY_LUA, 1, Answer),
+        case("empty filter, GET", EMPTY, GET_LUA, 2, Answer),
+        case(
+            "empty filter, POST 64 KiB",
+            EMPTY,
+            KEYLESS_64K_LUA,
+            3,
+            Answer,
+        ),
+        case("dedup, GET (bypassed)", DEFAULTS, GET_LUA, 2, Answer),
+        case("dedup, POST without a key", DEFAULTS, NO_KEY_LUA, 1, Answer),
+        case("dedup, first execution", DEFAULTS, UNIQUE_LUA, 1, Answer),
+        case("dedup, replay", DEFAULTS, REPLAY_LUA, 9, Answer),
+        case("dedup, keyless 64 KiB", KEYLESS, KEYLESS_64K_LUA, 3, Answer),
+        case(
+            "empty filter, POST, direct_response",
+            EMPTY,
+            NO_KEY_LUA,
+            9,
+            Direct,
+        ),
+    ];
+    let load_before = load_average();
+    let mut started = Vec::new();
+    for case in &cases {
+        let mut filters = vec![BenchFilter::Buffer];
+        match case.wasm {
+            None => {}
+            Some("empty") => filters.push(BenchFilter::Wasm {
+                module: empty.clone(),
+                config: "{}".into(),
+            }),
+            Some(config) => filters.push(BenchFilter::Wasm {
+                module: dedup.clone(),
+                config: config.into(),
+            }),
+        }
+        let config = ceiling_config(case.route, &filters, 1, Some(ENVOY_CPU))?;
+        let c = Case::start_with("bench-cost", case.name, config, case.script, COST_LOAD)?;
+        if case.prime {
+            c.prime_replay_key()?;
+        }
+        c.warm_up(WARMUP_SECONDS)?;
+        started.push(c);
+    }
+    measure_interleaved(&mut started, seconds, rounds, 26)?;
+    let mut best: Vec<&Measured> = Vec::new();
+    for c in &started {
+        best.push(c.best()?);
+    }
+    let mut table = String::from(
+        "| case | req/s | µs per request | baseline | added µs | req/s vs baseline | non-2xx | rounds (req/s) |\n|---|---:|---:|---|---:|---:|---:|---|\n",
+    );
+    for (i, (case, c)) in cases.iter().zip(&started).enumerate() {
+        let m = best[i];
+        let b = best[case.baseline];
+        table.push_str(&format!(
+            "| {} | {:.0} | {:.1} | {} | {:+.1} | {:.2} | {} | {} |\n",
+            case.name,
+            m.rps,
+            1e6 / m.rps,
+            cases[case.baseline].name,
+            added_us(m, b),
+            m.rps / b.rps,
+            m.non_2xx,
+            c.rounds_text()
+        ));
+    }
+    println!("\n{table}");
+    let counters = counters_list(&started);
+    if no_write() {
+        return Ok(());
+    }
+    let section = format!(
+        "## Filter cost in Envoy\n\n\
+`make bench-envoy` (envoy/src/bin/bench-envoy.rs, `BENCH_PART=cost` for this \
+section alone). What the filter itself costs per request inside Envoy, with \
+nothing else on the worker's core: Envoy {} with `--concurrency 1` pinned to \
+CPU {ENVOY_CPU}, wrk `-t{} -c{}` pinned to CPU {WRK_CPU}; the config \
+`benches/envoy/ceiling.yaml`: Envoy's buffer filter (so every case reads the \
+whole body before the answer), the Wasm filter under test, and a route to a \
+second listener of the same Envoy that answers with a `direct_response` (the \
+filter sees an upstream answer and stores it, yet no other process runs). The \
+worker does all the work, so 1/throughput is its time per request, and the \
+difference to the empty Wasm filter with the same requests is what the filter \
+adds (\"added µs\"). Requests: `POST /orders` with a {}-byte JSON body (no key; \
+a unique `Idempotency-Key`; the same key, replayed), `GET /orders` (a method \
+the filter does not deduplicate), and a unique {} KiB JSON body with \
+`key.fingerprint: [method, path, body]`. A replay never goes upstream, so its \
+baseline is the empty filter on a route where Envoy answers by itself \
+(`direct_response`): the ceiling no filter can pass. {rounds} rounds of {seconds} s, \
+interleaved, best round per case. Load average before this run: {load_before} \
+(above ~1 means other work competed for the cores).\n\n{table}\n\
+Filter counters after each case:\n\n{counters}",
+        envoy_version(),
+        COST_LOAD.threads,
+        COST_LOAD.connections,
+        BODY.len(),
+        BIG_BODY_BYTES / 1024,
+    );
+    write_section("## Filter cost in Envoy", &section)?;
     Ok(())
 }
 
