@@ -3,7 +3,8 @@
 //! a wait that times out gets 409, and the access log says `waited`; a waiter whose
 //! client hangs up leaves no trace (its place is freed, it never executes), above
 //! `max_waiters` a duplicate gets 409 at once (one worker), and a rule waits while the
-//! top level rejects. (The etcd store and a waiter on another proxy: `wait_etcd.rs`.)
+//! top level rejects, and a waiter of a held claim gets 409 with the hold's time left.
+//! (The etcd store and a waiter on another proxy: `wait_etcd.rs`.)
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -364,4 +365,44 @@ fn a_rule_waits_while_the_top_level_rejects() {
     // The access log tells the two apart.
     assert!(log_line(&s, "/waits/pay", "waited").contains(" rule=waits "));
     assert!(log_line(&s, "/orders", "in_flight").contains(" rule=- "));
+}
+
+#[test]
+fn a_waiter_of_a_held_claim_waits_out_its_time_then_gets_409_with_the_hold_left() {
+    // The first client hangs up while the upstream runs: the outcome is unknown and the
+    // claim is held for the in-flight timeout; a waiter is never released onto the
+    // upstream meanwhile.
+    let s = Stack::start(
+        "wait-held",
+        r#"{"key": {"required": true}, "on_in_flight": "wait", "wait_timeout_ms": 1500, "in_flight_timeout_seconds": 12}"#,
+    );
+    let path = "/wait/held";
+    let req = post(path, "held-1", &json!({"h": 1})).timeout(Duration::from_secs(20));
+    let gone = dedup_envoy::client::send_or_give_up(
+        s.envoy.addr(),
+        &req.clone().header("x-demo-delay-ms", "2000"),
+        Duration::from_millis(300),
+        dedup_envoy::client::Leave::Close,
+    )
+    .unwrap();
+    assert!(matches!(gone, dedup_envoy::client::GiveUp::GaveUp));
+    s.wait_executions(path, 1, Duration::from_secs(5));
+    s.envoy
+        .wait_stat_at_least(
+            "wasmcustom.proxy_dedup_outcome_unknown",
+            1,
+            Duration::from_secs(8),
+        )
+        .unwrap();
+    let dup = s.send(&req);
+    assert_problem(&dup, 409, "in-flight");
+    let left: u64 = dup.header("retry-after").unwrap().parse().unwrap();
+    assert!(
+        (2..=12).contains(&left),
+        "retry-after is the hold's time left, not retry_after_seconds: {left}"
+    );
+    assert_eq!(s.counter("waited"), 1);
+    assert_eq!(s.counter("wait_timeout"), 1);
+    assert_eq!(s.executions(path), 1, "the held key never ran again");
+    log_line(&s, path, "in_flight");
 }
