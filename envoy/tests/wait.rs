@@ -3,7 +3,8 @@
 //! a wait that times out gets 409, and the access log says `waited`; a waiter whose
 //! client hangs up leaves no trace (its place is freed, it never executes), above
 //! `max_waiters` a duplicate gets 409 at once (one worker), and a rule waits while the
-//! top level rejects, and a waiter of a held claim gets 409 with the hold's time left.
+//! top level rejects, a waiter of a held claim gets 409 with the hold's time left, and
+//! the route timeout does not count the wait.
 //! (The etcd store and a waiter on another proxy: `wait_etcd.rs`.)
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -11,7 +12,7 @@ mod common;
 
 use common::*;
 use dedup_envoy::client::Connection;
-use dedup_envoy::paths::dedup_wasm;
+use dedup_envoy::paths::{dedup_wasm, workspace_root};
 use dedup_envoy::{Envoy, EnvoyConfig};
 use serde_json::json;
 use std::sync::{Arc, Barrier, OnceLock};
@@ -405,4 +406,35 @@ fn a_waiter_of_a_held_claim_waits_out_its_time_then_gets_409_with_the_hold_left(
     assert_eq!(s.counter("wait_timeout"), 1);
     assert_eq!(s.executions(path), 1, "the held key never ran again");
     log_line(&s, path, "in_flight");
+}
+
+#[test]
+fn the_route_timeout_does_not_count_the_time_a_duplicate_waits() {
+    // hardening.yaml: `x-route: short-timeout` picks a route with a 1 s timeout (the
+    // header is not part of the payload). The router only sees a waiter once the
+    // filter lets it go, so a wait longer than the route timeout still gets the answer.
+    let s = Stack::start_with("wait-route-timeout", |upstream_port, wasm| {
+        let template = workspace_root().join("envoy/tests/templates/hardening.yaml");
+        EnvoyConfig::from_template(
+            &template,
+            upstream_port,
+            wasm,
+            r#"{"key": {"required": true}, "on_in_flight": "wait", "wait_timeout_ms": 8000}"#,
+        )
+        .and_then(|c| c.with_port("RL_LISTEN_PORT"))
+        .and_then(|c| c.with_port("DEAD_PORT"))
+        .unwrap()
+    });
+    let path = "/wait/route-timeout";
+    let req = post(path, "route-1", &json!({"r": 1})).timeout(Duration::from_secs(20));
+    let slow = req.clone().header("x-demo-delay-ms", "2500");
+    let addr = s.envoy.addr();
+    let first = std::thread::spawn(move || dedup_envoy::client::send(addr, &slow).unwrap());
+    s.wait_executions(path, 1, Duration::from_secs(5));
+    let dup = s.send(&req.clone().header("x-route", "short-timeout"));
+    let first = first.join().unwrap();
+    assert_executed(&first);
+    assert_replay_of(&dup, &first);
+    assert_eq!(s.counter("waited"), 1, "it waited (past its route's 1 s)");
+    assert_eq!(s.executions(path), 1);
 }
