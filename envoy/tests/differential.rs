@@ -602,6 +602,14 @@ fn envoy_and_host_test_agree_on_every_scenario() {
                 ));
             }
         }
+        if s.name == "rule-wait" {
+            // Steps: the rule's first and its waiter, the top level's first and its 409.
+            assert!(real[1].replayed, "the rule's duplicate waited: {real:?}");
+            assert_eq!(
+                real[3].problem, "urn:proxy-dedup:problem:in-flight",
+                "{real:?}"
+            );
+        }
         // The table must exercise what it claims: each scenario sees some local answer
         // or replay, so an all-pass-through filter would not agree by accident.
         assert!(
