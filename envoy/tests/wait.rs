@@ -269,6 +269,12 @@ fn a_waiter_whose_client_hangs_up_leaves_nothing_behind() {
     assert_eq!(s.counter("rejected_in_flight"), 0);
     assert_eq!(s.counter("wait_timeout"), 0);
     assert_eq!(s.counter("waited"), 5);
+    // A waiter that left got no decision: its access log line says so.
+    let gone = log_line(&s, path, "-");
+    assert!(
+        gone.contains(" DC ") && gone.contains(" record=- rule=- "),
+        "{gone}"
+    );
 }
 
 #[test]
