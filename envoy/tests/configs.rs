@@ -69,6 +69,35 @@ fn every_envoy_config_passes_envoy_validate() {
     }
 }
 
+#[test]
+fn every_template_with_the_filter_logs_decision_record_and_rule() {
+    // README "Access logs": every shipped template logs the three per request.
+    let mut files = config_files();
+    files.push(config_file(LDS_LISTENER));
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        // The Istio example is no Envoy config (Istio's Telemetry API logs).
+        if is_istio(&text) {
+            continue;
+        }
+        // The data plane's filters (the admin role's is `proxy_dedup_admin` and
+        // answers the operator API only).
+        let filters = text
+            .lines()
+            .filter(|l| l.trim() == "- name: proxy_dedup")
+            .count();
+        for field in ["decision", "record", "rule"] {
+            let wanted = format!("%FILTER_STATE(wasm.proxy_dedup_{field}:PLAIN)%");
+            let logged = text.matches(&wanted).count();
+            assert!(
+                logged >= filters,
+                "{} has {filters} dedup filter(s) but logs `{wanted}` {logged} time(s)",
+                file.display()
+            );
+        }
+    }
+}
+
 /// The configs added for issue 8 exist (so the loop above covers them).
 #[test]
 fn jwt_scope_and_lds_configs_are_present() {

@@ -184,6 +184,25 @@ fn scenarios() -> Vec<Scenario> {
             ],
         },
         Scenario {
+            name: "rule-wait",
+            config: r#"{"rules": [{"name": "waits",
+                "match": {"header": {"name": "x-route", "equals": "wait"}},
+                "on_in_flight": "wait"}]}"#,
+            steps: vec![
+                // The rule waits for the first's answer...
+                Step::WaitsForFirst {
+                    first: with(call("rule-wait", k, "x"), "x-route", "wait"),
+                    dup: with(call("rule-wait", k, "x"), "x-route", "wait"),
+                },
+                // ...while the top level (same key, its own records) answers 409.
+                Step::WhileInFlight {
+                    first: call("rule-wait", k, "x"),
+                    dup: call("rule-wait", k, "x"),
+                },
+                Step::Send(with(call("rule-wait", k, "x"), "x-route", "wait")),
+            ],
+        },
+        Scenario {
             name: "limits",
             config: r#"{"max_body_bytes": 16, "max_replay_body_bytes": 8}"#,
             steps: vec![
@@ -379,9 +398,10 @@ fn run_in_envoy(s: &Scenario) -> Vec<Seen> {
             }
             Step::WhileInFlight { first, dup } => {
                 let slow = envoy_request(&with(first.clone(), "x-demo-delay-ms", "1500"));
+                let before = stack.executions(&path);
                 std::thread::scope(|scope| {
                     let held = scope.spawn(|| stack.send(&slow));
-                    stack.wait_executions(&path, 1, Duration::from_secs(5));
+                    stack.wait_executions(&path, before + 1, Duration::from_secs(5));
                     let d = stack.send(&envoy_request(dup));
                     let dup_seen = seen(
                         d.status,
@@ -399,9 +419,10 @@ fn run_in_envoy(s: &Scenario) -> Vec<Seen> {
             }
             Step::WaitsForFirst { first, dup } => {
                 let slow = envoy_request(&with(first.clone(), "x-demo-delay-ms", "1000"));
+                let before = stack.executions(&path);
                 std::thread::scope(|scope| {
                     let held = scope.spawn(|| stack.send(&slow));
-                    stack.wait_executions(&path, 1, Duration::from_secs(5));
+                    stack.wait_executions(&path, before + 1, Duration::from_secs(5));
                     let d = stack.send(&envoy_request(dup));
                     let f = held.join().unwrap();
                     out.push(seen(
@@ -580,6 +601,14 @@ fn envoy_and_host_test_agree_on_every_scenario() {
                     s.name
                 ));
             }
+        }
+        if s.name == "rule-wait" {
+            // Steps: the rule's first and its waiter, the top level's first and its 409.
+            assert!(real[1].replayed, "the rule's duplicate waited: {real:?}");
+            assert_eq!(
+                real[3].problem, "urn:proxy-dedup:problem:in-flight",
+                "{real:?}"
+            );
         }
         // The table must exercise what it claims: each scenario sees some local answer
         // or replay, so an all-pass-through filter would not agree by accident.

@@ -1,7 +1,9 @@
 //! Wait mode on the etcd store: two real Envoys (2 workers each) on one 3-member etcd and
 //! one demo upstream. Duplicates spread over both proxies wait for the first's answer; a
 //! waiter on proxy B gets proxy A's answer (by polling the record); after a 5xx exactly
-//! one waiter executes; a wait past `wait_timeout_ms` gets 409.
+//! one waiter executes; a wait past `wait_timeout_ms` gets 409; waiters whose clients
+//! hang up leave nothing behind; store calls land in the `proxy_dedup_store_call_ms`
+//! histogram.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -174,4 +176,78 @@ fn etcd_wait_mode_across_two_proxies() {
     assert_eq!(m.counter(1, "wait_timeout"), 1);
     assert_eq!(first.join().unwrap().status, 200);
     assert_eq!(m.upstream.executions_for_path(path), 1);
+
+    // Waiters on proxy B whose clients hang up (some with a poll of etcd out) leave
+    // nothing behind: after A's first answers 503, only the waiter that stayed runs,
+    // and its answer is what a later duplicate on A gets.
+    let path = "/wait/hangup";
+    let body = json!({"n": 3});
+    let failing = keyed(path, "hangup-1", &body)
+        .header("x-demo-delay-ms", "2500")
+        .header("x-demo-status", "503");
+    let first = {
+        let m = m.clone();
+        std::thread::spawn(move || m.send(0, &failing))
+    };
+    m.wait_executions(path, 1);
+    let waited = m.counter(1, "waited");
+    for i in 0..3u64 {
+        let mut conn =
+            dedup_envoy::client::Connection::open(m.proxies[1].addr(), Duration::from_secs(5))
+                .unwrap();
+        conn.write_request(&keyed(path, "hangup-1", &body)).unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        while m.counter(1, "waited") < waited + i + 1 {
+            assert!(Instant::now() < end, "waiter {i} never waited");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Long enough for a poll (every 250 ms) to be out now and then.
+        std::thread::sleep(Duration::from_millis(100 * i));
+        conn.reset().unwrap();
+    }
+    let stays = {
+        let m = m.clone();
+        let req = keyed(path, "hangup-1", &body).header("x-demo-delay-ms", "200");
+        std::thread::spawn(move || m.send(1, &req))
+    };
+    assert_eq!(first.join().unwrap().status, 503);
+    let stays = stays.join().unwrap();
+    assert_eq!(stays.status, 200, "{}", stays.summary());
+    assert!(!is_replayed(&stays), "the waiter that stayed executed");
+    let later = m.send(0, &keyed(path, "hangup-1", &body));
+    assert!(is_replayed(&later), "{}", later.summary());
+    assert_eq!(later.body, stays.body);
+    assert_eq!(
+        m.upstream.executions_for_path(path),
+        2,
+        "the 503 and the waiter that stayed; none that left"
+    );
+
+    // Every store call's round trip lands in the histogram (Envoy merges histograms
+    // at its stats flush, every 5 s by default). In Prometheus's format Envoy strips the
+    // `wasmcustom.` namespace and adds no `envoy_` prefix.
+    let end = Instant::now() + Duration::from_secs(15);
+    loop {
+        let text = m.proxies[0].prometheus().unwrap();
+        assert!(
+            text.lines().any(|l| l.starts_with("proxy_dedup_requests")),
+            "no proxy_dedup_requests in /stats/prometheus"
+        );
+        let count = text
+            .lines()
+            .find(|l| l.starts_with("proxy_dedup_store_call_ms_count"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        if count > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "no proxy_dedup_store_call_ms samples in /stats/prometheus: {:?}",
+            text.lines()
+                .filter(|l| l.contains("store_call"))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }
