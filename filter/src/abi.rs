@@ -404,7 +404,12 @@ pub fn grpc_status() -> Option<(u32, Vec<u8>)> {
 
 /// A property (e.g. `["response", "code_details"]`); `None` when the host has none.
 pub fn property(path: &[&str]) -> Option<Vec<u8>> {
-    let encoded = path.join("\0");
+    property_at(&path.join("\0"))
+}
+
+/// A property by its path already encoded (segments joined by NUL), e.g.
+/// `"response\0code_details"`: nothing is built per call.
+pub fn property_at(encoded: &str) -> Option<Vec<u8>> {
     let mut ptr: *mut u8 = std::ptr::null_mut();
     let mut size = 0usize;
     // SAFETY: pointer and length of a live string; valid out-pointers; the result buffer

@@ -217,13 +217,13 @@ pub(crate) fn read_call_answer(num_headers: usize, body_size: usize) -> CallAnsw
 /// An upstream answer (`via_upstream`) is classified by its details alone
 /// (`outcome::classify`), so its flags are not read.
 fn response_origin() -> Origin {
-    let details = abi::property(&["response", "code_details"])
+    let details = abi::property_at("response\0code_details")
         .map(utf8)
         .unwrap_or_default();
     if details == "via_upstream" {
         return Origin { details, flags: 0 };
     }
-    let flags = abi::property(&["response", "flags"])
+    let flags = abi::property_at("response\0flags")
         .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
         .map_or(0, u64::from_le_bytes);
     Origin { details, flags }
