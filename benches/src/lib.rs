@@ -107,6 +107,22 @@ pub const DEDUP: &[Case] = &[
         },
     },
     Case {
+        name: "dedup_bypassed_get",
+        about: "dedup, a GET it does not deduplicate (bypassed)",
+        wasm: "dedup_filter.wasm",
+        plugin_config: r#"{"capacity": 10000000}"#,
+        allow_on_headers_stop_iteration: true,
+        request: |i| Request::get(&format!("/orders/{i}")),
+    },
+    Case {
+        name: "dedup_post_without_key",
+        about: "dedup, a POST without a key (passes through)",
+        wasm: "dedup_filter.wasm",
+        plugin_config: r#"{"capacity": 10000000}"#,
+        allow_on_headers_stop_iteration: true,
+        request: |i| Request::post("/orders").body(order(i)),
+    },
+    Case {
         name: "keyless_fingerprint_1k",
         about: "dedup keyless fingerprint, 1 KiB body",
         wasm: "dedup_filter.wasm",

@@ -534,3 +534,34 @@ fn a_push_redelivery_with_a_new_attempt_is_replayed_and_a_changed_message_is_422
     assert_problem(&changed, 422, "payload-mismatch");
     assert_eq!(s.executions(path), 1);
 }
+
+/// The filter asks Envoy for its log level once per request (not per debug line):
+/// a level changed at runtime on Envoy's admin port applies from the next request on.
+#[test]
+fn a_log_level_changed_at_runtime_applies_to_the_next_request() {
+    let s = Stack::start("e2e-log-level", "{}");
+    let path = "/orders/log-level";
+    let body = json!({"item": "pen"});
+    assert_executed(&s.send(&post(path, "level-1", &body)));
+    assert!(
+        !s.envoy.log().contains("claimed; forwarding"),
+        "a debug line at info level:\n{}",
+        s.envoy.log()
+    );
+    let r = dedup_envoy::client::send(s.envoy.admin_addr(), &Request::post("/logging?wasm=debug"))
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_executed(&s.send(&post(path, "level-2", &body)));
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    let log = loop {
+        let log = s.envoy.log();
+        if log.contains("claimed; forwarding") || std::time::Instant::now() > deadline {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        log.contains("claimed; forwarding"),
+        "no debug line after the level changed:\n{log}"
+    );
+}

@@ -47,6 +47,13 @@ extern "C" {
         return_buffer_data: *mut *mut u8,
         return_buffer_size: *mut usize,
     ) -> u32;
+    fn proxy_get_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
     fn proxy_get_header_map_pairs(
         map_type: u32,
         return_map_data: *mut *mut u8,
@@ -174,16 +181,31 @@ pub fn log(level: u32, message: &str) {
     }
 }
 
-/// Envoy's current log level for this plugin (Info when the host cannot say).
+thread_local! {
+    /// The log level read since the last stream started (see [`log_level`]).
+    static LOG_LEVEL: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Envoy's log level for this plugin (Info when the host cannot say), read from the host
+/// at most once per request: Envoy answers with its logger's live level (changed at
+/// runtime through the admin `/logging` endpoint, with no callback to the module), so
+/// the cached value is forgotten each time a stream starts ([`forget_log_level`]) and a
+/// change applies from the next request on.
 pub fn log_level() -> u32 {
+    if let Ok(Some(level)) = LOG_LEVEL.try_with(std::cell::Cell::get) {
+        return level;
+    }
     let mut level = LOG_INFO;
     // SAFETY: valid out-pointer.
     let status = unsafe { proxy_get_log_level(&mut level) };
-    if status == OK {
-        level
-    } else {
-        LOG_INFO
-    }
+    let level = if status == OK { level } else { LOG_INFO };
+    let _ = LOG_LEVEL.try_with(|l| l.set(Some(level)));
+    level
+}
+
+/// A stream starts: the next [`log_level`] asks the host again.
+pub fn forget_log_level() {
+    let _ = LOG_LEVEL.try_with(|l| l.set(None));
 }
 
 /// Milliseconds since the Unix epoch by the host's clock (0 if it cannot say).
@@ -210,6 +232,19 @@ pub fn buffer(buffer_type: u32, start: usize, max_size: usize) -> Result<Vec<u8>
         NOT_FOUND => Ok(Vec::new()),
         other => Err(other),
     }
+}
+
+/// The first value of header `name` in a header map (`None`: absent or unreadable).
+pub fn header_value(map_type: u32, name: &str) -> Option<Vec<u8>> {
+    let mut ptr: *mut u8 = std::ptr::null_mut();
+    let mut size = 0usize;
+    // SAFETY: pointer and length of a live str; valid out-pointers; the result buffer is
+    // taken back below.
+    let status = unsafe {
+        proxy_get_header_map_value(map_type, name.as_ptr(), name.len(), &mut ptr, &mut size)
+    };
+    let bytes = take_host_buffer(ptr, size);
+    (status == OK).then_some(bytes)
 }
 
 /// All pairs of a header map, repeated names included, values as bytes.
@@ -369,7 +404,12 @@ pub fn grpc_status() -> Option<(u32, Vec<u8>)> {
 
 /// A property (e.g. `["response", "code_details"]`); `None` when the host has none.
 pub fn property(path: &[&str]) -> Option<Vec<u8>> {
-    let encoded = path.join("\0");
+    property_at(&path.join("\0"))
+}
+
+/// A property by its path already encoded (segments joined by NUL), e.g.
+/// `"response\0code_details"`: nothing is built per call.
+pub fn property_at(encoded: &str) -> Option<Vec<u8>> {
     let mut ptr: *mut u8 = std::ptr::null_mut();
     let mut size = 0usize;
     // SAFETY: pointer and length of a live string; valid out-pointers; the result buffer

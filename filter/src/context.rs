@@ -330,6 +330,8 @@ fn create_root(context_id: u32) {
 }
 
 fn create_stream(context_id: u32, root_id: u32) {
+    // A new request: Envoy's log level may have changed since the last one.
+    abi::forget_log_level();
     let created = on_root(root_id, "proxy_on_context_create", None, |root| {
         root.create_http_context(context_id)
     });

@@ -214,14 +214,24 @@ pub(crate) fn read_call_answer(num_headers: usize, body_size: usize) -> CallAnsw
 
 /// Where the response came from, as Envoy says: `response.code_details` and
 /// `response.flags` (an 8-byte little-endian integer). Missing facts read as unknown.
+/// An upstream answer (`via_upstream`) is classified by its details alone
+/// (`outcome::classify`), so its flags are not read.
 fn response_origin() -> Origin {
-    let details = abi::property(&["response", "code_details"])
-        .map(|v| String::from_utf8_lossy(&v).into_owned())
+    let details = abi::property_at("response\0code_details")
+        .map(utf8)
         .unwrap_or_default();
-    let flags = abi::property(&["response", "flags"])
+    if details == "via_upstream" {
+        return Origin { details, flags: 0 };
+    }
+    let flags = abi::property_at("response\0flags")
         .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
         .map_or(0, u64::from_le_bytes);
     Origin { details, flags }
+}
+
+/// Bytes from the host as text, without a copy when they are valid UTF-8.
+fn utf8(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// A stream that ended with a store call out keeps living here, keyed by that call's
@@ -499,14 +509,18 @@ fn read_request_body(size: usize) -> Option<Vec<u8>> {
 fn request_head() -> Option<RequestHead> {
     let pairs = abi::header_pairs(abi::MAP_REQUEST_HEADERS).ok()?;
     let mut head = RequestHead::default();
-    for (name, value) in pairs {
-        let value = String::from_utf8_lossy(&value).into_owned();
+    for (mut name, value) in pairs {
+        let value = utf8(value);
         match name.as_str() {
             ":method" => head.method = value,
             ":path" => head.path = value,
             ":authority" => head.authority = value,
             n if n.starts_with(':') => {}
-            _ => head.headers.push((name.to_ascii_lowercase(), value)),
+            _ => {
+                // Envoy hands header names in lower case already: this copies nothing.
+                name.make_ascii_lowercase();
+                head.headers.push((name, value));
+            }
         }
     }
     Some(head)
@@ -514,8 +528,21 @@ fn request_head() -> Option<RequestHead> {
 
 impl HttpContext for DedupHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        if self.shared.is_none() {
+        let Some(role) = self.shared.as_ref().map(|sh| sh.plugin.config.role) else {
             return Action::Continue;
+        };
+        if role == Role::Data {
+            // A method the filter does not deduplicate is decided by `:method` alone
+            // (when no rule could select another policy): the other headers are not read.
+            if let Some(method) = abi::header_value(abi::MAP_REQUEST_HEADERS, ":method") {
+                let method = utf8(method);
+                if let Some(d) = self
+                    .with_env(|s, sh, env| s.on_request_method(&sh.plugin, env, &method))
+                    .flatten()
+                {
+                    return self.drive(d);
+                }
+            }
         }
         let Some(head) = request_head() else {
             abi::log(
@@ -524,11 +551,7 @@ impl HttpContext for DedupHttp {
             );
             return Action::Continue;
         };
-        if self
-            .shared
-            .as_ref()
-            .is_some_and(|sh| sh.plugin.config.role == Role::Admin)
-        {
+        if role == Role::Admin {
             return self.admin_request(&head);
         }
         match self.with_env(|s, sh, env| s.on_request_headers(&sh.plugin, env, head, end_of_stream))
@@ -677,7 +700,12 @@ impl HttpContext for DedupHttp {
         if self.orphaned {
             return;
         }
-        let origin = response_origin();
+        // Envoy's properties are read only when the stream's end is classified by them.
+        let origin = if self.stream.origin_matters_at_end() {
+            response_origin()
+        } else {
+            Origin::default()
+        };
         let call = self
             .with_env(|s, sh, env| s.on_stream_end(&sh.plugin, env, &origin))
             .flatten();

@@ -145,6 +145,10 @@ pub struct Claim {
     pub buckets: u64,
     pub bucket: u64,
     pub way: usize,
+    /// The bucket counted no bytes in this way's response slot when the claim was won:
+    /// the slot is then most likely absent, and completion creates it without reading it
+    /// first (a hint only: a create fails on a slot that exists).
+    pub slot_empty: bool,
 }
 
 /// What a claim attempt found.
@@ -575,6 +579,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                         buckets,
                         bucket,
                         way,
+                        slot_empty: b.slots[way] == 0,
                     },
                     evicted_unexpired,
                 });
@@ -628,7 +633,30 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             .map_or(0, |b| u32::try_from(b.len()).unwrap_or(u32::MAX));
         let mut read_bucket = None;
         let mut written = false;
-        if let Some(encoded) = &bytes {
+        if let (Some(encoded), true) = (&bytes, claim.slot_empty) {
+            // A slot the bucket counted no bytes for at claim time is usually absent
+            // (never written): a create with a cas no live key holds then writes it
+            // without reading it first (shared data cannot give a cas without copying
+            // the value). Absent means no owner of this way ever wrote it, so nothing
+            // is clobbered; if it exists (blanked, or written since), the create fails
+            // and the loop below reads its cas as always. Ownership and room are checked
+            // first, as there.
+            let (b, cas) = self.read(claim.buckets, claim.bucket)?;
+            if !owns_at(&b, claim, now_ms) {
+                return Ok(Completion::default());
+            }
+            if room_for(&b, claim.way, size, budget, now_ms).is_some() {
+                match self.shared.set(&slot, encoded, u32::MAX) {
+                    Ok(()) => written = true,
+                    Err(SetError::CasMismatch) => {}
+                    Err(SetError::Fault(f)) => return Err(StoreError::Host(f)),
+                }
+            }
+            if written {
+                read_bucket = Some((b, cas));
+            }
+        }
+        if let (Some(encoded), false) = (&bytes, written) {
             // The slot is written before the record flips, so a reader that sees
             // Completed finds the body. The slot write is a CAS on the slot's own cas,
             // taken before ownership is checked: if a later owner of this way wrote its
@@ -864,6 +892,7 @@ fn existing(r: &Record, payload: &Digest, buckets: u64, bucket: u64, way: usize)
             buckets,
             bucket,
             way,
+            slot_empty: false,
         }),
     }
 }

@@ -498,6 +498,39 @@ impl DedupStream {
         matches!(self.phase, Phase::Capturing(..))
     }
 
+    /// Whether `on_stream_end` would look at the origin: only a forwarded request
+    /// whose response never started is classified then (the glue reads Envoy's
+    /// properties only in that case).
+    pub fn origin_matters_at_end(&self) -> bool {
+        matches!(self.phase, Phase::Forwarded(_))
+    }
+
+    /// Request headers arrived, and the method alone may decide: with no rules, a
+    /// method the policy does not deduplicate passes through, whatever the other
+    /// headers say. `Some` is exactly what `on_request_headers` would do for such a
+    /// request (same counters, same decision), so the glue need not read the other
+    /// headers; `None`: call `on_request_headers` with the whole head.
+    pub fn on_request_method<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        method: &str,
+    ) -> Option<Action> {
+        if !p.config.rules.is_empty() {
+            return None;
+        }
+        let cfg = &p.config.policy;
+        if cfg.bypass {
+            env.count(Counter::Requests);
+            return Some(self.bypass(env, "bypassed by its rule"));
+        }
+        if !cfg.dedups_method(method) {
+            env.count(Counter::Requests);
+            return Some(self.bypass(env, "method not deduplicated"));
+        }
+        None
+    }
+
     /// Request headers arrived. `end_of_stream` means there is no body.
     pub fn on_request_headers<E: Env>(
         &mut self,

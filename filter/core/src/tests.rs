@@ -1483,6 +1483,69 @@ fn a_late_completion_racing_its_successor_never_clobbers_the_slot() {
 }
 
 #[test]
+fn a_late_completion_creating_a_never_written_slot_never_clobbers_its_successor() {
+    // A's slot was never written, so A creates it without reading it first. Just before
+    // that create, A's claim expires and B takes the way and completes: A's create must
+    // fail (the slot now exists), and A finds it no longer owns the way.
+    let layout = Layout::new("t", 16, 1_000, 60_000);
+    let shared = FakeShared::new();
+    let store = SharedStore::new(&*shared, &layout);
+    let d = digest(3);
+    let resp = |b: &str| StoredResponse {
+        status: 200,
+        headers: vec![],
+        body: b.as_bytes().to_vec(),
+    };
+    let ClaimOutcome::Claimed { claim: a, .. } = store.claim(&d, &[0; 32], 0, 1).unwrap() else {
+        panic!()
+    };
+    assert!(a.slot_empty, "a fresh way's slot holds nothing");
+    let (s2, l2) = (shared.clone(), layout.clone());
+    let a_way = a.way;
+    shared.before_next_set(move || {
+        let st = SharedStore::new(&*s2, &l2);
+        let ClaimOutcome::Claimed { claim: b, .. } = st.claim(&d, &[0; 32], 1_000, 2).unwrap()
+        else {
+            panic!("B must take the expired way")
+        };
+        assert_eq!(b.way, a_way);
+        assert!(st.complete(&b, Some(&resp("from-b")), 1_000).unwrap());
+    });
+    assert!(!store.complete(&a, Some(&resp("from-a")), 999).unwrap());
+    let ClaimOutcome::Completed(done) = store.claim(&d, &[0; 32], 1_001, 3).unwrap() else {
+        panic!()
+    };
+    assert_eq!(store.response(&done).unwrap().unwrap().body, b"from-b");
+}
+
+#[test]
+fn a_completion_whose_empty_slot_exists_after_all_still_stores_its_response() {
+    // The bucket counted no bytes for the way, but its slot exists (blanked earlier):
+    // the create fails and the completion reads the slot's cas as usual.
+    let layout = Layout::new("t", 16, 1_000, 60_000);
+    let shared = FakeShared::new();
+    let store = SharedStore::new(&*shared, &layout);
+    let d = digest(4);
+    let ClaimOutcome::Claimed { claim, .. } = store.claim(&d, &[0; 32], 0, 1).unwrap() else {
+        panic!()
+    };
+    assert!(claim.slot_empty);
+    use crate::store::SharedData;
+    let slot = layout.response_key(claim.buckets, claim.bucket, claim.way);
+    shared.set(&slot, b"", u32::MAX).unwrap();
+    let body = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: b"kept".to_vec(),
+    };
+    assert!(store.complete(&claim, Some(&body), 10).unwrap());
+    let ClaimOutcome::Completed(done) = store.claim(&d, &[0; 32], 20, 2).unwrap() else {
+        panic!()
+    };
+    assert_eq!(store.response(&done).unwrap().unwrap().body, b"kept");
+}
+
+#[test]
 fn tombstoned_and_garbage_buckets_read_as_empty() {
     let layout = Layout::new("t", 16, 1_000, 1_000);
     let shared = FakeShared::new();
@@ -2468,3 +2531,51 @@ mod rules;
 
 #[path = "budget_tests.rs"]
 mod budget;
+
+// ---------- the method-only fast path (the glue skips reading the other headers) ----------
+
+/// `on_request_method` decides exactly as `on_request_headers` would (same action,
+/// counters and logged decision) whenever it decides, and leaves to it every request a
+/// rule, the key or another header could matter for.
+#[test]
+fn method_fast_path_agrees_with_the_whole_head() {
+    let configs = [
+        r#"{}"#,
+        r#"{"methods": ["POST"]}"#,
+        r#"{"methods": ["GET", "POST"], "key": {"required": true}}"#,
+        r#"{"rules": [{"name": "gets", "match": {"methods": ["GET"]}, "methods": ["GET"]}]}"#,
+    ];
+    for json in configs {
+        let p = plugin(json);
+        for method in ["GET", "HEAD", "POST", "PATCH", "PUT", "DELETE", "post"] {
+            let head = req(method, "/orders").key("k1").head;
+            let shared = FakeShared::new();
+            let mut fast_env = FakeEnv::new(shared.clone(), 1);
+            let mut fast = DedupStream::new(1);
+            let Some(action) = fast.on_request_method(&p, &mut fast_env, method) else {
+                assert!(
+                    fast_env.counters.is_empty() && fast.log_fields().is_none(),
+                    "{json} {method}: undecided but counted"
+                );
+                let must_read = !p.config.rules.is_empty() || p.config.policy.dedups_method(method);
+                assert!(must_read, "{json} {method}: left undecided for no reason");
+                continue;
+            };
+            let mut full_env = FakeEnv::new(FakeShared::new(), 1);
+            let mut full = DedupStream::new(1);
+            let full_action = full.on_request_headers(&p, &mut full_env, head, false);
+            assert_eq!(action, full_action, "{json} {method}");
+            assert_eq!(fast_env.counters, full_env.counters, "{json} {method}");
+            let fast_log = fast
+                .log_fields()
+                .map(|(v, r)| (v, r.map(|r| r.to_string())));
+            let full_log = full
+                .log_fields()
+                .map(|(v, r)| (v, r.map(|r| r.to_string())));
+            assert_eq!(fast_log, full_log, "{json} {method}");
+            assert!(fast_log.is_some(), "{json} {method}: no decision logged");
+            assert_eq!(fast.rule(&p), full.rule(&p), "{json} {method}");
+            assert!(!fast.reading_request() && !fast.holds_claim());
+        }
+    }
+}
