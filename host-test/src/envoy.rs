@@ -11,7 +11,8 @@ use crate::error::Error;
 use crate::http::{header_get, Headers, Reply, ReplyKind, Request, Response, UpstreamRequest};
 use crate::origin::{code_details, response_flags, StreamOrigin};
 use crate::shared::{lock, Faults, LogLine, Metric, Shared, SharedInner};
-use crate::vm::{CalloutResponse, Deferred, Exports, PluginInfo, StreamHost, Vm, VmState};
+use crate::state::{CalloutResponse, Deferred, PluginInfo, StreamHost, VmState};
+use crate::vm::{Exports, Vm};
 use grpc_calls::{GrpcCluster, GrpcEvent, GrpcLive};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -325,7 +326,7 @@ impl EnvoyBuilder {
             let mut state = VmState::new(shared.clone(), plugin.clone(), index);
             state.rng ^= self.random_seed.wrapping_mul(0xd134_2543_de82_ef95);
             if self.count_host_calls {
-                state.host_calls = Some(crate::vm::HostCalls::default());
+                state.host_calls = Some(crate::state::HostCalls::default());
             }
             let vm = Vm::instantiate(&pre, state)?;
             envoy.vms.push(vm);
@@ -2132,8 +2133,8 @@ impl Envoy {
     /// Host calls and bytes copied since the last [`Envoy::reset_host_calls`],
     /// over every VM (empty unless built with
     /// [`EnvoyBuilder::count_host_calls`]).
-    pub fn host_calls(&self) -> crate::vm::HostCalls {
-        let mut all = crate::vm::HostCalls::default();
+    pub fn host_calls(&self) -> crate::state::HostCalls {
+        let mut all = crate::state::HostCalls::default();
         for vm in &self.vms {
             if let Some(h) = &vm.store.data().host_calls {
                 all.add(h);
@@ -2146,7 +2147,7 @@ impl Envoy {
     pub fn reset_host_calls(&mut self) {
         for vm in &mut self.vms {
             if let Some(h) = vm.store.data_mut().host_calls.as_mut() {
-                *h = crate::vm::HostCalls::default();
+                *h = crate::state::HostCalls::default();
             }
         }
     }

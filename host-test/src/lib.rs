@@ -159,6 +159,7 @@ mod hostcalls;
 mod http;
 mod origin;
 mod shared;
+mod state;
 mod value;
 mod vm;
 
@@ -170,8 +171,9 @@ pub use grpc::{grpc_status, GrpcReply, GrpcRequest, GrpcServer};
 pub use http::{Headers, Reply, Request, Response, UpstreamRequest};
 pub use origin::{code_details, response_flags};
 pub use shared::{Faults, LogLine, Metric};
+pub use state::HostCalls;
 pub use value::Value;
-pub use vm::{module_imports, HostCalls};
+pub use vm::module_imports;
 
 use std::path::PathBuf;
 
