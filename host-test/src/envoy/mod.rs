@@ -18,7 +18,9 @@ pub use builder::EnvoyBuilder;
 use crate::abi::{LogLevel, MetricKind};
 use crate::callout::{self, CalloutResult, Cluster};
 use crate::error::Error;
-use crate::http::{header_get, Headers, Reply, ReplyKind, Request, Response, UpstreamRequest};
+use crate::http::{
+    header_get, Headers, Reply, ReplyKind, Request, Response, StreamId, UpstreamRequest,
+};
 use crate::origin::{code_details, response_flags, StreamOrigin};
 use crate::shared::{lock, Faults, LogLine, Metric, Shared, SharedInner};
 use crate::state::{CalloutResponse, Deferred, DirHost, PluginInfo, StreamHost, VmState};
@@ -29,10 +31,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use wasmtime::{TypedFunc, WasmParams, WasmResults};
-
-/// Identifies a stream started with [`Envoy::start`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct StreamId(pub u64);
 
 /// Where a stream stands.
 #[derive(Debug, Clone, PartialEq)]
