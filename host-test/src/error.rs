@@ -23,7 +23,7 @@ pub enum Error {
     /// The stream can make no progress: the filter holds it and nothing it
     /// waits for (callout, timer) is pending. Real Envoy would hang.
     Stalled {
-        stream: crate::StreamId,
+        stream: crate::http::StreamId,
         waiting: String,
     },
     /// A misuse of the test API (unknown stream, step out of order).

@@ -2,6 +2,10 @@
 //! [`Response`] the client gets, what an upstream or cluster sees
 //! ([`UpstreamRequest`]) and what it answers ([`Reply`]).
 
+/// Identifies a stream started with [`crate::Envoy::start`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StreamId(pub u64);
+
 /// Header list as Envoy keeps it: ordered, names lower case, repeats allowed.
 pub type Headers = Vec<(String, String)>;
 

@@ -159,19 +159,21 @@ mod hostcalls;
 mod http;
 mod origin;
 mod shared;
+mod state;
 mod value;
 mod vm;
 
 pub use abi::{LogLevel, MetricKind, Status};
 pub use callout::Handler;
-pub use envoy::{Envoy, EnvoyBuilder, StreamId, StreamState};
+pub use envoy::{Envoy, EnvoyBuilder, StreamState};
 pub use error::Error;
 pub use grpc::{grpc_status, GrpcReply, GrpcRequest, GrpcServer};
-pub use http::{Headers, Reply, Request, Response, UpstreamRequest};
+pub use http::{Headers, Reply, Request, Response, StreamId, UpstreamRequest};
 pub use origin::{code_details, response_flags};
 pub use shared::{Faults, LogLine, Metric};
+pub use state::HostCalls;
 pub use value::Value;
-pub use vm::{module_imports, HostCalls};
+pub use vm::module_imports;
 
 use std::path::PathBuf;
 

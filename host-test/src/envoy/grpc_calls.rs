@@ -10,7 +10,7 @@ use crate::grpc::{frame_message, take_messages, GrpcReply, GrpcReplyKind};
 use crate::grpc::{grpc_status, GrpcHandler, GrpcRequest};
 use crate::h2::{self, Client};
 use crate::http::{header_get, Headers};
-use crate::vm::GrpcOp;
+use crate::state::GrpcOp;
 use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,352 @@
+//! [`EnvoyBuilder`]: how a test configures a simulated Envoy, and `build`,
+//! which loads the module and starts the VMs as Envoy 1.40 does.
+
+use super::*;
+
+/// Configures and builds an [`Envoy`].
+pub struct EnvoyBuilder {
+    wasm: PathBuf,
+    workers: usize,
+    main_thread_vm: bool,
+    config_check: bool,
+    plugin_config: Vec<u8>,
+    vm_config: Vec<u8>,
+    vm_id: String,
+    plugin_name: String,
+    root_id: String,
+    allow_on_headers_stop_iteration: bool,
+    fail_open: bool,
+    log_level: LogLevel,
+    route_timeout: Duration,
+    buffer_limit: usize,
+    upstream: Option<crate::callout::Handler>,
+    upstream_address: String,
+    clusters: HashMap<String, Cluster>,
+    grpc_clusters: HashMap<String, GrpcCluster>,
+    random_seed: u64,
+    count_host_calls: bool,
+    route_name: Option<String>,
+    cluster_name: Option<String>,
+    route_metadata: crate::value::Metadata,
+    filter_metadata: crate::value::Metadata,
+    properties: Vec<(Vec<String>, Vec<u8>)>,
+}
+
+impl EnvoyBuilder {
+    /// Number of worker threads, each with its own VM (default 1).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n.max(1);
+        self
+    }
+
+    /// Envoy's VM on the main thread (default on, as Envoy): one more VM of
+    /// the plugin, started and configured before the workers' (`on_vm_start`,
+    /// `on_configure`, its own root context and ticks), that never sees a
+    /// stream. Its log lines carry `worker == workers()`; it shares shared
+    /// data, queues and metrics with the workers and keeps ticking when a
+    /// worker's VM fails.
+    pub fn main_thread_vm(mut self, on: bool) -> Self {
+        self.main_thread_vm = on;
+        self
+    }
+
+    /// The short-lived copy of the plugin Envoy starts and configures once
+    /// before serving (default on, as Envoy): `on_vm_start` and
+    /// `on_configure` run one more time, first, in a VM that is then dropped
+    /// (its log lines carry `worker == workers() + 1` when the main-thread
+    /// VM is on). A configuration it rejects fails the build.
+    pub fn config_check(mut self, on: bool) -> Self {
+        self.config_check = on;
+        self
+    }
+
+    /// The plugin `configuration` (what `on_configure` reads).
+    pub fn plugin_config(mut self, config: impl AsRef<[u8]>) -> Self {
+        self.plugin_config = config.as_ref().to_vec();
+        self
+    }
+
+    /// The VM `configuration` (what `on_vm_start` reads).
+    pub fn vm_config(mut self, config: impl AsRef<[u8]>) -> Self {
+        self.vm_config = config.as_ref().to_vec();
+        self
+    }
+
+    /// Shared data and queues are scoped by vm_id (default "").
+    pub fn vm_id(mut self, vm_id: &str) -> Self {
+        self.vm_id = vm_id.to_string();
+        self
+    }
+
+    pub fn plugin_name(mut self, name: &str) -> Self {
+        self.plugin_name = name.to_string();
+        self
+    }
+
+    pub fn root_id(mut self, root_id: &str) -> Self {
+        self.root_id = root_id.to_string();
+        self
+    }
+
+    /// Envoy's `allow_on_headers_stop_iteration` (default false, as Envoy):
+    /// false turns Pause at headers into StopAllIteration (body withheld
+    /// until the filter resumes); true keeps StopIteration (body callbacks run).
+    pub fn allow_on_headers_stop_iteration(mut self, allow: bool) -> Self {
+        self.allow_on_headers_stop_iteration = allow;
+        self
+    }
+
+    /// Envoy's `failure_policy: FAIL_OPEN`: after a trap, streams pass
+    /// through without the filter instead of getting 503.
+    pub fn fail_open(mut self, fail_open: bool) -> Self {
+        self.fail_open = fail_open;
+        self
+    }
+
+    /// Envoy's log level (default Info): lower lines are not emitted (and
+    /// not captured); `proxy_get_log_level` reports it.
+    pub fn log_level(mut self, level: LogLevel) -> Self {
+        self.log_level = level;
+        self
+    }
+
+    /// Route timeout for an upstream that never answers (default 15 s, as Envoy).
+    pub fn route_timeout(mut self, timeout: Duration) -> Self {
+        self.route_timeout = timeout;
+        self
+    }
+
+    /// Request buffer limit (Envoy's per_connection_buffer_limit_bytes,
+    /// default 1 MiB): a filter buffering more gets Envoy's 413.
+    pub fn buffer_limit(mut self, bytes: usize) -> Self {
+        self.buffer_limit = bytes;
+        self
+    }
+
+    /// The upstream service (default: 200 with body "upstream ok").
+    pub fn upstream(mut self, handler: impl FnMut(&UpstreamRequest) -> Reply + 'static) -> Self {
+        self.upstream = Some(Box::new(handler));
+        self
+    }
+
+    /// Count every host call per import and the bytes copied through guest
+    /// memory ([`Envoy::host_calls`]); each call then goes through a wrapper,
+    /// so time measurements of such an Envoy mean nothing.
+    pub fn count_host_calls(mut self, on: bool) -> Self {
+        self.count_host_calls = on;
+        self
+    }
+
+    /// Seeds WASI `random_get` (deterministic per worker and seed; Envoy uses
+    /// BoringSSL). Two builders with different seeds model two Envoy processes.
+    pub fn random_seed(mut self, seed: u64) -> Self {
+        self.random_seed = seed;
+        self
+    }
+
+    /// The upstream host's address, what `upstream.address` reads once the
+    /// router picked it (default `127.0.0.1:8080`).
+    pub fn upstream_address(mut self, address: &str) -> Self {
+        self.upstream_address = address.to_string();
+        self
+    }
+
+    /// A cluster for `proxy_http_call`, answered in process.
+    pub fn cluster(
+        mut self,
+        name: &str,
+        handler: impl FnMut(&UpstreamRequest) -> Reply + 'static,
+    ) -> Self {
+        self.clusters
+            .insert(name.to_string(), Cluster::InProcess(Box::new(handler)));
+        self
+    }
+
+    /// A cluster for `proxy_http_call` forwarded over TCP to a loopback
+    /// HTTP/1.1 server (`"127.0.0.1:8080"`).
+    pub fn cluster_addr(mut self, name: &str, addr: &str) -> Self {
+        self.clusters
+            .insert(name.to_string(), Cluster::Tcp(addr.to_string()));
+        self
+    }
+
+    /// A cluster for `proxy_grpc_call` and `proxy_grpc_stream`, answered in
+    /// process: the handler gets each call ([`crate::GrpcRequest`]: service,
+    /// method, messages, metadata as Envoy sends it) and answers a
+    /// [`crate::GrpcReply`]. A stream is answered when the filter
+    /// half-closes it (`proxy_grpc_close`, or a send with end of stream).
+    pub fn grpc_cluster(
+        mut self,
+        name: &str,
+        handler: impl FnMut(&crate::GrpcRequest) -> crate::GrpcReply + 'static,
+    ) -> Self {
+        self.grpc_clusters
+            .insert(name.to_string(), GrpcCluster::InProcess(Box::new(handler)));
+        self
+    }
+
+    /// A cluster for `proxy_grpc_call` and `proxy_grpc_stream` served by a
+    /// real gRPC server (HTTP/2 cleartext) on loopback, e.g. etcd's client
+    /// port or a [`crate::GrpcServer`]. Unary calls block until the answer
+    /// or the call's timeout (real time); stream messages arrive as they come.
+    pub fn grpc_cluster_addr(mut self, name: &str, addr: &str) -> Self {
+        self.grpc_clusters
+            .insert(name.to_string(), GrpcCluster::H2(addr.to_string()));
+        self
+    }
+
+    /// The matched route's name (`xds.route_name`; NotFound if unset).
+    pub fn route_name(mut self, name: &str) -> Self {
+        self.route_name = Some(name.to_string());
+        self
+    }
+
+    /// The route's cluster (`xds.cluster_name`; NotFound if unset).
+    pub fn cluster_name(mut self, name: &str) -> Self {
+        self.cluster_name = Some(name.to_string());
+        self
+    }
+
+    /// The route's metadata (`xds.route_metadata.filter_metadata.<namespace>`).
+    pub fn route_metadata(mut self, namespace: &str, value: crate::Value) -> Self {
+        self.route_metadata.push((namespace.to_string(), value));
+        self
+    }
+
+    /// Dynamic metadata every request carries when it reaches the filter
+    /// (`metadata.filter_metadata.<namespace>...`), as an earlier filter
+    /// such as `set_metadata` would set it; [`Request::filter_metadata`]
+    /// adds or replaces it per request.
+    pub fn filter_metadata(mut self, namespace: &str, value: crate::Value) -> Self {
+        self.filter_metadata.push((namespace.to_string(), value));
+        self
+    }
+
+    /// A property every stream can read, by path segments, as the raw bytes
+    /// Envoy returns (for anything host-test does not model).
+    pub fn property(mut self, path: &[&str], value: impl AsRef<[u8]>) -> Self {
+        let path = path.iter().map(|p| p.to_string()).collect();
+        self.properties.push((path, value.as_ref().to_vec()));
+        self
+    }
+
+    /// Loads the module (compiled once per path), starts one VM per worker
+    /// (`_initialize`, `on_context_create`, `on_vm_start`, `on_configure`).
+    pub fn build(self) -> Result<Envoy, Error> {
+        let pre = if self.count_host_calls {
+            crate::vm::load_counting(&self.wasm)?
+        } else {
+            crate::vm::load(&self.wasm)?
+        };
+        let shared: Shared = Arc::new(Mutex::new(SharedInner::new(self.log_level)));
+        let plugin = Arc::new(PluginInfo {
+            vm_id: self.vm_id,
+            name: self.plugin_name,
+            root_id: self.root_id,
+            plugin_config: self.plugin_config,
+            vm_config: self.vm_config,
+            clusters: self
+                .clusters
+                .keys()
+                .chain(self.grpc_clusters.keys())
+                .cloned()
+                .collect::<HashSet<_>>(),
+            route_name: self.route_name,
+            cluster_name: self.cluster_name,
+            route_metadata: self.route_metadata,
+        });
+        let mut envoy = Envoy {
+            vms: Vec::new(),
+            workers: self.workers,
+            shared: shared.clone(),
+            plugin: plugin.clone(),
+            allow_stop: self.allow_on_headers_stop_iteration,
+            fail_open: self.fail_open,
+            route_timeout: self.route_timeout,
+            buffer_limit: self.buffer_limit,
+            streams: HashMap::new(),
+            by_ctx: HashMap::new(),
+            next_stream: 1,
+            next_ctx: Vec::new(),
+            upstream: self.upstream.unwrap_or_else(|| {
+                Box::new(|_req: &UpstreamRequest| Reply::ok().body("upstream ok"))
+            }),
+            upstream_address: self.upstream_address,
+            filter_metadata: self.filter_metadata,
+            properties: self.properties,
+            clusters: self.clusters,
+            grpc_clusters: self.grpc_clusters,
+            grpc_live: HashMap::new(),
+            ready: VecDeque::new(),
+            timed: Vec::new(),
+            seq: 0,
+            ticks: Vec::new(),
+            upstream_calls: 0,
+            hold_callouts: false,
+            held_callouts: Vec::new(),
+        };
+        // VMs by index: the workers, then the main thread's, then (while it
+        // lives) the short-lived copy Envoy configures before serving.
+        let main = usize::from(self.main_thread_vm);
+        let check = usize::from(self.config_check);
+        for index in 0..self.workers + main + check {
+            let mut state = VmState::new(shared.clone(), plugin.clone(), index);
+            state.rng ^= self.random_seed.wrapping_mul(0xd134_2543_de82_ef95);
+            if self.count_host_calls {
+                state.host_calls = Some(crate::state::HostCalls::default());
+            }
+            let vm = Vm::instantiate(&pre, state)?;
+            envoy.vms.push(vm);
+            envoy.next_ctx.push(2);
+            envoy.ticks.push(None);
+        }
+        if self.config_check {
+            let index = self.workers + main;
+            envoy.start_vm(index)?;
+            envoy.vms.pop();
+            envoy.next_ctx.pop();
+            envoy.ticks.pop();
+        }
+        if self.main_thread_vm {
+            envoy.start_vm(self.workers)?;
+        }
+        for worker in 0..self.workers {
+            envoy.start_vm(worker)?;
+        }
+        envoy.pump();
+        Ok(envoy)
+    }
+}
+
+impl Envoy {
+    /// Starts configuring an Envoy running the module at `wasm`.
+    pub fn builder(wasm: impl AsRef<Path>) -> EnvoyBuilder {
+        EnvoyBuilder {
+            wasm: wasm.as_ref().to_path_buf(),
+            workers: 1,
+            main_thread_vm: true,
+            config_check: true,
+            plugin_config: Vec::new(),
+            vm_config: Vec::new(),
+            vm_id: String::new(),
+            plugin_name: "host-test".into(),
+            root_id: String::new(),
+            allow_on_headers_stop_iteration: false,
+            fail_open: false,
+            log_level: LogLevel::Info,
+            route_timeout: Duration::from_secs(15),
+            buffer_limit: 1024 * 1024,
+            upstream: None,
+            upstream_address: "127.0.0.1:8080".into(),
+            random_seed: 0,
+            count_host_calls: false,
+            clusters: HashMap::new(),
+            grpc_clusters: HashMap::new(),
+            route_name: None,
+            cluster_name: None,
+            route_metadata: Vec::new(),
+            filter_metadata: Vec::new(),
+            properties: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! Calling into a worker's VM: the calls themselves (a trap fails the VM
+//! as in Envoy), the work a module queued during a call (deferred resumes,
+//! callouts, gRPC operations), held callouts, and starting a VM.
+
+use super::*;
+
+impl Envoy {
+    pub(super) fn invoke<P: WasmParams, R: WasmResults>(
+        &mut self,
+        worker: usize,
+        name: &str,
+        ctx: u32,
+        pick: impl Fn(&Exports) -> Option<TypedFunc<P, R>>,
+        params: P,
+    ) -> Call<R> {
+        let vm = &mut self.vms[worker];
+        if vm.failed {
+            return Call::Trapped;
+        }
+        let Some(f) = pick(&vm.exports) else {
+            return Call::Missing;
+        };
+        {
+            let s = vm.store.data_mut();
+            s.current = ctx;
+            s.effective = None;
+            s.stop_next_iteration = false;
+        }
+        let result = f.call(&mut vm.store, params);
+        self.after_call(worker);
+        match result {
+            Ok(r) => Call::Done(r),
+            Err(e) => {
+                self.vms[worker].failed = true;
+                lock(&self.shared).log(
+                    worker,
+                    LogLevel::Critical,
+                    format!("Function: {name} failed: {e:#}"),
+                );
+                Call::Trapped
+            }
+        }
+    }
+
+    /// Timer changes and new callouts, right after a VM call.
+    pub(super) fn after_call(&mut self, worker: usize) {
+        let (tick, callouts, grpc) = {
+            let s = self.vms[worker].store.data_mut();
+            (
+                s.tick_request.take(),
+                std::mem::take(&mut s.new_callouts),
+                std::mem::take(&mut s.grpc_ops),
+            )
+        };
+        if !grpc.is_empty() {
+            self.grpc_ops(worker, grpc);
+        }
+        if let Some(period) = tick {
+            self.ticks[worker] = if period == 0 {
+                None
+            } else {
+                let p = u64::from(period) * 1_000_000;
+                Some((self.now_ns() + p, p))
+            };
+        }
+        for c in callouts {
+            let Some(cluster) = self.clusters.get_mut(&c.cluster) else {
+                continue;
+            };
+            let answer = |response| Event::Callout {
+                worker,
+                token: c.token,
+                response,
+            };
+            match callout::call(cluster, &c.request, c.timeout_ms) {
+                CalloutResult::Response(reply) if !reply.delay.is_zero() => {
+                    let at = self.now_ns() + reply.delay.as_nanos() as u64;
+                    self.schedule(at, answer(Some(reply)));
+                }
+                CalloutResult::Response(reply) => self.answer_callout(answer(Some(reply))),
+                CalloutResult::Reset => self.answer_callout(answer(None)),
+                CalloutResult::Never => {}
+                CalloutResult::TimeoutAfter(ms) => {
+                    let at = self.now_ns() + u64::from(ms) * 1_000_000;
+                    self.schedule(
+                        at,
+                        Event::Callout {
+                            worker,
+                            token: c.token,
+                            response: Some(callout::timeout_reply()),
+                        },
+                    );
+                }
+                CalloutResult::ResetAfter(ms) => {
+                    let at = self.now_ns() + u64::from(ms) * 1_000_000;
+                    self.schedule(
+                        at,
+                        Event::Callout {
+                            worker,
+                            token: c.token,
+                            response: None,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    pub(super) fn answer_callout(&mut self, event: Event) {
+        if self.hold_callouts {
+            self.held_callouts.push(event);
+        } else {
+            self.ready.push_back(event);
+        }
+    }
+
+    /// Holds callout answers (in-process and TCP) instead of delivering
+    /// them on the next event-loop turn, so a test can act while a callout
+    /// is in flight. Timeouts still fire on the virtual clock.
+    pub fn hold_callouts(&mut self, hold: bool) {
+        self.hold_callouts = hold;
+    }
+
+    /// Callout answers held by [`Envoy::hold_callouts`].
+    pub fn held_callouts(&self) -> usize {
+        self.held_callouts.len()
+    }
+
+    /// Delivers the held callout answers, in dispatch order.
+    pub fn release_callouts(&mut self) {
+        let held = std::mem::take(&mut self.held_callouts);
+        self.ready.extend(held);
+        self.pump();
+    }
+
+    pub(super) fn take_deferred(&mut self, worker: usize) -> (Vec<Deferred>, bool) {
+        let s = self.vms[worker].store.data_mut();
+        (std::mem::take(&mut s.deferred), s.stop_next_iteration)
+    }
+
+    pub(super) fn run_deferred(&mut self, worker: usize, deferred: Vec<Deferred>) {
+        for d in deferred {
+            match d {
+                Deferred::Continue { ctx, response } => {
+                    if let Some(sid) = self.by_ctx.get(&(worker, ctx)).copied() {
+                        let side = if response {
+                            Side::Response
+                        } else {
+                            Side::Request
+                        };
+                        self.resume(sid, side);
+                    }
+                }
+                Deferred::GrpcRefused { token } => self.grpc_refused(worker, token),
+                Deferred::Close { ctx } => {
+                    if let Some(sid) = self.by_ctx.get(&(worker, ctx)).copied() {
+                        self.cancel_upstream(sid);
+                        self.finish(sid, true);
+                    }
+                }
+                Deferred::LocalReply {
+                    ctx,
+                    status,
+                    body,
+                    headers,
+                    details,
+                    grpc_status,
+                } => {
+                    if let Some(sid) = self.by_ctx.get(&(worker, ctx)).copied() {
+                        let reply = LocalReply {
+                            status,
+                            body,
+                            extra: headers,
+                            details,
+                            grpc_status,
+                        };
+                        self.local_reply_of(sid, reply, true);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn start_vm(&mut self, worker: usize) -> Result<(), Error> {
+        let root = 1;
+        let logs = |e: &Envoy| lock(&e.shared).logs.clone();
+        let trap = |e: &Envoy, f: &str| Error::Trap {
+            function: f.to_string(),
+            message: "trapped (see log)".into(),
+            logs: logs(e),
+        };
+        if let Call::Trapped = self.invoke(
+            worker,
+            "proxy_on_context_create",
+            root,
+            |x| x.on_context_create.clone(),
+            (root as i32, 0),
+        ) {
+            return Err(trap(self, "proxy_on_context_create"));
+        }
+        let vm_len = self.plugin.vm_config.len() as i32;
+        match self.invoke(
+            worker,
+            "proxy_on_vm_start",
+            root,
+            |x| x.on_vm_start.clone(),
+            (root as i32, vm_len),
+        ) {
+            Call::Trapped => return Err(trap(self, "proxy_on_vm_start")),
+            Call::Done(0) => {
+                return Err(Error::VmStartFailed {
+                    worker,
+                    logs: logs(self),
+                })
+            }
+            _ => {}
+        }
+        self.vms[worker].store.data_mut().in_configure = true;
+        let len = self.plugin.plugin_config.len() as i32;
+        let r = self.invoke(
+            worker,
+            "proxy_on_configure",
+            root,
+            |x| x.on_configure.clone(),
+            (root as i32, len),
+        );
+        self.vms[worker].store.data_mut().in_configure = false;
+        match r {
+            Call::Trapped => return Err(trap(self, "proxy_on_configure")),
+            Call::Done(0) => {
+                return Err(Error::ConfigRejected {
+                    worker,
+                    logs: logs(self),
+                })
+            }
+            _ => {}
+        }
+        let (d, _) = self.take_deferred(worker);
+        self.run_deferred(worker, d);
+        Ok(())
+    }
+}
