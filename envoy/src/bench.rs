@@ -581,6 +581,26 @@ pub fn machine() -> String {
     format!("{cpu}, {cores} cores, {gib:.0} GiB")
 }
 
+/// When and where the run happened: `date -u` and the CPU model.
+pub fn run_stamp() -> String {
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "?".into());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "?".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{date}, {cores} cores ({cpu})")
+}
+
 /// The 1-minute load average, as text.
 pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")

@@ -7,7 +7,7 @@
 
 use dedup_envoy::bench::{
     added_us, ceiling_config, counters_list, envoy_version, load_average, load_chart,
-    measure_interleaved, no_write, table_header, table_row, write_chart, write_section,
+    measure_interleaved, no_write, run_stamp, table_header, table_row, write_chart, write_section,
     BenchFilter, Case, CeilingRoute, ChartRow, Load, Measured, Settings, BIG_BODY_BYTES, BODY,
     CONNECTIONS, GET_LUA, KEYLESS_64K_LUA, NO_KEY_LUA, REPLAY_LUA, THREADS, UNIQUE_LUA,
 };
@@ -174,13 +174,14 @@ called); and Envoy answering every request by itself with a `direct_response` \
 route (`benches/envoy/ceiling.yaml`, no filter, no upstream): no filter can \
 answer a replay faster, so it is the ceiling for replays. Ratios are to the baselines of the same run. wrk, Envoy and the upstream \
 share the 2 cores, so absolute figures are low and noisy; the ratios are the point. \
-Load average before this run: {load_before} (anything above ~1 means other work \
+Run: {}. Load average before this run: {load_before} (anything above ~1 means other work \
 competed for the cores; figures then vary by tens of percent between runs).\n\n\
 {table}\n\
 ![Envoy load: req/s, p50 and p99 per case]({chart})\n\n\
 Filter counters after each dedup case:\n\n{counters}",
         version,
-        BODY.len()
+        BODY.len(),
+        run_stamp()
     );
     write_section("## Envoy load", &section)?;
     Ok(())
@@ -327,7 +328,7 @@ the filter does not deduplicate), and a unique {} KiB JSON body with \
 `key.fingerprint: [method, path, body]`. A replay never goes upstream, so its \
 baseline is the empty filter on a route where Envoy answers by itself \
 (`direct_response`): the ceiling no filter can pass. {rounds} rounds of {seconds} s, \
-interleaved, best round per case. Load average before this run: {load_before} \
+interleaved, best round per case. Run: {}. Load average before this run: {load_before} \
 (above ~1 means other work competed for the cores).\n\n{table}\n\
 Filter counters after each case:\n\n{counters}",
         envoy_version(),
@@ -335,6 +336,7 @@ Filter counters after each case:\n\n{counters}",
         COST_LOAD.connections,
         BODY.len(),
         BIG_BODY_BYTES / 1024,
+        run_stamp(),
     );
     write_section("## Filter cost in Envoy", &section)?;
     Ok(())

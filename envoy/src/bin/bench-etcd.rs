@@ -13,8 +13,8 @@
 
 use dedup_envoy::bench::{
     counters_list, envoy_version, load_average, load_chart, measure_interleaved, no_write,
-    table_header, table_row, write_chart, write_section, Case, ChartRow, Settings, BODY,
-    CONNECTIONS, REPLAY_LUA, THREADS, UNIQUE_LUA,
+    run_stamp, table_header, table_row, write_chart, write_section, Case, ChartRow, Settings,
+    BODY, CONNECTIONS, REPLAY_LUA, THREADS, UNIQUE_LUA,
 };
 use dedup_envoy::etcd::{
     multi_proxy_config, multi_proxy_json_config, wait_etcd_hosts_healthy, EtcdCluster,
@@ -99,25 +99,6 @@ fn etcd_version() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-/// When and where the run happened: `date -u` and the CPU model.
-fn run_stamp() -> String {
-    let date = Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "?".into());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
-        })
-        .unwrap_or_else(|| "?".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!("{date}, {cores} cores ({cpu})")
-}
 
 fn run() -> Result<()> {
     let Settings { seconds, rounds } = Settings::from_env()?;
