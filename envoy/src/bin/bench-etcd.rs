@@ -13,8 +13,8 @@
 
 use dedup_envoy::bench::{
     counters_list, envoy_version, load_average, load_chart, measure_interleaved, no_write,
-    run_stamp, table_header, table_row, write_chart, write_section, Case, ChartRow, Settings,
-    BODY, CONNECTIONS, REPLAY_LUA, THREADS, UNIQUE_LUA,
+    run_stamp, table_header, table_row, write_chart, write_section, Case, ChartRow, Settings, BODY,
+    CONNECTIONS, REPLAY_LUA, THREADS, UNIQUE_LUA,
 };
 use dedup_envoy::etcd::{
     multi_proxy_config, multi_proxy_json_config, wait_etcd_hosts_healthy, EtcdCluster,
@@ -98,7 +98,6 @@ fn etcd_version() -> String {
         })
         .unwrap_or_else(|| "?".into())
 }
-
 
 fn run() -> Result<()> {
     let Settings { seconds, rounds } = Settings::from_env()?;
