@@ -3,80 +3,25 @@
 //! to clusters that reset or never answer.
 
 use super::{keyed, problem_type, Upstream, R};
+use dedup_envoy::etcd::EtcdCluster;
 use host_test::{Envoy, GrpcReply, Reply};
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// One etcd member on free loopback ports, killed on drop.
+/// One etcd member on free loopback ports (dedup-envoy's launcher, stopped on drop)
+/// and the address the proxies' "etcd" cluster points at.
 pub(super) struct Etcd {
-    child: Child,
+    _cluster: EtcdCluster,
     pub(super) client: String,
-    dir: std::path::PathBuf,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
 }
 
 impl Etcd {
     pub(super) fn start() -> Etcd {
-        let (cp, pp) = (free_port(), free_port());
-        let dir = std::env::temp_dir().join(format!("host-test-etcd-{}-{cp}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let client = format!("127.0.0.1:{cp}");
-        let child = Command::new("etcd")
-            .args(["--name", "ht", "--data-dir"])
-            .arg(&dir)
-            .args(["--listen-client-urls", &format!("http://{client}")])
-            .args(["--advertise-client-urls", &format!("http://{client}")])
-            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{pp}")])
-            .args([
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{pp}"),
-            ])
-            .args(["--initial-cluster", &format!("ht=http://127.0.0.1:{pp}")])
-            .args(["--log-level", "error", "--logger", "zap"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("etcd must be installed (make deps / apt-get install etcd-server)");
-        let etcd = Etcd { child, client, dir };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !etcd.healthy() {
-            assert!(Instant::now() < deadline, "etcd did not become healthy");
-            std::thread::sleep(Duration::from_millis(50));
+        let cluster = EtcdCluster::start("host-test-etcd", 1).unwrap();
+        let client = cluster.members[0].client_addr().to_string();
+        Etcd {
+            _cluster: cluster,
+            client,
         }
-        etcd
-    }
-
-    fn healthy(&self) -> bool {
-        use std::io::{Read, Write};
-        let Ok(mut s) = std::net::TcpStream::connect(&self.client) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-        let req = format!(
-            "GET /health HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.client
-        );
-        if s.write_all(req.as_bytes()).is_err() {
-            return false;
-        }
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out.contains("\"health\":\"true\"")
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -170,7 +115,7 @@ fn two_proxies_share(json: bool) -> R {
     assert!(a.upstream_request(first).is_some());
     let dup = b.request(1, keyed("/orders", "k1", "{}"))?;
     assert_eq!(
-        (dup.status, problem_type(&dup).as_str()),
+        (dup.status, problem_type(&dup.body).as_str()),
         (409, "urn:proxy-dedup:problem:in-flight")
     );
     a.respond(first, Reply::new(201).body("created"))?;
@@ -236,7 +181,7 @@ fn failing_and_silent_clusters_follow_failure_mode() -> R {
         );
         if mode == "closed" {
             assert_eq!(
-                problem_type(&r),
+                problem_type(&r.body),
                 "urn:proxy-dedup:problem:store-unavailable"
             );
         }
@@ -352,7 +297,7 @@ fn a_proxy_whose_clock_runs_60_s_ahead_never_takes_over_a_live_claim() -> R {
     assert!(a.upstream_request(first).is_some());
     let dup = b.request(0, keyed("/orders", "skew", "{}"))?;
     assert_eq!(
-        (dup.status, problem_type(&dup).as_str()),
+        (dup.status, problem_type(&dup.body).as_str()),
         (409, "urn:proxy-dedup:problem:in-flight"),
         "B must not take over A's live claim by its own clock"
     );

@@ -106,7 +106,7 @@ fn a_wait_that_times_out_gets_409_with_retry_after() -> R {
     e.advance(Duration::from_millis(200));
     let r = e.response(dup).expect("answered at wait_timeout_ms");
     assert_eq!(r.status, 409);
-    assert_eq!(problem_type(&r), "urn:proxy-dedup:problem:in-flight");
+    assert_eq!(problem_type(&r.body), "urn:proxy-dedup:problem:in-flight");
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(e.counter("proxy_dedup_wait_timeout"), Some(1));
     assert_eq!(e.counter("proxy_dedup_rejected_in_flight"), Some(1));
