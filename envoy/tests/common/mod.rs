@@ -72,6 +72,16 @@ pub fn post(path: &str, key: &str, body: &Value) -> Request {
     Request::post(path).key(key).json(body)
 }
 
+/// A keyed JSON POST as a client behind a load balancer sends it: the same
+/// `host` whichever proxy it reaches (the filter scopes records by `:authority`;
+/// the proxies' own addresses differ). It waits up to 20 s for the answer:
+/// long enough for an etcd leader election behind the proxies.
+pub fn keyed(host: &str, path: &str, key: &str, body: &Value) -> Request {
+    post(path, key, body)
+        .host(host)
+        .timeout(Duration::from_secs(20))
+}
+
 pub fn json(r: &Response) -> Value {
     r.json().unwrap_or_else(|e| panic!("{e}"))
 }
