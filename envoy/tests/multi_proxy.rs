@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{assert_executed, assert_problem, assert_replay_of, is_replayed, json, keyed};
+use common::{assert_executed, assert_problem, assert_replay_of, burst, is_replayed, json, keyed};
 use dedup_envoy::etcd::{
     multi_proxy_config, multi_proxy_json_config, wait_etcd_hosts_healthy, EtcdCluster,
 };
@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The filter's default etcd key prefix.
@@ -254,29 +254,14 @@ fn harness_etcd_cluster_and_envoy_health_checks() {
 #[test]
 fn concurrent_identical_requests_over_two_proxies_execute_once() {
     let cfg = etcd_filter_config(json!({}));
-    let m = Arc::new(Multi::start("mp-burst", [&cfg, &cfg]));
+    let m = Multi::start("mp-burst", [&cfg, &cfg]);
     const N: usize = 20;
     let path = "/orders/burst";
     let body = json!({"item": "book", "qty": 2});
     // The upstream takes a while, so most duplicates meet the first in flight.
     let req = keyed(HOST, path, "burst-1", &body).header("x-demo-delay-ms", "300");
-    let barrier = Arc::new(Barrier::new(N));
-    let handles: Vec<_> = (0..N)
-        .map(|i| {
-            let (m, req, barrier) = (m.clone(), req.clone(), barrier.clone());
-            std::thread::spawn(move || {
-                // Connect first, then release all requests together.
-                let mut conn = dedup_envoy::client::Connection::open(
-                    m.proxies[i % 2].addr(),
-                    Duration::from_secs(5),
-                )
-                .unwrap();
-                barrier.wait();
-                (i % 2, conn.send(&req).unwrap())
-            })
-        })
-        .collect();
-    let results: Vec<(usize, Response)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let addrs: Vec<_> = m.proxies.iter().map(Envoy::addr).collect();
+    let results = burst(&addrs, N, &req);
     let summary: Vec<String> = results
         .iter()
         .map(|(p, r)| format!("proxy {p}: {}", r.summary()))

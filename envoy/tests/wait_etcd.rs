@@ -8,12 +8,12 @@
 
 mod common;
 
-use common::{assert_problem, is_replayed, keyed};
+use common::{assert_problem, burst, is_replayed, keyed};
 use dedup_envoy::etcd::{multi_proxy_config, wait_etcd_hosts_healthy, EtcdCluster};
 use dedup_envoy::paths::dedup_wasm;
 use dedup_envoy::{DemoUpstream, Envoy, Request, Response};
 use serde_json::json;
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const CONFIG: &str = r#"{"key": {"required": true}, "store": {"kind": "etcd", "cluster": "etcd"},
@@ -78,35 +78,15 @@ impl Multi {
     }
 }
 
-/// `n` copies of `req` at once, alternating between the proxies, each on its own
-/// connection: (proxy, answer).
-fn burst(m: &Arc<Multi>, n: usize, req: &Request) -> Vec<(usize, Response)> {
-    let barrier = Arc::new(Barrier::new(n));
-    let handles: Vec<_> = (0..n)
-        .map(|i| {
-            let (m, req, barrier) = (m.clone(), req.clone(), barrier.clone());
-            std::thread::spawn(move || {
-                let mut conn = dedup_envoy::client::Connection::open(
-                    m.proxies[i % 2].addr(),
-                    Duration::from_secs(20),
-                )
-                .unwrap();
-                barrier.wait();
-                (i % 2, conn.send(&req).unwrap())
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
-}
-
 #[test]
 fn etcd_wait_mode_across_two_proxies() {
     let m = Arc::new(Multi::start("wait-etcd"));
+    let addrs: Vec<_> = m.proxies.iter().map(Envoy::addr).collect();
 
     // 40 concurrent duplicates over both proxies: one execution, 40 identical answers.
     let path = "/wait/forty";
     let req = keyed(HOST, path, "forty-1", &json!({"n": 40})).header("x-demo-delay-ms", "1500");
-    let answers = burst(&m, 40, &req);
+    let answers = burst(&addrs, 40, &req);
     assert_eq!(m.upstream.executions_for_path(path), 1);
     let fresh: Vec<_> = answers.iter().filter(|(_, r)| !is_replayed(r)).collect();
     assert_eq!(fresh.len(), 1, "one fresh answer, 39 replays");
@@ -146,7 +126,7 @@ fn etcd_wait_mode_across_two_proxies() {
     };
     m.wait_executions(path, 1);
     let dup = keyed(HOST, path, "release-1", &body).header("x-demo-delay-ms", "700");
-    let answers = burst(&m, 10, &dup);
+    let answers = burst(&addrs, 10, &dup);
     assert_eq!(first.join().unwrap().status, 503);
     assert_eq!(m.upstream.executions_for_path(path), 2);
     let fresh: Vec<_> = answers.iter().filter(|(_, r)| !is_replayed(r)).collect();
