@@ -4,7 +4,7 @@
 
 use super::{keyed, problem_type, Upstream, R};
 use dedup_envoy::etcd::EtcdCluster;
-use host_test::{Envoy, GrpcReply, Reply};
+use host_test::{Envoy, EnvoyBuilder, GrpcReply, Reply};
 use std::time::Duration;
 
 /// One etcd member on free loopback ports (dedup-envoy's launcher, stopped on drop)
@@ -23,15 +23,24 @@ impl Etcd {
             client,
         }
     }
+
+    /// `b` with its "etcd" cluster pointed at this member: gRPC, or HTTP to the
+    /// JSON gateway when `json`.
+    pub(super) fn cluster(&self, b: EnvoyBuilder, json: bool) -> EnvoyBuilder {
+        if json {
+            b.cluster_addr("etcd", &self.client)
+        } else {
+            b.grpc_cluster_addr("etcd", &self.client)
+        }
+    }
 }
 
-fn etcd_config(extra: &str) -> String {
-    format!(r#"{{"store": {{"kind": "etcd", "cluster": "etcd", "timeout_ms": 2000}}{extra}}}"#)
-}
-
-fn etcd_json_config(extra: &str) -> String {
+/// The filter config on the etcd store (over gRPC, or the JSON gateway when `json`),
+/// with `extra` top-level fields (each preceded by a comma).
+pub(super) fn etcd_config(json: bool, extra: &str) -> String {
+    let protocol = if json { "json" } else { "grpc" };
     format!(
-        r#"{{"store": {{"kind": "etcd", "cluster": "etcd", "timeout_ms": 2000, "protocol": "json"}}{extra}}}"#
+        r#"{{"store": {{"kind": "etcd", "cluster": "etcd", "timeout_ms": 2000, "protocol": "{protocol}"}}{extra}}}"#
     )
 }
 
@@ -54,17 +63,10 @@ fn proxy_on(
         .random_seed(SEED.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
         .workers(workers)
         .vm_id("proxy_dedup")
+        .plugin_config(etcd_config(json, ""))
         .allow_on_headers_stop_iteration(true)
         .upstream(up.handler());
-    if json {
-        b.plugin_config(etcd_json_config(""))
-            .cluster_addr("etcd", &etcd.client)
-            .build()
-    } else {
-        b.plugin_config(etcd_config(""))
-            .grpc_cluster_addr("etcd", &etcd.client)
-            .build()
-    }
+    etcd.cluster(b, json).build()
 }
 
 #[test]
@@ -156,22 +158,20 @@ fn failing_and_silent_clusters_follow_failure_mode() -> R {
         let b = Envoy::builder(super::wasm())
             .workers(1)
             .allow_on_headers_stop_iteration(true)
+            .plugin_config(etcd_config(json, &format!(r#", "failure_mode": "{mode}""#)))
             .upstream(up.handler());
-        let extra = format!(r#", "failure_mode": "{mode}""#);
         let mut e = if json {
-            b.plugin_config(etcd_json_config(&extra))
-                .cluster("etcd", move |_| {
-                    seen.set(seen.get() + 1);
-                    Reply::reset()
-                })
-                .build()?
+            b.cluster("etcd", move |_| {
+                seen.set(seen.get() + 1);
+                Reply::reset()
+            })
+            .build()?
         } else {
-            b.plugin_config(etcd_config(&extra))
-                .grpc_cluster("etcd", move |_| {
-                    seen.set(seen.get() + 1);
-                    GrpcReply::reset()
-                })
-                .build()?
+            b.grpc_cluster("etcd", move |_| {
+                seen.set(seen.get() + 1);
+                GrpcReply::reset()
+            })
+            .build()?
         };
         let r = e.request(0, keyed("/o", "k", "x"))?;
         assert_eq!(r.status, want, "{mode}: reset cluster");
@@ -249,7 +249,7 @@ fn an_answer_after_the_stream_ended_reaches_the_root() -> R {
     let mut a = Envoy::builder(super::wasm())
         .workers(1)
         .vm_id("proxy_dedup")
-        .plugin_config(etcd_config(""))
+        .plugin_config(etcd_config(false, ""))
         .allow_on_headers_stop_iteration(true)
         .upstream(up.handler())
         .grpc_cluster_addr("etcd", &etcd.client)

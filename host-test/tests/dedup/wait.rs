@@ -203,22 +203,17 @@ fn etcd_proxy(
     seed: u64,
     json: bool,
 ) -> Result<host_test::Envoy, host_test::Error> {
-    let protocol = if json { "json" } else { "grpc" };
     let b = host_test::Envoy::builder(super::wasm())
         .random_seed(seed)
         .workers(2)
         .vm_id("proxy_dedup")
-        .plugin_config(format!(
-            r#"{{"store": {{"kind": "etcd", "cluster": "etcd", "timeout_ms": 2000, "protocol": "{protocol}"}},
-                "on_in_flight": "wait", "wait_timeout_ms": 3000}}"#
+        .plugin_config(super::etcd::etcd_config(
+            json,
+            r#", "on_in_flight": "wait", "wait_timeout_ms": 3000"#,
         ))
         .allow_on_headers_stop_iteration(true)
         .upstream(up.handler());
-    if json {
-        b.cluster_addr("etcd", &etcd.client).build()
-    } else {
-        b.grpc_cluster_addr("etcd", &etcd.client).build()
-    }
+    etcd.cluster(b, json).build()
 }
 
 #[test]
