@@ -109,6 +109,16 @@ impl Request {
     }
 }
 
+/// The `type` of an RFC 9457 problem body (`urn:proxy-dedup:problem:<slug>`),
+/// or "" when the body is not JSON with a string `type`. Takes the body bytes so
+/// that every test layer's response (host-test's, this client's) reads it one way.
+pub fn problem_type(body: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["type"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
 #[derive(Debug, Clone)]
 pub struct Response {
     pub status: u16,

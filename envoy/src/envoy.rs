@@ -4,7 +4,7 @@
 use crate::client::{self, Request, Response};
 use crate::config::EnvoyConfig;
 use crate::paths::scratch_dir;
-use crate::process::{spawn, ChildGuard};
+use crate::process::{log_tail, spawn, ChildGuard};
 use crate::{fail, Result};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -92,12 +92,6 @@ fn envoy_command(
     cmd
 }
 
-fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
 pub struct Envoy {
     // Declared first: dropped (killed) first.
     child: ChildGuard,
@@ -168,7 +162,7 @@ impl Envoy {
             Some(code) => Ok((code, std::fs::read_to_string(&log_path).unwrap_or_default())),
             None => fail!(
                 "Envoy accepted a config it should refuse (still running after {READY_TIMEOUT:?}); log:\n{}",
-                tail(&log_path, 20)
+                log_tail(&log_path, 20)
             ),
         }
     }
@@ -189,7 +183,7 @@ impl Envoy {
             Some(code) => fail!(
                 "envoy --mode validate {} exited {code}:\n{}",
                 cfg_path.display(),
-                tail(&log_path, 15)
+                log_tail(&log_path, 15)
             ),
             None => fail!("envoy --mode validate did not finish"),
         }
@@ -202,7 +196,7 @@ impl Envoy {
                 fail!(
                     "Envoy exited with {code} before it was ready; log {}:\n{}",
                     self.log_path.display(),
-                    tail(&self.log_path, 20)
+                    log_tail(&self.log_path, 20)
                 );
             }
             let req = Request::get("/ready").timeout(Duration::from_secs(2));
@@ -215,7 +209,7 @@ impl Envoy {
                 fail!(
                     "Envoy not ready after {READY_TIMEOUT:?}; log {}:\n{}",
                     self.log_path.display(),
-                    tail(&self.log_path, 20)
+                    log_tail(&self.log_path, 20)
                 );
             }
             std::thread::sleep(Duration::from_millis(50));

@@ -14,7 +14,7 @@ use crate::config::EnvoyConfig;
 use crate::envoy::Envoy;
 use crate::paths::{config_file, scratch_dir};
 use crate::ports::free_port;
-use crate::process::{spawn, ChildGuard};
+use crate::process::{log_tail, spawn, ChildGuard};
 use crate::relay::Relay;
 use crate::{fail, Result};
 use base64::engine::general_purpose::STANDARD;
@@ -306,7 +306,7 @@ impl EtcdCluster {
                         m.name,
                         m.client_url(),
                         m.log_path.display(),
-                        tail(&m.log(), 20)
+                        log_tail(&m.log_path, 20)
                     );
                 }
                 std::thread::sleep(Duration::from_millis(50));
@@ -627,11 +627,6 @@ pub fn base64_decode(text: &str) -> Result<Vec<u8>> {
         Ok(v) => Ok(v),
         Err(e) => fail!("invalid base64 {text:?}: {e}"),
     }
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// Put the members' client ports into the template's etcd endpoint lines:

@@ -24,7 +24,7 @@ pub mod relay;
 pub mod signals;
 pub mod upstream;
 
-pub use client::{Request, Response};
+pub use client::{problem_type, Request, Response};
 pub use config::EnvoyConfig;
 pub use envoy::Envoy;
 pub use error::{Error, Result};

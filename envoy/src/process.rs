@@ -8,6 +8,7 @@
 
 use crate::Result;
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Child, Command};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Mutex;
@@ -116,4 +117,12 @@ impl Drop for ChildGuard {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The last `lines` lines of a child's log file (empty if it cannot be read),
+/// for the error that says why the child did not come up.
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }

@@ -7,7 +7,7 @@
 mod common;
 
 use common::Stack;
-use dedup_envoy::Request as EnvoyRequest;
+use dedup_envoy::{problem_type, Request as EnvoyRequest};
 use host_test::{Envoy as HostEnvoy, Reply, Request as HostRequest};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -349,13 +349,6 @@ fn scenarios() -> Vec<Scenario> {
     ]
 }
 
-fn problem_of(body: &[u8]) -> String {
-    serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v["type"].as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
 // ---------- real Envoy ----------
 
 fn envoy_request(c: &Call) -> EnvoyRequest {
@@ -382,7 +375,7 @@ fn run_in_envoy(s: &Scenario) -> Vec<Seen> {
     let seen = |status: u16, replayed: bool, body: &[u8]| Seen {
         status,
         replayed,
-        problem: problem_of(body),
+        problem: problem_type(body),
         executions: stack.executions(&path),
     };
     let mut out = Vec::new();
@@ -519,7 +512,7 @@ fn run_in_host_test(s: &Scenario) -> Vec<Seen> {
                 out.push(Seen {
                     status: r.status,
                     replayed,
-                    problem: problem_of(&r.body),
+                    problem: problem_type(&r.body),
                     executions: executions(),
                 });
             }
@@ -530,7 +523,7 @@ fn run_in_host_test(s: &Scenario) -> Vec<Seen> {
                 let dup_seen = Seen {
                     status: d.status,
                     replayed: d.header("idempotent-replayed") == Some("true"),
-                    problem: problem_of(&d.body),
+                    problem: problem_type(&d.body),
                     executions: 0,
                 };
                 let f = e.finish_stream(id).unwrap();
@@ -538,7 +531,7 @@ fn run_in_host_test(s: &Scenario) -> Vec<Seen> {
                 out.push(Seen {
                     status: f.status,
                     replayed: f.header("idempotent-replayed") == Some("true"),
-                    problem: problem_of(&f.body),
+                    problem: problem_type(&f.body),
                     executions: after,
                 });
                 // In Envoy the duplicate is answered while the first executes (count 1).
@@ -561,7 +554,7 @@ fn run_in_host_test(s: &Scenario) -> Vec<Seen> {
                     out.push(Seen {
                         status: x.status,
                         replayed: x.header("idempotent-replayed") == Some("true"),
-                        problem: problem_of(&x.body),
+                        problem: problem_type(&x.body),
                         executions: executions(),
                     });
                 }

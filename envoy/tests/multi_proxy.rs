@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{assert_executed, assert_problem, assert_replay_of, is_replayed, json, post};
+use common::{assert_executed, assert_problem, assert_replay_of, burst, is_replayed, json, keyed};
 use dedup_envoy::etcd::{
     multi_proxy_config, multi_proxy_json_config, wait_etcd_hosts_healthy, EtcdCluster,
 };
@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The filter's default etcd key prefix.
@@ -170,15 +170,6 @@ impl Multi {
     }
 }
 
-/// A keyed POST as a client behind a load balancer sends it: the same `host`
-/// whichever proxy it reaches (the filter scopes records by `:authority`;
-/// the proxies' own addresses differ).
-fn keyed(path: &str, key: &str, body: &Value) -> Request {
-    post(path, key, body)
-        .host(HOST)
-        .timeout(Duration::from_secs(15))
-}
-
 /// The service's host name, as the clients send it to every proxy.
 const HOST: &str = "orders.example";
 
@@ -251,7 +242,7 @@ fn harness_etcd_cluster_and_envoy_health_checks() {
     assert_eq!(etcd.count_keys("harness/").unwrap(), 0);
     // The listener still serves through the filter.
     let r = envoy
-        .send(&keyed("/orders/harness", "h-1", &json!({"a": 1})))
+        .send(&keyed(HOST, "/orders/harness", "h-1", &json!({"a": 1})))
         .unwrap();
     assert_executed(&r);
     etcd.pause_all();
@@ -263,29 +254,14 @@ fn harness_etcd_cluster_and_envoy_health_checks() {
 #[test]
 fn concurrent_identical_requests_over_two_proxies_execute_once() {
     let cfg = etcd_filter_config(json!({}));
-    let m = Arc::new(Multi::start("mp-burst", [&cfg, &cfg]));
+    let m = Multi::start("mp-burst", [&cfg, &cfg]);
     const N: usize = 20;
     let path = "/orders/burst";
     let body = json!({"item": "book", "qty": 2});
     // The upstream takes a while, so most duplicates meet the first in flight.
-    let req = keyed(path, "burst-1", &body).header("x-demo-delay-ms", "300");
-    let barrier = Arc::new(Barrier::new(N));
-    let handles: Vec<_> = (0..N)
-        .map(|i| {
-            let (m, req, barrier) = (m.clone(), req.clone(), barrier.clone());
-            std::thread::spawn(move || {
-                // Connect first, then release all requests together.
-                let mut conn = dedup_envoy::client::Connection::open(
-                    m.proxies[i % 2].addr(),
-                    Duration::from_secs(5),
-                )
-                .unwrap();
-                barrier.wait();
-                (i % 2, conn.send(&req).unwrap())
-            })
-        })
-        .collect();
-    let results: Vec<(usize, Response)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let req = keyed(HOST, path, "burst-1", &body).header("x-demo-delay-ms", "300");
+    let addrs: Vec<_> = m.proxies.iter().map(Envoy::addr).collect();
+    let results = burst(&addrs, N, &req);
     let summary: Vec<String> = results
         .iter()
         .map(|(p, r)| format!("proxy {p}: {}", r.summary()))
@@ -326,7 +302,7 @@ fn concurrent_identical_requests_over_two_proxies_execute_once() {
     eprintln!("{N} concurrent: 1 executed, {in_flight} in-flight 409, {replays} replays");
     // Once completed, both proxies replay it.
     for p in 0..2 {
-        assert_replay_of(&m.send(p, &keyed(path, "burst-1", &body)), &first);
+        assert_replay_of(&m.send(p, &keyed(HOST, path, "burst-1", &body)), &first);
     }
     assert_eq!(m.upstream.executions_for_path(path), 1);
     for p in 0..2 {
@@ -367,9 +343,9 @@ fn replay_from_the_other_proxy(over_json: bool) {
         let (a, b) = (i % 2, 1 - i % 2);
         let key = format!("right-after-{i}");
         let body = json!({"n": i});
-        let first = m.send(a, &keyed("/orders/right-after", &key, &body));
+        let first = m.send(a, &keyed(HOST, "/orders/right-after", &key, &body));
         assert_executed(&first);
-        let dup = m.send(b, &keyed("/orders/right-after", &key, &body));
+        let dup = m.send(b, &keyed(HOST, "/orders/right-after", &key, &body));
         let replayed = dup.status == first.status && is_replayed(&dup) && dup.body == first.body;
         outcomes.push((key, replayed, dup.summary()));
     }
@@ -392,10 +368,10 @@ fn replay_from_the_other_proxy(over_json: bool) {
 
     let path = "/orders/cross";
     let body = json!({"item": "lamp", "qty": 1});
-    let first = m.send(0, &keyed(path, "cross-1", &body));
+    let first = m.send(0, &keyed(HOST, path, "cross-1", &body));
     assert_executed(&first);
     assert_eq!(json(&first)["executions"], 1);
-    let dup = m.send(1, &keyed(path, "cross-1", &body));
+    let dup = m.send(1, &keyed(HOST, path, "cross-1", &body));
     assert_replay_of(&dup, &first);
     assert_eq!(
         m.upstream.executions_for_key("cross-1"),
@@ -406,13 +382,13 @@ fn replay_from_the_other_proxy(over_json: bool) {
     // Another payload with the key is caught on either proxy.
     let other = m.send(
         1,
-        &keyed(path, "cross-1", &json!({"item": "lamp", "qty": 9})),
+        &keyed(HOST, path, "cross-1", &json!({"item": "lamp", "qty": 9})),
     );
     assert_problem(&other, 422, "payload-mismatch");
     // And the other way round.
-    let second = m.send(1, &keyed(path, "cross-2", &body));
+    let second = m.send(1, &keyed(HOST, path, "cross-2", &body));
     assert_executed(&second);
-    assert_replay_of(&m.send(0, &keyed(path, "cross-2", &body)), &second);
+    assert_replay_of(&m.send(0, &keyed(HOST, path, "cross-2", &body)), &second);
     assert_eq!(m.upstream.executions_for_path(path), 2);
     assert!(
         m.etcd.count_keys(PREFIX).unwrap() >= 2,
@@ -440,7 +416,7 @@ fn grpc_over_an_http1_cluster_is_a_store_error_handled_by_failure_mode() {
     // gets what failure_mode says, here closed: 503, never forwarded.
     let cfg = etcd_filter_config(json!({"failure_mode": "closed", "store": {"timeout_ms": 600}}));
     let m = Multi::start_on("mp-h1-grpc", [&cfg, &cfg], true);
-    let r = m.send(0, &keyed("/orders/h1", "h1-1", &json!({"n": 1})));
+    let r = m.send(0, &keyed(HOST, "/orders/h1", "h1-1", &json!({"n": 1})));
     assert_problem(&r, 503, "store-unavailable");
     assert_eq!(m.upstream.executions_for_path("/orders/h1"), 0);
     assert_eq!(m.counter(0, "store_errors"), 1, "{}", m.diagnostics());
@@ -494,8 +470,8 @@ fn one_member_killed_mid_run(which: Victim) {
                     let body = json!({"thread": t, "n": j});
                     let a = (t + j) % 2;
                     let start = Instant::now();
-                    let first = client::send(addrs[a], &keyed(path, &key, &body));
-                    let dup = client::send(addrs[1 - a], &keyed(path, &key, &body));
+                    let first = client::send(addrs[a], &keyed(HOST, path, &key, &body));
+                    let dup = client::send(addrs[1 - a], &keyed(HOST, path, &key, &body));
                     out.push((key, first, dup, start.elapsed()));
                 }
                 out
@@ -591,14 +567,14 @@ fn all_of_etcd_down_applies_failure_mode_open_and_closed() {
     let path = "/orders/down";
     // Working store first.
     for p in 0..2 {
-        assert_executed(&m.send(p, &keyed(path, &format!("up-{p}"), &json!({"p": p}))));
+        assert_executed(&m.send(p, &keyed(HOST, path, &format!("up-{p}"), &json!({"p": p}))));
     }
     m.etcd.kill_all();
     const N: usize = 5;
     for i in 0..N {
         let key = format!("open-{i}");
         let t = Instant::now();
-        let r = m.send(0, &keyed(path, &key, &json!({"i": i})));
+        let r = m.send(0, &keyed(HOST, path, &key, &json!({"i": i})));
         let took = t.elapsed();
         assert_executed(&r);
         assert_eq!(m.upstream.executions_for_key(&key), 1);
@@ -621,7 +597,7 @@ fn all_of_etcd_down_applies_failure_mode_open_and_closed() {
     for i in 0..N {
         let key = format!("closed-{i}");
         let t = Instant::now();
-        let r = m.send(1, &keyed(path, &key, &json!({"i": i})));
+        let r = m.send(1, &keyed(HOST, path, &key, &json!({"i": i})));
         let took = t.elapsed();
         assert_problem(&r, 503, "store-unavailable");
         assert_eq!(
@@ -652,7 +628,10 @@ fn etcd_slower_than_the_timeout_applies_failure_mode_in_bounded_time() {
     let mut m = Multi::start("mp-slow", [&open, &closed]);
     let path = "/orders/slow";
     for p in 0..2 {
-        assert_executed(&m.send(p, &keyed(path, &format!("before-{p}"), &json!({"p": p}))));
+        assert_executed(&m.send(
+            p,
+            &keyed(HOST, path, &format!("before-{p}"), &json!({"p": p})),
+        ));
     }
     // Frozen members accept connections (the kernel does) but never answer.
     m.etcd.pause_all();
@@ -664,12 +643,12 @@ fn etcd_slower_than_the_timeout_applies_failure_mode_in_bounded_time() {
     for i in 0..4 {
         let key = format!("slow-open-{i}");
         let t = Instant::now();
-        let r = m.send(0, &keyed(path, &key, &json!({"i": i})));
+        let r = m.send(0, &keyed(HOST, path, &key, &json!({"i": i})));
         took_open.push(t.elapsed());
         assert_executed(&r);
         let key = format!("slow-closed-{i}");
         let t = Instant::now();
-        let r = m.send(1, &keyed(path, &key, &json!({"i": i})));
+        let r = m.send(1, &keyed(HOST, path, &key, &json!({"i": i})));
         took_closed.push(t.elapsed());
         assert_problem(&r, 503, "store-unavailable");
         assert_eq!(m.upstream.executions_for_key(&key), 0);
@@ -692,9 +671,9 @@ fn etcd_slower_than_the_timeout_applies_failure_mode_in_bounded_time() {
         wait_etcd_hosts_healthy(p, 3, Duration::from_secs(10)).unwrap();
     }
     let body = json!({"after": true});
-    let first = m.send(0, &keyed(path, "after-1", &body));
+    let first = m.send(0, &keyed(HOST, path, "after-1", &body));
     assert_executed(&first);
-    assert_replay_of(&m.send(1, &keyed(path, "after-1", &body)), &first);
+    assert_replay_of(&m.send(1, &keyed(HOST, path, "after-1", &body)), &first);
 }
 
 #[test]
@@ -710,7 +689,7 @@ fn completed_records_vanish_from_etcd_when_their_lease_ends() {
     let path = "/orders/ttl";
     let body = json!({"item": "tea"});
     assert_eq!(m.etcd.count_keys(PREFIX).unwrap(), 0);
-    let first = m.send(0, &keyed(path, "ttl-1", &body));
+    let first = m.send(0, &keyed(HOST, path, "ttl-1", &body));
     let answered = Instant::now();
     assert_executed(&first);
     let keys = m.etcd.keys(PREFIX).unwrap();
@@ -745,7 +724,7 @@ fn completed_records_vanish_from_etcd_when_their_lease_ends() {
             );
         }
     }
-    assert_replay_of(&m.send(1, &keyed(path, "ttl-1", &body)), &first);
+    assert_replay_of(&m.send(1, &keyed(HOST, path, "ttl-1", &body)), &first);
     let gone = m
         .etcd
         .wait_no_keys(PREFIX, Duration::from_secs(10))
@@ -755,7 +734,7 @@ fn completed_records_vanish_from_etcd_when_their_lease_ends() {
         answered.elapsed()
     );
     // Expired: the key runs again.
-    let again = m.send(1, &keyed(path, "ttl-1", &body));
+    let again = m.send(1, &keyed(HOST, path, "ttl-1", &body));
     assert_executed(&again);
     assert_eq!(m.upstream.executions_for_key("ttl-1"), 2);
 }
@@ -789,7 +768,7 @@ fn client_reset_while_its_response_waits_for_etcd_still_completes_the_record() {
     let key = "reset-held-1";
     let body = json!({"item": "held"});
     let mut conn = client::Connection::open(m.proxies[0].addr(), Duration::from_secs(5)).unwrap();
-    conn.write_request(&keyed(path, key, &body).header("x-demo-delay-ms", "700"))
+    conn.write_request(&keyed(HOST, path, key, &body).header("x-demo-delay-ms", "700"))
         .unwrap();
     let end = Instant::now() + Duration::from_secs(5);
     while m.upstream.executions_for_key(key) == 0 {
@@ -837,7 +816,7 @@ fn client_reset_while_its_response_waits_for_etcd_still_completes_the_record() {
     for p in &m.proxies {
         wait_etcd_hosts_healthy(p, 3, Duration::from_secs(10)).unwrap();
     }
-    let dup = m.send(1, &keyed(path, key, &body));
+    let dup = m.send(1, &keyed(HOST, path, key, &body));
     assert!(
         dup.status == 200 && is_replayed(&dup),
         "the duplicate on the other proxy after a client reset during the held completion: {} (record states {states:?})\n{}",
@@ -846,6 +825,6 @@ fn client_reset_while_its_response_waits_for_etcd_still_completes_the_record() {
     );
     assert_eq!(json(&dup)["key"], key);
     assert_eq!(json(&dup)["executions"], 1);
-    assert_replay_of(&m.send(0, &keyed(path, key, &body)), &dup);
+    assert_replay_of(&m.send(0, &keyed(HOST, path, key, &body)), &dup);
     assert_eq!(m.upstream.executions_for_key(key), 1, "{}", m.diagnostics());
 }

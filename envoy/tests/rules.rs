@@ -43,8 +43,9 @@ fn push(attempt: u32, data: &str) -> Request {
     }))
 }
 
-fn keyed(path: &str, key: &str) -> Request {
-    post(path, key, &json!({"amount": 5})).host(HOST)
+/// A keyed purchase of amount 5 from the shop.
+fn purchase(path: &str, key: &str) -> Request {
+    keyed(HOST, path, key, &json!({"amount": 5}))
 }
 
 #[test]
@@ -65,11 +66,11 @@ fn three_routes_follow_their_own_policies() {
     // payments: a key is required; the key runs once.
     let no_key = s.send(&Request::post("/payments/charge").host(HOST).body("{}"));
     assert_problem(&no_key, 400, "missing-key");
-    let paid = s.send(&keyed("/payments/charge", "k-1"));
+    let paid = s.send(&purchase("/payments/charge", "k-1"));
     assert_executed(&paid);
-    assert_replay_of(&s.send(&keyed("/payments/charge", "k-1")), &paid);
+    assert_replay_of(&s.send(&purchase("/payments/charge", "k-1")), &paid);
     // The same key on a route no rule matches: the top-level records, not payments'.
-    let order = s.send(&keyed("/orders", "k-1"));
+    let order = s.send(&purchase("/orders", "k-1"));
     assert_executed(&order);
     assert_eq!(s.executions("/payments/charge"), 1);
     // webhooks: the message id from the body; a redelivery is replayed, a changed
@@ -81,7 +82,7 @@ fn three_routes_follow_their_own_policies() {
     assert_eq!(s.executions("/webhooks/pubsub"), 1);
     // search: never deduplicated, even with a key.
     for _ in 0..2 {
-        assert_eq!(s.send(&keyed("/search", "k-1")).status, 200);
+        assert_eq!(s.send(&purchase("/search", "k-1")).status, 200);
     }
     assert_eq!(s.executions("/search"), 2);
     assert!(s.counter("bypassed") >= 2);
@@ -109,8 +110,8 @@ fn three_routes_follow_their_own_policies() {
     assert_eq!(code, Some(1), "{out}");
     let (code, out) = ctl(&[&["purge"][..], &target].concat());
     assert_eq!(code, Some(0), "{out}");
-    assert_executed(&s.send(&keyed("/payments/charge", "k-1")));
-    assert_replay_of(&s.send(&keyed("/orders", "k-1")), &order);
+    assert_executed(&s.send(&purchase("/payments/charge", "k-1")));
+    assert_replay_of(&s.send(&purchase("/orders", "k-1")), &order);
     // Access log lines name the rule that chose each request's policy.
     let log_path = s.envoy.dir.join("stdout.log");
     let wanted = [
@@ -202,9 +203,9 @@ fn on_etcd_reordered_rules_share_records_and_each_ttl_gets_its_own_lease() {
     }
     let send = |i: usize, r: &Request| proxies[i].send(r).unwrap();
     for path in ["/payments/charge", "/short/thing", "/orders"] {
-        let first = send(0, &keyed(path, "e-1"));
+        let first = send(0, &purchase(path, "e-1"));
         assert_executed(&first);
-        let again = send(1, &keyed(path, "e-1"));
+        let again = send(1, &purchase(path, "e-1"));
         assert_replay_of(&again, &first);
         assert_eq!(upstream.executions_for_path(path), 1, "{path}");
     }

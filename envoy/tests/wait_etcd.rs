@@ -8,12 +8,12 @@
 
 mod common;
 
-use common::{assert_problem, is_replayed, post};
+use common::{assert_problem, burst, is_replayed, keyed};
 use dedup_envoy::etcd::{multi_proxy_config, wait_etcd_hosts_healthy, EtcdCluster};
 use dedup_envoy::paths::dedup_wasm;
 use dedup_envoy::{DemoUpstream, Envoy, Request, Response};
-use serde_json::{json, Value};
-use std::sync::{Arc, Barrier};
+use serde_json::json;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const CONFIG: &str = r#"{"key": {"required": true}, "store": {"kind": "etcd", "cluster": "etcd"},
@@ -78,41 +78,15 @@ impl Multi {
     }
 }
 
-fn keyed(path: &str, key: &str, body: &Value) -> Request {
-    post(path, key, body)
-        .host(HOST)
-        .timeout(Duration::from_secs(20))
-}
-
-/// `n` copies of `req` at once, alternating between the proxies, each on its own
-/// connection: (proxy, answer).
-fn burst(m: &Arc<Multi>, n: usize, req: &Request) -> Vec<(usize, Response)> {
-    let barrier = Arc::new(Barrier::new(n));
-    let handles: Vec<_> = (0..n)
-        .map(|i| {
-            let (m, req, barrier) = (m.clone(), req.clone(), barrier.clone());
-            std::thread::spawn(move || {
-                let mut conn = dedup_envoy::client::Connection::open(
-                    m.proxies[i % 2].addr(),
-                    Duration::from_secs(20),
-                )
-                .unwrap();
-                barrier.wait();
-                (i % 2, conn.send(&req).unwrap())
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
-}
-
 #[test]
 fn etcd_wait_mode_across_two_proxies() {
     let m = Arc::new(Multi::start("wait-etcd"));
+    let addrs: Vec<_> = m.proxies.iter().map(Envoy::addr).collect();
 
     // 40 concurrent duplicates over both proxies: one execution, 40 identical answers.
     let path = "/wait/forty";
-    let req = keyed(path, "forty-1", &json!({"n": 40})).header("x-demo-delay-ms", "1500");
-    let answers = burst(&m, 40, &req);
+    let req = keyed(HOST, path, "forty-1", &json!({"n": 40})).header("x-demo-delay-ms", "1500");
+    let answers = burst(&addrs, 40, &req);
     assert_eq!(m.upstream.executions_for_path(path), 1);
     let fresh: Vec<_> = answers.iter().filter(|(_, r)| !is_replayed(r)).collect();
     assert_eq!(fresh.len(), 1, "one fresh answer, 39 replays");
@@ -123,7 +97,7 @@ fn etcd_wait_mode_across_two_proxies() {
 
     // A waiter on proxy B gets proxy A's answer.
     let path = "/wait/other-proxy";
-    let req = keyed(path, "other-1", &json!({"n": 1}));
+    let req = keyed(HOST, path, "other-1", &json!({"n": 1}));
     let slow = req.clone().header("x-demo-delay-ms", "1200");
     let a = {
         let m = m.clone();
@@ -143,7 +117,7 @@ fn etcd_wait_mode_across_two_proxies() {
     // The first answers 503: exactly one waiter executes, the others get its answer.
     let path = "/wait/release";
     let body = json!({"n": 5});
-    let failing = keyed(path, "release-1", &body)
+    let failing = keyed(HOST, path, "release-1", &body)
         .header("x-demo-delay-ms", "1000")
         .header("x-demo-status", "503");
     let first = {
@@ -151,8 +125,8 @@ fn etcd_wait_mode_across_two_proxies() {
         std::thread::spawn(move || m.send(0, &failing))
     };
     m.wait_executions(path, 1);
-    let dup = keyed(path, "release-1", &body).header("x-demo-delay-ms", "700");
-    let answers = burst(&m, 10, &dup);
+    let dup = keyed(HOST, path, "release-1", &body).header("x-demo-delay-ms", "700");
+    let answers = burst(&addrs, 10, &dup);
     assert_eq!(first.join().unwrap().status, 503);
     assert_eq!(m.upstream.executions_for_path(path), 2);
     let fresh: Vec<_> = answers.iter().filter(|(_, r)| !is_replayed(r)).collect();
@@ -164,7 +138,7 @@ fn etcd_wait_mode_across_two_proxies() {
 
     // A first that runs longer than wait_timeout_ms: the waiter gets 409.
     let path = "/wait/timeout";
-    let req = keyed(path, "timeout-1", &json!({"n": 9}));
+    let req = keyed(HOST, path, "timeout-1", &json!({"n": 9}));
     let slow = req.clone().header("x-demo-delay-ms", "6000");
     let first = {
         let m = m.clone();
@@ -182,7 +156,7 @@ fn etcd_wait_mode_across_two_proxies() {
     // and its answer is what a later duplicate on A gets.
     let path = "/wait/hangup";
     let body = json!({"n": 3});
-    let failing = keyed(path, "hangup-1", &body)
+    let failing = keyed(HOST, path, "hangup-1", &body)
         .header("x-demo-delay-ms", "2500")
         .header("x-demo-status", "503");
     let first = {
@@ -195,7 +169,8 @@ fn etcd_wait_mode_across_two_proxies() {
         let mut conn =
             dedup_envoy::client::Connection::open(m.proxies[1].addr(), Duration::from_secs(5))
                 .unwrap();
-        conn.write_request(&keyed(path, "hangup-1", &body)).unwrap();
+        conn.write_request(&keyed(HOST, path, "hangup-1", &body))
+            .unwrap();
         let end = Instant::now() + Duration::from_secs(5);
         while m.counter(1, "waited") < waited + i + 1 {
             assert!(Instant::now() < end, "waiter {i} never waited");
@@ -207,14 +182,14 @@ fn etcd_wait_mode_across_two_proxies() {
     }
     let stays = {
         let m = m.clone();
-        let req = keyed(path, "hangup-1", &body).header("x-demo-delay-ms", "200");
+        let req = keyed(HOST, path, "hangup-1", &body).header("x-demo-delay-ms", "200");
         std::thread::spawn(move || m.send(1, &req))
     };
     assert_eq!(first.join().unwrap().status, 503);
     let stays = stays.join().unwrap();
     assert_eq!(stays.status, 200, "{}", stays.summary());
     assert!(!is_replayed(&stays), "the waiter that stayed executed");
-    let later = m.send(0, &keyed(path, "hangup-1", &body));
+    let later = m.send(0, &keyed(HOST, path, "hangup-1", &body));
     assert!(is_replayed(&later), "{}", later.summary());
     assert_eq!(later.body, stays.body);
     assert_eq!(

@@ -5,7 +5,9 @@
 //! Exits non-zero if a step did not behave as the README says.
 
 use dedup_envoy::paths::dedup_wasm;
-use dedup_envoy::{signals, DemoUpstream, Envoy, EnvoyConfig, Request, Response, Result};
+use dedup_envoy::{
+    problem_type, signals, DemoUpstream, Envoy, EnvoyConfig, Request, Response, Result,
+};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -56,13 +58,6 @@ fn print_response(r: &Response) {
         }
     }
     println!("   {}", r.text());
-}
-
-fn problem_type(r: &Response) -> String {
-    r.json()
-        .ok()
-        .and_then(|v| v["type"].as_str().map(str::to_string))
-        .unwrap_or_default()
 }
 
 fn run() -> Result<i32> {
@@ -134,7 +129,7 @@ fn run() -> Result<i32> {
     w.expect(
         conflict.status == 409
             && conflict.header("retry-after").is_some()
-            && problem_type(&conflict).ends_with(":in-flight"),
+            && problem_type(&conflict.body).ends_with(":in-flight"),
         "409 in-flight with retry-after",
     );
     let slow = slow
@@ -151,14 +146,14 @@ fn run() -> Result<i32> {
             .json(&json!({"item": "book", "qty": 2})),
     )?;
     w.expect(
-        changed.status == 422 && problem_type(&changed).ends_with(":payload-mismatch"),
+        changed.status == 422 && problem_type(&changed.body).ends_with(":payload-mismatch"),
         "422 payload-mismatch",
     );
 
     w.title("A POST without a key (key.required) or with a bad key gets 400.");
     let missing = w.show(&Request::post("/orders").json(&order))?;
     w.expect(
-        missing.status == 400 && problem_type(&missing).ends_with(":missing-key"),
+        missing.status == 400 && problem_type(&missing.body).ends_with(":missing-key"),
         "400 missing-key",
     );
     let long_key = "k".repeat(300);
@@ -170,7 +165,7 @@ fn run() -> Result<i32> {
         .replacen("{1..300})'", "{1..300})\"", 1);
     let bad = w.show_as(&bad_req, &shown)?;
     w.expect(
-        bad.status == 400 && problem_type(&bad).ends_with(":invalid-key"),
+        bad.status == 400 && problem_type(&bad.body).ends_with(":invalid-key"),
         "400 invalid-key (longer than key.max_length 255)",
     );
 

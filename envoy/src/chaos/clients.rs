@@ -18,7 +18,7 @@ use super::history::{
 };
 use super::nemesis::{Nemesis, Weather};
 use super::rng::Rng;
-use crate::client::{send_or_give_up, GiveUp, Leave, Request};
+use crate::client::{problem_type, send_or_give_up, GiveUp, Leave, Request};
 use std::time::{Duration, Instant};
 
 /// The host every client sends to every proxy (one service behind a load balancer).
@@ -290,8 +290,8 @@ impl<'a> Client<'a> {
                 let problem = r
                     .header("content-type")
                     .filter(|ct| ct.starts_with("application/problem+json"))
-                    .and(json.as_ref())
-                    .and_then(|j| j["type"].as_str())
+                    .and(json.as_ref().filter(|j| j["type"].is_string()))
+                    .map(|_| problem_type(&r.body))
                     .map(|t| t.trim_start_matches("urn:proxy-dedup:problem:").to_string());
                 Outcome::Answered(Answer {
                     status: r.status,

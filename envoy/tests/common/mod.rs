@@ -4,10 +4,13 @@
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use dedup_envoy::client::Connection;
 use dedup_envoy::paths::dedup_wasm;
 use dedup_envoy::{DemoUpstream, Envoy, EnvoyConfig, Request, Response};
 use serde_json::{json, Value};
+use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 pub struct Stack {
@@ -70,6 +73,34 @@ impl Stack {
 /// A JSON POST with an idempotency key.
 pub fn post(path: &str, key: &str, body: &Value) -> Request {
     Request::post(path).key(key).json(body)
+}
+
+/// A keyed JSON POST as a client behind a load balancer sends it: the same
+/// `host` whichever proxy it reaches (the filter scopes records by `:authority`;
+/// the proxies' own addresses differ). It waits up to 20 s for the answer:
+/// long enough for an etcd leader election behind the proxies.
+pub fn keyed(host: &str, path: &str, key: &str, body: &Value) -> Request {
+    post(path, key, body)
+        .host(host)
+        .timeout(Duration::from_secs(20))
+}
+
+/// `n` copies of `req` released together, alternating between `proxies`, each
+/// on its own connection opened beforehand: (index of the proxy, answer).
+pub fn burst(proxies: &[SocketAddr], n: usize, req: &Request) -> Vec<(usize, Response)> {
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let p = i % proxies.len();
+            let (addr, req, barrier) = (proxies[p], req.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let mut conn = Connection::open(addr, Duration::from_secs(20)).unwrap();
+                barrier.wait();
+                (p, conn.send(&req).unwrap())
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
 pub fn json(r: &Response) -> Value {

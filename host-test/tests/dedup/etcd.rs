@@ -3,90 +3,44 @@
 //! to clusters that reset or never answer.
 
 use super::{keyed, problem_type, Upstream, R};
-use host_test::{Envoy, GrpcReply, Reply};
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use dedup_envoy::etcd::EtcdCluster;
+use host_test::{Envoy, EnvoyBuilder, GrpcReply, Reply};
+use std::time::Duration;
 
-/// One etcd member on free loopback ports, killed on drop.
+/// One etcd member on free loopback ports (dedup-envoy's launcher, stopped on drop)
+/// and the address the proxies' "etcd" cluster points at.
 pub(super) struct Etcd {
-    child: Child,
+    _cluster: EtcdCluster,
     pub(super) client: String,
-    dir: std::path::PathBuf,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
 }
 
 impl Etcd {
     pub(super) fn start() -> Etcd {
-        let (cp, pp) = (free_port(), free_port());
-        let dir = std::env::temp_dir().join(format!("host-test-etcd-{}-{cp}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let client = format!("127.0.0.1:{cp}");
-        let child = Command::new("etcd")
-            .args(["--name", "ht", "--data-dir"])
-            .arg(&dir)
-            .args(["--listen-client-urls", &format!("http://{client}")])
-            .args(["--advertise-client-urls", &format!("http://{client}")])
-            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{pp}")])
-            .args([
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{pp}"),
-            ])
-            .args(["--initial-cluster", &format!("ht=http://127.0.0.1:{pp}")])
-            .args(["--log-level", "error", "--logger", "zap"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("etcd must be installed (make deps / apt-get install etcd-server)");
-        let etcd = Etcd { child, client, dir };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !etcd.healthy() {
-            assert!(Instant::now() < deadline, "etcd did not become healthy");
-            std::thread::sleep(Duration::from_millis(50));
+        let cluster = EtcdCluster::start("host-test-etcd", 1).unwrap();
+        let client = cluster.members[0].client_addr().to_string();
+        Etcd {
+            _cluster: cluster,
+            client,
         }
-        etcd
     }
 
-    fn healthy(&self) -> bool {
-        use std::io::{Read, Write};
-        let Ok(mut s) = std::net::TcpStream::connect(&self.client) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-        let req = format!(
-            "GET /health HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.client
-        );
-        if s.write_all(req.as_bytes()).is_err() {
-            return false;
+    /// `b` with its "etcd" cluster pointed at this member: gRPC, or HTTP to the
+    /// JSON gateway when `json`.
+    pub(super) fn cluster(&self, b: EnvoyBuilder, json: bool) -> EnvoyBuilder {
+        if json {
+            b.cluster_addr("etcd", &self.client)
+        } else {
+            b.grpc_cluster_addr("etcd", &self.client)
         }
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out.contains("\"health\":\"true\"")
     }
 }
 
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn etcd_config(extra: &str) -> String {
-    format!(r#"{{"store": {{"kind": "etcd", "cluster": "etcd", "timeout_ms": 2000}}{extra}}}"#)
-}
-
-fn etcd_json_config(extra: &str) -> String {
+/// The filter config on the etcd store (over gRPC, or the JSON gateway when `json`),
+/// with `extra` top-level fields (each preceded by a comma).
+pub(super) fn etcd_config(json: bool, extra: &str) -> String {
+    let protocol = if json { "json" } else { "grpc" };
     format!(
-        r#"{{"store": {{"kind": "etcd", "cluster": "etcd", "timeout_ms": 2000, "protocol": "json"}}{extra}}}"#
+        r#"{{"store": {{"kind": "etcd", "cluster": "etcd", "timeout_ms": 2000, "protocol": "{protocol}"}}{extra}}}"#
     )
 }
 
@@ -109,17 +63,10 @@ fn proxy_on(
         .random_seed(SEED.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
         .workers(workers)
         .vm_id("proxy_dedup")
+        .plugin_config(etcd_config(json, ""))
         .allow_on_headers_stop_iteration(true)
         .upstream(up.handler());
-    if json {
-        b.plugin_config(etcd_json_config(""))
-            .cluster_addr("etcd", &etcd.client)
-            .build()
-    } else {
-        b.plugin_config(etcd_config(""))
-            .grpc_cluster_addr("etcd", &etcd.client)
-            .build()
-    }
+    etcd.cluster(b, json).build()
 }
 
 #[test]
@@ -170,7 +117,7 @@ fn two_proxies_share(json: bool) -> R {
     assert!(a.upstream_request(first).is_some());
     let dup = b.request(1, keyed("/orders", "k1", "{}"))?;
     assert_eq!(
-        (dup.status, problem_type(&dup).as_str()),
+        (dup.status, problem_type(&dup.body).as_str()),
         (409, "urn:proxy-dedup:problem:in-flight")
     );
     a.respond(first, Reply::new(201).body("created"))?;
@@ -211,22 +158,20 @@ fn failing_and_silent_clusters_follow_failure_mode() -> R {
         let b = Envoy::builder(super::wasm())
             .workers(1)
             .allow_on_headers_stop_iteration(true)
+            .plugin_config(etcd_config(json, &format!(r#", "failure_mode": "{mode}""#)))
             .upstream(up.handler());
-        let extra = format!(r#", "failure_mode": "{mode}""#);
         let mut e = if json {
-            b.plugin_config(etcd_json_config(&extra))
-                .cluster("etcd", move |_| {
-                    seen.set(seen.get() + 1);
-                    Reply::reset()
-                })
-                .build()?
+            b.cluster("etcd", move |_| {
+                seen.set(seen.get() + 1);
+                Reply::reset()
+            })
+            .build()?
         } else {
-            b.plugin_config(etcd_config(&extra))
-                .grpc_cluster("etcd", move |_| {
-                    seen.set(seen.get() + 1);
-                    GrpcReply::reset()
-                })
-                .build()?
+            b.grpc_cluster("etcd", move |_| {
+                seen.set(seen.get() + 1);
+                GrpcReply::reset()
+            })
+            .build()?
         };
         let r = e.request(0, keyed("/o", "k", "x"))?;
         assert_eq!(r.status, want, "{mode}: reset cluster");
@@ -236,7 +181,7 @@ fn failing_and_silent_clusters_follow_failure_mode() -> R {
         );
         if mode == "closed" {
             assert_eq!(
-                problem_type(&r),
+                problem_type(&r.body),
                 "urn:proxy-dedup:problem:store-unavailable"
             );
         }
@@ -304,7 +249,7 @@ fn an_answer_after_the_stream_ended_reaches_the_root() -> R {
     let mut a = Envoy::builder(super::wasm())
         .workers(1)
         .vm_id("proxy_dedup")
-        .plugin_config(etcd_config(""))
+        .plugin_config(etcd_config(false, ""))
         .allow_on_headers_stop_iteration(true)
         .upstream(up.handler())
         .grpc_cluster_addr("etcd", &etcd.client)
@@ -352,7 +297,7 @@ fn a_proxy_whose_clock_runs_60_s_ahead_never_takes_over_a_live_claim() -> R {
     assert!(a.upstream_request(first).is_some());
     let dup = b.request(0, keyed("/orders", "skew", "{}"))?;
     assert_eq!(
-        (dup.status, problem_type(&dup).as_str()),
+        (dup.status, problem_type(&dup.body).as_str()),
         (409, "urn:proxy-dedup:problem:in-flight"),
         "B must not take over A's live claim by its own clock"
     );

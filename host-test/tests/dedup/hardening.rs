@@ -134,7 +134,7 @@ fn stored_responses_stay_within_max_store_bytes_and_no_key_runs_twice() -> R {
             }
             409 => {
                 assert_eq!(
-                    problem_type(&r),
+                    problem_type(&r.body),
                     "urn:proxy-dedup:problem:response-not-stored"
                 );
                 not_stored += 1;

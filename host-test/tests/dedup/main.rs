@@ -8,7 +8,8 @@ mod hardening;
 mod rules;
 mod wait;
 
-use host_test::{Envoy, EnvoyBuilder, Reply, Request, Response, Status};
+use dedup_envoy::problem_type;
+use host_test::{Envoy, EnvoyBuilder, Reply, Request, Status};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
@@ -60,11 +61,6 @@ pub fn keyed(path: &str, key: &str, body: &str) -> Request {
     Request::post(path)
         .header("idempotency-key", key)
         .body(body)
-}
-
-pub fn problem_type(r: &Response) -> String {
-    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
-    v["type"].as_str().unwrap_or("").to_string()
 }
 
 #[test]
@@ -142,7 +138,7 @@ fn n_way_race_across_workers_executes_once() -> R {
         assert_eq!(r.status, 409);
         assert_eq!(r.header("retry-after"), Some("1"));
         assert_eq!(r.header("content-type"), Some("application/problem+json"));
-        assert_eq!(problem_type(&r), "urn:proxy-dedup:problem:in-flight");
+        assert_eq!(problem_type(&r.body), "urn:proxy-dedup:problem:in-flight");
     }
     e.respond(winner, Reply::new(201).body("charged"))?;
     let after = e.request(3, keyed("/pay", "race", "amount=5"))?;
@@ -169,18 +165,18 @@ fn different_payload_is_422_and_bad_keys_are_400() -> R {
         let resp = e.request(1, r)?;
         assert_eq!(resp.status, 422);
         assert_eq!(
-            problem_type(&resp),
+            problem_type(&resp.body),
             "urn:proxy-dedup:problem:payload-mismatch"
         );
     }
     let missing = e.request(0, Request::post("/orders").body("a"))?;
     assert_eq!(
-        (missing.status, problem_type(&missing).as_str()),
+        (missing.status, problem_type(&missing.body).as_str()),
         (400, "urn:proxy-dedup:problem:missing-key")
     );
     let long = e.request(0, keyed("/orders", &"x".repeat(17), "a"))?;
     assert_eq!(
-        (long.status, problem_type(&long).as_str()),
+        (long.status, problem_type(&long.body).as_str()),
         (400, "urn:proxy-dedup:problem:invalid-key")
     );
     let ctl = e.request(0, keyed("/orders", "a\u{1}b", "a"))?;
@@ -231,7 +227,7 @@ fn an_unknown_outcome_holds_the_claim_until_the_in_flight_timeout() -> R {
         let dup = e.request(1, keyed("/pay", key, "x"))?;
         assert_eq!(dup.status, 409, "{key}");
         assert!(!dup.upstream_called, "{key}");
-        assert_eq!(problem_type(&dup), "urn:proxy-dedup:problem:in-flight");
+        assert_eq!(problem_type(&dup.body), "urn:proxy-dedup:problem:in-flight");
         let wait: u64 = dup.header("retry-after").unwrap_or("0").parse()?;
         assert!((1..=30).contains(&wait), "{key}: retry-after {wait}");
     }
@@ -375,7 +371,7 @@ fn store_faults_follow_failure_mode() -> R {
         assert_eq!(e.counter("proxy_dedup_store_errors"), Some(1));
         if mode == "closed" {
             assert_eq!(
-                problem_type(&r),
+                problem_type(&r.body),
                 "urn:proxy-dedup:problem:store-unavailable"
             );
         } else {
@@ -478,7 +474,7 @@ fn oversized_bodies() -> R {
     .build()?;
     let big = e.request(0, keyed("/o", "k", &"x".repeat(101)))?;
     assert_eq!(
-        (big.status, problem_type(&big).as_str()),
+        (big.status, problem_type(&big.body).as_str()),
         (413, "urn:proxy-dedup:problem:body-too-large")
     );
     assert_eq!(up.calls.get(), 0);
@@ -486,7 +482,7 @@ fn oversized_bodies() -> R {
     assert!(e.request(0, keyed("/o", "k", "small"))?.upstream_called);
     let dup = e.request(0, keyed("/o", "k", "small"))?;
     assert_eq!(
-        (dup.status, problem_type(&dup).as_str()),
+        (dup.status, problem_type(&dup.body).as_str()),
         (409, "urn:proxy-dedup:problem:response-not-stored")
     );
     assert_eq!(up.calls.get(), 1);

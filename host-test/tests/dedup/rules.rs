@@ -29,7 +29,10 @@ fn three_routes_follow_their_own_policies_across_workers() -> R {
     // payments: a key is required; the key runs once on any worker.
     let no_key = e.request(0, Request::post("/payments/charge").body("{}"))?;
     assert_eq!(no_key.status, 400);
-    assert_eq!(problem_type(&no_key), "urn:proxy-dedup:problem:missing-key");
+    assert_eq!(
+        problem_type(&no_key.body),
+        "urn:proxy-dedup:problem:missing-key"
+    );
     let paid = e.request(0, keyed("/payments/charge", "k", "{}"))?;
     assert!(paid.upstream_called);
     let again = e.request(1, keyed("/payments/charge", "k", "{}"))?;

@@ -106,7 +106,7 @@ fn a_wait_that_times_out_gets_409_with_retry_after() -> R {
     e.advance(Duration::from_millis(200));
     let r = e.response(dup).expect("answered at wait_timeout_ms");
     assert_eq!(r.status, 409);
-    assert_eq!(problem_type(&r), "urn:proxy-dedup:problem:in-flight");
+    assert_eq!(problem_type(&r.body), "urn:proxy-dedup:problem:in-flight");
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(e.counter("proxy_dedup_wait_timeout"), Some(1));
     assert_eq!(e.counter("proxy_dedup_rejected_in_flight"), Some(1));
@@ -203,22 +203,17 @@ fn etcd_proxy(
     seed: u64,
     json: bool,
 ) -> Result<host_test::Envoy, host_test::Error> {
-    let protocol = if json { "json" } else { "grpc" };
     let b = host_test::Envoy::builder(super::wasm())
         .random_seed(seed)
         .workers(2)
         .vm_id("proxy_dedup")
-        .plugin_config(format!(
-            r#"{{"store": {{"kind": "etcd", "cluster": "etcd", "timeout_ms": 2000, "protocol": "{protocol}"}},
-                "on_in_flight": "wait", "wait_timeout_ms": 3000}}"#
+        .plugin_config(super::etcd::etcd_config(
+            json,
+            r#", "on_in_flight": "wait", "wait_timeout_ms": 3000"#,
         ))
         .allow_on_headers_stop_iteration(true)
         .upstream(up.handler());
-    if json {
-        b.cluster_addr("etcd", &etcd.client).build()
-    } else {
-        b.grpc_cluster_addr("etcd", &etcd.client).build()
-    }
+    etcd.cluster(b, json).build()
 }
 
 #[test]

@@ -2,10 +2,9 @@
 //! against real etcd's gRPC port (Go's HTTP/2 and HPACK on the other side).
 //! What Envoy does in each case is checked by envoy/tests/probe_differential.rs.
 
+use dedup_envoy::etcd::EtcdCluster;
 use host_test::{grpc_status, Envoy, GrpcReply, Request};
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn abi(builder: impl FnOnce(host_test::EnvoyBuilder) -> host_test::EnvoyBuilder) -> Envoy {
     builder(Envoy::builder(host_test::dist("abi_probe.wasm")).vm_id("abi"))
@@ -56,52 +55,11 @@ fn unary_calls_to_an_in_process_handler() {
     assert_eq!(body, "dispatch=4\n", "ParseFailure for an unknown cluster");
 }
 
-struct Etcd {
-    child: Child,
-    client: String,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
-
-fn etcd() -> Etcd {
-    let (cp, pp) = (free_port(), free_port());
-    let dir = std::env::temp_dir().join(format!("host-test-grpc-etcd-{}-{cp}", std::process::id()));
-    let client = format!("127.0.0.1:{cp}");
-    let peer = format!("http://127.0.0.1:{pp}");
-    let child = Command::new("etcd")
-        .args(["--name", "g", "--data-dir"])
-        .arg(&dir)
-        .args(["--listen-client-urls", &format!("http://{client}")])
-        .args(["--advertise-client-urls", &format!("http://{client}")])
-        .args(["--listen-peer-urls", &peer])
-        .args(["--initial-advertise-peer-urls", &peer])
-        .args(["--initial-cluster", &format!("g={peer}")])
-        .args(["--log-level", "error", "--logger", "zap"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("etcd must be installed (make deps / apt-get install etcd-server)");
-    let etcd = Etcd { child, client, dir };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(&etcd.client).is_err() {
-        assert!(Instant::now() < deadline, "etcd did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    etcd
+/// One real etcd member (dedup-envoy's launcher, stopped on drop) and its client address.
+fn etcd() -> (EtcdCluster, String) {
+    let cluster = EtcdCluster::start("host-test-grpc-etcd", 1).unwrap();
+    let client = cluster.members[0].client_addr().to_string();
+    (cluster, client)
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -110,8 +68,8 @@ fn hex(bytes: &[u8]) -> String {
 
 #[test]
 fn unary_calls_to_real_etcd_over_http2() {
-    let etcd = etcd();
-    let mut envoy = abi(|b| b.grpc_cluster_addr("etcd", &etcd.client));
+    let (_etcd, client) = etcd();
+    let mut envoy = abi(|b| b.grpc_cluster_addr("etcd", &client));
     // PutRequest { key: "k", value: "v1" }, then RangeRequest { key: "k" }.
     let put = [&[0x0a, 1, b'k', 0x12, 2][..], b"v1"].concat();
     let mut body = String::new();
