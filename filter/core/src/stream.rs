@@ -1,25 +1,33 @@
 //! One HTTP stream through the filter: key extraction, the claim decision at the end of
 //! the request, response capture, completion or release. Host-independent: the proxy-wasm
 //! glue feeds it callbacks and carries out the `Action`s it returns.
+//!
+//! This file holds the phase machine and the callbacks, shared by both stores; each
+//! store's side lives in its own room: `shared` (claims in this proxy's shared data,
+//! answered at once) and `etcd` (the claim/settle protocol through store calls).
+
+mod etcd;
+mod shared;
 
 use crate::config::{
-    Config, EtcdConfig, FailureMode, OnDuplicate, OnInFlight, OnUnknownOutcome, Policy, StoreConfig,
+    Config, FailureMode, OnDuplicate, OnInFlight, OnUnknownOutcome, Policy, StoreConfig,
 };
-use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState, LeaseCache, LeasePlan, LeasePurpose};
+use crate::etcd::{LeaseCache, LeasePlan};
 use crate::key::{
     fingerprint_key, header_key, json_key, record_digest, short_hex, BodyHasher, ClientKey,
     JsonKey, KeyError, RequestHead,
 };
 use crate::key::{Digest, ShortHex};
-use crate::local::{LocalEntry, LocalTier};
+use crate::local::LocalTier;
 use crate::metrics::Counter;
 use crate::outcome::{classify, Outcome};
 use crate::payload::payload_digest;
 use crate::reply::{replay, LocalReply, Problem};
 use crate::response::Capture;
 use crate::response::StoredResponse;
-use crate::store::{Claim, ClaimOutcome, Layout, SharedData, SharedStore};
+use crate::store::{Claim, Layout, SharedData};
 use crate::wait::{Waiters, POLL_ETCD_MS, RECHECK_SHARED_MS};
+use etcd::{poll_call, Claiming, EtcdOwned, Settling};
 
 /// A configured plugin: immutable config and the store geometry derived from it.
 #[derive(Debug, Clone)]
@@ -134,8 +142,11 @@ pub enum Action {
     Pause,
     /// Answer locally; the request never reaches the upstream.
     Reply(LocalReply),
-    /// Make this store call. On the request path the stream stays paused and the answer
-    /// goes to `on_store_answer`; on the response path the stream is not held.
+    /// Make this store call. The stream stays paused and the answer goes to
+    /// `on_store_answer`: on the request path (a claim, a waiter's read) the request
+    /// waits for it; on the response path (an etcd completion, release or hold) the glue
+    /// holds the response until etcd settles the record (or the call fails for good),
+    /// so a client that has the response finds the record settled on every proxy.
     Call(StoreCall),
 }
 
@@ -176,90 +187,6 @@ enum Owned {
     Etcd(EtcdOwned),
 }
 
-struct EtcdOwned {
-    key: String,
-    digest: Digest,
-    payload: Digest,
-    token: u64,
-    mod_revision: i64,
-    completed_lease: i64,
-    /// The lease and expiry the in-flight record was written with (a hold keeps both).
-    in_flight_lease: i64,
-    expires_ms: u64,
-}
-
-/// An etcd claim in progress.
-struct Claiming {
-    key: String,
-    digest: Digest,
-    payload: Digest,
-    token: u64,
-    step: ClaimStep,
-    /// CAS rounds (claim, takeover) so far.
-    rounds: u32,
-    /// Transport retries of the current call.
-    retries: u32,
-    deadline_ms: u64,
-    call: StoreCall,
-    /// When `call` was last sent (a lease's window starts then).
-    sent_ms: u64,
-    /// The lease the completed record will carry, fixed when the claim txn is built.
-    completed_lease: Option<i64>,
-    /// The in-flight lease and expiry of the record the last claim txn writes.
-    in_flight_lease: i64,
-    expires_ms: u64,
-    /// The client left before the claim was decided: a claim won now was never
-    /// forwarded, so it is released at once (certainly not executed).
-    abandoned: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ClaimStep {
-    Grant(LeasePurpose),
-    Txn,
-}
-
-/// What a settling call does to the claim's record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Settle {
-    Complete,
-    Release,
-    Hold,
-}
-
-impl Settle {
-    fn what(self) -> &'static str {
-        match self {
-            Settle::Complete => "completion",
-            Settle::Release => "release",
-            Settle::Hold => "hold",
-        }
-    }
-}
-
-struct Settling {
-    kind: Settle,
-    /// Kept to learn the completed record locally once etcd confirms it.
-    learned: Option<(Digest, LocalEntry)>,
-    digest: Digest,
-    token: u64,
-    /// Resent on a transport failure within the budget.
-    call: StoreCall,
-    retries: u32,
-    deadline_ms: u64,
-    /// A completion whose lease etcd no longer has is written again with a fresh one.
-    regrant: Option<Regrant>,
-}
-
-/// What a completion needs to be written again with a fresh lease.
-struct Regrant {
-    key: String,
-    mod_revision: i64,
-    /// A lease grant is out (`call` is that grant), sent at this time.
-    granting: Option<u64>,
-    rounds: u8,
-}
-
 /// What a claim found when the key was already taken.
 enum Duplicate {
     /// In flight; `held_until` is set when its outcome is unknown and it is held until
@@ -271,9 +198,6 @@ enum Duplicate {
     NotStored,
     Completed(Option<StoredResponse>),
 }
-
-const MAX_ROUNDS: u32 = 8;
-const MAX_RETRIES: u32 = 4;
 
 /// The request while its body arrives. The filter keeps no copy of the body: Envoy
 /// buffers it, and it is read once, at the end, for the hashes and the JSON pointer.
@@ -417,45 +341,6 @@ impl DedupStream {
                 let call = poll_call(ec, &w.digest);
                 self.phase = Phase::Polling(w);
                 Action::Call(call)
-            }
-        }
-    }
-
-    /// The answer to a waiter's read of its etcd record: still a claim (wait on), a
-    /// completed record (learnt by this worker's tier, so its other waiters answer
-    /// without a round trip, then answered like any duplicate), or gone or over (claim
-    /// it). A failed read waits on until the next check.
-    fn polled<E: Env>(
-        &mut self,
-        p: &Plugin,
-        env: &mut E,
-        mut w: Box<Waiting>,
-        answer: &CallAnswer,
-    ) -> Action {
-        let StoreConfig::Etcd(ec) = &p.config.store else {
-            return Action::Continue;
-        };
-        let now = env.now_ms();
-        match poll_answer(ec.protocol.range_path(), answer, &w.digest) {
-            Polled::Claimed { held_until } => {
-                w.held_until = held_until;
-                self.wait_on(p, env, w)
-            }
-            Polled::Completed(entry) => {
-                env.local().insert(w.digest, entry, now);
-                env.waiters().wake(&w.digest);
-                self.claim_etcd(p, env, ec, w.digest, w.payload)
-            }
-            Polled::Free => self.claim_etcd(p, env, ec, w.digest, w.payload),
-            Polled::Failed => {
-                env.count(Counter::StoreErrors);
-                env.debug(format_args!(
-                    "stream {}: reading record {} failed (status {}); waiting on",
-                    self.id,
-                    short_hex(&w.digest),
-                    answer.status
-                ));
-                self.wait_on(p, env, w)
             }
         }
     }
@@ -802,33 +687,10 @@ impl DedupStream {
         self.phase = Phase::Finished;
         match owned {
             Owned::Shared(claim) => {
-                // Mark it, so duplicates learn how long the hold lasts.
-                if let Err(e) = SharedStore::new(&*env, &p.layout).hold(&claim) {
-                    env.count(Counter::StoreErrors);
-                    env.warn(&format!(
-                        "stream {}: marking the claim held failed: {e}",
-                        self.id
-                    ));
-                }
+                self.hold_shared(p, env, &claim);
                 None
             }
-            // etcd: mark it held, on the same in-flight lease, which alone ends it.
-            Owned::Etcd(o) => {
-                let record = EtcdRecord {
-                    state: EtcdState::Held,
-                    token: o.token,
-                    expires_ms: o.expires_ms,
-                    payload: o.payload,
-                    response: None,
-                };
-                let body = protocol(p).replace_txn(
-                    &o.key,
-                    o.mod_revision,
-                    &record.encode(&o.digest),
-                    o.in_flight_lease,
-                );
-                Some(self.settle(p, env.now_ms(), &o, Settle::Hold, body, None))
-            }
+            Owned::Etcd(o) => Some(self.hold_etcd(p, env, &o)),
         }
     }
 
@@ -939,70 +801,6 @@ impl DedupStream {
         match &p.config.store {
             StoreConfig::SharedData => self.claim_shared(p, env, digest, payload),
             StoreConfig::Etcd(ec) => self.claim_etcd(p, env, ec, digest, payload),
-        }
-    }
-
-    fn claim_shared<E: Env>(
-        &mut self,
-        p: &Plugin,
-        env: &mut E,
-        digest: Digest,
-        payload: Digest,
-    ) -> Action {
-        let token = env.new_token();
-        let now = env.now_ms();
-        let layout = p.layout_for(p.config.policy_at(self.rule));
-        let outcome = SharedStore::new(&*env, &layout).claim(&digest, &payload, now, token);
-        match outcome {
-            Ok(ClaimOutcome::Claimed {
-                claim,
-                evicted_unexpired,
-            }) => {
-                if evicted_unexpired {
-                    env.count(Counter::EvictionsUnexpired);
-                }
-                self.forward(env, Owned::Shared(claim))
-            }
-            Ok(ClaimOutcome::InFlight { held_until }) => {
-                self.duplicate(p, env, Duplicate::InFlight { held_until })
-            }
-            Ok(ClaimOutcome::PayloadMismatch) => self.duplicate(p, env, Duplicate::PayloadMismatch),
-            Ok(ClaimOutcome::CompletedNotStored) => self.duplicate(p, env, Duplicate::NotStored),
-            Ok(ClaimOutcome::Completed(_))
-                if p.config.policy_at(self.rule).on_duplicate == OnDuplicate::Reject =>
-            {
-                self.duplicate(p, env, Duplicate::Completed(None))
-            }
-            Ok(ClaimOutcome::Completed(done)) => {
-                match SharedStore::new(&*env, &p.layout).response(&done) {
-                    Ok(Some(resp)) => self.duplicate(p, env, Duplicate::Completed(Some(resp))),
-                    Ok(None) => self.duplicate(p, env, Duplicate::NotStored),
-                    Err(e) => self.store_failed(p, env, &e.to_string()),
-                }
-            }
-            Err(e) => self.store_failed(p, env, &e.to_string()),
-        }
-    }
-
-    /// A won etcd claim goes on, unless its client left meanwhile: then nothing was
-    /// forwarded and the claim is released at once.
-    fn forward_unless_abandoned<E: Env>(
-        &mut self,
-        p: &Plugin,
-        env: &mut E,
-        owned: Owned,
-        abandoned: bool,
-    ) -> Action {
-        if !abandoned {
-            return self.forward(env, owned);
-        }
-        env.debug(format_args!(
-            "stream {}: claim won after the client left; releasing it",
-            self.id
-        ));
-        match self.release(p, env, owned) {
-            Some(call) => Action::Call(call),
-            None => Action::Continue,
         }
     }
 
@@ -1128,454 +926,6 @@ impl DedupStream {
         Some(Action::Pause)
     }
 
-    fn claim_etcd<E: Env>(
-        &mut self,
-        p: &Plugin,
-        env: &mut E,
-        ec: &EtcdConfig,
-        digest: Digest,
-        payload: Digest,
-    ) -> Action {
-        let now = env.now_ms();
-        if let Some(e) = env.local().get(&digest, now) {
-            let dup = if e.payload != payload {
-                Duplicate::PayloadMismatch
-            } else {
-                match &e.response {
-                    Some(r) => Duplicate::Completed(Some(r.clone())),
-                    None => Duplicate::NotStored,
-                }
-            };
-            env.debug(format_args!(
-                "stream {}: record {} answered by this worker's tier",
-                self.id,
-                short_hex(&digest)
-            ));
-            return self.duplicate(p, env, dup);
-        }
-        let token = env.new_token();
-        let c = Claiming {
-            key: etcd::record_key(&ec.prefix, &digest),
-            digest,
-            payload,
-            token,
-            step: ClaimStep::Txn,
-            rounds: 0,
-            retries: 0,
-            deadline_ms: now.saturating_add(ec.timeout_ms),
-            call: StoreCall {
-                path: ec.protocol.txn_path(),
-                body: Vec::new(),
-                timeout_ms: ec.timeout_ms,
-            },
-            sent_ms: now,
-            completed_lease: None,
-            in_flight_lease: 0,
-            expires_ms: 0,
-            abandoned: false,
-        };
-        self.next_claim_call(p, env, Box::new(c))
-    }
-
-    /// The next call of a claim: a lease grant if this worker has no usable lease, else
-    /// the claim txn.
-    fn next_claim_call<E: Env>(&mut self, p: &Plugin, env: &mut E, mut c: Box<Claiming>) -> Action {
-        let now = env.now_ms();
-        let timeout_ms = attempt_timeout(p, c.deadline_ms, now);
-        let plan = p.leases_for(p.config.policy_at(self.rule));
-        let in_flight = env.leases().get(LeasePurpose::InFlight, &plan, now);
-        let completed = env.leases().get(LeasePurpose::Completed, &plan, now);
-        let proto = protocol(p);
-        let (step, path, body) = match (in_flight, completed) {
-            (None, _) => (
-                ClaimStep::Grant(LeasePurpose::InFlight),
-                proto.lease_grant_path(),
-                proto.lease_grant(plan.ttl_s(LeasePurpose::InFlight)),
-            ),
-            (_, None) => (
-                ClaimStep::Grant(LeasePurpose::Completed),
-                proto.lease_grant_path(),
-                proto.lease_grant(plan.ttl_s(LeasePurpose::Completed)),
-            ),
-            (Some(lease), Some(completed)) => {
-                c.completed_lease = Some(completed);
-                let rec = in_flight_record(p.config.policy_at(self.rule), &c, now);
-                c.in_flight_lease = lease;
-                c.expires_ms = rec.expires_ms;
-                (
-                    ClaimStep::Txn,
-                    proto.txn_path(),
-                    proto.claim_txn(&c.key, &rec.encode(&c.digest), lease),
-                )
-            }
-        };
-        c.step = step;
-        c.retries = 0;
-        c.sent_ms = now;
-        c.call = StoreCall {
-            path,
-            body,
-            timeout_ms,
-        };
-        let call = c.call.clone();
-        self.phase = Phase::Claiming(c);
-        Action::Call(call)
-    }
-
-    fn claim_step<E: Env>(
-        &mut self,
-        p: &Plugin,
-        env: &mut E,
-        mut c: Box<Claiming>,
-        answer: CallAnswer,
-    ) -> Action {
-        let now = env.now_ms();
-        let parsed = etcd::read_answer(c.call.path, answer.status, &answer.body);
-        let transport_failure = matches!(answer.status, 0 | 502 | 503 | 504) && parsed.is_none();
-        // etcd's "unavailable" (gRPC code 14: no leader, leader changed, and Envoy's
-        // timeouts and resets of a gRPC call) and "deadline exceeded" pass too.
-        let unavailable = etcd::retryable_error(&parsed);
-        if transport_failure || unavailable {
-            // Connection refused or reset, or a member without a leader: another member
-            // may answer. Retry within the budget.
-            if c.retries < MAX_RETRIES && now < c.deadline_ms {
-                c.retries += 1;
-                c.call.timeout_ms = attempt_timeout(p, c.deadline_ms, now);
-                c.sent_ms = now;
-                let call = c.call.clone();
-                self.phase = Phase::Claiming(c);
-                return Action::Call(call);
-            }
-            return self.store_failed(
-                p,
-                env,
-                &format!("etcd unreachable (status {})", answer.status),
-            );
-        }
-        let Some(parsed) = parsed else {
-            return self.store_failed(
-                p,
-                env,
-                &format!("etcd answered {} with an unreadable body", answer.status),
-            );
-        };
-        match (c.step, parsed) {
-            (ClaimStep::Grant(purpose), EtcdAnswer::Lease { id }) => {
-                let plan = p.leases_for(p.config.policy_at(self.rule));
-                env.leases().put(purpose, &plan, id, c.sent_ms);
-                self.next_claim_call(p, env, c)
-            }
-            (ClaimStep::Txn, EtcdAnswer::Error { code, message })
-                if code == 5 || message.contains("lease not found") =>
-            {
-                // A lease we cached is gone (revoked, or etcd lost it): take fresh ones.
-                *env.leases() = LeaseCache::default();
-                c.rounds += 1;
-                if c.rounds > MAX_ROUNDS {
-                    return self.store_failed(p, env, "etcd keeps losing leases");
-                }
-                self.next_claim_call(p, env, c)
-            }
-            (_, EtcdAnswer::Error { code, message }) => {
-                self.store_failed(p, env, &format!("etcd error {code}: {message}"))
-            }
-            (
-                ClaimStep::Txn,
-                EtcdAnswer::Txn {
-                    succeeded: true,
-                    revision,
-                    ..
-                },
-            ) => {
-                let Some(completed_lease) = c.completed_lease else {
-                    return self.store_failed(p, env, "no completion lease");
-                };
-                let owned = Owned::Etcd(EtcdOwned {
-                    key: c.key,
-                    digest: c.digest,
-                    payload: c.payload,
-                    token: c.token,
-                    mod_revision: revision,
-                    completed_lease,
-                    in_flight_lease: c.in_flight_lease,
-                    expires_ms: c.expires_ms,
-                });
-                self.forward_unless_abandoned(p, env, owned, c.abandoned)
-            }
-            (
-                ClaimStep::Txn,
-                EtcdAnswer::Txn {
-                    succeeded: false,
-                    existing,
-                    ..
-                },
-            ) => {
-                c.rounds += 1;
-                if c.rounds > MAX_ROUNDS {
-                    return self.store_failed(p, env, "etcd CAS contention");
-                }
-                let Some((mod_revision, value)) = existing else {
-                    // Deleted between the compare and the read: claim again.
-                    return self.next_claim_call(p, env, c);
-                };
-                let current = EtcdRecord::decode(&value, &c.digest);
-                match current {
-                    Some(r) if r.token == c.token && r.state == EtcdState::InFlight => {
-                        // Our own earlier attempt went through; its answer was lost.
-                        let Some(completed_lease) = c.completed_lease else {
-                            return self.store_failed(p, env, "no completion lease");
-                        };
-                        let owned = Owned::Etcd(EtcdOwned {
-                            key: c.key,
-                            digest: c.digest,
-                            payload: c.payload,
-                            token: c.token,
-                            mod_revision,
-                            completed_lease,
-                            in_flight_lease: c.in_flight_lease,
-                            expires_ms: c.expires_ms,
-                        });
-                        self.forward_unless_abandoned(p, env, owned, c.abandoned)
-                    }
-                    // An in-flight record of another claim is never taken over by
-                    // comparing our clock with the time its proxy wrote: only etcd ends
-                    // it, when its lease runs out and the key is gone. Nor is a record
-                    // this version cannot read (it may be a newer version's claim).
-                    None => {
-                        env.debug(format_args!(
-                            "stream {}: record {} is unreadable; waiting for its lease to end",
-                            self.id,
-                            short_hex(&c.digest)
-                        ));
-                        self.duplicate(p, env, Duplicate::InFlight { held_until: None })
-                    }
-                    Some(r)
-                        if matches!(r.state, EtcdState::InFlight | EtcdState::Held)
-                            || r.expires_ms > now =>
-                    {
-                        if r.payload != c.payload {
-                            return self.duplicate(p, env, Duplicate::PayloadMismatch);
-                        }
-                        match r.state {
-                            EtcdState::InFlight => {
-                                self.duplicate(p, env, Duplicate::InFlight { held_until: None })
-                            }
-                            EtcdState::Held => self.duplicate(
-                                p,
-                                env,
-                                Duplicate::InFlight {
-                                    held_until: Some(r.expires_ms),
-                                },
-                            ),
-                            EtcdState::CompletedNotStored => {
-                                let entry = LocalEntry {
-                                    payload: r.payload,
-                                    expires_ms: r.expires_ms,
-                                    response: None,
-                                };
-                                env.local().insert(c.digest, entry, now);
-                                self.duplicate(p, env, Duplicate::NotStored)
-                            }
-                            EtcdState::Completed => {
-                                let entry = LocalEntry {
-                                    payload: r.payload,
-                                    expires_ms: r.expires_ms,
-                                    response: r.response.clone(),
-                                };
-                                env.local().insert(c.digest, entry, now);
-                                self.duplicate(p, env, Duplicate::Completed(r.response))
-                            }
-                        }
-                    }
-                    // A completed record past its TTL by our clock (its lease has not run
-                    // out yet): take it over, conditional on it being unchanged since we
-                    // read it. A clock running ahead by D takes it over D early.
-                    Some(_) => {
-                        let policy = p.config.policy_at(self.rule);
-                        let plan = p.leases_for(policy);
-                        let Some(lease) = env.leases().get(LeasePurpose::InFlight, &plan, now)
-                        else {
-                            return self.next_claim_call(p, env, c);
-                        };
-                        let rec = in_flight_record(policy, &c, now);
-                        c.in_flight_lease = lease;
-                        c.expires_ms = rec.expires_ms;
-                        c.call = StoreCall {
-                            path: protocol(p).txn_path(),
-                            body: protocol(p).replace_txn(
-                                &c.key,
-                                mod_revision,
-                                &rec.encode(&c.digest),
-                                lease,
-                            ),
-                            timeout_ms: attempt_timeout(p, c.deadline_ms, now),
-                        };
-                        c.retries = 0;
-                        c.sent_ms = now;
-                        let call = c.call.clone();
-                        self.phase = Phase::Claiming(c);
-                        Action::Call(call)
-                    }
-                }
-            }
-            (_, other) => self.store_failed(p, env, &format!("unexpected etcd answer {other:?}")),
-        }
-    }
-
-    /// The answer to a completion or release. A transport failure is retried within the
-    /// budget (the response is held meanwhile); a failed compare is checked against the
-    /// current record, because a retried write whose first attempt went through fails
-    /// its compare on our own record.
-    fn settled<E: Env>(
-        &mut self,
-        p: &Plugin,
-        env: &mut E,
-        mut st: Box<Settling>,
-        answer: &CallAnswer,
-    ) -> Action {
-        let parsed = etcd::read_answer(st.call.path, answer.status, &answer.body);
-        let retryable = (matches!(answer.status, 0 | 502 | 503 | 504) && parsed.is_none())
-            || etcd::retryable_error(&parsed);
-        let now = env.now_ms();
-        if !retryable {
-            if let Some(next) = self.regranted(p, env, &mut st, &parsed, now) {
-                self.phase = Phase::Settling(st);
-                return Action::Call(next);
-            }
-        }
-        if retryable && st.retries < MAX_RETRIES && now < st.deadline_ms {
-            st.retries += 1;
-            st.call.timeout_ms = attempt_timeout(p, st.deadline_ms, now);
-            let call = st.call.clone();
-            self.phase = Phase::Settling(st);
-            return Action::Call(call);
-        }
-        let confirmed = match &parsed {
-            Some(EtcdAnswer::Txn {
-                succeeded: true, ..
-            }) => Some(true),
-            Some(EtcdAnswer::Txn {
-                succeeded: false,
-                existing,
-                ..
-            }) => Some(match existing {
-                // Released: the record is gone, by us or by its lease.
-                None => st.kind == Settle::Release,
-                Some((_, value)) => EtcdRecord::decode(value, &st.digest).is_some_and(|r| {
-                    r.token == st.token
-                        && match st.kind {
-                            Settle::Complete => matches!(
-                                r.state,
-                                EtcdState::Completed | EtcdState::CompletedNotStored
-                            ),
-                            Settle::Hold => r.state == EtcdState::Held,
-                            Settle::Release => false,
-                        }
-                }),
-            }),
-            _ => None,
-        };
-        match confirmed {
-            Some(true) => {
-                env.debug(format_args!(
-                    "stream {}: {} confirmed by etcd",
-                    self.id,
-                    st.kind.what()
-                ));
-                if let Some((digest, entry)) = st.learned {
-                    env.local().insert(digest, entry, now);
-                }
-                if matches!(st.kind, Settle::Complete | Settle::Release) {
-                    wake(p, env, &st.digest);
-                }
-            }
-            Some(false) => {
-                env.count(Counter::ClaimsLost);
-                env.warn(&format!(
-                    "stream {}: {}: the claim expired or was taken over first",
-                    self.id,
-                    st.kind.what()
-                ));
-            }
-            None => {
-                env.count(Counter::StoreErrors);
-                env.warn(&format!(
-                    "stream {}: {} failed (status {})",
-                    self.id,
-                    st.kind.what(),
-                    answer.status
-                ));
-            }
-        }
-        Action::Continue
-    }
-
-    /// A completion answered "lease not found" (etcd lost or revoked the completed lease
-    /// cached at claim time; the in-flight record is still there, or the compare would
-    /// have failed first): take a fresh completed lease and write the completion again,
-    /// twice at most, within the budget. Returns the next call, if any.
-    fn regranted<E: Env>(
-        &mut self,
-        p: &Plugin,
-        env: &mut E,
-        st: &mut Settling,
-        parsed: &Option<EtcdAnswer>,
-        now: u64,
-    ) -> Option<StoreCall> {
-        let proto = protocol(p);
-        let r = st.regrant.as_mut()?;
-        if let Some(sent_ms) = r.granting {
-            let Some(EtcdAnswer::Lease { id }) = parsed else {
-                return None;
-            };
-            r.granting = None;
-            let plan = p.leases_for(p.config.policy_at(self.rule));
-            env.leases()
-                .put(LeasePurpose::Completed, &plan, *id, sent_ms);
-            let (_, entry) = st.learned.as_ref()?;
-            let record = EtcdRecord {
-                state: if entry.response.is_some() {
-                    EtcdState::Completed
-                } else {
-                    EtcdState::CompletedNotStored
-                },
-                token: st.token,
-                expires_ms: entry.expires_ms,
-                payload: entry.payload,
-                response: entry.response.clone(),
-            };
-            st.call = StoreCall {
-                path: proto.txn_path(),
-                body: proto.replace_txn(&r.key, r.mod_revision, &record.encode(&st.digest), *id),
-                timeout_ms: attempt_timeout(p, st.deadline_ms, now),
-            };
-            st.retries = 0;
-            return Some(st.call.clone());
-        }
-        let lost = matches!(parsed, Some(EtcdAnswer::Error { code, message })
-            if *code == 5 || message.contains("lease not found"));
-        if !lost || r.rounds >= 2 || now >= st.deadline_ms {
-            return None;
-        }
-        env.warn(&format!(
-            "stream {}: completion: etcd lost its lease; writing it again with a fresh one",
-            self.id
-        ));
-        *env.leases() = LeaseCache::default();
-        r.rounds += 1;
-        r.granting = Some(now);
-        st.call = StoreCall {
-            path: proto.lease_grant_path(),
-            body: proto.lease_grant(
-                p.leases_for(p.config.policy_at(self.rule))
-                    .ttl_s(LeasePurpose::Completed),
-            ),
-            timeout_ms: attempt_timeout(p, st.deadline_ms, now),
-        };
-        st.retries = 0;
-        Some(st.call.clone())
-    }
-
     fn not_stored<E: Env>(&mut self, env: &mut E) -> Action {
         env.count(Counter::ResponseNotStored);
         let detail = "a request with this key has completed, but its response was too large to keep for replay";
@@ -1613,84 +963,10 @@ impl DedupStream {
         let now = env.now_ms();
         match owned {
             Owned::Shared(claim) => {
-                let layout = p.layout_for(p.config.policy_at(self.rule));
-                let store = SharedStore::new(&*env, &layout);
-                match store.complete_within_budget(&claim, response.as_ref(), now) {
-                    Ok(done) if done.owned => {
-                        if response.is_some() && !done.stored {
-                            // Larger than its bucket's share of `max_store_bytes`.
-                            env.count(Counter::ResponseNotStored);
-                        }
-                        for _ in 0..done.dropped {
-                            env.count(Counter::BodiesDropped);
-                        }
-                        env.debug(format_args!(
-                            "stream {}: record {} completed (response kept: {}, bodies dropped: {})",
-                            self.id,
-                            short_hex(&claim.digest),
-                            done.stored,
-                            done.dropped
-                        ));
-                        wake(p, env, &claim.digest);
-                    }
-                    Ok(_) => {
-                        env.count(Counter::ClaimsLost);
-                        env.warn(&format!(
-                            "stream {}: claim on record {} expired before the response came; not stored",
-                            self.id,
-                            short_hex(&claim.digest)
-                        ));
-                    }
-                    Err(e) => {
-                        env.count(Counter::StoreErrors);
-                        env.warn(&format!(
-                            "stream {}: completing the record failed: {e}",
-                            self.id
-                        ));
-                    }
-                }
+                self.complete_shared(p, env, &claim, response.as_ref(), now);
                 None
             }
-            Owned::Etcd(o) => {
-                let expires_ms = now.saturating_add(p.config.policy_at(self.rule).ttl_ms);
-                let mut record = EtcdRecord {
-                    state: if response.is_some() {
-                        EtcdState::Completed
-                    } else {
-                        EtcdState::CompletedNotStored
-                    },
-                    token: o.token,
-                    expires_ms,
-                    payload: o.payload,
-                    response,
-                };
-                let mut value = record.encode(&o.digest);
-                if record.response.is_some() && value.len() > max_record_bytes(p) {
-                    // etcd would refuse it and the key would stay in flight: keep the
-                    // completion without the response instead.
-                    env.count(Counter::ResponseNotStored);
-                    record.state = EtcdState::CompletedNotStored;
-                    record.response = None;
-                    value = record.encode(&o.digest);
-                }
-                let body =
-                    protocol(p).replace_txn(&o.key, o.mod_revision, &value, o.completed_lease);
-                let learned = LocalEntry {
-                    payload: o.payload,
-                    expires_ms,
-                    response: record.response,
-                };
-                let call = self.settle(p, now, &o, Settle::Complete, body, Some(learned));
-                if let Phase::Settling(st) = &mut self.phase {
-                    st.regrant = Some(Regrant {
-                        key: o.key,
-                        mod_revision: o.mod_revision,
-                        granting: None,
-                        rounds: 0,
-                    });
-                }
-                Some(call)
-            }
+            Owned::Etcd(o) => Some(self.complete_etcd(p, env, o, response, now)),
         }
     }
 
@@ -1701,57 +977,11 @@ impl DedupStream {
         }
         match owned {
             Owned::Shared(claim) => {
-                match SharedStore::new(&*env, &p.layout).release(&claim) {
-                    Ok(true) => {
-                        env.count(Counter::Released);
-                        wake(p, env, &claim.digest);
-                    }
-                    Ok(false) => env.count(Counter::ClaimsLost),
-                    Err(e) => {
-                        env.count(Counter::StoreErrors);
-                        env.warn(&format!(
-                            "stream {}: releasing the claim failed: {e}",
-                            self.id
-                        ));
-                    }
-                }
+                self.release_shared(p, env, &claim);
                 None
             }
-            Owned::Etcd(o) => {
-                env.count(Counter::Released);
-                let body = protocol(p).delete_txn(&o.key, o.mod_revision);
-                Some(self.settle(p, env.now_ms(), &o, Settle::Release, body, None))
-            }
+            Owned::Etcd(o) => Some(self.release_etcd(p, env, &o)),
         }
-    }
-
-    /// Sends a completion or release txn and waits for it in `Settling`.
-    fn settle(
-        &mut self,
-        p: &Plugin,
-        now: u64,
-        o: &EtcdOwned,
-        kind: Settle,
-        body: Vec<u8>,
-        learned: Option<LocalEntry>,
-    ) -> StoreCall {
-        let deadline_ms = now.saturating_add(etcd_timeout(p));
-        let call = StoreCall {
-            path: protocol(p).txn_path(),
-            body,
-            timeout_ms: attempt_timeout(p, deadline_ms, now),
-        };
-        self.phase = Phase::Settling(Box::new(Settling {
-            kind,
-            learned: learned.map(|l| (o.digest, l)),
-            digest: o.digest,
-            token: o.token,
-            call: call.clone(),
-            retries: 0,
-            deadline_ms,
-            regrant: None,
-        }));
-        call
     }
 }
 
@@ -1771,54 +1001,6 @@ pub fn recheck_interval_ms(p: &Plugin) -> u64 {
     }
 }
 
-/// What a waiter's read of its etcd record found.
-enum Polled {
-    /// In flight or held (when its outcome is unknown, until then): wait on.
-    Claimed { held_until: Option<u64> },
-    /// Completed: what a duplicate gets (checked against the payload by the claim).
-    Completed(LocalEntry),
-    /// Gone (released, or its lease ended), unreadable or past its TTL: claim it.
-    Free,
-    /// No answer, or not one etcd gives to a read.
-    Failed,
-}
-
-/// The store call that reads a waiter's record (etcd store).
-fn poll_call(ec: &EtcdConfig, digest: &Digest) -> StoreCall {
-    StoreCall {
-        path: ec.protocol.range_path(),
-        body: ec.protocol.read_key(&etcd::record_key(&ec.prefix, digest)),
-        timeout_ms: ec.timeout_ms.min(POLL_ETCD_MS.max(1000)),
-    }
-}
-
-/// Interprets the answer to `poll_call`. The time in a completed record is not compared
-/// here: the claim that follows decides whether it is over.
-fn poll_answer(path: &str, answer: &CallAnswer, digest: &Digest) -> Polled {
-    let Some(read) = etcd::read_one(path, answer.status, &answer.body) else {
-        return Polled::Failed;
-    };
-    let Some((_, value)) = read else {
-        return Polled::Free;
-    };
-    match EtcdRecord::decode(&value, digest) {
-        Some(r) => match r.state {
-            EtcdState::InFlight => Polled::Claimed { held_until: None },
-            EtcdState::Held => Polled::Claimed {
-                held_until: Some(r.expires_ms),
-            },
-            EtcdState::Completed | EtcdState::CompletedNotStored => Polled::Completed(LocalEntry {
-                payload: r.payload,
-                expires_ms: r.expires_ms,
-                response: r.response,
-            }),
-        },
-        // A record this version cannot read is a claim it must not take over: the
-        // claim that follows answers it as in flight.
-        None => Polled::Free,
-    }
-}
-
 /// The access-log decision of a local reply, from its response code details.
 fn verdict_of(details: &str) -> &'static str {
     match details.strip_prefix("proxy_dedup_").unwrap_or(details) {
@@ -1830,44 +1012,5 @@ fn verdict_of(details: &str) -> &'static str {
         "body_too_large" => "body_too_large",
         "store_unavailable" => "store_unavailable",
         _ => "bad_key",
-    }
-}
-
-fn etcd_timeout(p: &Plugin) -> u64 {
-    match &p.config.store {
-        StoreConfig::Etcd(ec) => ec.timeout_ms,
-        StoreConfig::SharedData => 1000,
-    }
-}
-
-fn protocol(p: &Plugin) -> etcd::Protocol {
-    match &p.config.store {
-        StoreConfig::Etcd(ec) => ec.protocol,
-        StoreConfig::SharedData => etcd::Protocol::default(),
-    }
-}
-
-fn max_record_bytes(p: &Plugin) -> usize {
-    match &p.config.store {
-        StoreConfig::Etcd(ec) => ec.max_record_bytes,
-        StoreConfig::SharedData => usize::MAX,
-    }
-}
-
-/// The timeout of one attempt: a third of the budget (at least 100 ms), never past the
-/// deadline. A request stuck on a member that lost its leader (etcd drops the proposal
-/// and the client waits) is abandoned in time to retry on the new leader.
-fn attempt_timeout(p: &Plugin, deadline_ms: u64, now_ms: u64) -> u64 {
-    let slice = (etcd_timeout(p) / 3).max(100);
-    deadline_ms.saturating_sub(now_ms).min(slice).max(1)
-}
-
-fn in_flight_record(policy: &Policy, c: &Claiming, now_ms: u64) -> EtcdRecord {
-    EtcdRecord {
-        state: EtcdState::InFlight,
-        token: c.token,
-        expires_ms: now_ms.saturating_add(policy.in_flight_timeout_ms),
-        payload: c.payload,
-        response: None,
     }
 }
