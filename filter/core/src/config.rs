@@ -1,10 +1,12 @@
 //! Plugin configuration: the JSON contract, parsed strictly and checked once at `on_configure`.
 
+mod defaults;
 mod policy;
 mod raw;
 mod rules;
 mod store;
 
+pub use defaults::*;
 pub use rules::{DEFAULT_RECORDS, MAX_RULES};
 
 use policy::parse_policy;
@@ -149,44 +151,6 @@ impl StatusRange {
     }
 }
 
-/// Statuses stored by default: 2xx, 3xx and 4xx except those that tell the client to
-/// come back later (408 Request Timeout, 425 Too Early, 429 Too Many Requests): a retry
-/// of those must be able to execute.
-pub const DEFAULT_STORE_STATUSES: [StatusRange; 4] = [
-    StatusRange::new(200, 499, false),
-    StatusRange::new(408, 408, true),
-    StatusRange::new(425, 425, true),
-    StatusRange::new(429, 429, true),
-];
-
-/// Default `max_waiters`: duplicates one worker holds at once in wait mode.
-pub const DEFAULT_MAX_WAITERS: u64 = 1024;
-
-/// Default `wait_timeout_ms` (lowered to the policy's in-flight timeout when that is
-/// shorter).
-pub const DEFAULT_WAIT_TIMEOUT_MS: u64 = 10_000;
-
-/// Default largest etcd record value: below etcd's default `--max-request-bytes`
-/// (1.5 MiB) once base64-encoded in the JSON gateway's request.
-pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1 << 20;
-
-/// Room a record needs besides the response body: its header, the stored response's
-/// status and framing, and a typical set of response headers. A record above
-/// `store.max_record_bytes` at completion (very large headers) is kept without its
-/// response instead.
-pub const RECORD_OVERHEAD_BYTES: usize = 16 << 10;
-
-/// Default byte budget of stored responses in shared data (`store.max_store_bytes`),
-/// raised so that every bucket can keep one response of the largest
-/// `max_replay_body_bytes` (see `store_budget`).
-pub const DEFAULT_MAX_STORE_BYTES: u64 = 128 << 20;
-/// The least share of `store.max_store_bytes` a bucket of 16 records may get: below it
-/// hardly a response would be kept.
-pub const MIN_BUCKET_STORE_BYTES: u64 = 4096;
-/// Room for a stored response's status and headers beside its body, in the default
-/// budget's per-bucket floor.
-pub const STORED_HEADERS_ALLOWANCE: u64 = 4096;
-
 /// What one request is deduplicated by: the top-level fields, or a rule's overrides of
 /// them. The stream reads every per-request setting from here, never from `Config`.
 /// Header names are lower-case.
@@ -227,21 +191,21 @@ impl Default for Policy {
             rule: None,
             records: None,
             bypass: false,
-            key_headers: vec!["idempotency-key".to_string()],
+            key_headers: vec![DEFAULT_KEY_HEADER.to_string()],
             json_pointer: None,
             fingerprint: Vec::new(),
-            key_required: false,
-            key_max_length: 255,
+            key_required: DEFAULT_KEY_REQUIRED,
+            key_max_length: DEFAULT_KEY_MAX_LENGTH as usize,
             scope_headers: Vec::new(),
-            scope_authority: true,
-            methods: vec!["POST".to_string(), "PATCH".to_string()],
+            scope_authority: DEFAULT_SCOPE_AUTHORITY,
+            methods: DEFAULT_METHODS.iter().map(|m| m.to_string()).collect(),
             on_duplicate: OnDuplicate::Replay,
             on_in_flight: OnInFlight::Reject,
             wait_timeout_ms: DEFAULT_WAIT_TIMEOUT_MS,
-            ttl_ms: 86_400_000,
-            in_flight_timeout_ms: 30_000,
-            max_body_bytes: 1_048_576,
-            max_replay_body_bytes: 65_536,
+            ttl_ms: DEFAULT_TTL_MS,
+            in_flight_timeout_ms: DEFAULT_IN_FLIGHT_TIMEOUT_MS,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES as usize,
+            max_replay_body_bytes: DEFAULT_MAX_REPLAY_BODY_BYTES as usize,
             store_statuses: DEFAULT_STORE_STATUSES.to_vec(),
             payload: PayloadConfig::default(),
         }
@@ -345,15 +309,16 @@ impl Default for Config {
             policy: Policy::default(),
             rules: Vec::new(),
             max_waiters: DEFAULT_MAX_WAITERS as usize,
-            retry_after_seconds: 1,
-            capacity: 100_000,
-            replayed_header: "idempotent-replayed".to_string(),
-            failure_mode: FailureMode::Open,
-            on_unknown_outcome: OnUnknownOutcome::Hold,
-            role: Role::Data,
-            namespace: "proxy-dedup".to_string(),
+            retry_after_seconds: DEFAULT_RETRY_AFTER_SECONDS,
+            capacity: DEFAULT_CAPACITY,
+            replayed_header: DEFAULT_REPLAYED_HEADER.to_string(),
+            failure_mode: DEFAULT_FAILURE_MODE,
+            on_unknown_outcome: DEFAULT_ON_UNKNOWN_OUTCOME,
+            role: DEFAULT_ROLE,
+            namespace: DEFAULT_NAMESPACE.to_string(),
             store: StoreConfig::SharedData,
-            max_store_bytes: store_budget(None, 100_000, 65_536).unwrap_or(DEFAULT_MAX_STORE_BYTES),
+            max_store_bytes: store_budget(None, DEFAULT_CAPACITY, DEFAULT_MAX_REPLAY_BODY_BYTES)
+                .unwrap_or(DEFAULT_MAX_STORE_BYTES),
         }
     }
 }
@@ -580,8 +545,13 @@ impl TryFrom<RawConfig> for Config {
                 payload: raw.payload,
             },
         )?;
-        let retry_after_seconds =
-            in_range("retry_after_seconds", raw.retry_after_seconds, 1, 0, 3600)?;
+        let retry_after_seconds = in_range(
+            "retry_after_seconds",
+            raw.retry_after_seconds,
+            DEFAULT_RETRY_AFTER_SECONDS,
+            0,
+            3600,
+        )?;
         let max_waiters = in_range(
             "max_waiters",
             raw.max_waiters,
@@ -589,7 +559,7 @@ impl TryFrom<RawConfig> for Config {
             1,
             100_000,
         )? as usize;
-        let capacity = in_range("capacity", raw.capacity, 100_000, 16, 10_000_000)?;
+        let capacity = in_range("capacity", raw.capacity, DEFAULT_CAPACITY, 16, 10_000_000)?;
         let replayed_header = match raw.replayed_header {
             Some(h) => header_names("replayed_header", vec![h], false)?.remove(0),
             None => d.replayed_header,
@@ -618,9 +588,9 @@ impl TryFrom<RawConfig> for Config {
             retry_after_seconds,
             capacity,
             replayed_header,
-            failure_mode: raw.failure_mode.unwrap_or(FailureMode::Open),
-            on_unknown_outcome: raw.on_unknown_outcome.unwrap_or(OnUnknownOutcome::Hold),
-            role: raw.role.unwrap_or(Role::Data),
+            failure_mode: raw.failure_mode.unwrap_or(DEFAULT_FAILURE_MODE),
+            on_unknown_outcome: raw.on_unknown_outcome.unwrap_or(DEFAULT_ON_UNKNOWN_OUTCOME),
+            role: raw.role.unwrap_or(DEFAULT_ROLE),
             namespace,
             store,
             max_store_bytes,

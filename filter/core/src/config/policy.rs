@@ -28,8 +28,14 @@ pub(super) fn parse_policy(
             Some(parts) => parse_parts(&f("key.fingerprint"), parts)?,
             None => Vec::new(),
         };
-        out.key_required = key.required.unwrap_or(false);
-        out.key_max_length = in_range(&f("key.max_length"), key.max_length, 255, 1, 4096)? as usize;
+        out.key_required = key.required.unwrap_or(DEFAULT_KEY_REQUIRED);
+        out.key_max_length = in_range(
+            &f("key.max_length"),
+            key.max_length,
+            DEFAULT_KEY_MAX_LENGTH,
+            1,
+            4096,
+        )? as usize;
     }
     if let Some(payload) = raw.payload {
         out.payload = parse_payload(prefix, payload)?;
@@ -50,7 +56,7 @@ pub(super) fn parse_policy(
             ));
         }
         out.scope_headers = scope_headers;
-        out.scope_authority = scope.authority.unwrap_or(true);
+        out.scope_authority = scope.authority.unwrap_or(DEFAULT_SCOPE_AUTHORITY);
     }
     if let Some(m) = raw.methods {
         out.methods = parse_methods(&f("methods"), m)?;

@@ -85,7 +85,7 @@ pub(super) fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigE
                     }
                     ns
                 }
-                None => "proxy-dedup".to_string(),
+                None => DEFAULT_NAMESPACE.to_string(),
             };
             Ok((namespace, StoreConfig::SharedData))
         }
@@ -115,14 +115,20 @@ pub(super) fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigE
             if authority.is_empty() || authority.chars().any(|c| c.is_control() || c == ' ') {
                 return Err(err("store.authority", "must be a host name"));
             }
-            let prefix = st.prefix.unwrap_or_else(|| "proxy-dedup/".to_string());
+            let prefix = st.prefix.unwrap_or_else(|| DEFAULT_ETCD_PREFIX.to_string());
             if prefix.is_empty() || prefix.len() > 128 || prefix.chars().any(char::is_control) {
                 return Err(err(
                     "store.prefix",
                     "1-128 characters, no control characters",
                 ));
             }
-            let timeout_ms = in_range("store.timeout_ms", st.timeout_ms, 3000, 10, 60_000)?;
+            let timeout_ms = in_range(
+                "store.timeout_ms",
+                st.timeout_ms,
+                DEFAULT_ETCD_TIMEOUT_MS,
+                10,
+                60_000,
+            )?;
             let max_record_bytes = in_range(
                 "store.max_record_bytes",
                 st.max_record_bytes,
@@ -143,7 +149,7 @@ pub(super) fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigE
                 }
             };
             Ok((
-                "proxy-dedup".to_string(),
+                DEFAULT_NAMESPACE.to_string(),
                 StoreConfig::Etcd(EtcdConfig {
                     cluster,
                     authority,
