@@ -555,7 +555,7 @@ pub extern "C" fn proxy_on_http_call_response(
 ) {
     // Read while the context Envoy answered on (the root) is effective: the answer's
     // headers and body belong to it.
-    let answer = crate::http::read_call_answer(num_headers, body_size);
+    let answer = crate::env::read_call_answer(num_headers, body_size);
     route_answer(context_id, token, answer, "proxy_on_http_call_response");
 }
 
