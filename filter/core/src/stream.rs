@@ -67,7 +67,9 @@ enum Phase {
     Forwarded(Owned),
     /// Claim won; collecting a storable response.
     Capturing(Owned, Capture),
-    /// Completion or release sent to the remote store; its answer is only counted.
+    /// Completion, release or hold sent to etcd (`etcd/settle.rs`): retried within the
+    /// budget, then counted; the glue keeps the stream until then (holding the response
+    /// when one is on its way).
     Settling(Box<Settling>),
     /// Answered locally, completed or released: nothing left to do.
     Finished,
