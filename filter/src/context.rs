@@ -22,91 +22,16 @@
 //! `try_borrow`: a callback re-entering a context that is already running is refused
 //! (logged), never a panic.
 
+mod traits;
+
+pub use traits::{Action, Context, HttpContext, RootContext};
+
 use crate::abi;
 use dedup_core::callouts::Callouts;
 use dedup_core::stream::CallAnswer;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-
-/// What a stream callback tells the host, as the ABI encodes it.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
-    Continue = 0,
-    Pause = 1,
-}
-
-/// Callbacks any context may get.
-pub trait Context {
-    /// The answer to a call this context dispatched (HTTP or gRPC, read from the host
-    /// before this runs).
-    fn on_call_answer(&mut self, _token_id: u32, _answer: CallAnswer) {}
-
-    /// The host is about to delete this context; `false` would ask it to wait.
-    fn on_done(&mut self) -> bool {
-        true
-    }
-}
-
-/// A plugin's root context: configuration, and the HTTP contexts of its streams.
-pub trait RootContext {
-    fn on_vm_start(&mut self, _vm_configuration_size: usize) -> bool {
-        true
-    }
-
-    fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
-        true
-    }
-
-    fn on_tick(&mut self) {}
-
-    /// An item was put on a shared queue this VM registered.
-    fn on_queue_ready(&mut self, _queue_id: u32) {}
-
-    fn on_done(&mut self) -> bool {
-        true
-    }
-
-    /// The answer to a call no live stream owns: one the root made itself, or one whose
-    /// stream has ended (the host still answers it, on the root context).
-    fn on_orphan_call_answer(&mut self, _token_id: u32, _answer: CallAnswer) {}
-
-    /// The context of a new stream; `None` leaves the stream to pass through.
-    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>>;
-}
-
-/// A stream's context. Each callback's answer says whether the stream goes on.
-pub trait HttpContext: Context {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        Action::Continue
-    }
-
-    fn on_http_request_body(&mut self, _body_size: usize, _end_of_stream: bool) -> Action {
-        Action::Continue
-    }
-
-    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        Action::Continue
-    }
-
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        Action::Continue
-    }
-
-    fn on_http_response_body(&mut self, _body_size: usize, _end_of_stream: bool) -> Action {
-        Action::Continue
-    }
-
-    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        Action::Continue
-    }
-
-    fn on_log(&mut self) {}
-
-    /// Wait mode: the root wakes a stream it holds (see `wake_stream`).
-    fn on_wake(&mut self) {}
-}
 
 /// Runs a stream's `on_wake` from a root callback (tick, queue), with the stream as the
 /// effective context so that its resume or local reply acts on it. False when there is
@@ -555,7 +480,7 @@ pub extern "C" fn proxy_on_http_call_response(
 ) {
     // Read while the context Envoy answered on (the root) is effective: the answer's
     // headers and body belong to it.
-    let answer = crate::http::read_call_answer(num_headers, body_size);
+    let answer = crate::env::read_call_answer(num_headers, body_size);
     route_answer(context_id, token, answer, "proxy_on_http_call_response");
 }
 

@@ -3,6 +3,7 @@
 
 mod abi;
 mod context;
+mod env;
 mod http;
 mod waiting;
 

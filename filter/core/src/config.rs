@@ -1,5 +1,19 @@
 //! Plugin configuration: the JSON contract, parsed strictly and checked once at `on_configure`.
 
+mod defaults;
+mod policy;
+mod raw;
+mod rules;
+mod store;
+
+pub use defaults::*;
+pub use rules::{DEFAULT_RECORDS, MAX_RULES};
+
+use policy::parse_policy;
+use raw::{RawConfig, RawPolicy};
+use rules::parse_rules;
+use store::{check_record_room, parse_store, store_budget};
+
 use crate::key::RequestHead;
 use crate::payload::{JsonSelection, PayloadConfig};
 use serde::Deserialize;
@@ -29,127 +43,6 @@ fn err(field: &str, reason: impl Into<String>) -> ConfigError {
         field: field.to_string(),
         reason: reason.into(),
     }
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RawConfig {
-    key: Option<RawKey>,
-    scope: Option<RawScope>,
-    methods: Option<Vec<String>>,
-    on_duplicate: Option<OnDuplicate>,
-    on_in_flight: Option<OnInFlight>,
-    wait_timeout_ms: Option<u64>,
-    max_waiters: Option<u64>,
-    ttl_seconds: Option<u64>,
-    in_flight_timeout_seconds: Option<u64>,
-    retry_after_seconds: Option<u64>,
-    capacity: Option<u64>,
-    max_body_bytes: Option<u64>,
-    max_replay_body_bytes: Option<u64>,
-    store_statuses: Option<Vec<String>>,
-    replayed_header: Option<String>,
-    failure_mode: Option<FailureMode>,
-    on_unknown_outcome: Option<OnUnknownOutcome>,
-    payload: Option<RawPayload>,
-    role: Option<Role>,
-    store: Option<RawStore>,
-    rules: Option<Vec<RawRule>>,
-}
-
-/// One entry of `rules`: a match, a stable name, and the policy fields it overrides.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RawRule {
-    name: Option<String>,
-    #[serde(rename = "match")]
-    matcher: Option<RawMatch>,
-    records_of: Option<String>,
-    bypass: Option<bool>,
-    key: Option<RawKey>,
-    scope: Option<RawScope>,
-    methods: Option<Vec<String>>,
-    on_duplicate: Option<OnDuplicate>,
-    on_in_flight: Option<OnInFlight>,
-    wait_timeout_ms: Option<u64>,
-    ttl_seconds: Option<u64>,
-    in_flight_timeout_seconds: Option<u64>,
-    max_body_bytes: Option<u64>,
-    max_replay_body_bytes: Option<u64>,
-    store_statuses: Option<Vec<String>>,
-    payload: Option<RawPayload>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RawMatch {
-    path_prefix: Option<String>,
-    path_exact: Option<String>,
-    methods: Option<Vec<String>>,
-    authority: Option<String>,
-    header: Option<RawHeaderMatch>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawHeaderMatch {
-    name: String,
-    equals: Option<String>,
-}
-
-/// The policy fields, at the top level or in a rule.
-struct RawPolicy {
-    key: Option<RawKey>,
-    scope: Option<RawScope>,
-    methods: Option<Vec<String>>,
-    on_duplicate: Option<OnDuplicate>,
-    on_in_flight: Option<OnInFlight>,
-    wait_timeout_ms: Option<u64>,
-    ttl_seconds: Option<u64>,
-    in_flight_timeout_seconds: Option<u64>,
-    max_body_bytes: Option<u64>,
-    max_replay_body_bytes: Option<u64>,
-    store_statuses: Option<Vec<String>>,
-    payload: Option<RawPayload>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RawPayload {
-    parts: Option<Vec<String>>,
-    json_pointers: Option<Vec<String>>,
-    ignore_json_pointers: Option<Vec<String>>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RawKey {
-    headers: Option<Vec<String>>,
-    json_pointer: Option<String>,
-    fingerprint: Option<Vec<String>>,
-    required: Option<bool>,
-    max_length: Option<u64>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RawScope {
-    headers: Option<Vec<String>>,
-    authority: Option<bool>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawStore {
-    kind: Option<String>,
-    namespace: Option<String>,
-    cluster: Option<String>,
-    authority: Option<String>,
-    prefix: Option<String>,
-    timeout_ms: Option<u64>,
-    max_record_bytes: Option<u64>,
-    protocol: Option<String>,
-    max_store_bytes: Option<u64>,
 }
 
 /// Where records live.
@@ -258,44 +151,6 @@ impl StatusRange {
     }
 }
 
-/// Statuses stored by default: 2xx, 3xx and 4xx except those that tell the client to
-/// come back later (408 Request Timeout, 425 Too Early, 429 Too Many Requests): a retry
-/// of those must be able to execute.
-pub const DEFAULT_STORE_STATUSES: [StatusRange; 4] = [
-    StatusRange::new(200, 499, false),
-    StatusRange::new(408, 408, true),
-    StatusRange::new(425, 425, true),
-    StatusRange::new(429, 429, true),
-];
-
-/// Default `max_waiters`: duplicates one worker holds at once in wait mode.
-pub const DEFAULT_MAX_WAITERS: u64 = 1024;
-
-/// Default `wait_timeout_ms` (lowered to the policy's in-flight timeout when that is
-/// shorter).
-pub const DEFAULT_WAIT_TIMEOUT_MS: u64 = 10_000;
-
-/// Default largest etcd record value: below etcd's default `--max-request-bytes`
-/// (1.5 MiB) once base64-encoded in the JSON gateway's request.
-pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1 << 20;
-
-/// Room a record needs besides the response body: its header, the stored response's
-/// status and framing, and a typical set of response headers. A record above
-/// `store.max_record_bytes` at completion (very large headers) is kept without its
-/// response instead.
-pub const RECORD_OVERHEAD_BYTES: usize = 16 << 10;
-
-/// Default byte budget of stored responses in shared data (`store.max_store_bytes`),
-/// raised so that every bucket can keep one response of the largest
-/// `max_replay_body_bytes` (see `store_budget`).
-pub const DEFAULT_MAX_STORE_BYTES: u64 = 128 << 20;
-/// The least share of `store.max_store_bytes` a bucket of 16 records may get: below it
-/// hardly a response would be kept.
-pub const MIN_BUCKET_STORE_BYTES: u64 = 4096;
-/// Room for a stored response's status and headers beside its body, in the default
-/// budget's per-bucket floor.
-pub const STORED_HEADERS_ALLOWANCE: u64 = 4096;
-
 /// What one request is deduplicated by: the top-level fields, or a rule's overrides of
 /// them. The stream reads every per-request setting from here, never from `Config`.
 /// Header names are lower-case.
@@ -336,21 +191,21 @@ impl Default for Policy {
             rule: None,
             records: None,
             bypass: false,
-            key_headers: vec!["idempotency-key".to_string()],
+            key_headers: vec![DEFAULT_KEY_HEADER.to_string()],
             json_pointer: None,
             fingerprint: Vec::new(),
-            key_required: false,
-            key_max_length: 255,
+            key_required: DEFAULT_KEY_REQUIRED,
+            key_max_length: DEFAULT_KEY_MAX_LENGTH as usize,
             scope_headers: Vec::new(),
-            scope_authority: true,
-            methods: vec!["POST".to_string(), "PATCH".to_string()],
+            scope_authority: DEFAULT_SCOPE_AUTHORITY,
+            methods: DEFAULT_METHODS.iter().map(|m| m.to_string()).collect(),
             on_duplicate: OnDuplicate::Replay,
             on_in_flight: OnInFlight::Reject,
             wait_timeout_ms: DEFAULT_WAIT_TIMEOUT_MS,
-            ttl_ms: 86_400_000,
-            in_flight_timeout_ms: 30_000,
-            max_body_bytes: 1_048_576,
-            max_replay_body_bytes: 65_536,
+            ttl_ms: DEFAULT_TTL_MS,
+            in_flight_timeout_ms: DEFAULT_IN_FLIGHT_TIMEOUT_MS,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES as usize,
+            max_replay_body_bytes: DEFAULT_MAX_REPLAY_BODY_BYTES as usize,
             store_statuses: DEFAULT_STORE_STATUSES.to_vec(),
             payload: PayloadConfig::default(),
         }
@@ -454,15 +309,16 @@ impl Default for Config {
             policy: Policy::default(),
             rules: Vec::new(),
             max_waiters: DEFAULT_MAX_WAITERS as usize,
-            retry_after_seconds: 1,
-            capacity: 100_000,
-            replayed_header: "idempotent-replayed".to_string(),
-            failure_mode: FailureMode::Open,
-            on_unknown_outcome: OnUnknownOutcome::Hold,
-            role: Role::Data,
-            namespace: "proxy-dedup".to_string(),
+            retry_after_seconds: DEFAULT_RETRY_AFTER_SECONDS,
+            capacity: DEFAULT_CAPACITY,
+            replayed_header: DEFAULT_REPLAYED_HEADER.to_string(),
+            failure_mode: DEFAULT_FAILURE_MODE,
+            on_unknown_outcome: DEFAULT_ON_UNKNOWN_OUTCOME,
+            role: DEFAULT_ROLE,
+            namespace: DEFAULT_NAMESPACE.to_string(),
             store: StoreConfig::SharedData,
-            max_store_bytes: store_budget(None, 100_000, 65_536).unwrap_or(DEFAULT_MAX_STORE_BYTES),
+            max_store_bytes: store_budget(None, DEFAULT_CAPACITY, DEFAULT_MAX_REPLAY_BODY_BYTES)
+                .unwrap_or(DEFAULT_MAX_STORE_BYTES),
         }
     }
 }
@@ -689,8 +545,13 @@ impl TryFrom<RawConfig> for Config {
                 payload: raw.payload,
             },
         )?;
-        let retry_after_seconds =
-            in_range("retry_after_seconds", raw.retry_after_seconds, 1, 0, 3600)?;
+        let retry_after_seconds = in_range(
+            "retry_after_seconds",
+            raw.retry_after_seconds,
+            DEFAULT_RETRY_AFTER_SECONDS,
+            0,
+            3600,
+        )?;
         let max_waiters = in_range(
             "max_waiters",
             raw.max_waiters,
@@ -698,7 +559,7 @@ impl TryFrom<RawConfig> for Config {
             1,
             100_000,
         )? as usize;
-        let capacity = in_range("capacity", raw.capacity, 100_000, 16, 10_000_000)?;
+        let capacity = in_range("capacity", raw.capacity, DEFAULT_CAPACITY, 16, 10_000_000)?;
         let replayed_header = match raw.replayed_header {
             Some(h) => header_names("replayed_header", vec![h], false)?.remove(0),
             None => d.replayed_header,
@@ -727,621 +588,12 @@ impl TryFrom<RawConfig> for Config {
             retry_after_seconds,
             capacity,
             replayed_header,
-            failure_mode: raw.failure_mode.unwrap_or(FailureMode::Open),
-            on_unknown_outcome: raw.on_unknown_outcome.unwrap_or(OnUnknownOutcome::Hold),
-            role: raw.role.unwrap_or(Role::Data),
+            failure_mode: raw.failure_mode.unwrap_or(DEFAULT_FAILURE_MODE),
+            on_unknown_outcome: raw.on_unknown_outcome.unwrap_or(DEFAULT_ON_UNKNOWN_OUTCOME),
+            role: raw.role.unwrap_or(DEFAULT_ROLE),
             namespace,
             store,
             max_store_bytes,
         })
-    }
-}
-
-/// `store.max_store_bytes`. By default 128 MiB, raised so that every bucket's share
-/// holds one response of the largest `max_replay_body_bytes` with its headers (with the
-/// defaults: 6250 buckets × 68 KiB ≈ 415 MiB), so the default never refuses a response
-/// the size limits allow; and never below 4 KiB per bucket. A set value must leave every
-/// bucket at least 4 KiB; below the default, responses larger than a bucket's share
-/// (`max_store_bytes / (capacity / 16)`) are not kept.
-fn store_budget(set: Option<u64>, capacity: u64, largest_replay: u64) -> Result<u64, ConfigError> {
-    let buckets = (capacity / crate::store::WAYS as u64).max(1);
-    let least = buckets * MIN_BUCKET_STORE_BYTES;
-    let Some(v) = set else {
-        let one_response = buckets.saturating_mul(largest_replay + STORED_HEADERS_ALLOWANCE);
-        return Ok(DEFAULT_MAX_STORE_BYTES.max(least).max(one_response));
-    };
-    let v = in_range("store.max_store_bytes", Some(v), 0, 1 << 20, 1 << 40)?;
-    if v < least {
-        return Err(err(
-            "store.max_store_bytes",
-            format!(
-                "{v} leaves each of the {buckets} buckets (capacity {capacity} / 16) {} bytes; \
-                 at least {MIN_BUCKET_STORE_BYTES} per bucket ({least} in all) are needed: \
-                 raise it or lower capacity",
-                v / buckets
-            ),
-        ));
-    }
-    Ok(v)
-}
-
-/// The record carries the response plus its own header: leave room for both.
-fn check_record_room(prefix: &str, policy: &Policy, ec: &EtcdConfig) -> Result<(), ConfigError> {
-    let room = ec.max_record_bytes.saturating_sub(RECORD_OVERHEAD_BYTES);
-    let max_replay_body_bytes = policy.max_replay_body_bytes;
-    if max_replay_body_bytes > room {
-        return Err(err(
-            &format!("{prefix}max_replay_body_bytes"),
-            format!(
-                "{max_replay_body_bytes} does not fit an etcd record of store.max_record_bytes {} \
-                 (at most {room} with the record's own {RECORD_OVERHEAD_BYTES} bytes); \
-                 lower it or raise store.max_record_bytes",
-                ec.max_record_bytes
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// The policy fields under `prefix` (`""` at the top level, `rules[2].` in a rule). A
-/// field left out keeps `base`'s value; an object given (`key`, `scope`, `payload`)
-/// replaces `base`'s as a whole, its own missing sub-fields at their built-in defaults.
-fn parse_policy(prefix: &str, base: &Policy, raw: RawPolicy) -> Result<Policy, ConfigError> {
-    let f = |name: &str| format!("{prefix}{name}");
-    let d = Policy::default();
-    let mut out = base.clone();
-    if let Some(key) = raw.key {
-        out.key_headers = match key.headers {
-            Some(h) => header_names(&f("key.headers"), h, false)?,
-            None => d.key_headers.clone(),
-        };
-        out.json_pointer = match key.json_pointer {
-            Some(p) => Some(json_pointer(&f("key.json_pointer"), p)?),
-            None => None,
-        };
-        out.fingerprint = match key.fingerprint {
-            Some(parts) => parse_parts(&f("key.fingerprint"), parts)?,
-            None => Vec::new(),
-        };
-        out.key_required = key.required.unwrap_or(false);
-        out.key_max_length = in_range(&f("key.max_length"), key.max_length, 255, 1, 4096)? as usize;
-    }
-    if let Some(payload) = raw.payload {
-        out.payload = parse_payload(prefix, payload)?;
-    }
-    if let Some(scope) = raw.scope {
-        let scope_headers = match scope.headers {
-            Some(h) => header_names_with(&f("scope.headers"), h, true, true)?,
-            None => Vec::new(),
-        };
-        if let Some(dup) = scope_headers
-            .iter()
-            .enumerate()
-            .find(|(i, h)| scope_headers[..*i].contains(h))
-        {
-            return Err(err(
-                &f("scope.headers"),
-                format!("`{}` is listed twice", dup.1),
-            ));
-        }
-        out.scope_headers = scope_headers;
-        out.scope_authority = scope.authority.unwrap_or(true);
-    }
-    if let Some(m) = raw.methods {
-        out.methods = parse_methods(&f("methods"), m)?;
-    }
-    if let Some(o) = raw.on_duplicate {
-        out.on_duplicate = o;
-    }
-    if let Some(o) = raw.on_in_flight {
-        out.on_in_flight = o;
-    }
-    out.ttl_ms = in_range(
-        &f("ttl_seconds"),
-        raw.ttl_seconds,
-        base.ttl_ms / 1000,
-        1,
-        31_536_000,
-    )? * 1000;
-    out.in_flight_timeout_ms = in_range(
-        &f("in_flight_timeout_seconds"),
-        raw.in_flight_timeout_seconds,
-        base.in_flight_timeout_ms / 1000,
-        1,
-        86_400,
-    )? * 1000;
-    // A waiter never outlasts the claim it waits for: a wait timeout given here must
-    // fit this policy's in-flight timeout; one inherited follows a shorter one down.
-    let in_flight_ms = out.in_flight_timeout_ms;
-    out.wait_timeout_ms = match raw.wait_timeout_ms {
-        Some(ms) if ms == 0 || ms > in_flight_ms => {
-            return Err(err(
-                &f("wait_timeout_ms"),
-                format!(
-                    "{ms} is out of range 1..={in_flight_ms} (at most in_flight_timeout_seconds)"
-                ),
-            ))
-        }
-        Some(ms) => ms,
-        None => base.wait_timeout_ms.min(in_flight_ms),
-    };
-    out.max_body_bytes = in_range(
-        &f("max_body_bytes"),
-        raw.max_body_bytes,
-        base.max_body_bytes as u64,
-        0,
-        64 << 20,
-    )? as usize;
-    out.max_replay_body_bytes = in_range(
-        &f("max_replay_body_bytes"),
-        raw.max_replay_body_bytes,
-        base.max_replay_body_bytes as u64,
-        0,
-        16 << 20,
-    )? as usize;
-    if let Some(list) = raw.store_statuses {
-        let field = f("store_statuses");
-        let ranges = list
-            .iter()
-            .map(|s| parse_status(&field, s))
-            .collect::<Result<Vec<_>, _>>()?;
-        if !ranges.iter().any(|r| !r.exclude) {
-            return Err(err(
-                &field,
-                "must include at least one status or class (`!` entries only exclude)",
-            ));
-        }
-        out.store_statuses = ranges;
-    }
-    Ok(out)
-}
-
-fn parse_methods(field: &str, m: Vec<String>) -> Result<Vec<String>, ConfigError> {
-    if m.is_empty() {
-        return Err(err(field, "must list at least one method"));
-    }
-    for x in &m {
-        if x.is_empty() || !x.bytes().all(|b| b.is_ascii_uppercase()) {
-            return Err(err(
-                field,
-                format!("`{x}` is not an upper-case HTTP method"),
-            ));
-        }
-    }
-    Ok(m)
-}
-
-/// Most rules in one configuration (each request is matched against them in order).
-pub const MAX_RULES: usize = 128;
-
-/// The records group of the top-level policy, as `records_of` names it.
-pub const DEFAULT_RECORDS: &str = "default";
-
-/// A rule name: 1-64 of `A-Z a-z 0-9 _ - .`; `default` is reserved for `records_of`.
-fn rule_name_ok(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
-}
-
-fn parse_rules(top: &Policy, raw: Vec<RawRule>) -> Result<Vec<Rule>, ConfigError> {
-    if raw.len() > MAX_RULES {
-        return Err(err("rules", format!("at most {MAX_RULES} rules")));
-    }
-    let mut rules: Vec<Rule> = Vec::with_capacity(raw.len());
-    let mut shares: Vec<Option<String>> = Vec::with_capacity(raw.len());
-    for (i, r) in raw.into_iter().enumerate() {
-        let prefix = format!("rules[{i}].");
-        let f = |name: &str| format!("{prefix}{name}");
-        let name =
-            match r.name {
-                None => {
-                    return Err(err(
-                        &f("name"),
-                        "required: a stable name, part of the identity of the rule's records",
-                    ))
-                }
-                Some(n) if n == DEFAULT_RECORDS => return Err(err(
-                    &f("name"),
-                    "`default` is reserved (records_of: \"default\" names the top-level records)",
-                )),
-                Some(n) if !rule_name_ok(&n) => {
-                    return Err(err(
-                        &f("name"),
-                        format!("`{n}`: 1-64 characters of A-Z, a-z, 0-9, `_`, `-`, `.`"),
-                    ))
-                }
-                Some(n) => n,
-            };
-        if let Some(j) = rules.iter().position(|o| o.name == name) {
-            return Err(err(
-                &f("name"),
-                format!("`{name}` is already the name of rules[{j}]"),
-            ));
-        }
-        let matcher = parse_match(&prefix, r.matcher)?;
-        let bypass = r.bypass.unwrap_or(false);
-        let policy_fields = [
-            ("key", r.key.is_some()),
-            ("scope", r.scope.is_some()),
-            ("methods", r.methods.is_some()),
-            ("on_duplicate", r.on_duplicate.is_some()),
-            ("on_in_flight", r.on_in_flight.is_some()),
-            ("wait_timeout_ms", r.wait_timeout_ms.is_some()),
-            ("ttl_seconds", r.ttl_seconds.is_some()),
-            (
-                "in_flight_timeout_seconds",
-                r.in_flight_timeout_seconds.is_some(),
-            ),
-            ("max_body_bytes", r.max_body_bytes.is_some()),
-            ("max_replay_body_bytes", r.max_replay_body_bytes.is_some()),
-            ("store_statuses", r.store_statuses.is_some()),
-            ("payload", r.payload.is_some()),
-            ("records_of", r.records_of.is_some()),
-        ];
-        if bypass {
-            if let Some((field, _)) = policy_fields.iter().find(|(_, set)| *set) {
-                return Err(err(
-                    &f("bypass"),
-                    format!("a bypassed rule takes no policy fields, but `{field}` is set"),
-                ));
-            }
-        }
-        let mut policy = parse_policy(
-            &prefix,
-            top,
-            RawPolicy {
-                key: r.key,
-                scope: r.scope,
-                methods: r.methods,
-                on_duplicate: r.on_duplicate,
-                on_in_flight: r.on_in_flight,
-                wait_timeout_ms: r.wait_timeout_ms,
-                ttl_seconds: r.ttl_seconds,
-                in_flight_timeout_seconds: r.in_flight_timeout_seconds,
-                max_body_bytes: r.max_body_bytes,
-                max_replay_body_bytes: r.max_replay_body_bytes,
-                store_statuses: r.store_statuses,
-                payload: r.payload,
-            },
-        )?;
-        policy.rule = Some(name.clone());
-        policy.records = Some(name.clone());
-        policy.bypass = bypass;
-        shares.push(r.records_of);
-        rules.push(Rule {
-            name,
-            matcher,
-            policy,
-        });
-    }
-    // Sharing is resolved once every name is known: a rule may name a later one.
-    for i in 0..rules.len() {
-        let Some(target) = shares[i].clone() else {
-            continue;
-        };
-        let field = format!("rules[{i}].records_of");
-        let other = if target == DEFAULT_RECORDS {
-            top
-        } else {
-            match rules.iter().position(|r| r.name == target) {
-                None => {
-                    return Err(err(
-                        &field,
-                        format!("`{target}` is not the name of a rule (nor \"default\")"),
-                    ))
-                }
-                Some(j) if j == i => return Err(err(&field, "a rule cannot name itself")),
-                Some(j) if shares[j].is_some() => {
-                    return Err(err(
-                        &field,
-                        format!(
-                        "`{target}` shares another rule's records itself: name that rule instead"
-                    ),
-                    ))
-                }
-                Some(j) if rules[j].policy.bypass => {
-                    return Err(err(
-                        &field,
-                        format!("`{target}` is bypassed: it has no records"),
-                    ))
-                }
-                Some(j) => &rules[j].policy,
-            }
-        };
-        if let Some(what) = rules[i].policy.identity_differs(other) {
-            return Err(err(
-                &field,
-                format!("rules sharing records must have the same key, scope and payload settings; `{what}` differs from `{target}`'s"),
-            ));
-        }
-        rules[i].policy.records = (target != DEFAULT_RECORDS).then_some(target);
-    }
-    Ok(rules)
-}
-
-fn parse_match(prefix: &str, raw: Option<RawMatch>) -> Result<RuleMatch, ConfigError> {
-    let f = |name: &str| format!("{prefix}{name}");
-    let Some(m) = raw else {
-        return Err(err(
-            &f("match"),
-            "required: when the rule applies (path_prefix, path_exact, methods, authority, header)",
-        ));
-    };
-    let path = |field: &str, p: Option<String>| -> Result<Option<String>, ConfigError> {
-        match p {
-            Some(p)
-                if !p.starts_with('/') || p.contains('?') || p.chars().any(char::is_control) =>
-            {
-                Err(err(
-                    &f(field),
-                    format!("`{p}` must start with '/' and have no query or control characters"),
-                ))
-            }
-            other => Ok(other),
-        }
-    };
-    let path_prefix = path("match.path_prefix", m.path_prefix)?;
-    let path_exact = path("match.path_exact", m.path_exact)?;
-    if path_prefix.is_some() && path_exact.is_some() {
-        return Err(err(
-            &f("match.path_exact"),
-            "set either match.path_prefix or match.path_exact, not both",
-        ));
-    }
-    let methods = match m.methods {
-        Some(list) => Some(parse_methods(&f("match.methods"), list)?),
-        None => None,
-    };
-    let authority = match m.authority {
-        Some(a) if a.is_empty() || a.chars().any(|c| c.is_control() || c == ' ' || c == '/') => {
-            return Err(err(&f("match.authority"), format!("`{a}` is not a host")))
-        }
-        other => other.map(|a| a.to_ascii_lowercase()),
-    };
-    let header = match m.header {
-        Some(h) => {
-            if !header_name_ok(&h.name, false) {
-                return Err(err(
-                    &f("match.header.name"),
-                    format!("`{}` is not a valid header name", h.name),
-                ));
-            }
-            if h.equals
-                .as_ref()
-                .is_some_and(|v| v.chars().any(char::is_control))
-            {
-                return Err(err(
-                    &f("match.header.equals"),
-                    "control characters cannot be in a header value",
-                ));
-            }
-            Some(HeaderMatch {
-                name: h.name.to_ascii_lowercase(),
-                equals: h.equals,
-            })
-        }
-        None => None,
-    };
-    let matcher = RuleMatch {
-        path_prefix,
-        path_exact,
-        methods,
-        authority,
-        header,
-    };
-    if matcher == RuleMatch::default() {
-        return Err(err(
-            &f("match"),
-            "empty: name at least one of path_prefix, path_exact, methods, authority, header \
-             (the top-level fields are the policy of every request no rule matches)",
-        ));
-    }
-    Ok(matcher)
-}
-
-/// An RFC 6901 pointer into a JSON body, checked.
-fn json_pointer(field: &str, p: String) -> Result<String, ConfigError> {
-    if p.is_empty() || !p.starts_with('/') {
-        return Err(err(
-            field,
-            format!("`{p}` is not an RFC 6901 pointer (must start with '/')"),
-        ));
-    }
-    if let Some(bad) = invalid_escape(&p) {
-        return Err(err(
-            field,
-            format!("`{p}` has an invalid escape `~{bad}` (only ~0 and ~1)"),
-        ));
-    }
-    Ok(p)
-}
-
-/// Parts of a request (keyless fingerprint, payload check), at least one, none twice.
-fn parse_parts(field: &str, parts: Vec<String>) -> Result<Vec<FingerprintPart>, ConfigError> {
-    if parts.is_empty() {
-        return Err(err(field, "must list at least one part"));
-    }
-    let mut out = Vec::new();
-    for p in parts {
-        let part = match p.as_str() {
-            "method" => FingerprintPart::Method,
-            "path" => FingerprintPart::Path,
-            "query" => FingerprintPart::Query,
-            "body" => FingerprintPart::Body,
-            other => match other.strip_prefix("header:") {
-                Some(h) if header_name_ok(h, true) => FingerprintPart::Header(h.to_ascii_lowercase()),
-                _ => {
-                    return Err(err(
-                        field,
-                        format!("`{other}`: expected \"method\", \"path\", \"query\", \"body\" or \"header:<name>\" (a header or :authority, :path, :method)"),
-                    ))
-                }
-            },
-        };
-        if out.contains(&part) {
-            return Err(err(field, format!("`{p}` is listed twice")));
-        }
-        out.push(part);
-    }
-    Ok(out)
-}
-
-fn parse_payload(prefix: &str, raw: RawPayload) -> Result<PayloadConfig, ConfigError> {
-    let f = |name: &str| format!("{prefix}{name}");
-    let pointers = |field: &str, list: Vec<String>| -> Result<Vec<String>, ConfigError> {
-        if list.is_empty() || list.len() > 32 {
-            return Err(err(field, "must list 1 to 32 pointers"));
-        }
-        list.into_iter().map(|p| json_pointer(field, p)).collect()
-    };
-    let json = match (raw.json_pointers, raw.ignore_json_pointers) {
-        (Some(_), Some(_)) => {
-            return Err(err(
-                &f("payload.ignore_json_pointers"),
-                "set either payload.json_pointers or payload.ignore_json_pointers, not both",
-            ))
-        }
-        (Some(only), None) => JsonSelection::Only(pointers(&f("payload.json_pointers"), only)?),
-        (None, Some(ignore)) => {
-            JsonSelection::Ignore(pointers(&f("payload.ignore_json_pointers"), ignore)?)
-        }
-        (None, None) => JsonSelection::Raw,
-    };
-    let parts = match raw.parts {
-        Some(parts) => Some(parse_parts(&f("payload.parts"), parts)?),
-        None => None,
-    };
-    if json != JsonSelection::Raw
-        && parts
-            .as_ref()
-            .is_some_and(|p| !p.contains(&FingerprintPart::Body))
-    {
-        return Err(err(
-            &f("payload.parts"),
-            "JSON pointers select fields of the body: list \"body\" among the parts",
-        ));
-    }
-    Ok(PayloadConfig { parts, json })
-}
-
-/// Returns the character after a `~` that is not `0` or `1`, if any.
-fn invalid_escape(p: &str) -> Option<String> {
-    let mut chars = p.chars();
-    while let Some(c) = chars.next() {
-        if c == '~' {
-            match chars.next() {
-                Some('0') | Some('1') => {}
-                Some(o) => return Some(o.to_string()),
-                None => return Some(String::new()),
-            }
-        }
-    }
-    None
-}
-
-fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigError> {
-    let kind = st.kind.as_deref().unwrap_or("shared_data");
-    let etcd_only = [
-        ("store.cluster", st.cluster.is_some()),
-        ("store.authority", st.authority.is_some()),
-        ("store.prefix", st.prefix.is_some()),
-        ("store.timeout_ms", st.timeout_ms.is_some()),
-        ("store.max_record_bytes", st.max_record_bytes.is_some()),
-        ("store.protocol", st.protocol.is_some()),
-    ];
-    match kind {
-        "shared_data" => {
-            if let Some((field, _)) = etcd_only.iter().find(|(_, set)| *set) {
-                return Err(err(field, "only applies to store.kind \"etcd\""));
-            }
-            let namespace = match st.namespace {
-                Some(ns) => {
-                    if ns.is_empty()
-                        || ns.len() > 64
-                        || !ns.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
-                    {
-                        return Err(err(
-                            "store.namespace",
-                            "1-64 visible ASCII characters without '/'",
-                        ));
-                    }
-                    ns
-                }
-                None => "proxy-dedup".to_string(),
-            };
-            Ok((namespace, StoreConfig::SharedData))
-        }
-        "etcd" => {
-            if st.max_store_bytes.is_some() {
-                return Err(err(
-                    "store.max_store_bytes",
-                    "only applies to store.kind \"shared_data\" (the etcd store's local tier has its own bound)",
-                ));
-            }
-            if st.namespace.is_some() {
-                return Err(err(
-                    "store.namespace",
-                    "only applies to store.kind \"shared_data\" (etcd uses store.prefix)",
-                ));
-            }
-            let cluster =
-                match st.cluster {
-                    Some(c) if !c.is_empty() => c,
-                    Some(_) => return Err(err("store.cluster", "must not be empty")),
-                    None => return Err(err(
-                        "store.cluster",
-                        "required for store.kind \"etcd\": the Envoy cluster of the etcd members",
-                    )),
-                };
-            let authority = st.authority.unwrap_or_else(|| cluster.clone());
-            if authority.is_empty() || authority.chars().any(|c| c.is_control() || c == ' ') {
-                return Err(err("store.authority", "must be a host name"));
-            }
-            let prefix = st.prefix.unwrap_or_else(|| "proxy-dedup/".to_string());
-            if prefix.is_empty() || prefix.len() > 128 || prefix.chars().any(char::is_control) {
-                return Err(err(
-                    "store.prefix",
-                    "1-128 characters, no control characters",
-                ));
-            }
-            let timeout_ms = in_range("store.timeout_ms", st.timeout_ms, 3000, 10, 60_000)?;
-            let max_record_bytes = in_range(
-                "store.max_record_bytes",
-                st.max_record_bytes,
-                DEFAULT_MAX_RECORD_BYTES,
-                4096,
-                64 << 20,
-            )? as usize;
-            let protocol = match st.protocol.as_deref() {
-                None | Some("grpc") => crate::etcd::Protocol::Grpc,
-                Some("json") => crate::etcd::Protocol::Json,
-                Some(other) => {
-                    return Err(err(
-                        "store.protocol",
-                        format!(
-                            "`{other}` is not a known protocol (expected \"grpc\" or \"json\")"
-                        ),
-                    ))
-                }
-            };
-            Ok((
-                "proxy-dedup".to_string(),
-                StoreConfig::Etcd(EtcdConfig {
-                    cluster,
-                    authority,
-                    prefix,
-                    timeout_ms,
-                    max_record_bytes,
-                    protocol,
-                }),
-            ))
-        }
-        other => Err(err(
-            "store.kind",
-            format!("`{other}` is not a known store (expected \"shared_data\" or \"etcd\")"),
-        )),
     }
 }

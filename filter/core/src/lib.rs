@@ -1,6 +1,8 @@
 //! proxy-dedup's logic, with no proxy-wasm dependency: configuration, request keys, the
-//! per-stream decision machine, and the claim/complete/release store on Envoy shared data.
-//! The cdylib in `filter/` is thin glue that feeds Envoy's callbacks into `DedupStream`.
+//! per-stream decision machine, and the two stores a claim lives in: Envoy shared data
+//! (`store`, one proxy) and etcd (`etcd` for the records and wire protocol, `stream::etcd`
+//! for the claim/settle protocol, several proxies). The cdylib in `filter/` is thin glue
+//! that feeds Envoy's callbacks into `DedupStream` and makes the store calls it asks for.
 
 pub mod admin;
 pub mod callouts;

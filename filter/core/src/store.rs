@@ -9,21 +9,22 @@
 
 use crate::key::Digest;
 use crate::response::StoredResponse;
-use sha2::{Digest as _, Sha256};
 
 mod admin;
+mod bucket;
+mod layout;
 pub use admin::{Purge, RecordView, StoreStats};
+pub use bucket::RecordState;
+use bucket::{
+    decode_bucket, encode_bucket, existing, free_way, oldest_completed, owns, owns_at, room_for,
+    Bucket, Record, Registry, REGISTRY_SLACK_MS,
+};
+pub use layout::Layout;
 
 /// Records per bucket.
 pub const WAYS: usize = 16;
 /// CAS attempts before a claim gives up and reports contention.
 const MAX_ATTEMPTS: usize = 64;
-const BUCKET_VERSION: u8 = 1;
-const RECORD_LEN: usize = 32 + 1 + 8 + 8 + 32;
-/// The way byte of the bucket's slot-size entry. A reader without byte budgets skips it
-/// like any way number past `WAYS`, so buckets stay readable by the previous version.
-const SLOTS_WAY: u8 = 0xFF;
-
 /// A failure of the shared-data host calls other than NotFound / CasMismatch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostFault(pub String);
@@ -96,45 +97,6 @@ impl std::fmt::Display for StoreError {
     }
 }
 
-/// A record's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecordState {
-    InFlight = 1,
-    /// Completed; the response is in the way's response slot.
-    Completed = 2,
-    /// Completed, but the response was too large to keep.
-    CompletedNotStored = 3,
-    /// Forwarded, but the filter cannot know whether the upstream ran it (client gone,
-    /// route timeout, reset after sending): held like a claim until it expires.
-    Held = 4,
-}
-
-impl RecordState {
-    /// The name operators see.
-    pub fn name(self) -> &'static str {
-        match self {
-            RecordState::InFlight => "in_flight",
-            RecordState::Held => "held",
-            RecordState::Completed => "completed",
-            RecordState::CompletedNotStored => "completed_not_stored",
-        }
-    }
-
-    /// A claim that still stands for a possibly running request: never evicted.
-    fn is_claim(self) -> bool {
-        matches!(self, RecordState::InFlight | RecordState::Held)
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Record {
-    digest: Digest,
-    state: RecordState,
-    token: u64,
-    expires_ms: u64,
-    payload: Digest,
-}
-
 /// A won claim: what completion and release need to find the record again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
@@ -179,250 +141,6 @@ pub struct Completion {
     pub stored: bool,
     /// Bodies of other completed records dropped to keep the bucket within its budget.
     pub dropped: u32,
-}
-
-/// Bucket geometry and timing for one plugin configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Layout {
-    namespace: String,
-    pub buckets: u64,
-    /// Keys the bucket choice, so no client can aim keys at one bucket.
-    secret: [u8; SECRET_LEN],
-    pub in_flight_ms: u64,
-    pub ttl_ms: u64,
-    /// Bytes of response slots one bucket may hold (`max_store_bytes / buckets`).
-    pub bucket_budget: u64,
-}
-
-impl Layout {
-    /// Keys carry the bucket count, so a reconfigured capacity lays out a new set of
-    /// buckets; the registry (`<namespace>/layouts`) lets every configuration see the
-    /// others' records until they have drained. The secret starts zeroed: the glue sets
-    /// the process's (`with_secret`) before serving.
-    pub fn new(namespace: &str, capacity: u64, in_flight_ms: u64, ttl_ms: u64) -> Self {
-        Layout {
-            namespace: namespace.to_string(),
-            buckets: (capacity / WAYS as u64).max(1),
-            secret: [0; SECRET_LEN],
-            in_flight_ms,
-            ttl_ms,
-            bucket_budget: u64::MAX,
-        }
-    }
-
-    /// The same buckets with another policy's timing: records carry their own expiry,
-    /// so rules with different TTLs and in-flight timeouts share one layout.
-    pub fn timed(&self, in_flight_ms: u64, ttl_ms: u64) -> Self {
-        Layout {
-            in_flight_ms,
-            ttl_ms,
-            ..self.clone()
-        }
-    }
-
-    /// Bounds the bytes of stored responses: each bucket gets an equal share of
-    /// `max_store_bytes`, kept in the bucket record itself, so no shared counter is hot.
-    pub fn with_max_store_bytes(mut self, max_store_bytes: u64) -> Self {
-        self.bucket_budget = max_store_bytes / self.buckets.max(1);
-        self
-    }
-
-    pub fn with_secret(mut self, secret: [u8; SECRET_LEN]) -> Self {
-        self.secret = secret;
-        self
-    }
-
-    pub fn namespace(&self) -> &str {
-        &self.namespace
-    }
-
-    /// The bucket of a digest among `buckets`: a keyed hash (SHA-256 over the secret and
-    /// the digest), not bits of the digest, which anyone can compute for a key.
-    pub fn bucket_in(&self, buckets: u64, digest: &Digest) -> u64 {
-        let mut h = Sha256::new();
-        h.update(b"proxy-dedup bucket v1\0");
-        h.update(self.secret);
-        h.update(digest);
-        let out = h.finalize();
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&out[..8]);
-        u64::from_be_bytes(b) % buckets.max(1)
-    }
-
-    pub fn bucket_of(&self, digest: &Digest) -> u64 {
-        self.bucket_in(self.buckets, digest)
-    }
-
-    pub fn bucket_key_in(&self, buckets: u64, bucket: u64) -> String {
-        format!("{}/{buckets}/b/{bucket}", self.namespace)
-    }
-
-    pub fn bucket_key(&self, bucket: u64) -> String {
-        self.bucket_key_in(self.buckets, bucket)
-    }
-
-    pub fn response_key(&self, buckets: u64, bucket: u64, way: usize) -> String {
-        format!("{}/{buckets}/r/{bucket}/{way}", self.namespace)
-    }
-
-    fn registry_key(&self) -> String {
-        format!("{}/layouts", self.namespace)
-    }
-
-    /// Upper bound of shared-data keys this layout ever writes: its buckets and
-    /// response slots, plus the namespace's secret and layout registry.
-    pub fn max_keys(&self) -> u64 {
-        self.buckets * (1 + WAYS as u64) + 2
-    }
-}
-
-/// The layouts in use: bucket counts and until when their records may live (ms).
-/// One small shared-data key per namespace, read by every claim.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Registry {
-    entries: Vec<(u64, u64)>,
-}
-
-const REGISTRY_VERSION: u8 = 1;
-/// A layout's entry is pushed forward at most once per this much time.
-const REGISTRY_SLACK_MS: u64 = 3_600_000;
-
-impl Registry {
-    fn decode(bytes: &[u8]) -> Registry {
-        let mut entries = Vec::new();
-        if bytes.first() == Some(&REGISTRY_VERSION) {
-            for e in bytes[1..].chunks_exact(16) {
-                entries.push((u64_at(e, 0), u64_at(e, 8)));
-            }
-        }
-        Registry { entries }
-    }
-
-    /// The layouts other than `own` whose records may still live.
-    fn others(&self, own: u64, now_ms: u64) -> Vec<u64> {
-        self.entries
-            .iter()
-            .filter(|(b, until)| *b != own && *until > now_ms)
-            .map(|(b, _)| *b)
-            .collect()
-    }
-
-    fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(1 + 16 * self.entries.len());
-        out.push(REGISTRY_VERSION);
-        for (buckets, until) in &self.entries {
-            out.extend_from_slice(&buckets.to_be_bytes());
-            out.extend_from_slice(&until.to_be_bytes());
-        }
-        out
-    }
-}
-
-/// A bucket: its record ways, and the bytes each way's response slot holds (as this
-/// store last wrote or blanked it), which the byte budget adds up.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Bucket {
-    ways: [Option<Record>; WAYS],
-    slots: [u32; WAYS],
-}
-
-impl std::ops::Index<usize> for Bucket {
-    type Output = Option<Record>;
-    fn index(&self, way: usize) -> &Option<Record> {
-        &self.ways[way]
-    }
-}
-
-impl std::ops::IndexMut<usize> for Bucket {
-    fn index_mut(&mut self, way: usize) -> &mut Option<Record> {
-        &mut self.ways[way]
-    }
-}
-
-impl Bucket {
-    fn iter(&self) -> std::slice::Iter<'_, Option<Record>> {
-        self.ways.iter()
-    }
-
-    #[cfg(test)]
-    fn iter_mut(&mut self) -> std::slice::IterMut<'_, Option<Record>> {
-        self.ways.iter_mut()
-    }
-
-    /// Bytes of all response slots of the bucket.
-    fn slot_bytes(&self) -> u64 {
-        self.slots.iter().map(|&n| u64::from(n)).sum()
-    }
-}
-
-fn decode_bucket(bytes: &[u8]) -> Bucket {
-    let mut out = Bucket::default();
-    // An empty value (never written, or a tombstone) or an unknown version is an empty bucket.
-    if bytes.first() != Some(&BUCKET_VERSION) {
-        return out;
-    }
-    for chunk in bytes[1..].chunks_exact(1 + RECORD_LEN) {
-        if chunk[0] == SLOTS_WAY {
-            for (way, n) in chunk[1..1 + 4 * WAYS].chunks_exact(4).enumerate() {
-                out.slots[way] = u32::from_be_bytes([n[0], n[1], n[2], n[3]]);
-            }
-            continue;
-        }
-        let way = chunk[0] as usize;
-        if way >= WAYS {
-            continue;
-        }
-        let r = &chunk[1..];
-        let state = match r[32] {
-            1 => RecordState::InFlight,
-            2 => RecordState::Completed,
-            3 => RecordState::CompletedNotStored,
-            4 => RecordState::Held,
-            _ => continue,
-        };
-        let mut digest = [0u8; 32];
-        digest.copy_from_slice(&r[..32]);
-        let mut payload = [0u8; 32];
-        payload.copy_from_slice(&r[49..81]);
-        out[way] = Some(Record {
-            digest,
-            state,
-            token: u64_at(r, 33),
-            expires_ms: u64_at(r, 41),
-            payload,
-        });
-    }
-    out
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut x = [0u8; 8];
-    x.copy_from_slice(&b[at..at + 8]);
-    u64::from_be_bytes(x)
-}
-
-fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
-    let mut out = Vec::with_capacity(1 + (WAYS + 1) * (1 + RECORD_LEN));
-    out.push(BUCKET_VERSION);
-    for (way, rec) in bucket.iter().enumerate() {
-        if let Some(r) = rec {
-            out.push(way as u8);
-            out.extend_from_slice(&r.digest);
-            out.push(r.state as u8);
-            out.extend_from_slice(&r.token.to_be_bytes());
-            out.extend_from_slice(&r.expires_ms.to_be_bytes());
-            out.extend_from_slice(&r.payload);
-        }
-    }
-    // Slot sizes ride in an entry of a record's size, written only once a slot holds bytes.
-    if bucket.slots.iter().any(|&n| n > 0) {
-        out.push(SLOTS_WAY);
-        for n in bucket.slots {
-            out.extend_from_slice(&n.to_be_bytes());
-        }
-        out.resize(out.len() + RECORD_LEN - 4 * WAYS, 0);
-    }
-    out
 }
 
 /// The store: stateless apart from the host it calls; every operation is a CAS loop.
@@ -853,96 +571,6 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             None => Ok(None),
         }
     }
-}
-
-/// Whether the claim's in-flight record is still in its way.
-fn owns(b: &Bucket, claim: &Claim) -> bool {
-    b[claim.way].as_ref().is_some_and(|r| {
-        r.digest == claim.digest && r.token == claim.token && r.state == RecordState::InFlight
-    })
-}
-
-/// Whether the claim's in-flight record is still in its way and unexpired at `now_ms`.
-fn owns_at(b: &Bucket, claim: &Claim, now_ms: u64) -> bool {
-    owns(b, claim) && b[claim.way].as_ref().is_some_and(|r| r.expires_ms > now_ms)
-}
-
-/// An empty way, else an expired one.
-fn free_way(b: &Bucket, now_ms: u64) -> Option<usize> {
-    b.iter().position(Option::is_none).or_else(|| {
-        b.iter()
-            .position(|r| r.as_ref().is_some_and(|r| r.expires_ms <= now_ms))
-    })
-}
-
-/// What a claim answers for an unexpired record of its digest.
-fn existing(r: &Record, payload: &Digest, buckets: u64, bucket: u64, way: usize) -> ClaimOutcome {
-    if &r.payload != payload {
-        return ClaimOutcome::PayloadMismatch;
-    }
-    match r.state {
-        RecordState::InFlight => ClaimOutcome::InFlight { held_until: None },
-        RecordState::Held => ClaimOutcome::InFlight {
-            held_until: Some(r.expires_ms),
-        },
-        RecordState::CompletedNotStored => ClaimOutcome::CompletedNotStored,
-        RecordState::Completed => ClaimOutcome::Completed(Claim {
-            digest: r.digest,
-            token: r.token,
-            buckets,
-            bucket,
-            way,
-            slot_empty: false,
-        }),
-    }
-}
-
-/// The ways whose slots to empty so that `size` bytes fit in `way`'s slot within
-/// `budget`: dead ways first (no record, expired, held, completed without response),
-/// then completed records closest to expiry. Unexpired in-flight ways are never
-/// chosen: their owner may be writing its slot. `None` when even all of them are not
-/// enough.
-fn room_for(b: &Bucket, way: usize, size: u32, budget: u64, now_ms: u64) -> Option<Vec<usize>> {
-    let mut total = b.slot_bytes() - u64::from(b.slots[way]) + u64::from(size);
-    if total <= budget {
-        return Some(Vec::new());
-    }
-    let mut candidates: Vec<(bool, u64, usize)> = (0..WAYS)
-        .filter(|&v| v != way && b.slots[v] > 0)
-        .filter_map(|v| match &b[v] {
-            None => Some((false, 0, v)),
-            Some(r) if r.expires_ms <= now_ms => Some((false, r.expires_ms, v)),
-            Some(r) => match r.state {
-                RecordState::InFlight => None,
-                RecordState::Completed => Some((true, r.expires_ms, v)),
-                RecordState::Held | RecordState::CompletedNotStored => {
-                    Some((false, r.expires_ms, v))
-                }
-            },
-        })
-        .collect();
-    candidates.sort_unstable();
-    let mut victims = Vec::new();
-    for (_, _, v) in candidates {
-        total -= u64::from(b.slots[v]);
-        victims.push(v);
-        if total <= budget {
-            return Some(victims);
-        }
-    }
-    None
-}
-
-/// The completed record closest to expiry: evicted when the bucket is full.
-/// Claims (in flight or held) are never evicted, or a duplicate could run alongside
-/// its original.
-fn oldest_completed(b: &Bucket) -> Option<usize> {
-    b.iter()
-        .enumerate()
-        .filter_map(|(i, r)| r.as_ref().map(|r| (i, r)))
-        .filter(|(_, r)| !r.state.is_claim())
-        .min_by_key(|(_, r)| r.expires_ms)
-        .map(|(i, _)| i)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Property tests of the shared-data store's own encodings (bucket records, the layouts
 //! registry, the bucket secret): random bytes never panic, encode -> decode is the identity.
 
+use super::bucket::{BUCKET_VERSION, RECORD_LEN, REGISTRY_VERSION, SLOTS_WAY};
 use super::*;
 use crate::decoder_props::{config, stored_response};
 use crate::fake::FakeShared;

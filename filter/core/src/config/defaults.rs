@@ -1,0 +1,80 @@
+//! Every default of the configuration, in one place: the `Default` impls of `Policy`
+//! and `Config` and the parsers (`policy`, `store`, …) read them from here, so a default
+//! is written once.
+
+use super::{FailureMode, OnUnknownOutcome, Role, StatusRange};
+
+/// Default `key.headers`: the header that carries the idempotency key.
+pub const DEFAULT_KEY_HEADER: &str = "idempotency-key";
+/// Default `key.max_length` (bytes).
+pub const DEFAULT_KEY_MAX_LENGTH: u64 = 255;
+/// Default `key.required`.
+pub const DEFAULT_KEY_REQUIRED: bool = false;
+/// Default `scope.authority`: records are scoped by the `:authority`.
+pub const DEFAULT_SCOPE_AUTHORITY: bool = true;
+/// Default `methods`: the methods deduplicated.
+pub const DEFAULT_METHODS: [&str; 2] = ["POST", "PATCH"];
+/// Default `ttl_seconds` (24 hours), in ms.
+pub const DEFAULT_TTL_MS: u64 = 86_400_000;
+/// Default `in_flight_timeout_seconds` (30 s), in ms.
+pub const DEFAULT_IN_FLIGHT_TIMEOUT_MS: u64 = 30_000;
+/// Default `max_body_bytes` (1 MiB).
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 1_048_576;
+/// Default `max_replay_body_bytes` (64 KiB).
+pub const DEFAULT_MAX_REPLAY_BODY_BYTES: u64 = 65_536;
+/// Default `retry_after_seconds` of a 409 for a request in flight.
+pub const DEFAULT_RETRY_AFTER_SECONDS: u64 = 1;
+/// Default `capacity`: records in shared data.
+pub const DEFAULT_CAPACITY: u64 = 100_000;
+/// Default `replayed_header`, set on a replayed response.
+pub const DEFAULT_REPLAYED_HEADER: &str = "idempotent-replayed";
+/// Default `failure_mode`.
+pub const DEFAULT_FAILURE_MODE: FailureMode = FailureMode::Open;
+/// Default `on_unknown_outcome`.
+pub const DEFAULT_ON_UNKNOWN_OUTCOME: OnUnknownOutcome = OnUnknownOutcome::Hold;
+/// Default `role`.
+pub const DEFAULT_ROLE: Role = Role::Data;
+/// Default `store.namespace` (shared data).
+pub const DEFAULT_NAMESPACE: &str = "proxy-dedup";
+/// Default `store.prefix` (etcd).
+pub const DEFAULT_ETCD_PREFIX: &str = "proxy-dedup/";
+/// Default `store.timeout_ms` (etcd): the budget of one claim or settling.
+pub const DEFAULT_ETCD_TIMEOUT_MS: u64 = 3000;
+
+/// Statuses stored by default: 2xx, 3xx and 4xx except those that tell the client to
+/// come back later (408 Request Timeout, 425 Too Early, 429 Too Many Requests): a retry
+/// of those must be able to execute.
+pub const DEFAULT_STORE_STATUSES: [StatusRange; 4] = [
+    StatusRange::new(200, 499, false),
+    StatusRange::new(408, 408, true),
+    StatusRange::new(425, 425, true),
+    StatusRange::new(429, 429, true),
+];
+
+/// Default `max_waiters`: duplicates one worker holds at once in wait mode.
+pub const DEFAULT_MAX_WAITERS: u64 = 1024;
+
+/// Default `wait_timeout_ms` (lowered to the policy's in-flight timeout when that is
+/// shorter).
+pub const DEFAULT_WAIT_TIMEOUT_MS: u64 = 10_000;
+
+/// Default largest etcd record value: below etcd's default `--max-request-bytes`
+/// (1.5 MiB) once base64-encoded in the JSON gateway's request.
+pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1 << 20;
+
+/// Room a record needs besides the response body: its header, the stored response's
+/// status and framing, and a typical set of response headers. A record above
+/// `store.max_record_bytes` at completion (very large headers) is kept without its
+/// response instead.
+pub const RECORD_OVERHEAD_BYTES: usize = 16 << 10;
+
+/// Default byte budget of stored responses in shared data (`store.max_store_bytes`),
+/// raised so that every bucket can keep one response of the largest
+/// `max_replay_body_bytes` (see `store_budget`).
+pub const DEFAULT_MAX_STORE_BYTES: u64 = 128 << 20;
+/// The least share of `store.max_store_bytes` a bucket of 16 records may get: below it
+/// hardly a response would be kept.
+pub const MIN_BUCKET_STORE_BYTES: u64 = 4096;
+/// Room for a stored response's status and headers beside its body, in the default
+/// budget's per-bucket floor.
+pub const STORED_HEADERS_ALLOWANCE: u64 = 4096;

@@ -1,0 +1,246 @@
+//! The policy fields (top level or a rule's): key, scope, methods, timing, sizes,
+//! statuses and the payload a key is bound to.
+
+use super::raw::{RawPayload, RawPolicy};
+use super::*;
+
+/// The policy fields under `prefix` (`""` at the top level, `rules[2].` in a rule). A
+/// field left out keeps `base`'s value; an object given (`key`, `scope`, `payload`)
+/// replaces `base`'s as a whole, its own missing sub-fields at their built-in defaults.
+pub(super) fn parse_policy(
+    prefix: &str,
+    base: &Policy,
+    raw: RawPolicy,
+) -> Result<Policy, ConfigError> {
+    let f = |name: &str| format!("{prefix}{name}");
+    let d = Policy::default();
+    let mut out = base.clone();
+    if let Some(key) = raw.key {
+        out.key_headers = match key.headers {
+            Some(h) => header_names(&f("key.headers"), h, false)?,
+            None => d.key_headers.clone(),
+        };
+        out.json_pointer = match key.json_pointer {
+            Some(p) => Some(json_pointer(&f("key.json_pointer"), p)?),
+            None => None,
+        };
+        out.fingerprint = match key.fingerprint {
+            Some(parts) => parse_parts(&f("key.fingerprint"), parts)?,
+            None => Vec::new(),
+        };
+        out.key_required = key.required.unwrap_or(DEFAULT_KEY_REQUIRED);
+        out.key_max_length = in_range(
+            &f("key.max_length"),
+            key.max_length,
+            DEFAULT_KEY_MAX_LENGTH,
+            1,
+            4096,
+        )? as usize;
+    }
+    if let Some(payload) = raw.payload {
+        out.payload = parse_payload(prefix, payload)?;
+    }
+    if let Some(scope) = raw.scope {
+        let scope_headers = match scope.headers {
+            Some(h) => header_names_with(&f("scope.headers"), h, true, true)?,
+            None => Vec::new(),
+        };
+        if let Some(dup) = scope_headers
+            .iter()
+            .enumerate()
+            .find(|(i, h)| scope_headers[..*i].contains(h))
+        {
+            return Err(err(
+                &f("scope.headers"),
+                format!("`{}` is listed twice", dup.1),
+            ));
+        }
+        out.scope_headers = scope_headers;
+        out.scope_authority = scope.authority.unwrap_or(DEFAULT_SCOPE_AUTHORITY);
+    }
+    if let Some(m) = raw.methods {
+        out.methods = parse_methods(&f("methods"), m)?;
+    }
+    if let Some(o) = raw.on_duplicate {
+        out.on_duplicate = o;
+    }
+    if let Some(o) = raw.on_in_flight {
+        out.on_in_flight = o;
+    }
+    out.ttl_ms = in_range(
+        &f("ttl_seconds"),
+        raw.ttl_seconds,
+        base.ttl_ms / 1000,
+        1,
+        31_536_000,
+    )? * 1000;
+    out.in_flight_timeout_ms = in_range(
+        &f("in_flight_timeout_seconds"),
+        raw.in_flight_timeout_seconds,
+        base.in_flight_timeout_ms / 1000,
+        1,
+        86_400,
+    )? * 1000;
+    // A waiter never outlasts the claim it waits for: a wait timeout given here must
+    // fit this policy's in-flight timeout; one inherited follows a shorter one down.
+    let in_flight_ms = out.in_flight_timeout_ms;
+    out.wait_timeout_ms = match raw.wait_timeout_ms {
+        Some(ms) if ms == 0 || ms > in_flight_ms => {
+            return Err(err(
+                &f("wait_timeout_ms"),
+                format!(
+                    "{ms} is out of range 1..={in_flight_ms} (at most in_flight_timeout_seconds)"
+                ),
+            ))
+        }
+        Some(ms) => ms,
+        None => base.wait_timeout_ms.min(in_flight_ms),
+    };
+    out.max_body_bytes = in_range(
+        &f("max_body_bytes"),
+        raw.max_body_bytes,
+        base.max_body_bytes as u64,
+        0,
+        64 << 20,
+    )? as usize;
+    out.max_replay_body_bytes = in_range(
+        &f("max_replay_body_bytes"),
+        raw.max_replay_body_bytes,
+        base.max_replay_body_bytes as u64,
+        0,
+        16 << 20,
+    )? as usize;
+    if let Some(list) = raw.store_statuses {
+        let field = f("store_statuses");
+        let ranges = list
+            .iter()
+            .map(|s| parse_status(&field, s))
+            .collect::<Result<Vec<_>, _>>()?;
+        if !ranges.iter().any(|r| !r.exclude) {
+            return Err(err(
+                &field,
+                "must include at least one status or class (`!` entries only exclude)",
+            ));
+        }
+        out.store_statuses = ranges;
+    }
+    Ok(out)
+}
+
+pub(super) fn parse_methods(field: &str, m: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    if m.is_empty() {
+        return Err(err(field, "must list at least one method"));
+    }
+    for x in &m {
+        if x.is_empty() || !x.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Err(err(
+                field,
+                format!("`{x}` is not an upper-case HTTP method"),
+            ));
+        }
+    }
+    Ok(m)
+}
+
+/// An RFC 6901 pointer into a JSON body, checked.
+pub(super) fn json_pointer(field: &str, p: String) -> Result<String, ConfigError> {
+    if p.is_empty() || !p.starts_with('/') {
+        return Err(err(
+            field,
+            format!("`{p}` is not an RFC 6901 pointer (must start with '/')"),
+        ));
+    }
+    if let Some(bad) = invalid_escape(&p) {
+        return Err(err(
+            field,
+            format!("`{p}` has an invalid escape `~{bad}` (only ~0 and ~1)"),
+        ));
+    }
+    Ok(p)
+}
+
+/// Parts of a request (keyless fingerprint, payload check), at least one, none twice.
+pub(super) fn parse_parts(
+    field: &str,
+    parts: Vec<String>,
+) -> Result<Vec<FingerprintPart>, ConfigError> {
+    if parts.is_empty() {
+        return Err(err(field, "must list at least one part"));
+    }
+    let mut out = Vec::new();
+    for p in parts {
+        let part = match p.as_str() {
+            "method" => FingerprintPart::Method,
+            "path" => FingerprintPart::Path,
+            "query" => FingerprintPart::Query,
+            "body" => FingerprintPart::Body,
+            other => match other.strip_prefix("header:") {
+                Some(h) if header_name_ok(h, true) => FingerprintPart::Header(h.to_ascii_lowercase()),
+                _ => {
+                    return Err(err(
+                        field,
+                        format!("`{other}`: expected \"method\", \"path\", \"query\", \"body\" or \"header:<name>\" (a header or :authority, :path, :method)"),
+                    ))
+                }
+            },
+        };
+        if out.contains(&part) {
+            return Err(err(field, format!("`{p}` is listed twice")));
+        }
+        out.push(part);
+    }
+    Ok(out)
+}
+
+pub(super) fn parse_payload(prefix: &str, raw: RawPayload) -> Result<PayloadConfig, ConfigError> {
+    let f = |name: &str| format!("{prefix}{name}");
+    let pointers = |field: &str, list: Vec<String>| -> Result<Vec<String>, ConfigError> {
+        if list.is_empty() || list.len() > 32 {
+            return Err(err(field, "must list 1 to 32 pointers"));
+        }
+        list.into_iter().map(|p| json_pointer(field, p)).collect()
+    };
+    let json = match (raw.json_pointers, raw.ignore_json_pointers) {
+        (Some(_), Some(_)) => {
+            return Err(err(
+                &f("payload.ignore_json_pointers"),
+                "set either payload.json_pointers or payload.ignore_json_pointers, not both",
+            ))
+        }
+        (Some(only), None) => JsonSelection::Only(pointers(&f("payload.json_pointers"), only)?),
+        (None, Some(ignore)) => {
+            JsonSelection::Ignore(pointers(&f("payload.ignore_json_pointers"), ignore)?)
+        }
+        (None, None) => JsonSelection::Raw,
+    };
+    let parts = match raw.parts {
+        Some(parts) => Some(parse_parts(&f("payload.parts"), parts)?),
+        None => None,
+    };
+    if json != JsonSelection::Raw
+        && parts
+            .as_ref()
+            .is_some_and(|p| !p.contains(&FingerprintPart::Body))
+    {
+        return Err(err(
+            &f("payload.parts"),
+            "JSON pointers select fields of the body: list \"body\" among the parts",
+        ));
+    }
+    Ok(PayloadConfig { parts, json })
+}
+
+/// Returns the character after a `~` that is not `0` or `1`, if any.
+pub(super) fn invalid_escape(p: &str) -> Option<String> {
+    let mut chars = p.chars();
+    while let Some(c) = chars.next() {
+        if c == '~' {
+            match chars.next() {
+                Some('0') | Some('1') => {}
+                Some(o) => return Some(o.to_string()),
+                None => return Some(String::new()),
+            }
+        }
+    }
+    None
+}

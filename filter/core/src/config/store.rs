@@ -1,0 +1,168 @@
+//! The `store` object: shared data or etcd, and the budgets each store needs checked.
+
+use super::raw::RawStore;
+use super::*;
+
+/// `store.max_store_bytes`. By default 128 MiB, raised so that every bucket's share
+/// holds one response of the largest `max_replay_body_bytes` with its headers (with the
+/// defaults: 6250 buckets × 68 KiB ≈ 415 MiB), so the default never refuses a response
+/// the size limits allow; and never below 4 KiB per bucket. A set value must leave every
+/// bucket at least 4 KiB; below the default, responses larger than a bucket's share
+/// (`max_store_bytes / (capacity / 16)`) are not kept.
+pub(super) fn store_budget(
+    set: Option<u64>,
+    capacity: u64,
+    largest_replay: u64,
+) -> Result<u64, ConfigError> {
+    let buckets = (capacity / crate::store::WAYS as u64).max(1);
+    let least = buckets * MIN_BUCKET_STORE_BYTES;
+    let Some(v) = set else {
+        let one_response = buckets.saturating_mul(largest_replay + STORED_HEADERS_ALLOWANCE);
+        return Ok(DEFAULT_MAX_STORE_BYTES.max(least).max(one_response));
+    };
+    let v = in_range("store.max_store_bytes", Some(v), 0, 1 << 20, 1 << 40)?;
+    if v < least {
+        return Err(err(
+            "store.max_store_bytes",
+            format!(
+                "{v} leaves each of the {buckets} buckets (capacity {capacity} / 16) {} bytes; \
+                 at least {MIN_BUCKET_STORE_BYTES} per bucket ({least} in all) are needed: \
+                 raise it or lower capacity",
+                v / buckets
+            ),
+        ));
+    }
+    Ok(v)
+}
+
+/// The record carries the response plus its own header: leave room for both.
+pub(super) fn check_record_room(
+    prefix: &str,
+    policy: &Policy,
+    ec: &EtcdConfig,
+) -> Result<(), ConfigError> {
+    let room = ec.max_record_bytes.saturating_sub(RECORD_OVERHEAD_BYTES);
+    let max_replay_body_bytes = policy.max_replay_body_bytes;
+    if max_replay_body_bytes > room {
+        return Err(err(
+            &format!("{prefix}max_replay_body_bytes"),
+            format!(
+                "{max_replay_body_bytes} does not fit an etcd record of store.max_record_bytes {} \
+                 (at most {room} with the record's own {RECORD_OVERHEAD_BYTES} bytes); \
+                 lower it or raise store.max_record_bytes",
+                ec.max_record_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigError> {
+    let kind = st.kind.as_deref().unwrap_or("shared_data");
+    let etcd_only = [
+        ("store.cluster", st.cluster.is_some()),
+        ("store.authority", st.authority.is_some()),
+        ("store.prefix", st.prefix.is_some()),
+        ("store.timeout_ms", st.timeout_ms.is_some()),
+        ("store.max_record_bytes", st.max_record_bytes.is_some()),
+        ("store.protocol", st.protocol.is_some()),
+    ];
+    match kind {
+        "shared_data" => {
+            if let Some((field, _)) = etcd_only.iter().find(|(_, set)| *set) {
+                return Err(err(field, "only applies to store.kind \"etcd\""));
+            }
+            let namespace = match st.namespace {
+                Some(ns) => {
+                    if ns.is_empty()
+                        || ns.len() > 64
+                        || !ns.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
+                    {
+                        return Err(err(
+                            "store.namespace",
+                            "1-64 visible ASCII characters without '/'",
+                        ));
+                    }
+                    ns
+                }
+                None => DEFAULT_NAMESPACE.to_string(),
+            };
+            Ok((namespace, StoreConfig::SharedData))
+        }
+        "etcd" => {
+            if st.max_store_bytes.is_some() {
+                return Err(err(
+                    "store.max_store_bytes",
+                    "only applies to store.kind \"shared_data\" (the etcd store's local tier has its own bound)",
+                ));
+            }
+            if st.namespace.is_some() {
+                return Err(err(
+                    "store.namespace",
+                    "only applies to store.kind \"shared_data\" (etcd uses store.prefix)",
+                ));
+            }
+            let cluster =
+                match st.cluster {
+                    Some(c) if !c.is_empty() => c,
+                    Some(_) => return Err(err("store.cluster", "must not be empty")),
+                    None => return Err(err(
+                        "store.cluster",
+                        "required for store.kind \"etcd\": the Envoy cluster of the etcd members",
+                    )),
+                };
+            let authority = st.authority.unwrap_or_else(|| cluster.clone());
+            if authority.is_empty() || authority.chars().any(|c| c.is_control() || c == ' ') {
+                return Err(err("store.authority", "must be a host name"));
+            }
+            let prefix = st.prefix.unwrap_or_else(|| DEFAULT_ETCD_PREFIX.to_string());
+            if prefix.is_empty() || prefix.len() > 128 || prefix.chars().any(char::is_control) {
+                return Err(err(
+                    "store.prefix",
+                    "1-128 characters, no control characters",
+                ));
+            }
+            let timeout_ms = in_range(
+                "store.timeout_ms",
+                st.timeout_ms,
+                DEFAULT_ETCD_TIMEOUT_MS,
+                10,
+                60_000,
+            )?;
+            let max_record_bytes = in_range(
+                "store.max_record_bytes",
+                st.max_record_bytes,
+                DEFAULT_MAX_RECORD_BYTES,
+                4096,
+                64 << 20,
+            )? as usize;
+            let protocol = match st.protocol.as_deref() {
+                None | Some("grpc") => crate::etcd::Protocol::Grpc,
+                Some("json") => crate::etcd::Protocol::Json,
+                Some(other) => {
+                    return Err(err(
+                        "store.protocol",
+                        format!(
+                            "`{other}` is not a known protocol (expected \"grpc\" or \"json\")"
+                        ),
+                    ))
+                }
+            };
+            Ok((
+                DEFAULT_NAMESPACE.to_string(),
+                StoreConfig::Etcd(EtcdConfig {
+                    cluster,
+                    authority,
+                    prefix,
+                    timeout_ms,
+                    max_record_bytes,
+                    protocol,
+                }),
+            ))
+        }
+        other => Err(err(
+            "store.kind",
+            format!("`{other}` is not a known store (expected \"shared_data\" or \"etcd\")"),
+        )),
+    }
+}

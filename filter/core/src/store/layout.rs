@@ -1,0 +1,102 @@
+//! A configuration's shared-data geometry: how many buckets, which bucket a digest
+//! falls in (keyed by the namespace's secret), the keys of buckets, response slots and
+//! the layout registry, and the timing records are written with.
+
+use super::{SECRET_LEN, WAYS};
+use crate::key::Digest;
+use sha2::{Digest as _, Sha256};
+
+/// Bucket geometry and timing for one plugin configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub(super) namespace: String,
+    pub buckets: u64,
+    /// Keys the bucket choice, so no client can aim keys at one bucket.
+    pub(super) secret: [u8; SECRET_LEN],
+    pub in_flight_ms: u64,
+    pub ttl_ms: u64,
+    /// Bytes of response slots one bucket may hold (`max_store_bytes / buckets`).
+    pub bucket_budget: u64,
+}
+
+impl Layout {
+    /// Keys carry the bucket count, so a reconfigured capacity lays out a new set of
+    /// buckets; the registry (`<namespace>/layouts`) lets every configuration see the
+    /// others' records until they have drained. The secret starts zeroed: the glue sets
+    /// the process's (`with_secret`) before serving.
+    pub fn new(namespace: &str, capacity: u64, in_flight_ms: u64, ttl_ms: u64) -> Self {
+        Layout {
+            namespace: namespace.to_string(),
+            buckets: (capacity / WAYS as u64).max(1),
+            secret: [0; SECRET_LEN],
+            in_flight_ms,
+            ttl_ms,
+            bucket_budget: u64::MAX,
+        }
+    }
+
+    /// The same buckets with another policy's timing: records carry their own expiry,
+    /// so rules with different TTLs and in-flight timeouts share one layout.
+    pub fn timed(&self, in_flight_ms: u64, ttl_ms: u64) -> Self {
+        Layout {
+            in_flight_ms,
+            ttl_ms,
+            ..self.clone()
+        }
+    }
+
+    /// Bounds the bytes of stored responses: each bucket gets an equal share of
+    /// `max_store_bytes`, kept in the bucket record itself, so no shared counter is hot.
+    pub fn with_max_store_bytes(mut self, max_store_bytes: u64) -> Self {
+        self.bucket_budget = max_store_bytes / self.buckets.max(1);
+        self
+    }
+
+    pub fn with_secret(mut self, secret: [u8; SECRET_LEN]) -> Self {
+        self.secret = secret;
+        self
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The bucket of a digest among `buckets`: a keyed hash (SHA-256 over the secret and
+    /// the digest), not bits of the digest, which anyone can compute for a key.
+    pub fn bucket_in(&self, buckets: u64, digest: &Digest) -> u64 {
+        let mut h = Sha256::new();
+        h.update(b"proxy-dedup bucket v1\0");
+        h.update(self.secret);
+        h.update(digest);
+        let out = h.finalize();
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&out[..8]);
+        u64::from_be_bytes(b) % buckets.max(1)
+    }
+
+    pub fn bucket_of(&self, digest: &Digest) -> u64 {
+        self.bucket_in(self.buckets, digest)
+    }
+
+    pub fn bucket_key_in(&self, buckets: u64, bucket: u64) -> String {
+        format!("{}/{buckets}/b/{bucket}", self.namespace)
+    }
+
+    pub fn bucket_key(&self, bucket: u64) -> String {
+        self.bucket_key_in(self.buckets, bucket)
+    }
+
+    pub fn response_key(&self, buckets: u64, bucket: u64, way: usize) -> String {
+        format!("{}/{buckets}/r/{bucket}/{way}", self.namespace)
+    }
+
+    pub(super) fn registry_key(&self) -> String {
+        format!("{}/layouts", self.namespace)
+    }
+
+    /// Upper bound of shared-data keys this layout ever writes: its buckets and
+    /// response slots, plus the namespace's secret and layout registry.
+    pub fn max_keys(&self) -> u64 {
+        self.buckets * (1 + WAYS as u64) + 2
+    }
+}

@@ -1,0 +1,137 @@
+//! How a stream answers when it does not forward: a duplicate (409, 422, replay), a bad
+//! key, a bypass, or a store that could not answer (failure mode).
+
+use super::{Action, DedupStream, Duplicate, Env, Phase, Plugin};
+use crate::config::{FailureMode, OnDuplicate, OnInFlight};
+use crate::key::KeyError;
+use crate::metrics::Counter;
+use crate::reply::{replay, LocalReply, Problem};
+
+impl DedupStream {
+    pub(super) fn bypass<E: Env>(&mut self, env: &mut E, why: &str) -> Action {
+        self.decided("bypassed");
+        env.count(Counter::Bypassed);
+        env.debug(format_args!("stream {}: bypass ({why})", self.id));
+        self.phase = Phase::Passthrough;
+        Action::Continue
+    }
+
+    pub(super) fn bad_key<E: Env>(&mut self, env: &mut E, e: KeyError) -> Action {
+        env.count(Counter::BadKey);
+        let reply = match e {
+            KeyError::Missing { detail } => Problem::MissingKey.reply(&detail, Vec::new()),
+            KeyError::Invalid { detail } => Problem::InvalidKey.reply(&detail, Vec::new()),
+            KeyError::Ambiguous { detail } => Problem::AmbiguousKey.reply(&detail, Vec::new()),
+        };
+        self.reply(env, reply)
+    }
+
+    pub(super) fn reply<E: Env>(&mut self, env: &mut E, reply: LocalReply) -> Action {
+        env.debug(format_args!(
+            "stream {}: local reply {} ({})",
+            self.id, reply.status, reply.details
+        ));
+        self.phase = Phase::Finished;
+        self.stop_waiting(env);
+        let verdict = match verdict_of(reply.details) {
+            "replayed" if self.wait_deadline.is_some() => "waited",
+            v => v,
+        };
+        self.decided(verdict);
+        Action::Reply(reply)
+    }
+
+    /// Answers a request whose key is already taken.
+    pub(super) fn duplicate<E: Env>(&mut self, p: &Plugin, env: &mut E, dup: Duplicate) -> Action {
+        let cfg = &p.config;
+        let policy = cfg.policy_at(self.rule);
+        match dup {
+            Duplicate::InFlight { held_until } => {
+                if policy.on_in_flight == OnInFlight::Wait {
+                    if let Some(action) = self.start_or_keep_waiting(p, env, held_until) {
+                        return action;
+                    }
+                    if self.wait_deadline.is_some() {
+                        env.count(Counter::WaitTimeout);
+                    }
+                }
+                env.count(Counter::RejectedInFlight);
+                let (seconds, detail) = match held_until {
+                    Some(until) => (
+                        until.saturating_sub(env.now_ms()).div_ceil(1000).max(1),
+                        "the first request with this key ended without a known outcome (it may have run); \
+                         the key is held until the in-flight timeout ends",
+                    ),
+                    None => (
+                        cfg.retry_after_seconds,
+                        "the first request with this key has not been answered yet; retry later",
+                    ),
+                };
+                let retry = vec![("retry-after".to_string(), seconds.to_string().into_bytes())];
+                self.reply(env, Problem::InFlight.reply(detail, retry))
+            }
+            Duplicate::PayloadMismatch => {
+                env.count(Counter::PayloadMismatch);
+                let detail = "this key was first used with a different method, path or body";
+                self.reply(env, Problem::PayloadMismatch.reply(detail, Vec::new()))
+            }
+            Duplicate::NotStored => self.not_stored(env),
+            Duplicate::Completed(_) if policy.on_duplicate == OnDuplicate::Reject => {
+                env.count(Counter::RejectedCompleted);
+                let detail = "a request with this key has already completed";
+                self.reply(env, Problem::AlreadyCompleted.reply(detail, Vec::new()))
+            }
+            Duplicate::Completed(Some(resp)) => {
+                env.count(Counter::Replayed);
+                if self.wait_deadline.is_some() {
+                    env.count(Counter::WaitReplayed);
+                }
+                env.debug(format_args!(
+                    "stream {}: replaying a stored {}",
+                    self.id, resp.status
+                ));
+                self.reply(env, replay(resp, &cfg.replayed_header))
+            }
+            Duplicate::Completed(None) => self.not_stored(env),
+        }
+    }
+
+    pub(super) fn not_stored<E: Env>(&mut self, env: &mut E) -> Action {
+        env.count(Counter::ResponseNotStored);
+        let detail = "a request with this key has completed, but its response was too large to keep for replay";
+        self.reply(env, Problem::ResponseNotStored.reply(detail, Vec::new()))
+    }
+
+    pub(super) fn store_failed<E: Env>(&mut self, p: &Plugin, env: &mut E, why: &str) -> Action {
+        env.count(Counter::StoreErrors);
+        env.warn(&format!("stream {}: store error: {why}", self.id));
+        match p.config.failure_mode {
+            FailureMode::Open => {
+                self.stop_waiting(env);
+                env.count(Counter::FailedOpen);
+                self.decided("failed_open");
+                self.phase = Phase::Passthrough;
+                Action::Continue
+            }
+            FailureMode::Closed => {
+                let detail =
+                    "the deduplication store could not answer; the request was not forwarded";
+                self.reply(env, Problem::StoreUnavailable.reply(detail, Vec::new()))
+            }
+        }
+    }
+}
+
+/// The access-log decision of a local reply, from its response code details.
+fn verdict_of(details: &str) -> &'static str {
+    match details.strip_prefix("proxy_dedup_").unwrap_or(details) {
+        "replayed" => "replayed",
+        "in_flight" => "in_flight",
+        "payload_mismatch" => "mismatch",
+        "already_completed" => "rejected_completed",
+        "response_not_stored" => "not_stored",
+        "body_too_large" => "body_too_large",
+        "store_unavailable" => "store_unavailable",
+        _ => "bad_key",
+    }
+}

@@ -1,0 +1,518 @@
+//! The etcd store's side of a stream: the claim protocol (lease grants, the claim
+//! transaction, takeover of an expired completed record), settling a won claim
+//! (completion, release, hold) with retries and a lease regrant, and the wait-mode
+//! read of a record. One classifier (`retryable`) decides what is retried.
+
+mod settle;
+
+use super::{
+    Action, CallAnswer, DedupStream, Duplicate, Env, Owned, Phase, Plugin, StoreCall, Waiting,
+};
+use crate::config::{EtcdConfig, Policy, StoreConfig};
+use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState, LeaseCache, LeasePurpose};
+use crate::key::{short_hex, Digest};
+use crate::local::LocalEntry;
+use crate::metrics::Counter;
+use crate::wait::POLL_ETCD_MS;
+pub(super) use settle::Settling;
+
+pub(super) struct EtcdOwned {
+    pub(super) key: String,
+    pub(super) digest: Digest,
+    pub(super) payload: Digest,
+    pub(super) token: u64,
+    pub(super) mod_revision: i64,
+    pub(super) completed_lease: i64,
+    /// The lease and expiry the in-flight record was written with (a hold keeps both).
+    pub(super) in_flight_lease: i64,
+    pub(super) expires_ms: u64,
+}
+
+/// An etcd claim in progress.
+pub(super) struct Claiming {
+    pub(super) key: String,
+    pub(super) digest: Digest,
+    pub(super) payload: Digest,
+    pub(super) token: u64,
+    pub(super) step: ClaimStep,
+    /// CAS rounds (claim, takeover) so far.
+    pub(super) rounds: u32,
+    /// Transport retries of the current call.
+    pub(super) retries: u32,
+    pub(super) deadline_ms: u64,
+    pub(super) call: StoreCall,
+    /// When `call` was last sent (a lease's window starts then).
+    pub(super) sent_ms: u64,
+    /// The lease the completed record will carry, fixed when the claim txn is built.
+    pub(super) completed_lease: Option<i64>,
+    /// The in-flight lease and expiry of the record the last claim txn writes.
+    pub(super) in_flight_lease: i64,
+    pub(super) expires_ms: u64,
+    /// The client left before the claim was decided: a claim won now was never
+    /// forwarded, so it is released at once (certainly not executed).
+    pub(super) abandoned: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ClaimStep {
+    Grant(LeasePurpose),
+    Txn,
+}
+
+pub(super) const MAX_ROUNDS: u32 = 8;
+
+pub(super) const MAX_RETRIES: u32 = 4;
+
+impl DedupStream {
+    /// The answer to a waiter's read of its etcd record: still a claim (wait on), a
+    /// completed record (learnt by this worker's tier, so its other waiters answer
+    /// without a round trip, then answered like any duplicate), or gone or over (claim
+    /// it). A failed read waits on until the next check.
+    pub(super) fn polled<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        mut w: Box<Waiting>,
+        answer: &CallAnswer,
+    ) -> Action {
+        let StoreConfig::Etcd(ec) = &p.config.store else {
+            return Action::Continue;
+        };
+        let now = env.now_ms();
+        match poll_answer(ec.protocol.range_path(), answer, &w.digest) {
+            Polled::Claimed { held_until } => {
+                w.held_until = held_until;
+                self.wait_on(p, env, w)
+            }
+            Polled::Completed(entry) => {
+                env.local().insert(w.digest, entry, now);
+                env.waiters().wake(&w.digest);
+                self.claim_etcd(p, env, ec, w.digest, w.payload)
+            }
+            Polled::Free => self.claim_etcd(p, env, ec, w.digest, w.payload),
+            Polled::Failed => {
+                env.count(Counter::StoreErrors);
+                env.debug(format_args!(
+                    "stream {}: reading record {} failed (status {}); waiting on",
+                    self.id,
+                    short_hex(&w.digest),
+                    answer.status
+                ));
+                self.wait_on(p, env, w)
+            }
+        }
+    }
+
+    pub(super) fn claim_etcd<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        ec: &EtcdConfig,
+        digest: Digest,
+        payload: Digest,
+    ) -> Action {
+        let now = env.now_ms();
+        if let Some(e) = env.local().get(&digest, now) {
+            let dup = if e.payload != payload {
+                Duplicate::PayloadMismatch
+            } else {
+                match &e.response {
+                    Some(r) => Duplicate::Completed(Some(r.clone())),
+                    None => Duplicate::NotStored,
+                }
+            };
+            env.debug(format_args!(
+                "stream {}: record {} answered by this worker's tier",
+                self.id,
+                short_hex(&digest)
+            ));
+            return self.duplicate(p, env, dup);
+        }
+        let token = env.new_token();
+        let c = Claiming {
+            key: etcd::record_key(&ec.prefix, &digest),
+            digest,
+            payload,
+            token,
+            step: ClaimStep::Txn,
+            rounds: 0,
+            retries: 0,
+            deadline_ms: now.saturating_add(ec.timeout_ms),
+            call: StoreCall {
+                path: ec.protocol.txn_path(),
+                body: Vec::new(),
+                timeout_ms: ec.timeout_ms,
+            },
+            sent_ms: now,
+            completed_lease: None,
+            in_flight_lease: 0,
+            expires_ms: 0,
+            abandoned: false,
+        };
+        self.next_claim_call(p, env, Box::new(c))
+    }
+
+    /// A won etcd claim goes on, unless its client left meanwhile: then nothing was
+    /// forwarded and the claim is released at once.
+    fn forward_unless_abandoned<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        owned: Owned,
+        abandoned: bool,
+    ) -> Action {
+        if !abandoned {
+            return self.forward(env, owned);
+        }
+        env.debug(format_args!(
+            "stream {}: claim won after the client left; releasing it",
+            self.id
+        ));
+        match self.release(p, env, owned) {
+            Some(call) => Action::Call(call),
+            None => Action::Continue,
+        }
+    }
+
+    /// The next call of a claim: a lease grant if this worker has no usable lease, else
+    /// the claim txn.
+    fn next_claim_call<E: Env>(&mut self, p: &Plugin, env: &mut E, mut c: Box<Claiming>) -> Action {
+        let now = env.now_ms();
+        let timeout_ms = attempt_timeout(p, c.deadline_ms, now);
+        let plan = p.leases_for(p.config.policy_at(self.rule));
+        let in_flight = env.leases().get(LeasePurpose::InFlight, &plan, now);
+        let completed = env.leases().get(LeasePurpose::Completed, &plan, now);
+        let proto = protocol(p);
+        let (step, path, body) = match (in_flight, completed) {
+            (None, _) => (
+                ClaimStep::Grant(LeasePurpose::InFlight),
+                proto.lease_grant_path(),
+                proto.lease_grant(plan.ttl_s(LeasePurpose::InFlight)),
+            ),
+            (_, None) => (
+                ClaimStep::Grant(LeasePurpose::Completed),
+                proto.lease_grant_path(),
+                proto.lease_grant(plan.ttl_s(LeasePurpose::Completed)),
+            ),
+            (Some(lease), Some(completed)) => {
+                c.completed_lease = Some(completed);
+                let rec = in_flight_record(p.config.policy_at(self.rule), &c, now);
+                c.in_flight_lease = lease;
+                c.expires_ms = rec.expires_ms;
+                (
+                    ClaimStep::Txn,
+                    proto.txn_path(),
+                    proto.claim_txn(&c.key, &rec.encode(&c.digest), lease),
+                )
+            }
+        };
+        c.step = step;
+        c.retries = 0;
+        c.sent_ms = now;
+        c.call = StoreCall {
+            path,
+            body,
+            timeout_ms,
+        };
+        let call = c.call.clone();
+        self.phase = Phase::Claiming(c);
+        Action::Call(call)
+    }
+
+    pub(super) fn claim_step<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        mut c: Box<Claiming>,
+        answer: CallAnswer,
+    ) -> Action {
+        let now = env.now_ms();
+        let parsed = etcd::read_answer(c.call.path, answer.status, &answer.body);
+        if retryable(&answer, &parsed) {
+            // Connection refused or reset, or a member without a leader: another member
+            // may answer. Retry within the budget.
+            if c.retries < MAX_RETRIES && now < c.deadline_ms {
+                c.retries += 1;
+                c.call.timeout_ms = attempt_timeout(p, c.deadline_ms, now);
+                c.sent_ms = now;
+                let call = c.call.clone();
+                self.phase = Phase::Claiming(c);
+                return Action::Call(call);
+            }
+            return self.store_failed(
+                p,
+                env,
+                &format!("etcd unreachable (status {})", answer.status),
+            );
+        }
+        let Some(parsed) = parsed else {
+            return self.store_failed(
+                p,
+                env,
+                &format!("etcd answered {} with an unreadable body", answer.status),
+            );
+        };
+        match (c.step, parsed) {
+            (ClaimStep::Grant(purpose), EtcdAnswer::Lease { id }) => {
+                let plan = p.leases_for(p.config.policy_at(self.rule));
+                env.leases().put(purpose, &plan, id, c.sent_ms);
+                self.next_claim_call(p, env, c)
+            }
+            (ClaimStep::Txn, EtcdAnswer::Error { code, message }) if lease_lost(code, &message) => {
+                // A lease we cached is gone (revoked, or etcd lost it): take fresh ones.
+                *env.leases() = LeaseCache::default();
+                c.rounds += 1;
+                if c.rounds > MAX_ROUNDS {
+                    return self.store_failed(p, env, "etcd keeps losing leases");
+                }
+                self.next_claim_call(p, env, c)
+            }
+            (_, EtcdAnswer::Error { code, message }) => {
+                self.store_failed(p, env, &format!("etcd error {code}: {message}"))
+            }
+            (
+                ClaimStep::Txn,
+                EtcdAnswer::Txn {
+                    succeeded: true,
+                    revision,
+                    ..
+                },
+            ) => {
+                let Some(completed_lease) = c.completed_lease else {
+                    return self.store_failed(p, env, "no completion lease");
+                };
+                let owned = Owned::Etcd(EtcdOwned {
+                    key: c.key,
+                    digest: c.digest,
+                    payload: c.payload,
+                    token: c.token,
+                    mod_revision: revision,
+                    completed_lease,
+                    in_flight_lease: c.in_flight_lease,
+                    expires_ms: c.expires_ms,
+                });
+                self.forward_unless_abandoned(p, env, owned, c.abandoned)
+            }
+            (
+                ClaimStep::Txn,
+                EtcdAnswer::Txn {
+                    succeeded: false,
+                    existing,
+                    ..
+                },
+            ) => {
+                c.rounds += 1;
+                if c.rounds > MAX_ROUNDS {
+                    return self.store_failed(p, env, "etcd CAS contention");
+                }
+                let Some((mod_revision, value)) = existing else {
+                    // Deleted between the compare and the read: claim again.
+                    return self.next_claim_call(p, env, c);
+                };
+                let current = EtcdRecord::decode(&value, &c.digest);
+                match current {
+                    Some(r) if r.token == c.token && r.state == EtcdState::InFlight => {
+                        // Our own earlier attempt went through; its answer was lost.
+                        let Some(completed_lease) = c.completed_lease else {
+                            return self.store_failed(p, env, "no completion lease");
+                        };
+                        let owned = Owned::Etcd(EtcdOwned {
+                            key: c.key,
+                            digest: c.digest,
+                            payload: c.payload,
+                            token: c.token,
+                            mod_revision,
+                            completed_lease,
+                            in_flight_lease: c.in_flight_lease,
+                            expires_ms: c.expires_ms,
+                        });
+                        self.forward_unless_abandoned(p, env, owned, c.abandoned)
+                    }
+                    // An in-flight record of another claim is never taken over by
+                    // comparing our clock with the time its proxy wrote: only etcd ends
+                    // it, when its lease runs out and the key is gone. Nor is a record
+                    // this version cannot read (it may be a newer version's claim).
+                    None => {
+                        env.debug(format_args!(
+                            "stream {}: record {} is unreadable; waiting for its lease to end",
+                            self.id,
+                            short_hex(&c.digest)
+                        ));
+                        self.duplicate(p, env, Duplicate::InFlight { held_until: None })
+                    }
+                    Some(r)
+                        if matches!(r.state, EtcdState::InFlight | EtcdState::Held)
+                            || r.expires_ms > now =>
+                    {
+                        if r.payload != c.payload {
+                            return self.duplicate(p, env, Duplicate::PayloadMismatch);
+                        }
+                        match r.state {
+                            EtcdState::InFlight => {
+                                self.duplicate(p, env, Duplicate::InFlight { held_until: None })
+                            }
+                            EtcdState::Held => self.duplicate(
+                                p,
+                                env,
+                                Duplicate::InFlight {
+                                    held_until: Some(r.expires_ms),
+                                },
+                            ),
+                            EtcdState::CompletedNotStored => {
+                                let entry = LocalEntry {
+                                    payload: r.payload,
+                                    expires_ms: r.expires_ms,
+                                    response: None,
+                                };
+                                env.local().insert(c.digest, entry, now);
+                                self.duplicate(p, env, Duplicate::NotStored)
+                            }
+                            EtcdState::Completed => {
+                                let entry = LocalEntry {
+                                    payload: r.payload,
+                                    expires_ms: r.expires_ms,
+                                    response: r.response.clone(),
+                                };
+                                env.local().insert(c.digest, entry, now);
+                                self.duplicate(p, env, Duplicate::Completed(r.response))
+                            }
+                        }
+                    }
+                    // A completed record past its TTL by our clock (its lease has not run
+                    // out yet): take it over, conditional on it being unchanged since we
+                    // read it. A clock running ahead by D takes it over D early.
+                    Some(_) => {
+                        let policy = p.config.policy_at(self.rule);
+                        let plan = p.leases_for(policy);
+                        let Some(lease) = env.leases().get(LeasePurpose::InFlight, &plan, now)
+                        else {
+                            return self.next_claim_call(p, env, c);
+                        };
+                        let rec = in_flight_record(policy, &c, now);
+                        c.in_flight_lease = lease;
+                        c.expires_ms = rec.expires_ms;
+                        c.call = StoreCall {
+                            path: protocol(p).txn_path(),
+                            body: protocol(p).replace_txn(
+                                &c.key,
+                                mod_revision,
+                                &rec.encode(&c.digest),
+                                lease,
+                            ),
+                            timeout_ms: attempt_timeout(p, c.deadline_ms, now),
+                        };
+                        c.retries = 0;
+                        c.sent_ms = now;
+                        let call = c.call.clone();
+                        self.phase = Phase::Claiming(c);
+                        Action::Call(call)
+                    }
+                }
+            }
+            (_, other) => self.store_failed(p, env, &format!("unexpected etcd answer {other:?}")),
+        }
+    }
+}
+
+/// What a waiter's read of its etcd record found.
+/// Whether a store call is worth sending again (to the same or another member): no
+/// answer or a gateway failure without an etcd body (connection refused or reset), or
+/// etcd's "unavailable" (gRPC code 14: no leader, leader changed, and Envoy's timeouts
+/// and resets of a gRPC call) and "deadline exceeded". Claims and settling calls both
+/// retry on exactly this, within their budget.
+fn retryable(answer: &CallAnswer, parsed: &Option<EtcdAnswer>) -> bool {
+    (matches!(answer.status, 0 | 502 | 503 | 504) && parsed.is_none())
+        || etcd::retryable_error(parsed)
+}
+
+/// Whether an etcd error says a lease we wrote with is gone (revoked, or etcd lost
+/// it): gRPC NOT_FOUND, or the gateway's message.
+fn lease_lost(code: i64, message: &str) -> bool {
+    code == 5 || message.contains("lease not found")
+}
+
+pub(super) enum Polled {
+    /// In flight or held (when its outcome is unknown, until then): wait on.
+    Claimed { held_until: Option<u64> },
+    /// Completed: what a duplicate gets (checked against the payload by the claim).
+    Completed(LocalEntry),
+    /// Gone (released, or its lease ended), unreadable or past its TTL: claim it.
+    Free,
+    /// No answer, or not one etcd gives to a read.
+    Failed,
+}
+
+/// The store call that reads a waiter's record (etcd store).
+pub(super) fn poll_call(ec: &EtcdConfig, digest: &Digest) -> StoreCall {
+    StoreCall {
+        path: ec.protocol.range_path(),
+        body: ec.protocol.read_key(&etcd::record_key(&ec.prefix, digest)),
+        timeout_ms: ec.timeout_ms.min(POLL_ETCD_MS.max(1000)),
+    }
+}
+
+/// Interprets the answer to `poll_call`. The time in a completed record is not compared
+/// here: the claim that follows decides whether it is over.
+fn poll_answer(path: &str, answer: &CallAnswer, digest: &Digest) -> Polled {
+    let Some(read) = etcd::read_one(path, answer.status, &answer.body) else {
+        return Polled::Failed;
+    };
+    let Some((_, value)) = read else {
+        return Polled::Free;
+    };
+    match EtcdRecord::decode(&value, digest) {
+        Some(r) => match r.state {
+            EtcdState::InFlight => Polled::Claimed { held_until: None },
+            EtcdState::Held => Polled::Claimed {
+                held_until: Some(r.expires_ms),
+            },
+            EtcdState::Completed | EtcdState::CompletedNotStored => Polled::Completed(LocalEntry {
+                payload: r.payload,
+                expires_ms: r.expires_ms,
+                response: r.response,
+            }),
+        },
+        // A record this version cannot read is a claim it must not take over: the
+        // claim that follows answers it as in flight.
+        None => Polled::Free,
+    }
+}
+
+fn etcd_timeout(p: &Plugin) -> u64 {
+    match &p.config.store {
+        StoreConfig::Etcd(ec) => ec.timeout_ms,
+        StoreConfig::SharedData => 1000,
+    }
+}
+
+fn protocol(p: &Plugin) -> etcd::Protocol {
+    match &p.config.store {
+        StoreConfig::Etcd(ec) => ec.protocol,
+        StoreConfig::SharedData => etcd::Protocol::default(),
+    }
+}
+
+fn max_record_bytes(p: &Plugin) -> usize {
+    match &p.config.store {
+        StoreConfig::Etcd(ec) => ec.max_record_bytes,
+        StoreConfig::SharedData => usize::MAX,
+    }
+}
+
+/// The timeout of one attempt: a third of the budget (at least 100 ms), never past the
+/// deadline. A request stuck on a member that lost its leader (etcd drops the proposal
+/// and the client waits) is abandoned in time to retry on the new leader.
+fn attempt_timeout(p: &Plugin, deadline_ms: u64, now_ms: u64) -> u64 {
+    let slice = (etcd_timeout(p) / 3).max(100);
+    deadline_ms.saturating_sub(now_ms).min(slice).max(1)
+}
+
+fn in_flight_record(policy: &Policy, c: &Claiming, now_ms: u64) -> EtcdRecord {
+    EtcdRecord {
+        state: EtcdState::InFlight,
+        token: c.token,
+        expires_ms: now_ms.saturating_add(policy.in_flight_timeout_ms),
+        payload: c.payload,
+        response: None,
+    }
+}

@@ -1,0 +1,324 @@
+//! Settling a won etcd claim: the completion, release or hold transaction, retried on
+//! the same classifier as claims within the budget, checked against the current record
+//! when its compare fails, and written again with a fresh lease when etcd lost the
+//! completed one.
+
+use super::{
+    attempt_timeout, etcd_timeout, lease_lost, max_record_bytes, protocol, retryable, EtcdOwned,
+    MAX_RETRIES,
+};
+use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState, LeaseCache, LeasePurpose};
+use crate::key::Digest;
+use crate::local::LocalEntry;
+use crate::metrics::Counter;
+use crate::response::StoredResponse;
+use crate::stream::{wake, Action, CallAnswer, DedupStream, Env, Phase, Plugin, StoreCall};
+
+/// What a settling call does to the claim's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::stream) enum Settle {
+    Complete,
+    Release,
+    Hold,
+}
+
+impl Settle {
+    fn what(self) -> &'static str {
+        match self {
+            Settle::Complete => "completion",
+            Settle::Release => "release",
+            Settle::Hold => "hold",
+        }
+    }
+}
+
+pub(in crate::stream) struct Settling {
+    pub(in crate::stream) kind: Settle,
+    /// Kept to learn the completed record locally once etcd confirms it.
+    pub(in crate::stream) learned: Option<(Digest, LocalEntry)>,
+    pub(in crate::stream) digest: Digest,
+    pub(in crate::stream) token: u64,
+    /// Resent on a transport failure within the budget.
+    pub(in crate::stream) call: StoreCall,
+    pub(in crate::stream) retries: u32,
+    pub(in crate::stream) deadline_ms: u64,
+    /// A completion whose lease etcd no longer has is written again with a fresh one.
+    pub(in crate::stream) regrant: Option<Regrant>,
+}
+
+/// What a completion needs to be written again with a fresh lease.
+pub(in crate::stream) struct Regrant {
+    pub(in crate::stream) key: String,
+    pub(in crate::stream) mod_revision: i64,
+    /// A lease grant is out (`call` is that grant), sent at this time.
+    pub(in crate::stream) granting: Option<u64>,
+    pub(in crate::stream) rounds: u8,
+}
+
+impl DedupStream {
+    /// The answer to a completion or release. A transport failure is retried within the
+    /// budget (the response is held meanwhile); a failed compare is checked against the
+    /// current record, because a retried write whose first attempt went through fails
+    /// its compare on our own record.
+    pub(in crate::stream) fn settled<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        mut st: Box<Settling>,
+        answer: &CallAnswer,
+    ) -> Action {
+        let parsed = etcd::read_answer(st.call.path, answer.status, &answer.body);
+        let retryable = retryable(answer, &parsed);
+        let now = env.now_ms();
+        if !retryable {
+            if let Some(next) = self.regranted(p, env, &mut st, &parsed, now) {
+                self.phase = Phase::Settling(st);
+                return Action::Call(next);
+            }
+        }
+        if retryable && st.retries < MAX_RETRIES && now < st.deadline_ms {
+            st.retries += 1;
+            st.call.timeout_ms = attempt_timeout(p, st.deadline_ms, now);
+            let call = st.call.clone();
+            self.phase = Phase::Settling(st);
+            return Action::Call(call);
+        }
+        let confirmed = match &parsed {
+            Some(EtcdAnswer::Txn {
+                succeeded: true, ..
+            }) => Some(true),
+            Some(EtcdAnswer::Txn {
+                succeeded: false,
+                existing,
+                ..
+            }) => Some(match existing {
+                // Released: the record is gone, by us or by its lease.
+                None => st.kind == Settle::Release,
+                Some((_, value)) => EtcdRecord::decode(value, &st.digest).is_some_and(|r| {
+                    r.token == st.token
+                        && match st.kind {
+                            Settle::Complete => matches!(
+                                r.state,
+                                EtcdState::Completed | EtcdState::CompletedNotStored
+                            ),
+                            Settle::Hold => r.state == EtcdState::Held,
+                            Settle::Release => false,
+                        }
+                }),
+            }),
+            _ => None,
+        };
+        match confirmed {
+            Some(true) => {
+                env.debug(format_args!(
+                    "stream {}: {} confirmed by etcd",
+                    self.id,
+                    st.kind.what()
+                ));
+                if let Some((digest, entry)) = st.learned {
+                    env.local().insert(digest, entry, now);
+                }
+                if matches!(st.kind, Settle::Complete | Settle::Release) {
+                    wake(p, env, &st.digest);
+                }
+            }
+            Some(false) => {
+                env.count(Counter::ClaimsLost);
+                env.warn(&format!(
+                    "stream {}: {}: the claim expired or was taken over first",
+                    self.id,
+                    st.kind.what()
+                ));
+            }
+            None => {
+                env.count(Counter::StoreErrors);
+                env.warn(&format!(
+                    "stream {}: {} failed (status {})",
+                    self.id,
+                    st.kind.what(),
+                    answer.status
+                ));
+            }
+        }
+        Action::Continue
+    }
+
+    /// A completion answered "lease not found" (etcd lost or revoked the completed lease
+    /// cached at claim time; the in-flight record is still there, or the compare would
+    /// have failed first): take a fresh completed lease and write the completion again,
+    /// twice at most, within the budget. Returns the next call, if any.
+    pub(in crate::stream) fn regranted<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        st: &mut Settling,
+        parsed: &Option<EtcdAnswer>,
+        now: u64,
+    ) -> Option<StoreCall> {
+        let proto = protocol(p);
+        let r = st.regrant.as_mut()?;
+        if let Some(sent_ms) = r.granting {
+            let Some(EtcdAnswer::Lease { id }) = parsed else {
+                return None;
+            };
+            r.granting = None;
+            let plan = p.leases_for(p.config.policy_at(self.rule));
+            env.leases()
+                .put(LeasePurpose::Completed, &plan, *id, sent_ms);
+            let (_, entry) = st.learned.as_ref()?;
+            let record = EtcdRecord {
+                state: if entry.response.is_some() {
+                    EtcdState::Completed
+                } else {
+                    EtcdState::CompletedNotStored
+                },
+                token: st.token,
+                expires_ms: entry.expires_ms,
+                payload: entry.payload,
+                response: entry.response.clone(),
+            };
+            st.call = StoreCall {
+                path: proto.txn_path(),
+                body: proto.replace_txn(&r.key, r.mod_revision, &record.encode(&st.digest), *id),
+                timeout_ms: attempt_timeout(p, st.deadline_ms, now),
+            };
+            st.retries = 0;
+            return Some(st.call.clone());
+        }
+        let lost = matches!(parsed, Some(EtcdAnswer::Error { code, message })
+            if lease_lost(*code, message));
+        if !lost || r.rounds >= 2 || now >= st.deadline_ms {
+            return None;
+        }
+        env.warn(&format!(
+            "stream {}: completion: etcd lost its lease; writing it again with a fresh one",
+            self.id
+        ));
+        *env.leases() = LeaseCache::default();
+        r.rounds += 1;
+        r.granting = Some(now);
+        st.call = StoreCall {
+            path: proto.lease_grant_path(),
+            body: proto.lease_grant(
+                p.leases_for(p.config.policy_at(self.rule))
+                    .ttl_s(LeasePurpose::Completed),
+            ),
+            timeout_ms: attempt_timeout(p, st.deadline_ms, now),
+        };
+        st.retries = 0;
+        Some(st.call.clone())
+    }
+
+    /// Sends a completion or release txn and waits for it in `Settling`.
+    pub(in crate::stream) fn settle(
+        &mut self,
+        p: &Plugin,
+        now: u64,
+        o: &EtcdOwned,
+        kind: Settle,
+        body: Vec<u8>,
+        learned: Option<LocalEntry>,
+    ) -> StoreCall {
+        let deadline_ms = now.saturating_add(etcd_timeout(p));
+        let call = StoreCall {
+            path: protocol(p).txn_path(),
+            body,
+            timeout_ms: attempt_timeout(p, deadline_ms, now),
+        };
+        self.phase = Phase::Settling(Box::new(Settling {
+            kind,
+            learned: learned.map(|l| (o.digest, l)),
+            digest: o.digest,
+            token: o.token,
+            call: call.clone(),
+            retries: 0,
+            deadline_ms,
+            regrant: None,
+        }));
+        call
+    }
+
+    /// An unknown outcome: mark the record held, on the same in-flight lease, which
+    /// alone ends it.
+    pub(in crate::stream) fn hold_etcd<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        o: &EtcdOwned,
+    ) -> StoreCall {
+        let record = EtcdRecord {
+            state: EtcdState::Held,
+            token: o.token,
+            expires_ms: o.expires_ms,
+            payload: o.payload,
+            response: None,
+        };
+        let body = protocol(p).replace_txn(
+            &o.key,
+            o.mod_revision,
+            &record.encode(&o.digest),
+            o.in_flight_lease,
+        );
+        self.settle(p, env.now_ms(), o, Settle::Hold, body, None)
+    }
+
+    pub(in crate::stream) fn release_etcd<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        o: &EtcdOwned,
+    ) -> StoreCall {
+        env.count(Counter::Released);
+        let body = protocol(p).delete_txn(&o.key, o.mod_revision);
+        self.settle(p, env.now_ms(), o, Settle::Release, body, None)
+    }
+
+    /// Writes the completed record on the completed lease (without the response when
+    /// etcd would refuse its size), and keeps what a lease regrant needs.
+    pub(in crate::stream) fn complete_etcd<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        o: EtcdOwned,
+        response: Option<StoredResponse>,
+        now: u64,
+    ) -> StoreCall {
+        let expires_ms = now.saturating_add(p.config.policy_at(self.rule).ttl_ms);
+        let mut record = EtcdRecord {
+            state: if response.is_some() {
+                EtcdState::Completed
+            } else {
+                EtcdState::CompletedNotStored
+            },
+            token: o.token,
+            expires_ms,
+            payload: o.payload,
+            response,
+        };
+        let mut value = record.encode(&o.digest);
+        if record.response.is_some() && value.len() > max_record_bytes(p) {
+            // etcd would refuse it and the key would stay in flight: keep the
+            // completion without the response instead.
+            env.count(Counter::ResponseNotStored);
+            record.state = EtcdState::CompletedNotStored;
+            record.response = None;
+            value = record.encode(&o.digest);
+        }
+        let body = protocol(p).replace_txn(&o.key, o.mod_revision, &value, o.completed_lease);
+        let learned = LocalEntry {
+            payload: o.payload,
+            expires_ms,
+            response: record.response,
+        };
+        let call = self.settle(p, now, &o, Settle::Complete, body, Some(learned));
+        if let Phase::Settling(st) = &mut self.phase {
+            st.regrant = Some(Regrant {
+                key: o.key,
+                mod_revision: o.mod_revision,
+                granting: None,
+                rounds: 0,
+            });
+        }
+        call
+    }
+}

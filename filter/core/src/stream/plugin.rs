@@ -1,0 +1,115 @@
+//! What a stream is given: the configured plugin (config and the store geometry derived
+//! from it), the host seam (`Env`), and the store calls a stream asks the glue to make.
+
+use crate::config::{Config, Policy, StoreConfig};
+use crate::etcd::{LeaseCache, LeasePlan};
+use crate::key::Digest;
+use crate::local::LocalTier;
+use crate::metrics::Counter;
+use crate::store::{Layout, SharedData};
+use crate::wait::Waiters;
+
+/// A configured plugin: immutable config and the store geometry derived from it.
+#[derive(Debug, Clone)]
+pub struct Plugin {
+    pub config: Config,
+    /// The buckets every policy shares, timed for the longest-lived policy (what the
+    /// layout registry needs); a stream uses `layout_for` its policy.
+    pub layout: Layout,
+    /// The top-level policy's lease plan; a stream uses `leases_for` its policy.
+    pub leases: LeasePlan,
+}
+
+impl Plugin {
+    pub fn new(config: Config) -> Self {
+        let top = &config.policy;
+        let leases = LeasePlan::new(top.ttl_ms, top.in_flight_timeout_ms, budget_ms(&config));
+        // Every policy shares the buckets; the layout registers itself for as long as
+        // the longest-lived policy's records may live.
+        let policies = || std::iter::once(top).chain(config.rules.iter().map(|r| &r.policy));
+        let layout = Layout::new(
+            &config.namespace,
+            config.capacity,
+            policies()
+                .map(|p| p.in_flight_timeout_ms)
+                .max()
+                .unwrap_or(0),
+            policies().map(|p| p.ttl_ms).max().unwrap_or(0),
+        )
+        .with_max_store_bytes(config.max_store_bytes);
+        Plugin {
+            config,
+            layout,
+            leases,
+        }
+    }
+
+    /// The shared-data layout with a policy's timing (borrowed when it is the layout's).
+    pub fn layout_for(&self, policy: &Policy) -> std::borrow::Cow<'_, Layout> {
+        if policy.in_flight_timeout_ms == self.layout.in_flight_ms
+            && policy.ttl_ms == self.layout.ttl_ms
+        {
+            std::borrow::Cow::Borrowed(&self.layout)
+        } else {
+            std::borrow::Cow::Owned(
+                self.layout
+                    .timed(policy.in_flight_timeout_ms, policy.ttl_ms),
+            )
+        }
+    }
+
+    /// The etcd lease timing of a policy.
+    pub fn leases_for(&self, policy: &Policy) -> LeasePlan {
+        LeasePlan::new(
+            policy.ttl_ms,
+            policy.in_flight_timeout_ms,
+            budget_ms(&self.config),
+        )
+    }
+}
+
+fn budget_ms(config: &Config) -> u64 {
+    match &config.store {
+        StoreConfig::Etcd(ec) => ec.timeout_ms,
+        StoreConfig::SharedData => 0,
+    }
+}
+
+/// What the host provides a stream besides shared data.
+pub trait Env: SharedData {
+    /// Wall-clock time in milliseconds since the Unix epoch (Envoy's clock).
+    fn now_ms(&self) -> u64;
+    /// A token unique to this claim (random, or counter-based with a random seed).
+    fn new_token(&mut self) -> u64;
+    fn count(&mut self, counter: Counter);
+    /// A debug line; formatted only when the host logs at debug level.
+    fn debug(&self, message: std::fmt::Arguments<'_>);
+    fn warn(&self, message: &str);
+    /// This worker's leases (etcd store).
+    fn leases(&mut self) -> &mut LeaseCache;
+    /// This worker's tier of completed records (etcd store).
+    fn local(&mut self) -> &mut LocalTier;
+    /// The duplicates this worker holds in wait mode.
+    fn waiters(&mut self) -> &mut Waiters;
+    /// A record this proxy completed or released: wake its waiters on every worker.
+    fn wake_waiters(&mut self, digest: &Digest);
+}
+
+/// A call to the remote store through the proxy, giving up after `timeout_ms`: a unary
+/// gRPC call of method `path` (`/etcdserverpb.KV/Txn`, …) with the protobuf message
+/// `body`, or (JSON gateway) a POST of `path` with the JSON `body`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreCall {
+    pub path: &'static str,
+    pub body: Vec<u8>,
+    pub timeout_ms: u64,
+}
+
+/// The answer to a `StoreCall`: the HTTP status (0 when the call failed without a
+/// response, e.g. reset) and the body. A gRPC call's answer is status 200 and the
+/// response message, or status 0 and `etcdpb::status_body` (the gRPC status and message).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallAnswer {
+    pub status: u16,
+    pub body: Vec<u8>,
+}

@@ -1,0 +1,130 @@
+//! The shared-data store's side of a stream: the claim in this proxy's shared data,
+//! and its completion, release or hold. Every call answers at once (no store call).
+
+use super::{wake, DedupStream, Duplicate, Env, Owned, Plugin};
+use crate::config::OnDuplicate;
+use crate::key::{short_hex, Digest};
+use crate::metrics::Counter;
+use crate::response::StoredResponse;
+use crate::store::{Claim, ClaimOutcome, SharedStore};
+use crate::stream::Action;
+
+impl DedupStream {
+    pub(super) fn claim_shared<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        digest: Digest,
+        payload: Digest,
+    ) -> Action {
+        let token = env.new_token();
+        let now = env.now_ms();
+        let layout = p.layout_for(p.config.policy_at(self.rule));
+        let outcome = SharedStore::new(&*env, &layout).claim(&digest, &payload, now, token);
+        match outcome {
+            Ok(ClaimOutcome::Claimed {
+                claim,
+                evicted_unexpired,
+            }) => {
+                if evicted_unexpired {
+                    env.count(Counter::EvictionsUnexpired);
+                }
+                self.forward(env, Owned::Shared(claim))
+            }
+            Ok(ClaimOutcome::InFlight { held_until }) => {
+                self.duplicate(p, env, Duplicate::InFlight { held_until })
+            }
+            Ok(ClaimOutcome::PayloadMismatch) => self.duplicate(p, env, Duplicate::PayloadMismatch),
+            Ok(ClaimOutcome::CompletedNotStored) => self.duplicate(p, env, Duplicate::NotStored),
+            Ok(ClaimOutcome::Completed(_))
+                if p.config.policy_at(self.rule).on_duplicate == OnDuplicate::Reject =>
+            {
+                self.duplicate(p, env, Duplicate::Completed(None))
+            }
+            Ok(ClaimOutcome::Completed(done)) => {
+                match SharedStore::new(&*env, &p.layout).response(&done) {
+                    Ok(Some(resp)) => self.duplicate(p, env, Duplicate::Completed(Some(resp))),
+                    Ok(None) => self.duplicate(p, env, Duplicate::NotStored),
+                    Err(e) => self.store_failed(p, env, &e.to_string()),
+                }
+            }
+            Err(e) => self.store_failed(p, env, &e.to_string()),
+        }
+    }
+
+    /// An unknown outcome: mark the claim held, so duplicates learn how long the hold
+    /// lasts.
+    pub(super) fn hold_shared<E: Env>(&mut self, p: &Plugin, env: &mut E, claim: &Claim) {
+        if let Err(e) = SharedStore::new(&*env, &p.layout).hold(claim) {
+            env.count(Counter::StoreErrors);
+            env.warn(&format!(
+                "stream {}: marking the claim held failed: {e}",
+                self.id
+            ));
+        }
+    }
+
+    /// Writes the completed record (with the response when it fits its bucket's share).
+    pub(super) fn complete_shared<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        claim: &Claim,
+        response: Option<&StoredResponse>,
+        now: u64,
+    ) {
+        let layout = p.layout_for(p.config.policy_at(self.rule));
+        let store = SharedStore::new(&*env, &layout);
+        match store.complete_within_budget(claim, response, now) {
+            Ok(done) if done.owned => {
+                if response.is_some() && !done.stored {
+                    // Larger than its bucket's share of `max_store_bytes`.
+                    env.count(Counter::ResponseNotStored);
+                }
+                for _ in 0..done.dropped {
+                    env.count(Counter::BodiesDropped);
+                }
+                env.debug(format_args!(
+                    "stream {}: record {} completed (response kept: {}, bodies dropped: {})",
+                    self.id,
+                    short_hex(&claim.digest),
+                    done.stored,
+                    done.dropped
+                ));
+                wake(p, env, &claim.digest);
+            }
+            Ok(_) => {
+                env.count(Counter::ClaimsLost);
+                env.warn(&format!(
+                    "stream {}: claim on record {} expired before the response came; not stored",
+                    self.id,
+                    short_hex(&claim.digest)
+                ));
+            }
+            Err(e) => {
+                env.count(Counter::StoreErrors);
+                env.warn(&format!(
+                    "stream {}: completing the record failed: {e}",
+                    self.id
+                ));
+            }
+        }
+    }
+
+    pub(super) fn release_shared<E: Env>(&mut self, p: &Plugin, env: &mut E, claim: &Claim) {
+        match SharedStore::new(&*env, &p.layout).release(claim) {
+            Ok(true) => {
+                env.count(Counter::Released);
+                wake(p, env, &claim.digest);
+            }
+            Ok(false) => env.count(Counter::ClaimsLost),
+            Err(e) => {
+                env.count(Counter::StoreErrors);
+                env.warn(&format!(
+                    "stream {}: releasing the claim failed: {e}",
+                    self.id
+                ));
+            }
+        }
+    }
+}

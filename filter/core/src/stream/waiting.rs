@@ -1,0 +1,127 @@
+//! Wait mode: a duplicate held until the first request's answer, woken by the glue,
+//! re-checking its record, answering 409 once its wait is over.
+
+use super::etcd::poll_call;
+use super::{Action, DedupStream, Duplicate, Env, Phase, Plugin, Waiting};
+use crate::config::StoreConfig;
+use crate::key::short_hex;
+use crate::metrics::Counter;
+use crate::wait::{POLL_ETCD_MS, RECHECK_SHARED_MS};
+
+impl DedupStream {
+    /// Wait mode: the glue woke this waiting duplicate (its record changed, its periodic
+    /// check or its deadline came). It re-reads the record: the first's response
+    /// (replayed), a released key (claimed: this one executes), still in flight (it
+    /// waits on, `Pause`), or, past `wait_timeout_ms`, 409 as in reject mode. With etcd
+    /// the read is a store call (`Call`) whose answer goes to `on_store_answer`.
+    pub fn on_wake<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Action {
+        if !matches!(self.phase, Phase::Waiting(_)) {
+            // Not waiting (any more), or its read is out: nothing to do now.
+            return Action::Pause;
+        }
+        let Phase::Waiting(w) = std::mem::replace(&mut self.phase, Phase::Finished) else {
+            return Action::Pause;
+        };
+        let now = env.now_ms();
+        if self.wait_deadline.is_some_and(|d| now >= d) {
+            return self.duplicate(
+                p,
+                env,
+                Duplicate::InFlight {
+                    held_until: w.held_until,
+                },
+            );
+        }
+        match &p.config.store {
+            StoreConfig::SharedData => self.claim_shared(p, env, w.digest, w.payload),
+            StoreConfig::Etcd(ec) => {
+                if env.local().get(&w.digest, now).is_some() {
+                    return self.claim_etcd(p, env, ec, w.digest, w.payload);
+                }
+                let call = poll_call(ec, &w.digest);
+                self.phase = Phase::Polling(w);
+                Action::Call(call)
+            }
+        }
+    }
+
+    /// Keeps a waiter waiting, or answers 409 once its deadline has passed.
+    pub(super) fn wait_on<E: Env>(&mut self, p: &Plugin, env: &mut E, w: Box<Waiting>) -> Action {
+        if self.wait_deadline.is_some_and(|d| env.now_ms() < d) {
+            self.phase = Phase::Waiting(w);
+            return Action::Pause;
+        }
+        self.duplicate(
+            p,
+            env,
+            Duplicate::InFlight {
+                held_until: w.held_until,
+            },
+        )
+    }
+
+    /// Wait mode: a duplicate of a claim starts waiting (a place among this worker's
+    /// `max_waiters`), or waits on. `None`: it answers 409 now (no place, or its
+    /// `wait_timeout_ms` is over).
+    pub(super) fn start_or_keep_waiting<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        held_until: Option<u64>,
+    ) -> Option<Action> {
+        let (digest, payload) = (self.record?, self.payload?);
+        let now = env.now_ms();
+        let wait_timeout_ms = p.config.policy_at(self.rule).wait_timeout_ms;
+        let deadline = match self.wait_deadline {
+            Some(d) => d,
+            None => {
+                let d = now.saturating_add(wait_timeout_ms);
+                // The first check comes at the next tick: a completion that landed
+                // between the claim's read and this registration woke nobody here.
+                if !env
+                    .waiters()
+                    .add(self.id, digest, d, now, p.config.max_waiters)
+                {
+                    env.debug(format_args!(
+                        "stream {}: {} duplicates already wait on this worker (max_waiters); 409",
+                        self.id, p.config.max_waiters
+                    ));
+                    return None;
+                }
+                env.count(Counter::Waited);
+                env.debug(format_args!(
+                    "stream {}: record {} in flight; waiting up to {} ms for its answer",
+                    self.id,
+                    short_hex(&digest),
+                    wait_timeout_ms
+                ));
+                self.wait_deadline = Some(d);
+                d
+            }
+        };
+        if now >= deadline {
+            return None;
+        }
+        self.phase = Phase::Waiting(Box::new(Waiting {
+            digest,
+            payload,
+            held_until,
+        }));
+        Some(Action::Pause)
+    }
+
+    /// A waiting duplicate is answered or goes on: it leaves the worker's registry.
+    pub(super) fn stop_waiting<E: Env>(&mut self, env: &mut E) {
+        if self.wait_deadline.is_some() {
+            env.waiters().remove(self.id);
+        }
+    }
+}
+
+/// How often a worker re-checks what its waiters wait for without a wake-up.
+pub fn recheck_interval_ms(p: &Plugin) -> u64 {
+    match p.config.store {
+        StoreConfig::SharedData => RECHECK_SHARED_MS,
+        StoreConfig::Etcd(_) => POLL_ETCD_MS,
+    }
+}
