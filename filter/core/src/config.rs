@@ -361,11 +361,7 @@ impl Config {
 
     /// Whether any policy (the top level or a rule) waits for in-flight duplicates.
     pub fn waits(&self) -> bool {
-        self.policy.on_in_flight == OnInFlight::Wait
-            || self
-                .rules
-                .iter()
-                .any(|r| r.policy.on_in_flight == OnInFlight::Wait)
+        self.longest_wait_ms() > 0
     }
 
     /// The longest `wait_timeout_ms` of the policies that wait (0: none waits).

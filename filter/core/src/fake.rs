@@ -464,6 +464,25 @@ fn grpc_request_as_json(path: &str, body: &[u8]) -> (&'static str, Vec<u8>) {
     }
 }
 
+/// The gateway's JSON `kvs` as encoded `KeyValue` messages.
+fn json_kvs_as_grpc(kvs: &serde_json::Value) -> Vec<Vec<u8>> {
+    use crate::etcdpb::testing as pb;
+    kvs.as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|kv| {
+            pb::kv(
+                &unb64(&kv["key"]),
+                num(&kv["create_revision"]),
+                num(&kv["mod_revision"]),
+                &unb64(&kv["value"]),
+                num(&kv["lease"]),
+            )
+        })
+        .collect()
+}
+
 /// The gateway's JSON answer as the gRPC answer the glue would hand over.
 fn json_answer_as_grpc(path: &str, status: u16, body: &[u8]) -> (u16, Vec<u8>) {
     use crate::etcdpb::testing as pb;
@@ -481,22 +500,7 @@ fn json_answer_as_grpc(path: &str, status: u16, body: &[u8]) -> (u16, Vec<u8>) {
     let out = match path {
         crate::etcdpb::LEASE_GRANT => pb::lease_response(rev, num(&v["ID"]), num(&v["TTL"])),
         crate::etcdpb::RANGE => {
-            let kvs: Vec<Vec<u8>> = v["kvs"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .iter()
-                .map(|kv| {
-                    pb::kv(
-                        &unb64(&kv["key"]),
-                        num(&kv["create_revision"]),
-                        num(&kv["mod_revision"]),
-                        &unb64(&kv["value"]),
-                        num(&kv["lease"]),
-                    )
-                })
-                .collect();
-            pb::range_response(rev, &kvs, num(&v["count"]))
+            pb::range_response(rev, &json_kvs_as_grpc(&v["kvs"]), num(&v["count"]))
         }
         _ => {
             let ops: Vec<(u32, Vec<u8>)> = v["responses"]
@@ -506,21 +510,7 @@ fn json_answer_as_grpc(path: &str, status: u16, body: &[u8]) -> (u16, Vec<u8>) {
                 .iter()
                 .map(|r| {
                     if let Some(rr) = r.get("response_range") {
-                        let kvs: Vec<Vec<u8>> = rr["kvs"]
-                            .as_array()
-                            .cloned()
-                            .unwrap_or_default()
-                            .iter()
-                            .map(|kv| {
-                                pb::kv(
-                                    &unb64(&kv["key"]),
-                                    num(&kv["create_revision"]),
-                                    num(&kv["mod_revision"]),
-                                    &unb64(&kv["value"]),
-                                    num(&kv["lease"]),
-                                )
-                            })
-                            .collect();
+                        let kvs = json_kvs_as_grpc(&rr["kvs"]);
                         let n = kvs.len() as i64;
                         (
                             1,

@@ -455,7 +455,7 @@ impl DedupStream {
 /// Wait mode: a record this stream completed or released may have waiters, on any
 /// worker.
 fn wake<E: Env>(p: &Plugin, env: &mut E, digest: &Digest) {
-    if p.config.waits() {
+    if p.waits {
         env.wake_waiters(digest);
     }
 }

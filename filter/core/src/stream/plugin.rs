@@ -18,6 +18,9 @@ pub struct Plugin {
     pub layout: Layout,
     /// The top-level policy's lease plan; a stream uses `leases_for` its policy.
     pub leases: LeasePlan,
+    /// Whether any policy waits (`Config::waits`), so a completion knows at once
+    /// whether to wake waiters.
+    pub waits: bool,
 }
 
 impl Plugin {
@@ -38,6 +41,7 @@ impl Plugin {
         )
         .with_max_store_bytes(config.max_store_bytes);
         Plugin {
+            waits: config.waits(),
             config,
             layout,
             leases,
