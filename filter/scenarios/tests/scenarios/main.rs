@@ -2,6 +2,8 @@
 //! numbered behaviour of the filter's contract, races across workers, expiry on the
 //! virtual clock, the capacity bound, store faults, scope isolation, and the etcd store
 //! against a real etcd on loopback and against failing clusters.
+// Test helpers outside #[test] functions may unwrap too (as in envoy/tests).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 /// Two tests of one scenario `fn(json: bool) -> R`: the etcd store over gRPC,
 /// and over etcd's JSON gateway.
