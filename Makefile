@@ -34,7 +34,7 @@ OCI_TAG ?= 0.1.0
 oci: wasm
 	$(CARGO) run --locked -q -p dedup-envoy --bin oci-image -- --out dist/oci --tag $(OCI_TAG)
 
-# Everything: native logic tests, host-test scenarios on the built module,
+# Everything: native logic tests, the scenarios of the built module in host-test (filter/scenarios),
 # real-Envoy end-to-end tests (they start Envoy, the demo upstream and etcd).
 TEST_PACKAGES := --locked --workspace --exclude dedup-filter --exclude empty-filter --exclude shared-data-probe --exclude abi-probe
 test: wasm

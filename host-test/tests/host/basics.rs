@@ -28,10 +28,7 @@ fn empty_filter_passes_requests_to_the_upstream() {
 
 #[test]
 fn missing_wasm_names_the_build_command() {
-    let err = Envoy::builder("/nonexistent/filter.wasm")
-        .build()
-        .err()
-        .unwrap();
+    let err = build_error(Envoy::builder("/nonexistent/filter.wasm"));
     assert!(matches!(err, Error::WasmMissing(_)));
     assert!(err.to_string().contains("make wasm"), "{err}");
 }
@@ -57,7 +54,7 @@ fn unknown_import_is_named() {
     wasm.extend_from_slice(&[0x00, 0x00]);
     let path = std::env::temp_dir().join(format!("host-test-unknown-{}.wasm", std::process::id()));
     std::fs::write(&path, wasm).unwrap();
-    let err = Envoy::builder(&path).build().err().unwrap();
+    let err = build_error(Envoy::builder(&path));
     std::fs::remove_file(&path).unwrap();
     assert!(matches!(err, Error::UnknownImports(_)), "{err}");
     assert!(err.to_string().contains("env::proxy_nonexistent"), "{err}");

@@ -2,7 +2,7 @@
 //! allow_on_headers_stop_iteration.
 
 use crate::*;
-use host_test::{Error, Reply, Request, StreamState};
+use host_test::{Envoy, Error, Reply, Request, StreamState};
 
 fn body_probe(end: &str) -> Request {
     Request::post("/upload")
@@ -11,12 +11,27 @@ fn body_probe(end: &str) -> Request {
         .chunks(["abc", "defg", "hi"])
 }
 
-#[test]
-fn pause_accumulates_and_end_of_stream_sees_the_whole_body() {
-    let mut envoy = probe_builder()
+/// A body probe that continues its headers at once, then does `end` at the
+/// end of the body.
+fn continued(path: &str, end: &str) -> Request {
+    let req = Request::post(path).header("x-probe", "body");
+    with_headers(
+        req,
+        &[("x-headers-action", "continue"), ("x-body-end", end)],
+    )
+}
+
+/// A one-worker probe with allow_on_headers_stop_iteration.
+fn buffering() -> Envoy {
+    probe_builder()
         .allow_on_headers_stop_iteration(true)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn pause_accumulates_and_end_of_stream_sees_the_whole_body() {
+    let mut envoy = buffering();
     let resp = envoy.request(0, body_probe("reply")).unwrap();
     let j = json(&resp);
     assert_eq!(j["sizes"], "3,7,9", "each callback sees the whole buffer");
@@ -27,10 +42,7 @@ fn pause_accumulates_and_end_of_stream_sees_the_whole_body() {
 
 #[test]
 fn continue_forwards_the_buffered_body_with_edited_headers() {
-    let mut envoy = probe_builder()
-        .allow_on_headers_stop_iteration(true)
-        .build()
-        .unwrap();
+    let mut envoy = buffering();
     let resp = envoy.request(0, body_probe("continue")).unwrap();
     assert_eq!(resp.status, 200);
     let up = resp.upstream_request.unwrap();
@@ -40,10 +52,7 @@ fn continue_forwards_the_buffered_body_with_edited_headers() {
 
 #[test]
 fn body_rewrite_reaches_the_upstream() {
-    let mut envoy = probe_builder()
-        .allow_on_headers_stop_iteration(true)
-        .build()
-        .unwrap();
+    let mut envoy = buffering();
     let resp = envoy.request(0, body_probe("rewrite")).unwrap();
     assert_eq!(
         resp.upstream_request.unwrap().body_str(),
@@ -53,15 +62,8 @@ fn body_rewrite_reaches_the_upstream() {
 
 #[test]
 fn continue_per_chunk_forwards_each_chunk_alone() {
-    let mut envoy = probe_builder()
-        .allow_on_headers_stop_iteration(true)
-        .build()
-        .unwrap();
-    let req = Request::post("/u")
-        .header("x-probe", "body")
-        .header("x-headers-action", "continue")
-        .header("x-body-end", "chunks")
-        .chunks(["abc", "defg", "hi"]);
+    let mut envoy = buffering();
+    let req = continued("/u", "chunks").chunks(["abc", "defg", "hi"]);
     let resp = envoy.request(0, req).unwrap();
     let j = json(&resp);
     assert_eq!(
@@ -106,15 +108,8 @@ fn without_allow_flag_resume_delivers_the_held_body_to_the_filter() {
 
 #[test]
 fn request_headers_are_gone_after_continue() {
-    let mut envoy = probe_builder()
-        .allow_on_headers_stop_iteration(true)
-        .build()
-        .unwrap();
-    let req = Request::post("/h")
-        .header("x-probe", "body")
-        .header("x-headers-action", "continue")
-        .header("x-body-end", "header-status")
-        .body("x");
+    let mut envoy = buffering();
+    let req = continued("/h", "header-status").body("x");
     let j = json(&envoy.request(0, req).unwrap());
     assert_eq!(j["replace"], "BadArgument");
     assert_eq!(j["get"], "BadArgument");
@@ -128,15 +123,8 @@ fn request_headers_are_gone_after_continue() {
 fn setting_a_header_after_continue_traps_through_the_sdk() {
     // x-headers-action continue + x-body-end continue: the SDK setter
     // panics on BadArgument -> trap -> 503, as seen in Envoy.
-    let mut envoy = probe_builder()
-        .allow_on_headers_stop_iteration(true)
-        .build()
-        .unwrap();
-    let req = Request::post("/h")
-        .header("x-probe", "body")
-        .header("x-headers-action", "continue")
-        .header("x-body-end", "continue")
-        .body("x");
+    let mut envoy = buffering();
+    let req = continued("/h", "continue").body("x");
     let resp = envoy.request(0, req).unwrap();
     assert_eq!(resp.status, 503);
     assert!(envoy.worker_failed(0));
@@ -145,10 +133,7 @@ fn setting_a_header_after_continue_traps_through_the_sdk() {
 
 #[test]
 fn step_by_step_body_chunks() {
-    let mut envoy = probe_builder()
-        .allow_on_headers_stop_iteration(true)
-        .build()
-        .unwrap();
+    let mut envoy = buffering();
     let id = envoy.start(0, body_probe("continue")).unwrap();
     envoy.send_headers(id).unwrap();
     assert!(envoy.send_chunk(id).unwrap());
@@ -164,13 +149,8 @@ fn step_by_step_body_chunks() {
 
 #[test]
 fn response_body_pause_buffers_and_can_be_replaced() {
-    let mut envoy = probe_builder()
-        .upstream(|_| Reply::ok().chunks(["12345", "678"]))
-        .build()
-        .unwrap();
-    let resp = envoy
-        .request(0, Request::get("/").header("x-probe", "resp-body"))
-        .unwrap();
+    let mut envoy = answering(Reply::ok().chunks(["12345", "678"]));
+    let resp = envoy.request(0, get_probe("resp-body", &[])).unwrap();
     assert_eq!(resp.body_str(), "response body seen: 8 bytes");
 }
 

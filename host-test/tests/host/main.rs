@@ -9,7 +9,7 @@ mod replies;
 mod runtime;
 mod shared_data;
 
-use host_test::{Envoy, EnvoyBuilder, Response};
+use host_test::{Envoy, EnvoyBuilder, Reply, Request, Response};
 use serde_json::Value;
 
 pub fn probe_builder() -> EnvoyBuilder {
@@ -23,4 +23,35 @@ pub fn probe(workers: usize) -> Envoy {
 pub fn json(resp: &Response) -> Value {
     serde_json::from_slice(&resp.body)
         .unwrap_or_else(|e| panic!("probe reply is not JSON ({e}): {}", resp.body_str()))
+}
+
+/// A one-worker probe whose upstream answers every request with `reply`.
+pub fn answering(reply: Reply) -> Envoy {
+    probe_builder()
+        .upstream(move |_| reply.clone())
+        .build()
+        .unwrap()
+}
+
+/// `req` with `headers` added.
+pub fn with_headers(req: Request, headers: &[(&str, &str)]) -> Request {
+    headers.iter().fold(req, |req, (k, v)| req.header(k, v))
+}
+
+/// GET / naming its probe in `x-probe`, with `headers` besides.
+pub fn get_probe(probe: &str, headers: &[(&str, &str)]) -> Request {
+    with_headers(Request::get("/").header("x-probe", probe), headers)
+}
+
+/// `request` on `worker`, the probe's reply as JSON.
+pub fn ask(envoy: &mut Envoy, worker: usize, request: Request) -> Value {
+    json(&envoy.request(worker, request).unwrap())
+}
+
+/// The error `builder` is refused with.
+pub fn build_error(builder: EnvoyBuilder) -> host_test::Error {
+    match builder.build() {
+        Ok(_) => panic!("expected the build to fail"),
+        Err(e) => e,
+    }
 }

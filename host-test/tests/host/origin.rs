@@ -5,12 +5,19 @@
 //! (`host-test/probes/envoy_origin.py`, table in `host-test/PROBES.md`).
 
 use crate::*;
-use host_test::{code_details, response_flags, Envoy, Reply, Request};
+use host_test::{code_details, response_flags, Envoy, Reply, Request, Response, StreamId};
 use std::collections::HashMap;
 use std::time::Duration;
 
 const NOT_FOUND: &str = "status1";
 const ADDRESS: &str = "127.0.0.1:8080";
+const DISCONNECT: &str = "downstream_remote_disconnect";
+
+/// `response.flags` as a value and its names.
+type Flags = (u64, &'static str);
+const NO_FLAGS: Flags = (0, "");
+const UT: Flags = (4, "UT");
+const DC: Flags = (16384, "DC");
 
 /// The probe's `probe origin at=<at>` log lines, parsed into maps.
 fn origins(envoy: &Envoy, at: &str) -> Vec<HashMap<String, String>> {
@@ -35,29 +42,50 @@ fn one(envoy: &Envoy, at: &str) -> HashMap<String, String> {
     lines.remove(0)
 }
 
-/// `response.flags` as the probe prints it: value, names, the 8 raw bytes.
-fn flags(value: u64, names: &str) -> String {
-    let hex: String = value
-        .to_le_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let names = if names.is_empty() { "-" } else { names };
-    format!("{value}:{names}:hex{hex}")
+/// Little-endian bytes in hex, as the probe prints raw property values.
+fn hex(bytes: [u8; 8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// `response.code` as the probe prints it.
-fn code(status: u16) -> String {
-    let hex: String = i64::from(status)
-        .to_le_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("{status}:hex{hex}")
+/// What the probe should print of an origin, each value as it prints it.
+struct Origin {
+    details: &'static str,
+    flags: String,
+    code: String,
+    address: &'static str,
+}
+
+impl Origin {
+    /// `details` and `flags` from the upstream's host, with `status` as `response.code`.
+    fn upstream(details: &'static str, (value, names): Flags, status: u16) -> Origin {
+        let names = if names.is_empty() { "-" } else { names };
+        Origin {
+            details,
+            flags: format!("{value}:{names}:hex{}", hex(value.to_le_bytes())),
+            code: format!("{status}:hex{}", hex(i64::from(status).to_le_bytes())),
+            address: ADDRESS,
+        }
+    }
+
+    /// The same without an upstream host (`upstream.address` not found).
+    fn hostless(details: &'static str, flags: Flags, status: u16) -> Origin {
+        Origin {
+            address: NOT_FOUND,
+            ..Origin::upstream(details, flags, status)
+        }
+    }
+
+    /// Without a response code (`response.code` not found).
+    fn without_code(self) -> Origin {
+        Origin {
+            code: NOT_FOUND.to_string(),
+            ..self
+        }
+    }
 }
 
 #[track_caller]
-fn seen(line: &HashMap<String, String>, details: &str, flag: &str, code: &str, address: &str) {
+fn seen(line: &HashMap<String, String>, want: &Origin) {
     let got = |k: &str| line.get(k).map(String::as_str).unwrap_or("<missing>");
     assert_eq!(
         (
@@ -66,55 +94,86 @@ fn seen(line: &HashMap<String, String>, details: &str, flag: &str, code: &str, a
             got("response.code"),
             got("upstream.address"),
         ),
-        (details, flag, code, address),
+        (
+            want.details,
+            want.flags.as_str(),
+            want.code.as_str(),
+            want.address
+        ),
         "{line:?}"
     );
 }
 
-fn run(reply: Reply) -> (Envoy, host_test::Response) {
-    let mut envoy = probe_builder()
-        .upstream(move |_| reply.clone())
-        .build()
-        .unwrap();
+fn run(reply: Reply) -> (Envoy, Response) {
+    let mut envoy = answering(reply);
     let resp = envoy.request(0, Request::get("/up")).unwrap();
     (envoy, resp)
+}
+
+/// `run`, and the client got `status` and `body`.
+#[track_caller]
+fn answered(reply: Reply, status: u16, body: &str) -> (Envoy, Response) {
+    let (envoy, resp) = run(reply);
+    assert_eq!((resp.status, resp.body_str().as_str()), (status, body));
+    (envoy, resp)
+}
+
+/// The body of Envoy's local reply when the upstream reset before its headers.
+fn reset_before_headers(reason: &str) -> String {
+    format!("upstream connect error or disconnect/reset before headers. reset reason: {reason}")
 }
 
 /// A whole answer: the same values at response headers, each body
 /// callback and on_log.
 #[track_caller]
-fn seen_throughout(envoy: &Envoy, details: &str, flag: &str, code: &str, address: &str) {
-    seen(&one(envoy, "headers"), details, flag, code, address);
+fn seen_throughout(envoy: &Envoy, want: &Origin) {
+    seen(&one(envoy, "headers"), want);
     for body in origins(envoy, "body") {
-        seen(&body, details, flag, code, address);
+        seen(&body, want);
     }
-    seen(&one(envoy, "log"), details, flag, code, address);
+    seen(&one(envoy, "log"), want);
+}
+
+/// `run` on an answer cut after its headers and 10 body bytes: the client sees
+/// them and a reset; the filter saw the headers via the upstream and one body
+/// callback without the end of the stream.
+#[track_caller]
+fn cut_mid_body(reply: Reply) -> (Envoy, Response) {
+    let (envoy, resp) = run(reply);
+    assert_eq!(
+        (resp.status, resp.body_str().as_str(), resp.reset),
+        (200, "0123456789", true)
+    );
+    let via_upstream = Origin::upstream("via_upstream", NO_FLAGS, 200);
+    seen(&one(&envoy, "headers"), &via_upstream);
+    let body = one(&envoy, "body");
+    assert_eq!(
+        (body["size"].as_str(), body["eos"].as_str()),
+        ("10", "false")
+    );
+    (envoy, resp)
+}
+
+/// A one-worker probe with a GET forwarded upstream and not yet answered.
+fn forwarded() -> (Envoy, StreamId) {
+    let mut envoy = probe(1);
+    let id = envoy.start(0, Request::get("/up")).unwrap();
+    envoy.send_request(id).unwrap();
+    (envoy, id)
 }
 
 #[test]
 fn before_any_response_only_the_flags_exist() {
     let (envoy, _) = run(Reply::ok());
-    seen(
-        &one(&envoy, "request"),
-        NOT_FOUND,
-        &flags(0, ""),
-        NOT_FOUND,
-        NOT_FOUND,
-    );
+    let origin = Origin::hostless(NOT_FOUND, NO_FLAGS, 0).without_code();
+    seen(&one(&envoy, "request"), &origin);
 }
 
 #[test]
 fn upstream_answers_are_via_upstream_whatever_the_status() {
     for status in [200, 503, 429] {
-        let (envoy, resp) = run(Reply::new(status).body("ok"));
-        assert_eq!(resp.status, status);
-        seen_throughout(
-            &envoy,
-            "via_upstream",
-            &flags(0, ""),
-            &code(status),
-            ADDRESS,
-        );
+        let (envoy, resp) = answered(Reply::new(status).body("ok"), status, "ok");
+        seen_throughout(&envoy, &Origin::upstream("via_upstream", NO_FLAGS, status));
         assert_eq!(resp.code_details.as_deref(), Some("via_upstream"));
         assert_eq!(resp.response_flags, 0);
         assert_eq!(resp.upstream_address.as_deref(), Some(ADDRESS));
@@ -128,7 +187,7 @@ fn response_code_is_readable_in_the_body_callback() {
     let (envoy, _) = run(Reply::new(201).body("made"));
     let body = origins(&envoy, "body");
     assert!(!body.is_empty());
-    assert_eq!(body[0]["response.code"], code(201));
+    assert_eq!(body[0]["response.code"], "201:hexc900000000000000");
 }
 
 #[test]
@@ -144,19 +203,16 @@ fn upstream_address_is_configurable() {
 
 #[test]
 fn connection_refused_is_uf_with_the_host_tried() {
-    let (envoy, resp) = run(Reply::connect_failure());
-    assert_eq!(resp.status, 503);
-    assert_eq!(
-        resp.body_str(),
-        "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure"
-    );
+    let refused = reset_before_headers("remote connection failure");
+    let (envoy, resp) = answered(Reply::connect_failure(), 503, &refused);
     assert_eq!(resp.header("content-type"), Some("text/plain"));
     seen_throughout(
         &envoy,
-        "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}",
-        &flags(32, "UF"),
-        &code(503),
-        ADDRESS,
+        &Origin::upstream(
+            "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}",
+            (32, "UF"),
+            503,
+        ),
     );
     assert_eq!(resp.response_flags, response_flags::UF);
 }
@@ -164,172 +220,89 @@ fn connection_refused_is_uf_with_the_host_tried() {
 #[test]
 fn connect_failure_retries_exhausted_add_urx() {
     let (envoy, _) = run(Reply::connect_failure().with_flags(response_flags::URX));
-    seen(
-        &one(&envoy, "log"),
-        code_details::CONNECT_FAILURE,
-        &flags(32800, "UF,URX"),
-        &code(503),
-        ADDRESS,
-    );
+    let origin = Origin::upstream(code_details::CONNECT_FAILURE, (32800, "UF,URX"), 503);
+    seen(&one(&envoy, "log"), &origin);
 }
 
 #[test]
 fn upstream_5xx_with_retries_exhausted_is_via_upstream_with_urx() {
-    let (envoy, resp) = run(Reply::new(503).body("ok").with_flags(response_flags::URX));
-    assert_eq!(resp.body_str(), "ok");
+    let reply = Reply::new(503).body("ok").with_flags(response_flags::URX);
+    let (envoy, _) = answered(reply, 503, "ok");
     seen_throughout(
         &envoy,
-        "via_upstream",
-        &flags(32768, "URX"),
-        &code(503),
-        ADDRESS,
+        &Origin::upstream("via_upstream", (32768, "URX"), 503),
     );
 }
 
 #[test]
 fn route_timeout_is_ut_504() {
-    let (envoy, resp) = run(Reply::no_answer());
-    assert_eq!(
-        (resp.status, resp.body_str().as_str()),
-        (504, "upstream request timeout")
-    );
-    seen_throughout(
-        &envoy,
-        "response_timeout",
-        &flags(4, "UT"),
-        &code(504),
-        ADDRESS,
-    );
+    let (envoy, _) = answered(Reply::no_answer(), 504, "upstream request timeout");
+    seen_throughout(&envoy, &Origin::upstream("response_timeout", UT, 504));
 }
 
 #[test]
 fn route_timeout_after_the_headers_resets_mid_body() {
-    let (envoy, resp) = run(Reply::no_answer_after_headers(200, "0123456789"));
-    assert_eq!(
-        (resp.status, resp.body_str().as_str(), resp.reset),
-        (200, "0123456789", true)
-    );
+    let (envoy, _) = cut_mid_body(Reply::no_answer_after_headers(200, "0123456789"));
     seen(
-        &one(&envoy, "headers"),
-        "via_upstream",
-        &flags(0, ""),
-        &code(200),
-        ADDRESS,
+        &one(&envoy, "body"),
+        &Origin::upstream("via_upstream", NO_FLAGS, 200),
     );
-    let body = one(&envoy, "body");
-    assert_eq!(
-        (body["size"].as_str(), body["eos"].as_str()),
-        ("10", "false")
-    );
-    seen(&body, "via_upstream", &flags(0, ""), &code(200), ADDRESS);
     seen(
         &one(&envoy, "log"),
-        "response_timeout",
-        &flags(4, "UT"),
-        &code(200),
-        ADDRESS,
+        &Origin::upstream("response_timeout", UT, 200),
     );
 }
 
 #[test]
 fn upstream_closing_before_the_response_is_uc() {
-    let (envoy, resp) = run(Reply::reset());
-    assert_eq!(resp.status, 503);
-    assert_eq!(
-        resp.body_str(),
-        "upstream connect error or disconnect/reset before headers. reset reason: connection termination"
-    );
-    seen_throughout(
-        &envoy,
-        "upstream_reset_before_response_started{connection_termination}",
-        &flags(64, "UC"),
-        &code(503),
-        ADDRESS,
-    );
+    let closed = reset_before_headers("connection termination");
+    let (envoy, _) = answered(Reply::reset(), 503, &closed);
+    let details = "upstream_reset_before_response_started{connection_termination}";
+    seen_throughout(&envoy, &Origin::upstream(details, (64, "UC"), 503));
 }
 
 #[test]
 fn upstream_closing_mid_body_is_upe_after_response_started() {
-    let (envoy, resp) = run(Reply::reset_after_headers(200, "0123456789"));
-    assert_eq!(
-        (resp.status, resp.body_str().as_str(), resp.reset),
-        (200, "0123456789", true)
-    );
+    let (envoy, resp) = cut_mid_body(Reply::reset_after_headers(200, "0123456789"));
     assert_eq!(
         resp.header("content-length"),
         Some("110"),
         "announced more than sent"
     );
-    seen(
-        &one(&envoy, "headers"),
-        "via_upstream",
-        &flags(0, ""),
-        &code(200),
-        ADDRESS,
-    );
-    let body = one(&envoy, "body");
-    assert_eq!(
-        (body["size"].as_str(), body["eos"].as_str()),
-        ("10", "false")
-    );
+    let details = "upstream_reset_after_response_started{protocol_error}";
     seen(
         &one(&envoy, "log"),
-        "upstream_reset_after_response_started{protocol_error}",
-        &flags(8388608, "UPE"),
-        &code(200),
-        ADDRESS,
+        &Origin::upstream(details, (8388608, "UPE"), 200),
     );
 }
 
 #[test]
 fn client_gone_while_the_upstream_works_is_dc_without_response() {
-    let mut envoy = probe(1);
-    let id = envoy.start(0, Request::get("/up")).unwrap();
-    envoy.send_request(id).unwrap();
+    let (mut envoy, id) = forwarded();
     assert!(envoy.upstream_request(id).is_some());
     envoy.reset_client(id).unwrap();
     assert!(
         origins(&envoy, "headers").is_empty(),
         "no response callbacks"
     );
-    seen(
-        &one(&envoy, "log"),
-        "downstream_remote_disconnect",
-        &flags(16384, "DC"),
-        NOT_FOUND,
-        ADDRESS,
-    );
+    let origin = Origin::upstream(DISCONNECT, DC, 0).without_code();
+    seen(&one(&envoy, "log"), &origin);
     let resp = envoy.response(id).unwrap();
-    assert_eq!(
-        resp.code_details.as_deref(),
-        Some("downstream_remote_disconnect")
-    );
+    assert_eq!(resp.code_details.as_deref(), Some(DISCONNECT));
     assert_eq!(resp.response_flags, response_flags::DC);
 }
 
 #[test]
 fn client_gone_mid_body_keeps_the_code_and_turns_dc() {
-    let mut envoy = probe(1);
-    let id = envoy.start(0, Request::get("/up")).unwrap();
-    envoy.send_request(id).unwrap();
-    envoy
-        .respond(id, Reply::no_answer_after_headers(200, "0123456789"))
-        .unwrap();
+    let (mut envoy, id) = forwarded();
+    let reply = Reply::no_answer_after_headers(200, "0123456789");
+    envoy.respond(id, reply).unwrap();
     envoy.reset_client(id).unwrap();
     seen(
         &one(&envoy, "headers"),
-        "via_upstream",
-        &flags(0, ""),
-        &code(200),
-        ADDRESS,
+        &Origin::upstream("via_upstream", NO_FLAGS, 200),
     );
-    seen(
-        &one(&envoy, "log"),
-        "downstream_remote_disconnect",
-        &flags(16384, "DC"),
-        &code(200),
-        ADDRESS,
-    );
+    seen(&one(&envoy, "log"), &Origin::upstream(DISCONNECT, DC, 200));
     // The route timeout no longer fires for a finished stream.
     envoy.advance(Duration::from_secs(20));
     assert_eq!(origins(&envoy, "log").len(), 1);
@@ -340,120 +313,61 @@ fn client_gone_while_the_filter_holds_the_request_has_no_upstream() {
     // Pause at headers without allow_on_headers_stop_iteration: the request
     // never reaches the router.
     let mut envoy = probe(1);
-    let id = envoy
-        .start(
-            0,
-            Request::post("/up")
-                .header("x-probe", "body")
-                .chunks(["01234", "56789"]),
-        )
-        .unwrap();
+    let held = Request::post("/up").header("x-probe", "body");
+    let id = envoy.start(0, held.chunks(["01234", "56789"])).unwrap();
     envoy.send_headers(id).unwrap();
     envoy.send_chunk(id).unwrap();
     envoy.reset_client(id).unwrap();
-    seen(
-        &one(&envoy, "log"),
-        "downstream_remote_disconnect",
-        &flags(16384, "DC"),
-        NOT_FOUND,
-        NOT_FOUND,
-    );
+    let origin = Origin::hostless(DISCONNECT, DC, 0).without_code();
+    seen(&one(&envoy, "log"), &origin);
 }
 
 #[test]
 fn no_healthy_upstream_is_uh_without_a_host() {
-    let (envoy, resp) = run(Reply::no_healthy_upstream());
-    assert_eq!(
-        (resp.status, resp.body_str().as_str()),
-        (503, "no healthy upstream")
-    );
+    let (envoy, resp) = answered(Reply::no_healthy_upstream(), 503, "no healthy upstream");
     seen_throughout(
         &envoy,
-        "no_healthy_upstream",
-        &flags(2, "UH"),
-        &code(503),
-        NOT_FOUND,
+        &Origin::hostless("no_healthy_upstream", (2, "UH"), 503),
     );
     assert_eq!(resp.upstream_address, None);
 }
 
 #[test]
 fn circuit_breaker_overflow_is_uo_without_a_host() {
-    let (envoy, resp) = run(Reply::overflow());
-    assert_eq!(
-        (resp.status, resp.body_str().as_str()),
-        (
-            503,
-            "upstream connect error or disconnect/reset before headers. reset reason: overflow"
-        )
-    );
-    seen_throughout(
-        &envoy,
-        "upstream_reset_before_response_started{overflow}",
-        &flags(128, "UO"),
-        &code(503),
-        NOT_FOUND,
-    );
+    let (envoy, _) = answered(Reply::overflow(), 503, &reset_before_headers("overflow"));
+    let details = "upstream_reset_before_response_started{overflow}";
+    seen_throughout(&envoy, &Origin::hostless(details, (128, "UO"), 503));
 }
 
 #[test]
 fn local_rate_limit_after_the_filter_is_rl_429() {
-    let (envoy, resp) = run(Reply::rate_limited());
-    assert_eq!(
-        (resp.status, resp.body_str().as_str()),
-        (429, "local_rate_limited")
-    );
+    let (envoy, resp) = answered(Reply::rate_limited(), 429, "local_rate_limited");
     assert_eq!(resp.header("content-type"), Some("text/plain"));
     assert!(resp.local_reply);
     seen_throughout(
         &envoy,
-        "local_rate_limited",
-        &flags(2048, "RL"),
-        &code(429),
-        NOT_FOUND,
+        &Origin::hostless("local_rate_limited", (2048, "RL"), 429),
     );
 }
 
 #[test]
 fn direct_response_route() {
-    let (envoy, resp) = run(Reply::direct_response(200, "direct"));
-    assert_eq!((resp.status, resp.body_str().as_str()), (200, "direct"));
-    seen_throughout(
-        &envoy,
-        "direct_response",
-        &flags(0, ""),
-        &code(200),
-        NOT_FOUND,
-    );
+    let (envoy, _) = answered(Reply::direct_response(200, "direct"), 200, "direct");
+    seen_throughout(&envoy, &Origin::hostless("direct_response", NO_FLAGS, 200));
 }
 
 #[test]
 fn router_local_replies_without_a_route_or_cluster() {
-    let (envoy, resp) = run(Reply::local(
-        404,
-        code_details::ROUTE_NOT_FOUND,
-        response_flags::NR,
-    ));
-    assert_eq!((resp.status, resp.body.len()), (404, 0));
+    let no_route = Reply::local(404, code_details::ROUTE_NOT_FOUND, response_flags::NR);
+    let (envoy, _) = answered(no_route, 404, "");
     seen_throughout(
         &envoy,
-        "route_not_found",
-        &flags(256, "NR"),
-        &code(404),
-        NOT_FOUND,
+        &Origin::hostless("route_not_found", (256, "NR"), 404),
     );
-    let (envoy, _) = run(Reply::local(
-        503,
-        code_details::CLUSTER_NOT_FOUND,
-        response_flags::NC,
-    ));
-    seen_throughout(
-        &envoy,
-        "cluster_not_found",
-        &flags(16777216, "NC"),
-        &code(503),
-        NOT_FOUND,
-    );
+    let no_cluster = Reply::local(503, code_details::CLUSTER_NOT_FOUND, response_flags::NC);
+    let (envoy, _) = run(no_cluster);
+    let origin = Origin::hostless("cluster_not_found", (16777216, "NC"), 503);
+    seen_throughout(&envoy, &origin);
 }
 
 #[test]
@@ -464,7 +378,7 @@ fn filter_local_reply_carries_the_filters_details() {
     envoy
         .request(0, Request::get("/up").header("x-probe", "cas-absent-max"))
         .unwrap();
-    seen_throughout(&envoy, "", &flags(0, ""), &code(200), NOT_FOUND);
+    seen_throughout(&envoy, &Origin::hostless("", NO_FLAGS, 200));
 
     for (details, recorded) in [
         ("dedup_in_flight", "dedup_in_flight"),
@@ -484,7 +398,7 @@ fn filter_local_reply_carries_the_filters_details() {
             (resp.status, resp.body_str().as_str()),
             (409, "local with details")
         );
-        seen_throughout(&envoy, recorded, &flags(0, ""), &code(409), NOT_FOUND);
+        seen_throughout(&envoy, &Origin::hostless(recorded, NO_FLAGS, 409));
         assert_eq!(resp.code_details.as_deref(), Some(recorded));
     }
 }
@@ -502,21 +416,13 @@ fn buffer_overflow_413_after_the_headers_went_upstream() {
         )
         .unwrap();
     assert_eq!(resp.status, 413);
-    seen_throughout(
-        &envoy,
-        "request_payload_too_large",
-        &flags(0, ""),
-        &code(413),
-        ADDRESS,
-    );
+    let origin = Origin::upstream("request_payload_too_large", NO_FLAGS, 413);
+    seen_throughout(&envoy, &origin);
 }
 
 #[test]
 fn failed_vm_reply_is_wasm_fail_stream() {
-    let mut envoy = probe(1);
-    let resp = envoy
-        .request(0, Request::get("/").header("x-probe", "trap"))
-        .unwrap();
+    let resp = probe(1).request(0, get_probe("trap", &[])).unwrap();
     assert_eq!(resp.status, 503);
     assert_eq!(resp.code_details.as_deref(), Some("wasm_fail_stream"));
 }

@@ -6,9 +6,7 @@ use host_test::{Envoy, Error, LogLevel, Reply, Request};
 #[test]
 fn local_reply_passes_through_the_response_callbacks() {
     let mut envoy = probe(1);
-    let resp = envoy
-        .request(0, Request::get("/").header("x-probe", "cas-absent-max"))
-        .unwrap();
+    let resp = envoy.request(0, get_probe("cas-absent-max", &[])).unwrap();
     assert!(resp.local_reply);
     assert_eq!(resp.header("content-type"), Some("application/json"));
     assert_eq!(
@@ -48,11 +46,9 @@ fn client_reset_runs_on_log_without_a_response() {
 
 #[test]
 fn upstream_reset_becomes_a_503_through_the_filter() {
-    let mut envoy = probe_builder()
-        .upstream(|_| Reply::reset())
-        .build()
+    let resp = answering(Reply::reset())
+        .request(0, Request::get("/"))
         .unwrap();
-    let resp = envoy.request(0, Request::get("/")).unwrap();
     assert_eq!(resp.status, 503);
     assert!(resp.body_str().starts_with("upstream connect error"));
     assert_eq!(resp.header("x-probe-response-seen"), Some("503"));
@@ -61,10 +57,7 @@ fn upstream_reset_becomes_a_503_through_the_filter() {
 
 #[test]
 fn upstream_silence_becomes_a_504_at_the_route_timeout() {
-    let mut envoy = probe_builder()
-        .upstream(|_| Reply::no_answer())
-        .build()
-        .unwrap();
+    let mut envoy = answering(Reply::no_answer());
     let before = envoy.now();
     let resp = envoy.request(0, Request::get("/")).unwrap();
     assert_eq!(resp.status, 504);
@@ -101,9 +94,7 @@ fn properties_as_envoy_serves_them() {
 #[test]
 fn logs_are_captured_with_levels() {
     let mut envoy = probe_builder().log_level(LogLevel::Debug).build().unwrap();
-    envoy
-        .request(0, Request::get("/").header("x-probe", "log"))
-        .unwrap();
+    envoy.request(0, get_probe("log", &[])).unwrap();
     assert!(
         !envoy.log_contains("probe trace line"),
         "below the Envoy log level"
@@ -127,9 +118,7 @@ fn logs_are_captured_with_levels() {
     );
 
     let mut quiet = probe(1);
-    quiet
-        .request(0, Request::get("/").header("x-probe", "log"))
-        .unwrap();
+    quiet.request(0, get_probe("log", &[])).unwrap();
     assert!(
         !quiet.log_contains("probe debug line"),
         "Envoy's default level is info"
@@ -138,11 +127,7 @@ fn logs_are_captured_with_levels() {
 
 #[test]
 fn rejected_configuration_carries_the_vm_log() {
-    let err = probe_builder()
-        .plugin_config(r#"{"reject": true}"#)
-        .build()
-        .err()
-        .unwrap();
+    let err = build_error(probe_builder().plugin_config(r#"{"reject": true}"#));
     let Error::ConfigRejected { logs, .. } = &err else {
         panic!("expected ConfigRejected, got {err}");
     };
@@ -164,16 +149,7 @@ fn plugin_configuration_reaches_on_configure() {
 #[test]
 fn shared_queue_notifies_the_registering_root_context() {
     let mut envoy = probe(2);
-    let j = json(
-        &envoy
-            .request(
-                0,
-                Request::get("/")
-                    .header("x-probe", "enqueue")
-                    .header("x-value", "hello"),
-            )
-            .unwrap(),
-    );
+    let j = ask(&mut envoy, 0, get_probe("enqueue", &[("x-value", "hello")]));
     assert_eq!(j["resolve"], "Ok");
     assert_eq!(j["enqueue"], "Ok");
     assert_eq!(j["resolve_missing"], "NotFound");

@@ -9,11 +9,7 @@ use std::time::Duration;
 #[test]
 fn counters_reject_increments_of_zero_or_less() {
     let mut envoy = probe(2);
-    let j = json(
-        &envoy
-            .request(0, Request::get("/").header("x-probe", "metrics"))
-            .unwrap(),
-    );
+    let j = ask(&mut envoy, 0, get_probe("metrics", &[]));
     assert_eq!(j["counter_inc_1"], "Ok");
     assert_eq!(j["counter_inc_0"], "BadArgument");
     assert_eq!(j["counter_inc_neg"], "BadArgument");
@@ -26,9 +22,7 @@ fn counters_reject_increments_of_zero_or_less() {
     assert_eq!(j["histogram_get"], "BadArgument");
     assert_eq!(j["unknown_inc"], "NotFound");
     // Metrics are process-wide: the other worker adds to the same counter.
-    envoy
-        .request(1, Request::get("/").header("x-probe", "metrics"))
-        .unwrap();
+    envoy.request(1, get_probe("metrics", &[])).unwrap();
     assert_eq!(envoy.counter("probe_counter"), Some(12));
     assert_eq!(
         envoy.metric("probe_histogram").unwrap().samples,
@@ -71,17 +65,9 @@ fn ticks_only_on_workers_without_the_main_thread_vm() {
 #[test]
 fn time_comes_from_the_virtual_clock() {
     let mut envoy = probe(1);
-    let t0 = json(
-        &envoy
-            .request(0, Request::get("/").header("x-probe", "time"))
-            .unwrap(),
-    );
+    let t0 = ask(&mut envoy, 0, get_probe("time", &[]));
     envoy.advance(Duration::from_secs(60));
-    let t1 = json(
-        &envoy
-            .request(0, Request::get("/").header("x-probe", "time"))
-            .unwrap(),
-    );
+    let t1 = ask(&mut envoy, 0, get_probe("time", &[]));
     let d = t1["proxy_time_ns"].as_u64().unwrap() - t0["proxy_time_ns"].as_u64().unwrap();
     assert_eq!(d, 60_000_000_000);
     assert_eq!(
@@ -91,13 +77,10 @@ fn time_comes_from_the_virtual_clock() {
 }
 
 fn call(envoy: &mut host_test::Envoy, cluster: &str, extra: &[(&str, &str)]) -> serde_json::Value {
-    let mut req = Request::post("/")
+    let req = Request::post("/")
         .header("x-probe", "http-call")
         .header("x-cluster", cluster);
-    for (k, v) in extra {
-        req = req.header(k, v);
-    }
-    json(&envoy.request(0, req).unwrap())
+    ask(envoy, 0, with_headers(req, extra))
 }
 
 #[test]
@@ -198,9 +181,7 @@ fn http_call_over_loopback_tcp() {
 #[test]
 fn trap_fails_the_stream_and_the_worker_only() {
     let mut envoy = probe(2);
-    let resp = envoy
-        .request(0, Request::get("/").header("x-probe", "trap"))
-        .unwrap();
+    let resp = envoy.request(0, get_probe("trap", &[])).unwrap();
     assert_eq!(resp.status, 503);
     assert!(!resp.upstream_called);
     assert!(envoy.worker_failed(0));
@@ -241,9 +222,7 @@ fn trap_in_the_body_callback_after_headers_went_upstream() {
 #[test]
 fn fail_open_passes_streams_through_a_failed_vm() {
     let mut envoy = probe_builder().fail_open(true).build().unwrap();
-    let resp = envoy
-        .request(0, Request::get("/").header("x-probe", "trap"))
-        .unwrap();
+    let resp = envoy.request(0, get_probe("trap", &[])).unwrap();
     assert_eq!(resp.status, 200);
     assert!(resp.upstream_called);
     assert!(envoy.worker_failed(0));

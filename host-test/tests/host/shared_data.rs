@@ -18,6 +18,12 @@ fn run(envoy: &mut host_test::Envoy, worker: usize, probe: &str, key: &str) -> V
     json(&resp)["results"].as_array().unwrap().clone()
 }
 
+/// The probe's `sd` script `ops` (`set k v cas; get k; ...`) on `worker`: its results.
+fn ops(envoy: &mut host_test::Envoy, worker: usize, ops: &str) -> Vec<Value> {
+    let j = ask(envoy, worker, get_probe("sd", &[("x-ops", ops)]));
+    j["results"].as_array().unwrap().clone()
+}
+
 fn statuses(results: &[Value]) -> Vec<String> {
     results
         .iter()
@@ -94,29 +100,13 @@ fn missing_key_is_not_found() {
 fn one_cas_counter_for_all_keys_and_workers() {
     let mut envoy = probe(2);
     let script = "set a 1 0; get a; set b 1 0; get b; set a 2 0; get a";
-    let resp = envoy
-        .request(
-            0,
-            Request::get("/")
-                .header("x-probe", "sd")
-                .header("x-ops", script),
-        )
-        .unwrap();
-    let r = json(&resp)["results"].as_array().unwrap().clone();
+    let r = ops(&mut envoy, 0, script);
     let cas = |i: usize| r[i]["cas"].as_u64().unwrap();
     assert!(cas(1) < cas(3) && cas(3) < cas(5), "{r:?}");
     assert_eq!(cas(3), cas(1) + 1, "one counter across keys");
 
     // The other worker sees the same store and the same counter.
-    let resp = envoy
-        .request(
-            1,
-            Request::get("/")
-                .header("x-probe", "sd")
-                .header("x-ops", "get a; set c 1 0; get c"),
-        )
-        .unwrap();
-    let r2 = json(&resp)["results"].as_array().unwrap().clone();
+    let r2 = ops(&mut envoy, 1, "get a; set c 1 0; get c");
     assert_eq!(r2[0]["value"], "2");
     assert_eq!(r2[0]["cas"].as_u64().unwrap(), cas(5));
     assert_eq!(r2[2]["cas"].as_u64().unwrap(), cas(5) + 1);
@@ -125,13 +115,7 @@ fn one_cas_counter_for_all_keys_and_workers() {
 #[test]
 fn stores_are_scoped_by_vm_id() {
     let mut a = probe_builder().vm_id("a").build().unwrap();
-    a.request(
-        0,
-        Request::get("/")
-            .header("x-probe", "sd")
-            .header("x-ops", "set k v 0"),
-    )
-    .unwrap();
+    ops(&mut a, 0, "set k v 0");
     assert_eq!(a.shared_data_len(), 1);
     assert_eq!(a.shared_data_len_for("a"), 1);
     assert_eq!(a.shared_data_len_for("b"), 0);
@@ -146,15 +130,7 @@ fn fault_switch_fails_get_and_set() {
     let mut envoy = probe(1);
     envoy.put_shared_data("k", b"v");
     envoy.set_faults(Faults::shared_data(Status::InternalFailure));
-    let resp = envoy
-        .request(
-            0,
-            Request::get("/")
-                .header("x-probe", "sd")
-                .header("x-ops", "get k; set k w 0"),
-        )
-        .unwrap();
-    let r = json(&resp)["results"].as_array().unwrap().clone();
+    let r = ops(&mut envoy, 0, "get k; set k w 0");
     assert_eq!(statuses(&r), ["InternalFailure", "InternalFailure"]);
     assert_eq!(r[0]["status_code"], 10);
 
@@ -162,15 +138,7 @@ fn fault_switch_fails_get_and_set() {
         shared_data_set: Some(Status::InternalFailure),
         ..Faults::default()
     });
-    let resp = envoy
-        .request(
-            0,
-            Request::get("/")
-                .header("x-probe", "sd")
-                .header("x-ops", "get k; set k w 0"),
-        )
-        .unwrap();
-    let r = json(&resp)["results"].as_array().unwrap().clone();
+    let r = ops(&mut envoy, 0, "get k; set k w 0");
     assert_eq!(statuses(&r), ["Ok", "InternalFailure"]);
 
     envoy.set_faults(Faults::default());

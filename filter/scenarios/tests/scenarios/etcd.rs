@@ -2,9 +2,10 @@
 //! calls to the JSON gateway) to a real etcd on loopback (two "proxies" sharing it), and
 //! to clusters that reset or never answer.
 
-use super::{keyed, problem_type, Upstream, R};
+use super::{envoy_with, keyed, problem_type, SendWhole, Upstream, R};
 use dedup_envoy::etcd::EtcdCluster;
 use host_test::{Envoy, EnvoyBuilder, GrpcReply, Reply};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// One etcd member on free loopback ports (dedup-envoy's launcher, stopped on drop)
@@ -44,40 +45,46 @@ pub(super) fn etcd_config(json: bool, extra: &str) -> String {
     )
 }
 
-/// A "proxy" on the etcd store with `workers` workers, calling `up` upstream and
-/// the real `etcd` over gRPC through its "etcd" cluster. Each has its own random source,
-/// as separate Envoy processes do (claim tokens are random).
-fn proxy(etcd: &Etcd, up: &Upstream, workers: usize) -> Result<Envoy, host_test::Error> {
-    proxy_on(etcd, up, workers, false)
-}
-
-/// `proxy`, over the JSON gateway when `json`.
-fn proxy_on(
+/// A "proxy" on the etcd store with `workers` workers and the `extra` fields of
+/// `etcd_config`, calling `up` upstream and the real `etcd` through its "etcd"
+/// cluster: over gRPC, or the JSON gateway when `json`. Each has its own random
+/// source, as separate Envoy processes do (claim tokens are random).
+pub(super) fn proxy_with(
     etcd: &Etcd,
     up: &Upstream,
     workers: usize,
     json: bool,
+    extra: &str,
 ) -> Result<Envoy, host_test::Error> {
-    static SEED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    let b = Envoy::builder(super::wasm())
-        .random_seed(SEED.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-        .workers(workers)
-        .vm_id("proxy_dedup")
-        .plugin_config(etcd_config(json, ""))
-        .allow_on_headers_stop_iteration(true)
-        .upstream(up.handler());
+    static SEED: AtomicU64 = AtomicU64::new(1);
+    let b = envoy_with(&etcd_config(json, extra), workers, up)
+        .random_seed(SEED.fetch_add(1, Ordering::Relaxed));
     etcd.cluster(b, json).build()
 }
 
-#[test]
-fn two_proxies_share_one_real_etcd() -> R {
-    two_proxies_share(false)
+/// `proxy_with` over gRPC, no extra fields.
+fn proxy(etcd: &Etcd, up: &Upstream, workers: usize) -> Result<Envoy, host_test::Error> {
+    proxy_with(etcd, up, workers, false, "")
 }
 
-#[test]
-fn two_proxies_share_one_real_etcd_over_the_json_gateway() -> R {
-    two_proxies_share(true)
+/// A fresh etcd (keep it: dropping it stops etcd) and counting upstream, and two
+/// proxies on them, `proxy_with` these arguments.
+pub(super) fn two_proxies(
+    workers: usize,
+    json: bool,
+    extra: &str,
+) -> Result<(Etcd, Upstream, Envoy, Envoy), host_test::Error> {
+    let etcd = Etcd::start();
+    let up = Upstream::default();
+    let a = proxy_with(&etcd, &up, workers, json, extra)?;
+    let b = proxy_with(&etcd, &up, workers, json, extra)?;
+    Ok((etcd, up, a, b))
 }
+
+over_grpc_and_json!(
+    two_proxies_share: two_proxies_share_one_real_etcd,
+    two_proxies_share_one_real_etcd_over_the_json_gateway
+);
 
 #[test]
 fn a_grpc_proxy_and_a_json_proxy_share_records() -> R {
@@ -85,8 +92,8 @@ fn a_grpc_proxy_and_a_json_proxy_share_records() -> R {
     let etcd = Etcd::start();
     let up = Upstream::default();
     let (mut g, mut j) = (
-        proxy_on(&etcd, &up, 1, false)?,
-        proxy_on(&etcd, &up, 1, true)?,
+        proxy_with(&etcd, &up, 1, false, "")?,
+        proxy_with(&etcd, &up, 1, true, "")?,
     );
     assert!(
         g.request(0, keyed("/orders", "mixed", "{}"))?
@@ -105,15 +112,9 @@ fn a_grpc_proxy_and_a_json_proxy_share_records() -> R {
 }
 
 fn two_proxies_share(json: bool) -> R {
-    let etcd = Etcd::start();
-    let up = Upstream::default();
-    let (mut a, mut b) = (
-        proxy_on(&etcd, &up, 2, json)?,
-        proxy_on(&etcd, &up, 2, json)?,
-    );
+    let (_etcd, up, mut a, mut b) = two_proxies(2, json, "")?;
     // In flight on A: B learns it from etcd.
-    let first = a.start(0, keyed("/orders", "k1", "{}"))?;
-    a.send_request(first)?;
+    let first = a.send(0, keyed("/orders", "k1", "{}"))?;
     assert!(a.upstream_request(first).is_some());
     let dup = b.request(1, keyed("/orders", "k1", "{}"))?;
     assert_eq!(
@@ -155,11 +156,8 @@ fn failing_and_silent_clusters_follow_failure_mode() -> R {
         let up = Upstream::default();
         let resets = std::rc::Rc::new(std::cell::Cell::new(0));
         let seen = resets.clone();
-        let b = Envoy::builder(super::wasm())
-            .workers(1)
-            .allow_on_headers_stop_iteration(true)
-            .plugin_config(etcd_config(json, &format!(r#", "failure_mode": "{mode}""#)))
-            .upstream(up.handler());
+        let config = etcd_config(json, &format!(r#", "failure_mode": "{mode}""#));
+        let b = envoy_with(&config, 1, &up);
         let mut e = if json {
             b.cluster("etcd", move |_| {
                 seen.set(seen.get() + 1);
@@ -193,8 +191,7 @@ fn failing_and_silent_clusters_follow_failure_mode() -> R {
         } else {
             e.set_grpc_cluster("etcd", |_| GrpcReply::no_answer());
         }
-        let id = e.start(0, keyed("/o", "k2", "x"))?;
-        e.send_request(id)?;
+        let id = e.send(0, keyed("/o", "k2", "x"))?;
         assert!(e.response(id).is_none(), "waiting on etcd");
         e.advance(Duration::from_millis(2_001));
         let r = e.finish_stream(id)?;
@@ -208,12 +205,9 @@ fn failing_and_silent_clusters_follow_failure_mode() -> R {
 fn the_response_waits_until_etcd_has_the_completed_record() -> R {
     // Read-your-writes across proxies: once a client has the first response, a retry on
     // any proxy is a replay, never a 409.
-    let etcd = Etcd::start();
-    let up = Upstream::default();
-    let (mut a, mut b) = (proxy(&etcd, &up, 1)?, proxy(&etcd, &up, 1)?);
+    let (_etcd, _, mut a, mut b) = two_proxies(1, false, "")?;
     for (key, status) in [("k-ok", 200u16), ("k-fail", 503)] {
-        let first = a.start(0, keyed("/orders", key, "{}"))?;
-        a.send_request(first)?;
+        let first = a.send(0, keyed("/orders", key, "{}"))?;
         a.hold_callouts(true);
         a.respond(first, Reply::new(status).body("done"))?;
         assert_eq!(
@@ -246,17 +240,11 @@ fn an_answer_after_the_stream_ended_reaches_the_root() -> R {
     // such calls to the root (no trap, no lost answer), and the worker serves on.
     let etcd = Etcd::start();
     let up = Upstream::default();
-    let mut a = Envoy::builder(super::wasm())
-        .workers(1)
-        .vm_id("proxy_dedup")
-        .plugin_config(etcd_config(false, ""))
-        .allow_on_headers_stop_iteration(true)
-        .upstream(up.handler())
+    let mut a = envoy_with(&etcd_config(false, ""), 1, &up)
         .grpc_cluster_addr("etcd", &etcd.client)
         .log_level(host_test::LogLevel::Debug)
         .build()?;
-    let first = a.start(0, keyed("/orders", "k-gone", "{}"))?;
-    a.send_request(first)?;
+    let first = a.send(0, keyed("/orders", "k-gone", "{}"))?;
     // The completion's first attempt fails (a member that resets): only a retry made
     // after the client left can complete the record.
     a.set_grpc_cluster("etcd", |_| GrpcReply::reset());
@@ -288,12 +276,9 @@ fn an_answer_after_the_stream_ended_reaches_the_root() -> R {
 fn a_proxy_whose_clock_runs_60_s_ahead_never_takes_over_a_live_claim() -> R {
     // In-flight records end when etcd ends their lease, not when another proxy's clock
     // says so: B runs 60 s ahead of A (and of etcd), twice the in-flight timeout.
-    let etcd = Etcd::start();
-    let up = Upstream::default();
-    let (mut a, mut b) = (proxy(&etcd, &up, 1)?, proxy(&etcd, &up, 1)?);
+    let (_etcd, up, mut a, mut b) = two_proxies(1, false, "")?;
     b.advance(Duration::from_secs(60));
-    let first = a.start(0, keyed("/orders", "skew", "{}"))?;
-    a.send_request(first)?;
+    let first = a.send(0, keyed("/orders", "skew", "{}"))?;
     assert!(a.upstream_request(first).is_some());
     let dup = b.request(0, keyed("/orders", "skew", "{}"))?;
     assert_eq!(

@@ -2,7 +2,7 @@
 //! across two workers, the same key kept apart per rule, and each rule's TTL and
 //! in-flight timeout on the virtual clock.
 
-use super::{envoy_with, keyed, problem_type, Upstream, R};
+use super::{keyed, problem_type, started, SendWhole, R};
 use host_test::{Reply, Request};
 use std::time::Duration;
 
@@ -24,8 +24,7 @@ fn push(attempt: u32, data: &str) -> Request {
 
 #[test]
 fn three_routes_follow_their_own_policies_across_workers() -> R {
-    let up = Upstream::default();
-    let mut e = envoy_with(RULES, 2, &up).build()?;
+    let (mut e, up) = started(RULES, 2)?;
     // payments: a key is required; the key runs once on any worker.
     let no_key = e.request(0, Request::post("/payments/charge").body("{}"))?;
     assert_eq!(no_key.status, 400);
@@ -61,10 +60,8 @@ fn three_routes_follow_their_own_policies_across_workers() -> R {
     );
     assert!(!e.request(1, keyed("/orders", "k", "{}"))?.upstream_called);
     // payments' in-flight timeout (5 s) against the top level's 30 s.
-    let stuck = e.start(0, keyed("/payments/charge", "f", "{}"))?;
-    e.send_request(stuck)?;
-    let stuck_too = e.start(1, keyed("/orders", "f", "{}"))?;
-    e.send_request(stuck_too)?;
+    let stuck = e.send(0, keyed("/payments/charge", "f", "{}"))?;
+    let stuck_too = e.send(1, keyed("/orders", "f", "{}"))?;
     e.advance(Duration::from_secs(5));
     assert!(
         e.request(1, keyed("/payments/charge", "f", "{}"))?

@@ -2,24 +2,39 @@
 //! the first answers (woken by the shared queue), one waiter executing after a release,
 //! the wait timeout and the client that leaves, on the virtual clock.
 
-use super::{envoy_with, keyed, problem_type, Upstream, R};
-use host_test::{Reply, StreamState};
+use super::{keyed, problem_type, started, SendWhole, R};
+use host_test::{Envoy, Reply, Request, StreamId, StreamState};
 use std::time::Duration;
 
 const WAIT: &str = r#"{"on_in_flight": "wait", "wait_timeout_ms": 3000}"#;
 
+/// Two workers with `config`: `req` in flight on worker `first_on`, then a
+/// duplicate of it sent on each of `dups_on`.
+fn first_and_dups(
+    config: &str,
+    req: Request,
+    first_on: usize,
+    dups_on: impl IntoIterator<Item = usize>,
+) -> Result<(Envoy, StreamId, Vec<StreamId>), host_test::Error> {
+    let (mut e, _) = started(config, 2)?;
+    let first = e.send(first_on, req.clone())?;
+    let dups = e.send_each(dups_on, &req)?;
+    Ok((e, first, dups))
+}
+
+/// `first_and_dups` with the first on worker 0 and one duplicate on worker 1.
+fn first_and_dup(
+    config: &str,
+    req: Request,
+) -> Result<(Envoy, StreamId, StreamId), host_test::Error> {
+    let (e, first, dups) = first_and_dups(config, req, 0, [1])?;
+    Ok((e, first, dups[0]))
+}
+
 #[test]
 fn duplicates_on_every_worker_get_the_replay_when_the_first_completes() -> R {
-    let up = Upstream::default();
-    let mut e = envoy_with(WAIT, 2, &up).build()?;
-    let first = e.start(0, keyed("/pay", "k1", "amount=5"))?;
-    e.send_request(first)?;
-    let dups: Vec<_> = (0..6)
-        .map(|i| e.start(i % 2, keyed("/pay", "k1", "amount=5")))
-        .collect::<Result<_, _>>()?;
-    for d in &dups {
-        e.send_request(*d)?;
-    }
+    let req = keyed("/pay", "k1", "amount=5");
+    let (mut e, first, dups) = first_and_dups(WAIT, req, 0, (0..6).map(|i| i % 2))?;
     e.advance(Duration::from_millis(1200));
     for d in &dups {
         assert_eq!(e.state(*d)?, StreamState::Open, "held, not answered");
@@ -53,16 +68,8 @@ fn duplicates_on_every_worker_get_the_replay_when_the_first_completes() -> R {
 
 #[test]
 fn after_a_5xx_exactly_one_waiter_executes_and_the_others_get_its_answer() -> R {
-    let up = Upstream::default();
-    let mut e = envoy_with(WAIT, 2, &up).build()?;
-    let first = e.start(1, keyed("/pay", "k", "x"))?;
-    e.send_request(first)?;
-    let dups: Vec<_> = (0..5)
-        .map(|i| e.start(i % 2, keyed("/pay", "k", "x")))
-        .collect::<Result<_, _>>()?;
-    for d in &dups {
-        e.send_request(*d)?;
-    }
+    let req = keyed("/pay", "k", "x");
+    let (mut e, first, dups) = first_and_dups(WAIT, req, 1, (0..5).map(|i| i % 2))?;
     e.respond(first, Reply::new(503).body("down"))?;
     assert_eq!(e.response(first).map(|r| r.status), Some(503));
     e.advance(Duration::from_millis(600));
@@ -95,12 +102,7 @@ fn after_a_5xx_exactly_one_waiter_executes_and_the_others_get_its_answer() -> R 
 
 #[test]
 fn a_wait_that_times_out_gets_409_with_retry_after() -> R {
-    let up = Upstream::default();
-    let mut e = envoy_with(WAIT, 2, &up).build()?;
-    let first = e.start(0, keyed("/pay", "slow", "x"))?;
-    e.send_request(first)?;
-    let dup = e.start(1, keyed("/pay", "slow", "x"))?;
-    e.send_request(dup)?;
+    let (mut e, first, dup) = first_and_dup(WAIT, keyed("/pay", "slow", "x"))?;
     e.advance(Duration::from_millis(2900));
     assert_eq!(e.state(dup)?, StreamState::Open);
     e.advance(Duration::from_millis(200));
@@ -119,18 +121,12 @@ fn a_wait_that_times_out_gets_409_with_retry_after() -> R {
 
 #[test]
 fn a_client_that_leaves_while_waiting_leaves_no_waiter_behind() -> R {
-    let up = Upstream::default();
     let cfg = r#"{"on_in_flight": "wait", "wait_timeout_ms": 3000, "max_waiters": 1}"#;
-    let mut e = envoy_with(cfg, 2, &up).build()?;
-    let first = e.start(0, keyed("/pay", "k", "x"))?;
-    e.send_request(first)?;
-    let gone = e.start(1, keyed("/pay", "k", "x"))?;
-    e.send_request(gone)?;
+    let (mut e, first, gone) = first_and_dup(cfg, keyed("/pay", "k", "x"))?;
     e.advance(Duration::from_millis(300));
     e.reset_client(gone)?;
     // Its place among worker 1's max_waiters (1) is free again.
-    let next = e.start(1, keyed("/pay", "k", "x"))?;
-    e.send_request(next)?;
+    let next = e.send(1, keyed("/pay", "k", "x"))?;
     assert_eq!(e.state(next)?, StreamState::Open, "waits, not 409");
     e.respond(first, Reply::new(503))?;
     e.advance(Duration::from_millis(300));
@@ -146,17 +142,8 @@ fn a_client_that_leaves_while_waiting_leaves_no_waiter_behind() -> R {
 
 #[test]
 fn above_max_waiters_a_duplicate_gets_409_at_once() -> R {
-    let up = Upstream::default();
     let cfg = r#"{"on_in_flight": "wait", "max_waiters": 2, "retry_after_seconds": 4}"#;
-    let mut e = envoy_with(cfg, 2, &up).build()?;
-    let first = e.start(0, keyed("/pay", "k", "x"))?;
-    e.send_request(first)?;
-    let held: Vec<_> = (0..2)
-        .map(|_| e.start(1, keyed("/pay", "k", "x")))
-        .collect::<Result<_, _>>()?;
-    for h in &held {
-        e.send_request(*h)?;
-    }
+    let (mut e, first, held) = first_and_dups(cfg, keyed("/pay", "k", "x"), 0, [1, 1])?;
     let over = e.request(1, keyed("/pay", "k", "x"))?;
     assert_eq!(over.status, 409);
     assert_eq!(over.header("retry-after"), Some("4"));
@@ -173,12 +160,7 @@ fn above_max_waiters_a_duplicate_gets_409_at_once() -> R {
 
 #[test]
 fn a_waiter_answers_after_a_held_claim_only_with_409_at_its_timeout() -> R {
-    let up = Upstream::default();
-    let mut e = envoy_with(WAIT, 2, &up).build()?;
-    let first = e.start(0, keyed("/pay", "k", "x"))?;
-    e.send_request(first)?;
-    let dup = e.start(1, keyed("/pay", "k", "x"))?;
-    e.send_request(dup)?;
+    let (mut e, first, dup) = first_and_dup(WAIT, keyed("/pay", "k", "x"))?;
     e.respond(first, Reply::reset())?;
     e.advance(Duration::from_millis(2000));
     assert_eq!(
@@ -195,54 +177,18 @@ fn a_waiter_answers_after_a_held_claim_only_with_409_at_its_timeout() -> R {
     Ok(())
 }
 
-/// A "proxy" on the real etcd of `super::etcd` in wait mode, with its own random source.
-/// A proxy in wait mode on the real `etcd`, over gRPC or (`json`) the JSON gateway.
-fn etcd_proxy(
-    etcd: &super::etcd::Etcd,
-    up: &Upstream,
-    seed: u64,
-    json: bool,
-) -> Result<host_test::Envoy, host_test::Error> {
-    let b = host_test::Envoy::builder(super::wasm())
-        .random_seed(seed)
-        .workers(2)
-        .vm_id("proxy_dedup")
-        .plugin_config(super::etcd::etcd_config(
-            json,
-            r#", "on_in_flight": "wait", "wait_timeout_ms": 3000"#,
-        ))
-        .allow_on_headers_stop_iteration(true)
-        .upstream(up.handler());
-    etcd.cluster(b, json).build()
-}
-
-#[test]
-fn etcd_waiters_on_this_proxy_are_woken_and_on_another_proxy_poll() -> R {
-    etcd_waiters_woken_and_polling(false)
-}
-
-#[test]
-fn etcd_waiters_woken_and_polling_over_the_json_gateway() -> R {
-    etcd_waiters_woken_and_polling(true)
-}
+over_grpc_and_json!(
+    etcd_waiters_woken_and_polling: etcd_waiters_on_this_proxy_are_woken_and_on_another_proxy_poll,
+    etcd_waiters_woken_and_polling_over_the_json_gateway
+);
 
 fn etcd_waiters_woken_and_polling(json: bool) -> R {
-    let etcd = super::etcd::Etcd::start();
-    let up = Upstream::default();
-    let (mut a, mut b) = (
-        etcd_proxy(&etcd, &up, 11, json)?,
-        etcd_proxy(&etcd, &up, 12, json)?,
-    );
-    let first = a.start(0, keyed("/orders", "k1", "{}"))?;
-    a.send_request(first)?;
-    let on_a = a.start(1, keyed("/orders", "k1", "{}"))?;
-    a.send_request(on_a)?;
-    let on_b: Vec<_> = (0..2)
-        .map(|w| b.start(w, keyed("/orders", "k1", "{}")))
-        .collect::<Result<_, _>>()?;
-    for s in &on_b {
-        b.send_request(*s)?;
-    }
+    // Two proxies in wait mode on the real etcd.
+    let wait = r#", "on_in_flight": "wait", "wait_timeout_ms": 3000"#;
+    let (_etcd, up, mut a, mut b) = super::etcd::two_proxies(2, json, wait)?;
+    let first = a.send(0, keyed("/orders", "k1", "{}"))?;
+    let on_a = a.send(1, keyed("/orders", "k1", "{}"))?;
+    let on_b = b.send_each(0..2, &keyed("/orders", "k1", "{}"))?;
     b.advance(Duration::from_millis(600));
     for s in &on_b {
         assert_eq!(

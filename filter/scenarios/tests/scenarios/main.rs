@@ -2,6 +2,24 @@
 //! numbered behaviour of the filter's contract, races across workers, expiry on the
 //! virtual clock, the capacity bound, store faults, scope isolation, and the etcd store
 //! against a real etcd on loopback and against failing clusters.
+// Test helpers outside #[test] functions may unwrap too (as in envoy/tests).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+/// Two tests of one scenario `fn(json: bool) -> R`: the etcd store over gRPC,
+/// and over etcd's JSON gateway.
+macro_rules! over_grpc_and_json {
+    ($scenario:ident: $grpc:ident, $json:ident) => {
+        #[test]
+        fn $grpc() -> R {
+            $scenario(false)
+        }
+
+        #[test]
+        fn $json() -> R {
+            $scenario(true)
+        }
+    };
+}
 
 mod etcd;
 mod hardening;
@@ -9,7 +27,7 @@ mod rules;
 mod wait;
 
 use dedup_envoy::problem_type;
-use host_test::{Envoy, EnvoyBuilder, Reply, Request, Status};
+use host_test::{Envoy, EnvoyBuilder, Reply, Request, Status, StreamId};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
@@ -48,13 +66,60 @@ pub fn wasm() -> std::path::PathBuf {
     host_test::dist("dedup_filter.wasm")
 }
 
-pub fn envoy_with(config: &str, workers: usize, up: &Upstream) -> EnvoyBuilder {
+/// The filter with `config` on `workers` workers, as the README's Envoy config
+/// runs it (allow_on_headers_stop_iteration), its upstream still to choose.
+pub fn filter_with(config: &str, workers: usize) -> EnvoyBuilder {
     Envoy::builder(wasm())
         .workers(workers)
         .vm_id("proxy_dedup")
         .plugin_config(config)
         .allow_on_headers_stop_iteration(true)
-        .upstream(up.handler())
+}
+
+pub fn envoy_with(config: &str, workers: usize, up: &Upstream) -> EnvoyBuilder {
+    filter_with(config, workers).upstream(up.handler())
+}
+
+/// `envoy_with` a fresh counting upstream, built.
+pub fn started(config: &str, workers: usize) -> Result<(Envoy, Upstream), host_test::Error> {
+    let up = Upstream::default();
+    let e = envoy_with(config, workers, &up).build()?;
+    Ok((e, up))
+}
+
+/// Whole requests sent on their way, for the test to answer.
+pub trait SendWhole {
+    /// Starts `req` on `worker` and sends it whole.
+    fn send(&mut self, worker: usize, req: Request) -> Result<StreamId, host_test::Error>;
+    /// A copy of `req` on each of `workers`: all started, then all sent whole.
+    fn send_each(
+        &mut self,
+        workers: impl IntoIterator<Item = usize>,
+        req: &Request,
+    ) -> Result<Vec<StreamId>, host_test::Error>;
+}
+
+impl SendWhole for Envoy {
+    fn send(&mut self, worker: usize, req: Request) -> Result<StreamId, host_test::Error> {
+        let id = self.start(worker, req)?;
+        self.send_request(id)?;
+        Ok(id)
+    }
+
+    fn send_each(
+        &mut self,
+        workers: impl IntoIterator<Item = usize>,
+        req: &Request,
+    ) -> Result<Vec<StreamId>, host_test::Error> {
+        let ids: Vec<_> = workers
+            .into_iter()
+            .map(|w| self.start(w, req.clone()))
+            .collect::<Result<_, _>>()?;
+        for id in &ids {
+            self.send_request(*id)?;
+        }
+        Ok(ids)
+    }
 }
 
 pub fn keyed(path: &str, key: &str, body: &str) -> Request {
@@ -81,8 +146,7 @@ fn the_filter_imports_only_from_env_and_wasi() -> R {
 
 #[test]
 fn first_executes_duplicate_replays_with_header() -> R {
-    let up = Upstream::default();
-    let mut e = envoy_with("{}", 2, &up).build()?;
+    let (mut e, up) = started("{}", 2)?;
     let first = e.request(0, keyed("/orders", "k1", r#"{"item": 1}"#))?;
     assert_eq!(first.status, 200);
     assert!(first.upstream_called);
@@ -152,8 +216,7 @@ fn n_way_race_across_workers_executes_once() -> R {
 
 #[test]
 fn different_payload_is_422_and_bad_keys_are_400() -> R {
-    let up = Upstream::default();
-    let mut e = envoy_with(r#"{"key": {"required": true, "max_length": 16}}"#, 2, &up).build()?;
+    let (mut e, up) = started(r#"{"key": {"required": true, "max_length": 16}}"#, 2)?;
     e.request(0, keyed("/orders", "k1", "a"))?;
     for r in [
         keyed("/orders", "k1", "b"),
@@ -187,8 +250,7 @@ fn different_payload_is_422_and_bad_keys_are_400() -> R {
 
 #[test]
 fn an_upstream_5xx_releases_the_claim() -> R {
-    let up = Upstream::default();
-    let mut e = envoy_with("{}", 2, &up).build()?;
+    let (mut e, up) = started("{}", 2)?;
     up.status.set(503);
     assert_eq!(e.request(0, keyed("/pay", "k", "x"))?.status, 503);
     up.status.set(0);
@@ -207,19 +269,15 @@ fn an_upstream_5xx_releases_the_claim() -> R {
 
 #[test]
 fn an_unknown_outcome_holds_the_claim_until_the_in_flight_timeout() -> R {
-    let up = Upstream::default();
-    let mut e = envoy_with(r#"{"in_flight_timeout_seconds": 30}"#, 2, &up).build()?;
+    let (mut e, up) = started(r#"{"in_flight_timeout_seconds": 30}"#, 2)?;
     // The upstream resets after the request reached it; the client hangs up while
     // the upstream works; the route times out. Each may have executed.
-    let reset = e.start(1, keyed("/pay", "reset", "x"))?;
-    e.send_request(reset)?;
+    let reset = e.send(1, keyed("/pay", "reset", "x"))?;
     e.respond(reset, Reply::reset())?;
-    let gone = e.start(0, keyed("/pay", "gone", "x"))?;
-    e.send_request(gone)?;
+    let gone = e.send(0, keyed("/pay", "gone", "x"))?;
     assert!(e.upstream_request(gone).is_some());
     e.reset_client(gone)?;
-    let slow = e.start(0, keyed("/pay", "slow", "x"))?;
-    e.send_request(slow)?;
+    let slow = e.send(0, keyed("/pay", "slow", "x"))?;
     e.respond(slow, Reply::no_answer())?;
     e.advance(Duration::from_secs(15));
     assert_eq!(e.response(slow).map(|r| r.status), Some(504));
@@ -251,8 +309,7 @@ fn an_unknown_outcome_holds_the_claim_until_the_in_flight_timeout() -> R {
 
 #[test]
 fn chunked_body_decided_at_end_of_stream() -> R {
-    let up = Upstream::default();
-    let mut e = envoy_with("{}", 2, &up).build()?;
+    let (mut e, _) = started("{}", 2)?;
     let id = e.start(
         0,
         Request::post("/msgs")
@@ -309,13 +366,7 @@ fn without_allow_on_headers_stop_iteration_a_body_request_stalls() -> R {
 
 #[test]
 fn ttl_and_in_flight_expiry_on_the_virtual_clock() -> R {
-    let up = Upstream::default();
-    let mut e = envoy_with(
-        r#"{"ttl_seconds": 60, "in_flight_timeout_seconds": 10}"#,
-        2,
-        &up,
-    )
-    .build()?;
+    let (mut e, _) = started(r#"{"ttl_seconds": 60, "in_flight_timeout_seconds": 10}"#, 2)?;
     e.request(0, keyed("/o", "k", "x"))?;
     e.advance(Duration::from_millis(59_900));
     assert!(!e.request(1, keyed("/o", "k", "x"))?.upstream_called);
@@ -325,8 +376,7 @@ fn ttl_and_in_flight_expiry_on_the_virtual_clock() -> R {
         "expired after ttl"
     );
     // A claim whose response never comes blocks for in_flight_timeout_seconds.
-    let stuck = e.start(0, keyed("/o", "k2", "x"))?;
-    e.send_request(stuck)?;
+    let stuck = e.send(0, keyed("/o", "k2", "x"))?;
     e.advance(Duration::from_millis(9_900));
     assert_eq!(e.request(1, keyed("/o", "k2", "x"))?.status, 409);
     e.advance(Duration::from_millis(200));
@@ -342,8 +392,7 @@ fn ttl_and_in_flight_expiry_on_the_virtual_clock() -> R {
 
 #[test]
 fn capacity_bounds_shared_data_keys() -> R {
-    let up = Upstream::default();
-    let mut e = envoy_with(r#"{"capacity": 64}"#, 2, &up).build()?;
+    let (mut e, up) = started(r#"{"capacity": 64}"#, 2)?;
     for i in 0..1500 {
         e.request(i % 2, keyed("/o", &format!("key-{i}"), "x"))?;
     }
@@ -362,8 +411,7 @@ fn capacity_bounds_shared_data_keys() -> R {
 #[test]
 fn store_faults_follow_failure_mode() -> R {
     for (mode, status) in [("open", 200), ("closed", 503)] {
-        let up = Upstream::default();
-        let mut e = envoy_with(&format!(r#"{{"failure_mode": "{mode}"}}"#), 2, &up).build()?;
+        let (mut e, _) = started(&format!(r#"{{"failure_mode": "{mode}"}}"#), 2)?;
         e.set_faults(host_test::Faults::shared_data(Status::InternalFailure));
         let r = e.request(0, keyed("/o", "k", "x"))?;
         assert_eq!(r.status, status, "{mode}");
@@ -385,8 +433,7 @@ fn store_faults_follow_failure_mode() -> R {
 
 #[test]
 fn scopes_never_see_each_other() -> R {
-    let up = Upstream::default();
-    let mut e = envoy_with(r#"{"scope": {"headers": ["x-tenant"]}}"#, 2, &up).build()?;
+    let (mut e, _) = started(r#"{"scope": {"headers": ["x-tenant"]}}"#, 2)?;
     let a = e.request(0, keyed("/o", "same", "same").header("x-tenant", "a"))?;
     let b = e.request(1, keyed("/o", "same", "same").header("x-tenant", "b"))?;
     assert!(a.upstream_called && b.upstream_called);
@@ -408,8 +455,7 @@ fn scopes_never_see_each_other() -> R {
 
 #[test]
 fn other_methods_and_keyless_requests_pass_untouched() -> R {
-    let up = Upstream::default();
-    let mut e = envoy_with("{}", 1, &up).build()?;
+    let (mut e, _) = started("{}", 1)?;
     for _ in 0..2 {
         assert!(
             e.request(0, Request::get("/o").header("idempotency-key", "k"))?
@@ -432,9 +478,8 @@ fn other_methods_and_keyless_requests_pass_untouched() -> R {
 
 #[test]
 fn json_pointer_and_fingerprint_keys() -> R {
-    let up = Upstream::default();
     let cfg = r#"{"key": {"json_pointer": "/msgId", "fingerprint": ["method", "path", "body"]}}"#;
-    let mut e = envoy_with(cfg, 2, &up).build()?;
+    let (mut e, up) = started(cfg, 2)?;
     let m = || Request::post("/push").body(r#"{"msgId": "m-1", "text": "hi"}"#);
     assert!(e.request(0, m())?.upstream_called);
     assert_eq!(
@@ -465,13 +510,7 @@ fn json_pointer_and_fingerprint_keys() -> R {
 
 #[test]
 fn oversized_bodies() -> R {
-    let up = Upstream::default();
-    let mut e = envoy_with(
-        r#"{"max_body_bytes": 100, "max_replay_body_bytes": 10}"#,
-        1,
-        &up,
-    )
-    .build()?;
+    let (mut e, up) = started(r#"{"max_body_bytes": 100, "max_replay_body_bytes": 10}"#, 1)?;
     let big = e.request(0, keyed("/o", "k", &"x".repeat(101)))?;
     assert_eq!(
         (big.status, problem_type(&big.body).as_str()),

@@ -1,7 +1,7 @@
 //! The filter against hostile inputs in host-test: bucket aiming, memory under many
 //! large pending bodies, stored responses within `store.max_store_bytes`.
 
-use super::{envoy_with, keyed, problem_type, Upstream, R};
+use super::{envoy_with, filter_with, keyed, problem_type, Upstream, R};
 use host_test::Request;
 use std::collections::BTreeSet;
 
@@ -93,11 +93,7 @@ fn stored_responses_stay_within_max_store_bytes_and_no_key_runs_twice() -> R {
     let calls = std::rc::Rc::new(std::cell::Cell::new(0u32));
     let seen = calls.clone();
     let config = r#"{"capacity": 1024, "store": {"max_store_bytes": 1048576}}"#;
-    let mut e = host_test::Envoy::builder(super::wasm())
-        .workers(2)
-        .vm_id("proxy_dedup")
-        .plugin_config(config)
-        .allow_on_headers_stop_iteration(true)
+    let mut e = filter_with(config, 2)
         .upstream(move |req| {
             seen.set(seen.get() + 1);
             let tag = req.body.first().copied().unwrap_or(b'?');
