@@ -25,37 +25,56 @@ impl Status {
     }
 }
 
-/// Log levels of `proxy_log` (and of Envoy's logger).
+/// Log levels of `proxy_log` (and of Envoy's logger), numbered from 0 in
+/// this order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum LogLevel {
-    Trace = 0,
-    Debug = 1,
-    Info = 2,
-    Warn = 3,
-    Error = 4,
-    Critical = 5,
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+    Critical,
 }
 
 impl LogLevel {
+    const ALL: [LogLevel; 6] = [
+        LogLevel::Trace,
+        LogLevel::Debug,
+        LogLevel::Info,
+        LogLevel::Warn,
+        LogLevel::Error,
+        LogLevel::Critical,
+    ];
+
     pub(crate) fn from_raw(level: i32) -> Option<LogLevel> {
-        Some(match level {
-            0 => LogLevel::Trace,
-            1 => LogLevel::Debug,
-            2 => LogLevel::Info,
-            3 => LogLevel::Warn,
-            4 => LogLevel::Error,
-            5 => LogLevel::Critical,
-            _ => return None,
-        })
+        from_raw(&Self::ALL, level)
     }
 }
 
-/// Metric kinds of `proxy_define_metric`.
+/// Metric kinds of `proxy_define_metric`, numbered from 0 in this order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MetricKind {
-    Counter = 0,
-    Gauge = 1,
-    Histogram = 2,
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl MetricKind {
+    const ALL: [MetricKind; 3] = [
+        MetricKind::Counter,
+        MetricKind::Gauge,
+        MetricKind::Histogram,
+    ];
+
+    pub(crate) fn from_raw(kind: i32) -> Option<MetricKind> {
+        from_raw(&Self::ALL, kind)
+    }
+}
+
+/// The variant an ABI number names: its index in `all`.
+fn from_raw<T: Copy>(all: &[T], raw: i32) -> Option<T> {
+    usize::try_from(raw).ok().and_then(|i| all.get(i)).copied()
 }
 
 // Header map types.

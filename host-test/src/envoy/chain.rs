@@ -17,13 +17,7 @@ impl Envoy {
         }
         let root = self.vms[w].store.data().root_id as i32;
         !matches!(
-            self.invoke(
-                w,
-                "proxy_on_context_create",
-                ctx,
-                |x| x.on_context_create.clone(),
-                (ctx as i32, root),
-            ),
+            self.invoke(w, ctx, |x| x.on_context_create.clone(), (ctx as i32, root),),
             Call::Trapped
         )
     }
@@ -48,6 +42,12 @@ impl Envoy {
         false
     }
 
+    /// [`Self::failed_vm`] as [`Self::call_filter`] answers it: the stream
+    /// continues as if the callback had returned Continue, or it is gone.
+    fn fail_filter(&mut self, sid: u64) -> Option<(i32, bool)> {
+        self.failed_vm(sid).then_some((CONTINUE, false))
+    }
+
     pub(super) fn call_filter(
         &mut self,
         sid: u64,
@@ -61,63 +61,32 @@ impl Envoy {
             (s.worker, s.ctx)
         };
         if self.vms[w].failed {
-            return if self.failed_vm(sid) {
-                Some((CONTINUE, false))
-            } else {
-                None
-            };
+            return self.fail_filter(sid);
         }
         if side == Side::Request && kind == Callback::Headers && !self.create_context(sid) {
-            return if self.failed_vm(sid) {
-                Some((CONTINUE, false))
-            } else {
-                None
-            };
+            return self.fail_filter(sid);
         }
         let c = ctx as i32;
+        // The callback for this side and kind: headers and body take
+        // (context, size or count, end of stream), trailers (context, count).
+        let x = &self.vms[w].exports;
         let call = match (side, kind) {
-            (Side::Request, Callback::Headers) => self.invoke(
-                w,
-                "proxy_on_request_headers",
-                ctx,
-                |x| x.on_request_headers.clone(),
-                (c, a, b),
-            ),
-            (Side::Request, Callback::Body) => self.invoke(
-                w,
-                "proxy_on_request_body",
-                ctx,
-                |x| x.on_request_body.clone(),
-                (c, a, b),
-            ),
-            (Side::Request, Callback::Trailers) => self.invoke(
-                w,
-                "proxy_on_request_trailers",
-                ctx,
-                |x| x.on_request_trailers.clone(),
-                (c, a),
-            ),
-            (Side::Response, Callback::Headers) => self.invoke(
-                w,
-                "proxy_on_response_headers",
-                ctx,
-                |x| x.on_response_headers.clone(),
-                (c, a, b),
-            ),
-            (Side::Response, Callback::Body) => self.invoke(
-                w,
-                "proxy_on_response_body",
-                ctx,
-                |x| x.on_response_body.clone(),
-                (c, a, b),
-            ),
-            (Side::Response, Callback::Trailers) => self.invoke(
-                w,
-                "proxy_on_response_trailers",
-                ctx,
-                |x| x.on_response_trailers.clone(),
-                (c, a),
-            ),
+            (_, Callback::Trailers) => {
+                let f = match side {
+                    Side::Request => x.on_request_trailers.clone(),
+                    Side::Response => x.on_response_trailers.clone(),
+                };
+                self.invoke(w, ctx, move |_| f.clone(), (c, a))
+            }
+            _ => {
+                let f = match (side, kind) {
+                    (Side::Request, Callback::Headers) => x.on_request_headers.clone(),
+                    (Side::Request, _) => x.on_request_body.clone(),
+                    (Side::Response, Callback::Headers) => x.on_response_headers.clone(),
+                    (Side::Response, _) => x.on_response_body.clone(),
+                };
+                self.invoke(w, ctx, move |_| f.clone(), (c, a, b))
+            }
         };
         let action = match call {
             Call::Missing => CONTINUE,
@@ -125,11 +94,7 @@ impl Envoy {
             Call::Trapped => {
                 let (d, _) = self.take_deferred(w);
                 drop(d);
-                return if self.failed_vm(sid) {
-                    Some((CONTINUE, false))
-                } else {
-                    None
-                };
+                return self.fail_filter(sid);
             }
         };
         let (_, stop_next) = {

@@ -355,51 +355,26 @@ impl Envoy {
                 s.grpc = Default::default();
                 s.status = (0, String::new());
             }
-            match event {
-                GrpcEvent::Initial(h) => {
-                    let n = h.len() as i32;
-                    self.vms[worker].store.data_mut().grpc.initial = Some(h);
-                    self.invoke(
-                        worker,
-                        "proxy_on_grpc_receive_initial_metadata",
-                        root as u32,
-                        |x| x.on_grpc_receive_initial_metadata.clone(),
-                        (root, t, n),
-                    );
-                }
-                GrpcEvent::Message(m) => {
-                    let n = m.len() as i32;
-                    self.vms[worker].store.data_mut().grpc.message = Some(m);
-                    self.invoke(
-                        worker,
-                        "proxy_on_grpc_receive",
-                        root as u32,
-                        |x| x.on_grpc_receive.clone(),
-                        (root, t, n),
-                    );
-                }
-                GrpcEvent::Trailing(h) => {
-                    let n = h.len() as i32;
-                    self.vms[worker].store.data_mut().grpc.trailing = Some(h);
-                    self.invoke(
-                        worker,
-                        "proxy_on_grpc_receive_trailing_metadata",
-                        root as u32,
-                        |x| x.on_grpc_receive_trailing_metadata.clone(),
-                        (root, t, n),
-                    );
-                }
+            // The event is readable (maps, buffer, status) during its callback.
+            let vm = &mut self.vms[worker];
+            let (s, x) = (vm.store.data_mut(), &vm.exports);
+            let (f, n) = match event {
+                GrpcEvent::Initial(h) => (
+                    &x.on_grpc_receive_initial_metadata,
+                    held(&mut s.grpc.initial, h),
+                ),
+                GrpcEvent::Message(m) => (&x.on_grpc_receive, held(&mut s.grpc.message, m)),
+                GrpcEvent::Trailing(h) => (
+                    &x.on_grpc_receive_trailing_metadata,
+                    held(&mut s.grpc.trailing, h),
+                ),
                 GrpcEvent::Close(code, message) => {
-                    self.vms[worker].store.data_mut().status = (code, message);
-                    self.invoke(
-                        worker,
-                        "proxy_on_grpc_close",
-                        root as u32,
-                        |x| x.on_grpc_close.clone(),
-                        (root, t, code as i32),
-                    );
+                    s.status = (code, message);
+                    (&x.on_grpc_close, code as i32)
                 }
-            }
+            };
+            let f = f.clone();
+            self.invoke(worker, root as u32, move |_| f.clone(), (root, t, n));
             {
                 let s = self.vms[worker].store.data_mut();
                 s.grpc = Default::default();
@@ -567,4 +542,12 @@ fn h2_unary(addr: &str, request: &GrpcRequest, timeout_ms: u32) -> Vec<GrpcEvent
             }
         }
     }
+}
+
+/// Puts what a gRPC callback reads in its slot; answers its length, the
+/// callback's size argument.
+fn held<T>(slot: &mut Option<Vec<T>>, value: Vec<T>) -> i32 {
+    let n = value.len() as i32;
+    *slot = Some(value);
+    n
 }

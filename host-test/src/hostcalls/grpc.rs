@@ -11,106 +11,50 @@ use std::collections::HashSet;
 pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
     i.func(
         "proxy_grpc_call",
-        |mut c: C,
-         sp: i32,
-         sl: i32,
-         np: i32,
-         nl: i32,
-         mp: i32,
-         ml: i32,
-         ip: i32,
-         il: i32,
-         rp: i32,
-         rl: i32,
-         timeout: i32,
-         token_ptr: i32|
-         -> i32 {
-            let (Some(service), Some(name), Some(method), Some(meta), Some(message)) = (
-                read(&mut c, sp, sl),
-                read_str(&mut c, np, nl),
-                read_str(&mut c, mp, ml),
-                read(&mut c, ip, il),
-                read(&mut c, rp, rl),
-            ) else {
-                return INVALID_MEMORY;
-            };
-            let cluster = match grpc_cluster(&service, &c.data().plugin.clusters) {
-                Ok(name) => name,
-                Err(status) => return status,
-            };
-            let s = c.data_mut();
-            let token = next_grpc_token(s, false);
-            if !s.plugin.clusters.contains(&cluster) {
-                // A GrpcService naming an unknown cluster: Envoy's client
-                // fails at once ("Cluster not available", delivered after
-                // this call) and the call returns InternalFailure.
-                s.grpc_tokens.insert(token, false);
-                s.deferred.push(Deferred::GrpcRefused { token });
-                return Status::InternalFailure as i32;
+        i32_args!(
+            |c, sp, sl, np, nl, mp, ml, ip, il, rp, rl, timeout, token_ptr| -> i32 {
+                let (Some(target), Some(message)) = (
+                    read_target(&mut c, [sp, sl, np, nl, mp, ml, ip, il]),
+                    read(&mut c, rp, rl),
+                ) else {
+                    return INVALID_MEMORY;
+                };
+                let (token, cluster) = match start(&mut c, &target.service, false) {
+                    Ok(started) => started,
+                    Err(status) => return status,
+                };
+                c.data_mut().grpc_ops.push(GrpcOp::Call {
+                    token,
+                    cluster,
+                    service: target.name,
+                    method: target.method,
+                    metadata: target.metadata,
+                    message,
+                    timeout_ms: timeout as u32,
+                });
+                put_u32(&mut c, token_ptr, token)
             }
-            s.grpc_tokens.insert(token, false);
-            s.grpc_ops.push(GrpcOp::Call {
-                token,
-                cluster,
-                service: name,
-                method,
-                metadata: lower_pairs(&meta),
-                message,
-                timeout_ms: timeout as u32,
-            });
-            if write_u32(&mut c, token_ptr, token) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
-        },
+        ),
     )?;
     i.func(
         "proxy_grpc_stream",
-        |mut c: C,
-         sp: i32,
-         sl: i32,
-         np: i32,
-         nl: i32,
-         mp: i32,
-         ml: i32,
-         ip: i32,
-         il: i32,
-         token_ptr: i32|
-         -> i32 {
-            let (Some(service), Some(name), Some(method), Some(meta)) = (
-                read(&mut c, sp, sl),
-                read_str(&mut c, np, nl),
-                read_str(&mut c, mp, ml),
-                read(&mut c, ip, il),
-            ) else {
+        i32_args!(|c, sp, sl, np, nl, mp, ml, ip, il, token_ptr| -> i32 {
+            let Some(target) = read_target(&mut c, [sp, sl, np, nl, mp, ml, ip, il]) else {
                 return INVALID_MEMORY;
             };
-            let cluster = match grpc_cluster(&service, &c.data().plugin.clusters) {
-                Ok(name) => name,
+            let (token, cluster) = match start(&mut c, &target.service, true) {
+                Ok(started) => started,
                 Err(status) => return status,
             };
-            let s = c.data_mut();
-            let token = next_grpc_token(s, true);
-            if !s.plugin.clusters.contains(&cluster) {
-                s.grpc_tokens.insert(token, true);
-                s.deferred.push(Deferred::GrpcRefused { token });
-                return Status::InternalFailure as i32;
-            }
-            s.grpc_tokens.insert(token, true);
-            s.grpc_ops.push(GrpcOp::Stream {
+            c.data_mut().grpc_ops.push(GrpcOp::Stream {
                 token,
                 cluster,
-                service: name,
-                method,
-                metadata: lower_pairs(&meta),
+                service: target.name,
+                method: target.method,
+                metadata: target.metadata,
             });
-            if write_u32(&mut c, token_ptr, token) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
-        },
+            put_u32(&mut c, token_ptr, token)
+        }),
     )?;
     i.func(
         "proxy_grpc_send",
@@ -171,6 +115,48 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
         },
     )?;
     Ok(())
+}
+
+/// What a gRPC call or stream is opened with, read from guest memory.
+struct Target {
+    /// The serialized `GrpcService` (or cluster name) the call names.
+    service: Vec<u8>,
+    name: String,
+    method: String,
+    metadata: Headers,
+}
+
+/// Reads the service, name, method and metadata (pointer and length each)
+/// that `proxy_grpc_call` and `proxy_grpc_stream` both start with.
+fn read_target(c: &mut C, [sp, sl, np, nl, mp, ml, ip, il]: [i32; 8]) -> Option<Target> {
+    let (service, name, method, meta) = (
+        read(c, sp, sl),
+        read_str(c, np, nl),
+        read_str(c, mp, ml),
+        read(c, ip, il),
+    );
+    Some(Target {
+        service: service?,
+        name: name?,
+        method: method?,
+        metadata: lower_pairs(&meta?),
+    })
+}
+
+/// Takes a token for a call (or stream) to the cluster `service` names.
+/// A GrpcService naming an unknown cluster: Envoy's client fails at once
+/// ("Cluster not available", delivered after this call) and the call
+/// returns InternalFailure.
+fn start(c: &mut C, service: &[u8], stream: bool) -> Result<(u32, String), i32> {
+    let cluster = grpc_cluster(service, &c.data().plugin.clusters)?;
+    let s = c.data_mut();
+    let token = next_grpc_token(s, stream);
+    s.grpc_tokens.insert(token, stream);
+    if !s.plugin.clusters.contains(&cluster) {
+        s.deferred.push(Deferred::GrpcRefused { token });
+        return Err(Status::InternalFailure as i32);
+    }
+    Ok((token, cluster))
 }
 
 /// The cluster named by the `service` argument of a gRPC call: a serialized
