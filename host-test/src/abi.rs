@@ -1,22 +1,23 @@
 //! proxy-wasm ABI 0.2.1 constants and the pairs wire format.
 
-/// Status codes returned by host calls (proxy-wasm `WasmResult`).
+/// Status codes returned by host calls (proxy-wasm `WasmResult`), numbered
+/// from 0 in this order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum Status {
-    Ok = 0,
-    NotFound = 1,
-    BadArgument = 2,
-    SerializationFailure = 3,
-    ParseFailure = 4,
-    BadExpression = 5,
-    InvalidMemoryAccess = 6,
-    Empty = 7,
-    CasMismatch = 8,
-    ResultMismatch = 9,
-    InternalFailure = 10,
-    BrokenConnection = 11,
-    Unimplemented = 12,
+    Ok,
+    NotFound,
+    BadArgument,
+    SerializationFailure,
+    ParseFailure,
+    BadExpression,
+    InvalidMemoryAccess,
+    Empty,
+    CasMismatch,
+    ResultMismatch,
+    InternalFailure,
+    BrokenConnection,
+    Unimplemented,
 }
 
 impl Status {
@@ -161,6 +162,16 @@ pub(crate) fn decode_pairs(bytes: &[u8]) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn enums_have_the_abi_numbers() {
+        assert_eq!(Status::InvalidMemoryAccess as u32, 6);
+        assert_eq!(Status::Unimplemented as u32, 12);
+        assert_eq!(LogLevel::from_raw(5), Some(LogLevel::Critical));
+        assert_eq!(LogLevel::from_raw(6), None);
+        assert_eq!(MetricKind::from_raw(2), Some(MetricKind::Histogram));
+        assert_eq!(MetricKind::from_raw(-1), None);
+    }
 
     #[test]
     fn pairs_round_trip() {

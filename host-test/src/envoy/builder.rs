@@ -4,13 +4,24 @@
 use super::*;
 
 /// Builder options that set one field: `name(arg: Type) = value;` becomes
-/// `pub fn name(mut self, arg: Type) -> Self`, setting `self.name = value`.
+/// `pub fn name(mut self, arg: Type) -> Self`, setting `self.name = value`;
+/// `name(key: &str, arg: Type) in field = value;` adds `(key, value)` to
+/// `self.field` (a map, where it replaces the key's entry, or a list).
 macro_rules! options {
     ($($(#[$doc:meta])* $name:ident($arg:ident: $ty:ty) = $value:expr;)*) => {
         $(
             $(#[$doc])*
             pub fn $name(mut self, $arg: $ty) -> Self {
                 self.$name = $value;
+                self
+            }
+        )*
+    };
+    ($($(#[$doc:meta])* $name:ident($key:ident: &str, $arg:ident: $ty:ty) in $field:ident = $value:expr;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, $key: &str, $arg: $ty) -> Self {
+                self.$field.extend([($key.to_string(), $value)]);
                 self
             }
         )*
@@ -107,54 +118,29 @@ impl EnvoyBuilder {
         cluster_name(name: &str) = Some(name.to_string());
     }
 
-    /// A cluster for `proxy_http_call`, answered in process.
-    pub fn cluster(
-        mut self,
-        name: &str,
-        handler: impl FnMut(&UpstreamRequest) -> Reply + 'static,
-    ) -> Self {
-        self.clusters
-            .insert(name.to_string(), Cluster::InProcess(Box::new(handler)));
-        self
-    }
-
-    /// A cluster for `proxy_http_call` forwarded over TCP to a loopback
-    /// HTTP/1.1 server (`"127.0.0.1:8080"`).
-    pub fn cluster_addr(mut self, name: &str, addr: &str) -> Self {
-        self.clusters
-            .insert(name.to_string(), Cluster::Tcp(addr.to_string()));
-        self
-    }
-
-    /// A cluster for `proxy_grpc_call` and `proxy_grpc_stream`, answered in
-    /// process: the handler gets each call ([`crate::GrpcRequest`]: service,
-    /// method, messages, metadata as Envoy sends it) and answers a
-    /// [`crate::GrpcReply`]. A stream is answered when the filter
-    /// half-closes it (`proxy_grpc_close`, or a send with end of stream).
-    pub fn grpc_cluster(
-        mut self,
-        name: &str,
-        handler: impl FnMut(&crate::GrpcRequest) -> crate::GrpcReply + 'static,
-    ) -> Self {
-        self.grpc_clusters
-            .insert(name.to_string(), GrpcCluster::InProcess(Box::new(handler)));
-        self
-    }
-
-    /// A cluster for `proxy_grpc_call` and `proxy_grpc_stream` served by a
-    /// real gRPC server (HTTP/2 cleartext) on loopback, e.g. etcd's client
-    /// port or a [`crate::GrpcServer`]. Unary calls block until the answer
-    /// or the call's timeout (real time); stream messages arrive as they come.
-    pub fn grpc_cluster_addr(mut self, name: &str, addr: &str) -> Self {
-        self.grpc_clusters
-            .insert(name.to_string(), GrpcCluster::H2(addr.to_string()));
-        self
-    }
-
-    /// The route's metadata (`xds.route_metadata.filter_metadata.<namespace>`).
-    pub fn route_metadata(mut self, namespace: &str, value: crate::Value) -> Self {
-        self.route_metadata.push((namespace.to_string(), value));
-        self
+    options! {
+        /// A cluster for `proxy_http_call`, answered in process.
+        cluster(name: &str, handler: impl FnMut(&UpstreamRequest) -> Reply + 'static) in clusters =
+            Cluster::InProcess(Box::new(handler));
+        /// A cluster for `proxy_http_call` forwarded over TCP to a loopback
+        /// HTTP/1.1 server (`"127.0.0.1:8080"`).
+        cluster_addr(name: &str, addr: &str) in clusters = Cluster::Tcp(addr.to_string());
+        /// A cluster for `proxy_grpc_call` and `proxy_grpc_stream`, answered in
+        /// process: the handler gets each call ([`crate::GrpcRequest`]: service,
+        /// method, messages, metadata as Envoy sends it) and answers a
+        /// [`crate::GrpcReply`]. A stream is answered when the filter
+        /// half-closes it (`proxy_grpc_close`, or a send with end of stream).
+        grpc_cluster(
+            name: &str,
+            handler: impl FnMut(&crate::GrpcRequest) -> crate::GrpcReply + 'static
+        ) in grpc_clusters = GrpcCluster::InProcess(Box::new(handler));
+        /// A cluster for `proxy_grpc_call` and `proxy_grpc_stream` served by a
+        /// real gRPC server (HTTP/2 cleartext) on loopback, e.g. etcd's client
+        /// port or a [`crate::GrpcServer`]. Unary calls block until the answer
+        /// or the call's timeout (real time); stream messages arrive as they come.
+        grpc_cluster_addr(name: &str, addr: &str) in grpc_clusters = GrpcCluster::H2(addr.to_string());
+        /// The route's metadata (`xds.route_metadata.filter_metadata.<namespace>`).
+        route_metadata(namespace: &str, value: crate::Value) in route_metadata = value;
     }
 
     /// Loads the module (compiled once per path), starts one VM per worker

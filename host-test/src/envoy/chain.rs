@@ -104,6 +104,29 @@ impl Envoy {
         Some((action, stop_next))
     }
 
+    /// The body the filter saw on `side`, passed on: it is no longer the
+    /// filter's to read.
+    fn take_body(&mut self, sid: u64, side: Side) -> Vec<u8> {
+        self.host(sid).map_or_else(Vec::new, |h| {
+            let dir = h.side_mut(side);
+            dir.body_live = false;
+            std::mem::take(&mut dir.body)
+        })
+    }
+
+    /// The filter manager's buffer overflows: Envoy answers 413 itself
+    /// (through the filter's response callbacks).
+    fn payload_too_large(&mut self, sid: u64) {
+        self.local_reply(
+            sid,
+            413,
+            b"Payload Too Large".to_vec(),
+            Vec::new(),
+            true,
+            code_details::REQUEST_PAYLOAD_TOO_LARGE,
+        );
+    }
+
     pub(super) fn finish_call(&mut self, sid: u64) {
         if let Some(w) = self.streams.get(&sid).map(|s| s.worker) {
             let (d, _) = self.take_deferred(w);
@@ -202,16 +225,7 @@ impl Envoy {
         if buffering && side == Side::Request {
             let buffered = self.host(sid).map_or(0, |h| h.req.body.len());
             if buffered + chunk.len() > self.buffer_limit {
-                // The filter manager's buffer overflows: Envoy answers 413
-                // itself (through the filter's response callbacks).
-                self.local_reply(
-                    sid,
-                    413,
-                    b"Payload Too Large".to_vec(),
-                    Vec::new(),
-                    true,
-                    code_details::REQUEST_PAYLOAD_TOO_LARGE,
-                );
+                self.payload_too_large(sid);
                 return;
             }
         }
@@ -234,14 +248,7 @@ impl Envoy {
         if self.open(sid) {
             let bypass = self.streams[&sid].bypass;
             if bypass || (!stop_next && action == CONTINUE) {
-                let data = match self.host(sid) {
-                    Some(h) => {
-                        let dir = h.side_mut(side);
-                        dir.body_live = false;
-                        std::mem::take(&mut dir.body)
-                    }
-                    None => Vec::new(),
-                };
+                let data = self.take_body(sid, side);
                 let stopped = self.dir(sid, side).map(|d| {
                     d.buffering = false;
                     d.headers == HeadersState::Stopped
@@ -262,14 +269,7 @@ impl Envoy {
                 let buffered = self.host(sid).map_or(0, |h| h.req.body.len());
                 if side == Side::Request && buffered > self.buffer_limit {
                     self.finish_call(sid);
-                    self.local_reply(
-                        sid,
-                        413,
-                        b"Payload Too Large".to_vec(),
-                        Vec::new(),
-                        true,
-                        code_details::REQUEST_PAYLOAD_TOO_LARGE,
-                    );
+                    self.payload_too_large(sid);
                     return;
                 }
             }
@@ -393,14 +393,7 @@ impl Envoy {
                     if let Some(d) = self.dir(sid, side) {
                         d.buffering = false;
                     }
-                    let body = match self.host(sid) {
-                        Some(h) => {
-                            let dir = h.side_mut(side);
-                            dir.body_live = false;
-                            std::mem::take(&mut dir.body)
-                        }
-                        None => Vec::new(),
-                    };
+                    let body = self.take_body(sid, side);
                     self.pass_data(sid, side, body, eos);
                 }
             }

@@ -137,61 +137,42 @@ impl Envoy {
     pub(super) fn grpc_ops(&mut self, worker: usize, ops: Vec<GrpcOp>) {
         for op in ops {
             match op {
-                GrpcOp::Call {
+                GrpcOp::Open {
                     token,
                     cluster,
                     service,
                     method,
                     metadata,
-                    message,
-                    timeout_ms,
+                    call,
                 } => {
+                    let stream = call.is_none();
+                    let (messages, timeout_ms) = match call {
+                        Some((message, timeout_ms)) => (vec![message], timeout_ms),
+                        None => (Vec::new(), 0),
+                    };
                     let request = GrpcRequest {
                         metadata: request_headers(
                             &cluster, &service, &method, &metadata, timeout_ms,
                         ),
                         service,
                         method,
-                        messages: vec![message],
-                        cancelled: false,
-                    };
-                    self.grpc_live.insert(
-                        (worker, token),
-                        GrpcLive {
-                            cluster,
-                            stream: false,
-                            request,
-                            timeout_ms,
-                            h2: None,
-                            received: Vec::new(),
-                            got_headers: false,
-                        },
-                    );
-                    self.grpc_unary(worker, token);
-                }
-                GrpcOp::Stream {
-                    token,
-                    cluster,
-                    service,
-                    method,
-                    metadata,
-                } => {
-                    let request = GrpcRequest {
-                        metadata: request_headers(&cluster, &service, &method, &metadata, 0),
-                        service,
-                        method,
-                        messages: Vec::new(),
+                        messages,
                         cancelled: false,
                     };
                     let mut live = GrpcLive {
                         cluster,
-                        stream: true,
+                        stream,
                         request,
-                        timeout_ms: 0,
+                        timeout_ms,
                         h2: None,
                         received: Vec::new(),
                         got_headers: false,
                     };
+                    if !stream {
+                        self.grpc_live.insert((worker, token), live);
+                        self.grpc_unary(worker, token);
+                        continue;
+                    }
                     if let Some(GrpcCluster::H2(addr)) = self.grpc_clusters.get(&live.cluster) {
                         match open_h2(addr, &live.request.metadata) {
                             Ok(c) => live.h2 = Some(c),
@@ -348,7 +329,12 @@ impl Envoy {
                 || (!stream && matches!(event, GrpcEvent::Message(_)));
             if over {
                 self.grpc_live.remove(&(worker, token));
-                self.vms[worker].store.data_mut().grpc_tokens.remove(&token);
+                self.vms[worker]
+                    .store
+                    .data_mut()
+                    .grpc_calls
+                    .live
+                    .remove(&token);
             }
             {
                 let s = self.vms[worker].store.data_mut();

@@ -48,7 +48,7 @@ impl Envoy {
             (
                 s.tick_request.take(),
                 std::mem::take(&mut s.new_callouts),
-                std::mem::take(&mut s.grpc_ops),
+                std::mem::take(&mut s.grpc_calls.ops),
             )
         };
         if !grpc.is_empty() {
@@ -81,25 +81,10 @@ impl Envoy {
                 CalloutResult::Never => {}
                 CalloutResult::TimeoutAfter(ms) => {
                     let at = self.now_ns() + u64::from(ms) * 1_000_000;
-                    self.schedule(
-                        at,
-                        Event::Callout {
-                            worker,
-                            token: c.token,
-                            response: Some(callout::timeout_reply()),
-                        },
-                    );
+                    self.schedule(at, answer(Some(callout::timeout_reply())));
                 }
                 CalloutResult::ResetAfter(ms) => {
-                    let at = self.now_ns() + u64::from(ms) * 1_000_000;
-                    self.schedule(
-                        at,
-                        Event::Callout {
-                            worker,
-                            token: c.token,
-                            response: None,
-                        },
-                    );
+                    self.schedule(self.now_ns() + u64::from(ms) * 1_000_000, answer(None))
                 }
             }
         }

@@ -19,20 +19,7 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
                 ) else {
                     return INVALID_MEMORY;
                 };
-                let (token, cluster) = match start(&mut c, &target.service, false) {
-                    Ok(started) => started,
-                    Err(status) => return status,
-                };
-                c.data_mut().grpc_ops.push(GrpcOp::Call {
-                    token,
-                    cluster,
-                    service: target.name,
-                    method: target.method,
-                    metadata: target.metadata,
-                    message,
-                    timeout_ms: timeout as u32,
-                });
-                put_u32(&mut c, token_ptr, token)
+                open(&mut c, target, Some((message, timeout as u32)), token_ptr)
             }
         ),
     )?;
@@ -42,18 +29,7 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
             let Some(target) = read_target(&mut c, [sp, sl, np, nl, mp, ml, ip, il]) else {
                 return INVALID_MEMORY;
             };
-            let (token, cluster) = match start(&mut c, &target.service, true) {
-                Ok(started) => started,
-                Err(status) => return status,
-            };
-            c.data_mut().grpc_ops.push(GrpcOp::Stream {
-                token,
-                cluster,
-                service: target.name,
-                method: target.method,
-                metadata: target.metadata,
-            });
-            put_u32(&mut c, token_ptr, token)
+            open(&mut c, target, None, token_ptr)
         }),
     )?;
     i.func(
@@ -67,10 +43,10 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
             if is_grpc_call_token(token) {
                 return BAD_ARGUMENT;
             }
-            if !s.grpc_tokens.contains_key(&token) {
+            if !s.grpc_calls.live.contains_key(&token) {
                 return NOT_FOUND;
             }
-            s.grpc_ops.push(GrpcOp::Send {
+            s.grpc_calls.ops.push(GrpcOp::Send {
                 token,
                 message,
                 end: end != 0,
@@ -81,16 +57,16 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
     i.func("proxy_grpc_close", |mut c: C, token: i32| -> i32 {
         let s = c.data_mut();
         let token = token as u32;
-        match s.grpc_tokens.get(&token) {
+        match s.grpc_calls.live.get(&token) {
             None => NOT_FOUND,
             // Closing a call cancels it.
             Some(false) => {
-                s.grpc_tokens.remove(&token);
-                s.grpc_ops.push(GrpcOp::Cancel { token });
+                s.grpc_calls.live.remove(&token);
+                s.grpc_calls.ops.push(GrpcOp::Cancel { token });
                 OK
             }
             Some(true) => {
-                s.grpc_ops.push(GrpcOp::Close { token });
+                s.grpc_calls.ops.push(GrpcOp::Close { token });
                 OK
             }
         }
@@ -98,10 +74,10 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
     i.func("proxy_grpc_cancel", |mut c: C, token: i32| -> i32 {
         let s = c.data_mut();
         let token = token as u32;
-        if s.grpc_tokens.remove(&token).is_none() {
+        if s.grpc_calls.live.remove(&token).is_none() {
             return NOT_FOUND;
         }
-        s.grpc_ops.push(GrpcOp::Cancel { token });
+        s.grpc_calls.ops.push(GrpcOp::Cancel { token });
         OK
     })?;
     i.func(
@@ -143,20 +119,33 @@ fn read_target(c: &mut C, [sp, sl, np, nl, mp, ml, ip, il]: [i32; 8]) -> Option<
     })
 }
 
-/// Takes a token for a call (or stream) to the cluster `service` names.
+/// Opens a call (with its message and timeout) or a stream (`None`) to the
+/// cluster the target's service names, and writes its token.
 /// A GrpcService naming an unknown cluster: Envoy's client fails at once
 /// ("Cluster not available", delivered after this call) and the call
 /// returns InternalFailure.
-fn start(c: &mut C, service: &[u8], stream: bool) -> Result<(u32, String), i32> {
-    let cluster = grpc_cluster(service, &c.data().plugin.clusters)?;
+fn open(c: &mut C, target: Target, call: Option<(Vec<u8>, u32)>, token_ptr: i32) -> i32 {
+    let cluster = match grpc_cluster(&target.service, &c.data().plugin.clusters) {
+        Ok(cluster) => cluster,
+        Err(status) => return status,
+    };
     let s = c.data_mut();
+    let stream = call.is_none();
     let token = next_grpc_token(s, stream);
-    s.grpc_tokens.insert(token, stream);
+    s.grpc_calls.live.insert(token, stream);
     if !s.plugin.clusters.contains(&cluster) {
         s.deferred.push(Deferred::GrpcRefused { token });
-        return Err(Status::InternalFailure as i32);
+        return Status::InternalFailure as i32;
     }
-    Ok((token, cluster))
+    s.grpc_calls.ops.push(GrpcOp::Open {
+        token,
+        cluster,
+        service: target.name,
+        method: target.method,
+        metadata: target.metadata,
+        call,
+    });
+    put_u32(c, token_ptr, token)
 }
 
 /// The cluster named by the `service` argument of a gRPC call: a serialized
@@ -187,9 +176,9 @@ fn grpc_cluster(service: &[u8], clusters: &HashSet<String>) -> Result<String, i3
 /// shifted left by two, the kind in the low bits (call 1, stream 2).
 fn next_grpc_token(s: &mut VmState, stream: bool) -> u32 {
     let counter = if stream {
-        &mut s.next_grpc_stream
+        &mut s.grpc_calls.next_stream
     } else {
-        &mut s.next_grpc_call
+        &mut s.grpc_calls.next_call
     };
     let id = *counter;
     *counter = counter.wrapping_add(1);
