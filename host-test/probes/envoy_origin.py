@@ -123,15 +123,10 @@ WASM_FILTER = f"""
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
               config:
-                name: probe
+                vm_config: {{ vm_id: probe, runtime: envoy.wasm.runtime.v8, code: {{ local: {{ filename: {WASM} }} }} }}
+                configuration: {{ "@type": type.googleapis.com/google.protobuf.StringValue, value: '{{}}' }}
                 root_id: ""
-                configuration:
-                  "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: '{{}}'
-                vm_config:
-                  vm_id: probe
-                  runtime: envoy.wasm.runtime.v8
-                  code: {{ local: {{ filename: {WASM} }} }}"""
+                name: probe"""
 
 ACCESS_LOG = """
           access_log:
@@ -143,20 +138,26 @@ ACCESS_LOG = """
                   inline_string: "ACCESS %REQ(:PATH)% code=%RESPONSE_CODE% flags=%RESPONSE_FLAGS% details=%RESPONSE_CODE_DETAILS% upstream=%UPSTREAM_HOST% failure=%UPSTREAM_TRANSPORT_FAILURE_REASON%\\n"
 """
 
-CONFIG = f"""
-admin:
-  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {ADMIN} }} }}
-static_resources:
-  listeners:
-  - name: main
-    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {LISTEN} }} }}
-    per_connection_buffer_limit_bytes: 16384
+
+
+def http_connection_manager(stat_prefix):
+    """A listener's filter chain up to its route config, with the access log."""
+    return f"""
     filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: main{ACCESS_LOG}
+          stat_prefix: {stat_prefix}{ACCESS_LOG}"""
+
+
+CONFIG = f"""
+admin: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {ADMIN} }} }} }}
+static_resources:
+  listeners:
+  - name: main
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {LISTEN} }} }}
+    per_connection_buffer_limit_bytes: 16384{http_connection_manager('main')}
           route_config:
             validate_clusters: false
             virtual_hosts:
@@ -192,13 +193,7 @@ static_resources:
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   - name: ratelimited
-    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {LISTEN_RL} }} }}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: rl{ACCESS_LOG}
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {LISTEN_RL} }} }}{http_connection_manager('rl')}
           route_config:
             virtual_hosts:
             - name: all

@@ -1,22 +1,23 @@
 //! proxy-wasm ABI 0.2.1 constants and the pairs wire format.
 
-/// Status codes returned by host calls (proxy-wasm `WasmResult`).
+/// Status codes returned by host calls (proxy-wasm `WasmResult`), numbered
+/// from 0 in this order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum Status {
-    Ok = 0,
-    NotFound = 1,
-    BadArgument = 2,
-    SerializationFailure = 3,
-    ParseFailure = 4,
-    BadExpression = 5,
-    InvalidMemoryAccess = 6,
-    Empty = 7,
-    CasMismatch = 8,
-    ResultMismatch = 9,
-    InternalFailure = 10,
-    BrokenConnection = 11,
-    Unimplemented = 12,
+    Ok,
+    NotFound,
+    BadArgument,
+    SerializationFailure,
+    ParseFailure,
+    BadExpression,
+    InvalidMemoryAccess,
+    Empty,
+    CasMismatch,
+    ResultMismatch,
+    InternalFailure,
+    BrokenConnection,
+    Unimplemented,
 }
 
 impl Status {
@@ -25,37 +26,56 @@ impl Status {
     }
 }
 
-/// Log levels of `proxy_log` (and of Envoy's logger).
+/// Log levels of `proxy_log` (and of Envoy's logger), numbered from 0 in
+/// this order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum LogLevel {
-    Trace = 0,
-    Debug = 1,
-    Info = 2,
-    Warn = 3,
-    Error = 4,
-    Critical = 5,
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+    Critical,
 }
 
 impl LogLevel {
+    const ALL: [LogLevel; 6] = [
+        LogLevel::Trace,
+        LogLevel::Debug,
+        LogLevel::Info,
+        LogLevel::Warn,
+        LogLevel::Error,
+        LogLevel::Critical,
+    ];
+
     pub(crate) fn from_raw(level: i32) -> Option<LogLevel> {
-        Some(match level {
-            0 => LogLevel::Trace,
-            1 => LogLevel::Debug,
-            2 => LogLevel::Info,
-            3 => LogLevel::Warn,
-            4 => LogLevel::Error,
-            5 => LogLevel::Critical,
-            _ => return None,
-        })
+        from_raw(&Self::ALL, level)
     }
 }
 
-/// Metric kinds of `proxy_define_metric`.
+/// Metric kinds of `proxy_define_metric`, numbered from 0 in this order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MetricKind {
-    Counter = 0,
-    Gauge = 1,
-    Histogram = 2,
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl MetricKind {
+    const ALL: [MetricKind; 3] = [
+        MetricKind::Counter,
+        MetricKind::Gauge,
+        MetricKind::Histogram,
+    ];
+
+    pub(crate) fn from_raw(kind: i32) -> Option<MetricKind> {
+        from_raw(&Self::ALL, kind)
+    }
+}
+
+/// The variant an ABI number names: its index in `all`.
+fn from_raw<T: Copy>(all: &[T], raw: i32) -> Option<T> {
+    usize::try_from(raw).ok().and_then(|i| all.get(i)).copied()
 }
 
 // Header map types.
@@ -142,6 +162,16 @@ pub(crate) fn decode_pairs(bytes: &[u8]) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn enums_have_the_abi_numbers() {
+        assert_eq!(Status::InvalidMemoryAccess as u32, 6);
+        assert_eq!(Status::Unimplemented as u32, 12);
+        assert_eq!(LogLevel::from_raw(5), Some(LogLevel::Critical));
+        assert_eq!(LogLevel::from_raw(6), None);
+        assert_eq!(MetricKind::from_raw(2), Some(MetricKind::Histogram));
+        assert_eq!(MetricKind::from_raw(-1), None);
+    }
 
     #[test]
     fn pairs_round_trip() {

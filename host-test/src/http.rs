@@ -16,6 +16,72 @@ pub(crate) fn header_get<'a>(headers: &'a Headers, name: &str) -> Option<&'a str
         .map(|(_, v)| v.as_str())
 }
 
+/// The builder methods a [`Request`] and a [`Reply`] share: headers and
+/// the body, whole or in chunks.
+macro_rules! message_builder {
+    ($t:ty) => {
+        impl $t {
+            /// Adds a header (name lower-cased, as Envoy's codec does).
+            pub fn header(mut self, name: &str, value: &str) -> Self {
+                self.headers
+                    .push((name.to_ascii_lowercase(), value.to_string()));
+                self
+            }
+
+            /// The whole body, delivered as one chunk with end of stream.
+            pub fn body(mut self, body: impl AsRef<[u8]>) -> Self {
+                self.chunks = vec![body.as_ref().to_vec()];
+                self
+            }
+
+            /// The body as separate chunks (each its own body callback).
+            pub fn chunks<I, B>(mut self, chunks: I) -> Self
+            where
+                I: IntoIterator<Item = B>,
+                B: AsRef<[u8]>,
+            {
+                self.chunks = chunks.into_iter().map(|c| c.as_ref().to_vec()).collect();
+                self
+            }
+        }
+    };
+}
+
+message_builder!(Request);
+message_builder!(Reply);
+
+/// The builder methods an [`crate::EnvoyBuilder`] (every request) and a
+/// [`Request`] (this one, replacing the builder's namespace or path) share:
+/// what earlier filters and Envoy let the filter read.
+macro_rules! filter_inputs {
+    ($t:ty) => {
+        impl $t {
+            /// Dynamic metadata an earlier filter set (e.g.
+            /// `envoy.filters.http.set_metadata`, JWT claims): the filter
+            /// reads it as `metadata.filter_metadata.<namespace>...`, in
+            /// Envoy's encodings. A request's replaces the builder's
+            /// [`crate::EnvoyBuilder::filter_metadata`] of the same namespace.
+            pub fn filter_metadata(mut self, namespace: &str, value: crate::Value) -> Self {
+                self.filter_metadata.push((namespace.to_string(), value));
+                self
+            }
+
+            /// Any other property the filter may read, by path segments,
+            /// as the raw bytes Envoy would return (for anything host-test
+            /// does not model).
+            pub fn property(mut self, path: &[&str], value: impl AsRef<[u8]>) -> Self {
+                let path = path.iter().map(|p| p.to_string()).collect();
+                self.properties.push((path, value.as_ref().to_vec()));
+                self
+            }
+        }
+    };
+}
+
+pub(crate) use filter_inputs;
+
+filter_inputs!(Request);
+
 /// A request sent by a downstream client.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -70,31 +136,8 @@ impl Request {
         Request::new("DELETE", path)
     }
 
-    /// Adds a header (name lower-cased, as Envoy's codec does).
-    pub fn header(mut self, name: &str, value: &str) -> Request {
-        self.headers
-            .push((name.to_ascii_lowercase(), value.to_string()));
-        self
-    }
-
     pub fn authority(mut self, authority: &str) -> Request {
         self.authority = authority.to_string();
-        self
-    }
-
-    /// The whole body, delivered as one chunk with end of stream.
-    pub fn body(mut self, body: impl AsRef<[u8]>) -> Request {
-        self.chunks = vec![body.as_ref().to_vec()];
-        self
-    }
-
-    /// The body as separate chunks (each its own `on_request_body` call).
-    pub fn chunks<I, B>(mut self, chunks: I) -> Request
-    where
-        I: IntoIterator<Item = B>,
-        B: AsRef<[u8]>,
-    {
-        self.chunks = chunks.into_iter().map(|c| c.as_ref().to_vec()).collect();
         self
     }
 
@@ -106,24 +149,6 @@ impl Request {
 
     pub fn source_address(mut self, address: &str) -> Request {
         self.source_address = address.to_string();
-        self
-    }
-
-    /// Dynamic metadata an earlier filter set for this request (e.g.
-    /// `envoy.filters.http.set_metadata`, JWT claims): the filter reads it
-    /// as `metadata.filter_metadata.<namespace>...`, in Envoy's encodings.
-    /// Replaces the builder's [`crate::EnvoyBuilder::filter_metadata`] of
-    /// the same namespace.
-    pub fn filter_metadata(mut self, namespace: &str, value: crate::Value) -> Request {
-        self.filter_metadata.push((namespace.to_string(), value));
-        self
-    }
-
-    /// Any other property the filter may read for this request, by path
-    /// segments, as the raw bytes Envoy would return.
-    pub fn property(mut self, path: &[&str], value: impl AsRef<[u8]>) -> Request {
-        let path = path.iter().map(|p| p.to_string()).collect();
-        self.properties.push((path, value.as_ref().to_vec()));
         self
     }
 
@@ -361,26 +386,6 @@ impl Reply {
     /// the virtual clock (e.g. to let the calling stream end first).
     pub fn after(mut self, delay: std::time::Duration) -> Reply {
         self.delay = delay;
-        self
-    }
-
-    pub fn header(mut self, name: &str, value: &str) -> Reply {
-        self.headers
-            .push((name.to_ascii_lowercase(), value.to_string()));
-        self
-    }
-
-    pub fn body(mut self, body: impl AsRef<[u8]>) -> Reply {
-        self.chunks = vec![body.as_ref().to_vec()];
-        self
-    }
-
-    pub fn chunks<I, B>(mut self, chunks: I) -> Reply
-    where
-        I: IntoIterator<Item = B>,
-        B: AsRef<[u8]>,
-    {
-        self.chunks = chunks.into_iter().map(|c| c.as_ref().to_vec()).collect();
         self
     }
 

@@ -11,11 +11,17 @@ use wasmtime::{Memory, TypedFunc};
 
 /// Plugin facts every VM of an Envoy shares.
 pub(crate) struct PluginInfo {
+    /// Scopes shared data and queues.
     pub vm_id: String,
+    /// The `plugin_name` property.
     pub name: String,
+    /// The `plugin_root_id` property.
     pub root_id: String,
+    /// What `proxy_on_configure` reads.
     pub plugin_config: Vec<u8>,
+    /// What `proxy_on_vm_start` reads.
     pub vm_config: Vec<u8>,
+    /// The clusters a callout or gRPC call may name.
     pub clusters: HashSet<String>,
     /// `xds.route_name`, `xds.cluster_name`, `xds.route_metadata`.
     pub route_name: Option<String>,
@@ -101,21 +107,14 @@ pub(crate) struct NewCallout {
 
 /// A gRPC operation the filter asked for, carried out after the VM call.
 pub(crate) enum GrpcOp {
-    Call {
+    /// A unary call (`call`: its message and timeout) or a stream (`None`).
+    Open {
         token: u32,
         cluster: String,
         service: String,
         method: String,
         metadata: Headers,
-        message: Vec<u8>,
-        timeout_ms: u32,
-    },
-    Stream {
-        token: u32,
-        cluster: String,
-        service: String,
-        method: String,
-        metadata: Headers,
+        call: Option<(Vec<u8>, u32)>,
     },
     Send {
         token: u32,
@@ -126,6 +125,17 @@ pub(crate) enum GrpcOp {
     Close { token: u32 },
     /// Cancel of a call, reset of a stream.
     Cancel { token: u32 },
+}
+
+/// A VM's gRPC calls and streams as the host calls keep them.
+pub(crate) struct GrpcCalls {
+    /// What the module asked for during the current VM call.
+    pub ops: Vec<GrpcOp>,
+    /// Counters of gRPC calls and streams (tokens: see hostcalls).
+    pub next_call: u32,
+    pub next_stream: u32,
+    /// Live gRPC tokens: true for a stream.
+    pub live: HashMap<u32, bool>,
 }
 
 /// What the VM's gRPC callbacks can read while they run.
@@ -153,19 +163,22 @@ pub(crate) struct VmState {
     /// Context of the callback being run, and the one `proxy_set_effective_context` chose.
     pub current: u32,
     pub effective: Option<u32>,
+    /// `proxy_on_configure` is running: the plugin configuration is readable.
     pub in_configure: bool,
+    /// The streams of this VM, by context id.
     pub streams: HashMap<u32, StreamHost>,
+    /// What `proxy_on_http_call_response` reads while it runs.
     pub callout_response: Option<CalloutResponse>,
     pub deferred: Vec<Deferred>,
+    /// The module sent a local reply during the current callback: the
+    /// chain stops there whatever the callback returns.
     pub stop_next_iteration: bool,
+    /// Callouts the module started during the current VM call, and the
+    /// counter of their tokens.
     pub new_callouts: Vec<NewCallout>,
     pub next_callout_token: u32,
-    pub grpc_ops: Vec<GrpcOp>,
-    /// Counters of gRPC calls and streams (tokens: see hostcalls).
-    pub next_grpc_call: u32,
-    pub next_grpc_stream: u32,
-    /// Live gRPC tokens: true for a stream.
-    pub grpc_tokens: HashMap<u32, bool>,
+    pub grpc_calls: GrpcCalls,
+    /// What the gRPC callbacks read while they run.
     pub grpc: GrpcDelivery,
     /// `proxy_get_status`: the status of the callout being delivered.
     pub status: (u32, String),
@@ -224,10 +237,12 @@ impl VmState {
             stop_next_iteration: false,
             new_callouts: Vec::new(),
             next_callout_token: 1,
-            grpc_ops: Vec::new(),
-            next_grpc_call: 1,
-            next_grpc_stream: 1,
-            grpc_tokens: HashMap::new(),
+            grpc_calls: GrpcCalls {
+                ops: Vec::new(),
+                next_call: 1,
+                next_stream: 1,
+                live: HashMap::new(),
+            },
             grpc: GrpcDelivery::default(),
             status: (0, String::new()),
             tick_request: None,

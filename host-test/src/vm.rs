@@ -11,30 +11,46 @@ use std::sync::{Mutex, OnceLock};
 use std::time::SystemTime;
 use wasmtime::{Engine, InstancePre, Linker, Module, Store, TypedFunc};
 
-type CallResponseFn = TypedFunc<(i32, i32, i32, i32, i32), ()>;
+type CallResponseFn = Export<(i32, i32, i32, i32, i32), ()>;
+
+/// An exported callback and the name it is exported under (which a trap
+/// reports), so each name is written once, where it is looked up.
+pub(crate) struct Export<P, R> {
+    pub name: &'static str,
+    pub func: TypedFunc<P, R>,
+}
+
+impl<P, R> Clone for Export<P, R> {
+    fn clone(&self) -> Self {
+        Export {
+            name: self.name,
+            func: self.func.clone(),
+        }
+    }
+}
 
 /// The exported callbacks of a proxy-wasm module (absent ones are skipped,
 /// as Envoy does).
 pub(crate) struct Exports {
-    pub on_context_create: Option<TypedFunc<(i32, i32), ()>>,
-    pub on_vm_start: Option<TypedFunc<(i32, i32), i32>>,
-    pub on_configure: Option<TypedFunc<(i32, i32), i32>>,
-    pub on_request_headers: Option<TypedFunc<(i32, i32, i32), i32>>,
-    pub on_request_body: Option<TypedFunc<(i32, i32, i32), i32>>,
-    pub on_request_trailers: Option<TypedFunc<(i32, i32), i32>>,
-    pub on_response_headers: Option<TypedFunc<(i32, i32, i32), i32>>,
-    pub on_response_body: Option<TypedFunc<(i32, i32, i32), i32>>,
-    pub on_response_trailers: Option<TypedFunc<(i32, i32), i32>>,
-    pub on_log: Option<TypedFunc<i32, ()>>,
-    pub on_done: Option<TypedFunc<i32, i32>>,
-    pub on_delete: Option<TypedFunc<i32, ()>>,
-    pub on_tick: Option<TypedFunc<i32, ()>>,
-    pub on_queue_ready: Option<TypedFunc<(i32, i32), ()>>,
+    pub on_context_create: Option<Export<(i32, i32), ()>>,
+    pub on_vm_start: Option<Export<(i32, i32), i32>>,
+    pub on_configure: Option<Export<(i32, i32), i32>>,
+    pub on_request_headers: Option<Export<(i32, i32, i32), i32>>,
+    pub on_request_body: Option<Export<(i32, i32, i32), i32>>,
+    pub on_request_trailers: Option<Export<(i32, i32), i32>>,
+    pub on_response_headers: Option<Export<(i32, i32, i32), i32>>,
+    pub on_response_body: Option<Export<(i32, i32, i32), i32>>,
+    pub on_response_trailers: Option<Export<(i32, i32), i32>>,
+    pub on_log: Option<Export<i32, ()>>,
+    pub on_done: Option<Export<i32, i32>>,
+    pub on_delete: Option<Export<i32, ()>>,
+    pub on_tick: Option<Export<i32, ()>>,
+    pub on_queue_ready: Option<Export<(i32, i32), ()>>,
     pub on_http_call_response: Option<CallResponseFn>,
-    pub on_grpc_receive_initial_metadata: Option<TypedFunc<(i32, i32, i32), ()>>,
-    pub on_grpc_receive: Option<TypedFunc<(i32, i32, i32), ()>>,
-    pub on_grpc_receive_trailing_metadata: Option<TypedFunc<(i32, i32, i32), ()>>,
-    pub on_grpc_close: Option<TypedFunc<(i32, i32, i32), ()>>,
+    pub on_grpc_receive_initial_metadata: Option<Export<(i32, i32, i32), ()>>,
+    pub on_grpc_receive: Option<Export<(i32, i32, i32), ()>>,
+    pub on_grpc_receive_trailing_metadata: Option<Export<(i32, i32, i32), ()>>,
+    pub on_grpc_close: Option<Export<(i32, i32, i32), ()>>,
 }
 
 pub(crate) struct Vm {
@@ -193,9 +209,15 @@ impl Vm {
             ($name:literal) => {
                 match instance.get_func(&mut store, $name) {
                     None => None,
-                    Some(f) => Some(f.typed(&store).map_err(|e| {
-                        Error::Host(format!("export {} has an unexpected signature: {e}", $name))
-                    })?),
+                    Some(f) => Some(Export {
+                        name: $name,
+                        func: f.typed(&store).map_err(|e| {
+                            Error::Host(format!(
+                                "export {} has an unexpected signature: {e}",
+                                $name
+                            ))
+                        })?,
+                    }),
                 }
             };
         }

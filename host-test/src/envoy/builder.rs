@@ -3,6 +3,33 @@
 
 use super::*;
 
+/// Builder options that set one field: `name(arg: Type) = value;` becomes
+/// `pub fn name(mut self, arg: Type) -> Self`, setting `self.name = value`;
+/// `name(key: &str, arg: Type) in field = value;` adds `(key, value)` to
+/// `self.field` (a map, where it replaces the key's entry, or a list).
+macro_rules! options {
+    ($($(#[$doc:meta])* $name:ident($arg:ident: $ty:ty) = $value:expr;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, $arg: $ty) -> Self {
+                self.$name = $value;
+                self
+            }
+        )*
+    };
+    ($($(#[$doc:meta])* $name:ident($key:ident: &str, $arg:ident: $ty:ty) in $field:ident = $value:expr;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, $key: &str, $arg: $ty) -> Self {
+                self.$field.extend([($key.to_string(), $value)]);
+                self
+            }
+        )*
+    };
+}
+
+crate::http::filter_inputs!(EnvoyBuilder);
+
 /// Configures and builds an [`Envoy`].
 pub struct EnvoyBuilder {
     wasm: PathBuf,
@@ -33,201 +60,87 @@ pub struct EnvoyBuilder {
 }
 
 impl EnvoyBuilder {
-    /// Number of worker threads, each with its own VM (default 1).
-    pub fn workers(mut self, n: usize) -> Self {
-        self.workers = n.max(1);
-        self
+    options! {
+        /// Number of worker threads, each with its own VM (default 1).
+        workers(n: usize) = n.max(1);
+        /// Envoy's VM on the main thread (default on, as Envoy): one more VM of
+        /// the plugin, started and configured before the workers' (`on_vm_start`,
+        /// `on_configure`, its own root context and ticks), that never sees a
+        /// stream. Its log lines carry `worker == workers()`; it shares shared
+        /// data, queues and metrics with the workers and keeps ticking when a
+        /// worker's VM fails.
+        main_thread_vm(on: bool) = on;
+        /// The short-lived copy of the plugin Envoy starts and configures once
+        /// before serving (default on, as Envoy): `on_vm_start` and
+        /// `on_configure` run one more time, first, in a VM that is then dropped
+        /// (its log lines carry `worker == workers() + 1` when the main-thread
+        /// VM is on). A configuration it rejects fails the build.
+        config_check(on: bool) = on;
+        /// The plugin `configuration` (what `on_configure` reads).
+        plugin_config(config: impl AsRef<[u8]>) = config.as_ref().to_vec();
+        /// The VM `configuration` (what `on_vm_start` reads).
+        vm_config(config: impl AsRef<[u8]>) = config.as_ref().to_vec();
+        /// Shared data and queues are scoped by vm_id (default "").
+        vm_id(vm_id: &str) = vm_id.to_string();
+        plugin_name(name: &str) = name.to_string();
+        root_id(root_id: &str) = root_id.to_string();
+        /// Envoy's `allow_on_headers_stop_iteration` (default false, as Envoy):
+        /// false turns Pause at headers into StopAllIteration (body withheld
+        /// until the filter resumes); true keeps StopIteration (body callbacks run).
+        allow_on_headers_stop_iteration(allow: bool) = allow;
+        /// Envoy's `failure_policy: FAIL_OPEN`: after a trap, streams pass
+        /// through without the filter instead of getting 503.
+        fail_open(fail_open: bool) = fail_open;
+        /// Envoy's log level (default Info): lower lines are not emitted (and
+        /// not captured); `proxy_get_log_level` reports it.
+        log_level(level: LogLevel) = level;
+        /// Route timeout for an upstream that never answers (default 15 s, as Envoy).
+        route_timeout(timeout: Duration) = timeout;
+        /// Request buffer limit (Envoy's per_connection_buffer_limit_bytes,
+        /// default 1 MiB): a filter buffering more gets Envoy's 413.
+        buffer_limit(bytes: usize) = bytes;
+        /// The upstream service (default: 200 with body "upstream ok").
+        upstream(handler: impl FnMut(&UpstreamRequest) -> Reply + 'static) =
+            Some(Box::new(handler));
+        /// Count every host call per import and the bytes copied through guest
+        /// memory ([`Envoy::host_calls`]); each call then goes through a wrapper,
+        /// so time measurements of such an Envoy mean nothing.
+        count_host_calls(on: bool) = on;
+        /// Seeds WASI `random_get` (deterministic per worker and seed; Envoy uses
+        /// BoringSSL). Two builders with different seeds model two Envoy processes.
+        random_seed(seed: u64) = seed;
+        /// The upstream host's address, what `upstream.address` reads once the
+        /// router picked it (default `127.0.0.1:8080`).
+        upstream_address(address: &str) = address.to_string();
+        /// The matched route's name (`xds.route_name`; NotFound if unset).
+        route_name(name: &str) = Some(name.to_string());
+        /// The route's cluster (`xds.cluster_name`; NotFound if unset).
+        cluster_name(name: &str) = Some(name.to_string());
     }
 
-    /// Envoy's VM on the main thread (default on, as Envoy): one more VM of
-    /// the plugin, started and configured before the workers' (`on_vm_start`,
-    /// `on_configure`, its own root context and ticks), that never sees a
-    /// stream. Its log lines carry `worker == workers()`; it shares shared
-    /// data, queues and metrics with the workers and keeps ticking when a
-    /// worker's VM fails.
-    pub fn main_thread_vm(mut self, on: bool) -> Self {
-        self.main_thread_vm = on;
-        self
-    }
-
-    /// The short-lived copy of the plugin Envoy starts and configures once
-    /// before serving (default on, as Envoy): `on_vm_start` and
-    /// `on_configure` run one more time, first, in a VM that is then dropped
-    /// (its log lines carry `worker == workers() + 1` when the main-thread
-    /// VM is on). A configuration it rejects fails the build.
-    pub fn config_check(mut self, on: bool) -> Self {
-        self.config_check = on;
-        self
-    }
-
-    /// The plugin `configuration` (what `on_configure` reads).
-    pub fn plugin_config(mut self, config: impl AsRef<[u8]>) -> Self {
-        self.plugin_config = config.as_ref().to_vec();
-        self
-    }
-
-    /// The VM `configuration` (what `on_vm_start` reads).
-    pub fn vm_config(mut self, config: impl AsRef<[u8]>) -> Self {
-        self.vm_config = config.as_ref().to_vec();
-        self
-    }
-
-    /// Shared data and queues are scoped by vm_id (default "").
-    pub fn vm_id(mut self, vm_id: &str) -> Self {
-        self.vm_id = vm_id.to_string();
-        self
-    }
-
-    pub fn plugin_name(mut self, name: &str) -> Self {
-        self.plugin_name = name.to_string();
-        self
-    }
-
-    pub fn root_id(mut self, root_id: &str) -> Self {
-        self.root_id = root_id.to_string();
-        self
-    }
-
-    /// Envoy's `allow_on_headers_stop_iteration` (default false, as Envoy):
-    /// false turns Pause at headers into StopAllIteration (body withheld
-    /// until the filter resumes); true keeps StopIteration (body callbacks run).
-    pub fn allow_on_headers_stop_iteration(mut self, allow: bool) -> Self {
-        self.allow_on_headers_stop_iteration = allow;
-        self
-    }
-
-    /// Envoy's `failure_policy: FAIL_OPEN`: after a trap, streams pass
-    /// through without the filter instead of getting 503.
-    pub fn fail_open(mut self, fail_open: bool) -> Self {
-        self.fail_open = fail_open;
-        self
-    }
-
-    /// Envoy's log level (default Info): lower lines are not emitted (and
-    /// not captured); `proxy_get_log_level` reports it.
-    pub fn log_level(mut self, level: LogLevel) -> Self {
-        self.log_level = level;
-        self
-    }
-
-    /// Route timeout for an upstream that never answers (default 15 s, as Envoy).
-    pub fn route_timeout(mut self, timeout: Duration) -> Self {
-        self.route_timeout = timeout;
-        self
-    }
-
-    /// Request buffer limit (Envoy's per_connection_buffer_limit_bytes,
-    /// default 1 MiB): a filter buffering more gets Envoy's 413.
-    pub fn buffer_limit(mut self, bytes: usize) -> Self {
-        self.buffer_limit = bytes;
-        self
-    }
-
-    /// The upstream service (default: 200 with body "upstream ok").
-    pub fn upstream(mut self, handler: impl FnMut(&UpstreamRequest) -> Reply + 'static) -> Self {
-        self.upstream = Some(Box::new(handler));
-        self
-    }
-
-    /// Count every host call per import and the bytes copied through guest
-    /// memory ([`Envoy::host_calls`]); each call then goes through a wrapper,
-    /// so time measurements of such an Envoy mean nothing.
-    pub fn count_host_calls(mut self, on: bool) -> Self {
-        self.count_host_calls = on;
-        self
-    }
-
-    /// Seeds WASI `random_get` (deterministic per worker and seed; Envoy uses
-    /// BoringSSL). Two builders with different seeds model two Envoy processes.
-    pub fn random_seed(mut self, seed: u64) -> Self {
-        self.random_seed = seed;
-        self
-    }
-
-    /// The upstream host's address, what `upstream.address` reads once the
-    /// router picked it (default `127.0.0.1:8080`).
-    pub fn upstream_address(mut self, address: &str) -> Self {
-        self.upstream_address = address.to_string();
-        self
-    }
-
-    /// A cluster for `proxy_http_call`, answered in process.
-    pub fn cluster(
-        mut self,
-        name: &str,
-        handler: impl FnMut(&UpstreamRequest) -> Reply + 'static,
-    ) -> Self {
-        self.clusters
-            .insert(name.to_string(), Cluster::InProcess(Box::new(handler)));
-        self
-    }
-
-    /// A cluster for `proxy_http_call` forwarded over TCP to a loopback
-    /// HTTP/1.1 server (`"127.0.0.1:8080"`).
-    pub fn cluster_addr(mut self, name: &str, addr: &str) -> Self {
-        self.clusters
-            .insert(name.to_string(), Cluster::Tcp(addr.to_string()));
-        self
-    }
-
-    /// A cluster for `proxy_grpc_call` and `proxy_grpc_stream`, answered in
-    /// process: the handler gets each call ([`crate::GrpcRequest`]: service,
-    /// method, messages, metadata as Envoy sends it) and answers a
-    /// [`crate::GrpcReply`]. A stream is answered when the filter
-    /// half-closes it (`proxy_grpc_close`, or a send with end of stream).
-    pub fn grpc_cluster(
-        mut self,
-        name: &str,
-        handler: impl FnMut(&crate::GrpcRequest) -> crate::GrpcReply + 'static,
-    ) -> Self {
-        self.grpc_clusters
-            .insert(name.to_string(), GrpcCluster::InProcess(Box::new(handler)));
-        self
-    }
-
-    /// A cluster for `proxy_grpc_call` and `proxy_grpc_stream` served by a
-    /// real gRPC server (HTTP/2 cleartext) on loopback, e.g. etcd's client
-    /// port or a [`crate::GrpcServer`]. Unary calls block until the answer
-    /// or the call's timeout (real time); stream messages arrive as they come.
-    pub fn grpc_cluster_addr(mut self, name: &str, addr: &str) -> Self {
-        self.grpc_clusters
-            .insert(name.to_string(), GrpcCluster::H2(addr.to_string()));
-        self
-    }
-
-    /// The matched route's name (`xds.route_name`; NotFound if unset).
-    pub fn route_name(mut self, name: &str) -> Self {
-        self.route_name = Some(name.to_string());
-        self
-    }
-
-    /// The route's cluster (`xds.cluster_name`; NotFound if unset).
-    pub fn cluster_name(mut self, name: &str) -> Self {
-        self.cluster_name = Some(name.to_string());
-        self
-    }
-
-    /// The route's metadata (`xds.route_metadata.filter_metadata.<namespace>`).
-    pub fn route_metadata(mut self, namespace: &str, value: crate::Value) -> Self {
-        self.route_metadata.push((namespace.to_string(), value));
-        self
-    }
-
-    /// Dynamic metadata every request carries when it reaches the filter
-    /// (`metadata.filter_metadata.<namespace>...`), as an earlier filter
-    /// such as `set_metadata` would set it; [`Request::filter_metadata`]
-    /// adds or replaces it per request.
-    pub fn filter_metadata(mut self, namespace: &str, value: crate::Value) -> Self {
-        self.filter_metadata.push((namespace.to_string(), value));
-        self
-    }
-
-    /// A property every stream can read, by path segments, as the raw bytes
-    /// Envoy returns (for anything host-test does not model).
-    pub fn property(mut self, path: &[&str], value: impl AsRef<[u8]>) -> Self {
-        let path = path.iter().map(|p| p.to_string()).collect();
-        self.properties.push((path, value.as_ref().to_vec()));
-        self
+    options! {
+        /// A cluster for `proxy_http_call`, answered in process.
+        cluster(name: &str, handler: impl FnMut(&UpstreamRequest) -> Reply + 'static) in clusters =
+            Cluster::InProcess(Box::new(handler));
+        /// A cluster for `proxy_http_call` forwarded over TCP to a loopback
+        /// HTTP/1.1 server (`"127.0.0.1:8080"`).
+        cluster_addr(name: &str, addr: &str) in clusters = Cluster::Tcp(addr.to_string());
+        /// A cluster for `proxy_grpc_call` and `proxy_grpc_stream`, answered in
+        /// process: the handler gets each call ([`crate::GrpcRequest`]: service,
+        /// method, messages, metadata as Envoy sends it) and answers a
+        /// [`crate::GrpcReply`]. A stream is answered when the filter
+        /// half-closes it (`proxy_grpc_close`, or a send with end of stream).
+        grpc_cluster(
+            name: &str,
+            handler: impl FnMut(&crate::GrpcRequest) -> crate::GrpcReply + 'static
+        ) in grpc_clusters = GrpcCluster::InProcess(Box::new(handler));
+        /// A cluster for `proxy_grpc_call` and `proxy_grpc_stream` served by a
+        /// real gRPC server (HTTP/2 cleartext) on loopback, e.g. etcd's client
+        /// port or a [`crate::GrpcServer`]. Unary calls block until the answer
+        /// or the call's timeout (real time); stream messages arrive as they come.
+        grpc_cluster_addr(name: &str, addr: &str) in grpc_clusters = GrpcCluster::H2(addr.to_string());
+        /// The route's metadata (`xds.route_metadata.filter_metadata.<namespace>`).
+        route_metadata(namespace: &str, value: crate::Value) in route_metadata = value;
     }
 
     /// Loads the module (compiled once per path), starts one VM per worker

@@ -17,13 +17,7 @@ impl Envoy {
         }
         let root = self.vms[w].store.data().root_id as i32;
         !matches!(
-            self.invoke(
-                w,
-                "proxy_on_context_create",
-                ctx,
-                |x| x.on_context_create.clone(),
-                (ctx as i32, root),
-            ),
+            self.invoke(w, ctx, |x| x.on_context_create.clone(), (ctx as i32, root),),
             Call::Trapped
         )
     }
@@ -48,6 +42,12 @@ impl Envoy {
         false
     }
 
+    /// [`Self::failed_vm`] as [`Self::call_filter`] answers it: the stream
+    /// continues as if the callback had returned Continue, or it is gone.
+    fn fail_filter(&mut self, sid: u64) -> Option<(i32, bool)> {
+        self.failed_vm(sid).then_some((CONTINUE, false))
+    }
+
     pub(super) fn call_filter(
         &mut self,
         sid: u64,
@@ -61,63 +61,32 @@ impl Envoy {
             (s.worker, s.ctx)
         };
         if self.vms[w].failed {
-            return if self.failed_vm(sid) {
-                Some((CONTINUE, false))
-            } else {
-                None
-            };
+            return self.fail_filter(sid);
         }
         if side == Side::Request && kind == Callback::Headers && !self.create_context(sid) {
-            return if self.failed_vm(sid) {
-                Some((CONTINUE, false))
-            } else {
-                None
-            };
+            return self.fail_filter(sid);
         }
         let c = ctx as i32;
+        // The callback for this side and kind: headers and body take
+        // (context, size or count, end of stream), trailers (context, count).
+        let x = &self.vms[w].exports;
         let call = match (side, kind) {
-            (Side::Request, Callback::Headers) => self.invoke(
-                w,
-                "proxy_on_request_headers",
-                ctx,
-                |x| x.on_request_headers.clone(),
-                (c, a, b),
-            ),
-            (Side::Request, Callback::Body) => self.invoke(
-                w,
-                "proxy_on_request_body",
-                ctx,
-                |x| x.on_request_body.clone(),
-                (c, a, b),
-            ),
-            (Side::Request, Callback::Trailers) => self.invoke(
-                w,
-                "proxy_on_request_trailers",
-                ctx,
-                |x| x.on_request_trailers.clone(),
-                (c, a),
-            ),
-            (Side::Response, Callback::Headers) => self.invoke(
-                w,
-                "proxy_on_response_headers",
-                ctx,
-                |x| x.on_response_headers.clone(),
-                (c, a, b),
-            ),
-            (Side::Response, Callback::Body) => self.invoke(
-                w,
-                "proxy_on_response_body",
-                ctx,
-                |x| x.on_response_body.clone(),
-                (c, a, b),
-            ),
-            (Side::Response, Callback::Trailers) => self.invoke(
-                w,
-                "proxy_on_response_trailers",
-                ctx,
-                |x| x.on_response_trailers.clone(),
-                (c, a),
-            ),
+            (_, Callback::Trailers) => {
+                let f = match side {
+                    Side::Request => x.on_request_trailers.clone(),
+                    Side::Response => x.on_response_trailers.clone(),
+                };
+                self.invoke(w, ctx, move |_| f.clone(), (c, a))
+            }
+            _ => {
+                let f = match (side, kind) {
+                    (Side::Request, Callback::Headers) => x.on_request_headers.clone(),
+                    (Side::Request, _) => x.on_request_body.clone(),
+                    (Side::Response, Callback::Headers) => x.on_response_headers.clone(),
+                    (Side::Response, _) => x.on_response_body.clone(),
+                };
+                self.invoke(w, ctx, move |_| f.clone(), (c, a, b))
+            }
         };
         let action = match call {
             Call::Missing => CONTINUE,
@@ -125,11 +94,7 @@ impl Envoy {
             Call::Trapped => {
                 let (d, _) = self.take_deferred(w);
                 drop(d);
-                return if self.failed_vm(sid) {
-                    Some((CONTINUE, false))
-                } else {
-                    None
-                };
+                return self.fail_filter(sid);
             }
         };
         let (_, stop_next) = {
@@ -137,6 +102,29 @@ impl Envoy {
             ((), s.stop_next_iteration)
         };
         Some((action, stop_next))
+    }
+
+    /// The body the filter saw on `side`, passed on: it is no longer the
+    /// filter's to read.
+    fn take_body(&mut self, sid: u64, side: Side) -> Vec<u8> {
+        self.host(sid).map_or_else(Vec::new, |h| {
+            let dir = h.side_mut(side);
+            dir.body_live = false;
+            std::mem::take(&mut dir.body)
+        })
+    }
+
+    /// The filter manager's buffer overflows: Envoy answers 413 itself
+    /// (through the filter's response callbacks).
+    fn payload_too_large(&mut self, sid: u64) {
+        self.local_reply(
+            sid,
+            413,
+            b"Payload Too Large".to_vec(),
+            Vec::new(),
+            true,
+            code_details::REQUEST_PAYLOAD_TOO_LARGE,
+        );
     }
 
     pub(super) fn finish_call(&mut self, sid: u64) {
@@ -237,16 +225,7 @@ impl Envoy {
         if buffering && side == Side::Request {
             let buffered = self.host(sid).map_or(0, |h| h.req.body.len());
             if buffered + chunk.len() > self.buffer_limit {
-                // The filter manager's buffer overflows: Envoy answers 413
-                // itself (through the filter's response callbacks).
-                self.local_reply(
-                    sid,
-                    413,
-                    b"Payload Too Large".to_vec(),
-                    Vec::new(),
-                    true,
-                    code_details::REQUEST_PAYLOAD_TOO_LARGE,
-                );
+                self.payload_too_large(sid);
                 return;
             }
         }
@@ -269,14 +248,7 @@ impl Envoy {
         if self.open(sid) {
             let bypass = self.streams[&sid].bypass;
             if bypass || (!stop_next && action == CONTINUE) {
-                let data = match self.host(sid) {
-                    Some(h) => {
-                        let dir = h.side_mut(side);
-                        dir.body_live = false;
-                        std::mem::take(&mut dir.body)
-                    }
-                    None => Vec::new(),
-                };
+                let data = self.take_body(sid, side);
                 let stopped = self.dir(sid, side).map(|d| {
                     d.buffering = false;
                     d.headers == HeadersState::Stopped
@@ -297,14 +269,7 @@ impl Envoy {
                 let buffered = self.host(sid).map_or(0, |h| h.req.body.len());
                 if side == Side::Request && buffered > self.buffer_limit {
                     self.finish_call(sid);
-                    self.local_reply(
-                        sid,
-                        413,
-                        b"Payload Too Large".to_vec(),
-                        Vec::new(),
-                        true,
-                        code_details::REQUEST_PAYLOAD_TOO_LARGE,
-                    );
+                    self.payload_too_large(sid);
                     return;
                 }
             }
@@ -428,14 +393,7 @@ impl Envoy {
                     if let Some(d) = self.dir(sid, side) {
                         d.buffering = false;
                     }
-                    let body = match self.host(sid) {
-                        Some(h) => {
-                            let dir = h.side_mut(side);
-                            dir.body_live = false;
-                            std::mem::take(&mut dir.body)
-                        }
-                        None => Vec::new(),
-                    };
+                    let body = self.take_body(sid, side);
                     self.pass_data(sid, side, body, eos);
                 }
             }

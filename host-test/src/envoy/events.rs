@@ -51,7 +51,6 @@ impl Envoy {
                     if worker < self.vms.len() {
                         self.invoke(
                             worker,
-                            "proxy_on_queue_ready",
                             ctx,
                             |x| x.on_queue_ready.clone(),
                             (ctx as i32, token as i32),
@@ -107,7 +106,6 @@ impl Envoy {
         let root = self.vms[worker].store.data().root_id as i32;
         self.invoke(
             worker,
-            "proxy_on_http_call_response",
             root as u32,
             |x| x.on_http_call_response.clone(),
             (root, token as i32, nh as i32, body_len as i32, nt),
@@ -127,13 +125,7 @@ impl Envoy {
             }
             self.ticks[worker] = Some((now + period, period));
             let root = self.vms[worker].store.data().root_id;
-            self.invoke(
-                worker,
-                "proxy_on_tick",
-                root,
-                |x| x.on_tick.clone(),
-                root as i32,
-            );
+            self.invoke(worker, root, |x| x.on_tick.clone(), root as i32);
             let (d, _) = self.take_deferred(worker);
             self.run_deferred(worker, d);
             self.pump();

@@ -137,61 +137,42 @@ impl Envoy {
     pub(super) fn grpc_ops(&mut self, worker: usize, ops: Vec<GrpcOp>) {
         for op in ops {
             match op {
-                GrpcOp::Call {
+                GrpcOp::Open {
                     token,
                     cluster,
                     service,
                     method,
                     metadata,
-                    message,
-                    timeout_ms,
+                    call,
                 } => {
+                    let stream = call.is_none();
+                    let (messages, timeout_ms) = match call {
+                        Some((message, timeout_ms)) => (vec![message], timeout_ms),
+                        None => (Vec::new(), 0),
+                    };
                     let request = GrpcRequest {
                         metadata: request_headers(
                             &cluster, &service, &method, &metadata, timeout_ms,
                         ),
                         service,
                         method,
-                        messages: vec![message],
-                        cancelled: false,
-                    };
-                    self.grpc_live.insert(
-                        (worker, token),
-                        GrpcLive {
-                            cluster,
-                            stream: false,
-                            request,
-                            timeout_ms,
-                            h2: None,
-                            received: Vec::new(),
-                            got_headers: false,
-                        },
-                    );
-                    self.grpc_unary(worker, token);
-                }
-                GrpcOp::Stream {
-                    token,
-                    cluster,
-                    service,
-                    method,
-                    metadata,
-                } => {
-                    let request = GrpcRequest {
-                        metadata: request_headers(&cluster, &service, &method, &metadata, 0),
-                        service,
-                        method,
-                        messages: Vec::new(),
+                        messages,
                         cancelled: false,
                     };
                     let mut live = GrpcLive {
                         cluster,
-                        stream: true,
+                        stream,
                         request,
-                        timeout_ms: 0,
+                        timeout_ms,
                         h2: None,
                         received: Vec::new(),
                         got_headers: false,
                     };
+                    if !stream {
+                        self.grpc_live.insert((worker, token), live);
+                        self.grpc_unary(worker, token);
+                        continue;
+                    }
                     if let Some(GrpcCluster::H2(addr)) = self.grpc_clusters.get(&live.cluster) {
                         match open_h2(addr, &live.request.metadata) {
                             Ok(c) => live.h2 = Some(c),
@@ -348,58 +329,38 @@ impl Envoy {
                 || (!stream && matches!(event, GrpcEvent::Message(_)));
             if over {
                 self.grpc_live.remove(&(worker, token));
-                self.vms[worker].store.data_mut().grpc_tokens.remove(&token);
+                self.vms[worker]
+                    .store
+                    .data_mut()
+                    .grpc_calls
+                    .live
+                    .remove(&token);
             }
             {
                 let s = self.vms[worker].store.data_mut();
                 s.grpc = Default::default();
                 s.status = (0, String::new());
             }
-            match event {
-                GrpcEvent::Initial(h) => {
-                    let n = h.len() as i32;
-                    self.vms[worker].store.data_mut().grpc.initial = Some(h);
-                    self.invoke(
-                        worker,
-                        "proxy_on_grpc_receive_initial_metadata",
-                        root as u32,
-                        |x| x.on_grpc_receive_initial_metadata.clone(),
-                        (root, t, n),
-                    );
-                }
-                GrpcEvent::Message(m) => {
-                    let n = m.len() as i32;
-                    self.vms[worker].store.data_mut().grpc.message = Some(m);
-                    self.invoke(
-                        worker,
-                        "proxy_on_grpc_receive",
-                        root as u32,
-                        |x| x.on_grpc_receive.clone(),
-                        (root, t, n),
-                    );
-                }
-                GrpcEvent::Trailing(h) => {
-                    let n = h.len() as i32;
-                    self.vms[worker].store.data_mut().grpc.trailing = Some(h);
-                    self.invoke(
-                        worker,
-                        "proxy_on_grpc_receive_trailing_metadata",
-                        root as u32,
-                        |x| x.on_grpc_receive_trailing_metadata.clone(),
-                        (root, t, n),
-                    );
-                }
+            // The event is readable (maps, buffer, status) during its callback.
+            let vm = &mut self.vms[worker];
+            let (s, x) = (vm.store.data_mut(), &vm.exports);
+            let (f, n) = match event {
+                GrpcEvent::Initial(h) => (
+                    &x.on_grpc_receive_initial_metadata,
+                    held(&mut s.grpc.initial, h),
+                ),
+                GrpcEvent::Message(m) => (&x.on_grpc_receive, held(&mut s.grpc.message, m)),
+                GrpcEvent::Trailing(h) => (
+                    &x.on_grpc_receive_trailing_metadata,
+                    held(&mut s.grpc.trailing, h),
+                ),
                 GrpcEvent::Close(code, message) => {
-                    self.vms[worker].store.data_mut().status = (code, message);
-                    self.invoke(
-                        worker,
-                        "proxy_on_grpc_close",
-                        root as u32,
-                        |x| x.on_grpc_close.clone(),
-                        (root, t, code as i32),
-                    );
+                    s.status = (code, message);
+                    (&x.on_grpc_close, code as i32)
                 }
-            }
+            };
+            let f = f.clone();
+            self.invoke(worker, root as u32, move |_| f.clone(), (root, t, n));
             {
                 let s = self.vms[worker].store.data_mut();
                 s.grpc = Default::default();
@@ -567,4 +528,12 @@ fn h2_unary(addr: &str, request: &GrpcRequest, timeout_ms: u32) -> Vec<GrpcEvent
             }
         }
     }
+}
+
+/// Puts what a gRPC callback reads in its slot; answers its length, the
+/// callback's size argument.
+fn held<T>(slot: &mut Option<Vec<T>>, value: Vec<T>) -> i32 {
+    let n = value.len() as i32;
+    *slot = Some(value);
+    n
 }

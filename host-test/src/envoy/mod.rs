@@ -24,13 +24,13 @@ use crate::http::{
 use crate::origin::{code_details, response_flags, StreamOrigin};
 use crate::shared::{lock, Faults, LogLine, Metric, Shared, SharedInner};
 use crate::state::{CalloutResponse, Deferred, DirHost, PluginInfo, StreamHost, VmState};
-use crate::vm::{Exports, Vm};
+use crate::vm::{Export, Exports, Vm};
 use grpc_calls::{GrpcCluster, GrpcEvent, GrpcLive};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use wasmtime::{TypedFunc, WasmParams, WasmResults};
+use wasmtime::{WasmParams, WasmResults};
 
 /// Where a stream stands.
 #[derive(Debug, Clone, PartialEq)]

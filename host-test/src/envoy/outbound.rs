@@ -219,18 +219,12 @@ impl Envoy {
             if let Some(h) = self.host(sid) {
                 h.log_phase = true;
             }
-            self.invoke(w, "proxy_on_log", ctx, |x| x.on_log.clone(), ctx as i32);
+            self.invoke(w, ctx, |x| x.on_log.clone(), ctx as i32);
             if let Some(h) = self.host(sid) {
                 h.log_phase = false;
             }
-            self.invoke(w, "proxy_on_done", ctx, |x| x.on_done.clone(), ctx as i32);
-            self.invoke(
-                w,
-                "proxy_on_delete",
-                ctx,
-                |x| x.on_delete.clone(),
-                ctx as i32,
-            );
+            self.invoke(w, ctx, |x| x.on_done.clone(), ctx as i32);
+            self.invoke(w, ctx, |x| x.on_delete.clone(), ctx as i32);
         }
         self.vms[w].store.data_mut().streams.remove(&ctx);
         self.by_ctx.remove(&(w, ctx));

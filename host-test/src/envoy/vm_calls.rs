@@ -8,16 +8,15 @@ impl Envoy {
     pub(super) fn invoke<P: WasmParams, R: WasmResults>(
         &mut self,
         worker: usize,
-        name: &str,
         ctx: u32,
-        pick: impl Fn(&Exports) -> Option<TypedFunc<P, R>>,
+        pick: impl Fn(&Exports) -> Option<Export<P, R>>,
         params: P,
     ) -> Call<R> {
         let vm = &mut self.vms[worker];
         if vm.failed {
             return Call::Trapped;
         }
-        let Some(f) = pick(&vm.exports) else {
+        let Some(Export { name, func }) = pick(&vm.exports) else {
             return Call::Missing;
         };
         {
@@ -26,7 +25,7 @@ impl Envoy {
             s.effective = None;
             s.stop_next_iteration = false;
         }
-        let result = f.call(&mut vm.store, params);
+        let result = func.call(&mut vm.store, params);
         self.after_call(worker);
         match result {
             Ok(r) => Call::Done(r),
@@ -49,7 +48,7 @@ impl Envoy {
             (
                 s.tick_request.take(),
                 std::mem::take(&mut s.new_callouts),
-                std::mem::take(&mut s.grpc_ops),
+                std::mem::take(&mut s.grpc_calls.ops),
             )
         };
         if !grpc.is_empty() {
@@ -82,25 +81,10 @@ impl Envoy {
                 CalloutResult::Never => {}
                 CalloutResult::TimeoutAfter(ms) => {
                     let at = self.now_ns() + u64::from(ms) * 1_000_000;
-                    self.schedule(
-                        at,
-                        Event::Callout {
-                            worker,
-                            token: c.token,
-                            response: Some(callout::timeout_reply()),
-                        },
-                    );
+                    self.schedule(at, answer(Some(callout::timeout_reply())));
                 }
                 CalloutResult::ResetAfter(ms) => {
-                    let at = self.now_ns() + u64::from(ms) * 1_000_000;
-                    self.schedule(
-                        at,
-                        Event::Callout {
-                            worker,
-                            token: c.token,
-                            response: None,
-                        },
-                    );
+                    self.schedule(self.now_ns() + u64::from(ms) * 1_000_000, answer(None))
                 }
             }
         }
@@ -182,61 +166,72 @@ impl Envoy {
     }
 
     pub(super) fn start_vm(&mut self, worker: usize) -> Result<(), Error> {
-        let root = 1;
-        let logs = |e: &Envoy| lock(&e.shared).logs.clone();
-        let trap = |e: &Envoy, f: &str| Error::Trap {
-            function: f.to_string(),
-            message: "trapped (see log)".into(),
-            logs: logs(e),
-        };
-        if let Call::Trapped = self.invoke(
-            worker,
-            "proxy_on_context_create",
-            root,
-            |x| x.on_context_create.clone(),
-            (root as i32, 0),
-        ) {
-            return Err(trap(self, "proxy_on_context_create"));
-        }
-        let vm_len = self.plugin.vm_config.len() as i32;
-        match self.invoke(
-            worker,
-            "proxy_on_vm_start",
-            root,
-            |x| x.on_vm_start.clone(),
-            (root as i32, vm_len),
-        ) {
-            Call::Trapped => return Err(trap(self, "proxy_on_vm_start")),
-            Call::Done(0) => {
-                return Err(Error::VmStartFailed {
-                    worker,
-                    logs: logs(self),
-                })
-            }
-            _ => {}
-        }
-        self.vms[worker].store.data_mut().in_configure = true;
-        let len = self.plugin.plugin_config.len() as i32;
-        let r = self.invoke(
-            worker,
-            "proxy_on_configure",
-            root,
-            |x| x.on_configure.clone(),
-            (root as i32, len),
+        let x = &self.vms[worker].exports;
+        let (create, vm_start, configure) = (
+            x.on_context_create.clone(),
+            x.on_vm_start.clone(),
+            x.on_configure.clone(),
         );
-        self.vms[worker].store.data_mut().in_configure = false;
-        match r {
-            Call::Trapped => return Err(trap(self, "proxy_on_configure")),
-            Call::Done(0) => {
-                return Err(Error::ConfigRejected {
-                    worker,
-                    logs: logs(self),
-                })
+        if let Some(f) = create {
+            let name = f.name;
+            if let Call::Trapped =
+                self.invoke(worker, ROOT, move |_| Some(f.clone()), (ROOT as i32, 0))
+            {
+                return Err(self.start_trap(name));
             }
-            _ => {}
         }
+        let len = self.plugin.vm_config.len();
+        self.start_callback(worker, vm_start, len, |logs| Error::VmStartFailed {
+            worker,
+            logs,
+        })?;
+        self.vms[worker].store.data_mut().in_configure = true;
+        let len = self.plugin.plugin_config.len();
+        let r = self.start_callback(worker, configure, len, |logs| Error::ConfigRejected {
+            worker,
+            logs,
+        });
+        self.vms[worker].store.data_mut().in_configure = false;
+        r?;
         let (d, _) = self.take_deferred(worker);
         self.run_deferred(worker, d);
         Ok(())
     }
+
+    /// `proxy_on_vm_start` or `proxy_on_configure`, given the size of its
+    /// configuration: a trap fails the start naming the callback, a false
+    /// return fails it with `refused`.
+    fn start_callback(
+        &mut self,
+        worker: usize,
+        export: Option<Export<(i32, i32), i32>>,
+        len: usize,
+        refused: impl FnOnce(Vec<LogLine>) -> Error,
+    ) -> Result<(), Error> {
+        let Some(f) = export else {
+            return Ok(());
+        };
+        let name = f.name;
+        match self.invoke(
+            worker,
+            ROOT,
+            move |_| Some(f.clone()),
+            (ROOT as i32, len as i32),
+        ) {
+            Call::Trapped => Err(self.start_trap(name)),
+            Call::Done(0) => Err(refused(lock(&self.shared).logs.clone())),
+            _ => Ok(()),
+        }
+    }
+
+    fn start_trap(&self, function: &str) -> Error {
+        Error::Trap {
+            function: function.to_string(),
+            message: "trapped (see log)".into(),
+            logs: lock(&self.shared).logs.clone(),
+        }
+    }
 }
+
+/// The root context id a VM starts with.
+const ROOT: u32 = 1;

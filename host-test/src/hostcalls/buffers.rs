@@ -89,10 +89,9 @@ fn get_buffer_status(mut c: C, kind: i32, length_ptr: i32, flags_ptr: i32) -> R 
         BufView::Null => 0,
         BufView::Missing => return Ok(NOT_FOUND),
     };
-    if !write_u32(&mut c, length_ptr, len as u32) || !write_u32(&mut c, flags_ptr, 0) {
-        return Ok(INVALID_MEMORY);
-    }
-    Ok(OK)
+    Ok(written(
+        write_u32(&mut c, length_ptr, len as u32) && write_u32(&mut c, flags_ptr, 0),
+    ))
 }
 
 /// Envoy `Buffer::copyFrom`: start 0 and length 0 prepends; start 0 and a

@@ -11,106 +11,26 @@ use std::collections::HashSet;
 pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
     i.func(
         "proxy_grpc_call",
-        |mut c: C,
-         sp: i32,
-         sl: i32,
-         np: i32,
-         nl: i32,
-         mp: i32,
-         ml: i32,
-         ip: i32,
-         il: i32,
-         rp: i32,
-         rl: i32,
-         timeout: i32,
-         token_ptr: i32|
-         -> i32 {
-            let (Some(service), Some(name), Some(method), Some(meta), Some(message)) = (
-                read(&mut c, sp, sl),
-                read_str(&mut c, np, nl),
-                read_str(&mut c, mp, ml),
-                read(&mut c, ip, il),
-                read(&mut c, rp, rl),
-            ) else {
-                return INVALID_MEMORY;
-            };
-            let cluster = match grpc_cluster(&service, &c.data().plugin.clusters) {
-                Ok(name) => name,
-                Err(status) => return status,
-            };
-            let s = c.data_mut();
-            let token = next_grpc_token(s, false);
-            if !s.plugin.clusters.contains(&cluster) {
-                // A GrpcService naming an unknown cluster: Envoy's client
-                // fails at once ("Cluster not available", delivered after
-                // this call) and the call returns InternalFailure.
-                s.grpc_tokens.insert(token, false);
-                s.deferred.push(Deferred::GrpcRefused { token });
-                return Status::InternalFailure as i32;
+        i32_args!(
+            |c, sp, sl, np, nl, mp, ml, ip, il, rp, rl, timeout, token_ptr| -> i32 {
+                let (Some(target), Some(message)) = (
+                    read_target(&mut c, [sp, sl, np, nl, mp, ml, ip, il]),
+                    read(&mut c, rp, rl),
+                ) else {
+                    return INVALID_MEMORY;
+                };
+                open(&mut c, target, Some((message, timeout as u32)), token_ptr)
             }
-            s.grpc_tokens.insert(token, false);
-            s.grpc_ops.push(GrpcOp::Call {
-                token,
-                cluster,
-                service: name,
-                method,
-                metadata: lower_pairs(&meta),
-                message,
-                timeout_ms: timeout as u32,
-            });
-            if write_u32(&mut c, token_ptr, token) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
-        },
+        ),
     )?;
     i.func(
         "proxy_grpc_stream",
-        |mut c: C,
-         sp: i32,
-         sl: i32,
-         np: i32,
-         nl: i32,
-         mp: i32,
-         ml: i32,
-         ip: i32,
-         il: i32,
-         token_ptr: i32|
-         -> i32 {
-            let (Some(service), Some(name), Some(method), Some(meta)) = (
-                read(&mut c, sp, sl),
-                read_str(&mut c, np, nl),
-                read_str(&mut c, mp, ml),
-                read(&mut c, ip, il),
-            ) else {
+        i32_args!(|c, sp, sl, np, nl, mp, ml, ip, il, token_ptr| -> i32 {
+            let Some(target) = read_target(&mut c, [sp, sl, np, nl, mp, ml, ip, il]) else {
                 return INVALID_MEMORY;
             };
-            let cluster = match grpc_cluster(&service, &c.data().plugin.clusters) {
-                Ok(name) => name,
-                Err(status) => return status,
-            };
-            let s = c.data_mut();
-            let token = next_grpc_token(s, true);
-            if !s.plugin.clusters.contains(&cluster) {
-                s.grpc_tokens.insert(token, true);
-                s.deferred.push(Deferred::GrpcRefused { token });
-                return Status::InternalFailure as i32;
-            }
-            s.grpc_tokens.insert(token, true);
-            s.grpc_ops.push(GrpcOp::Stream {
-                token,
-                cluster,
-                service: name,
-                method,
-                metadata: lower_pairs(&meta),
-            });
-            if write_u32(&mut c, token_ptr, token) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
-        },
+            open(&mut c, target, None, token_ptr)
+        }),
     )?;
     i.func(
         "proxy_grpc_send",
@@ -123,10 +43,10 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
             if is_grpc_call_token(token) {
                 return BAD_ARGUMENT;
             }
-            if !s.grpc_tokens.contains_key(&token) {
+            if !s.grpc_calls.live.contains_key(&token) {
                 return NOT_FOUND;
             }
-            s.grpc_ops.push(GrpcOp::Send {
+            s.grpc_calls.ops.push(GrpcOp::Send {
                 token,
                 message,
                 end: end != 0,
@@ -137,16 +57,16 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
     i.func("proxy_grpc_close", |mut c: C, token: i32| -> i32 {
         let s = c.data_mut();
         let token = token as u32;
-        match s.grpc_tokens.get(&token) {
+        match s.grpc_calls.live.get(&token) {
             None => NOT_FOUND,
             // Closing a call cancels it.
             Some(false) => {
-                s.grpc_tokens.remove(&token);
-                s.grpc_ops.push(GrpcOp::Cancel { token });
+                s.grpc_calls.live.remove(&token);
+                s.grpc_calls.ops.push(GrpcOp::Cancel { token });
                 OK
             }
             Some(true) => {
-                s.grpc_ops.push(GrpcOp::Close { token });
+                s.grpc_calls.ops.push(GrpcOp::Close { token });
                 OK
             }
         }
@@ -154,10 +74,10 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
     i.func("proxy_grpc_cancel", |mut c: C, token: i32| -> i32 {
         let s = c.data_mut();
         let token = token as u32;
-        if s.grpc_tokens.remove(&token).is_none() {
+        if s.grpc_calls.live.remove(&token).is_none() {
             return NOT_FOUND;
         }
-        s.grpc_ops.push(GrpcOp::Cancel { token });
+        s.grpc_calls.ops.push(GrpcOp::Cancel { token });
         OK
     })?;
     i.func(
@@ -171,6 +91,61 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
         },
     )?;
     Ok(())
+}
+
+/// What a gRPC call or stream is opened with, read from guest memory.
+struct Target {
+    /// The serialized `GrpcService` (or cluster name) the call names.
+    service: Vec<u8>,
+    name: String,
+    method: String,
+    metadata: Headers,
+}
+
+/// Reads the service, name, method and metadata (pointer and length each)
+/// that `proxy_grpc_call` and `proxy_grpc_stream` both start with.
+fn read_target(c: &mut C, [sp, sl, np, nl, mp, ml, ip, il]: [i32; 8]) -> Option<Target> {
+    let (service, name, method, meta) = (
+        read(c, sp, sl),
+        read_str(c, np, nl),
+        read_str(c, mp, ml),
+        read(c, ip, il),
+    );
+    Some(Target {
+        service: service?,
+        name: name?,
+        method: method?,
+        metadata: lower_pairs(&meta?),
+    })
+}
+
+/// Opens a call (with its message and timeout) or a stream (`None`) to the
+/// cluster the target's service names, and writes its token.
+/// A GrpcService naming an unknown cluster: Envoy's client fails at once
+/// ("Cluster not available", delivered after this call) and the call
+/// returns InternalFailure.
+fn open(c: &mut C, target: Target, call: Option<(Vec<u8>, u32)>, token_ptr: i32) -> i32 {
+    let cluster = match grpc_cluster(&target.service, &c.data().plugin.clusters) {
+        Ok(cluster) => cluster,
+        Err(status) => return status,
+    };
+    let s = c.data_mut();
+    let stream = call.is_none();
+    let token = next_grpc_token(s, stream);
+    s.grpc_calls.live.insert(token, stream);
+    if !s.plugin.clusters.contains(&cluster) {
+        s.deferred.push(Deferred::GrpcRefused { token });
+        return Status::InternalFailure as i32;
+    }
+    s.grpc_calls.ops.push(GrpcOp::Open {
+        token,
+        cluster,
+        service: target.name,
+        method: target.method,
+        metadata: target.metadata,
+        call,
+    });
+    put_u32(c, token_ptr, token)
 }
 
 /// The cluster named by the `service` argument of a gRPC call: a serialized
@@ -201,9 +176,9 @@ fn grpc_cluster(service: &[u8], clusters: &HashSet<String>) -> Result<String, i3
 /// shifted left by two, the kind in the low bits (call 1, stream 2).
 fn next_grpc_token(s: &mut VmState, stream: bool) -> u32 {
     let counter = if stream {
-        &mut s.next_grpc_stream
+        &mut s.grpc_calls.next_stream
     } else {
-        &mut s.next_grpc_call
+        &mut s.grpc_calls.next_call
     };
     let id = *counter;
     *counter = counter.wrapping_add(1);

@@ -8,6 +8,15 @@ use std::collections::HashSet;
 use wasmtime::{Caller, FuncType, IntoFunc, Linker, Val, ValType};
 
 pub(super) type C<'a> = Caller<'a, VmState>;
+
+/// A host function of the caller and `i32` arguments, its parameters on one
+/// line however many the ABI gives it: `i32_args!(|c, ptr, len| -> i32 { … })`.
+macro_rules! i32_args {
+    (|$c:ident $(, $p:ident)*| -> $r:ty { $($body:tt)* }) => {
+        |mut $c: C, $($p: i32),*| -> $r { $($body)* }
+    };
+}
+pub(super) use i32_args;
 pub(super) type R = wasmtime::Result<i32>;
 
 pub(super) const OK: i32 = Status::Ok as i32;
@@ -107,14 +116,33 @@ pub(super) fn write_u64(c: &mut C, ptr: i32, v: u64) -> bool {
     write(c, ptr, &v.to_le_bytes())
 }
 
+/// The status a host call answers after writing its result: Ok, or
+/// InvalidMemoryAccess when the guest pointer is out of bounds.
+pub(super) fn written(ok: bool) -> i32 {
+    if ok {
+        OK
+    } else {
+        INVALID_MEMORY
+    }
+}
+
+/// Writes `v` at `ptr` and answers the status, as most host calls end.
+pub(super) fn put_u32(c: &mut C, ptr: i32, v: u32) -> i32 {
+    written(write_u32(c, ptr, v))
+}
+
+/// [`put_u32`] for a 64-bit result.
+pub(super) fn put_u64(c: &mut C, ptr: i32, v: u64) -> i32 {
+    written(write_u64(c, ptr, v))
+}
+
 /// cpp-host `copyToPointerSize`: allocates in the guest (proxy_on_memory_allocate)
 /// and writes pointer and size; empty data is a null pointer and size 0.
 pub(super) fn copy_out(c: &mut C, data: &[u8], ptr_ptr: i32, size_ptr: i32) -> R {
     if data.is_empty() {
-        if !write_u32(c, ptr_ptr, 0) || !write_u32(c, size_ptr, 0) {
-            return Ok(INVALID_MEMORY);
-        }
-        return Ok(OK);
+        return Ok(written(
+            write_u32(c, ptr_ptr, 0) && write_u32(c, size_ptr, 0),
+        ));
     }
     let Some(alloc) = c.data().alloc.clone() else {
         return Ok(INVALID_MEMORY);
@@ -126,8 +154,7 @@ pub(super) fn copy_out(c: &mut C, data: &[u8], ptr_ptr: i32, size_ptr: i32) -> R
     if addr == 0 || !write(c, addr, data) {
         return Ok(INVALID_MEMORY);
     }
-    if !write_u32(c, ptr_ptr, addr as u32) || !write_u32(c, size_ptr, data.len() as u32) {
-        return Ok(INVALID_MEMORY);
-    }
-    Ok(OK)
+    Ok(written(
+        write_u32(c, ptr_ptr, addr as u32) && write_u32(c, size_ptr, data.len() as u32),
+    ))
 }

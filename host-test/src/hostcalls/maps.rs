@@ -40,63 +40,36 @@ enum MapView<'a> {
 }
 
 fn const_map(s: &VmState, map: i32) -> MapView<'_> {
+    fn available(h: Option<&Headers>) -> MapView<'_> {
+        h.map_or(MapView::Unavailable, MapView::Available)
+    }
     match map {
-        MAP_CALL_HEADERS => match &s.callout_response {
-            Some(r) => MapView::Available(&r.headers),
-            None => MapView::Unavailable,
-        },
-        MAP_CALL_TRAILERS => match &s.callout_response {
-            Some(r) => MapView::Available(&r.trailers),
-            None => MapView::Unavailable,
-        },
-        MAP_GRPC_INITIAL => match &s.grpc.initial {
-            Some(h) => MapView::Available(h),
-            None => MapView::Unavailable,
-        },
-        MAP_GRPC_TRAILING => match &s.grpc.trailing {
-            Some(h) => MapView::Available(h),
-            None => MapView::Unavailable,
-        },
+        MAP_CALL_HEADERS => available(s.callout_response.as_ref().map(|r| &r.headers)),
+        MAP_CALL_TRAILERS => available(s.callout_response.as_ref().map(|r| &r.trailers)),
+        MAP_GRPC_INITIAL => available(s.grpc.initial.as_ref()),
+        MAP_GRPC_TRAILING => available(s.grpc.trailing.as_ref()),
         _ => {
             let Some(st) = s.stream() else {
                 return MapView::Unavailable;
             };
-            let (dir, trailers) = match map {
-                MAP_REQUEST_HEADERS => (&st.req, false),
-                MAP_REQUEST_TRAILERS => (&st.req, true),
-                MAP_RESPONSE_HEADERS => (&st.resp, false),
-                _ => (&st.resp, true),
+            let dir = match map {
+                MAP_REQUEST_HEADERS | MAP_REQUEST_TRAILERS => &st.req,
+                _ => &st.resp,
+            };
+            let (h, received, live) = match map {
+                MAP_REQUEST_HEADERS | MAP_RESPONSE_HEADERS => {
+                    (&dir.headers, dir.headers_received, dir.headers_live)
+                }
+                _ => (&dir.trailers, !dir.trailers.is_empty(), dir.trailers_live),
             };
             if st.log_phase {
-                if map == MAP_REQUEST_TRAILERS {
+                if map == MAP_REQUEST_TRAILERS || !received {
                     return MapView::LogPhaseMissing;
                 }
-                let received = if trailers {
-                    !dir.trailers.is_empty()
-                } else {
-                    dir.headers_received
-                };
-                return if received {
-                    MapView::Available(if trailers {
-                        &dir.trailers
-                    } else {
-                        &dir.headers
-                    })
-                } else {
-                    MapView::LogPhaseMissing
-                };
+                return MapView::Available(h);
             }
-            let live = if trailers {
-                dir.trailers_live
-            } else {
-                dir.headers_live
-            };
             if live {
-                MapView::Available(if trailers {
-                    &dir.trailers
-                } else {
-                    &dir.headers
-                })
+                MapView::Available(h)
             } else {
                 MapView::Unavailable
             }
@@ -135,14 +108,25 @@ fn get_header_map_pairs(mut c: C, map: i32, ptr_ptr: i32, size_ptr: i32) -> R {
     copy_out(&mut c, &bytes, ptr_ptr, size_ptr)
 }
 
-fn set_header_map_pairs(mut c: C, map: i32, ptr: i32, size: i32) -> R {
+/// A map call's map type checked (BadArgument) and its bytes argument read
+/// (InvalidMemoryAccess), in Envoy's order.
+fn map_arg(c: &mut C, map: i32, ptr: i32, len: i32) -> Result<Vec<u8>, i32> {
     if !(0..=MAP_CALL_TRAILERS).contains(&map) {
-        return Ok(BAD_ARGUMENT);
+        return Err(BAD_ARGUMENT);
     }
-    let Some(data) = read(&mut c, ptr, size) else {
-        return Ok(INVALID_MEMORY);
+    read(c, ptr, len).ok_or(INVALID_MEMORY)
+}
+
+/// [`map_arg`] for a header name, lowercased as Envoy's maps hold it.
+fn map_key(c: &mut C, map: i32, kp: i32, kl: i32) -> Result<String, i32> {
+    map_arg(c, map, kp, kl).map(|k| String::from_utf8_lossy(&k).to_ascii_lowercase())
+}
+
+fn set_header_map_pairs(mut c: C, map: i32, ptr: i32, size: i32) -> R {
+    let pairs = match map_arg(&mut c, map, ptr, size) {
+        Ok(data) => decode_pairs(&data),
+        Err(status) => return Ok(status),
     };
-    let pairs = decode_pairs(&data);
     let Some(h) = mut_map(c.data_mut(), map) else {
         return Ok(BAD_ARGUMENT);
     };
@@ -154,14 +138,12 @@ fn set_header_map_pairs(mut c: C, map: i32, ptr: i32, size: i32) -> R {
 }
 
 fn get_header_map_value(mut c: C, map: i32, kp: i32, kl: i32, vpp: i32, vsp: i32) -> R {
-    if !(0..=MAP_CALL_TRAILERS).contains(&map) {
-        return Ok(BAD_ARGUMENT);
-    }
-    let Some(key) = read_str(&mut c, kp, kl) else {
-        return Ok(INVALID_MEMORY);
+    let key = match map_key(&mut c, map, kp, kl) {
+        Ok(key) => key,
+        Err(status) => return Ok(status),
     };
     let value = match const_map(c.data(), map) {
-        MapView::Available(h) => match header_get(h, &key.to_ascii_lowercase()) {
+        MapView::Available(h) => match header_get(h, &key) {
             Some(v) => v.as_bytes().to_vec(),
             None => return Ok(NOT_FOUND),
         },
@@ -172,11 +154,9 @@ fn get_header_map_value(mut c: C, map: i32, kp: i32, kl: i32, vpp: i32, vsp: i32
 }
 
 fn edit_header(mut c: C, map: i32, kp: i32, kl: i32, value: Option<(i32, i32)>, add: bool) -> R {
-    if !(0..=MAP_CALL_TRAILERS).contains(&map) {
-        return Ok(BAD_ARGUMENT);
-    }
-    let Some(key) = read_str(&mut c, kp, kl) else {
-        return Ok(INVALID_MEMORY);
+    let key = match map_key(&mut c, map, kp, kl) {
+        Ok(key) => key,
+        Err(status) => return Ok(status),
     };
     let value = match value {
         Some((vp, vl)) => match read_str(&mut c, vp, vl) {
@@ -185,7 +165,6 @@ fn edit_header(mut c: C, map: i32, kp: i32, kl: i32, value: Option<(i32, i32)>, 
         },
         None => None,
     };
-    let key = key.to_ascii_lowercase();
     let Some(h) = mut_map(c.data_mut(), map) else {
         return Ok(BAD_ARGUMENT);
     };
@@ -220,9 +199,5 @@ fn get_header_map_size(mut c: C, map: i32, result_ptr: i32) -> R {
         Some(h) => h.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>(),
         None => return Ok(BAD_ARGUMENT),
     };
-    Ok(if write_u32(&mut c, result_ptr, size as u32) {
-        OK
-    } else {
-        INVALID_MEMORY
-    })
+    Ok(put_u32(&mut c, result_ptr, size as u32))
 }

@@ -9,11 +9,8 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
     i.func(
         "proxy_define_metric",
         |mut c: C, kind: i32, np: i32, nl: i32, ip: i32| -> i32 {
-            let kind = match kind {
-                0 => MetricKind::Counter,
-                1 => MetricKind::Gauge,
-                2 => MetricKind::Histogram,
-                _ => return BAD_ARGUMENT,
+            let Some(kind) = MetricKind::from_raw(kind) else {
+                return BAD_ARGUMENT;
             };
             let Some(name) = read_str(&mut c, np, nl) else {
                 return INVALID_MEMORY;
@@ -30,11 +27,7 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
                     value: 0,
                     samples: Vec::new(),
                 });
-            if write_u32(&mut c, ip, id) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
+            put_u32(&mut c, ip, id)
         },
     )?;
     i.func(
@@ -100,11 +93,7 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
                 None => return NOT_FOUND,
             }
         };
-        if write_u64(&mut c, ptr, value) {
-            OK
-        } else {
-            INVALID_MEMORY
-        }
+        put_u64(&mut c, ptr, value)
     })?;
     Ok(())
 }

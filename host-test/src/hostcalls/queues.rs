@@ -37,11 +37,7 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
                 queue.owner_context = s.root_id;
                 token
             };
-            if write_u32(&mut c, tp, token) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
+            put_u32(&mut c, tp, token)
         },
     )?;
     i.func(
@@ -61,13 +57,7 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
                 lock(&s.shared).queue_tokens.get(&(vm_id, name)).copied()
             };
             match token {
-                Some(t) => {
-                    if write_u32(&mut c, tp, t) {
-                        OK
-                    } else {
-                        INVALID_MEMORY
-                    }
-                }
+                Some(t) => put_u32(&mut c, tp, t),
                 None => NOT_FOUND,
             }
         },

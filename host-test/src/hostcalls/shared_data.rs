@@ -23,11 +23,7 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
                     if r != OK {
                         return Ok(r);
                     }
-                    Ok(if write_u32(&mut c, cas_ptr, cas) {
-                        OK
-                    } else {
-                        INVALID_MEMORY
-                    })
+                    Ok(put_u32(&mut c, cas_ptr, cas))
                 }
             }
         },

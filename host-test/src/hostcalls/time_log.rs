@@ -22,21 +22,13 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
     )?;
     i.func("proxy_get_log_level", |mut c: C, ptr: i32| -> i32 {
         let level = lock(&c.data().shared).log_level as u32;
-        if write_u32(&mut c, ptr, level) {
-            OK
-        } else {
-            INVALID_MEMORY
-        }
+        put_u32(&mut c, ptr, level)
     })?;
     i.func(
         "proxy_get_current_time_nanoseconds",
         |mut c: C, ptr: i32| -> i32 {
             let now = lock(&c.data().shared).now_ns;
-            if write_u64(&mut c, ptr, now) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
+            put_u64(&mut c, ptr, now)
         },
     )?;
     i.func(

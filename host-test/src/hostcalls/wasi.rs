@@ -14,6 +14,15 @@ const ERRNO_NOENT: i32 = 44;
 const ERRNO_NOSYS: i32 = 52;
 const ERRNO_NOTSUP: i32 = 58;
 
+/// The errno a WASI call answers after writing its result.
+fn errno(written: bool) -> i32 {
+    if written {
+        ERRNO_SUCCESS
+    } else {
+        ERRNO_FAULT
+    }
+}
+
 /// The WASI preview1 imports a wasm32-wasip1 Rust module needs.
 pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
     i.func(
@@ -49,11 +58,7 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
                     String::from_utf8_lossy(&text).into_owned(),
                 );
             }
-            if write_u32(&mut c, nwritten, written) {
-                ERRNO_SUCCESS
-            } else {
-                ERRNO_FAULT
-            }
+            errno(write_u32(&mut c, nwritten, written))
         },
     )?;
     i.func(
@@ -67,22 +72,14 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
                     _ => return ERRNO_NOTSUP,
                 }
             };
-            if write_u64(&mut c, ptr, t) {
-                ERRNO_SUCCESS
-            } else {
-                ERRNO_FAULT
-            }
+            errno(write_u64(&mut c, ptr, t))
         },
     )?;
     i.func("clock_res_get", |mut c: C, id: i32, ptr: i32| -> i32 {
         if id != 0 && id != 1 {
             return ERRNO_NOTSUP;
         }
-        if write_u64(&mut c, ptr, 1) {
-            ERRNO_SUCCESS
-        } else {
-            ERRNO_FAULT
-        }
+        errno(write_u64(&mut c, ptr, 1))
     })?;
     i.func("random_get", |mut c: C, ptr: i32, len: i32| -> i32 {
         let len = len as u32 as usize;
@@ -99,19 +96,11 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
             bytes.extend_from_slice(&s.rng.to_le_bytes());
         }
         bytes.truncate(len);
-        if write(&mut c, ptr, &bytes) {
-            ERRNO_SUCCESS
-        } else {
-            ERRNO_FAULT
-        }
+        errno(write(&mut c, ptr, &bytes))
     })?;
     for name in ["environ_sizes_get", "args_sizes_get"] {
         i.func(name, |mut c: C, count: i32, size: i32| -> i32 {
-            if write_u32(&mut c, count, 0) && write_u32(&mut c, size, 0) {
-                ERRNO_SUCCESS
-            } else {
-                ERRNO_FAULT
-            }
+            errno(write_u32(&mut c, count, 0) && write_u32(&mut c, size, 0))
         })?;
     }
     for name in ["environ_get", "args_get"] {
@@ -126,11 +115,7 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
     i.func(
         "poll_oneoff",
         |mut c: C, _in: i32, _out: i32, _n: i32, nevents: i32| -> i32 {
-            if write_u32(&mut c, nevents, 0) {
-                ERRNO_SUCCESS
-            } else {
-                ERRNO_FAULT
-            }
+            errno(write_u32(&mut c, nevents, 0))
         },
     )?;
     i.func("fd_fdstat_get", |mut c: C, fd: i32, ptr: i32| -> i32 {
@@ -139,133 +124,52 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
         }
         let mut stat = [0u8; 24];
         stat[8..16].copy_from_slice(&64u64.to_le_bytes()); // rights: fd_write
-        if write(&mut c, ptr, &stat) {
-            ERRNO_SUCCESS
-        } else {
-            ERRNO_FAULT
-        }
+        errno(write(&mut c, ptr, &stat))
     })?;
-    // The rest answer like cpp-host: no files, no sockets.
-    let int = ValType::I32;
-    let long = ValType::I64;
-    let stubs: Vec<(&str, Vec<ValType>, i32)> = vec![
-        ("fd_close", vec![int.clone()], ERRNO_SUCCESS),
-        (
-            "fd_seek",
-            vec![int.clone(), long.clone(), int.clone(), int.clone()],
-            ERRNO_SUCCESS,
-        ),
-        ("fd_read", vec![int.clone(); 4], ERRNO_NOSYS),
-        (
-            "fd_pread",
-            vec![
-                int.clone(),
-                int.clone(),
-                int.clone(),
-                long.clone(),
-                int.clone(),
-            ],
-            ERRNO_NOSYS,
-        ),
-        (
-            "fd_pwrite",
-            vec![
-                int.clone(),
-                int.clone(),
-                int.clone(),
-                long.clone(),
-                int.clone(),
-            ],
-            ERRNO_NOSYS,
-        ),
-        ("fd_prestat_get", vec![int.clone(); 2], ERRNO_BADF),
-        ("fd_prestat_dir_name", vec![int.clone(); 3], ERRNO_NOSYS),
-        ("fd_filestat_get", vec![int.clone(); 2], ERRNO_BADF),
-        ("fd_fdstat_set_flags", vec![int.clone(); 2], ERRNO_NOSYS),
-        (
-            "fd_fdstat_set_rights",
-            vec![int.clone(), long.clone(), long.clone()],
-            ERRNO_NOTSUP,
-        ),
-        (
-            "fd_filestat_set_size",
-            vec![int.clone(), long.clone()],
-            ERRNO_NOTSUP,
-        ),
-        (
-            "fd_filestat_set_times",
-            vec![int.clone(), long.clone(), long.clone(), int.clone()],
-            ERRNO_NOTSUP,
-        ),
-        (
-            "fd_advise",
-            vec![int.clone(), long.clone(), long.clone(), int.clone()],
-            ERRNO_NOTSUP,
-        ),
-        (
-            "fd_allocate",
-            vec![int.clone(), long.clone(), long.clone()],
-            ERRNO_NOTSUP,
-        ),
-        ("fd_datasync", vec![int.clone()], ERRNO_NOTSUP),
-        ("fd_sync", vec![int.clone()], ERRNO_NOTSUP),
-        ("fd_tell", vec![int.clone(); 2], ERRNO_NOTSUP),
-        ("fd_renumber", vec![int.clone(); 2], ERRNO_NOTSUP),
-        (
-            "fd_readdir",
-            vec![
-                int.clone(),
-                int.clone(),
-                int.clone(),
-                long.clone(),
-                int.clone(),
-            ],
-            ERRNO_NOTSUP,
-        ),
-        (
-            "path_open",
-            vec![
-                int.clone(),
-                int.clone(),
-                int.clone(),
-                int.clone(),
-                int.clone(),
-                long.clone(),
-                long.clone(),
-                int.clone(),
-                int.clone(),
-            ],
-            ERRNO_NOENT,
-        ),
-        ("path_filestat_get", vec![int.clone(); 5], ERRNO_NOTSUP),
-        (
-            "path_filestat_set_times",
-            vec![
-                int.clone(),
-                int.clone(),
-                int.clone(),
-                int.clone(),
-                long.clone(),
-                long.clone(),
-                int.clone(),
-            ],
-            ERRNO_NOTSUP,
-        ),
-        ("path_create_directory", vec![int.clone(); 3], ERRNO_NOTSUP),
-        ("path_link", vec![int.clone(); 7], ERRNO_NOTSUP),
-        ("path_readlink", vec![int.clone(); 6], ERRNO_NOTSUP),
-        ("path_remove_directory", vec![int.clone(); 3], ERRNO_NOTSUP),
-        ("path_rename", vec![int.clone(); 6], ERRNO_NOTSUP),
-        ("path_symlink", vec![int.clone(); 5], ERRNO_NOTSUP),
-        ("path_unlink_file", vec![int.clone(); 3], ERRNO_NOTSUP),
-        ("proc_raise", vec![int.clone()], ERRNO_NOTSUP),
-        ("sock_accept", vec![int.clone(); 3], ERRNO_NOTSUP),
-        ("sock_recv", vec![int.clone(); 6], ERRNO_NOTSUP),
-        ("sock_send", vec![int.clone(); 5], ERRNO_NOTSUP),
-        ("sock_shutdown", vec![int.clone(); 2], ERRNO_NOTSUP),
+    // The rest answer like cpp-host: no files, no sockets. Each stub's
+    // parameters are spelled one letter a value: `i` an i32, `l` an i64.
+    const STUBS: &[(&str, &str, i32)] = &[
+        ("fd_close", "i", ERRNO_SUCCESS),
+        ("fd_seek", "ilii", ERRNO_SUCCESS),
+        ("fd_read", "iiii", ERRNO_NOSYS),
+        ("fd_pread", "iiili", ERRNO_NOSYS),
+        ("fd_pwrite", "iiili", ERRNO_NOSYS),
+        ("fd_prestat_get", "ii", ERRNO_BADF),
+        ("fd_prestat_dir_name", "iii", ERRNO_NOSYS),
+        ("fd_filestat_get", "ii", ERRNO_BADF),
+        ("fd_fdstat_set_flags", "ii", ERRNO_NOSYS),
+        ("fd_fdstat_set_rights", "ill", ERRNO_NOTSUP),
+        ("fd_filestat_set_size", "il", ERRNO_NOTSUP),
+        ("fd_filestat_set_times", "illi", ERRNO_NOTSUP),
+        ("fd_advise", "illi", ERRNO_NOTSUP),
+        ("fd_allocate", "ill", ERRNO_NOTSUP),
+        ("fd_datasync", "i", ERRNO_NOTSUP),
+        ("fd_sync", "i", ERRNO_NOTSUP),
+        ("fd_tell", "ii", ERRNO_NOTSUP),
+        ("fd_renumber", "ii", ERRNO_NOTSUP),
+        ("fd_readdir", "iiili", ERRNO_NOTSUP),
+        ("path_open", "iiiiillii", ERRNO_NOENT),
+        ("path_filestat_get", "iiiii", ERRNO_NOTSUP),
+        ("path_filestat_set_times", "iiiilli", ERRNO_NOTSUP),
+        ("path_create_directory", "iii", ERRNO_NOTSUP),
+        ("path_link", "iiiiiii", ERRNO_NOTSUP),
+        ("path_readlink", "iiiiii", ERRNO_NOTSUP),
+        ("path_remove_directory", "iii", ERRNO_NOTSUP),
+        ("path_rename", "iiiiii", ERRNO_NOTSUP),
+        ("path_symlink", "iiiii", ERRNO_NOTSUP),
+        ("path_unlink_file", "iii", ERRNO_NOTSUP),
+        ("proc_raise", "i", ERRNO_NOTSUP),
+        ("sock_accept", "iii", ERRNO_NOTSUP),
+        ("sock_recv", "iiiiii", ERRNO_NOTSUP),
+        ("sock_send", "iiiii", ERRNO_NOTSUP),
+        ("sock_shutdown", "ii", ERRNO_NOTSUP),
     ];
-    for (name, params, errno) in stubs {
-        i.stub(name, &params, errno)?;
+    for &(name, params, result) in STUBS {
+        let params: Vec<ValType> = params
+            .chars()
+            .map(|p| if p == 'l' { ValType::I64 } else { ValType::I32 })
+            .collect();
+        i.stub(name, &params, result)?;
     }
     Ok(())
 }

@@ -21,6 +21,8 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+#[path = "../../common/abi.rs"]
+mod abi;
 mod host;
 
 use host::*;
@@ -289,7 +291,7 @@ fn grpc_call_case(ctx: u32) -> u32 {
     let service = req("x-service").unwrap_or_else(|| "probe.Echo".into());
     let method = req("x-method").unwrap_or_else(|| "Unary".into());
     let meta = parse_pairs(&req("x-meta").unwrap_or_default());
-    let (status, token) = grpc_call(
+    let call = grpc_call(
         &grpc_service(&cluster),
         &service,
         &method,
@@ -297,15 +299,24 @@ fn grpc_call_case(ctx: u32) -> u32 {
         &message(),
         timeout(),
     );
+    if dispatched(ctx, "grpc_call", Kind::Grpc, call).is_none() {
+        return 1;
+    }
+    then()
+}
+
+/// Logs a call or stream just dispatched (`abi <what> ctx= status= token=`)
+/// and owns its token; one the host refused answers `dispatch=<status>`.
+fn dispatched(ctx: u32, what: &str, kind: Kind, (status, token): (u32, u32)) -> Option<u32> {
     log(&format!(
-        "abi grpc_call ctx={ctx} status={status} token={token}"
+        "abi {what} ctx={ctx} status={status} token={token}"
     ));
     if status != 0 {
         reply(200, &format!("dispatch={status}\n"));
-        return 1;
+        return None;
     }
-    own(ctx, Kind::Grpc, token);
-    then()
+    own(ctx, kind, token);
+    Some(token)
 }
 
 fn grpc_stream_case(ctx: u32) -> u32 {
@@ -313,15 +324,14 @@ fn grpc_stream_case(ctx: u32) -> u32 {
     let service = req("x-service").unwrap_or_else(|| "probe.Echo".into());
     let method = req("x-method").unwrap_or_else(|| "Stream".into());
     let meta = parse_pairs(&req("x-meta").unwrap_or_default());
-    let (status, token) = grpc_stream(&grpc_service(&cluster), &service, &method, &meta);
-    log(&format!(
-        "abi grpc_stream ctx={ctx} status={status} token={token}"
-    ));
-    if status != 0 {
-        reply(200, &format!("dispatch={status}\n"));
+    let Some(token) = dispatched(
+        ctx,
+        "grpc_stream",
+        Kind::Grpc,
+        grpc_stream(&grpc_service(&cluster), &service, &method, &meta),
+    ) else {
         return 1;
-    }
-    own(ctx, Kind::Grpc, token);
+    };
     with(|s| s.grpc_streams.push(token));
     let messages = req("x-messages").unwrap_or_default();
     for m in messages.split(',').filter(|m| !m.is_empty()) {
@@ -363,15 +373,10 @@ fn http_call_case(ctx: u32) -> u32 {
     ];
     headers.extend(parse_pairs(&req("x-meta").unwrap_or_default()));
     let body = req("x-body").unwrap_or_default();
-    let (status, token) = http_call(&cluster, &headers, body.as_bytes(), timeout());
-    log(&format!(
-        "abi http_call ctx={ctx} status={status} token={token}"
-    ));
-    if status != 0 {
-        reply(200, &format!("dispatch={status}\n"));
+    let call = http_call(&cluster, &headers, body.as_bytes(), timeout());
+    if dispatched(ctx, "http_call", Kind::Http, call).is_none() {
         return 1;
     }
-    own(ctx, Kind::Http, token);
     then()
 }
 
@@ -479,9 +484,7 @@ pub extern "C" fn proxy_on_http_call_response(ctx: u32, token: u32, nh: u32, nb:
 
 #[no_mangle]
 pub extern "C" fn proxy_on_grpc_receive_initial_metadata(ctx: u32, token: u32, n: u32) {
-    let (_, p) = pairs(MAP_GRPC_INITIAL);
-    let event = format!("grpc_initial_metadata n={n} {}", show_pairs(&p));
-    callout_event(ctx, Kind::Grpc, token, event, false);
+    grpc_metadata(ctx, token, n, MAP_GRPC_INITIAL, "initial");
 }
 
 #[no_mangle]
@@ -498,8 +501,13 @@ pub extern "C" fn proxy_on_grpc_receive(ctx: u32, token: u32, size: u32) {
 
 #[no_mangle]
 pub extern "C" fn proxy_on_grpc_receive_trailing_metadata(ctx: u32, token: u32, n: u32) {
-    let (_, p) = pairs(MAP_GRPC_TRAILING);
-    let event = format!("grpc_trailing_metadata n={n} {}", show_pairs(&p));
+    grpc_metadata(ctx, token, n, MAP_GRPC_TRAILING, "trailing");
+}
+
+/// Initial or trailing gRPC metadata: the count and the map's pairs.
+fn grpc_metadata(ctx: u32, token: u32, n: u32, map: u32, which: &str) {
+    let (_, p) = pairs(map);
+    let event = format!("grpc_{which}_metadata n={n} {}", show_pairs(&p));
     callout_event(ctx, Kind::Grpc, token, event, false);
 }
 

@@ -12,6 +12,8 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType};
 use std::time::Duration;
 
+#[path = "../../common/abi.rs"]
+mod abi;
 mod json;
 mod raw;
 
