@@ -437,3 +437,6 @@ fn read_call(proto: etcd::Protocol, key: &str, timeout_ms: u64) -> StoreCall {
         timeout_ms,
     }
 }
+
+#[cfg(test)]
+mod tests;

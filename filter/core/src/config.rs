@@ -593,3 +593,6 @@ impl TryFrom<RawConfig> for Config {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

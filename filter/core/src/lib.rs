@@ -29,7 +29,7 @@ mod fake;
 #[cfg(test)]
 mod model;
 #[cfg(test)]
-mod tests;
+mod testing;
 
 pub use config::{Config, ConfigError};
 pub use metrics::Counter;

@@ -459,3 +459,6 @@ fn wake<E: Env>(p: &Plugin, env: &mut E, digest: &Digest) {
         env.wake_waiters(digest);
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,8 +1,13 @@
-//! Native tests of wait mode (`on_in_flight: "wait"`): duplicates held until the first's
-//! answer, on other workers and, with etcd, other proxies.
+//! Wait mode (`on_in_flight: "wait"`) through the plugin: duplicates held until the
+//! first's answer, on other workers and, with etcd, other proxies.
 
-use super::*;
-use crate::config::OnInFlight;
+use crate::fake::FakeEnv;
+use crate::metrics::Counter;
+use crate::outcome::flags;
+use crate::reply::LocalReply;
+use crate::stream::CallAnswer;
+use crate::stream::{Action, DedupStream, Plugin};
+use crate::testing::*;
 
 const WAIT: &str = r#""on_in_flight": "wait", "wait_timeout_ms": 5000"#;
 
@@ -39,72 +44,6 @@ fn reply(a: Action) -> LocalReply {
 
 fn decision(s: &mut DedupStream) -> Option<&'static str> {
     s.log_fields().map(|(d, _)| d)
-}
-
-#[test]
-fn wait_config_defaults_and_errors_name_the_field() {
-    let c = Config::parse(b"{}").unwrap();
-    assert_eq!(c.policy.on_in_flight, OnInFlight::Reject);
-    assert_eq!(c.policy.wait_timeout_ms, 10_000);
-    assert_eq!(c.max_waiters, 1024);
-    let c = Config::parse(br#"{"in_flight_timeout_seconds": 4}"#).unwrap();
-    assert_eq!(
-        c.policy.wait_timeout_ms, 4_000,
-        "the default follows a shorter in-flight timeout"
-    );
-    let c =
-        Config::parse(br#"{"on_in_flight": "wait", "wait_timeout_ms": 30000, "max_waiters": 7}"#)
-            .unwrap();
-    assert_eq!(
-        (
-            c.policy.on_in_flight,
-            c.policy.wait_timeout_ms,
-            c.max_waiters
-        ),
-        (OnInFlight::Wait, 30_000, 7)
-    );
-    assert_eq!(cfg_err(r#"{"wait_timeout_ms": 0}"#).0, "wait_timeout_ms");
-    let (field, reason) = cfg_err(r#"{"in_flight_timeout_seconds": 5, "wait_timeout_ms": 5001}"#);
-    assert_eq!(field, "wait_timeout_ms");
-    assert!(reason.contains("in_flight_timeout_seconds"), "{reason}");
-    assert_eq!(cfg_err(r#"{"max_waiters": 0}"#).0, "max_waiters");
-    assert_eq!(cfg_err(r#"{"on_in_flight": "queue"}"#).0, "on_in_flight");
-}
-
-#[test]
-fn rules_override_wait_mode_and_their_errors_name_the_rule() {
-    let c = Config::parse(
-        br#"{"wait_timeout_ms": 8000, "rules": [
-            {"name": "pay", "match": {"path_prefix": "/pay"}, "on_in_flight": "wait"},
-            {"name": "short", "match": {"path_prefix": "/s"}, "on_in_flight": "wait",
-             "in_flight_timeout_seconds": 3},
-            {"name": "own", "match": {"path_prefix": "/o"}, "wait_timeout_ms": 2000}]}"#,
-    )
-    .unwrap();
-    assert_eq!(c.policy.on_in_flight, OnInFlight::Reject);
-    let pay = &c.rules[0].policy;
-    assert_eq!(
-        (pay.on_in_flight, pay.wait_timeout_ms),
-        (OnInFlight::Wait, 8_000)
-    );
-    assert_eq!(
-        c.rules[1].policy.wait_timeout_ms, 3_000,
-        "an inherited wait timeout follows the rule's shorter in-flight timeout"
-    );
-    assert_eq!(c.rules[2].policy.wait_timeout_ms, 2_000);
-    assert!(c.waits());
-    assert_eq!(c.longest_wait_ms(), 8_000);
-    assert!(!Config::parse(b"{}").unwrap().waits());
-    let (field, _) = cfg_err(
-        r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"},
-            "in_flight_timeout_seconds": 2, "wait_timeout_ms": 2500}]}"#,
-    );
-    assert_eq!(field, "rules[0].wait_timeout_ms");
-    let (field, _) = cfg_err(
-        r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"}, "bypass": true,
-            "on_in_flight": "wait"}]}"#,
-    );
-    assert_eq!(field, "rules[0].bypass");
 }
 
 #[test]

@@ -1,10 +1,13 @@
-//! Native tests of the byte budget of stored responses (`store.max_store_bytes`): each
+//! Tests of the byte budget of stored responses (`store.max_store_bytes`): each
 //! bucket keeps its slots within its share, drops the oldest completed bodies first,
 //! never touches claims, and a key whose body was dropped never runs again.
 
-use super::*;
+use crate::fake::FakeShared;
 use crate::key::Digest;
-use crate::store::Completion;
+use crate::response::StoredResponse;
+use crate::store::{ClaimOutcome, Completion, Layout, SharedStore, WAYS};
+use crate::testing::*;
+use std::sync::Arc;
 
 fn response(n: usize, tag: u8) -> StoredResponse {
     StoredResponse {
@@ -220,75 +223,6 @@ fn a_response_larger_than_a_buckets_share_is_never_kept() {
     let d = digest(2);
     let done = complete(&store, &d, &response(10_000 - SLOT_OVERHEAD, 2), 0);
     assert!(done.stored);
-}
-
-#[test]
-fn dropped_bodies_are_counted_and_their_keys_answer_409_response_not_stored() {
-    // One bucket of 1 MiB, responses of 300 KB: three fit.
-    let p = plugin(
-        r#"{"capacity": 16, "max_replay_body_bytes": 600000, "store": {"max_store_bytes": 1048576}}"#,
-    );
-    let (_shared, mut env) = world();
-    let body = "r".repeat(300_000);
-    for i in 0..5 {
-        let r = req("POST", "/orders").key(&format!("k{i}")).body("{}");
-        assert_eq!(run(&p, &mut env, &r, ok(&body)).status(), 200);
-    }
-    assert_eq!(env.count_of(Counter::Executed), 5);
-    assert_eq!(env.count_of(Counter::BodiesDropped), 2);
-    assert_eq!(env.count_of(Counter::ResponseNotStored), 0);
-    for i in 0..2 {
-        let r = req("POST", "/orders").key(&format!("k{i}")).body("{}");
-        let o = run(&p, &mut env, &r, ok("must not run"));
-        assert_eq!(
-            o.problem_type(),
-            "urn:proxy-dedup:problem:response-not-stored"
-        );
-        assert_eq!(o.status(), 409);
-    }
-    let r = req("POST", "/orders").key("k4").body("{}");
-    let o = run(&p, &mut env, &r, ok("must not run"));
-    assert_eq!(o.local().status, 200);
-    assert_eq!(o.local().body, body.as_bytes());
-    assert_eq!(env.count_of(Counter::Executed), 5, "nothing ran twice");
-    assert_eq!(env.count_of(Counter::ResponseNotStored), 2);
-}
-
-#[test]
-fn max_store_bytes_defaults_and_bounds() {
-    // By default every bucket's share holds one response of max_replay_body_bytes with
-    // 4 KiB of headers: 6,250 buckets × 68 KiB with the defaults.
-    let d = Config::parse(b"{}").unwrap();
-    assert_eq!(d.max_store_bytes, 6_250 * (65_536 + 4_096));
-    assert_eq!(d.max_store_bytes, Config::default().max_store_bytes);
-    // The largest of every policy's max_replay_body_bytes counts.
-    let rules = Config::parse(
-        br#"{"capacity": 16000, "rules": [{"name": "big", "match": {"path_prefix": "/b"},
-            "max_replay_body_bytes": 1048576}]}"#,
-    )
-    .unwrap();
-    assert_eq!(rules.max_store_bytes, 1_000 * (1_048_576 + 4_096));
-    // 128 MiB at the least, whenever that is more.
-    let small = Config::parse(br#"{"capacity": 1600, "max_replay_body_bytes": 1024}"#).unwrap();
-    assert_eq!(small.max_store_bytes, 128 << 20);
-    // Very large capacities with small responses still get at least 4 KiB per bucket.
-    let big = Config::parse(br#"{"capacity": 10000000, "max_replay_body_bytes": 0}"#).unwrap();
-    assert_eq!(big.max_store_bytes, 10_000_000 / 16 * 4096);
-    let c = Config::parse(br#"{"capacity": 1024, "store": {"max_store_bytes": 8388608}}"#).unwrap();
-    assert_eq!(c.max_store_bytes, 8 << 20);
-    assert_eq!(Plugin::new(c).layout.bucket_budget, (8 << 20) / 64);
-    for json in [
-        r#"{"store": {"max_store_bytes": 1048575}}"#,
-        r#"{"store": {"max_store_bytes": 1099511627777}}"#,
-        r#"{"store": {"max_store_bytes": "big"}}"#,
-        // 6,250 buckets need 4 KiB each.
-        r#"{"store": {"max_store_bytes": 25599999}}"#,
-        r#"{"store": {"kind": "etcd", "cluster": "e", "max_store_bytes": 8388608}}"#,
-    ] {
-        assert_eq!(cfg_err(json).0, "store.max_store_bytes", "{json}");
-    }
-    let ok = Config::parse(br#"{"store": {"max_store_bytes": 25600000}}"#).unwrap();
-    assert_eq!(ok.max_store_bytes, 25_600_000);
 }
 
 #[test]
