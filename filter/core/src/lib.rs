@@ -23,11 +23,9 @@ pub mod wait;
 pub mod wire;
 
 #[cfg(test)]
-mod decoder_props;
-#[cfg(test)]
 mod fake;
 #[cfg(test)]
-mod model;
+mod props;
 #[cfg(test)]
 mod testing;
 

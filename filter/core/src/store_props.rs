@@ -3,7 +3,7 @@
 
 use super::bucket::{BUCKET_VERSION, RECORD_LEN, REGISTRY_VERSION, SLOTS_WAY};
 use super::*;
-use crate::decoder_props::{config, stored_response};
+use crate::props::decoders::{config, stored_response};
 use crate::fake::FakeShared;
 use proptest::prelude::*;
 

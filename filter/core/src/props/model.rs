@@ -13,7 +13,7 @@
 //! sequence, printed as "minimal failing input", with the trace of that run.
 
 use crate::config::Config;
-use crate::decoder_props::config as proptest_config;
+use crate::props::decoders::config as proptest_config;
 use crate::etcd::{self, EtcdAnswer};
 use crate::fake::{FakeEnv, FakeEtcd, FakeShared};
 use crate::key::RequestHead;
