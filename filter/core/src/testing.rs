@@ -57,6 +57,10 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
+    /// The request reached the upstream (it was not answered by the filter).
+    pub(crate) fn reached_upstream(&self) -> bool {
+        matches!(self, Outcome::Upstream(..))
+    }
     pub(crate) fn status(&self) -> u16 {
         match self {
             Outcome::Upstream(s, _) => *s,

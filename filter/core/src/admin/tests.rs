@@ -13,10 +13,7 @@ fn check_admin_api(p: &Plugin, admin_p: &Plugin, env: &mut FakeEnv) {
         .key("done")
         .header("x-tenant", "acme")
         .body("{}");
-    assert!(matches!(
-        run(p, env, &r, answer(201, "made")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(p, env, &r, answer(201, "made")).reached_upstream());
     let flying = req("POST", "/o").key("flying").header("x-tenant", "acme");
     let _first = send(p, env, &flying).unwrap();
     let q = "authority=api.example&scope.x-tenant=acme";
@@ -56,10 +53,7 @@ fn check_admin_api(p: &Plugin, admin_p: &Plugin, env: &mut FakeEnv) {
         "{}",
         String::from_utf8_lossy(&forced.body)
     );
-    assert!(matches!(
-        run(p, env, &flying, ok("again")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(p, env, &flying, ok("again")).reached_upstream());
     // Purged: the key executes again (etcd: once workers' copies have aged out).
     assert_eq!(
         admin(admin_p, env, "DELETE", &format!("/records?key=done&{q}")).status,
@@ -70,10 +64,7 @@ fn check_admin_api(p: &Plugin, admin_p: &Plugin, env: &mut FakeEnv) {
         404
     );
     env.now_ms += crate::local::MAX_AGE_MS;
-    assert!(matches!(
-        run(p, env, &r, ok("second")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(p, env, &r, ok("second")).reached_upstream());
     // Bad and foreign requests.
     assert_eq!(
         admin(admin_p, env, "GET", "/records?authority=a").status,
@@ -134,10 +125,7 @@ fn admin_parameters_are_percent_decoded() {
     let admin_p = plugin(r#"{"role": "admin"}"#);
     let (_, mut env) = world();
     for key in ["a/b c", "é+x"] {
-        assert!(matches!(
-            run(&p, &mut env, &req("POST", "/o").key(key), ok(key)),
-            Outcome::Upstream(..)
-        ));
+        assert!(run(&p, &mut env, &req("POST", "/o").key(key), ok(key)).reached_upstream());
     }
     let digest = |key: &str| {
         let d = record_digest(

@@ -11,6 +11,15 @@ fn stream(owner: u32) -> Option<Callout> {
     })
 }
 
+/// A table with these calls registered: (token, root, owning stream).
+fn table(calls: &[(u32, u32, Option<u32>)]) -> Callouts {
+    let mut t = Callouts::new();
+    for &(token, root, owner) in calls {
+        t.register(token, root, owner);
+    }
+    t
+}
+
 /// The index agrees with the entries.
 fn consistent(t: &Callouts) {
     let indexed: usize = t.by_owner.values().map(Vec::len).sum();
@@ -60,10 +69,7 @@ fn a_reused_token_replaces_the_old_entry() {
 
 #[test]
 fn an_ended_stream_leaves_orphans_to_the_root() {
-    let mut t = Callouts::new();
-    t.register(1, ROOT, Some(2));
-    t.register(2, ROOT, Some(2));
-    t.register(3, ROOT, Some(4));
+    let mut t = table(&[(1, ROOT, Some(2)), (2, ROOT, Some(2)), (3, ROOT, Some(4))]);
     assert_eq!(t.orphan(2), 2);
     assert_eq!(t.orphan(2), 0);
     assert_eq!(t.len(), 3);
@@ -93,11 +99,12 @@ fn a_context_id_reused_after_its_stream_ended_does_not_inherit_its_calls() {
 
 #[test]
 fn a_root_that_goes_away_takes_its_calls() {
-    let mut t = Callouts::new();
-    t.register(1, ROOT, Some(2));
-    t.register(2, ROOT, None);
-    t.register(3, 10, Some(11));
-    t.register(4, ROOT, Some(5));
+    let mut t = table(&[
+        (1, ROOT, Some(2)),
+        (2, ROOT, None),
+        (3, 10, Some(11)),
+        (4, ROOT, Some(5)),
+    ]);
     t.orphan(5);
     assert_eq!(t.drop_root(ROOT), 3);
     assert_eq!(t.len(), 1);

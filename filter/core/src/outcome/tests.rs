@@ -154,17 +154,7 @@ fn each_flag_alone_decides_as_the_contract_table_says() {
         assert_eq!(classify("upstream_something", bit), O::Unknown, "{bit:#x}");
     }
     // Each word that points at a possible execution, alone in the details.
-    for word in [
-        "upstream",
-        "downstream",
-        "timeout",
-        "reset",
-        "disconnect",
-        "response_",
-        "codec",
-        "protocol",
-        "duration",
-    ] {
+    for word in UNKNOWN_WORDS {
         assert_eq!(classify(&format!("x_{word}_y"), 0), O::Unknown, "{word}");
     }
     for reason in [

@@ -13,12 +13,12 @@
 //! sequence, printed as "minimal failing input", with the trace of that run.
 
 use crate::config::Config;
-use crate::props::decoders::config as proptest_config;
 use crate::etcd::{self, EtcdAnswer};
 use crate::fake::{FakeEnv, FakeEtcd, FakeShared};
 use crate::key::RequestHead;
 use crate::metrics::Counter;
 use crate::outcome::flags;
+use crate::props::decoders::config as proptest_config;
 use crate::reply::LocalReply;
 use crate::response::StoredResponse;
 use crate::stream::{Action, CallAnswer, DedupStream, Origin, Plugin, StoreCall};

@@ -5,9 +5,34 @@ mod budget;
 
 use crate::fake::FakeShared;
 use crate::response::StoredResponse;
-use crate::store::{ClaimOutcome, Layout, SharedStore, StoreError, WAYS};
+use crate::store::{Claim, ClaimOutcome, Layout, SharedStore, StoreError, WAYS};
 use crate::testing::*;
 use std::sync::Arc;
+
+/// A response of `status` with this body and no headers.
+fn stored(status: u16, body: &str) -> StoredResponse {
+    StoredResponse {
+        status,
+        headers: vec![],
+        body: body.as_bytes().to_vec(),
+    }
+}
+
+/// The claim a claim attempt won; panics on any other outcome.
+fn claimed(r: Result<ClaimOutcome, StoreError>) -> Claim {
+    match r.unwrap() {
+        ClaimOutcome::Claimed { claim, .. } => claim,
+        other => panic!("expected to win the claim, got {other:?}"),
+    }
+}
+
+/// The completed claim a claim attempt found; panics on any other outcome.
+fn completed(r: Result<ClaimOutcome, StoreError>) -> Claim {
+    match r.unwrap() {
+        ClaimOutcome::Completed(claim) => claim,
+        other => panic!("expected a completed key, got {other:?}"),
+    }
+}
 
 #[test]
 fn interleaved_claims_one_wins_the_cas_race() {
@@ -191,34 +216,20 @@ fn a_response_slot_taken_over_is_never_replayed_to_the_old_key() {
         .filter(|d| layout.bucket_of(d) == bucket)
         .take(WAYS + 1)
         .collect();
-    let resp = |b: &str| StoredResponse {
-        status: 200,
-        headers: vec![],
-        body: b.as_bytes().to_vec(),
-    };
     let mut claims = Vec::new();
     for (i, d) in same[..WAYS].iter().enumerate() {
-        let ClaimOutcome::Claimed { claim, .. } = store.claim(d, &[0; 32], 0, i as u64).unwrap()
-        else {
-            panic!()
-        };
+        let claim = claimed(store.claim(d, &[0; 32], 0, i as u64));
         assert!(store
-            .complete(&claim, Some(&resp(&format!("body-{i}"))), 0)
+            .complete(&claim, Some(&stored(200, &format!("body-{i}"))), 0)
             .unwrap());
         claims.push(claim);
     }
-    let ClaimOutcome::Completed(a_ref) = store.claim(&same[0], &[0; 32], 10, 50).unwrap() else {
-        panic!()
-    };
+    let a_ref = completed(store.claim(&same[0], &[0; 32], 10, 50));
     // Everything expires; the newcomer takes way 0 and writes its response there.
-    let ClaimOutcome::Claimed { claim: b, .. } =
-        store.claim(&same[WAYS], &[0; 32], 2_000, 77).unwrap()
-    else {
-        panic!()
-    };
+    let b = claimed(store.claim(&same[WAYS], &[0; 32], 2_000, 77));
     assert_eq!(b.way, a_ref.way);
     assert!(store
-        .complete(&b, Some(&resp("secret-of-b")), 2_000)
+        .complete(&b, Some(&stored(200, "secret-of-b")), 2_000)
         .unwrap());
     assert_eq!(
         store.response(&a_ref).unwrap(),
@@ -232,36 +243,7 @@ fn a_response_slot_taken_over_is_never_replayed_to_the_old_key() {
 fn a_late_completion_racing_its_successor_never_clobbers_the_slot() {
     // A's claim expired and B took the way. A completes while B's slot write slips in
     // between A's slot read and A's slot write: A's write must fail, not overwrite B.
-    let layout = Layout::new("t", 16, 1_000, 60_000);
-    let shared = FakeShared::new();
-    let store = SharedStore::new(&*shared, &layout);
-    let d = digest(3);
-    let resp = |b: &str| StoredResponse {
-        status: 200,
-        headers: vec![],
-        body: b.as_bytes().to_vec(),
-    };
-    let ClaimOutcome::Claimed { claim: a, .. } = store.claim(&d, &[0; 32], 0, 1).unwrap() else {
-        panic!()
-    };
-    // A checked that it still owns the way; just before its slot write, its claim
-    // expires and B claims the way and completes.
-    let (s2, l2) = (shared.clone(), layout.clone());
-    let a_way = a.way;
-    shared.before_next_set(move || {
-        let st = SharedStore::new(&*s2, &l2);
-        let ClaimOutcome::Claimed { claim: b, .. } = st.claim(&d, &[0; 32], 1_000, 2).unwrap()
-        else {
-            panic!("B must take the expired way")
-        };
-        assert_eq!(b.way, a_way);
-        assert!(st.complete(&b, Some(&resp("from-b")), 1_000).unwrap());
-    });
-    assert!(!store.complete(&a, Some(&resp("from-a")), 1_000).unwrap());
-    let ClaimOutcome::Completed(done) = store.claim(&d, &[0; 32], 1_001, 3).unwrap() else {
-        panic!()
-    };
-    assert_eq!(store.response(&done).unwrap().unwrap().body, b"from-b");
+    late_completion_loses_to_its_successor(1_000);
 }
 
 #[test]
@@ -269,34 +251,33 @@ fn a_late_completion_creating_a_never_written_slot_never_clobbers_its_successor(
     // A's slot was never written, so A creates it without reading it first. Just before
     // that create, A's claim expires and B takes the way and completes: A's create must
     // fail (the slot now exists), and A finds it no longer owns the way.
+    late_completion_loses_to_its_successor(999);
+}
+
+/// A claims a fresh way (its slot never written) and completes at `a_now`; just before
+/// A's slot write, A's claim expires and B claims the way and completes. A's
+/// completion must fail and the key must answer with B's body.
+fn late_completion_loses_to_its_successor(a_now: u64) {
     let layout = Layout::new("t", 16, 1_000, 60_000);
     let shared = FakeShared::new();
     let store = SharedStore::new(&*shared, &layout);
     let d = digest(3);
-    let resp = |b: &str| StoredResponse {
-        status: 200,
-        headers: vec![],
-        body: b.as_bytes().to_vec(),
-    };
-    let ClaimOutcome::Claimed { claim: a, .. } = store.claim(&d, &[0; 32], 0, 1).unwrap() else {
-        panic!()
-    };
+    let a = claimed(store.claim(&d, &[0; 32], 0, 1));
     assert!(a.slot_empty, "a fresh way's slot holds nothing");
     let (s2, l2) = (shared.clone(), layout.clone());
     let a_way = a.way;
     shared.before_next_set(move || {
         let st = SharedStore::new(&*s2, &l2);
-        let ClaimOutcome::Claimed { claim: b, .. } = st.claim(&d, &[0; 32], 1_000, 2).unwrap()
-        else {
-            panic!("B must take the expired way")
-        };
-        assert_eq!(b.way, a_way);
-        assert!(st.complete(&b, Some(&resp("from-b")), 1_000).unwrap());
+        let b = claimed(st.claim(&d, &[0; 32], 1_000, 2));
+        assert_eq!(b.way, a_way, "B must take the expired way");
+        assert!(st
+            .complete(&b, Some(&stored(200, "from-b")), 1_000)
+            .unwrap());
     });
-    assert!(!store.complete(&a, Some(&resp("from-a")), 999).unwrap());
-    let ClaimOutcome::Completed(done) = store.claim(&d, &[0; 32], 1_001, 3).unwrap() else {
-        panic!()
-    };
+    assert!(!store
+        .complete(&a, Some(&stored(200, "from-a")), a_now)
+        .unwrap());
+    let done = completed(store.claim(&d, &[0; 32], 1_001, 3));
     assert_eq!(store.response(&done).unwrap().unwrap().body, b"from-b");
 }
 
@@ -308,22 +289,14 @@ fn a_completion_whose_empty_slot_exists_after_all_still_stores_its_response() {
     let shared = FakeShared::new();
     let store = SharedStore::new(&*shared, &layout);
     let d = digest(4);
-    let ClaimOutcome::Claimed { claim, .. } = store.claim(&d, &[0; 32], 0, 1).unwrap() else {
-        panic!()
-    };
+    let claim = claimed(store.claim(&d, &[0; 32], 0, 1));
     assert!(claim.slot_empty);
     use crate::store::SharedData;
     let slot = layout.response_key(claim.buckets, claim.bucket, claim.way);
     shared.set(&slot, b"", u32::MAX).unwrap();
-    let body = StoredResponse {
-        status: 201,
-        headers: vec![],
-        body: b"kept".to_vec(),
-    };
+    let body = stored(201, "kept");
     assert!(store.complete(&claim, Some(&body), 10).unwrap());
-    let ClaimOutcome::Completed(done) = store.claim(&d, &[0; 32], 20, 2).unwrap() else {
-        panic!()
-    };
+    let done = completed(store.claim(&d, &[0; 32], 20, 2));
     assert_eq!(store.response(&done).unwrap().unwrap().body, b"kept");
 }
 

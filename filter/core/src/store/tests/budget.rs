@@ -2,6 +2,7 @@
 //! bucket keeps its slots within its share, drops the oldest completed bodies first,
 //! never touches claims, and a key whose body was dropped never runs again.
 
+use super::{claimed, completed};
 use crate::fake::FakeShared;
 use crate::key::Digest;
 use crate::response::StoredResponse;
@@ -46,10 +47,7 @@ fn complete(
     resp: &StoredResponse,
     now: u64,
 ) -> Completion {
-    let ClaimOutcome::Claimed { claim, .. } = store.claim(d, &[7; 32], now, now ^ 0x55).unwrap()
-    else {
-        panic!("a fresh key must be claimed")
-    };
+    let claim = claimed(store.claim(d, &[7; 32], now, now ^ 0x55));
     store
         .complete_within_budget(&claim, Some(resp), now)
         .unwrap()
@@ -143,9 +141,7 @@ fn dead_slots_are_emptied_before_any_live_body() {
         "only dead bytes went"
     );
     for (i, d) in keys.iter().enumerate().skip(1) {
-        let ClaimOutcome::Completed(c) = store.claim(d, &[7; 32], 12_001, 9).unwrap() else {
-            panic!("key {i} keeps its body")
-        };
+        let c = completed(store.claim(d, &[7; 32], 12_001, 9));
         assert_eq!(store.response(&c).unwrap(), Some(response(3_000, i as u8)));
     }
     assert_eq!(slot_bytes(&shared, "t/1/r/"), 3 * 3_052);
@@ -163,11 +159,7 @@ fn claims_are_never_dropped_and_a_response_that_does_not_fit_beside_them_is_not_
     // is in flight over 6 KB it did not write, which nobody may blank under it.
     let mut claims = Vec::new();
     for (i, d) in keys[1..].iter().enumerate() {
-        let ClaimOutcome::Claimed { claim, .. } =
-            store.claim(d, &[7; 32], 2_000, 100 + i as u64).unwrap()
-        else {
-            panic!()
-        };
+        let claim = claimed(store.claim(d, &[7; 32], 2_000, 100 + i as u64));
         claims.push(claim);
     }
     let reused = claims.last().unwrap().clone();
@@ -199,9 +191,7 @@ fn claims_are_never_dropped_and_a_response_that_does_not_fit_beside_them_is_not_
         .complete_within_budget(&reused, Some(&response(2_000, 2)), 2_700)
         .unwrap();
     assert!(done.owned && done.stored);
-    let ClaimOutcome::Completed(c) = store.claim(&keys[WAYS], &[7; 32], 2_800, 3).unwrap() else {
-        panic!()
-    };
+    let c = completed(store.claim(&keys[WAYS], &[7; 32], 2_800, 3));
     assert_eq!(store.response(&c).unwrap(), Some(response(2_000, 2)));
     assert!(slot_bytes(&shared, "t/1/r/") <= 10_000);
 }

@@ -348,15 +348,13 @@ fn body_over_limit_gets_413_and_nothing_is_claimed() {
     assert_eq!(o.status(), 413);
     assert_eq!(o.problem_type(), "urn:proxy-dedup:problem:body-too-large");
     assert_eq!(shared.key_count(), 0);
-    assert!(matches!(
-        run(
-            &p,
-            &mut env,
-            &req("POST", "/o").key("k").body("0123456789"),
-            ok("y")
-        ),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(
+        &p,
+        &mut env,
+        &req("POST", "/o").key("k").body("0123456789"),
+        ok("y")
+    )
+    .reached_upstream());
 }
 
 #[test]
@@ -390,10 +388,7 @@ fn oversized_response_blocks_duplicates_without_replay() {
     let p = plugin(r#"{"max_replay_body_bytes": 8}"#);
     let (_, mut env) = world();
     let r = req("POST", "/o").key("k");
-    assert!(matches!(
-        run(&p, &mut env, &r, ok("0123456789")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut env, &r, ok("0123456789")).reached_upstream());
     let o = run(&p, &mut env, &r, ok("no"));
     assert_eq!(o.status(), 409);
     assert_eq!(
@@ -436,10 +431,7 @@ fn failure_modes() {
     shared.set_failing(false);
     assert_eq!(run(&p, &mut env, &r, ok("no")).status(), 409);
     env.now_ms += 5_000;
-    assert!(matches!(
-        run(&p, &mut env, &r, ok("again")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut env, &r, ok("again")).reached_upstream());
 }
 
 #[test]
@@ -609,10 +601,7 @@ fn a_push_redelivery_with_a_new_attempt_count_is_replayed_not_422() {
             r#"{{"message": {{"messageId": "m-1", "data": "{data}"}}, "deliveryAttempt": {attempt}}}"#
         ))
     };
-    assert!(matches!(
-        run(&p, &mut env, &push(1, "aGk="), ok("acked")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut env, &push(1, "aGk="), ok("acked")).reached_upstream());
     assert_eq!(
         run(&p, &mut env, &push(2, "aGk="), ok("no")).local().body,
         b"acked"

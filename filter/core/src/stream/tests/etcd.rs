@@ -135,10 +135,7 @@ fn etcd_transport_failures_retry_then_fail_by_mode() {
     let (mut a, _) = two_proxies();
     // One member refused the connection: the retry reaches another.
     a.etcd.fail_next(2);
-    assert!(matches!(
-        run(&p, &mut a, &req("POST", "/o").key("k1"), ok("x")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut a, &req("POST", "/o").key("k1"), ok("x")).reached_upstream());
     assert_eq!(a.count_of(Counter::StoreErrors), 0);
     // A member without a leader answers gRPC "unavailable": retried too.
     let mut s = DedupStream::new(2);
@@ -156,10 +153,7 @@ fn etcd_transport_failures_retry_then_fail_by_mode() {
     assert!(matches!(again, Action::Call(_)), "{again:?}");
     // All down: open passes through, closed answers 503.
     a.etcd.set_down(true);
-    assert!(matches!(
-        run(&p, &mut a, &req("POST", "/o").key("k2"), ok("x")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut a, &req("POST", "/o").key("k2"), ok("x")).reached_upstream());
     assert_eq!(a.count_of(Counter::FailedOpen), 1);
     let closed = etcd_plugin(r#""failure_mode": "closed""#);
     let o = run(&closed, &mut a, &req("POST", "/o").key("k3"), ok("x"));
@@ -202,10 +196,7 @@ fn etcd_lost_lease_is_granted_again() {
     run(&p, &mut a, &req("POST", "/o").key("k1"), ok("x"));
     let grants = a.etcd.grants();
     a.etcd.revoke_all_leases();
-    assert!(matches!(
-        run(&p, &mut a, &req("POST", "/o").key("k2"), ok("y")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut a, &req("POST", "/o").key("k2"), ok("y")).reached_upstream());
     assert!(a.etcd.grants() > grants);
     assert_eq!(a.count_of(Counter::StoreErrors), 0);
 }
@@ -296,10 +287,7 @@ fn etcd_completion_and_release_are_retried_and_recognised_when_answers_are_lost(
     a.etcd.lose_next_answers(1);
     respond(&p, &mut a, s, answer(503, "busy"));
     assert_eq!(a.count_of(Counter::ClaimsLost), 0);
-    assert!(matches!(
-        run(&p, &mut b, &r3, ok("again")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut b, &r3, ok("again")).reached_upstream());
 }
 
 #[test]
@@ -312,7 +300,7 @@ fn etcd_records_larger_than_the_record_limit_complete_without_the_response() {
     let r = req("POST", "/o").key("k");
     let mut big = ok(&"x".repeat(10_000));
     big.headers.push(("x-big".into(), vec![b'h'; 35_000]));
-    assert!(matches!(run(&p, &mut a, &r, big), Outcome::Upstream(..)));
+    assert!(run(&p, &mut a, &r, big).reached_upstream());
     let dup = run(&p, &mut b, &r, ok("no"));
     assert_eq!(
         dup.problem_type(),
@@ -360,10 +348,7 @@ fn etcd_a_claim_won_after_the_client_left_is_released() {
     assert_eq!(after, Action::Continue);
     assert_eq!(a.count_of(Counter::Released), 1);
     // Nothing was forwarded, so the key is free.
-    assert!(matches!(
-        run(&p, &mut b, &r, ok("once")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut b, &r, ok("once")).reached_upstream());
 }
 
 #[test]
@@ -436,7 +421,7 @@ fn an_etcd_record_of_exactly_the_limit_keeps_its_response() {
         let r = req("POST", "/o").key(key);
         let mut big = ok("body");
         big.headers.push(("x-big".into(), vec![b'h'; n]));
-        assert!(matches!(run(&p, &mut a, &r, big), Outcome::Upstream(..)));
+        assert!(run(&p, &mut a, &r, big).reached_upstream());
         let dup = run(&p, &mut b, &r, ok("no"));
         assert_eq!(
             matches!(dup, Outcome::Local(ref l) if l.status == 200),
@@ -452,10 +437,7 @@ fn etcd_a_completed_record_is_taken_over_at_its_expiry_while_its_lease_lives() {
     let (mut a, mut b) = two_proxies();
     let r = req("POST", "/o").key("k");
     let t0 = a.now_ms;
-    assert!(matches!(
-        run(&p, &mut a, &r, ok("first")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut a, &r, ok("first")).reached_upstream());
     b.now_ms = t0 + 9_999;
     assert_eq!(run(&p, &mut b, &r, ok("no")).local().body, b"first");
     // Expired by the reader's clock; etcd still has it (its lease runs longer).

@@ -20,16 +20,10 @@ fn json_pointer_and_fingerprint_modes() {
     let h = req("POST", "/push")
         .key("m1")
         .body(r#"{"msgId": "m1", "text": "hi"}"#);
-    assert!(matches!(
-        run(&p, &mut env, &h, ok("h")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut env, &h, ok("h")).reached_upstream());
     // No msgId, or not JSON: the fingerprint of the whole request is the key.
     let f = req("POST", "/push").body("plain text form");
-    assert!(matches!(
-        run(&p, &mut env, &f, ok("f")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut env, &f, ok("f")).reached_upstream());
     assert_eq!(run(&p, &mut env, &f, ok("no")).local().body, b"f");
     // An invalid JSON key is a 400 even with a fingerprint fallback.
     let bad = req("POST", "/push").body(r#"{"msgId": [1]}"#);
@@ -83,10 +77,7 @@ fn two_hosts_never_share_records_unless_authority_is_left_out() {
     acme.head.authority = "acme.example".into();
     let mut globex = acme.clone();
     globex.head.authority = "Globex.Example".into();
-    assert!(matches!(
-        run(&p, &mut env, &acme, ok("acme")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut env, &acme, ok("acme")).reached_upstream());
     assert_eq!(
         run(&p, &mut env, &globex, ok("globex")),
         Outcome::Upstream(200, b"globex".to_vec())
@@ -96,10 +87,7 @@ fn two_hosts_never_share_records_unless_authority_is_left_out() {
     globex.head.authority = "globex.example".into();
     assert_eq!(run(&p, &mut env, &globex, ok("no")).local().body, b"globex");
     let p = plugin(r#"{"scope": {"authority": false}, "store": {"namespace": "other"}}"#);
-    assert!(matches!(
-        run(&p, &mut env, &acme, ok("acme")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut env, &acme, ok("acme")).reached_upstream());
     assert_eq!(run(&p, &mut env, &globex, ok("no")).local().body, b"acme");
 }
 
@@ -109,22 +97,13 @@ fn pseudo_headers_can_scope_and_fingerprint() {
     let (_, mut env) = world();
     let a = req("POST", "/a").key("k");
     let b = req("POST", "/b").key("k");
-    assert!(matches!(
-        run(&p, &mut env, &a, ok("a")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut env, &a, ok("a")).reached_upstream());
     // Without the path in the scope, /b would be a 422 payload mismatch.
-    assert!(matches!(
-        run(&p, &mut env, &b, ok("b")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut env, &b, ok("b")).reached_upstream());
     let p = plugin(r#"{"key": {"fingerprint": ["header::authority", "body"]}}"#);
     let mut x = req("POST", "/x").body("same");
     x.head.authority = "one.example".into();
-    assert!(matches!(
-        run(&p, &mut env, &x, ok("one")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut env, &x, ok("one")).reached_upstream());
     assert_eq!(run(&p, &mut env, &x, ok("no")).local().body, b"one");
     assert_eq!(
         cfg_err(r#"{"scope": {"headers": [":scheme"]}}"#).0,
@@ -149,10 +128,7 @@ fn repeated_key_or_scope_headers_are_refused() {
     let p = plugin(r#"{"scope": {"headers": ["x-tenant"]}}"#);
     let (_, mut env) = world();
     let victim = req("POST", "/o").key("k").header("x-tenant", "victim");
-    assert!(matches!(
-        run(&p, &mut env, &victim, ok("secret")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut env, &victim, ok("secret")).reached_upstream());
     let smuggled = victim.clone().header("x-tenant", "attacker");
     let o = run(&p, &mut env, &smuggled, ok("no"));
     assert_eq!(o.status(), 400);
@@ -194,14 +170,8 @@ fn grpc_requests_pass_untouched() {
             .key("k")
             .header("content-type", ct)
             .body("x");
-        assert!(matches!(
-            run(&p, &mut env, &r, ok("a")),
-            Outcome::Upstream(..)
-        ));
-        assert!(matches!(
-            run(&p, &mut env, &r, ok("b")),
-            Outcome::Upstream(..)
-        ));
+        assert!(run(&p, &mut env, &r, ok("a")).reached_upstream());
+        assert!(run(&p, &mut env, &r, ok("b")).reached_upstream());
     }
     assert_eq!(env.count_of(Counter::Bypassed), 6);
     assert_eq!(shared.key_count(), 0);
@@ -215,10 +185,7 @@ fn a_short_content_type_is_not_grpc() {
         let r = req("POST", "/o")
             .key(&format!("k-{ct}"))
             .header("content-type", ct);
-        assert!(matches!(
-            run(&p, &mut env, &r, ok("a")),
-            Outcome::Upstream(..)
-        ));
+        assert!(run(&p, &mut env, &r, ok("a")).reached_upstream());
         assert_eq!(run(&p, &mut env, &r, ok("b")).local().body, b"a", "{ct:?}");
     }
     assert_eq!(env.count_of(Counter::Bypassed), 0);
@@ -228,19 +195,13 @@ fn a_short_content_type_is_not_grpc() {
 fn the_query_is_part_of_the_payload_and_of_a_query_fingerprint() {
     let (_, mut env) = world();
     let p = plugin("{}");
-    assert!(matches!(
-        run(&p, &mut env, &req("POST", "/o?a=1").key("k"), ok("a")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut env, &req("POST", "/o?a=1").key("k"), ok("a")).reached_upstream());
     let o = run(&p, &mut env, &req("POST", "/o?a=2").key("k"), ok("no"));
     assert_eq!(o.problem_type(), "urn:proxy-dedup:problem:payload-mismatch");
     // Keyless: only the query differs, and it is a configured part.
     let p = plugin(r#"{"key": {"fingerprint": ["path", "query"]}, "store": {"namespace": "fp"}}"#);
     for q in ["/f?x=1", "/f?x=2"] {
-        assert!(matches!(
-            run(&p, &mut env, &req("POST", q), ok(q)),
-            Outcome::Upstream(..)
-        ));
+        assert!(run(&p, &mut env, &req("POST", q), ok(q)).reached_upstream());
     }
     assert_eq!(
         run(&p, &mut env, &req("POST", "/f?x=2"), ok("no"))
@@ -261,14 +222,8 @@ fn authority_as_a_named_header_separates_hosts() {
     one.head.authority = "one.example".into();
     let mut two = one.clone();
     two.head.authority = "two.example".into();
-    assert!(matches!(
-        run(&p, &mut env, &one, ok("one")),
-        Outcome::Upstream(..)
-    ));
-    assert!(matches!(
-        run(&p, &mut env, &two, ok("two")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut env, &one, ok("one")).reached_upstream());
+    assert!(run(&p, &mut env, &two, ok("two")).reached_upstream());
     assert_eq!(run(&p, &mut env, &two, ok("no")).local().body, b"two");
 }
 
@@ -277,14 +232,8 @@ fn a_json_key_that_is_absent_passes_unless_keys_are_required() {
     let (_, mut env) = world();
     let p = plugin(r#"{"key": {"json_pointer": "/id"}}"#);
     let r = req("POST", "/o").body(r#"{"other": 1}"#);
-    assert!(matches!(
-        run(&p, &mut env, &r, ok("a")),
-        Outcome::Upstream(..)
-    ));
-    assert!(matches!(
-        run(&p, &mut env, &r, ok("b")),
-        Outcome::Upstream(..)
-    ));
+    assert!(run(&p, &mut env, &r, ok("a")).reached_upstream());
+    assert!(run(&p, &mut env, &r, ok("b")).reached_upstream());
     assert_eq!(env.count_of(Counter::Bypassed), 2);
     let p = plugin(r#"{"key": {"json_pointer": "/id", "required": true}}"#);
     assert_eq!(run(&p, &mut env, &r, ok("no")).status(), 400);

@@ -35,6 +35,33 @@ fn wake(p: &Plugin, env: &mut FakeEnv, s: &mut DedupStream) -> Action {
     settle(p, env, s, a)
 }
 
+/// Two workers over one shared-data store: a request with `key` forwarded on `a`, and
+/// a duplicate of it decided on `b`.
+struct Duplicate {
+    a: FakeEnv,
+    b: FakeEnv,
+    r: Req,
+    first: DedupStream,
+    dup: DedupStream,
+    act: Action,
+}
+
+fn duplicate(p: &Plugin, key: &str) -> Duplicate {
+    let (shared, mut a) = world();
+    let mut b = FakeEnv::new(shared, 1);
+    let r = req("POST", "/orders").key(key).body("{}");
+    let first = send(p, &mut a, &r).unwrap();
+    let (dup, act) = decide(p, &mut b, &r, 2);
+    Duplicate {
+        a,
+        b,
+        r,
+        first,
+        dup,
+        act,
+    }
+}
+
 fn reply(a: Action) -> LocalReply {
     match a {
         Action::Reply(r) => r,
@@ -72,29 +99,25 @@ fn a_rule_in_wait_mode_waits_while_the_top_level_rejects() {
 #[test]
 fn a_duplicate_on_another_worker_waits_and_gets_the_replay() {
     let p = wait_plugin("");
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
-    let r = req("POST", "/orders").key("k1").body("{}");
-    let first = send(&p, &mut a, &r).unwrap();
-    let (mut dup, act) = decide(&p, &mut b, &r, 2);
-    assert_eq!(act, Action::Pause, "held, nothing forwarded");
-    assert!(dup.waiting());
-    assert_eq!(b.count_of(Counter::Waited), 1);
-    assert_eq!(b.count_of(Counter::RejectedInFlight), 0);
-    assert_eq!(b.waiters.len(), 1);
+    let mut d = duplicate(&p, "k1");
+    assert_eq!(d.act, Action::Pause, "held, nothing forwarded");
+    assert!(d.dup.waiting());
+    assert_eq!(d.b.count_of(Counter::Waited), 1);
+    assert_eq!(d.b.count_of(Counter::RejectedInFlight), 0);
+    assert_eq!(d.b.waiters.len(), 1);
     // Still in flight: a re-check waits on.
-    assert_eq!(wake(&p, &mut b, &mut dup), Action::Pause);
-    respond(&p, &mut a, first, ok("made"));
-    assert_eq!(a.wake_calls.len(), 1, "the completion wakes the waiters");
-    let got = reply(wake(&p, &mut b, &mut dup));
+    assert_eq!(wake(&p, &mut d.b, &mut d.dup), Action::Pause);
+    respond(&p, &mut d.a, d.first, ok("made"));
+    assert_eq!(d.a.wake_calls.len(), 1, "the completion wakes the waiters");
+    let got = reply(wake(&p, &mut d.b, &mut d.dup));
     assert_eq!((got.status, got.body.as_slice()), (200, &b"made"[..]));
     assert_eq!(got.header("idempotent-replayed"), Some(&b"true"[..]));
-    assert_eq!(decision(&mut dup), Some("waited"));
-    assert_eq!(b.count_of(Counter::WaitReplayed), 1);
-    assert_eq!(b.count_of(Counter::Replayed), 1);
-    assert!(b.waiters.is_empty());
+    assert_eq!(decision(&mut d.dup), Some("waited"));
+    assert_eq!(d.b.count_of(Counter::WaitReplayed), 1);
+    assert_eq!(d.b.count_of(Counter::Replayed), 1);
+    assert!(d.b.waiters.is_empty());
     assert_eq!(
-        a.count_of(Counter::Executed) + b.count_of(Counter::Executed),
+        d.a.count_of(Counter::Executed) + d.b.count_of(Counter::Executed),
         1
     );
 }
@@ -137,22 +160,18 @@ fn after_a_release_exactly_one_waiter_executes_and_the_others_get_its_answer() {
 #[test]
 fn a_waiter_gets_409_when_its_wait_times_out() {
     let p = wait_plugin(r#""retry_after_seconds": 2"#);
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
-    let r = req("POST", "/orders").key("slow").body("{}");
-    let _first = send(&p, &mut a, &r).unwrap();
-    let (mut dup, act) = decide(&p, &mut b, &r, 2);
-    assert_eq!(act, Action::Pause);
-    b.now_ms += 4_999;
-    assert_eq!(wake(&p, &mut b, &mut dup), Action::Pause);
-    b.now_ms += 1;
-    let got = reply(wake(&p, &mut b, &mut dup));
+    let mut d = duplicate(&p, "slow");
+    assert_eq!(d.act, Action::Pause);
+    d.b.now_ms += 4_999;
+    assert_eq!(wake(&p, &mut d.b, &mut d.dup), Action::Pause);
+    d.b.now_ms += 1;
+    let got = reply(wake(&p, &mut d.b, &mut d.dup));
     assert_eq!(got.status, 409);
     assert_eq!(got.header("retry-after"), Some(&b"2"[..]));
-    assert_eq!(decision(&mut dup), Some("in_flight"));
-    assert_eq!(b.count_of(Counter::WaitTimeout), 1);
-    assert_eq!(b.count_of(Counter::RejectedInFlight), 1);
-    assert!(b.waiters.is_empty());
+    assert_eq!(decision(&mut d.dup), Some("in_flight"));
+    assert_eq!(d.b.count_of(Counter::WaitTimeout), 1);
+    assert_eq!(d.b.count_of(Counter::RejectedInFlight), 1);
+    assert!(d.b.waiters.is_empty());
 }
 
 #[test]
@@ -177,41 +196,33 @@ fn above_max_waiters_a_duplicate_gets_409_at_once() {
 #[test]
 fn a_client_that_leaves_while_waiting_leaves_nothing_behind() {
     let p = wait_plugin("");
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
-    let r = req("POST", "/orders").key("k").body("{}");
-    let first = send(&p, &mut a, &r).unwrap();
-    let (mut dup, _) = decide(&p, &mut b, &r, 2);
+    let mut d = duplicate(&p, "k");
     assert_eq!(
-        dup.on_stream_end(
+        d.dup.on_stream_end(
             &p,
-            &mut b,
+            &mut d.b,
             &origin("downstream_remote_disconnect", flags::DC)
         ),
         None
     );
-    assert!(b.waiters.is_empty());
-    assert!(!dup.waiting());
+    assert!(d.b.waiters.is_empty());
+    assert!(!d.dup.waiting());
     assert_eq!(
-        wake(&p, &mut b, &mut dup),
+        wake(&p, &mut d.b, &mut d.dup),
         Action::Pause,
         "a late wake-up does nothing"
     );
-    respond(&p, &mut a, first, answer(503, "down"));
+    respond(&p, &mut d.a, d.first, answer(503, "down"));
     // Nothing was claimed for the client that left: the key is free.
-    assert!(send(&p, &mut b, &r).is_ok());
+    assert!(send(&p, &mut d.b, &d.r).is_ok());
 }
 
 #[test]
 fn a_waiter_of_a_response_not_stored_gets_what_a_duplicate_gets() {
     let p = wait_plugin(r#""max_replay_body_bytes": 4"#);
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
-    let r = req("POST", "/orders").key("k").body("{}");
-    let first = send(&p, &mut a, &r).unwrap();
-    let (mut dup, _) = decide(&p, &mut b, &r, 2);
-    respond(&p, &mut a, first, ok("far too long"));
-    let got = reply(wake(&p, &mut b, &mut dup));
+    let mut d = duplicate(&p, "k");
+    respond(&p, &mut d.a, d.first, ok("far too long"));
+    let got = reply(wake(&p, &mut d.b, &mut d.dup));
     assert_eq!(got.status, 409);
     assert_eq!(got.details, "proxy_dedup_response_not_stored");
 }
@@ -219,15 +230,11 @@ fn a_waiter_of_a_response_not_stored_gets_what_a_duplicate_gets() {
 #[test]
 fn a_held_claim_keeps_waiters_until_their_timeout() {
     let p = wait_plugin("");
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
-    let r = req("POST", "/orders").key("k").body("{}");
-    let first = send(&p, &mut a, &r).unwrap();
-    let (mut dup, _) = decide(&p, &mut b, &r, 2);
-    respond(&p, &mut a, first, upstream_reset());
-    assert_eq!(wake(&p, &mut b, &mut dup), Action::Pause);
-    b.now_ms += 5_000;
-    let got = reply(wake(&p, &mut b, &mut dup));
+    let mut d = duplicate(&p, "k");
+    respond(&p, &mut d.a, d.first, upstream_reset());
+    assert_eq!(wake(&p, &mut d.b, &mut d.dup), Action::Pause);
+    d.b.now_ms += 5_000;
+    let got = reply(wake(&p, &mut d.b, &mut d.dup));
     assert_eq!(got.status, 409);
     // retry-after: what is left of the hold (30 s from the claim, 5 s gone).
     assert_eq!(got.header("retry-after"), Some(&b"25"[..]));
