@@ -5,6 +5,7 @@
 use crate::config::Config;
 use crate::fake::{FakeEnv, FakeShared};
 use crate::key::RequestHead;
+use crate::metrics::Counter;
 use crate::outcome::flags;
 use crate::reply::LocalReply;
 use crate::stream::{Action, DedupStream, Origin, Plugin};
@@ -335,4 +336,25 @@ pub(crate) fn detail(r: &LocalReply) -> String {
         .as_str()
         .unwrap_or_default()
         .to_string()
+}
+
+/// The values of these counters in `env`, to assert several at once.
+pub(crate) fn counts<const N: usize>(env: &FakeEnv, counters: [Counter; N]) -> [u64; N] {
+    counters.map(|c| env.count_of(c))
+}
+
+/// A POST to `/o` with key `k{i}`: the `i`th of many distinct keys.
+pub(crate) fn keyed(i: usize) -> Req {
+    req("POST", "/o").key(&format!("k{i}"))
+}
+
+/// A plugin configured with `json`, and one worker over an empty shared-data store.
+pub(crate) fn one_worker(json: &str) -> (Plugin, FakeEnv) {
+    (plugin(json), world().1)
+}
+
+/// Two workers (context ids 0 and 1) over one empty shared-data store.
+pub(crate) fn two_workers() -> (FakeEnv, FakeEnv) {
+    let (shared, a) = world();
+    (a, FakeEnv::new(shared, 1))
 }

@@ -9,8 +9,7 @@ use crate::testing::*;
 
 #[test]
 fn b1_b2_first_executes_then_replays_same_response() {
-    let p = plugin("{}");
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker("{}");
     let r = req("POST", "/orders").key("k1").body(r#"{"item": 1}"#);
     let first = run(&p, &mut env, &r, ok(r#"{"order": 1}"#));
     assert_eq!(first, Outcome::Upstream(200, br#"{"order": 1}"#.to_vec()));
@@ -20,15 +19,18 @@ fn b1_b2_first_executes_then_replays_same_response() {
     assert_eq!(reply.body, br#"{"order": 1}"#);
     assert_eq!(reply.header("idempotent-replayed"), Some(&b"true"[..]));
     assert_eq!(reply.header("content-type"), Some(&b"application/json"[..]));
-    assert_eq!(env.count_of(Counter::Executed), 1);
-    assert_eq!(env.count_of(Counter::Replayed), 1);
-    assert_eq!(env.count_of(Counter::Requests), 2);
+    assert_eq!(
+        counts(
+            &env,
+            [Counter::Executed, Counter::Replayed, Counter::Requests]
+        ),
+        [1, 1, 2]
+    );
 }
 
 #[test]
 fn b1_replay_keeps_end_to_end_headers_and_drops_hop_by_hop_and_cookies() {
-    let p = plugin("{}");
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker("{}");
     let r = req("POST", "/orders").key("k1");
     let mut a = answer(201, "made");
     a.headers = vec![
@@ -60,8 +62,7 @@ fn b1_replay_keeps_end_to_end_headers_and_drops_hop_by_hop_and_cookies() {
 #[test]
 fn b3_duplicate_in_flight_gets_409_with_retry_after() {
     let p = plugin(r#"{"retry_after_seconds": 3}"#);
-    let (shared, mut env) = world();
-    let mut env2 = FakeEnv::new(shared, 1);
+    let (mut env, mut env2) = two_workers();
     let r = req("POST", "/orders").key("k1").body("{}");
     let first = send(&p, &mut env, &r).unwrap();
     let dup = send(&p, &mut env2, &r).unwrap_err();
@@ -79,8 +80,7 @@ fn b3_duplicate_in_flight_gets_409_with_retry_after() {
 
 #[test]
 fn b4_same_key_different_payload_gets_422() {
-    let p = plugin("{}");
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker("{}");
     run(
         &p,
         &mut env,
@@ -141,8 +141,7 @@ fn b5_missing_or_invalid_key_gets_400() {
 
 #[test]
 fn b6_upstream_5xx_and_requests_never_sent_release_the_claim() {
-    let p = plugin("{}");
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker("{}");
     let r = req("POST", "/pay").key("k1").body("{}");
     // The upstream itself answered a status that is not stored.
     assert_eq!(run(&p, &mut env, &r, answer(503, "busy")).status(), 503);
@@ -167,9 +166,17 @@ fn b6_upstream_5xx_and_requests_never_sent_release_the_claim() {
         run(&p, &mut env, &r, ok("paid")),
         Outcome::Upstream(200, b"paid".to_vec())
     );
-    assert_eq!(env.count_of(Counter::Executed), 7);
-    assert_eq!(env.count_of(Counter::Released), 6);
-    assert_eq!(env.count_of(Counter::OutcomeUnknown), 0);
+    assert_eq!(
+        counts(
+            &env,
+            [
+                Counter::Executed,
+                Counter::Released,
+                Counter::OutcomeUnknown
+            ]
+        ),
+        [7, 6, 0]
+    );
     assert_eq!(run(&p, &mut env, &r, ok("no")).local().body, b"paid");
     // 4xx is stored by default; configurable.
     let p = plugin(r#"{"store_statuses": ["2xx"]}"#);
@@ -183,8 +190,7 @@ fn b6_upstream_5xx_and_requests_never_sent_release_the_claim() {
 
 #[test]
 fn statuses_that_ask_for_a_retry_are_not_stored_by_default() {
-    let (_, mut env) = world();
-    let p = plugin("{}");
+    let (p, mut env) = one_worker("{}");
     for (i, status) in [408u16, 425, 429].into_iter().enumerate() {
         let r = req("POST", "/o").key(&format!("k{i}"));
         assert_eq!(
@@ -253,22 +259,22 @@ fn an_unknown_outcome_holds_the_claim_until_the_in_flight_timeout() {
 
 #[test]
 fn on_unknown_outcome_release_lets_the_retry_run() {
-    let p = plugin(r#"{"on_unknown_outcome": "release"}"#);
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker(r#"{"on_unknown_outcome": "release"}"#);
     let r = req("POST", "/pay").key("k").body("{}");
     assert_eq!(run(&p, &mut env, &r, upstream_reset()), Outcome::Reset);
     assert_eq!(
         run(&p, &mut env, &r, ok("again")),
         Outcome::Upstream(200, b"again".to_vec())
     );
-    assert_eq!(env.count_of(Counter::OutcomeUnknown), 1);
-    assert_eq!(env.count_of(Counter::Released), 1);
+    assert_eq!(
+        counts(&env, [Counter::OutcomeUnknown, Counter::Released]),
+        [1, 1]
+    );
 }
 
 #[test]
 fn a_status_that_arrived_counts_even_if_the_body_is_cut() {
-    let p = plugin("{}");
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker("{}");
     let r = req("POST", "/o").key("k1");
     let mut s = send(&p, &mut env, &r).unwrap();
     let up = Origin::upstream();
@@ -287,14 +293,12 @@ fn a_status_that_arrived_counts_even_if_the_body_is_cut() {
         dup.problem_type(),
         "urn:proxy-dedup:problem:response-not-stored"
     );
-    assert_eq!(env.count_of(Counter::Released), 0);
-    assert_eq!(env.count_of(Counter::Executed), 1);
+    assert_eq!(counts(&env, [Counter::Released, Counter::Executed]), [0, 1]);
 }
 
 #[test]
 fn b7_errors_are_problem_json() {
-    let p = plugin(r#"{"key": {"required": true}}"#);
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker(r#"{"key": {"required": true}}"#);
     let o = run(&p, &mut env, &req("POST", "/o"), ok("no"));
     let v: serde_json::Value = serde_json::from_slice(&o.local().body).unwrap();
     assert_eq!(v["status"], 400);
@@ -371,8 +375,7 @@ fn other_methods_pass_untouched() {
 
 #[test]
 fn reject_mode_answers_409_for_completed() {
-    let p = plugin(r#"{"on_duplicate": "reject"}"#);
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker(r#"{"on_duplicate": "reject"}"#);
     let r = req("POST", "/o").key("k");
     run(&p, &mut env, &r, ok("1"));
     let o = run(&p, &mut env, &r, ok("no"));
@@ -385,8 +388,7 @@ fn reject_mode_answers_409_for_completed() {
 
 #[test]
 fn oversized_response_blocks_duplicates_without_replay() {
-    let p = plugin(r#"{"max_replay_body_bytes": 8}"#);
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker(r#"{"max_replay_body_bytes": 8}"#);
     let r = req("POST", "/o").key("k");
     assert!(run(&p, &mut env, &r, ok("0123456789")).reached_upstream());
     let o = run(&p, &mut env, &r, ok("no"));
@@ -436,8 +438,7 @@ fn failure_modes() {
 
 #[test]
 fn ttl_and_in_flight_expiry() {
-    let p = plugin(r#"{"ttl_seconds": 60, "in_flight_timeout_seconds": 10}"#);
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker(r#"{"ttl_seconds": 60, "in_flight_timeout_seconds": 10}"#);
     let r = req("POST", "/o").key("k");
     run(&p, &mut env, &r, ok("one"));
     env.now_ms += 59_999;
@@ -476,8 +477,7 @@ fn ttl_and_in_flight_expiry() {
 fn a_response_after_the_in_flight_timeout_is_not_stored() {
     // The claim ended at its in-flight timeout (as `proxy_dedup_claims_lost` says):
     // a response after it is not kept, whether or not the key ran again meanwhile.
-    let p = plugin(r#"{"in_flight_timeout_seconds": 5}"#);
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker(r#"{"in_flight_timeout_seconds": 5}"#);
     let r = req("POST", "/o").key("k");
     let slow = send(&p, &mut env, &r).unwrap();
     env.now_ms += 4_999;
@@ -499,8 +499,7 @@ fn a_response_after_the_in_flight_timeout_is_not_stored() {
 
 #[test]
 fn each_decision_is_reported_once_for_access_logs() {
-    let p = plugin(r#"{"key": {"required": false}}"#);
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker(r#"{"key": {"required": false}}"#);
     let r = req("POST", "/o").key("k").body("{}");
     let mut s = send(&p, &mut env, &r).unwrap();
     let (verdict, record) = s.log_fields().unwrap();
@@ -591,11 +590,10 @@ fn each_local_answer_is_logged_as_its_decision() {
 
 #[test]
 fn a_push_redelivery_with_a_new_attempt_count_is_replayed_not_422() {
-    let p = plugin(
+    let (p, mut env) = one_worker(
         r#"{"key": {"json_pointer": "/message/messageId", "required": true},
             "payload": {"ignore_json_pointers": ["/deliveryAttempt"]}}"#,
     );
-    let (_, mut env) = world();
     let push = |attempt: u32, data: &str| {
         req("POST", "/push").body(&format!(
             r#"{{"message": {{"messageId": "m-1", "data": "{data}"}}, "deliveryAttempt": {attempt}}}"#

@@ -78,12 +78,7 @@ fn etcd_leases_are_reused_not_granted_per_request() {
     let p = etcd_plugin(r#""ttl_seconds": 3600"#);
     let (mut a, _) = two_proxies();
     for i in 0..200 {
-        run(
-            &p,
-            &mut a,
-            &req("POST", "/o").key(&format!("k{i}")),
-            ok("x"),
-        );
+        run(&p, &mut a, &keyed(i), ok("x"));
         a.now_ms += 10;
     }
     assert_eq!(a.count_of(Counter::Executed), 200);
@@ -278,8 +273,10 @@ fn etcd_completion_and_release_are_retried_and_recognised_when_answers_are_lost(
     let s = send(&p, &mut a, &r2).unwrap();
     a.etcd.lose_next_answers(1);
     respond(&p, &mut a, s, ok("two"));
-    assert_eq!(a.count_of(Counter::ClaimsLost), 0);
-    assert_eq!(a.count_of(Counter::StoreErrors), 0);
+    assert_eq!(
+        counts(&a, [Counter::ClaimsLost, Counter::StoreErrors]),
+        [0, 0]
+    );
     assert_eq!(run(&p, &mut b, &r2, ok("no")).local().body, b"two");
     // Release applied but its answer lost: the key is gone, which is what we wanted.
     let r3 = req("POST", "/o").key("k3");

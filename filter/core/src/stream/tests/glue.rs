@@ -3,13 +3,12 @@
 
 use crate::fake::{FakeEnv, FakeShared};
 use crate::metrics::Counter;
-use crate::stream::{Action, DedupStream, Origin};
+use crate::stream::{Action, DedupStream, Origin, Plugin};
 use crate::testing::*;
 
 #[test]
 fn the_stream_says_when_it_wants_bodies() {
-    let p = plugin(r#"{"max_replay_body_bytes": 4}"#);
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker(r#"{"max_replay_body_bytes": 4}"#);
     let mut s = DedupStream::new(1);
     let head = req("POST", "/o").key("k").head;
     assert_eq!(
@@ -47,17 +46,24 @@ fn the_stream_says_when_it_wants_bodies() {
     );
 }
 
-#[test]
-fn trailers_complete_a_captured_response() {
-    let p = plugin("{}");
-    let (_, mut env) = world();
+/// Forwards a request with key `k` and gives its stream the upstream's response headers
+/// of `status`, a body to follow.
+fn responding(p: &Plugin, env: &mut FakeEnv, status: u16) -> (Req, DedupStream) {
     let r = req("POST", "/o").key("k");
-    let mut s = send(&p, &mut env, &r).unwrap();
-    let pairs = || vec![(":status".to_string(), b"201".to_vec())];
+    let mut s = send(p, env, &r).unwrap();
+    let pairs = || vec![(":status".to_string(), status.to_string().into_bytes())];
+    let up = Origin::upstream();
     assert_eq!(
-        s.on_response_headers(&p, &mut env, 201, &Origin::upstream(), pairs, false),
+        s.on_response_headers(p, env, status, &up, pairs, false),
         None
     );
+    (r, s)
+}
+
+#[test]
+fn trailers_complete_a_captured_response() {
+    let (p, mut env) = one_worker("{}");
+    let (r, mut s) = responding(&p, &mut env, 201);
     assert_eq!(s.on_response_body(&p, &mut env, b"made", false), None);
     assert_eq!(s.on_response_trailers(&p, &mut env), None);
     let replay = run(&p, &mut env, &r, ok("no"));
@@ -69,15 +75,8 @@ fn trailers_complete_a_captured_response() {
 
 #[test]
 fn an_unreadable_response_body_completes_without_keeping_it() {
-    let p = plugin("{}");
-    let (_, mut env) = world();
-    let r = req("POST", "/o").key("k");
-    let mut s = send(&p, &mut env, &r).unwrap();
-    let pairs = || vec![(":status".to_string(), b"200".to_vec())];
-    assert_eq!(
-        s.on_response_headers(&p, &mut env, 200, &Origin::upstream(), pairs, false),
-        None
-    );
+    let (p, mut env) = one_worker("{}");
+    let (r, mut s) = responding(&p, &mut env, 200);
     s.on_response_body_unreadable();
     assert!(!s.capture_within_cap());
     assert_eq!(s.on_response_body(&p, &mut env, b"rest", true), None);
@@ -91,8 +90,7 @@ fn an_unreadable_response_body_completes_without_keeping_it() {
 
 #[test]
 fn a_body_read_at_its_trailers_is_held_to_the_limit() {
-    let p = plugin(r#"{"max_body_bytes": 4}"#);
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker(r#"{"max_body_bytes": 4}"#);
     let mut s = DedupStream::new(1);
     let head = req("POST", "/o").key("k").head;
     assert_eq!(
@@ -110,8 +108,7 @@ fn a_body_read_at_its_trailers_is_held_to_the_limit() {
 
 #[test]
 fn the_stream_debug_names_its_phase() {
-    let p = plugin("{}");
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker("{}");
     let mut s = DedupStream::new(42);
     assert_eq!(format!("{s:?}"), "DedupStream { id: 42, phase: start }");
     s.on_request_headers(&p, &mut env, req("POST", "/o").key("k").head, false);
@@ -121,10 +118,9 @@ fn the_stream_debug_names_its_phase() {
 #[test]
 fn no_input_makes_the_stream_panic() {
     // Arbitrary bytes in every field the client controls.
-    let p = plugin(
+    let (p, mut env) = one_worker(
         r#"{"key": {"json_pointer": "/a/0", "fingerprint": ["method", "path", "query", "body", "header:x"]}, "scope": {"headers": ["x"]}}"#,
     );
-    let (_, mut env) = world();
     let mut seed = 0x1234_5678_9abc_def0u64;
     let mut next = || {
         seed ^= seed << 13;

@@ -32,8 +32,7 @@ fn json_pointer_and_fingerprint_modes() {
 
 #[test]
 fn json_pointer_required_without_key_explains_why() {
-    let p = plugin(r#"{"key": {"json_pointer": "/id", "required": true}}"#);
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker(r#"{"key": {"json_pointer": "/id", "required": true}}"#);
     let o = run(&p, &mut env, &req("POST", "/").body("{not json"), ok("no"));
     assert_eq!(o.status(), 400);
     let v: serde_json::Value = serde_json::from_slice(&o.local().body).unwrap();
@@ -47,8 +46,7 @@ fn json_pointer_required_without_key_explains_why() {
 
 #[test]
 fn scopes_never_see_each_other() {
-    let p = plugin(r#"{"scope": {"headers": ["x-tenant"]}}"#);
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker(r#"{"scope": {"headers": ["x-tenant"]}}"#);
     let a = req("POST", "/o")
         .key("k")
         .header("x-tenant", "a")
@@ -71,8 +69,7 @@ fn scopes_never_see_each_other() {
 
 #[test]
 fn two_hosts_never_share_records_unless_authority_is_left_out() {
-    let p = plugin("{}");
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker("{}");
     let mut acme = req("POST", "/o").key("k").body("{}");
     acme.head.authority = "acme.example".into();
     let mut globex = acme.clone();
@@ -93,8 +90,7 @@ fn two_hosts_never_share_records_unless_authority_is_left_out() {
 
 #[test]
 fn pseudo_headers_can_scope_and_fingerprint() {
-    let p = plugin(r#"{"scope": {"authority": false, "headers": [":path"]}}"#);
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker(r#"{"scope": {"authority": false, "headers": [":path"]}}"#);
     let a = req("POST", "/a").key("k");
     let b = req("POST", "/b").key("k");
     assert!(run(&p, &mut env, &a, ok("a")).reached_upstream());
@@ -125,8 +121,7 @@ fn pseudo_headers_can_scope_and_fingerprint() {
 
 #[test]
 fn repeated_key_or_scope_headers_are_refused() {
-    let p = plugin(r#"{"scope": {"headers": ["x-tenant"]}}"#);
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker(r#"{"scope": {"headers": ["x-tenant"]}}"#);
     let victim = req("POST", "/o").key("k").header("x-tenant", "victim");
     assert!(run(&p, &mut env, &victim, ok("secret")).reached_upstream());
     let smuggled = victim.clone().header("x-tenant", "attacker");
@@ -179,8 +174,7 @@ fn grpc_requests_pass_untouched() {
 
 #[test]
 fn a_short_content_type_is_not_grpc() {
-    let p = plugin("{}");
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker("{}");
     for ct in ["text/plain", "application/grp", ""] {
         let r = req("POST", "/o")
             .key(&format!("k-{ct}"))
@@ -193,8 +187,7 @@ fn a_short_content_type_is_not_grpc() {
 
 #[test]
 fn the_query_is_part_of_the_payload_and_of_a_query_fingerprint() {
-    let (_, mut env) = world();
-    let p = plugin("{}");
+    let (p, mut env) = one_worker("{}");
     assert!(run(&p, &mut env, &req("POST", "/o?a=1").key("k"), ok("a")).reached_upstream());
     let o = run(&p, &mut env, &req("POST", "/o?a=2").key("k"), ok("no"));
     assert_eq!(o.problem_type(), "urn:proxy-dedup:problem:payload-mismatch");
@@ -214,10 +207,9 @@ fn the_query_is_part_of_the_payload_and_of_a_query_fingerprint() {
 #[test]
 fn authority_as_a_named_header_separates_hosts() {
     // Without scope.authority, naming :authority in the fingerprint still tells hosts apart.
-    let p = plugin(
+    let (p, mut env) = one_worker(
         r#"{"scope": {"authority": false}, "key": {"fingerprint": ["header::authority", "body"]}}"#,
     );
-    let (_, mut env) = world();
     let mut one = req("POST", "/x").body("same");
     one.head.authority = "one.example".into();
     let mut two = one.clone();
@@ -229,8 +221,7 @@ fn authority_as_a_named_header_separates_hosts() {
 
 #[test]
 fn a_json_key_that_is_absent_passes_unless_keys_are_required() {
-    let (_, mut env) = world();
-    let p = plugin(r#"{"key": {"json_pointer": "/id"}}"#);
+    let (p, mut env) = one_worker(r#"{"key": {"json_pointer": "/id"}}"#);
     let r = req("POST", "/o").body(r#"{"other": 1}"#);
     assert!(run(&p, &mut env, &r, ok("a")).reached_upstream());
     assert!(run(&p, &mut env, &r, ok("b")).reached_upstream());
@@ -241,8 +232,7 @@ fn a_json_key_that_is_absent_passes_unless_keys_are_required() {
 
 #[test]
 fn the_method_can_be_a_fingerprint_part() {
-    let p = plugin(r#"{"key": {"fingerprint": ["header::method", "body"]}}"#);
-    let (_, mut env) = world();
+    let (p, mut env) = one_worker(r#"{"key": {"fingerprint": ["header::method", "body"]}}"#);
     for m in ["POST", "PATCH"] {
         let r = req(m, "/x").body("same");
         assert_eq!(

@@ -55,8 +55,7 @@ fn the_first_matching_rule_wins_and_every_condition_must_hold() {
 
 #[test]
 fn a_bypassed_rule_passes_requests_untouched_and_counts_them() {
-    let p = rules("");
-    let (_, mut env) = world();
+    let (p, mut env) = (rules(""), world().1);
     let search = req("POST", "/search").key("k").body("{}");
     for body in ["one", "two"] {
         assert_eq!(
@@ -64,8 +63,7 @@ fn a_bypassed_rule_passes_requests_untouched_and_counts_them() {
             Outcome::Upstream(200, body.as_bytes().to_vec())
         );
     }
-    assert_eq!(env.count_of(Counter::Bypassed), 2);
-    assert_eq!(env.count_of(Counter::Executed), 0);
+    assert_eq!(counts(&env, [Counter::Bypassed, Counter::Executed]), [2, 0]);
     let mut s = send(&p, &mut env, &search).unwrap();
     assert_eq!(s.log_fields().map(|(v, _)| v), Some("bypassed"));
     assert_eq!(s.rule(&p), Some("search"));
@@ -81,7 +79,7 @@ fn a_bypassed_rule_passes_requests_untouched_and_counts_them() {
 
 #[test]
 fn each_rule_has_its_own_records_and_the_same_key_runs_once_per_rule() {
-    let p = plugin(
+    let (p, mut env) = one_worker(
         r#"{"rules": [
              {"name": "a", "match": {"path_prefix": "/a"}},
              {"name": "b", "match": {"path_prefix": "/b"}},
@@ -90,7 +88,6 @@ fn each_rule_has_its_own_records_and_the_same_key_runs_once_per_rule() {
            ],
            "payload": {"parts": ["method", "body"]}}"#,
     );
-    let (_, mut env) = world();
     let key = |path: &str| req("POST", path).key("same").body("{}");
     for path in ["/a", "/b", "/o"] {
         assert_eq!(
@@ -164,8 +161,7 @@ fn top_level_records_keep_their_digest_when_rules_are_added() {
 
 #[test]
 fn the_example_policies_apply_per_route() {
-    let p = rules("");
-    let (_, mut env) = world();
+    let (p, mut env) = (rules(""), world().1);
     // payments: a key is required.
     let got = run(&p, &mut env, &req("POST", "/payments").body("{}"), ok("x"));
     assert_eq!(got.status(), 400);
@@ -220,13 +216,12 @@ fn the_example_policies_apply_per_route() {
 
 #[test]
 fn per_rule_ttl_in_flight_timeout_and_body_limit() {
-    let p = plugin(
+    let (p, mut env) = one_worker(
         r#"{"ttl_seconds": 3600, "in_flight_timeout_seconds": 60,
             "rules": [{"name": "short", "match": {"path_prefix": "/s"},
                        "ttl_seconds": 10, "in_flight_timeout_seconds": 2,
                        "max_body_bytes": 8, "max_replay_body_bytes": 3}]}"#,
     );
-    let (_, mut env) = world();
     let short = req("POST", "/s").key("k").body("{}");
     let long = req("POST", "/l").key("k").body("{}");
     run(&p, &mut env, &short, ok("s1"));
@@ -260,10 +255,9 @@ fn per_rule_ttl_in_flight_timeout_and_body_limit() {
 
 #[test]
 fn per_rule_on_duplicate() {
-    let p = plugin(
+    let (p, mut env) = one_worker(
         r#"{"rules": [{"name": "r", "match": {"path_prefix": "/r"}, "on_duplicate": "reject"}]}"#,
     );
-    let (_, mut env) = world();
     for path in ["/r", "/o"] {
         run(&p, &mut env, &req("POST", path).key("k"), ok("one"));
     }

@@ -30,12 +30,7 @@ fn capacity_bounds_keys_and_evicts_oldest_completed_first() {
     let p = plugin(r#"{"capacity": 16, "ttl_seconds": 1}"#);
     let (shared, mut env) = world();
     for i in 0..500 {
-        run(
-            &p,
-            &mut env,
-            &req("POST", "/o").key(&format!("k{i}")),
-            ok("x"),
-        );
+        run(&p, &mut env, &keyed(i), ok("x"));
         env.now_ms += 1_000;
     }
     assert_eq!(env.count_of(Counter::EvictionsUnexpired), 0);
@@ -47,12 +42,7 @@ fn the_store_writes_only_its_documented_keys() {
     let p = plugin(r#"{"capacity": 32, "store": {"namespace": "orders"}}"#);
     let (shared, mut env) = world();
     for i in 0..20 {
-        run(
-            &p,
-            &mut env,
-            &req("POST", "/o").key(&format!("k{i}")),
-            ok("x"),
-        );
+        run(&p, &mut env, &keyed(i), ok("x"));
     }
     let mut keys = shared.keys();
     keys.sort();
@@ -151,8 +141,10 @@ fn a_record_of_the_previous_format_is_never_found_nor_misread() {
         run(&p, &mut env, &r, ok("new")),
         Outcome::Upstream(200, b"new".to_vec())
     );
-    assert_eq!(env.count_of(Counter::Executed), 1);
-    assert_eq!(env.count_of(Counter::PayloadMismatch), 0);
+    assert_eq!(
+        counts(&env, [Counter::Executed, Counter::PayloadMismatch]),
+        [1, 0]
+    );
 }
 
 #[test]
@@ -220,9 +212,17 @@ fn dropped_bodies_are_counted_and_their_keys_answer_409_response_not_stored() {
         let r = req("POST", "/orders").key(&format!("k{i}")).body("{}");
         assert_eq!(run(&p, &mut env, &r, ok(&body)).status(), 200);
     }
-    assert_eq!(env.count_of(Counter::Executed), 5);
-    assert_eq!(env.count_of(Counter::BodiesDropped), 2);
-    assert_eq!(env.count_of(Counter::ResponseNotStored), 0);
+    assert_eq!(
+        counts(
+            &env,
+            [
+                Counter::Executed,
+                Counter::BodiesDropped,
+                Counter::ResponseNotStored
+            ]
+        ),
+        [5, 2, 0]
+    );
     for i in 0..2 {
         let r = req("POST", "/orders").key(&format!("k{i}")).body("{}");
         let o = run(&p, &mut env, &r, ok("must not run"));

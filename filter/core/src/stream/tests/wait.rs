@@ -47,8 +47,7 @@ struct Duplicate {
 }
 
 fn duplicate(p: &Plugin, key: &str) -> Duplicate {
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
+    let (mut a, mut b) = two_workers();
     let r = req("POST", "/orders").key(key).body("{}");
     let first = send(p, &mut a, &r).unwrap();
     let (dup, act) = decide(p, &mut b, &r, 2);
@@ -78,8 +77,7 @@ fn a_rule_in_wait_mode_waits_while_the_top_level_rejects() {
     let p = plugin(
         r#"{"rules": [{"name": "pay", "match": {"path_prefix": "/pay"}, "on_in_flight": "wait"}]}"#,
     );
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
+    let (mut a, mut b) = two_workers();
     let pay = req("POST", "/pay").key("k").body("{}");
     let first = send(&p, &mut a, &pay).unwrap();
     let (mut dup, act) = decide(&p, &mut b, &pay, 2);
@@ -102,8 +100,10 @@ fn a_duplicate_on_another_worker_waits_and_gets_the_replay() {
     let mut d = duplicate(&p, "k1");
     assert_eq!(d.act, Action::Pause, "held, nothing forwarded");
     assert!(d.dup.waiting());
-    assert_eq!(d.b.count_of(Counter::Waited), 1);
-    assert_eq!(d.b.count_of(Counter::RejectedInFlight), 0);
+    assert_eq!(
+        counts(&d.b, [Counter::Waited, Counter::RejectedInFlight]),
+        [1, 0]
+    );
     assert_eq!(d.b.waiters.len(), 1);
     // Still in flight: a re-check waits on.
     assert_eq!(wake(&p, &mut d.b, &mut d.dup), Action::Pause);
@@ -113,8 +113,10 @@ fn a_duplicate_on_another_worker_waits_and_gets_the_replay() {
     assert_eq!((got.status, got.body.as_slice()), (200, &b"made"[..]));
     assert_eq!(got.header("idempotent-replayed"), Some(&b"true"[..]));
     assert_eq!(decision(&mut d.dup), Some("waited"));
-    assert_eq!(d.b.count_of(Counter::WaitReplayed), 1);
-    assert_eq!(d.b.count_of(Counter::Replayed), 1);
+    assert_eq!(
+        counts(&d.b, [Counter::WaitReplayed, Counter::Replayed]),
+        [1, 1]
+    );
     assert!(d.b.waiters.is_empty());
     assert_eq!(
         d.a.count_of(Counter::Executed) + d.b.count_of(Counter::Executed),
@@ -125,8 +127,7 @@ fn a_duplicate_on_another_worker_waits_and_gets_the_replay() {
 #[test]
 fn after_a_release_exactly_one_waiter_executes_and_the_others_get_its_answer() {
     let p = wait_plugin("");
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
+    let (mut a, mut b) = two_workers();
     let r = req("POST", "/pay").key("k").body("x");
     let first = send(&p, &mut a, &r).unwrap();
     let mut waiters: Vec<DedupStream> = (10..14)
@@ -152,8 +153,10 @@ fn after_a_release_exactly_one_waiter_executes_and_the_others_get_its_answer() {
         let got = reply(wake(&p, &mut b, &mut s));
         assert_eq!((got.status, got.body.as_slice()), (201, &b"charged"[..]));
     }
-    assert_eq!(b.count_of(Counter::Executed), 1);
-    assert_eq!(b.count_of(Counter::WaitReplayed), 3);
+    assert_eq!(
+        counts(&b, [Counter::Executed, Counter::WaitReplayed]),
+        [1, 3]
+    );
     assert!(b.waiters.is_empty());
 }
 
@@ -169,16 +172,17 @@ fn a_waiter_gets_409_when_its_wait_times_out() {
     assert_eq!(got.status, 409);
     assert_eq!(got.header("retry-after"), Some(&b"2"[..]));
     assert_eq!(decision(&mut d.dup), Some("in_flight"));
-    assert_eq!(d.b.count_of(Counter::WaitTimeout), 1);
-    assert_eq!(d.b.count_of(Counter::RejectedInFlight), 1);
+    assert_eq!(
+        counts(&d.b, [Counter::WaitTimeout, Counter::RejectedInFlight]),
+        [1, 1]
+    );
     assert!(d.b.waiters.is_empty());
 }
 
 #[test]
 fn above_max_waiters_a_duplicate_gets_409_at_once() {
     let p = wait_plugin(r#""max_waiters": 2"#);
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
+    let (mut a, mut b) = two_workers();
     let r = req("POST", "/orders").key("k").body("{}");
     let _first = send(&p, &mut a, &r).unwrap();
     for id in [2, 3] {
@@ -186,9 +190,17 @@ fn above_max_waiters_a_duplicate_gets_409_at_once() {
     }
     let (_, act) = decide(&p, &mut b, &r, 4);
     assert_eq!(reply(act).status, 409);
-    assert_eq!(b.count_of(Counter::Waited), 2);
-    assert_eq!(b.count_of(Counter::RejectedInFlight), 1);
-    assert_eq!(b.count_of(Counter::WaitTimeout), 0);
+    assert_eq!(
+        counts(
+            &b,
+            [
+                Counter::Waited,
+                Counter::RejectedInFlight,
+                Counter::WaitTimeout
+            ]
+        ),
+        [2, 1, 0]
+    );
     // Another worker has its own places.
     assert_eq!(decide(&p, &mut a, &r, 5).1, Action::Pause);
 }
@@ -243,8 +255,7 @@ fn a_held_claim_keeps_waiters_until_their_timeout() {
 #[test]
 fn reject_mode_never_waits_nor_wakes() {
     let p = plugin("{}");
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
+    let (mut a, mut b) = two_workers();
     let r = req("POST", "/orders").key("k").body("{}");
     let first = send(&p, &mut a, &r).unwrap();
     assert_eq!(reply(decide(&p, &mut b, &r, 2).1).status, 409);
