@@ -4,6 +4,7 @@
 use crate::fake::FakeEnv;
 use crate::key::{record_digest, ClientKey, KeySource};
 use crate::metrics::Counter;
+use crate::reply::LocalReply;
 use crate::stream::CallAnswer;
 use crate::stream::{Action, Plugin};
 use crate::testing::*;
@@ -119,6 +120,16 @@ fn the_admin_api_inspects_and_purges_etcd_records() {
     assert_eq!(v["records"], 2);
 }
 
+/// The operator API's answer to `method /records?{query}` on the default authority.
+fn records(admin_p: &Plugin, env: &mut FakeEnv, method: &str, query: &str) -> LocalReply {
+    admin(
+        admin_p,
+        env,
+        method,
+        &format!("/records?{query}&authority=api.example"),
+    )
+}
+
 #[test]
 fn admin_parameters_are_percent_decoded() {
     let p = plugin("{}");
@@ -144,31 +155,16 @@ fn admin_parameters_are_percent_decoded() {
         ("key=%C3%A9%2Bx", "é+x"),
         ("k%65y=a%2Fb+c", "a/b c"),
     ] {
-        let got = admin(
-            &admin_p,
-            &mut env,
-            "GET",
-            &format!("/records?{query}&authority=api.example"),
-        );
+        let got = records(&admin_p, &mut env, "GET", query);
         assert_eq!(got.status, 200, "{query}: {}", detail(&got));
         assert_eq!(admin_json(&got)["record"], digest(key), "{query}");
     }
     for query in ["key=a%2", "key=a%zzb", "key=%C3", "key=%"] {
-        let got = admin(
-            &admin_p,
-            &mut env,
-            "GET",
-            &format!("/records?{query}&authority=api.example"),
-        );
+        let got = records(&admin_p, &mut env, "GET", query);
         assert_eq!(got.status, 400, "{query}");
     }
     // The record named in a 404 is the digest of the parameters.
-    let missing = admin(
-        &admin_p,
-        &mut env,
-        "GET",
-        "/records?key=none&authority=api.example",
-    );
+    let missing = records(&admin_p, &mut env, "GET", "key=none");
     assert_eq!(missing.status, 404);
     assert!(
         detail(&missing).contains(&digest("none")),
@@ -188,11 +184,11 @@ fn admin_force_is_true_or_1_only() {
     {
         let key = format!("k{i}");
         let _flying = send(&p, &mut env, &req("POST", "/o").key(&key)).unwrap();
-        let got = admin(
+        let got = records(
             &admin_p,
             &mut env,
             "DELETE",
-            &format!("/records?key={key}&authority=api.example&force={force}"),
+            &format!("key={key}&force={force}"),
         );
         assert_eq!(got.status == 200, removed, "force={force}: {}", got.status);
     }
@@ -214,12 +210,7 @@ fn admin_ages_count_from_the_claim_or_the_completion() {
         run(&p, &mut env, &req("POST", "/o").key("d"), ok("x"));
         env.now_ms += 1_234;
         for key in ["f", "d"] {
-            let got = admin(
-                &admin_p,
-                &mut env,
-                "GET",
-                &format!("/records?key={key}&authority=api.example"),
-            );
+            let got = records(&admin_p, &mut env, "GET", &format!("key={key}"));
             assert_eq!(got.status, 200, "{key}: {}", detail(&got));
             assert_eq!(admin_json(&got)["age_ms"], 1_234, "{key}");
         }

@@ -42,6 +42,18 @@ fn drive(
     (action, n)
 }
 
+/// After a failed claim txn, `next` is a retry (another call) when the failure is one to
+/// retry, else the fail-closed 503.
+fn assert_retried(next: &Action, retried: bool, case: String) {
+    assert_eq!(matches!(next, Action::Call(_)), retried, "{case}: {next:?}");
+    if !retried {
+        assert!(
+            matches!(next, Action::Reply(r) if r.status == 503),
+            "{case}: {next:?}"
+        );
+    }
+}
+
 #[test]
 fn etcd_transport_failures_are_retried_four_times_per_call() {
     let p = etcd_plugin(r#""failure_mode": "closed""#);
@@ -91,17 +103,7 @@ fn etcd_only_transport_statuses_and_unavailable_are_retried() {
                 body: body.as_bytes().to_vec(),
             },
         );
-        assert_eq!(
-            matches!(next, Action::Call(_)),
-            retried,
-            "{status} {body:?}: {next:?}"
-        );
-        if !retried {
-            assert!(
-                matches!(next, Action::Reply(ref r) if r.status == 503),
-                "{next:?}"
-            );
-        }
+        assert_retried(&next, retried, format!("{status} {body:?}"));
     }
 }
 
@@ -153,17 +155,7 @@ fn etcd_grpc_unavailable_deadline_and_failed_dispatch_are_retried_other_statuses
         }
         assert!(matches!(&action, Action::Call(c) if c.path == crate::etcdpb::TXN));
         let next = s.on_store_answer(&p, &mut a, answer.clone());
-        assert_eq!(
-            matches!(next, Action::Call(_)),
-            retried,
-            "{answer:?}: {next:?}"
-        );
-        if !retried {
-            assert!(
-                matches!(next, Action::Reply(ref r) if r.status == 503),
-                "{next:?}"
-            );
-        }
+        assert_retried(&next, retried, format!("{answer:?}"));
     }
 }
 
@@ -544,7 +536,7 @@ fn etcd_settling_answers_say_what_happened_to_the_record() {
         // Not learned by the worker's tier.
         a.etcd.set_down(true);
         assert!(
-            matches!(run(&p, &mut a, &r, ok("through")), Outcome::Upstream(..)),
+            run(&p, &mut a, &r, ok("through")).reached_upstream(),
             "{what}"
         );
     }
