@@ -54,7 +54,7 @@ fn full_config_parses() {
     assert_eq!(c.failure_mode, FailureMode::Closed);
     assert!(c.stores_status(201) && c.stores_status(409) && !c.stores_status(404));
     assert_eq!(c.replayed_header, "x-replayed");
-    assert_eq!(c.namespace, "orders");
+    assert_eq!(c.namespace(), "orders");
 }
 
 #[test]
@@ -373,24 +373,33 @@ fn max_store_bytes_defaults_and_bounds() {
     // By default every bucket's share holds one response of max_replay_body_bytes with
     // 4 KiB of headers: 6,250 buckets × 68 KiB with the defaults.
     let d = Config::parse(b"{}").unwrap();
-    assert_eq!(d.max_store_bytes, 6_250 * (65_536 + 4_096));
-    assert_eq!(d.max_store_bytes, Config::default().max_store_bytes);
+    assert_eq!(d.max_store_bytes().unwrap(), 6_250 * (65_536 + 4_096));
+    assert_eq!(
+        d.max_store_bytes().unwrap(),
+        Config::default().max_store_bytes().unwrap()
+    );
     // The largest of every policy's max_replay_body_bytes counts.
     let rules = Config::parse(
         br#"{"capacity": 16000, "rules": [{"name": "big", "match": {"path_prefix": "/b"},
             "max_replay_body_bytes": 1048576}]}"#,
     )
     .unwrap();
-    assert_eq!(rules.max_store_bytes, 1_000 * (1_048_576 + 4_096));
+    assert_eq!(
+        rules.max_store_bytes().unwrap(),
+        1_000 * (1_048_576 + 4_096)
+    );
     // 128 MiB at the least, whenever that is more.
     let small = Config::parse(br#"{"capacity": 1600, "max_replay_body_bytes": 1024}"#).unwrap();
-    assert_eq!(small.max_store_bytes, 128 << 20);
+    assert_eq!(small.max_store_bytes().unwrap(), 128 << 20);
     // Very large capacities with small responses still get at least 4 KiB per bucket.
     let big = Config::parse(br#"{"capacity": 10000000, "max_replay_body_bytes": 0}"#).unwrap();
-    assert_eq!(big.max_store_bytes, 10_000_000 / 16 * 4096);
+    assert_eq!(big.max_store_bytes().unwrap(), 10_000_000 / 16 * 4096);
     let c = Config::parse(br#"{"capacity": 1024, "store": {"max_store_bytes": 8388608}}"#).unwrap();
-    assert_eq!(c.max_store_bytes, 8 << 20);
-    assert_eq!(Plugin::new(c).layout.bucket_budget, (8 << 20) / 64);
+    assert_eq!(c.max_store_bytes().unwrap(), 8 << 20);
+    assert_eq!(
+        Plugin::new(c).layout().unwrap().bucket_budget,
+        (8 << 20) / 64
+    );
     for json in [
         r#"{"store": {"max_store_bytes": 1048575}}"#,
         r#"{"store": {"max_store_bytes": 1099511627777}}"#,
@@ -402,7 +411,7 @@ fn max_store_bytes_defaults_and_bounds() {
         assert_eq!(cfg_err(json).0, "store.max_store_bytes", "{json}");
     }
     let ok = Config::parse(br#"{"store": {"max_store_bytes": 25600000}}"#).unwrap();
-    assert_eq!(ok.max_store_bytes, 25_600_000);
+    assert_eq!(ok.max_store_bytes().unwrap(), 25_600_000);
 }
 
 #[test]
@@ -433,4 +442,20 @@ fn wait_config_defaults_and_errors_name_the_field() {
     assert!(reason.contains("in_flight_timeout_seconds"), "{reason}");
     assert_eq!(cfg_err(r#"{"max_waiters": 0}"#).0, "max_waiters");
     assert_eq!(cfg_err(r#"{"on_in_flight": "queue"}"#).0, "on_in_flight");
+}
+
+#[test]
+fn each_store_carries_only_its_own_settings() {
+    let shared = Config::parse(br#"{"store": {"namespace": "orders"}}"#).unwrap();
+    assert!(matches!(
+        &shared.store,
+        crate::config::StoreConfig::SharedData { namespace, .. } if namespace == "orders"
+    ));
+    assert_eq!(shared.namespace(), "orders");
+    assert!(shared.max_store_bytes().is_some());
+    // etcd has no namespace nor byte budget of its own; the wake-up board of wait mode
+    // (in shared data whatever the store) uses the default namespace.
+    let etcd = Config::parse(br#"{"store": {"kind": "etcd", "cluster": "e"}}"#).unwrap();
+    assert_eq!(etcd.namespace(), Config::default().namespace());
+    assert_eq!(etcd.max_store_bytes(), None);
 }
