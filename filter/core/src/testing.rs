@@ -62,6 +62,10 @@ impl Outcome {
     pub(crate) fn reached_upstream(&self) -> bool {
         matches!(self, Outcome::Upstream(..))
     }
+    /// Asserts the request reached the upstream; `why` says why it should have.
+    pub(crate) fn assert_upstream(&self, why: &str) {
+        assert!(self.reached_upstream(), "{why}: {self:?}");
+    }
     pub(crate) fn status(&self) -> u16 {
         match self {
             Outcome::Upstream(s, _) => *s,
@@ -357,4 +361,9 @@ pub(crate) fn one_worker(json: &str) -> (Plugin, FakeEnv) {
 pub(crate) fn two_workers() -> (FakeEnv, FakeEnv) {
     let (shared, a) = world();
     (a, FakeEnv::new(shared, 1))
+}
+
+/// What a client sees when its request ran: the upstream's 200 with this body.
+pub(crate) fn executed(body: &str) -> Outcome {
+    Outcome::Upstream(200, body.as_bytes().to_vec())
 }

@@ -130,7 +130,7 @@ fn b5_missing_or_invalid_key_gets_400() {
     // Not required: a keyless request passes through untouched.
     let p = plugin("{}");
     let o = run(&p, &mut env, &req("POST", "/o").body("x"), ok("yes"));
-    assert_eq!(o, Outcome::Upstream(200, b"yes".to_vec()));
+    assert_eq!(o, executed("yes"));
     assert_eq!(env.count_of(Counter::Bypassed), 1);
     // A bad key is refused even when not required.
     assert_eq!(
@@ -162,10 +162,7 @@ fn b6_upstream_5xx_and_requests_never_sent_release_the_claim() {
     assert_eq!(run(&p, &mut env, &r, local(429, limited)).status(), 429);
     let denied = origin("ext_authz_denied", flags::UAEX);
     assert_eq!(run(&p, &mut env, &r, local(403, denied)).status(), 403);
-    assert_eq!(
-        run(&p, &mut env, &r, ok("paid")),
-        Outcome::Upstream(200, b"paid".to_vec())
-    );
+    assert_eq!(run(&p, &mut env, &r, ok("paid")), executed("paid"));
     assert_eq!(
         counts(
             &env,
@@ -182,10 +179,7 @@ fn b6_upstream_5xx_and_requests_never_sent_release_the_claim() {
     let p = plugin(r#"{"store_statuses": ["2xx"]}"#);
     let r = req("POST", "/pay").key("k2");
     run(&p, &mut env, &r, answer(409, "conflict"));
-    assert_eq!(
-        run(&p, &mut env, &r, ok("second")),
-        Outcome::Upstream(200, b"second".to_vec())
-    );
+    assert_eq!(run(&p, &mut env, &r, ok("second")), executed("second"));
 }
 
 #[test]
@@ -199,7 +193,7 @@ fn statuses_that_ask_for_a_retry_are_not_stored_by_default() {
         );
         assert_eq!(
             run(&p, &mut env, &r, ok("done")),
-            Outcome::Upstream(200, b"done".to_vec()),
+            executed("done"),
             "{status} is not stored: the retry executes"
         );
     }
@@ -250,7 +244,7 @@ fn an_unknown_outcome_holds_the_claim_until_the_in_flight_timeout() {
         env.now_ms = t0 + 30_000;
         assert_eq!(
             run(&p, &mut env, &r, ok("again")),
-            Outcome::Upstream(200, b"again".to_vec()),
+            executed("again"),
             "case {i}"
         );
     }
@@ -262,10 +256,7 @@ fn on_unknown_outcome_release_lets_the_retry_run() {
     let (p, mut env) = one_worker(r#"{"on_unknown_outcome": "release"}"#);
     let r = req("POST", "/pay").key("k").body("{}");
     assert_eq!(run(&p, &mut env, &r, upstream_reset()), Outcome::Reset);
-    assert_eq!(
-        run(&p, &mut env, &r, ok("again")),
-        Outcome::Upstream(200, b"again".to_vec())
-    );
+    assert_eq!(run(&p, &mut env, &r, ok("again")), executed("again"));
     assert_eq!(
         counts(&env, [Counter::OutcomeUnknown, Counter::Released]),
         [1, 1]
@@ -367,7 +358,7 @@ fn other_methods_pass_untouched() {
     let (shared, mut env) = world();
     for _ in 0..2 {
         let o = run(&p, &mut env, &req("GET", "/orders").key("k1"), ok("list"));
-        assert_eq!(o, Outcome::Upstream(200, b"list".to_vec()));
+        assert_eq!(o, executed("list"));
     }
     assert_eq!(shared.key_count(), 0);
     assert_eq!(env.count_of(Counter::Bypassed), 2);
@@ -444,10 +435,7 @@ fn ttl_and_in_flight_expiry() {
     env.now_ms += 59_999;
     assert_eq!(run(&p, &mut env, &r, ok("no")).local().body, b"one");
     env.now_ms += 1;
-    assert_eq!(
-        run(&p, &mut env, &r, ok("two")),
-        Outcome::Upstream(200, b"two".to_vec())
-    );
+    assert_eq!(run(&p, &mut env, &r, ok("two")), executed("two"));
     // In flight: blocks until the timeout, then the key runs again.
     let r2 = req("POST", "/o").key("k2");
     let stuck = send(&p, &mut env, &r2).unwrap();
@@ -467,7 +455,7 @@ fn ttl_and_in_flight_expiry() {
     env.now_ms += 10_000;
     assert_eq!(
         run(&p, &mut env, &r3, ok("successor")),
-        Outcome::Upstream(200, b"successor".to_vec())
+        executed("successor")
     );
     respond(&p, &mut env, stuck, ok("late"));
     assert_eq!(run(&p, &mut env, &r3, ok("no")).local().body, b"successor");
@@ -485,10 +473,7 @@ fn a_response_after_the_in_flight_timeout_is_not_stored() {
     env.now_ms += 1;
     respond(&p, &mut env, slow, ok("too late"));
     assert_eq!(env.count_of(Counter::ClaimsLost), 1);
-    assert_eq!(
-        run(&p, &mut env, &r, ok("again")),
-        Outcome::Upstream(200, b"again".to_vec())
-    );
+    assert_eq!(run(&p, &mut env, &r, ok("again")), executed("again"));
     // Just in time, it is kept.
     let r2 = req("POST", "/o").key("k2");
     let s = send(&p, &mut env, &r2).unwrap();

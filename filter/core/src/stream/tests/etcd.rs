@@ -8,6 +8,8 @@ use crate::stream::CallAnswer;
 use crate::stream::{Action, DedupStream};
 use crate::testing::*;
 
+const TTL_10_IN_FLIGHT_5: &str = r#""ttl_seconds": 10, "in_flight_timeout_seconds": 5"#;
+
 #[test]
 fn etcd_first_executes_other_proxy_replays_and_in_flight_conflicts() {
     let p = etcd_plugin("");
@@ -22,10 +24,7 @@ fn etcd_first_executes_other_proxy_replays_and_in_flight_conflicts() {
             .status(),
         422
     );
-    assert_eq!(
-        respond(&p, &mut a, first, ok("made")),
-        Outcome::Upstream(200, b"made".to_vec())
-    );
+    assert_eq!(respond(&p, &mut a, first, ok("made")), executed("made"));
     let replay = run(&p, &mut b, &r, ok("no"));
     assert_eq!(replay.local().body, b"made");
     assert_eq!(
@@ -58,10 +57,7 @@ fn etcd_local_tier_answers_without_a_round_trip() {
         422
     );
     // B has not seen it: it needs etcd, which is down: fails open.
-    assert_eq!(
-        run(&p, &mut b, &r, ok("through")),
-        Outcome::Upstream(200, b"through".to_vec())
-    );
+    assert_eq!(run(&p, &mut b, &r, ok("through")), executed("through"));
     assert_eq!(b.count_of(Counter::FailedOpen), 1);
     a.etcd.set_down(false);
     assert_eq!(run(&p, &mut b, &r, ok("no")).local().body, b"made");
@@ -97,10 +93,7 @@ fn etcd_release_on_5xx_and_reset() {
         0,
     );
     assert_eq!(run(&p, &mut b, &r, ended(refused)), Outcome::Reset);
-    assert_eq!(
-        run(&p, &mut a, &r, ok("paid")),
-        Outcome::Upstream(200, b"paid".to_vec())
-    );
+    assert_eq!(run(&p, &mut a, &r, ok("paid")), executed("paid"));
     // A reset after the request was sent holds the claim on every proxy.
     let r2 = req("POST", "/pay").key("k2").body("{}");
     assert_eq!(run(&p, &mut a, &r2, upstream_reset()), Outcome::Reset);
@@ -198,9 +191,8 @@ fn etcd_lost_lease_is_granted_again() {
 
 #[test]
 fn etcd_in_flight_records_end_only_with_their_lease_whatever_the_clocks() {
-    let p = etcd_plugin(r#""ttl_seconds": 10, "in_flight_timeout_seconds": 5"#);
+    let (p, r) = (etcd_plugin(TTL_10_IN_FLIGHT_5), req("POST", "/o").key("k"));
     let (mut a, mut b) = two_proxies();
-    let r = req("POST", "/o").key("k");
     let t0 = a.now_ms;
     let stuck = send(&p, &mut a, &r).unwrap();
     // B's clock runs 60 s ahead: by its clock the claim expired long ago, but only
@@ -235,10 +227,7 @@ fn etcd_in_flight_records_end_only_with_their_lease_whatever_the_clocks() {
     let (mut c, _) = two_proxies();
     c.etcd = a.etcd.clone();
     c.now_ms = t1 + 10_000;
-    assert!(
-        run(&p, &mut c, &r, ok("third")).reached_upstream(),
-        "expired after ttl"
-    );
+    run(&p, &mut c, &r, ok("third")).assert_upstream("expired after ttl");
 }
 
 #[test]
@@ -430,9 +419,8 @@ fn an_etcd_record_of_exactly_the_limit_keeps_its_response() {
 
 #[test]
 fn etcd_a_completed_record_is_taken_over_at_its_expiry_while_its_lease_lives() {
-    let p = etcd_plugin(r#""ttl_seconds": 10, "in_flight_timeout_seconds": 5"#);
+    let (p, r) = (etcd_plugin(TTL_10_IN_FLIGHT_5), req("POST", "/o").key("k"));
     let (mut a, mut b) = two_proxies();
-    let r = req("POST", "/o").key("k");
     let t0 = a.now_ms;
     assert!(run(&p, &mut a, &r, ok("first")).reached_upstream());
     b.now_ms = t0 + 9_999;
@@ -442,12 +430,24 @@ fn etcd_a_completed_record_is_taken_over_at_its_expiry_while_its_lease_lives() {
     c.etcd = a.etcd.clone();
     c.now_ms = t0 + 10_000;
     assert!(c.etcd.key_count(c.now_ms) >= 1);
-    assert_eq!(
-        run(&p, &mut c, &r, ok("second")),
-        Outcome::Upstream(200, b"second".to_vec())
-    );
+    assert_eq!(run(&p, &mut c, &r, ok("second")), executed("second"));
     let (mut d, _) = two_proxies();
     d.etcd = a.etcd.clone();
     d.now_ms = t0 + 10_001;
     assert_eq!(run(&p, &mut d, &r, ok("no")).local().body, b"second");
+}
+
+#[test]
+fn a_plugin_builds_the_state_of_its_own_store_only() {
+    use crate::stream::StoreState;
+    let etcd = etcd_plugin(r#""ttl_seconds": 60"#);
+    assert!(matches!(etcd.store, StoreState::Etcd { budget_ms: 500 }));
+    assert!(etcd.layout().is_err(), "etcd has no shared-data layout");
+    assert!(etcd.layout_for(&etcd.config.policy).is_err());
+    let shared = plugin("{}");
+    assert!(matches!(shared.store, StoreState::SharedData(_)));
+    assert_eq!(
+        shared.layout().unwrap().namespace(),
+        shared.config.namespace()
+    );
 }

@@ -229,6 +229,26 @@ fn etcd_attempts_are_a_third_of_the_budget_and_stop_at_its_end() {
     }
 }
 
+/// A claim whose first `fake` txns are answered with `body`: it executes (holds its
+/// claim and forwards) exactly when `executes`.
+fn claims_after(
+    p: &Plugin,
+    a: &mut FakeEnv,
+    body: &str,
+    fake: usize,
+    executes: bool,
+    case: String,
+) {
+    let mut s = DedupStream::new(1);
+    let first = s.on_request_headers(p, a, req("POST", "/o").key("k").head, true);
+    let (decision, n) = drive(p, a, &mut s, first, |n| {
+        (n < fake).then(|| txn_answer(body))
+    });
+    assert_eq!(n, fake);
+    let claimed = decision == Action::Continue && s.holds_claim();
+    assert_eq!(claimed, executes, "{case}: {decision:?}");
+}
+
 #[test]
 fn etcd_claim_rounds_are_bounded() {
     // etcd says the compare failed but returns no record (deleted in between): the
@@ -238,17 +258,7 @@ fn etcd_claim_rounds_are_bounded() {
     let p = etcd_json_plugin(r#""failure_mode": "closed""#);
     for (fake, executes) in [(8, true), (9, false)] {
         let (mut a, _) = two_proxies();
-        let mut s = DedupStream::new(1);
-        let first = s.on_request_headers(&p, &mut a, req("POST", "/o").key("k").head, true);
-        let (decision, n) = drive(&p, &mut a, &mut s, first, |n| {
-            (n < fake).then(|| txn_answer(gone))
-        });
-        assert_eq!(n, fake);
-        assert_eq!(
-            decision == Action::Continue && s.holds_claim(),
-            executes,
-            "{fake}: {decision:?}"
-        );
+        claims_after(&p, &mut a, gone, fake, executes, format!("{fake}"));
     }
 }
 
@@ -262,18 +272,8 @@ fn etcd_a_lost_lease_is_granted_again_a_bounded_number_of_times() {
     ] {
         for (fake, executes) in [(8, true), (9, false)] {
             let (mut a, _) = two_proxies();
-            let mut s = DedupStream::new(1);
-            let first = s.on_request_headers(&p, &mut a, req("POST", "/o").key("k").head, true);
             let grants = a.etcd.grants();
-            let (decision, n) = drive(&p, &mut a, &mut s, first, |n| {
-                (n < fake).then(|| txn_answer(lost))
-            });
-            assert_eq!(n, fake);
-            assert_eq!(
-                decision == Action::Continue && s.holds_claim(),
-                executes,
-                "{lost} {fake}"
-            );
+            claims_after(&p, &mut a, lost, fake, executes, format!("{lost} {fake}"));
             // Both leases are granted again after each loss.
             assert!(a.etcd.grants() - grants >= 2 * fake as u32, "{lost}");
         }
@@ -535,10 +535,7 @@ fn etcd_settling_answers_say_what_happened_to_the_record() {
         assert_eq!(a.count_of(Counter::ClaimsLost), 1, "{what}");
         // Not learned by the worker's tier.
         a.etcd.set_down(true);
-        assert!(
-            run(&p, &mut a, &r, ok("through")).reached_upstream(),
-            "{what}"
-        );
+        run(&p, &mut a, &r, ok("through")).assert_upstream("{what}");
     }
 }
 

@@ -6,15 +6,18 @@ use crate::metrics::Counter;
 use crate::stream::{Action, DedupStream, Origin, Plugin};
 use crate::testing::*;
 
+/// A stream whose request headers (key `k`, a body to follow) paused it for the body.
+fn paused_for_the_body(p: &Plugin, env: &mut FakeEnv) -> DedupStream {
+    let mut s = DedupStream::new(1);
+    let head = req("POST", "/o").key("k").head;
+    assert_eq!(s.on_request_headers(p, env, head, false), Action::Pause);
+    s
+}
+
 #[test]
 fn the_stream_says_when_it_wants_bodies() {
     let (p, mut env) = one_worker(r#"{"max_replay_body_bytes": 4}"#);
-    let mut s = DedupStream::new(1);
-    let head = req("POST", "/o").key("k").head;
-    assert_eq!(
-        s.on_request_headers(&p, &mut env, head, false),
-        Action::Pause
-    );
+    let mut s = paused_for_the_body(&p, &mut env);
     assert!(s.reading_request());
     assert_eq!(
         s.on_request_body(&p, &mut env, 2, true, || Some(b"{}".to_vec())),
@@ -91,12 +94,7 @@ fn an_unreadable_response_body_completes_without_keeping_it() {
 #[test]
 fn a_body_read_at_its_trailers_is_held_to_the_limit() {
     let (p, mut env) = one_worker(r#"{"max_body_bytes": 4}"#);
-    let mut s = DedupStream::new(1);
-    let head = req("POST", "/o").key("k").head;
-    assert_eq!(
-        s.on_request_headers(&p, &mut env, head, false),
-        Action::Pause
-    );
+    let mut s = paused_for_the_body(&p, &mut env);
     // The body arrived in chunks the filter was not shown (trailers end it).
     let a = s.on_request_trailers(&p, &mut env, || Some(b"12345".to_vec()));
     assert!(

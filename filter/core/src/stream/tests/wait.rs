@@ -61,6 +61,14 @@ fn duplicate(p: &Plugin, key: &str) -> Duplicate {
     }
 }
 
+/// Two proxies: `a` forwards `r`, two duplicates of it wait on `b`.
+fn two_waiting_on_b(p: &Plugin, r: &Req) -> (FakeEnv, FakeEnv, DedupStream, [DedupStream; 2]) {
+    let (mut a, mut b) = two_proxies();
+    let first = send(p, &mut a, r).unwrap();
+    let waiters = [2, 3].map(|id| decide(p, &mut b, r, id).0);
+    (a, b, first, waiters)
+}
+
 fn reply(a: Action) -> LocalReply {
     match a {
         Action::Reply(r) => r,
@@ -295,11 +303,8 @@ fn etcd_a_waiter_on_another_proxy_polls_and_gets_the_replay() {
 #[test]
 fn etcd_after_a_release_one_waiter_claims_and_a_failed_poll_waits_on() {
     let p = etcd_plugin(WAIT);
-    let (mut a, mut b) = two_proxies();
-    let r = req("POST", "/pay").key("k").body("x");
-    let first = send(&p, &mut a, &r).unwrap();
-    let (mut w1, _) = decide(&p, &mut b, &r, 2);
-    let (mut w2, _) = decide(&p, &mut b, &r, 3);
+    let (mut a, mut b, first, [mut w1, mut w2]) =
+        two_waiting_on_b(&p, &req("POST", "/pay").key("k").body("x"));
     b.etcd.fail_next(1);
     let c = match w1.on_wake(&p, &mut b) {
         Action::Call(c) => c,
@@ -323,11 +328,8 @@ fn etcd_after_a_release_one_waiter_claims_and_a_failed_poll_waits_on() {
 #[test]
 fn etcd_a_completed_poll_answers_this_workers_other_waiters_from_the_tier() {
     let p = etcd_plugin(WAIT);
-    let (mut a, mut b) = two_proxies();
-    let r = req("POST", "/orders").key("k").body("{}");
-    let first = send(&p, &mut a, &r).unwrap();
-    let (mut w1, _) = decide(&p, &mut b, &r, 2);
-    let (mut w2, _) = decide(&p, &mut b, &r, 3);
+    let (mut a, mut b, first, [mut w1, mut w2]) =
+        two_waiting_on_b(&p, &req("POST", "/orders").key("k").body("{}"));
     respond(&p, &mut a, first, ok("made"));
     assert!(matches!(reply(wake(&p, &mut b, &mut w1)).status, 200));
     // w1's poll learnt the record and woke w2, which needs no round trip now.
@@ -403,6 +405,6 @@ fn a_wake_up_of_a_stream_that_does_not_wait_changes_nothing() {
     assert_eq!(first.on_wake(&p, &mut a), Action::Pause);
     assert!(first.holds_claim(), "the executing stream keeps its claim");
     let out = respond(&p, &mut a, first, ok("made"));
-    assert_eq!(out, Outcome::Upstream(200, b"made".to_vec()));
+    assert_eq!(out, executed("made"));
     assert_eq!(run(&p, &mut a, &r, ok("no")).local().body, b"made");
 }
