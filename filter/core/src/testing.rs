@@ -367,3 +367,11 @@ pub(crate) fn two_workers() -> (FakeEnv, FakeEnv) {
 pub(crate) fn executed(body: &str) -> Outcome {
     Outcome::Upstream(200, body.as_bytes().to_vec())
 }
+
+/// A stream started with a bodiless POST to `/o` with key `k`: the stream and its first
+/// action.
+pub(crate) fn start_keyed(p: &Plugin, env: &mut FakeEnv) -> (DedupStream, Action) {
+    let mut s = DedupStream::new(1);
+    let first = s.on_request_headers(p, env, req("POST", "/o").key("k").head, true);
+    (s, first)
+}

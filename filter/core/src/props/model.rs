@@ -209,6 +209,18 @@ struct Pending {
     demand: Option<Option<String>>,
 }
 
+impl Pending {
+    /// A call the stream just sent, not applied yet.
+    fn sent(call: StoreCall, now: u64) -> Self {
+        Pending {
+            call,
+            sent_at: now,
+            applied: None,
+            demand: None,
+        }
+    }
+}
+
 /// The response as the model sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum RespPhase {
@@ -580,12 +592,7 @@ impl World {
             if self.knobs.store == StoreKind::Shared {
                 return Err(format!("stream {i}: a store call with shared data"));
             }
-            self.sims[i].call = Some(Pending {
-                call,
-                sent_at: self.now,
-                applied: None,
-                demand: None,
-            });
+            self.sims[i].call = Some(Pending::sent(call, self.now));
             return Ok(());
         }
         self.sims[i].req = ReqPhase::Decided;
@@ -1077,12 +1084,7 @@ impl World {
         }
         match action {
             Action::Call(call) => {
-                self.sims[i].call = Some(Pending {
-                    call,
-                    sent_at: self.now,
-                    applied: None,
-                    demand: None,
-                });
+                self.sims[i].call = Some(Pending::sent(call, self.now));
                 Ok(())
             }
             Action::Continue => Ok(()),
@@ -1264,12 +1266,7 @@ impl World {
                 if self.sims[i].call.is_some() {
                     return Err(format!("stream {i}: a second store call while one is out"));
                 }
-                self.sims[i].call = Some(Pending {
-                    call,
-                    sent_at: self.now,
-                    applied: None,
-                    demand: None,
-                });
+                self.sims[i].call = Some(Pending::sent(call, self.now));
                 Ok(())
             }
         }

@@ -4,6 +4,7 @@
 mod budget;
 
 use crate::fake::FakeShared;
+use crate::key::Digest;
 use crate::response::StoredResponse;
 use crate::store::{Claim, ClaimOutcome, Layout, SharedStore, StoreError, WAYS};
 use crate::testing::*;
@@ -34,6 +35,15 @@ fn completed(r: Result<ClaimOutcome, StoreError>) -> Claim {
     }
 }
 
+/// Just before the next shared-data write, worker B claims `d` under `layout` at `now`,
+/// and wins.
+fn b_claims_first(shared: &Arc<FakeShared>, layout: &Layout, d: Digest, p: Digest, now: u64) {
+    let (s2, l2) = (shared.clone(), layout.clone());
+    shared.before_next_set(move || {
+        claimed(SharedStore::new(&*s2, &l2).claim(&d, &p, now, 2));
+    });
+}
+
 #[test]
 fn interleaved_claims_one_wins_the_cas_race() {
     let shared = FakeShared::new();
@@ -43,11 +53,7 @@ fn interleaved_claims_one_wins_the_cas_race() {
     SharedStore::new(&*shared, &layout).register(1000).unwrap();
     // Worker B claims between worker A's read and A's CAS (the bucket does not exist yet:
     // both saw it absent, and B's create wins).
-    let (s2, l2) = (shared.clone(), layout.clone());
-    shared.before_next_set(move || {
-        let o = SharedStore::new(&*s2, &l2).claim(&d, &p, 1000, 2).unwrap();
-        assert!(matches!(o, ClaimOutcome::Claimed { .. }));
-    });
+    b_claims_first(&shared, &layout, d, p, 1000);
     let a = SharedStore::new(&*shared, &layout)
         .claim(&d, &p, 1000, 1)
         .unwrap();
@@ -87,13 +93,7 @@ fn interleaved_claims_on_other_keys_both_win() {
             .find(|d| layout.bucket_of(d) == layout.bucket_of(&digest(10)))
             .unwrap(),
     );
-    let (s2, l2) = (shared.clone(), layout.clone());
-    shared.before_next_set(move || {
-        assert!(matches!(
-            SharedStore::new(&*s2, &l2).claim(&b, &p, 0, 2).unwrap(),
-            ClaimOutcome::Claimed { .. }
-        ));
-    });
+    b_claims_first(&shared, &layout, b, p, 0);
     assert!(matches!(
         SharedStore::new(&*shared, &layout)
             .claim(&a, &p, 0, 1)
@@ -357,11 +357,7 @@ fn concurrent_claims_under_two_layouts_run_once() {
         let (d, p) = (digest(5), [7u8; 32]);
         let (a, b) = if first_old { (old, new) } else { (new, old) };
         // B's whole claim runs between A's read of its own bucket and A's CAS.
-        let (s2, b2) = (shared.clone(), b.clone());
-        shared.before_next_set(move || {
-            let o = SharedStore::new(&*s2, &b2).claim(&d, &p, 1000, 2).unwrap();
-            assert!(matches!(o, ClaimOutcome::Claimed { .. }));
-        });
+        b_claims_first(&shared, &b, d, p, 1000);
         let o = SharedStore::new(&*shared, &a)
             .claim(&d, &p, 1000, 1)
             .unwrap();

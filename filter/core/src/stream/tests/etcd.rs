@@ -12,8 +12,7 @@ const TTL_10_IN_FLIGHT_5: &str = r#""ttl_seconds": 10, "in_flight_timeout_second
 
 #[test]
 fn etcd_first_executes_other_proxy_replays_and_in_flight_conflicts() {
-    let p = etcd_plugin("");
-    let (mut a, mut b) = two_proxies();
+    let (p, (mut a, mut b)) = (etcd_plugin(""), two_proxies());
     let r = req("POST", "/orders").key("k1").body("{}");
     let first = send(&p, &mut a, &r).unwrap();
     // In flight on proxy A: B answers 409 from etcd's record.
@@ -39,8 +38,7 @@ fn etcd_first_executes_other_proxy_replays_and_in_flight_conflicts() {
 
 #[test]
 fn etcd_local_tier_answers_without_a_round_trip() {
-    let p = etcd_plugin("");
-    let (mut a, mut b) = two_proxies();
+    let (p, (mut a, mut b)) = (etcd_plugin(""), two_proxies());
     let r = req("POST", "/orders").key("k1").body("{}");
     run(&p, &mut a, &r, ok("made"));
     // The executing worker learned the completed record when etcd confirmed it.
@@ -71,8 +69,7 @@ fn etcd_local_tier_answers_without_a_round_trip() {
 
 #[test]
 fn etcd_leases_are_reused_not_granted_per_request() {
-    let p = etcd_plugin(r#""ttl_seconds": 3600"#);
-    let (mut a, _) = two_proxies();
+    let (p, (mut a, _)) = (etcd_plugin(r#""ttl_seconds": 3600"#), two_proxies());
     for i in 0..200 {
         run(&p, &mut a, &keyed(i), ok("x"));
         a.now_ms += 10;
@@ -84,8 +81,7 @@ fn etcd_leases_are_reused_not_granted_per_request() {
 
 #[test]
 fn etcd_release_on_5xx_and_reset() {
-    let p = etcd_plugin("");
-    let (mut a, mut b) = two_proxies();
+    let (p, (mut a, mut b)) = (etcd_plugin(""), two_proxies());
     let r = req("POST", "/pay").key("k").body("{}");
     assert_eq!(run(&p, &mut a, &r, answer(500, "boom")).status(), 500);
     let refused = origin(
@@ -119,8 +115,7 @@ fn etcd_release_on_5xx_and_reset() {
 
 #[test]
 fn etcd_transport_failures_retry_then_fail_by_mode() {
-    let p = etcd_plugin("");
-    let (mut a, _) = two_proxies();
+    let (p, (mut a, _)) = (etcd_plugin(""), two_proxies());
     // One member refused the connection: the retry reaches another.
     a.etcd.fail_next(2);
     assert!(run(&p, &mut a, &req("POST", "/o").key("k1"), ok("x")).reached_upstream());
@@ -179,8 +174,7 @@ fn etcd_transport_failures_retry_then_fail_by_mode() {
 
 #[test]
 fn etcd_lost_lease_is_granted_again() {
-    let p = etcd_plugin("");
-    let (mut a, _) = two_proxies();
+    let (p, (mut a, _)) = (etcd_plugin(""), two_proxies());
     run(&p, &mut a, &req("POST", "/o").key("k1"), ok("x"));
     let grants = a.etcd.grants();
     a.etcd.revoke_all_leases();
@@ -232,8 +226,7 @@ fn etcd_in_flight_records_end_only_with_their_lease_whatever_the_clocks() {
 
 #[test]
 fn etcd_unreadable_records_are_never_taken_over() {
-    let p = etcd_plugin("");
-    let (mut a, _) = two_proxies();
+    let (p, (mut a, _)) = (etcd_plugin(""), two_proxies());
     let r = req("POST", "/o").key("k");
     let s = send(&p, &mut a, &r).unwrap();
     drop(s);
@@ -247,8 +240,7 @@ fn etcd_unreadable_records_are_never_taken_over() {
 
 #[test]
 fn etcd_completion_and_release_are_retried_and_recognised_when_answers_are_lost() {
-    let p = etcd_plugin("");
-    let (mut a, mut b) = two_proxies();
+    let (p, (mut a, mut b)) = (etcd_plugin(""), two_proxies());
     // Completion refused once (dead member), then accepted.
     let r = req("POST", "/o").key("k1");
     let s = send(&p, &mut a, &r).unwrap();
@@ -306,8 +298,7 @@ fn etcd_records_larger_than_the_record_limit_complete_without_the_response() {
 
 #[test]
 fn etcd_a_claim_won_after_the_client_left_is_released() {
-    let p = etcd_plugin("");
-    let (mut a, mut b) = two_proxies();
+    let (p, (mut a, mut b)) = (etcd_plugin(""), two_proxies());
     let r = req("POST", "/o").key("k");
     let mut s = DedupStream::new(3);
     let mut action = s.on_request_headers(&p, &mut a, r.head.clone(), true);
@@ -342,8 +333,10 @@ fn etcd_a_lease_grant_answered_late_never_shortens_the_claims_made_with_it() {
     // The worker uses a lease for claims during one window. Counted from when the grant
     // was answered, a grant answered late (up to the attempt timeout) lets claims use a
     // lease that ends before their in-flight time.
-    let p = etcd_plugin(r#""in_flight_timeout_seconds": 5"#);
-    let (mut a, mut b) = two_proxies();
+    let (p, (mut a, mut b)) = (
+        etcd_plugin(r#""in_flight_timeout_seconds": 5"#),
+        two_proxies(),
+    );
     let t0 = a.now_ms;
     let mut first = DedupStream::new(1);
     let mut action = first.on_request_headers(&p, &mut a, req("POST", "/o").key("k0").head, true);

@@ -56,8 +56,7 @@ fn assert_retried(next: &Action, retried: bool, case: String) {
 
 #[test]
 fn etcd_transport_failures_are_retried_four_times_per_call() {
-    let p = etcd_plugin(r#""failure_mode": "closed""#);
-    let (mut a, _) = two_proxies();
+    let (p, (mut a, _)) = (etcd_plugin(r#""failure_mode": "closed""#), two_proxies());
     a.etcd.fail_next(4);
     assert!(run(&p, &mut a, &req("POST", "/o").key("k1"), ok("x")).reached_upstream());
     assert_eq!(a.count_of(Counter::StoreErrors), 0);
@@ -92,8 +91,7 @@ fn etcd_only_transport_statuses_and_unavailable_are_retried() {
         ),
     ] {
         let (mut a, _) = two_proxies();
-        let mut s = DedupStream::new(1);
-        let first = s.on_request_headers(&p, &mut a, req("POST", "/o").key("k").head, true);
+        let (mut s, first) = start_keyed(&p, &mut a);
         assert!(matches!(first, Action::Call(_)));
         let next = s.on_store_answer(
             &p,
@@ -143,8 +141,7 @@ fn etcd_grpc_unavailable_deadline_and_failed_dispatch_are_retried_other_statuses
         ),
     ] {
         let (mut a, _) = two_proxies();
-        let mut s = DedupStream::new(1);
-        let mut action = s.on_request_headers(&p, &mut a, req("POST", "/o").key("k").head, true);
+        let (mut s, mut action) = start_keyed(&p, &mut a);
         // Leases first (from the fake), up to the claim txn.
         while let Action::Call(c) = &action {
             if crate::etcd::is_txn(c.path) {
@@ -161,10 +158,8 @@ fn etcd_grpc_unavailable_deadline_and_failed_dispatch_are_retried_other_statuses
 
 #[test]
 fn etcd_grpc_lease_not_found_on_a_claim_takes_fresh_leases() {
-    let p = etcd_plugin(r#""failure_mode": "closed""#);
-    let (mut a, _) = two_proxies();
-    let mut s = DedupStream::new(1);
-    let first = s.on_request_headers(&p, &mut a, req("POST", "/o").key("k").head, true);
+    let (p, (mut a, _)) = (etcd_plugin(r#""failure_mode": "closed""#), two_proxies());
+    let (mut s, first) = start_keyed(&p, &mut a);
     let grants = a.etcd.grants();
     let (decision, n) = drive(&p, &mut a, &mut s, first, |n| {
         (n < 2).then(|| CallAnswer {
@@ -282,8 +277,7 @@ fn etcd_a_lost_lease_is_granted_again_a_bounded_number_of_times() {
 
 #[test]
 fn etcd_a_claim_whose_answer_was_lost_is_recognised_by_its_token() {
-    let p = etcd_plugin("");
-    let (mut a, mut b) = two_proxies();
+    let (p, (mut a, mut b)) = (etcd_plugin(""), two_proxies());
     let r = req("POST", "/o").key("k");
     let mut s = DedupStream::new(1);
     let first = s.on_request_headers(&p, &mut a, r.head.clone(), true);
@@ -417,8 +411,7 @@ fn etcd_a_completion_whose_lease_etcd_lost_is_written_again_with_a_fresh_lease()
 
 #[test]
 fn etcd_a_hold_whose_answer_was_lost_is_recognised() {
-    let p = etcd_plugin("");
-    let (mut a, mut b) = two_proxies();
+    let (p, (mut a, mut b)) = (etcd_plugin(""), two_proxies());
     let r = req("POST", "/o").key("k");
     let s = send(&p, &mut a, &r).unwrap();
     a.etcd.lose_next_answers(1);
@@ -558,10 +551,11 @@ fn a_failed_settling_call_says_which_one_failed() {
 
 #[test]
 fn an_etcd_error_on_the_claim_is_a_store_failure_not_a_lost_lease() {
-    let p = etcd_json_plugin(r#""failure_mode": "closed""#);
-    let (mut a, _) = two_proxies();
-    let mut s = DedupStream::new(1);
-    let first = s.on_request_headers(&p, &mut a, req("POST", "/o").key("k").head, true);
+    let (p, (mut a, _)) = (
+        etcd_json_plugin(r#""failure_mode": "closed""#),
+        two_proxies(),
+    );
+    let (mut s, first) = start_keyed(&p, &mut a);
     let (decision, n) = drive(&p, &mut a, &mut s, first, |_| {
         Some(txn_answer(
             r#"{"error": "etcdserver: too many requests", "code": 8}"#,

@@ -274,8 +274,7 @@ fn reject_mode_never_waits_nor_wakes() {
 
 #[test]
 fn etcd_a_waiter_on_another_proxy_polls_and_gets_the_replay() {
-    let p = etcd_plugin(WAIT);
-    let (mut a, mut b) = two_proxies();
+    let (p, (mut a, mut b)) = (etcd_plugin(WAIT), two_proxies());
     let r = req("POST", "/orders").key("k1").body("{}");
     let first = send(&p, &mut a, &r).unwrap();
     let (mut dup, act) = decide(&p, &mut b, &r, 2);
