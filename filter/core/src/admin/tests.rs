@@ -321,12 +321,10 @@ fn the_admin_api_addresses_a_rules_records_by_name() {
             answer(200, "top"),
         );
         let q = "key=k&authority=api.example";
-        let got = admin(
-            &admin_p,
-            &mut env,
-            "GET",
-            &format!("/records?{q}&rule=payments"),
-        );
+        let rule_records = |env: &mut FakeEnv, method: &str, rule: &str| {
+            admin(&admin_p, env, method, &format!("/records?{q}{rule}"))
+        };
+        let got = rule_records(&mut env, "GET", "&rule=payments");
         assert_eq!(got.status, 200, "{}", detail(&got));
         let v = admin_json(&got);
         assert_eq!(
@@ -334,37 +332,18 @@ fn the_admin_api_addresses_a_rules_records_by_name() {
             (201.into(), "payments".into())
         );
         assert_eq!(
-            admin_json(&admin(&admin_p, &mut env, "GET", &format!("/records?{q}")))["status"],
+            admin_json(&rule_records(&mut env, "GET", ""))["status"],
             200
         );
-        assert_eq!(
-            admin(
-                &admin_p,
-                &mut env,
-                "GET",
-                &format!("/records?{q}&rule=webhooks")
-            )
-            .status,
-            404
-        );
+        assert_eq!(rule_records(&mut env, "GET", "&rule=webhooks").status, 404);
         for bad in ["rule=nope", "rule=search"] {
-            let got = admin(&admin_p, &mut env, "GET", &format!("/records?{q}&{bad}"));
+            let got = rule_records(&mut env, "GET", &format!("&{bad}"));
             assert_eq!(got.status, 400, "{bad}");
         }
-        assert!(detail(&admin(
-            &admin_p,
-            &mut env,
-            "GET",
-            &format!("/records?{q}&rule=nope")
-        ))
-        .contains("payments, webhooks, search"));
+        assert!(detail(&rule_records(&mut env, "GET", "&rule=nope"))
+            .contains("payments, webhooks, search"));
         // Purge the rule's record: the key runs again there, the top level's stays.
-        let got = admin(
-            &admin_p,
-            &mut env,
-            "DELETE",
-            &format!("/records?{q}&rule=payments"),
-        );
+        let got = rule_records(&mut env, "DELETE", "&rule=payments");
         assert_eq!(got.status, 200, "{}", detail(&got));
         // (With etcd, a worker keeps its copy of a completed record for up to 5 s.)
         env.now_ms += 5_000;

@@ -44,6 +44,15 @@ fn b_claims_first(shared: &Arc<FakeShared>, layout: &Layout, d: Digest, p: Diges
     });
 }
 
+/// `n` digests that land in `bucket`.
+fn in_bucket(layout: &Layout, bucket: u64, n: usize) -> Vec<Digest> {
+    (0..)
+        .map(digest)
+        .filter(|d| layout.bucket_of(d) == bucket)
+        .take(n)
+        .collect()
+}
+
 #[test]
 fn interleaved_claims_one_wins_the_cas_race() {
     let shared = FakeShared::new();
@@ -180,27 +189,16 @@ fn bucket_full_of_in_flight_claims_is_a_store_error_not_an_eviction() {
     let layout = Layout::new("t", 16, 30_000, 60_000);
     let shared = FakeShared::new();
     let store = SharedStore::new(&*shared, &layout);
-    let bucket = layout.bucket_of(&digest(0));
-    let same: Vec<_> = (0..)
-        .map(digest)
-        .filter(|d| layout.bucket_of(d) == bucket)
-        .take(WAYS + 1)
-        .collect();
+    let same = in_bucket(&layout, layout.bucket_of(&digest(0)), WAYS + 1);
     for (i, d) in same[..WAYS].iter().enumerate() {
-        assert!(matches!(
-            store.claim(d, &[0; 32], 0, i as u64).unwrap(),
-            ClaimOutcome::Claimed { .. }
-        ));
+        claimed(store.claim(d, &[0; 32], 0, i as u64));
     }
     assert_eq!(
         store.claim(&same[WAYS], &[0; 32], 0, 99),
         Err(StoreError::BucketFull)
     );
     // Once they time out, the way is free again.
-    assert!(matches!(
-        store.claim(&same[WAYS], &[0; 32], 30_000, 99).unwrap(),
-        ClaimOutcome::Claimed { .. }
-    ));
+    claimed(store.claim(&same[WAYS], &[0; 32], 30_000, 99));
 }
 
 #[test]
@@ -210,12 +208,7 @@ fn a_response_slot_taken_over_is_never_replayed_to_the_old_key() {
     let layout = Layout::new("t", 16, 1_000, 1_000);
     let shared = FakeShared::new();
     let store = SharedStore::new(&*shared, &layout);
-    let bucket = layout.bucket_of(&digest(0));
-    let same: Vec<_> = (0..)
-        .map(digest)
-        .filter(|d| layout.bucket_of(d) == bucket)
-        .take(WAYS + 1)
-        .collect();
+    let same = in_bucket(&layout, layout.bucket_of(&digest(0)), WAYS + 1);
     let mut claims = Vec::new();
     for (i, d) in same[..WAYS].iter().enumerate() {
         let claim = claimed(store.claim(d, &[0; 32], 0, i as u64));
@@ -310,10 +303,7 @@ fn tombstoned_and_garbage_buckets_read_as_empty() {
         .set(&layout.bucket_key(layout.bucket_of(&d)), b"", 0)
         .unwrap();
     let store = SharedStore::new(&*shared, &layout);
-    assert!(matches!(
-        store.claim(&d, &[0; 32], 0, 1).unwrap(),
-        ClaimOutcome::Claimed { .. }
-    ));
+    claimed(store.claim(&d, &[0; 32], 0, 1));
     shared
         .set(
             &layout.bucket_key(layout.bucket_of(&d)),
@@ -321,10 +311,7 @@ fn tombstoned_and_garbage_buckets_read_as_empty() {
             0,
         )
         .unwrap();
-    assert!(matches!(
-        store.claim(&d, &[0; 32], 0, 2).unwrap(),
-        ClaimOutcome::Claimed { .. }
-    ));
+    claimed(store.claim(&d, &[0; 32], 0, 2));
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! bucket keeps its slots within its share, drops the oldest completed bodies first,
 //! never touches claims, and a key whose body was dropped never runs again.
 
-use super::{claimed, completed};
+use super::{claimed, completed, in_bucket};
 use crate::fake::FakeShared;
 use crate::key::Digest;
 use crate::response::StoredResponse;
@@ -20,15 +20,6 @@ fn response(n: usize, tag: u8) -> StoredResponse {
 
 /// Slot bytes of a body of `n` bytes without headers (magic, digest, token, framing).
 const SLOT_OVERHEAD: usize = 52;
-
-/// `n` digests that land in `bucket`.
-fn in_bucket(layout: &Layout, bucket: u64, n: usize) -> Vec<Digest> {
-    (0..)
-        .map(digest)
-        .filter(|d| layout.bucket_of(d) == bucket)
-        .take(n)
-        .collect()
-}
 
 /// Bytes physically held in response slots under `prefix` (what Envoy keeps in memory).
 fn slot_bytes(shared: &FakeShared, prefix: &str) -> u64 {
@@ -89,10 +80,14 @@ fn every_bucket_keeps_its_slots_within_its_share_whatever_the_traffic() {
 
 #[test]
 fn the_oldest_completed_bodies_go_first_and_their_keys_never_run_again() {
-    let layout = Layout::new("t", 16, 30_000, 600_000).with_max_store_bytes(10_000);
-    let shared = FakeShared::new();
-    let store = SharedStore::new(&*shared, &layout);
-    let keys = in_bucket(&layout, 0, 5);
+    let (layout, shared) = (
+        Layout::new("t", 16, 30_000, 600_000).with_max_store_bytes(10_000),
+        FakeShared::new(),
+    );
+    let (store, keys) = (
+        SharedStore::new(&*shared, &layout),
+        in_bucket(&layout, 0, 5),
+    );
     let mut dropped = Vec::new();
     for (i, d) in keys.iter().enumerate() {
         let done = complete(&store, d, &response(3_000, i as u8), 1_000 * i as u64);
@@ -127,10 +122,14 @@ fn the_oldest_completed_bodies_go_first_and_their_keys_never_run_again() {
 #[test]
 fn dead_slots_are_emptied_before_any_live_body() {
     // ttl 10 s: the first key's record expires; its slot still holds its bytes.
-    let layout = Layout::new("t", 16, 5_000, 10_000).with_max_store_bytes(10_000);
-    let shared = FakeShared::new();
-    let store = SharedStore::new(&*shared, &layout);
-    let keys = in_bucket(&layout, 0, 4);
+    let (layout, shared) = (
+        Layout::new("t", 16, 5_000, 10_000).with_max_store_bytes(10_000),
+        FakeShared::new(),
+    );
+    let (store, keys) = (
+        SharedStore::new(&*shared, &layout),
+        in_bucket(&layout, 0, 4),
+    );
     complete(&store, &keys[0], &response(3_000, 0), 0);
     complete(&store, &keys[1], &response(3_000, 1), 9_000);
     complete(&store, &keys[2], &response(3_000, 2), 9_000);
@@ -149,10 +148,14 @@ fn dead_slots_are_emptied_before_any_live_body() {
 
 #[test]
 fn claims_are_never_dropped_and_a_response_that_does_not_fit_beside_them_is_not_kept() {
-    let layout = Layout::new("t", 16, 30_000, 1_000).with_max_store_bytes(10_000);
-    let shared = FakeShared::new();
-    let store = SharedStore::new(&*shared, &layout);
-    let keys = in_bucket(&layout, 0, WAYS + 1);
+    let (layout, shared) = (
+        Layout::new("t", 16, 30_000, 1_000).with_max_store_bytes(10_000),
+        FakeShared::new(),
+    );
+    let (store, keys) = (
+        SharedStore::new(&*shared, &layout),
+        in_bucket(&layout, 0, WAYS + 1),
+    );
     // Key 0 completes with 6 KB and expires; its slot keeps the bytes.
     complete(&store, &keys[0], &response(6_000, 0), 0);
     // Fifteen claims fill the empty ways, the sixteenth takes key 0's expired way: it

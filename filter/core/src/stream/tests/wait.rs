@@ -46,6 +46,14 @@ struct Duplicate {
     act: Action,
 }
 
+/// A duplicate stopped waiting: it logged `logged`, counted each of `counters` once on
+/// its worker `b`, and left the waiter registry.
+fn ended_as(dup: &mut DedupStream, b: &FakeEnv, logged: &str, counters: [Counter; 2]) {
+    assert_eq!(decision(dup), Some(logged));
+    assert_eq!(counts(b, counters), [1, 1]);
+    assert!(b.waiters.is_empty());
+}
+
 fn duplicate(p: &Plugin, key: &str) -> Duplicate {
     let (mut a, mut b) = two_workers();
     let r = req("POST", "/orders").key(key).body("{}");
@@ -120,12 +128,12 @@ fn a_duplicate_on_another_worker_waits_and_gets_the_replay() {
     let got = reply(wake(&p, &mut d.b, &mut d.dup));
     assert_eq!((got.status, got.body.as_slice()), (200, &b"made"[..]));
     assert_eq!(got.header("idempotent-replayed"), Some(&b"true"[..]));
-    assert_eq!(decision(&mut d.dup), Some("waited"));
-    assert_eq!(
-        counts(&d.b, [Counter::WaitReplayed, Counter::Replayed]),
-        [1, 1]
+    ended_as(
+        &mut d.dup,
+        &d.b,
+        "waited",
+        [Counter::WaitReplayed, Counter::Replayed],
     );
-    assert!(d.b.waiters.is_empty());
     assert_eq!(
         d.a.count_of(Counter::Executed) + d.b.count_of(Counter::Executed),
         1
@@ -179,12 +187,12 @@ fn a_waiter_gets_409_when_its_wait_times_out() {
     let got = reply(wake(&p, &mut d.b, &mut d.dup));
     assert_eq!(got.status, 409);
     assert_eq!(got.header("retry-after"), Some(&b"2"[..]));
-    assert_eq!(decision(&mut d.dup), Some("in_flight"));
-    assert_eq!(
-        counts(&d.b, [Counter::WaitTimeout, Counter::RejectedInFlight]),
-        [1, 1]
+    ended_as(
+        &mut d.dup,
+        &d.b,
+        "in_flight",
+        [Counter::WaitTimeout, Counter::RejectedInFlight],
     );
-    assert!(d.b.waiters.is_empty());
 }
 
 #[test]
