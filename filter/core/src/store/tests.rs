@@ -55,8 +55,7 @@ fn in_bucket(layout: &Layout, bucket: u64, n: usize) -> Vec<Digest> {
 
 #[test]
 fn interleaved_claims_one_wins_the_cas_race() {
-    let shared = FakeShared::new();
-    let layout = Layout::new("t", 64, 30_000, 60_000);
+    let (layout, shared) = (Layout::new("t", 64, 30_000, 60_000), FakeShared::new());
     let d = digest(1);
     let p = [7u8; 32];
     SharedStore::new(&*shared, &layout).register(1000).unwrap();
@@ -92,8 +91,7 @@ fn interleaved_claims_one_wins_the_cas_race() {
 
 #[test]
 fn interleaved_claims_on_other_keys_both_win() {
-    let shared = FakeShared::new();
-    let layout = Layout::new("t", 16, 30_000, 60_000); // 2 buckets: collisions are likely
+    let (layout, shared) = (Layout::new("t", 16, 30_000, 60_000), FakeShared::new()); // 2 buckets: collisions are likely
     let p = [0u8; 32];
     let (a, b) = (
         digest(10),
@@ -162,8 +160,10 @@ fn threads_racing_on_one_key_execute_exactly_once() {
 fn half_full_store_evicts_almost_nothing() {
     // Buckets overflow by chance before the store is full; with 16 ways at half load the
     // share of records evicted early stays far below 0.2% (with 8 ways it was ~1%).
-    let layout = Layout::new("t", 16_000, 30_000, 3_600_000);
-    let shared = FakeShared::new();
+    let (layout, shared) = (
+        Layout::new("t", 16_000, 30_000, 3_600_000),
+        FakeShared::new(),
+    );
     let store = SharedStore::new(&*shared, &layout);
     let mut evicted = 0;
     for i in 0..8_000u64 {
@@ -186,8 +186,7 @@ fn half_full_store_evicts_almost_nothing() {
 
 #[test]
 fn bucket_full_of_in_flight_claims_is_a_store_error_not_an_eviction() {
-    let layout = Layout::new("t", 16, 30_000, 60_000);
-    let shared = FakeShared::new();
+    let (layout, shared) = (Layout::new("t", 16, 30_000, 60_000), FakeShared::new());
     let store = SharedStore::new(&*shared, &layout);
     let same = in_bucket(&layout, layout.bucket_of(&digest(0)), WAYS + 1);
     for (i, d) in same[..WAYS].iter().enumerate() {
@@ -205,8 +204,7 @@ fn bucket_full_of_in_flight_claims_is_a_store_error_not_an_eviction() {
 fn a_response_slot_taken_over_is_never_replayed_to_the_old_key() {
     // Record A completes; later the way is reused by B, whose response overwrites the slot.
     // Whatever interleaving, a reader of A must never get B's body.
-    let layout = Layout::new("t", 16, 1_000, 1_000);
-    let shared = FakeShared::new();
+    let (layout, shared) = (Layout::new("t", 16, 1_000, 1_000), FakeShared::new());
     let store = SharedStore::new(&*shared, &layout);
     let same = in_bucket(&layout, layout.bucket_of(&digest(0)), WAYS + 1);
     let mut claims = Vec::new();
@@ -251,8 +249,7 @@ fn a_late_completion_creating_a_never_written_slot_never_clobbers_its_successor(
 /// A's slot write, A's claim expires and B claims the way and completes. A's
 /// completion must fail and the key must answer with B's body.
 fn late_completion_loses_to_its_successor(a_now: u64) {
-    let layout = Layout::new("t", 16, 1_000, 60_000);
-    let shared = FakeShared::new();
+    let (layout, shared) = (Layout::new("t", 16, 1_000, 60_000), FakeShared::new());
     let store = SharedStore::new(&*shared, &layout);
     let d = digest(3);
     let a = claimed(store.claim(&d, &[0; 32], 0, 1));
@@ -278,8 +275,7 @@ fn late_completion_loses_to_its_successor(a_now: u64) {
 fn a_completion_whose_empty_slot_exists_after_all_still_stores_its_response() {
     // The bucket counted no bytes for the way, but its slot exists (blanked earlier):
     // the create fails and the completion reads the slot's cas as usual.
-    let layout = Layout::new("t", 16, 1_000, 60_000);
-    let shared = FakeShared::new();
+    let (layout, shared) = (Layout::new("t", 16, 1_000, 60_000), FakeShared::new());
     let store = SharedStore::new(&*shared, &layout);
     let d = digest(4);
     let claim = claimed(store.claim(&d, &[0; 32], 0, 1));
@@ -295,8 +291,7 @@ fn a_completion_whose_empty_slot_exists_after_all_still_stores_its_response() {
 
 #[test]
 fn tombstoned_and_garbage_buckets_read_as_empty() {
-    let layout = Layout::new("t", 16, 1_000, 1_000);
-    let shared = FakeShared::new();
+    let (layout, shared) = (Layout::new("t", 16, 1_000, 1_000), FakeShared::new());
     let d = digest(5);
     use crate::store::SharedData;
     shared

@@ -44,6 +44,12 @@ fn complete(
         .unwrap()
 }
 
+/// `layout` over empty shared data, and `n` keys that land in bucket 0.
+fn bucket_0(layout: Layout, n: usize) -> (Layout, Arc<FakeShared>, Vec<Digest>) {
+    let keys = in_bucket(&layout, 0, n);
+    (layout, FakeShared::new(), keys)
+}
+
 #[test]
 fn every_bucket_keeps_its_slots_within_its_share_whatever_the_traffic() {
     // 4 buckets, 10,000 bytes each; 3,052-byte slots: three fit in a bucket.
@@ -80,14 +86,11 @@ fn every_bucket_keeps_its_slots_within_its_share_whatever_the_traffic() {
 
 #[test]
 fn the_oldest_completed_bodies_go_first_and_their_keys_never_run_again() {
-    let (layout, shared) = (
+    let (layout, shared, keys) = bucket_0(
         Layout::new("t", 16, 30_000, 600_000).with_max_store_bytes(10_000),
-        FakeShared::new(),
+        5,
     );
-    let (store, keys) = (
-        SharedStore::new(&*shared, &layout),
-        in_bucket(&layout, 0, 5),
-    );
+    let store = SharedStore::new(&*shared, &layout);
     let mut dropped = Vec::new();
     for (i, d) in keys.iter().enumerate() {
         let done = complete(&store, d, &response(3_000, i as u8), 1_000 * i as u64);
@@ -122,14 +125,11 @@ fn the_oldest_completed_bodies_go_first_and_their_keys_never_run_again() {
 #[test]
 fn dead_slots_are_emptied_before_any_live_body() {
     // ttl 10 s: the first key's record expires; its slot still holds its bytes.
-    let (layout, shared) = (
+    let (layout, shared, keys) = bucket_0(
         Layout::new("t", 16, 5_000, 10_000).with_max_store_bytes(10_000),
-        FakeShared::new(),
+        4,
     );
-    let (store, keys) = (
-        SharedStore::new(&*shared, &layout),
-        in_bucket(&layout, 0, 4),
-    );
+    let store = SharedStore::new(&*shared, &layout);
     complete(&store, &keys[0], &response(3_000, 0), 0);
     complete(&store, &keys[1], &response(3_000, 1), 9_000);
     complete(&store, &keys[2], &response(3_000, 2), 9_000);
@@ -148,14 +148,11 @@ fn dead_slots_are_emptied_before_any_live_body() {
 
 #[test]
 fn claims_are_never_dropped_and_a_response_that_does_not_fit_beside_them_is_not_kept() {
-    let (layout, shared) = (
+    let (layout, shared, keys) = bucket_0(
         Layout::new("t", 16, 30_000, 1_000).with_max_store_bytes(10_000),
-        FakeShared::new(),
+        WAYS + 1,
     );
-    let (store, keys) = (
-        SharedStore::new(&*shared, &layout),
-        in_bucket(&layout, 0, WAYS + 1),
-    );
+    let store = SharedStore::new(&*shared, &layout);
     // Key 0 completes with 6 KB and expires; its slot keeps the bytes.
     complete(&store, &keys[0], &response(6_000, 0), 0);
     // Fifteen claims fill the empty ways, the sixteenth takes key 0's expired way: it

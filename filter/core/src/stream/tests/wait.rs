@@ -41,32 +41,28 @@ struct Duplicate {
     a: FakeEnv,
     b: FakeEnv,
     r: Req,
-    first: DedupStream,
     dup: DedupStream,
     act: Action,
 }
 
-/// A duplicate stopped waiting: it logged `logged`, counted each of `counters` once on
-/// its worker `b`, and left the waiter registry.
-fn ended_as(dup: &mut DedupStream, b: &FakeEnv, logged: &str, counters: [Counter; 2]) {
-    assert_eq!(decision(dup), Some(logged));
-    assert_eq!(counts(b, counters), [1, 1]);
-    assert!(b.waiters.is_empty());
+impl Duplicate {
+    /// The duplicate stopped waiting: it logged `logged`, counted each of `counters`
+    /// once on its worker, and left the waiter registry.
+    fn ended_as(&mut self, logged: &str, counters: [Counter; 2]) {
+        assert_eq!(decision(&mut self.dup), Some(logged));
+        assert_eq!(counts(&self.b, counters), [1, 1]);
+        assert!(self.b.waiters.is_empty());
+    }
 }
 
-fn duplicate(p: &Plugin, key: &str) -> Duplicate {
+/// (The first request's stream is returned beside it, to be answered.)
+fn duplicate(p: &Plugin, key: &str) -> (Duplicate, DedupStream) {
     let (mut a, mut b) = two_workers();
     let r = req("POST", "/orders").key(key).body("{}");
     let first = send(p, &mut a, &r).unwrap();
     let (dup, act) = decide(p, &mut b, &r, 2);
-    Duplicate {
-        a,
-        b,
-        r,
-        first,
-        dup,
-        act,
-    }
+    let d = Duplicate { a, b, r, dup, act };
+    (d, first)
 }
 
 /// Two proxies: `a` forwards `r`, two duplicates of it wait on `b`.
@@ -113,7 +109,7 @@ fn a_rule_in_wait_mode_waits_while_the_top_level_rejects() {
 #[test]
 fn a_duplicate_on_another_worker_waits_and_gets_the_replay() {
     let p = wait_plugin("");
-    let mut d = duplicate(&p, "k1");
+    let (mut d, first) = duplicate(&p, "k1");
     assert_eq!(d.act, Action::Pause, "held, nothing forwarded");
     assert!(d.dup.waiting());
     assert_eq!(
@@ -123,17 +119,12 @@ fn a_duplicate_on_another_worker_waits_and_gets_the_replay() {
     assert_eq!(d.b.waiters.len(), 1);
     // Still in flight: a re-check waits on.
     assert_eq!(wake(&p, &mut d.b, &mut d.dup), Action::Pause);
-    respond(&p, &mut d.a, d.first, ok("made"));
+    respond(&p, &mut d.a, first, ok("made"));
     assert_eq!(d.a.wake_calls.len(), 1, "the completion wakes the waiters");
     let got = reply(wake(&p, &mut d.b, &mut d.dup));
     assert_eq!((got.status, got.body.as_slice()), (200, &b"made"[..]));
     assert_eq!(got.header("idempotent-replayed"), Some(&b"true"[..]));
-    ended_as(
-        &mut d.dup,
-        &d.b,
-        "waited",
-        [Counter::WaitReplayed, Counter::Replayed],
-    );
+    d.ended_as("waited", [Counter::WaitReplayed, Counter::Replayed]);
     assert_eq!(
         d.a.count_of(Counter::Executed) + d.b.count_of(Counter::Executed),
         1
@@ -179,7 +170,7 @@ fn after_a_release_exactly_one_waiter_executes_and_the_others_get_its_answer() {
 #[test]
 fn a_waiter_gets_409_when_its_wait_times_out() {
     let p = wait_plugin(r#""retry_after_seconds": 2"#);
-    let mut d = duplicate(&p, "slow");
+    let (mut d, _first) = duplicate(&p, "slow");
     assert_eq!(d.act, Action::Pause);
     d.b.now_ms += 4_999;
     assert_eq!(wake(&p, &mut d.b, &mut d.dup), Action::Pause);
@@ -187,9 +178,7 @@ fn a_waiter_gets_409_when_its_wait_times_out() {
     let got = reply(wake(&p, &mut d.b, &mut d.dup));
     assert_eq!(got.status, 409);
     assert_eq!(got.header("retry-after"), Some(&b"2"[..]));
-    ended_as(
-        &mut d.dup,
-        &d.b,
+    d.ended_as(
         "in_flight",
         [Counter::WaitTimeout, Counter::RejectedInFlight],
     );
@@ -224,7 +213,7 @@ fn above_max_waiters_a_duplicate_gets_409_at_once() {
 #[test]
 fn a_client_that_leaves_while_waiting_leaves_nothing_behind() {
     let p = wait_plugin("");
-    let mut d = duplicate(&p, "k");
+    let (mut d, first) = duplicate(&p, "k");
     assert_eq!(
         d.dup.on_stream_end(
             &p,
@@ -240,7 +229,7 @@ fn a_client_that_leaves_while_waiting_leaves_nothing_behind() {
         Action::Pause,
         "a late wake-up does nothing"
     );
-    respond(&p, &mut d.a, d.first, answer(503, "down"));
+    respond(&p, &mut d.a, first, answer(503, "down"));
     // Nothing was claimed for the client that left: the key is free.
     assert!(send(&p, &mut d.b, &d.r).is_ok());
 }
@@ -248,8 +237,8 @@ fn a_client_that_leaves_while_waiting_leaves_nothing_behind() {
 #[test]
 fn a_waiter_of_a_response_not_stored_gets_what_a_duplicate_gets() {
     let p = wait_plugin(r#""max_replay_body_bytes": 4"#);
-    let mut d = duplicate(&p, "k");
-    respond(&p, &mut d.a, d.first, ok("far too long"));
+    let (mut d, first) = duplicate(&p, "k");
+    respond(&p, &mut d.a, first, ok("far too long"));
     let got = reply(wake(&p, &mut d.b, &mut d.dup));
     assert_eq!(got.status, 409);
     assert_eq!(got.details, "proxy_dedup_response_not_stored");
@@ -258,8 +247,8 @@ fn a_waiter_of_a_response_not_stored_gets_what_a_duplicate_gets() {
 #[test]
 fn a_held_claim_keeps_waiters_until_their_timeout() {
     let p = wait_plugin("");
-    let mut d = duplicate(&p, "k");
-    respond(&p, &mut d.a, d.first, upstream_reset());
+    let (mut d, first) = duplicate(&p, "k");
+    respond(&p, &mut d.a, first, upstream_reset());
     assert_eq!(wake(&p, &mut d.b, &mut d.dup), Action::Pause);
     d.b.now_ms += 5_000;
     let got = reply(wake(&p, &mut d.b, &mut d.dup));
