@@ -66,6 +66,10 @@ impl Outcome {
     pub(crate) fn assert_upstream(&self, why: &str) {
         assert!(self.reached_upstream(), "{why}: {self:?}");
     }
+    /// Asserts the filter answered with a replay of this body.
+    pub(crate) fn assert_replays(&self, body: &[u8]) {
+        assert_eq!(self.local().body, body);
+    }
     pub(crate) fn status(&self) -> u16 {
         match self {
             Outcome::Upstream(s, _) => *s,
@@ -374,4 +378,18 @@ pub(crate) fn start_keyed(p: &Plugin, env: &mut FakeEnv) -> (DedupStream, Action
     let mut s = DedupStream::new(1);
     let first = s.on_request_headers(p, env, req("POST", "/o").key("k").head, true);
     (s, first)
+}
+
+/// Sends `r` up to the decision, which must forward it: the request and its stream.
+pub(crate) fn sent(p: &Plugin, env: &mut FakeEnv, r: Req) -> (Req, DedupStream) {
+    let s = send(p, env, &r).unwrap();
+    (r, s)
+}
+
+/// Two workers over one shared-data store, `r` forwarded on the first: the workers and
+/// its stream.
+pub(crate) fn sent_on_worker_0(p: &Plugin, r: &Req) -> (FakeEnv, FakeEnv, DedupStream) {
+    let (mut a, b) = two_workers();
+    let first = send(p, &mut a, r).unwrap();
+    (a, b, first)
 }

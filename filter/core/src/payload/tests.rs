@@ -122,7 +122,7 @@ fn ignored_array_elements_do_not_count_in_the_payload() {
     assert!(run(&p, &mut env, &first, ok("made")).reached_upstream());
     // Only the ignored element and member differ: the same payload.
     let same = r(r#"{"items": [9, 2], "meta": {"at": 2}}"#);
-    assert_eq!(run(&p, &mut env, &same, ok("no")).local().body, b"made");
+    run(&p, &mut env, &same, ok("no")).assert_replays(b"made");
     // Another element differs: another payload.
     let other = r(r#"{"items": [1, 3], "meta": {"at": 1}}"#);
     assert_eq!(run(&p, &mut env, &other, ok("no")).status(), 422);

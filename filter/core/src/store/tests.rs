@@ -27,6 +27,15 @@ fn claimed(r: Result<ClaimOutcome, StoreError>) -> Claim {
     }
 }
 
+/// Asserts a claim attempt found the key in flight (not held); `why` says why.
+fn in_flight(r: Result<ClaimOutcome, StoreError>, why: &str) {
+    assert_eq!(
+        r.unwrap(),
+        ClaimOutcome::InFlight { held_until: None },
+        "{why}"
+    );
+}
+
 /// The completed claim a claim attempt found; panics on any other outcome.
 fn completed(r: Result<ClaimOutcome, StoreError>) -> Claim {
     match r.unwrap() {
@@ -62,13 +71,9 @@ fn interleaved_claims_one_wins_the_cas_race() {
     // Worker B claims between worker A's read and A's CAS (the bucket does not exist yet:
     // both saw it absent, and B's create wins).
     b_claims_first(&shared, &layout, d, p, 1000);
-    let a = SharedStore::new(&*shared, &layout)
-        .claim(&d, &p, 1000, 1)
-        .unwrap();
-    assert_eq!(
-        a,
-        ClaimOutcome::InFlight { held_until: None },
-        "A must see B's claim after losing the CAS"
+    in_flight(
+        SharedStore::new(&*shared, &layout).claim(&d, &p, 1000, 1),
+        "A must see B's claim after losing the CAS",
     );
 
     // Same race on an existing bucket (cas path, not the create path).
@@ -340,13 +345,9 @@ fn concurrent_claims_under_two_layouts_run_once() {
         let (a, b) = if first_old { (old, new) } else { (new, old) };
         // B's whole claim runs between A's read of its own bucket and A's CAS.
         b_claims_first(&shared, &b, d, p, 1000);
-        let o = SharedStore::new(&*shared, &a)
-            .claim(&d, &p, 1000, 1)
-            .unwrap();
-        assert_eq!(
-            o,
-            ClaimOutcome::InFlight { held_until: None },
-            "first_old {first_old}"
+        in_flight(
+            SharedStore::new(&*shared, &a).claim(&d, &p, 1000, 1),
+            "first_old {first_old}",
         );
         // A yielded and left nothing behind: B's claim is the only one.
         let again = SharedStore::new(&*shared, &a)

@@ -62,9 +62,8 @@ fn b1_replay_keeps_end_to_end_headers_and_drops_hop_by_hop_and_cookies() {
 #[test]
 fn b3_duplicate_in_flight_gets_409_with_retry_after() {
     let p = plugin(r#"{"retry_after_seconds": 3}"#);
-    let (mut env, mut env2) = two_workers();
     let r = req("POST", "/orders").key("k1").body("{}");
-    let first = send(&p, &mut env, &r).unwrap();
+    let (mut env, mut env2, first) = sent_on_worker_0(&p, &r);
     let dup = send(&p, &mut env2, &r).unwrap_err();
     assert_eq!(dup.status(), 409);
     assert_eq!(dup.local().header("retry-after"), Some(&b"3"[..]));
@@ -75,7 +74,7 @@ fn b3_duplicate_in_flight_gets_409_with_retry_after() {
     assert_eq!(dup.problem_type(), "urn:proxy-dedup:problem:in-flight");
     assert_eq!(env2.count_of(Counter::RejectedInFlight), 1);
     respond(&p, &mut env, first, ok("done"));
-    assert_eq!(run(&p, &mut env2, &r, ok("no")).local().body, b"done");
+    run(&p, &mut env2, &r, ok("no")).assert_replays(b"done");
 }
 
 #[test]
@@ -174,7 +173,7 @@ fn b6_upstream_5xx_and_requests_never_sent_release_the_claim() {
         ),
         [7, 6, 0]
     );
-    assert_eq!(run(&p, &mut env, &r, ok("no")).local().body, b"paid");
+    run(&p, &mut env, &r, ok("no")).assert_replays(b"paid");
     // 4xx is stored by default; configurable.
     let p = plugin(r#"{"store_statuses": ["2xx"]}"#);
     let r = req("POST", "/pay").key("k2");
@@ -266,8 +265,7 @@ fn on_unknown_outcome_release_lets_the_retry_run() {
 #[test]
 fn a_status_that_arrived_counts_even_if_the_body_is_cut() {
     let (p, mut env) = one_worker("{}");
-    let r = req("POST", "/o").key("k1");
-    let mut s = send(&p, &mut env, &r).unwrap();
+    let (r, mut s) = sent(&p, &mut env, req("POST", "/o").key("k1"));
     let up = Origin::upstream();
     assert_eq!(
         s.on_response_headers(&p, &mut env, 200, &up, Vec::new, false),
@@ -327,7 +325,7 @@ fn b8_decision_waits_for_the_end_of_the_body() {
     let mut whole = req("POST", "/o").key("k1").body("part one and two");
     whole.chunk = 100;
     let _ = respond(&p, &mut env, s, ok("ok"));
-    assert_eq!(run(&p, &mut env, &whole, ok("no")).local().body, b"ok");
+    run(&p, &mut env, &whole, ok("no")).assert_replays(b"ok");
 }
 
 #[test]
@@ -391,7 +389,7 @@ fn oversized_response_blocks_duplicates_without_replay() {
     // At the cap it is stored.
     let r2 = req("POST", "/o").key("k2");
     run(&p, &mut env, &r2, ok("01234567"));
-    assert_eq!(run(&p, &mut env, &r2, ok("no")).local().body, b"01234567");
+    run(&p, &mut env, &r2, ok("no")).assert_replays(b"01234567");
 }
 
 #[test]
@@ -416,8 +414,7 @@ fn failure_modes() {
     // record stays in flight until its timeout.
     let p = plugin(r#"{"in_flight_timeout_seconds": 5}"#);
     let (shared, mut env) = world();
-    let r = req("POST", "/o").key("k");
-    let s = send(&p, &mut env, &r).unwrap();
+    let (r, s) = sent(&p, &mut env, req("POST", "/o").key("k"));
     shared.set_failing(true);
     respond(&p, &mut env, s, ok("x"));
     assert_eq!(env.count_of(Counter::StoreErrors), 1);
@@ -433,7 +430,7 @@ fn ttl_and_in_flight_expiry() {
     let r = req("POST", "/o").key("k");
     run(&p, &mut env, &r, ok("one"));
     env.now_ms += 59_999;
-    assert_eq!(run(&p, &mut env, &r, ok("no")).local().body, b"one");
+    run(&p, &mut env, &r, ok("no")).assert_replays(b"one");
     env.now_ms += 1;
     assert_eq!(run(&p, &mut env, &r, ok("two")), executed("two"));
     // In flight: blocks until the timeout, then the key runs again.
@@ -448,7 +445,7 @@ fn ttl_and_in_flight_expiry() {
     assert_eq!(env.count_of(Counter::ClaimsLost), 1);
     assert_eq!(send(&p, &mut env, &r2).unwrap_err().status(), 409);
     respond(&p, &mut env, retry, ok("fresh"));
-    assert_eq!(run(&p, &mut env, &r2, ok("no")).local().body, b"fresh");
+    run(&p, &mut env, &r2, ok("no")).assert_replays(b"fresh");
     // Nor its response slot, when it answers after its successor completed.
     let r3 = req("POST", "/o").key("k3");
     let stuck = send(&p, &mut env, &r3).unwrap();
@@ -458,7 +455,7 @@ fn ttl_and_in_flight_expiry() {
         executed("successor")
     );
     respond(&p, &mut env, stuck, ok("late"));
-    assert_eq!(run(&p, &mut env, &r3, ok("no")).local().body, b"successor");
+    run(&p, &mut env, &r3, ok("no")).assert_replays(b"successor");
 }
 
 #[test]
@@ -466,8 +463,7 @@ fn a_response_after_the_in_flight_timeout_is_not_stored() {
     // The claim ended at its in-flight timeout (as `proxy_dedup_claims_lost` says):
     // a response after it is not kept, whether or not the key ran again meanwhile.
     let (p, mut env) = one_worker(r#"{"in_flight_timeout_seconds": 5}"#);
-    let r = req("POST", "/o").key("k");
-    let slow = send(&p, &mut env, &r).unwrap();
+    let (r, slow) = sent(&p, &mut env, req("POST", "/o").key("k"));
     env.now_ms += 4_999;
     assert_eq!(run(&p, &mut env, &r, ok("no")).status(), 409);
     env.now_ms += 1;
@@ -479,14 +475,13 @@ fn a_response_after_the_in_flight_timeout_is_not_stored() {
     let s = send(&p, &mut env, &r2).unwrap();
     env.now_ms += 4_999;
     respond(&p, &mut env, s, ok("in time"));
-    assert_eq!(run(&p, &mut env, &r2, ok("no")).local().body, b"in time");
+    run(&p, &mut env, &r2, ok("no")).assert_replays(b"in time");
 }
 
 #[test]
 fn each_decision_is_reported_once_for_access_logs() {
     let (p, mut env) = one_worker(r#"{"key": {"required": false}}"#);
-    let r = req("POST", "/o").key("k").body("{}");
-    let mut s = send(&p, &mut env, &r).unwrap();
+    let (r, mut s) = sent(&p, &mut env, req("POST", "/o").key("k").body("{}"));
     let (verdict, record) = s.log_fields().unwrap();
     assert_eq!(verdict, "executed");
     let record = record.unwrap().to_string();
@@ -512,13 +507,11 @@ fn each_decision_is_reported_once_for_access_logs() {
         assert_eq!(s.log_fields().map(|f| f.0), Some(want));
     }
     // The held and released outcomes are reported when the response decides them.
-    let r = req("POST", "/o").key("k2");
-    let mut s = send(&p, &mut env, &r).unwrap();
+    let (_r, mut s) = sent(&p, &mut env, req("POST", "/o").key("k2"));
     let _ = s.log_fields();
     assert_eq!(s.on_stream_end(&p, &mut env, &origin("", flags::DC)), None);
     assert_eq!(s.log_fields().map(|f| f.0), Some("outcome_unknown"));
-    let r = req("POST", "/o").key("k3");
-    let mut s = send(&p, &mut env, &r).unwrap();
+    let (_r, mut s) = sent(&p, &mut env, req("POST", "/o").key("k3"));
     let up = Origin::upstream();
     let _ = s.on_response_headers(&p, &mut env, 503, &up, Vec::new, true);
     assert_eq!(s.log_fields().map(|f| f.0), Some("released"));
@@ -585,10 +578,7 @@ fn a_push_redelivery_with_a_new_attempt_count_is_replayed_not_422() {
         ))
     };
     assert!(run(&p, &mut env, &push(1, "aGk="), ok("acked")).reached_upstream());
-    assert_eq!(
-        run(&p, &mut env, &push(2, "aGk="), ok("no")).local().body,
-        b"acked"
-    );
+    run(&p, &mut env, &push(2, "aGk="), ok("no")).assert_replays(b"acked");
     let changed = run(&p, &mut env, &push(3, "Ynll"), ok("no"));
     assert_eq!(
         changed.problem_type(),

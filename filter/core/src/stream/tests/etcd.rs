@@ -13,8 +13,7 @@ const TTL_10_IN_FLIGHT_5: &str = r#""ttl_seconds": 10, "in_flight_timeout_second
 #[test]
 fn etcd_first_executes_other_proxy_replays_and_in_flight_conflicts() {
     let (p, (mut a, mut b)) = (etcd_plugin(""), two_proxies());
-    let r = req("POST", "/orders").key("k1").body("{}");
-    let first = send(&p, &mut a, &r).unwrap();
+    let (r, first) = sent(&p, &mut a, req("POST", "/orders").key("k1").body("{}"));
     // In flight on proxy A: B answers 409 from etcd's record.
     assert_eq!(send(&p, &mut b, &r).unwrap_err().status(), 409);
     assert_eq!(
@@ -43,7 +42,7 @@ fn etcd_local_tier_answers_without_a_round_trip() {
     run(&p, &mut a, &r, ok("made"));
     // The executing worker learned the completed record when etcd confirmed it.
     a.etcd.set_down(true);
-    assert_eq!(run(&p, &mut a, &r, ok("no")).local().body, b"made");
+    run(&p, &mut a, &r, ok("no")).assert_replays(b"made");
     assert_eq!(
         run(
             &p,
@@ -58,7 +57,7 @@ fn etcd_local_tier_answers_without_a_round_trip() {
     assert_eq!(run(&p, &mut b, &r, ok("through")), executed("through"));
     assert_eq!(b.count_of(Counter::FailedOpen), 1);
     a.etcd.set_down(false);
-    assert_eq!(run(&p, &mut b, &r, ok("no")).local().body, b"made");
+    run(&p, &mut b, &r, ok("no")).assert_replays(b"made");
     a.etcd.set_down(true);
     assert_eq!(
         run(&p, &mut b, &r, ok("no")).local().body,
@@ -110,7 +109,7 @@ fn etcd_release_on_5xx_and_reset() {
         a.count_of(Counter::Released) + b.count_of(Counter::Released),
         2
     );
-    assert_eq!(run(&p, &mut b, &r, ok("no")).local().body, b"paid");
+    run(&p, &mut b, &r, ok("no")).assert_replays(b"paid");
 }
 
 #[test]
@@ -207,7 +206,7 @@ fn etcd_in_flight_records_end_only_with_their_lease_whatever_the_clocks() {
     respond(&p, &mut a, stuck, ok("late"));
     assert_eq!(a.count_of(Counter::ClaimsLost), 1);
     respond(&p, &mut b, retry, ok("fresh"));
-    assert_eq!(run(&p, &mut a, &r, ok("no")).local().body, b"fresh");
+    run(&p, &mut a, &r, ok("no")).assert_replays(b"fresh");
     // Completed records answer for ttl by the reader's clock, then their lease removes
     // them from etcd.
     let t1 = a.now_ms;
@@ -227,8 +226,7 @@ fn etcd_in_flight_records_end_only_with_their_lease_whatever_the_clocks() {
 #[test]
 fn etcd_unreadable_records_are_never_taken_over() {
     let (p, (mut a, _)) = (etcd_plugin(""), two_proxies());
-    let r = req("POST", "/o").key("k");
-    let s = send(&p, &mut a, &r).unwrap();
+    let (r, s) = sent(&p, &mut a, req("POST", "/o").key("k"));
     drop(s);
     // Overwrite the record with bytes this version cannot read (a newer format).
     a.etcd.corrupt_all();
@@ -242,12 +240,11 @@ fn etcd_unreadable_records_are_never_taken_over() {
 fn etcd_completion_and_release_are_retried_and_recognised_when_answers_are_lost() {
     let (p, (mut a, mut b)) = (etcd_plugin(""), two_proxies());
     // Completion refused once (dead member), then accepted.
-    let r = req("POST", "/o").key("k1");
-    let s = send(&p, &mut a, &r).unwrap();
+    let (r, s) = sent(&p, &mut a, req("POST", "/o").key("k1"));
     a.etcd.fail_next(1);
     respond(&p, &mut a, s, ok("one"));
     assert_eq!(a.count_of(Counter::StoreErrors), 0);
-    assert_eq!(run(&p, &mut b, &r, ok("no")).local().body, b"one");
+    run(&p, &mut b, &r, ok("no")).assert_replays(b"one");
     // Completion applied but its answer lost: the retry's compare fails on our own
     // completed record, which counts as confirmed.
     let r2 = req("POST", "/o").key("k2");
@@ -258,7 +255,7 @@ fn etcd_completion_and_release_are_retried_and_recognised_when_answers_are_lost(
         counts(&a, [Counter::ClaimsLost, Counter::StoreErrors]),
         [0, 0]
     );
-    assert_eq!(run(&p, &mut b, &r2, ok("no")).local().body, b"two");
+    run(&p, &mut b, &r2, ok("no")).assert_replays(b"two");
     // Release applied but its answer lost: the key is gone, which is what we wanted.
     let r3 = req("POST", "/o").key("k3");
     let s = send(&p, &mut a, &r3).unwrap();
@@ -352,8 +349,7 @@ fn etcd_a_lease_grant_answered_late_never_shortens_the_claims_made_with_it() {
     assert_eq!(settle(&p, &mut a, &mut first, action), Action::Continue);
     // Another request on the same worker, just inside the lease's window.
     a.now_ms = t0 + 1_998;
-    let r = req("POST", "/o").key("k1");
-    let second = send(&p, &mut a, &r).unwrap();
+    let (r, second) = sent(&p, &mut a, req("POST", "/o").key("k1"));
     let forwarded_at = a.now_ms;
     // Until 5 s after that claim, the key is in flight on every proxy.
     b.now_ms = forwarded_at + 4_999;
@@ -417,7 +413,7 @@ fn etcd_a_completed_record_is_taken_over_at_its_expiry_while_its_lease_lives() {
     let t0 = a.now_ms;
     assert!(run(&p, &mut a, &r, ok("first")).reached_upstream());
     b.now_ms = t0 + 9_999;
-    assert_eq!(run(&p, &mut b, &r, ok("no")).local().body, b"first");
+    run(&p, &mut b, &r, ok("no")).assert_replays(b"first");
     // Expired by the reader's clock; etcd still has it (its lease runs longer).
     let (mut c, _) = two_proxies();
     c.etcd = a.etcd.clone();
@@ -427,7 +423,7 @@ fn etcd_a_completed_record_is_taken_over_at_its_expiry_while_its_lease_lives() {
     let (mut d, _) = two_proxies();
     d.etcd = a.etcd.clone();
     d.now_ms = t0 + 10_001;
-    assert_eq!(run(&p, &mut d, &r, ok("no")).local().body, b"second");
+    run(&p, &mut d, &r, ok("no")).assert_replays(b"second");
 }
 
 #[test]

@@ -295,7 +295,7 @@ fn etcd_a_claim_whose_answer_was_lost_is_recognised_by_its_token() {
     assert!(s.holds_claim());
     assert_eq!(send(&p, &mut b, &r).unwrap_err().status(), 409);
     respond(&p, &mut a, s, ok("once"));
-    assert_eq!(run(&p, &mut b, &r, ok("no")).local().body, b"once");
+    run(&p, &mut b, &r, ok("no")).assert_replays(b"once");
     assert_eq!(
         a.count_of(Counter::Executed) + b.count_of(Counter::Executed),
         1
@@ -307,8 +307,7 @@ fn etcd_a_completion_is_retried_four_times_then_counted_failed() {
     let p = etcd_plugin("");
     for (failures, confirmed) in [(4, true), (5, false)] {
         let (mut a, mut b) = two_proxies();
-        let r = req("POST", "/o").key("k");
-        let s = send(&p, &mut a, &r).unwrap();
+        let (r, s) = sent(&p, &mut a, req("POST", "/o").key("k"));
         a.etcd.fail_next(failures);
         respond(&p, &mut a, s, ok("done"));
         assert_eq!(
@@ -339,8 +338,7 @@ fn etcd_a_completion_is_retried_four_times_then_counted_failed() {
 fn etcd_a_completion_is_not_retried_past_its_budget() {
     let p = etcd_plugin(""); // timeout_ms 500
     let (mut a, _) = two_proxies();
-    let r = req("POST", "/o").key("k");
-    let mut s = send(&p, &mut a, &r).unwrap();
+    let (_r, mut s) = sent(&p, &mut a, req("POST", "/o").key("k"));
     let pairs = || vec![(":status".to_string(), b"200".to_vec())];
     let c = s.on_response_headers(&p, &mut a, 200, &Origin::upstream(), pairs, true);
     let Some(c) = c else {
@@ -372,8 +370,7 @@ fn etcd_a_completion_whose_lease_etcd_lost_is_written_again_with_a_fresh_lease()
     // times: a store error, and the key stays in flight (never runs twice).
     for (losses, lands) in [(1, true), (2, true), (3, false)] {
         let (mut a, mut b) = two_proxies();
-        let r = req("POST", "/o").key("k");
-        let mut s = send(&p, &mut a, &r).unwrap();
+        let (r, mut s) = sent(&p, &mut a, req("POST", "/o").key("k"));
         let pairs = || vec![(":status".to_string(), b"201".to_vec())];
         let mut c = s
             .on_response_headers(&p, &mut a, 201, &Origin::upstream(), pairs, true)
@@ -412,8 +409,7 @@ fn etcd_a_completion_whose_lease_etcd_lost_is_written_again_with_a_fresh_lease()
 #[test]
 fn etcd_a_hold_whose_answer_was_lost_is_recognised() {
     let (p, (mut a, mut b)) = (etcd_plugin(""), two_proxies());
-    let r = req("POST", "/o").key("k");
-    let s = send(&p, &mut a, &r).unwrap();
+    let (r, s) = sent(&p, &mut a, req("POST", "/o").key("k"));
     a.etcd.lose_next_answers(1);
     assert_eq!(respond(&p, &mut a, s, upstream_reset()), Outcome::Reset);
     assert_eq!(
@@ -472,8 +468,7 @@ fn etcd_settling_answers_say_what_happened_to_the_record() {
         ("release: unreadable", "nonsense".to_string(), 0, 1),
     ] {
         let (mut a, _) = two_proxies();
-        let r = req("POST", "/o").key("k");
-        let mut s = send(&p, &mut a, &r).unwrap();
+        let (_r, mut s) = sent(&p, &mut a, req("POST", "/o").key("k"));
         let pairs = || vec![(":status".to_string(), b"503".to_vec())];
         let c = s.on_response_headers(&p, &mut a, 503, &Origin::upstream(), pairs, true);
         assert!(c.is_some(), "{what}: a release call");
@@ -500,8 +495,7 @@ fn etcd_settling_answers_say_what_happened_to_the_record() {
         ("ours, still in flight", String::new()),
     ] {
         let (mut a, _) = two_proxies();
-        let r = req("POST", "/o").key("k");
-        let mut s = send(&p, &mut a, &r).unwrap();
+        let (r, mut s) = sent(&p, &mut a, req("POST", "/o").key("k"));
         let pairs = || vec![(":status".to_string(), b"200".to_vec())];
         let c = s.on_response_headers(&p, &mut a, 200, &Origin::upstream(), pairs, true);
         assert!(c.is_some(), "{what}: a completion call");

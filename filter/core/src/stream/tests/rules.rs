@@ -97,12 +97,9 @@ fn each_rule_has_its_own_records_and_the_same_key_runs_once_per_rule() {
         );
     }
     // Sharing, as configured: /c reads b's records, /d the top level's.
-    assert_eq!(run(&p, &mut env, &key("/c"), ok("no")).local().body, b"/b");
-    assert_eq!(run(&p, &mut env, &key("/d"), ok("no")).local().body, b"/o");
-    assert_eq!(
-        run(&p, &mut env, &key("/a/x"), ok("no")).local().body,
-        b"/a"
-    );
+    run(&p, &mut env, &key("/c"), ok("no")).assert_replays(b"/b");
+    run(&p, &mut env, &key("/d"), ok("no")).assert_replays(b"/o");
+    run(&p, &mut env, &key("/a/x"), ok("no")).assert_replays(b"/a");
     assert_eq!(env.count_of(Counter::Executed), 3);
 }
 
@@ -129,14 +126,8 @@ fn reordering_or_inserting_rules_keeps_each_rules_records() {
     );
     let mut env2 = FakeEnv::new(shared, 3);
     env2.now_ms = env.now_ms;
-    assert_eq!(
-        run(&after, &mut env2, &pay, ok("twice")).local().body,
-        b"paid"
-    );
-    assert_eq!(
-        run(&after, &mut env2, &hook, ok("twice")).local().body,
-        b"hooked"
-    );
+    run(&after, &mut env2, &pay, ok("twice")).assert_replays(b"paid");
+    run(&after, &mut env2, &hook, ok("twice")).assert_replays(b"hooked");
     // Renaming a rule is a new key space (its name is the records' identity).
     let renamed =
         plugin(r#"{"rules": [{"name": "payments-v2", "match": {"path_prefix": "/payments"}}]}"#);
@@ -153,10 +144,7 @@ fn top_level_records_keep_their_digest_when_rules_are_added() {
     run(&plugin("{}"), &mut env, &r, ok("first"));
     let mut env2 = FakeEnv::new(shared, 4);
     env2.now_ms = env.now_ms;
-    assert_eq!(
-        run(&rules(""), &mut env2, &r, ok("no")).local().body,
-        b"first"
-    );
+    run(&rules(""), &mut env2, &r, ok("no")).assert_replays(b"first");
 }
 
 #[test]
@@ -232,7 +220,7 @@ fn per_rule_ttl_in_flight_timeout_and_body_limit() {
         executed("s2"),
         "the rule's TTL ended"
     );
-    assert_eq!(run(&p, &mut env, &long, ok("no")).local().body, b"l1");
+    run(&p, &mut env, &long, ok("no")).assert_replays(b"l1");
     // In flight: the rule's claim ends after 2 s, the top level's after 60 s.
     let (ks, kl) = (req("POST", "/s").key("f"), req("POST", "/l").key("f"));
     let _a = send(&p, &mut env, &ks).unwrap();
@@ -287,13 +275,13 @@ fn per_rule_ttl_and_in_flight_timeout_reach_etcd() {
     run(&p, &mut a, &long, ok("l1"));
     // Each policy got its own leases: two purposes for each of the two plans.
     assert_eq!(a.etcd.grants(), 4);
-    assert_eq!(run(&p, &mut b, &short, ok("no")).local().body, b"s1");
+    run(&p, &mut b, &short, ok("no")).assert_replays(b"s1");
     // Past the rule's TTL and its lease's slack, etcd itself has dropped the record;
     // the top level's lives on.
     b.now_ms += 120_000;
     assert_eq!(b.etcd.key_count(b.now_ms), 1);
     assert_eq!(run(&p, &mut b, &short, ok("s2")), executed("s2"));
-    assert_eq!(run(&p, &mut b, &long, ok("no")).local().body, b"l1");
+    run(&p, &mut b, &long, ok("no")).assert_replays(b"l1");
     // In flight: the rule's claim is taken over after 2 s (its lease runs out).
     let (fs, fl) = (req("POST", "/s").key("f"), req("POST", "/l").key("f"));
     let _stuck = send(&p, &mut b, &fs).unwrap();

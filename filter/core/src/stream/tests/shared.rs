@@ -25,7 +25,7 @@ fn capacity_bounds_keys_and_evicts_oldest_completed_first() {
     assert!(env.count_of(Counter::EvictionsUnexpired) >= 2000 - 64);
     // The newest keys are still replayed.
     let last = req("POST", "/o").key("k1999");
-    assert_eq!(run(&p, &mut env, &last, ok("no")).local().body, b"r1999");
+    run(&p, &mut env, &last, ok("no")).assert_replays(b"r1999");
     // Expired records are reused before unexpired ones are evicted.
     let p = plugin(r#"{"capacity": 16, "ttl_seconds": 1}"#);
     let (shared, mut env) = world();
@@ -158,17 +158,14 @@ fn a_config_push_that_changes_capacity_keeps_records_answering() {
     assert!(run(&old, &mut env, &done, ok("old")).reached_upstream());
     let first = send(&old, &mut env, &flying).unwrap();
     // After the push: the completed key replays, the in-flight one is still in flight.
-    assert_eq!(run(&new, &mut env, &done, ok("no")).local().body, b"old");
+    run(&new, &mut env, &done, ok("no")).assert_replays(b"old");
     assert_eq!(run(&new, &mut env, &flying, ok("no")).status(), 409);
     let _ = respond(&old, &mut env, first, ok("flown"));
-    assert_eq!(
-        run(&new, &mut env, &flying, ok("no")).local().body,
-        b"flown"
-    );
+    run(&new, &mut env, &flying, ok("no")).assert_replays(b"flown");
     // And the other way: the old configuration (still draining) sees the new one's.
     let fresh = req("POST", "/o").key("fresh");
     assert!(run(&new, &mut env, &fresh, ok("new")).reached_upstream());
-    assert_eq!(run(&old, &mut env, &fresh, ok("no")).local().body, b"new");
+    run(&old, &mut env, &fresh, ok("no")).assert_replays(b"new");
     assert_eq!(env.count_of(Counter::Executed), 3);
 }
 
@@ -190,14 +187,8 @@ fn a_late_completion_under_an_old_layout_never_answers_for_the_key_run_again() {
     let dup = run(&old, &mut env, &second, ok("no"));
     assert_eq!(dup.problem_type(), "urn:proxy-dedup:problem:in-flight");
     respond(&new, &mut env, again, ok("two done"));
-    assert_eq!(
-        run(&old, &mut env, &second, ok("no")).local().body,
-        b"two done"
-    );
-    assert_eq!(
-        run(&new, &mut env, &second, ok("no")).local().body,
-        b"two done"
-    );
+    run(&old, &mut env, &second, ok("no")).assert_replays(b"two done");
+    run(&new, &mut env, &second, ok("no")).assert_replays(b"two done");
     assert_eq!(env.count_of(Counter::Executed), 2);
 }
 

@@ -134,9 +134,8 @@ fn a_duplicate_on_another_worker_waits_and_gets_the_replay() {
 #[test]
 fn after_a_release_exactly_one_waiter_executes_and_the_others_get_its_answer() {
     let p = wait_plugin("");
-    let (mut a, mut b) = two_workers();
     let r = req("POST", "/pay").key("k").body("x");
-    let first = send(&p, &mut a, &r).unwrap();
+    let (mut a, mut b, first) = sent_on_worker_0(&p, &r);
     let mut waiters: Vec<DedupStream> = (10..14)
         .map(|id| {
             let (s, act) = decide(&p, &mut b, &r, id);
@@ -187,9 +186,8 @@ fn a_waiter_gets_409_when_its_wait_times_out() {
 #[test]
 fn above_max_waiters_a_duplicate_gets_409_at_once() {
     let p = wait_plugin(r#""max_waiters": 2"#);
-    let (mut a, mut b) = two_workers();
     let r = req("POST", "/orders").key("k").body("{}");
-    let _first = send(&p, &mut a, &r).unwrap();
+    let (mut a, mut b, _first) = sent_on_worker_0(&p, &r);
     for id in [2, 3] {
         assert_eq!(decide(&p, &mut b, &r, id).1, Action::Pause);
     }
@@ -260,9 +258,8 @@ fn a_held_claim_keeps_waiters_until_their_timeout() {
 #[test]
 fn reject_mode_never_waits_nor_wakes() {
     let p = plugin("{}");
-    let (mut a, mut b) = two_workers();
     let r = req("POST", "/orders").key("k").body("{}");
-    let first = send(&p, &mut a, &r).unwrap();
+    let (mut a, mut b, first) = sent_on_worker_0(&p, &r);
     assert_eq!(reply(decide(&p, &mut b, &r, 2).1).status, 409);
     assert!(b.waiters.is_empty());
     respond(&p, &mut a, first, ok("x"));
@@ -272,8 +269,7 @@ fn reject_mode_never_waits_nor_wakes() {
 #[test]
 fn etcd_a_waiter_on_another_proxy_polls_and_gets_the_replay() {
     let (p, (mut a, mut b)) = (etcd_plugin(WAIT), two_proxies());
-    let r = req("POST", "/orders").key("k1").body("{}");
-    let first = send(&p, &mut a, &r).unwrap();
+    let (r, first) = sent(&p, &mut a, req("POST", "/orders").key("k1").body("{}"));
     let (mut dup, act) = decide(&p, &mut b, &r, 2);
     assert_eq!(act, Action::Pause);
     // The poll is a read of the record, not a claim.
@@ -342,8 +338,7 @@ fn any_answer_to_a_poll_keeps_the_waiter_safe() {
         (etcd_json_plugin(WAIT), crate::etcd::Protocol::Json),
     ] {
         let (mut a, mut b) = two_proxies();
-        let r = req("POST", "/orders").key("k").body("{}");
-        let _first = send(&p, &mut a, &r).unwrap();
+        let (r, _first) = sent(&p, &mut a, req("POST", "/orders").key("k").body("{}"));
         let (mut dup, _) = decide(&p, &mut b, &r, 2);
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let bodies: Vec<(u16, Vec<u8>)> = vec![
@@ -396,11 +391,10 @@ fn any_answer_to_a_poll_keeps_the_waiter_safe() {
 fn a_wake_up_of_a_stream_that_does_not_wait_changes_nothing() {
     let p = wait_plugin("");
     let (_, mut a) = world();
-    let r = req("POST", "/orders").key("k").body("{}");
-    let mut first = send(&p, &mut a, &r).unwrap();
+    let (r, mut first) = sent(&p, &mut a, req("POST", "/orders").key("k").body("{}"));
     assert_eq!(first.on_wake(&p, &mut a), Action::Pause);
     assert!(first.holds_claim(), "the executing stream keeps its claim");
     let out = respond(&p, &mut a, first, ok("made"));
     assert_eq!(out, executed("made"));
-    assert_eq!(run(&p, &mut a, &r, ok("no")).local().body, b"made");
+    run(&p, &mut a, &r, ok("no")).assert_replays(b"made");
 }
