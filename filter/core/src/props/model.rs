@@ -236,6 +236,9 @@ enum RespPhase {
     },
 }
 
+/// A request's scope, key, payload (0: no body) and what is wrong with it, if anything.
+type Who = (u8, u8, u8, Option<Bad>);
+
 struct Sim {
     worker: usize,
     scope: u8,
@@ -428,14 +431,11 @@ impl World {
                 layout,
             } => self.start(
                 worker as usize % self.workers(),
-                scope % 2,
-                key % 2,
-                payload % 3,
-                bad,
                 match self.knobs.store {
                     StoreKind::Shared => layout as usize % 2,
                     StoreKind::Etcd => 0,
                 },
+                (scope % 2, key % 2, payload % 3, bad),
             ),
             Op::Body { s } => match self.pick(s, |x| x.req == ReqPhase::AwaitBody && !x.ended) {
                 Some(i) => self.body(i),
@@ -486,15 +486,10 @@ impl World {
         }
     }
 
-    fn start(
-        &mut self,
-        worker: usize,
-        scope: u8,
-        key: u8,
-        payload: u8,
-        bad: Option<Bad>,
-        plugin: usize,
-    ) -> Result<(), String> {
+    /// Starts a request on `worker` under configuration `plugin`; `who` is its scope, key,
+    /// payload and what is wrong with it.
+    fn start(&mut self, worker: usize, plugin: usize, who: Who) -> Result<(), String> {
+        let (scope, key, payload, bad) = who;
         let mut head = RequestHead {
             method: if bad == Some(Bad::Get) { "GET" } else { "POST" }.into(),
             path: "/orders?x=1".into(),

@@ -256,10 +256,8 @@ fn on_unknown_outcome_release_lets_the_retry_run() {
     let r = req("POST", "/pay").key("k").body("{}");
     assert_eq!(run(&p, &mut env, &r, upstream_reset()), Outcome::Reset);
     assert_eq!(run(&p, &mut env, &r, ok("again")), executed("again"));
-    assert_eq!(
-        counts(&env, [Counter::OutcomeUnknown, Counter::Released]),
-        [1, 1]
-    );
+    let unknown_then_released = [Counter::OutcomeUnknown, Counter::Released];
+    assert_eq!(counts(&env, unknown_then_released), [1, 1]);
 }
 
 #[test]
