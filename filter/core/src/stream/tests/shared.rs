@@ -130,7 +130,7 @@ fn a_record_of_the_previous_format_is_never_found_nor_misread() {
         value: b"k-old".to_vec(),
     };
     assert_ne!(record_digest(&p.config.policy, &r.head, &key), old);
-    let store = SharedStore::new(&*shared, &p.layout().unwrap());
+    let store = SharedStore::new(&*shared, p.layout().unwrap());
     let now = env.now_ms;
     let ClaimOutcome::Claimed { claim, .. } = store.claim(&old, &[9; 32], now, 1).unwrap() else {
         panic!()
