@@ -172,8 +172,7 @@ impl RootContext for DedupRoot {
                 layout.buckets,
                 layout.max_keys()
             ),
-            (_, StoreConfig::SharedData { .. }) => "shared data".to_string(),
-            (StoreState::Etcd { .. }, StoreConfig::Etcd(ec)) => {
+            (_, StoreConfig::Etcd(ec)) => {
                 format!(
                     "etcd via cluster `{}` ({}), prefix `{}`",
                     ec.cluster,
@@ -184,6 +183,8 @@ impl RootContext for DedupRoot {
                     ec.prefix
                 )
             }
+            // `Plugin::new` builds the shared-data state whenever the store is shared data.
+            (_, StoreConfig::SharedData { .. }) => "shared data".to_string(),
         };
         abi::log(
             abi::LOG_INFO,
