@@ -8,7 +8,7 @@ use crate::stream::{Action, DedupStream, Origin, Plugin};
 use crate::testing::*;
 
 #[test]
-fn b1_b2_first_executes_then_replays_same_response() {
+fn first_executes_then_replays_same_response() {
     let (p, mut env) = one_worker("{}");
     let r = req("POST", "/orders").key("k1").body(r#"{"item": 1}"#);
     let first = run(&p, &mut env, &r, ok(r#"{"order": 1}"#));
@@ -29,7 +29,7 @@ fn b1_b2_first_executes_then_replays_same_response() {
 }
 
 #[test]
-fn b1_replay_keeps_end_to_end_headers_and_drops_hop_by_hop_and_cookies() {
+fn a_replay_keeps_end_to_end_headers_and_drops_hop_by_hop_and_cookies() {
     let (p, mut env) = one_worker("{}");
     let r = req("POST", "/orders").key("k1");
     let mut a = answer(201, "made");
@@ -60,7 +60,7 @@ fn b1_replay_keeps_end_to_end_headers_and_drops_hop_by_hop_and_cookies() {
 }
 
 #[test]
-fn b3_duplicate_in_flight_gets_409_with_retry_after() {
+fn a_duplicate_in_flight_gets_409_with_retry_after() {
     let p = plugin(r#"{"retry_after_seconds": 3}"#);
     let r = req("POST", "/orders").key("k1").body("{}");
     let (mut env, mut env2, first) = sent_on_worker_0(&p, &r);
@@ -78,7 +78,7 @@ fn b3_duplicate_in_flight_gets_409_with_retry_after() {
 }
 
 #[test]
-fn b4_same_key_different_payload_gets_422() {
+fn the_same_key_with_another_payload_gets_422() {
     let (p, mut env) = one_worker("{}");
     run(
         &p,
@@ -110,7 +110,7 @@ fn b4_same_key_different_payload_gets_422() {
 }
 
 #[test]
-fn b5_missing_or_invalid_key_gets_400() {
+fn a_missing_or_invalid_key_gets_400() {
     let p = plugin(r#"{"key": {"required": true, "max_length": 10}}"#);
     let (shared, mut env) = world();
     let missing = run(&p, &mut env, &req("POST", "/o").body("x"), ok("no"));
@@ -139,7 +139,7 @@ fn b5_missing_or_invalid_key_gets_400() {
 }
 
 #[test]
-fn b6_upstream_5xx_and_requests_never_sent_release_the_claim() {
+fn an_upstream_5xx_and_requests_never_sent_release_the_claim() {
     let (p, mut env) = one_worker("{}");
     let r = req("POST", "/pay").key("k1").body("{}");
     // The upstream itself answered a status that is not stored.
@@ -284,7 +284,7 @@ fn a_status_that_arrived_counts_even_if_the_body_is_cut() {
 }
 
 #[test]
-fn b7_errors_are_problem_json() {
+fn local_errors_are_problem_json() {
     let (p, mut env) = one_worker(r#"{"key": {"required": true}}"#);
     let o = run(&p, &mut env, &req("POST", "/o"), ok("no"));
     let v: serde_json::Value = serde_json::from_slice(&o.local().body).unwrap();
@@ -294,7 +294,7 @@ fn b7_errors_are_problem_json() {
 }
 
 #[test]
-fn b8_decision_waits_for_the_end_of_the_body() {
+fn the_decision_waits_for_the_end_of_the_body() {
     let p = plugin("{}");
     let (shared, mut env) = world();
     let mut s = DedupStream::new(9);
