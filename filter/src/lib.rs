@@ -12,7 +12,7 @@ use dedup_core::config::{Role, StoreConfig};
 use dedup_core::etcd::LeaseCache;
 use dedup_core::local::LocalTier;
 use dedup_core::store::{bucket_secret, SharedStore, SECRET_LEN};
-use dedup_core::stream::CallAnswer;
+use dedup_core::stream::{CallAnswer, StoreState};
 use dedup_core::wait::Waiters;
 use dedup_core::{Config, Counter, DedupStream, Plugin};
 use std::cell::{Cell, RefCell};
@@ -123,10 +123,10 @@ impl RootContext for DedupRoot {
             .collect();
         let store_call_ms = match &config.store {
             StoreConfig::Etcd(_) => abi::define_histogram("proxy_dedup_store_call_ms").ok(),
-            StoreConfig::SharedData => None,
+            StoreConfig::SharedData { .. } => None,
         };
         let mut plugin = Plugin::new(config);
-        if plugin.config.store == StoreConfig::SharedData {
+        if let StoreState::SharedData(layout) = &mut plugin.store {
             // One secret per Envoy process keys the bucket choice; every worker must use
             // the same, or a key would be claimed in two buckets.
             let fresh = match abi::random_bytes::<SECRET_LEN>() {
@@ -141,9 +141,8 @@ impl RootContext for DedupRoot {
                     return false;
                 }
             };
-            let namespace = plugin.config.namespace.clone();
-            match bucket_secret(&abi::HostSharedData, &namespace, fresh) {
-                Ok(secret) => plugin.layout = plugin.layout.clone().with_secret(secret),
+            match bucket_secret(&abi::HostSharedData, plugin.config.namespace(), fresh) {
+                Ok(secret) => *layout = layout.clone().with_secret(secret),
                 Err(e) => {
                     abi::log(
                         abi::LOG_ERROR,
@@ -155,7 +154,7 @@ impl RootContext for DedupRoot {
             // Make this layout visible to the configurations already serving (a push).
             // The admin role only reads the layouts the data plane registered.
             let registered = match plugin.config.role {
-                Role::Data => SharedStore::new(&abi::HostSharedData, &plugin.layout)
+                Role::Data => SharedStore::new(&abi::HostSharedData, layout)
                     .register(abi::now_ms())
                     .map(|_| ()),
                 Role::Admin => Ok(()),
@@ -167,13 +166,13 @@ impl RootContext for DedupRoot {
                 );
             }
         }
-        let store = match &plugin.config.store {
-            StoreConfig::SharedData => format!(
+        let store = match (&plugin.store, &plugin.config.store) {
+            (StoreState::SharedData(layout), _) => format!(
                 "shared data, {} buckets, at most {} keys",
-                plugin.layout.buckets,
-                plugin.layout.max_keys()
+                layout.buckets,
+                layout.max_keys()
             ),
-            StoreConfig::Etcd(ec) => {
+            (_, StoreConfig::Etcd(ec)) => {
                 format!(
                     "etcd via cluster `{}` ({}), prefix `{}`",
                     ec.cluster,
@@ -184,6 +183,8 @@ impl RootContext for DedupRoot {
                     ec.prefix
                 )
             }
+            // `Plugin::new` builds the shared-data state whenever the store is shared data.
+            (_, StoreConfig::SharedData { .. }) => "shared data".to_string(),
         };
         abi::log(
             abi::LOG_INFO,

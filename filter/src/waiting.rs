@@ -38,7 +38,7 @@ pub(crate) fn waiters_changed(shared: &Shared) {
     if shared.announced_until.get() >= now.saturating_add(wait_ms) {
         return;
     }
-    let namespace = &shared.plugin.config.namespace;
+    let namespace = shared.plugin.config.namespace();
     let token = match shared.queue.get() {
         Some(t) => t,
         None => {
@@ -74,7 +74,7 @@ pub(crate) fn waiters_changed(shared: &Shared) {
 /// A record changed: every worker holding waiters hears of it (this one too).
 pub(crate) fn wake_everywhere(shared: &Shared, digest: &Digest) {
     let now = abi::now_ms();
-    let tokens = match listeners(&abi::HostSharedData, &shared.plugin.config.namespace, now) {
+    let tokens = match listeners(&abi::HostSharedData, shared.plugin.config.namespace(), now) {
         Ok(t) => t,
         Err(e) => {
             abi::log(

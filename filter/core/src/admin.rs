@@ -237,7 +237,7 @@ impl AdminStream {
         };
         let now = env.now_ms();
         match &p.config.store {
-            StoreConfig::SharedData => Action::Reply(self.shared(p, env, op, now, peer)),
+            StoreConfig::SharedData { .. } => Action::Reply(self.shared(p, env, op, now, peer)),
             StoreConfig::Etcd(ec) => {
                 let call = match &op {
                     AdminOp::Stats => StoreCall {
@@ -267,9 +267,12 @@ impl AdminStream {
         now: u64,
         peer: &str,
     ) -> LocalReply {
-        let store = SharedStore::new(&*env, &p.layout);
         let failed = |e: crate::store::StoreError| {
             Problem::StoreUnavailable.reply(&format!("shared data failed: {e}"), Vec::new())
+        };
+        let store = match p.layout() {
+            Ok(layout) => SharedStore::new(&*env, layout),
+            Err(e) => return failed(e),
         };
         match op {
             AdminOp::Stats => match store.stats(now) {
@@ -286,7 +289,7 @@ impl AdminStream {
                         "expired": st.expired,
                         "other_layouts": st.other_layouts,
                         "stored_bytes": st.stored_bytes,
-                        "max_store_bytes": p.config.max_store_bytes,
+                        "max_store_bytes": p.config.max_store_bytes(),
                     }),
                 ),
                 Err(e) => failed(e),
@@ -345,7 +348,7 @@ impl AdminStream {
         if op == AdminOp::Stats {
             let path = match &p.config.store {
                 StoreConfig::Etcd(ec) => ec.protocol.range_path(),
-                StoreConfig::SharedData => etcd::RANGE_PATH,
+                StoreConfig::SharedData { .. } => etcd::RANGE_PATH,
             };
             return match etcd::read_count(path, answer.status, &answer.body) {
                 Some(n) => Action::Reply(json_reply(200, json!({"store": "etcd", "records": n}))),
@@ -354,7 +357,7 @@ impl AdminStream {
         }
         let proto = match &p.config.store {
             StoreConfig::Etcd(ec) => ec.protocol,
-            StoreConfig::SharedData => etcd::Protocol::default(),
+            StoreConfig::SharedData { .. } => etcd::Protocol::default(),
         };
         let parsed = etcd::read_answer(proto.txn_path(), answer.status, &answer.body);
         let (digest, delete, force, rule) = match op {
@@ -413,7 +416,7 @@ impl AdminStream {
                 }
                 let timeout_ms = match &p.config.store {
                     StoreConfig::Etcd(ec) => ec.timeout_ms,
-                    StoreConfig::SharedData => 1000,
+                    StoreConfig::SharedData { .. } => 1000,
                 };
                 Action::Call(StoreCall {
                     path: proto.txn_path(),
@@ -437,3 +440,6 @@ fn read_call(proto: etcd::Protocol, key: &str, timeout_ms: u64) -> StoreCall {
         timeout_ms,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -45,11 +45,17 @@ fn err(field: &str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// Where records live.
+/// Where records live, with the settings of that store only.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreConfig {
     /// Envoy shared data: one node.
-    SharedData,
+    SharedData {
+        /// Prefix of every shared-data key (`store.namespace`).
+        namespace: String,
+        /// Budget of stored response bytes, split evenly over the buckets
+        /// (`store.max_store_bytes`, or its default for the capacity and replay cap).
+        max_store_bytes: u64,
+    },
     /// etcd through an Envoy cluster: many nodes.
     Etcd(EtcdConfig),
 }
@@ -297,10 +303,7 @@ pub struct Config {
     pub failure_mode: FailureMode,
     pub on_unknown_outcome: OnUnknownOutcome,
     pub role: Role,
-    pub namespace: String,
     pub store: StoreConfig,
-    /// Budget of stored response bytes in shared data, split evenly over the buckets.
-    pub max_store_bytes: u64,
 }
 
 impl Default for Config {
@@ -315,10 +318,15 @@ impl Default for Config {
             failure_mode: DEFAULT_FAILURE_MODE,
             on_unknown_outcome: DEFAULT_ON_UNKNOWN_OUTCOME,
             role: DEFAULT_ROLE,
-            namespace: DEFAULT_NAMESPACE.to_string(),
-            store: StoreConfig::SharedData,
-            max_store_bytes: store_budget(None, DEFAULT_CAPACITY, DEFAULT_MAX_REPLAY_BODY_BYTES)
+            store: StoreConfig::SharedData {
+                namespace: DEFAULT_NAMESPACE.to_string(),
+                max_store_bytes: store_budget(
+                    None,
+                    DEFAULT_CAPACITY,
+                    DEFAULT_MAX_REPLAY_BODY_BYTES,
+                )
                 .unwrap_or(DEFAULT_MAX_STORE_BYTES),
+            },
         }
     }
 }
@@ -337,6 +345,26 @@ impl Config {
         let raw: RawConfig = serde_path_to_error::deserialize(&mut de).map_err(serde_error)?;
         de.end().map_err(|e| err("(root)", e.to_string()))?;
         Config::try_from(raw)
+    }
+
+    /// The prefix of this proxy's shared-data keys: the shared-data store's records, and
+    /// the wake-up board of wait mode, which lives in shared data whatever the store
+    /// (with etcd, under the default namespace).
+    pub fn namespace(&self) -> &str {
+        match &self.store {
+            StoreConfig::SharedData { namespace, .. } => namespace,
+            StoreConfig::Etcd(_) => DEFAULT_NAMESPACE,
+        }
+    }
+
+    /// The shared-data store's byte budget (`None` with etcd).
+    pub fn max_store_bytes(&self) -> Option<u64> {
+        match &self.store {
+            StoreConfig::SharedData {
+                max_store_bytes, ..
+            } => Some(*max_store_bytes),
+            StoreConfig::Etcd(_) => None,
+        }
     }
 
     /// Whether an upstream status's response is stored under the top-level policy.
@@ -560,17 +588,16 @@ impl TryFrom<RawConfig> for Config {
             Some(h) => header_names("replayed_header", vec![h], false)?.remove(0),
             None => d.replayed_header,
         };
-        let max_store_bytes = raw.store.as_ref().and_then(|st| st.max_store_bytes);
-        let (namespace, store) = match raw.store {
-            Some(st) => parse_store(st)?,
-            None => (d.namespace, StoreConfig::SharedData),
-        };
         let rules = parse_rules(&policy, raw.rules.unwrap_or_default())?;
         let largest_replay = rules
             .iter()
             .map(|r| r.policy.max_replay_body_bytes)
             .fold(policy.max_replay_body_bytes, usize::max);
-        let max_store_bytes = store_budget(max_store_bytes, capacity, largest_replay as u64)?;
+        let store = parse_store(
+            raw.store.unwrap_or_default(),
+            capacity,
+            largest_replay as u64,
+        )?;
         if let StoreConfig::Etcd(ec) = &store {
             check_record_room("", &policy, ec)?;
             for (i, r) in rules.iter().enumerate() {
@@ -587,9 +614,10 @@ impl TryFrom<RawConfig> for Config {
             failure_mode: raw.failure_mode.unwrap_or(DEFAULT_FAILURE_MODE),
             on_unknown_outcome: raw.on_unknown_outcome.unwrap_or(DEFAULT_ON_UNKNOWN_OUTCOME),
             role: raw.role.unwrap_or(DEFAULT_ROLE),
-            namespace,
             store,
-            max_store_bytes,
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -521,3 +521,6 @@ impl LeasePlan {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

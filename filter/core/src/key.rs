@@ -322,3 +322,6 @@ impl std::fmt::Display for ShortHex<'_> {
 pub fn short_hex(d: &Digest) -> ShortHex<'_> {
     ShortHex(d)
 }
+
+#[cfg(test)]
+mod tests;

@@ -23,13 +23,11 @@ pub mod wait;
 pub mod wire;
 
 #[cfg(test)]
-mod decoder_props;
-#[cfg(test)]
 mod fake;
 #[cfg(test)]
-mod model;
+mod props;
 #[cfg(test)]
-mod tests;
+mod testing;
 
 pub use config::{Config, ConfigError};
 pub use metrics::Counter;

@@ -94,3 +94,6 @@ impl LocalTier {
         self.bytes
     }
 }
+
+#[cfg(test)]
+mod tests;

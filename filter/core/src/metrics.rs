@@ -106,3 +106,6 @@ impl Counter {
         self as usize
     }
 }
+
+#[cfg(test)]
+mod tests;

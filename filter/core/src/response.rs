@@ -201,3 +201,6 @@ impl Capture {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

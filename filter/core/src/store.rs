@@ -576,3 +576,6 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
 #[cfg(test)]
 #[path = "store_props.rs"]
 mod props;
+
+#[cfg(test)]
+mod tests;

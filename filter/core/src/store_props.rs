@@ -3,8 +3,8 @@
 
 use super::bucket::{BUCKET_VERSION, RECORD_LEN, REGISTRY_VERSION, SLOTS_WAY};
 use super::*;
-use crate::decoder_props::{config, stored_response};
 use crate::fake::FakeShared;
+use crate::props::decoders::{config, stored_response};
 use proptest::prelude::*;
 
 fn state() -> impl Strategy<Value = RecordState> {

@@ -17,7 +17,7 @@ mod plugin;
 mod shared;
 mod waiting;
 
-pub use plugin::{CallAnswer, Env, Plugin, StoreCall};
+pub use plugin::{CallAnswer, Env, Plugin, StoreCall, StoreState};
 pub use waiting::recheck_interval_ms;
 
 use crate::config::StoreConfig;
@@ -429,7 +429,7 @@ impl DedupStream {
             return Action::Continue;
         };
         match &p.config.store {
-            StoreConfig::SharedData => self.claim_shared(p, env, digest, payload),
+            StoreConfig::SharedData { .. } => self.claim_shared(p, env, digest, payload),
             StoreConfig::Etcd(ec) => self.claim_etcd(p, env, ec, digest, payload),
         }
     }
@@ -459,3 +459,6 @@ fn wake<E: Env>(p: &Plugin, env: &mut E, digest: &Digest) {
         env.wake_waiters(digest);
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -110,7 +110,7 @@ pub(super) struct RawScope {
     pub(super) authority: Option<bool>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawStore {
     pub(super) kind: Option<String>,

@@ -234,3 +234,6 @@ pub(super) fn parse_match(prefix: &str, raw: Option<RawMatch>) -> Result<RuleMat
     }
     Ok(matcher)
 }
+
+#[cfg(test)]
+mod tests;

@@ -57,7 +57,13 @@ pub(super) fn check_record_room(
     Ok(())
 }
 
-pub(super) fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigError> {
+/// The `store` object (absent: all defaults). Shared data's byte budget depends on the
+/// capacity and the largest replay cap of any policy (`store_budget`).
+pub(super) fn parse_store(
+    st: RawStore,
+    capacity: u64,
+    largest_replay: u64,
+) -> Result<StoreConfig, ConfigError> {
     let kind = st.kind.as_deref().unwrap_or("shared_data");
     let etcd_only = [
         ("store.cluster", st.cluster.is_some()),
@@ -87,7 +93,11 @@ pub(super) fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigE
                 }
                 None => DEFAULT_NAMESPACE.to_string(),
             };
-            Ok((namespace, StoreConfig::SharedData))
+            let max_store_bytes = store_budget(st.max_store_bytes, capacity, largest_replay)?;
+            Ok(StoreConfig::SharedData {
+                namespace,
+                max_store_bytes,
+            })
         }
         "etcd" => {
             if st.max_store_bytes.is_some() {
@@ -148,17 +158,14 @@ pub(super) fn parse_store(st: RawStore) -> Result<(String, StoreConfig), ConfigE
                     ))
                 }
             };
-            Ok((
-                DEFAULT_NAMESPACE.to_string(),
-                StoreConfig::Etcd(EtcdConfig {
-                    cluster,
-                    authority,
-                    prefix,
-                    timeout_ms,
-                    max_record_bytes,
-                    protocol,
-                }),
-            ))
+            Ok(StoreConfig::Etcd(EtcdConfig {
+                cluster,
+                authority,
+                prefix,
+                timeout_ms,
+                max_record_bytes,
+                protocol,
+            }))
         }
         other => Err(err(
             "store.kind",

@@ -481,21 +481,21 @@ fn poll_answer(path: &str, answer: &CallAnswer, digest: &Digest) -> Polled {
 fn etcd_timeout(p: &Plugin) -> u64 {
     match &p.config.store {
         StoreConfig::Etcd(ec) => ec.timeout_ms,
-        StoreConfig::SharedData => 1000,
+        StoreConfig::SharedData { .. } => 1000,
     }
 }
 
 fn protocol(p: &Plugin) -> etcd::Protocol {
     match &p.config.store {
         StoreConfig::Etcd(ec) => ec.protocol,
-        StoreConfig::SharedData => etcd::Protocol::default(),
+        StoreConfig::SharedData { .. } => etcd::Protocol::default(),
     }
 }
 
 fn max_record_bytes(p: &Plugin) -> usize {
     match &p.config.store {
         StoreConfig::Etcd(ec) => ec.max_record_bytes,
-        StoreConfig::SharedData => usize::MAX,
+        StoreConfig::SharedData { .. } => usize::MAX,
     }
 }
 

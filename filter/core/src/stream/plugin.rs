@@ -1,4 +1,4 @@
-//! What a stream is given: the configured plugin (config and the store geometry derived
+//! What a stream is given: the configured plugin (config and the per-store state derived
 //! from it), the host seam (`Env`), and the store calls a stream asks the glue to make.
 
 use crate::config::{Config, Policy, StoreConfig};
@@ -6,76 +6,97 @@ use crate::etcd::{LeaseCache, LeasePlan};
 use crate::key::Digest;
 use crate::local::LocalTier;
 use crate::metrics::Counter;
-use crate::store::{Layout, SharedData};
+use crate::store::{HostFault, Layout, SharedData, StoreError};
 use crate::wait::Waiters;
+use std::borrow::Cow;
 
-/// A configured plugin: immutable config and the store geometry derived from it.
+/// A configured plugin: immutable config and what its store needs derived from it.
 #[derive(Debug, Clone)]
 pub struct Plugin {
     pub config: Config,
-    /// The buckets every policy shares, timed for the longest-lived policy (what the
-    /// layout registry needs); a stream uses `layout_for` its policy.
-    pub layout: Layout,
-    /// The top-level policy's lease plan; a stream uses `leases_for` its policy.
-    pub leases: LeasePlan,
+    /// Built for the configured store only.
+    pub store: StoreState,
     /// Whether any policy waits (`Config::waits`), so a completion knows at once
     /// whether to wake waiters.
     pub waits: bool,
 }
 
+/// What the configured store needs, derived once from the config.
+#[derive(Debug, Clone)]
+pub enum StoreState {
+    /// The buckets every policy shares, timed for the longest-lived policy (what the
+    /// layout registry needs); a stream uses `layout_for` its policy.
+    SharedData(Layout),
+    /// etcd: a policy's lease timing (`leases_for`) follows from its TTLs and the
+    /// budget of one store operation (`store.timeout_ms`).
+    Etcd { budget_ms: u64 },
+}
+
 impl Plugin {
     pub fn new(config: Config) -> Self {
-        let top = &config.policy;
-        let leases = LeasePlan::new(top.ttl_ms, top.in_flight_timeout_ms, budget_ms(&config));
-        // Every policy shares the buckets; the layout registers itself for as long as
-        // the longest-lived policy's records may live.
-        let policies = || std::iter::once(top).chain(config.rules.iter().map(|r| &r.policy));
-        let layout = Layout::new(
-            &config.namespace,
-            config.capacity,
-            policies()
-                .map(|p| p.in_flight_timeout_ms)
-                .max()
-                .unwrap_or(0),
-            policies().map(|p| p.ttl_ms).max().unwrap_or(0),
-        )
-        .with_max_store_bytes(config.max_store_bytes);
+        let store = match &config.store {
+            StoreConfig::SharedData {
+                namespace,
+                max_store_bytes,
+            } => {
+                // Every policy shares the buckets; the layout registers itself for as
+                // long as the longest-lived policy's records may live.
+                let top = &config.policy;
+                let policies =
+                    || std::iter::once(top).chain(config.rules.iter().map(|r| &r.policy));
+                let layout = Layout::new(
+                    namespace,
+                    config.capacity,
+                    policies()
+                        .map(|p| p.in_flight_timeout_ms)
+                        .max()
+                        .unwrap_or(0),
+                    policies().map(|p| p.ttl_ms).max().unwrap_or(0),
+                )
+                .with_max_store_bytes(*max_store_bytes);
+                StoreState::SharedData(layout)
+            }
+            StoreConfig::Etcd(ec) => StoreState::Etcd {
+                budget_ms: ec.timeout_ms,
+            },
+        };
         Plugin {
             waits: config.waits(),
             config,
-            layout,
-            leases,
+            store,
+        }
+    }
+
+    /// The shared-data layout (an error when the store is etcd: no layout exists).
+    pub fn layout(&self) -> Result<&Layout, StoreError> {
+        match &self.store {
+            StoreState::SharedData(layout) => Ok(layout),
+            StoreState::Etcd { .. } => Err(StoreError::Host(HostFault(
+                "the store is etcd: no shared-data layout".into(),
+            ))),
         }
     }
 
     /// The shared-data layout with a policy's timing (borrowed when it is the layout's).
-    pub fn layout_for(&self, policy: &Policy) -> std::borrow::Cow<'_, Layout> {
-        if policy.in_flight_timeout_ms == self.layout.in_flight_ms
-            && policy.ttl_ms == self.layout.ttl_ms
-        {
-            std::borrow::Cow::Borrowed(&self.layout)
-        } else {
-            std::borrow::Cow::Owned(
-                self.layout
-                    .timed(policy.in_flight_timeout_ms, policy.ttl_ms),
-            )
-        }
+    pub fn layout_for(&self, policy: &Policy) -> Result<Cow<'_, Layout>, StoreError> {
+        let layout = self.layout()?;
+        Ok(
+            if policy.in_flight_timeout_ms == layout.in_flight_ms && policy.ttl_ms == layout.ttl_ms
+            {
+                Cow::Borrowed(layout)
+            } else {
+                Cow::Owned(layout.timed(policy.in_flight_timeout_ms, policy.ttl_ms))
+            },
+        )
     }
 
     /// The etcd lease timing of a policy.
     pub fn leases_for(&self, policy: &Policy) -> LeasePlan {
-        LeasePlan::new(
-            policy.ttl_ms,
-            policy.in_flight_timeout_ms,
-            budget_ms(&self.config),
-        )
-    }
-}
-
-fn budget_ms(config: &Config) -> u64 {
-    match &config.store {
-        StoreConfig::Etcd(ec) => ec.timeout_ms,
-        StoreConfig::SharedData => 0,
+        let budget_ms = match self.store {
+            StoreState::Etcd { budget_ms } => budget_ms,
+            StoreState::SharedData(_) => 0,
+        };
+        LeasePlan::new(policy.ttl_ms, policy.in_flight_timeout_ms, budget_ms)
     }
 }
 

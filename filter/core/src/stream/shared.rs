@@ -19,8 +19,11 @@ impl DedupStream {
     ) -> Action {
         let token = env.new_token();
         let now = env.now_ms();
-        let layout = p.layout_for(p.config.policy_at(self.rule));
-        let outcome = SharedStore::new(&*env, &layout).claim(&digest, &payload, now, token);
+        let outcome = p
+            .layout_for(p.config.policy_at(self.rule))
+            .and_then(|layout| {
+                SharedStore::new(&*env, &layout).claim(&digest, &payload, now, token)
+            });
         match outcome {
             Ok(ClaimOutcome::Claimed {
                 claim,
@@ -42,7 +45,10 @@ impl DedupStream {
                 self.duplicate(p, env, Duplicate::Completed(None))
             }
             Ok(ClaimOutcome::Completed(done)) => {
-                match SharedStore::new(&*env, &p.layout).response(&done) {
+                match p
+                    .layout()
+                    .and_then(|l| SharedStore::new(&*env, l).response(&done))
+                {
                     Ok(Some(resp)) => self.duplicate(p, env, Duplicate::Completed(Some(resp))),
                     Ok(None) => self.duplicate(p, env, Duplicate::NotStored),
                     Err(e) => self.store_failed(p, env, &e.to_string()),
@@ -55,7 +61,10 @@ impl DedupStream {
     /// An unknown outcome: mark the claim held, so duplicates learn how long the hold
     /// lasts.
     pub(super) fn hold_shared<E: Env>(&mut self, p: &Plugin, env: &mut E, claim: &Claim) {
-        if let Err(e) = SharedStore::new(&*env, &p.layout).hold(claim) {
+        if let Err(e) = p
+            .layout()
+            .and_then(|l| SharedStore::new(&*env, l).hold(claim))
+        {
             env.count(Counter::StoreErrors);
             env.warn(&format!(
                 "stream {}: marking the claim held failed: {e}",
@@ -73,9 +82,12 @@ impl DedupStream {
         response: Option<&StoredResponse>,
         now: u64,
     ) {
-        let layout = p.layout_for(p.config.policy_at(self.rule));
-        let store = SharedStore::new(&*env, &layout);
-        match store.complete_within_budget(claim, response, now) {
+        let completed = p
+            .layout_for(p.config.policy_at(self.rule))
+            .and_then(|layout| {
+                SharedStore::new(&*env, &layout).complete_within_budget(claim, response, now)
+            });
+        match completed {
             Ok(done) if done.owned => {
                 if response.is_some() && !done.stored {
                     // Larger than its bucket's share of `max_store_bytes`.
@@ -112,7 +124,10 @@ impl DedupStream {
     }
 
     pub(super) fn release_shared<E: Env>(&mut self, p: &Plugin, env: &mut E, claim: &Claim) {
-        match SharedStore::new(&*env, &p.layout).release(claim) {
+        match p
+            .layout()
+            .and_then(|l| SharedStore::new(&*env, l).release(claim))
+        {
             Ok(true) => {
                 env.count(Counter::Released);
                 wake(p, env, &claim.digest);

@@ -33,7 +33,7 @@ impl DedupStream {
             );
         }
         match &p.config.store {
-            StoreConfig::SharedData => self.claim_shared(p, env, w.digest, w.payload),
+            StoreConfig::SharedData { .. } => self.claim_shared(p, env, w.digest, w.payload),
             StoreConfig::Etcd(ec) => {
                 if env.local().get(&w.digest, now).is_some() {
                     return self.claim_etcd(p, env, ec, w.digest, w.payload);
@@ -121,7 +121,7 @@ impl DedupStream {
 /// How often a worker re-checks what its waiters wait for without a wake-up.
 pub fn recheck_interval_ms(p: &Plugin) -> u64 {
     match p.config.store {
-        StoreConfig::SharedData => RECHECK_SHARED_MS,
+        StoreConfig::SharedData { .. } => RECHECK_SHARED_MS,
         StoreConfig::Etcd(_) => POLL_ETCD_MS,
     }
 }

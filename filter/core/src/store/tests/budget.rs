@@ -1,10 +1,14 @@
-//! Native tests of the byte budget of stored responses (`store.max_store_bytes`): each
+//! Tests of the byte budget of stored responses (`store.max_store_bytes`): each
 //! bucket keeps its slots within its share, drops the oldest completed bodies first,
 //! never touches claims, and a key whose body was dropped never runs again.
 
-use super::*;
+use super::{claimed, completed, in_bucket};
+use crate::fake::FakeShared;
 use crate::key::Digest;
-use crate::store::Completion;
+use crate::response::StoredResponse;
+use crate::store::{ClaimOutcome, Completion, Layout, SharedStore, WAYS};
+use crate::testing::*;
+use std::sync::Arc;
 
 fn response(n: usize, tag: u8) -> StoredResponse {
     StoredResponse {
@@ -16,15 +20,6 @@ fn response(n: usize, tag: u8) -> StoredResponse {
 
 /// Slot bytes of a body of `n` bytes without headers (magic, digest, token, framing).
 const SLOT_OVERHEAD: usize = 52;
-
-/// `n` digests that land in `bucket`.
-fn in_bucket(layout: &Layout, bucket: u64, n: usize) -> Vec<Digest> {
-    (0..)
-        .map(digest)
-        .filter(|d| layout.bucket_of(d) == bucket)
-        .take(n)
-        .collect()
-}
 
 /// Bytes physically held in response slots under `prefix` (what Envoy keeps in memory).
 fn slot_bytes(shared: &FakeShared, prefix: &str) -> u64 {
@@ -43,13 +38,16 @@ fn complete(
     resp: &StoredResponse,
     now: u64,
 ) -> Completion {
-    let ClaimOutcome::Claimed { claim, .. } = store.claim(d, &[7; 32], now, now ^ 0x55).unwrap()
-    else {
-        panic!("a fresh key must be claimed")
-    };
+    let claim = claimed(store.claim(d, &[7; 32], now, now ^ 0x55));
     store
         .complete_within_budget(&claim, Some(resp), now)
         .unwrap()
+}
+
+/// `layout` over empty shared data, and `n` keys that land in bucket 0.
+fn bucket_0(layout: Layout, n: usize) -> (Layout, Arc<FakeShared>, Vec<Digest>) {
+    let keys = in_bucket(&layout, 0, n);
+    (layout, FakeShared::new(), keys)
 }
 
 #[test]
@@ -88,10 +86,11 @@ fn every_bucket_keeps_its_slots_within_its_share_whatever_the_traffic() {
 
 #[test]
 fn the_oldest_completed_bodies_go_first_and_their_keys_never_run_again() {
-    let layout = Layout::new("t", 16, 30_000, 600_000).with_max_store_bytes(10_000);
-    let shared = FakeShared::new();
+    let (layout, shared, keys) = bucket_0(
+        Layout::new("t", 16, 30_000, 600_000).with_max_store_bytes(10_000),
+        5,
+    );
     let store = SharedStore::new(&*shared, &layout);
-    let keys = in_bucket(&layout, 0, 5);
     let mut dropped = Vec::new();
     for (i, d) in keys.iter().enumerate() {
         let done = complete(&store, d, &response(3_000, i as u8), 1_000 * i as u64);
@@ -126,10 +125,11 @@ fn the_oldest_completed_bodies_go_first_and_their_keys_never_run_again() {
 #[test]
 fn dead_slots_are_emptied_before_any_live_body() {
     // ttl 10 s: the first key's record expires; its slot still holds its bytes.
-    let layout = Layout::new("t", 16, 5_000, 10_000).with_max_store_bytes(10_000);
-    let shared = FakeShared::new();
+    let (layout, shared, keys) = bucket_0(
+        Layout::new("t", 16, 5_000, 10_000).with_max_store_bytes(10_000),
+        4,
+    );
     let store = SharedStore::new(&*shared, &layout);
-    let keys = in_bucket(&layout, 0, 4);
     complete(&store, &keys[0], &response(3_000, 0), 0);
     complete(&store, &keys[1], &response(3_000, 1), 9_000);
     complete(&store, &keys[2], &response(3_000, 2), 9_000);
@@ -140,9 +140,7 @@ fn dead_slots_are_emptied_before_any_live_body() {
         "only dead bytes went"
     );
     for (i, d) in keys.iter().enumerate().skip(1) {
-        let ClaimOutcome::Completed(c) = store.claim(d, &[7; 32], 12_001, 9).unwrap() else {
-            panic!("key {i} keeps its body")
-        };
+        let c = completed(store.claim(d, &[7; 32], 12_001, 9));
         assert_eq!(store.response(&c).unwrap(), Some(response(3_000, i as u8)));
     }
     assert_eq!(slot_bytes(&shared, "t/1/r/"), 3 * 3_052);
@@ -150,21 +148,18 @@ fn dead_slots_are_emptied_before_any_live_body() {
 
 #[test]
 fn claims_are_never_dropped_and_a_response_that_does_not_fit_beside_them_is_not_kept() {
-    let layout = Layout::new("t", 16, 30_000, 1_000).with_max_store_bytes(10_000);
-    let shared = FakeShared::new();
+    let (layout, shared, keys) = bucket_0(
+        Layout::new("t", 16, 30_000, 1_000).with_max_store_bytes(10_000),
+        WAYS + 1,
+    );
     let store = SharedStore::new(&*shared, &layout);
-    let keys = in_bucket(&layout, 0, WAYS + 1);
     // Key 0 completes with 6 KB and expires; its slot keeps the bytes.
     complete(&store, &keys[0], &response(6_000, 0), 0);
     // Fifteen claims fill the empty ways, the sixteenth takes key 0's expired way: it
     // is in flight over 6 KB it did not write, which nobody may blank under it.
     let mut claims = Vec::new();
     for (i, d) in keys[1..].iter().enumerate() {
-        let ClaimOutcome::Claimed { claim, .. } =
-            store.claim(d, &[7; 32], 2_000, 100 + i as u64).unwrap()
-        else {
-            panic!()
-        };
+        let claim = claimed(store.claim(d, &[7; 32], 2_000, 100 + i as u64));
         claims.push(claim);
     }
     let reused = claims.last().unwrap().clone();
@@ -196,9 +191,7 @@ fn claims_are_never_dropped_and_a_response_that_does_not_fit_beside_them_is_not_
         .complete_within_budget(&reused, Some(&response(2_000, 2)), 2_700)
         .unwrap();
     assert!(done.owned && done.stored);
-    let ClaimOutcome::Completed(c) = store.claim(&keys[WAYS], &[7; 32], 2_800, 3).unwrap() else {
-        panic!()
-    };
+    let c = completed(store.claim(&keys[WAYS], &[7; 32], 2_800, 3));
     assert_eq!(store.response(&c).unwrap(), Some(response(2_000, 2)));
     assert!(slot_bytes(&shared, "t/1/r/") <= 10_000);
 }
@@ -220,75 +213,6 @@ fn a_response_larger_than_a_buckets_share_is_never_kept() {
     let d = digest(2);
     let done = complete(&store, &d, &response(10_000 - SLOT_OVERHEAD, 2), 0);
     assert!(done.stored);
-}
-
-#[test]
-fn dropped_bodies_are_counted_and_their_keys_answer_409_response_not_stored() {
-    // One bucket of 1 MiB, responses of 300 KB: three fit.
-    let p = plugin(
-        r#"{"capacity": 16, "max_replay_body_bytes": 600000, "store": {"max_store_bytes": 1048576}}"#,
-    );
-    let (_shared, mut env) = world();
-    let body = "r".repeat(300_000);
-    for i in 0..5 {
-        let r = req("POST", "/orders").key(&format!("k{i}")).body("{}");
-        assert_eq!(run(&p, &mut env, &r, ok(&body)).status(), 200);
-    }
-    assert_eq!(env.count_of(Counter::Executed), 5);
-    assert_eq!(env.count_of(Counter::BodiesDropped), 2);
-    assert_eq!(env.count_of(Counter::ResponseNotStored), 0);
-    for i in 0..2 {
-        let r = req("POST", "/orders").key(&format!("k{i}")).body("{}");
-        let o = run(&p, &mut env, &r, ok("must not run"));
-        assert_eq!(
-            o.problem_type(),
-            "urn:proxy-dedup:problem:response-not-stored"
-        );
-        assert_eq!(o.status(), 409);
-    }
-    let r = req("POST", "/orders").key("k4").body("{}");
-    let o = run(&p, &mut env, &r, ok("must not run"));
-    assert_eq!(o.local().status, 200);
-    assert_eq!(o.local().body, body.as_bytes());
-    assert_eq!(env.count_of(Counter::Executed), 5, "nothing ran twice");
-    assert_eq!(env.count_of(Counter::ResponseNotStored), 2);
-}
-
-#[test]
-fn max_store_bytes_defaults_and_bounds() {
-    // By default every bucket's share holds one response of max_replay_body_bytes with
-    // 4 KiB of headers: 6,250 buckets × 68 KiB with the defaults.
-    let d = Config::parse(b"{}").unwrap();
-    assert_eq!(d.max_store_bytes, 6_250 * (65_536 + 4_096));
-    assert_eq!(d.max_store_bytes, Config::default().max_store_bytes);
-    // The largest of every policy's max_replay_body_bytes counts.
-    let rules = Config::parse(
-        br#"{"capacity": 16000, "rules": [{"name": "big", "match": {"path_prefix": "/b"},
-            "max_replay_body_bytes": 1048576}]}"#,
-    )
-    .unwrap();
-    assert_eq!(rules.max_store_bytes, 1_000 * (1_048_576 + 4_096));
-    // 128 MiB at the least, whenever that is more.
-    let small = Config::parse(br#"{"capacity": 1600, "max_replay_body_bytes": 1024}"#).unwrap();
-    assert_eq!(small.max_store_bytes, 128 << 20);
-    // Very large capacities with small responses still get at least 4 KiB per bucket.
-    let big = Config::parse(br#"{"capacity": 10000000, "max_replay_body_bytes": 0}"#).unwrap();
-    assert_eq!(big.max_store_bytes, 10_000_000 / 16 * 4096);
-    let c = Config::parse(br#"{"capacity": 1024, "store": {"max_store_bytes": 8388608}}"#).unwrap();
-    assert_eq!(c.max_store_bytes, 8 << 20);
-    assert_eq!(Plugin::new(c).layout.bucket_budget, (8 << 20) / 64);
-    for json in [
-        r#"{"store": {"max_store_bytes": 1048575}}"#,
-        r#"{"store": {"max_store_bytes": 1099511627777}}"#,
-        r#"{"store": {"max_store_bytes": "big"}}"#,
-        // 6,250 buckets need 4 KiB each.
-        r#"{"store": {"max_store_bytes": 25599999}}"#,
-        r#"{"store": {"kind": "etcd", "cluster": "e", "max_store_bytes": 8388608}}"#,
-    ] {
-        assert_eq!(cfg_err(json).0, "store.max_store_bytes", "{json}");
-    }
-    let ok = Config::parse(br#"{"store": {"max_store_bytes": 25600000}}"#).unwrap();
-    assert_eq!(ok.max_store_bytes, 25_600_000);
 }
 
 #[test]

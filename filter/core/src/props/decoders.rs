@@ -39,14 +39,17 @@ pub(crate) fn stored_response() -> impl Strategy<Value = StoredResponse> {
         })
 }
 
+/// Every state an etcd record can be in.
+const ETCD_STATES: [EtcdState; 4] = [
+    EtcdState::InFlight,
+    EtcdState::Completed,
+    EtcdState::CompletedNotStored,
+    EtcdState::Held,
+];
+
 fn etcd_record() -> impl Strategy<Value = EtcdRecord> {
     (
-        prop_oneof![
-            Just(EtcdState::InFlight),
-            Just(EtcdState::Completed),
-            Just(EtcdState::CompletedNotStored),
-            Just(EtcdState::Held),
-        ],
+        prop::sample::select(ETCD_STATES.to_vec()),
         any::<u64>(),
         any::<u64>(),
         any::<[u8; 32]>(),

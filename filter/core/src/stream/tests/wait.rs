@@ -1,8 +1,13 @@
-//! Native tests of wait mode (`on_in_flight: "wait"`): duplicates held until the first's
-//! answer, on other workers and, with etcd, other proxies.
+//! Wait mode (`on_in_flight: "wait"`) through the plugin: duplicates held until the
+//! first's answer, on other workers and, with etcd, other proxies.
 
-use super::*;
-use crate::config::OnInFlight;
+use crate::fake::FakeEnv;
+use crate::metrics::Counter;
+use crate::outcome::flags;
+use crate::reply::LocalReply;
+use crate::stream::CallAnswer;
+use crate::stream::{Action, DedupStream, Plugin};
+use crate::testing::*;
 
 const WAIT: &str = r#""on_in_flight": "wait", "wait_timeout_ms": 5000"#;
 
@@ -30,6 +35,44 @@ fn wake(p: &Plugin, env: &mut FakeEnv, s: &mut DedupStream) -> Action {
     settle(p, env, s, a)
 }
 
+/// Two workers over one shared-data store: a request with `key` forwarded on `a`, and
+/// a duplicate of it decided on `b`.
+struct Duplicate {
+    a: FakeEnv,
+    b: FakeEnv,
+    r: Req,
+    dup: DedupStream,
+    act: Action,
+}
+
+impl Duplicate {
+    /// The duplicate stopped waiting: it logged `logged`, counted each of `counters`
+    /// once on its worker, and left the waiter registry.
+    fn ended_as(&mut self, logged: &str, counters: [Counter; 2]) {
+        assert_eq!(decision(&mut self.dup), Some(logged));
+        assert_eq!(counts(&self.b, counters), [1, 1]);
+        assert!(self.b.waiters.is_empty());
+    }
+}
+
+/// (The first request's stream is returned beside it, to be answered.)
+fn duplicate(p: &Plugin, key: &str) -> (Duplicate, DedupStream) {
+    let (mut a, mut b) = two_workers();
+    let r = req("POST", "/orders").key(key).body("{}");
+    let first = send(p, &mut a, &r).unwrap();
+    let (dup, act) = decide(p, &mut b, &r, 2);
+    let d = Duplicate { a, b, r, dup, act };
+    (d, first)
+}
+
+/// Two proxies: `a` forwards `r`, two duplicates of it wait on `b`.
+fn two_waiting_on_b(p: &Plugin, r: &Req) -> (FakeEnv, FakeEnv, DedupStream, [DedupStream; 2]) {
+    let (mut a, mut b) = two_proxies();
+    let first = send(p, &mut a, r).unwrap();
+    let waiters = [2, 3].map(|id| decide(p, &mut b, r, id).0);
+    (a, b, first, waiters)
+}
+
 fn reply(a: Action) -> LocalReply {
     match a {
         Action::Reply(r) => r,
@@ -42,78 +85,11 @@ fn decision(s: &mut DedupStream) -> Option<&'static str> {
 }
 
 #[test]
-fn wait_config_defaults_and_errors_name_the_field() {
-    let c = Config::parse(b"{}").unwrap();
-    assert_eq!(c.policy.on_in_flight, OnInFlight::Reject);
-    assert_eq!(c.policy.wait_timeout_ms, 10_000);
-    assert_eq!(c.max_waiters, 1024);
-    let c = Config::parse(br#"{"in_flight_timeout_seconds": 4}"#).unwrap();
-    assert_eq!(
-        c.policy.wait_timeout_ms, 4_000,
-        "the default follows a shorter in-flight timeout"
-    );
-    let c =
-        Config::parse(br#"{"on_in_flight": "wait", "wait_timeout_ms": 30000, "max_waiters": 7}"#)
-            .unwrap();
-    assert_eq!(
-        (
-            c.policy.on_in_flight,
-            c.policy.wait_timeout_ms,
-            c.max_waiters
-        ),
-        (OnInFlight::Wait, 30_000, 7)
-    );
-    assert_eq!(cfg_err(r#"{"wait_timeout_ms": 0}"#).0, "wait_timeout_ms");
-    let (field, reason) = cfg_err(r#"{"in_flight_timeout_seconds": 5, "wait_timeout_ms": 5001}"#);
-    assert_eq!(field, "wait_timeout_ms");
-    assert!(reason.contains("in_flight_timeout_seconds"), "{reason}");
-    assert_eq!(cfg_err(r#"{"max_waiters": 0}"#).0, "max_waiters");
-    assert_eq!(cfg_err(r#"{"on_in_flight": "queue"}"#).0, "on_in_flight");
-}
-
-#[test]
-fn rules_override_wait_mode_and_their_errors_name_the_rule() {
-    let c = Config::parse(
-        br#"{"wait_timeout_ms": 8000, "rules": [
-            {"name": "pay", "match": {"path_prefix": "/pay"}, "on_in_flight": "wait"},
-            {"name": "short", "match": {"path_prefix": "/s"}, "on_in_flight": "wait",
-             "in_flight_timeout_seconds": 3},
-            {"name": "own", "match": {"path_prefix": "/o"}, "wait_timeout_ms": 2000}]}"#,
-    )
-    .unwrap();
-    assert_eq!(c.policy.on_in_flight, OnInFlight::Reject);
-    let pay = &c.rules[0].policy;
-    assert_eq!(
-        (pay.on_in_flight, pay.wait_timeout_ms),
-        (OnInFlight::Wait, 8_000)
-    );
-    assert_eq!(
-        c.rules[1].policy.wait_timeout_ms, 3_000,
-        "an inherited wait timeout follows the rule's shorter in-flight timeout"
-    );
-    assert_eq!(c.rules[2].policy.wait_timeout_ms, 2_000);
-    assert!(c.waits());
-    assert_eq!(c.longest_wait_ms(), 8_000);
-    assert!(!Config::parse(b"{}").unwrap().waits());
-    let (field, _) = cfg_err(
-        r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"},
-            "in_flight_timeout_seconds": 2, "wait_timeout_ms": 2500}]}"#,
-    );
-    assert_eq!(field, "rules[0].wait_timeout_ms");
-    let (field, _) = cfg_err(
-        r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"}, "bypass": true,
-            "on_in_flight": "wait"}]}"#,
-    );
-    assert_eq!(field, "rules[0].bypass");
-}
-
-#[test]
 fn a_rule_in_wait_mode_waits_while_the_top_level_rejects() {
     let p = plugin(
         r#"{"rules": [{"name": "pay", "match": {"path_prefix": "/pay"}, "on_in_flight": "wait"}]}"#,
     );
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
+    let (mut a, mut b) = two_workers();
     let pay = req("POST", "/pay").key("k").body("{}");
     let first = send(&p, &mut a, &pay).unwrap();
     let (mut dup, act) = decide(&p, &mut b, &pay, 2);
@@ -133,29 +109,24 @@ fn a_rule_in_wait_mode_waits_while_the_top_level_rejects() {
 #[test]
 fn a_duplicate_on_another_worker_waits_and_gets_the_replay() {
     let p = wait_plugin("");
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
-    let r = req("POST", "/orders").key("k1").body("{}");
-    let first = send(&p, &mut a, &r).unwrap();
-    let (mut dup, act) = decide(&p, &mut b, &r, 2);
-    assert_eq!(act, Action::Pause, "held, nothing forwarded");
-    assert!(dup.waiting());
-    assert_eq!(b.count_of(Counter::Waited), 1);
-    assert_eq!(b.count_of(Counter::RejectedInFlight), 0);
-    assert_eq!(b.waiters.len(), 1);
+    let (mut d, first) = duplicate(&p, "k1");
+    assert_eq!(d.act, Action::Pause, "held, nothing forwarded");
+    assert!(d.dup.waiting());
+    assert_eq!(
+        counts(&d.b, [Counter::Waited, Counter::RejectedInFlight]),
+        [1, 0]
+    );
+    assert_eq!(d.b.waiters.len(), 1);
     // Still in flight: a re-check waits on.
-    assert_eq!(wake(&p, &mut b, &mut dup), Action::Pause);
-    respond(&p, &mut a, first, ok("made"));
-    assert_eq!(a.wake_calls.len(), 1, "the completion wakes the waiters");
-    let got = reply(wake(&p, &mut b, &mut dup));
+    assert_eq!(wake(&p, &mut d.b, &mut d.dup), Action::Pause);
+    respond(&p, &mut d.a, first, ok("made"));
+    assert_eq!(d.a.wake_calls.len(), 1, "the completion wakes the waiters");
+    let got = reply(wake(&p, &mut d.b, &mut d.dup));
     assert_eq!((got.status, got.body.as_slice()), (200, &b"made"[..]));
     assert_eq!(got.header("idempotent-replayed"), Some(&b"true"[..]));
-    assert_eq!(decision(&mut dup), Some("waited"));
-    assert_eq!(b.count_of(Counter::WaitReplayed), 1);
-    assert_eq!(b.count_of(Counter::Replayed), 1);
-    assert!(b.waiters.is_empty());
+    d.ended_as("waited", [Counter::WaitReplayed, Counter::Replayed]);
     assert_eq!(
-        a.count_of(Counter::Executed) + b.count_of(Counter::Executed),
+        d.a.count_of(Counter::Executed) + d.b.count_of(Counter::Executed),
         1
     );
 }
@@ -163,10 +134,8 @@ fn a_duplicate_on_another_worker_waits_and_gets_the_replay() {
 #[test]
 fn after_a_release_exactly_one_waiter_executes_and_the_others_get_its_answer() {
     let p = wait_plugin("");
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
     let r = req("POST", "/pay").key("k").body("x");
-    let first = send(&p, &mut a, &r).unwrap();
+    let (mut a, mut b, first) = sent_on_worker_0(&p, &r);
     let mut waiters: Vec<DedupStream> = (10..14)
         .map(|id| {
             let (s, act) = decide(&p, &mut b, &r, id);
@@ -190,47 +159,51 @@ fn after_a_release_exactly_one_waiter_executes_and_the_others_get_its_answer() {
         let got = reply(wake(&p, &mut b, &mut s));
         assert_eq!((got.status, got.body.as_slice()), (201, &b"charged"[..]));
     }
-    assert_eq!(b.count_of(Counter::Executed), 1);
-    assert_eq!(b.count_of(Counter::WaitReplayed), 3);
+    assert_eq!(
+        counts(&b, [Counter::Executed, Counter::WaitReplayed]),
+        [1, 3]
+    );
     assert!(b.waiters.is_empty());
 }
 
 #[test]
 fn a_waiter_gets_409_when_its_wait_times_out() {
     let p = wait_plugin(r#""retry_after_seconds": 2"#);
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
-    let r = req("POST", "/orders").key("slow").body("{}");
-    let _first = send(&p, &mut a, &r).unwrap();
-    let (mut dup, act) = decide(&p, &mut b, &r, 2);
-    assert_eq!(act, Action::Pause);
-    b.now_ms += 4_999;
-    assert_eq!(wake(&p, &mut b, &mut dup), Action::Pause);
-    b.now_ms += 1;
-    let got = reply(wake(&p, &mut b, &mut dup));
+    let (mut d, _first) = duplicate(&p, "slow");
+    assert_eq!(d.act, Action::Pause);
+    d.b.now_ms += 4_999;
+    assert_eq!(wake(&p, &mut d.b, &mut d.dup), Action::Pause);
+    d.b.now_ms += 1;
+    let got = reply(wake(&p, &mut d.b, &mut d.dup));
     assert_eq!(got.status, 409);
     assert_eq!(got.header("retry-after"), Some(&b"2"[..]));
-    assert_eq!(decision(&mut dup), Some("in_flight"));
-    assert_eq!(b.count_of(Counter::WaitTimeout), 1);
-    assert_eq!(b.count_of(Counter::RejectedInFlight), 1);
-    assert!(b.waiters.is_empty());
+    d.ended_as(
+        "in_flight",
+        [Counter::WaitTimeout, Counter::RejectedInFlight],
+    );
 }
 
 #[test]
 fn above_max_waiters_a_duplicate_gets_409_at_once() {
     let p = wait_plugin(r#""max_waiters": 2"#);
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
     let r = req("POST", "/orders").key("k").body("{}");
-    let _first = send(&p, &mut a, &r).unwrap();
+    let (mut a, mut b, _first) = sent_on_worker_0(&p, &r);
     for id in [2, 3] {
         assert_eq!(decide(&p, &mut b, &r, id).1, Action::Pause);
     }
     let (_, act) = decide(&p, &mut b, &r, 4);
     assert_eq!(reply(act).status, 409);
-    assert_eq!(b.count_of(Counter::Waited), 2);
-    assert_eq!(b.count_of(Counter::RejectedInFlight), 1);
-    assert_eq!(b.count_of(Counter::WaitTimeout), 0);
+    assert_eq!(
+        counts(
+            &b,
+            [
+                Counter::Waited,
+                Counter::RejectedInFlight,
+                Counter::WaitTimeout
+            ]
+        ),
+        [2, 1, 0]
+    );
     // Another worker has its own places.
     assert_eq!(decide(&p, &mut a, &r, 5).1, Action::Pause);
 }
@@ -238,41 +211,33 @@ fn above_max_waiters_a_duplicate_gets_409_at_once() {
 #[test]
 fn a_client_that_leaves_while_waiting_leaves_nothing_behind() {
     let p = wait_plugin("");
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
-    let r = req("POST", "/orders").key("k").body("{}");
-    let first = send(&p, &mut a, &r).unwrap();
-    let (mut dup, _) = decide(&p, &mut b, &r, 2);
+    let (mut d, first) = duplicate(&p, "k");
     assert_eq!(
-        dup.on_stream_end(
+        d.dup.on_stream_end(
             &p,
-            &mut b,
+            &mut d.b,
             &origin("downstream_remote_disconnect", flags::DC)
         ),
         None
     );
-    assert!(b.waiters.is_empty());
-    assert!(!dup.waiting());
+    assert!(d.b.waiters.is_empty());
+    assert!(!d.dup.waiting());
     assert_eq!(
-        wake(&p, &mut b, &mut dup),
+        wake(&p, &mut d.b, &mut d.dup),
         Action::Pause,
         "a late wake-up does nothing"
     );
-    respond(&p, &mut a, first, answer(503, "down"));
+    respond(&p, &mut d.a, first, answer(503, "down"));
     // Nothing was claimed for the client that left: the key is free.
-    assert!(send(&p, &mut b, &r).is_ok());
+    assert!(send(&p, &mut d.b, &d.r).is_ok());
 }
 
 #[test]
 fn a_waiter_of_a_response_not_stored_gets_what_a_duplicate_gets() {
     let p = wait_plugin(r#""max_replay_body_bytes": 4"#);
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
-    let r = req("POST", "/orders").key("k").body("{}");
-    let first = send(&p, &mut a, &r).unwrap();
-    let (mut dup, _) = decide(&p, &mut b, &r, 2);
-    respond(&p, &mut a, first, ok("far too long"));
-    let got = reply(wake(&p, &mut b, &mut dup));
+    let (mut d, first) = duplicate(&p, "k");
+    respond(&p, &mut d.a, first, ok("far too long"));
+    let got = reply(wake(&p, &mut d.b, &mut d.dup));
     assert_eq!(got.status, 409);
     assert_eq!(got.details, "proxy_dedup_response_not_stored");
 }
@@ -280,15 +245,11 @@ fn a_waiter_of_a_response_not_stored_gets_what_a_duplicate_gets() {
 #[test]
 fn a_held_claim_keeps_waiters_until_their_timeout() {
     let p = wait_plugin("");
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
-    let r = req("POST", "/orders").key("k").body("{}");
-    let first = send(&p, &mut a, &r).unwrap();
-    let (mut dup, _) = decide(&p, &mut b, &r, 2);
-    respond(&p, &mut a, first, upstream_reset());
-    assert_eq!(wake(&p, &mut b, &mut dup), Action::Pause);
-    b.now_ms += 5_000;
-    let got = reply(wake(&p, &mut b, &mut dup));
+    let (mut d, first) = duplicate(&p, "k");
+    respond(&p, &mut d.a, first, upstream_reset());
+    assert_eq!(wake(&p, &mut d.b, &mut d.dup), Action::Pause);
+    d.b.now_ms += 5_000;
+    let got = reply(wake(&p, &mut d.b, &mut d.dup));
     assert_eq!(got.status, 409);
     // retry-after: what is left of the hold (30 s from the claim, 5 s gone).
     assert_eq!(got.header("retry-after"), Some(&b"25"[..]));
@@ -297,10 +258,8 @@ fn a_held_claim_keeps_waiters_until_their_timeout() {
 #[test]
 fn reject_mode_never_waits_nor_wakes() {
     let p = plugin("{}");
-    let (shared, mut a) = world();
-    let mut b = FakeEnv::new(shared, 1);
     let r = req("POST", "/orders").key("k").body("{}");
-    let first = send(&p, &mut a, &r).unwrap();
+    let (mut a, mut b, first) = sent_on_worker_0(&p, &r);
     assert_eq!(reply(decide(&p, &mut b, &r, 2).1).status, 409);
     assert!(b.waiters.is_empty());
     respond(&p, &mut a, first, ok("x"));
@@ -309,10 +268,8 @@ fn reject_mode_never_waits_nor_wakes() {
 
 #[test]
 fn etcd_a_waiter_on_another_proxy_polls_and_gets_the_replay() {
-    let p = etcd_plugin(WAIT);
-    let (mut a, mut b) = two_proxies();
-    let r = req("POST", "/orders").key("k1").body("{}");
-    let first = send(&p, &mut a, &r).unwrap();
+    let (p, (mut a, mut b)) = (etcd_plugin(WAIT), two_proxies());
+    let (r, first) = sent(&p, &mut a, req("POST", "/orders").key("k1").body("{}"));
     let (mut dup, act) = decide(&p, &mut b, &r, 2);
     assert_eq!(act, Action::Pause);
     // The poll is a read of the record, not a claim.
@@ -338,11 +295,8 @@ fn etcd_a_waiter_on_another_proxy_polls_and_gets_the_replay() {
 #[test]
 fn etcd_after_a_release_one_waiter_claims_and_a_failed_poll_waits_on() {
     let p = etcd_plugin(WAIT);
-    let (mut a, mut b) = two_proxies();
-    let r = req("POST", "/pay").key("k").body("x");
-    let first = send(&p, &mut a, &r).unwrap();
-    let (mut w1, _) = decide(&p, &mut b, &r, 2);
-    let (mut w2, _) = decide(&p, &mut b, &r, 3);
+    let (mut a, mut b, first, [mut w1, mut w2]) =
+        two_waiting_on_b(&p, &req("POST", "/pay").key("k").body("x"));
     b.etcd.fail_next(1);
     let c = match w1.on_wake(&p, &mut b) {
         Action::Call(c) => c,
@@ -366,11 +320,8 @@ fn etcd_after_a_release_one_waiter_claims_and_a_failed_poll_waits_on() {
 #[test]
 fn etcd_a_completed_poll_answers_this_workers_other_waiters_from_the_tier() {
     let p = etcd_plugin(WAIT);
-    let (mut a, mut b) = two_proxies();
-    let r = req("POST", "/orders").key("k").body("{}");
-    let first = send(&p, &mut a, &r).unwrap();
-    let (mut w1, _) = decide(&p, &mut b, &r, 2);
-    let (mut w2, _) = decide(&p, &mut b, &r, 3);
+    let (mut a, mut b, first, [mut w1, mut w2]) =
+        two_waiting_on_b(&p, &req("POST", "/orders").key("k").body("{}"));
     respond(&p, &mut a, first, ok("made"));
     assert!(matches!(reply(wake(&p, &mut b, &mut w1)).status, 200));
     // w1's poll learnt the record and woke w2, which needs no round trip now.
@@ -387,8 +338,7 @@ fn any_answer_to_a_poll_keeps_the_waiter_safe() {
         (etcd_json_plugin(WAIT), crate::etcd::Protocol::Json),
     ] {
         let (mut a, mut b) = two_proxies();
-        let r = req("POST", "/orders").key("k").body("{}");
-        let _first = send(&p, &mut a, &r).unwrap();
+        let (r, _first) = sent(&p, &mut a, req("POST", "/orders").key("k").body("{}"));
         let (mut dup, _) = decide(&p, &mut b, &r, 2);
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let bodies: Vec<(u16, Vec<u8>)> = vec![
@@ -441,11 +391,10 @@ fn any_answer_to_a_poll_keeps_the_waiter_safe() {
 fn a_wake_up_of_a_stream_that_does_not_wait_changes_nothing() {
     let p = wait_plugin("");
     let (_, mut a) = world();
-    let r = req("POST", "/orders").key("k").body("{}");
-    let mut first = send(&p, &mut a, &r).unwrap();
+    let (r, mut first) = sent(&p, &mut a, req("POST", "/orders").key("k").body("{}"));
     assert_eq!(first.on_wake(&p, &mut a), Action::Pause);
     assert!(first.holds_claim(), "the executing stream keeps its claim");
     let out = respond(&p, &mut a, first, ok("made"));
-    assert_eq!(out, Outcome::Upstream(200, b"made".to_vec()));
-    assert_eq!(run(&p, &mut a, &r, ok("no")).local().body, b"made");
+    assert_eq!(out, executed("made"));
+    run(&p, &mut a, &r, ok("no")).assert_replays(b"made");
 }

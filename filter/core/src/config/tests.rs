@@ -1,0 +1,461 @@
+//! Tests of configuration parsing: documented defaults, bounds at both ends, and errors that
+//! name the field.
+
+use crate::config::{Config, FailureMode, OnDuplicate, OnInFlight};
+use crate::stream::Plugin;
+use crate::testing::*;
+
+#[test]
+fn empty_config_gives_documented_defaults() {
+    let c = Config::parse(b"").unwrap();
+    assert_eq!(c, Config::default());
+    let c2 = Config::parse(b"{}").unwrap();
+    assert_eq!(c2, c);
+    assert_eq!(c.policy.key_headers, vec!["idempotency-key"]);
+    assert_eq!(c.policy.methods, vec!["POST", "PATCH"]);
+    assert_eq!(
+        (c.policy.ttl_ms, c.policy.in_flight_timeout_ms, c.capacity),
+        (86_400_000, 30_000, 100_000)
+    );
+    assert_eq!(
+        (
+            c.policy.max_body_bytes,
+            c.policy.max_replay_body_bytes,
+            c.policy.key_max_length
+        ),
+        (1_048_576, 65_536, 255)
+    );
+    assert_eq!(
+        (c.policy.on_duplicate, c.failure_mode),
+        (OnDuplicate::Replay, FailureMode::Open)
+    );
+    assert!(c.stores_status(200) && c.stores_status(404) && c.stores_status(302));
+    assert!(!c.stores_status(500) && !c.stores_status(503) && !c.stores_status(101));
+}
+
+#[test]
+fn full_config_parses() {
+    let c = Config::parse(
+        br#"{"key": {"headers": ["X-Request-Id", "idempotency-key"], "json_pointer": "/msg~1id", "fingerprint": ["method", "path", "query", "body", "header:X-Tenant"], "required": true, "max_length": 64},
+            "scope": {"headers": ["x-tenant"]}, "methods": ["POST", "PUT"], "on_duplicate": "reject", "ttl_seconds": 60,
+            "in_flight_timeout_seconds": 5, "retry_after_seconds": 2, "capacity": 1024, "max_body_bytes": 4096,
+            "max_replay_body_bytes": 1024, "store_statuses": ["2xx", "409"], "replayed_header": "X-Replayed",
+            "failure_mode": "closed", "store": {"kind": "shared_data", "namespace": "orders"}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        c.policy.key_headers,
+        vec!["x-request-id", "idempotency-key"]
+    );
+    assert_eq!(c.policy.json_pointer.as_deref(), Some("/msg~1id"));
+    assert_eq!(c.policy.fingerprint.len(), 5);
+    assert!(c.policy.key_required);
+    assert_eq!(c.policy.on_duplicate, OnDuplicate::Reject);
+    assert_eq!(c.failure_mode, FailureMode::Closed);
+    assert!(c.stores_status(201) && c.stores_status(409) && !c.stores_status(404));
+    assert_eq!(c.replayed_header, "x-replayed");
+    assert_eq!(c.namespace(), "orders");
+}
+
+#[test]
+fn config_errors_name_the_field() {
+    let cases: &[(&str, &str, &str)] = &[
+        (r#"{"ttl": 5}"#, "ttl", "unknown field"),
+        (
+            r#"{"key": {"header": ["a"]}}"#,
+            "key.header",
+            "unknown field",
+        ),
+        (r#"{"ttl_seconds": "x"}"#, "ttl_seconds", "invalid type"),
+        (r#"{"ttl_seconds": -1}"#, "ttl_seconds", "invalid value"),
+        (r#"{"ttl_seconds": 0}"#, "ttl_seconds", "out of range"),
+        (
+            r#"{"in_flight_timeout_seconds": 100000}"#,
+            "in_flight_timeout_seconds",
+            "out of range",
+        ),
+        (r#"{"capacity": 1}"#, "capacity", "out of range"),
+        (
+            r#"{"max_body_bytes": 999999999999}"#,
+            "max_body_bytes",
+            "out of range",
+        ),
+        (
+            r#"{"max_replay_body_bytes": 99999999}"#,
+            "max_replay_body_bytes",
+            "out of range",
+        ),
+        (
+            r#"{"retry_after_seconds": 4000}"#,
+            "retry_after_seconds",
+            "out of range",
+        ),
+        (
+            r#"{"key": {"max_length": 0}}"#,
+            "key.max_length",
+            "out of range",
+        ),
+        (
+            r#"{"key": {"required": "yes"}}"#,
+            "key.required",
+            "invalid type",
+        ),
+        (r#"{"key": {"headers": []}}"#, "key.headers", "at least one"),
+        (
+            r#"{"key": {"headers": ["bad header"]}}"#,
+            "key.headers",
+            "not a valid header name",
+        ),
+        (
+            r#"{"key": {"json_pointer": "msgId"}}"#,
+            "key.json_pointer",
+            "RFC 6901",
+        ),
+        (
+            r#"{"key": {"json_pointer": "/a~2"}}"#,
+            "key.json_pointer",
+            "invalid escape",
+        ),
+        (
+            r#"{"key": {"fingerprint": ["cookies"]}}"#,
+            "key.fingerprint",
+            "expected",
+        ),
+        (
+            r#"{"key": {"fingerprint": []}}"#,
+            "key.fingerprint",
+            "at least one",
+        ),
+        (
+            r#"{"key": {"fingerprint": ["body", "body"]}}"#,
+            "key.fingerprint",
+            "twice",
+        ),
+        (
+            r#"{"key": {"fingerprint": ["header:"]}}"#,
+            "key.fingerprint",
+            "expected",
+        ),
+        (
+            r#"{"scope": {"headers": ["x y"]}}"#,
+            "scope.headers",
+            "not a valid header name",
+        ),
+        (r#"{"methods": []}"#, "methods", "at least one"),
+        (r#"{"methods": ["post"]}"#, "methods", "upper-case"),
+        (
+            r#"{"on_duplicate": "ignore"}"#,
+            "on_duplicate",
+            "unknown variant",
+        ),
+        (
+            r#"{"failure_mode": "allow"}"#,
+            "failure_mode",
+            "unknown variant",
+        ),
+        (
+            r#"{"store_statuses": ["2xx", "6xx"]}"#,
+            "store_statuses",
+            "status class",
+        ),
+        (
+            r#"{"store_statuses": ["99"]}"#,
+            "store_statuses",
+            "status class",
+        ),
+        (
+            r#"{"replayed_header": ""}"#,
+            "replayed_header",
+            "not a valid header name",
+        ),
+        (
+            r#"{"store": {"kind": "redis"}}"#,
+            "store.kind",
+            "not a known store",
+        ),
+        (
+            r#"{"store": {"namespace": "a/b"}}"#,
+            "store.namespace",
+            "without '/'",
+        ),
+        (
+            r#"{"store": {"kind": "shared_data", "ttl": 1}}"#,
+            "store.ttl",
+            "unknown field",
+        ),
+        (r#"[1, 2]"#, "(root)", "JSON object"),
+        (r#"{"ttl_seconds": 5} trailing"#, "(root)", "trailing"),
+        (r#"{"ttl_seconds": 5"#, "(root)", "EOF"),
+    ];
+    for (json, field, reason) in cases {
+        let (f, r) = cfg_err(json);
+        assert_eq!(&f, field, "field for {json}: {r}");
+        assert!(
+            r.contains(reason),
+            "reason for {json}: {r:?} should mention {reason:?}"
+        );
+    }
+    let e = Config::parse(&[0xff, 0xfe]).unwrap_err();
+    assert_eq!(e.field, "(root)");
+    let shown = Config::parse(br#"{"capacity": 1}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        shown.contains("`capacity`") && shown.contains("out of range"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn etcd_config() {
+    let c = Config::parse(br#"{"store": {"kind": "etcd", "cluster": "etcd-c"}}"#).unwrap();
+    match c.store {
+        crate::config::StoreConfig::Etcd(e) => {
+            assert_eq!(
+                (
+                    e.cluster.as_str(),
+                    e.authority.as_str(),
+                    e.prefix.as_str(),
+                    e.timeout_ms
+                ),
+                ("etcd-c", "etcd-c", "proxy-dedup/", 3000)
+            );
+            assert_eq!(e.protocol, crate::etcd::Protocol::Grpc, "gRPC by default");
+        }
+        other => panic!("{other:?}"),
+    }
+    for (name, want) in [
+        ("grpc", crate::etcd::Protocol::Grpc),
+        ("json", crate::etcd::Protocol::Json),
+    ] {
+        let c = Config::parse(
+            format!(r#"{{"store": {{"kind": "etcd", "cluster": "e", "protocol": "{name}"}}}}"#)
+                .as_bytes(),
+        )
+        .unwrap();
+        assert!(matches!(c.store, crate::config::StoreConfig::Etcd(e) if e.protocol == want));
+    }
+    assert_eq!(
+        cfg_err(r#"{"store": {"kind": "etcd", "cluster": "e", "protocol": "http"}}"#).0,
+        "store.protocol"
+    );
+    assert_eq!(
+        cfg_err(r#"{"store": {"protocol": "grpc"}}"#).0,
+        "store.protocol",
+        "only for etcd"
+    );
+    assert_eq!(cfg_err(r#"{"store": {"kind": "etcd"}}"#).0, "store.cluster");
+    assert_eq!(
+        cfg_err(r#"{"store": {"kind": "etcd", "cluster": "e", "timeout_ms": 1}}"#).0,
+        "store.timeout_ms"
+    );
+    assert_eq!(
+        cfg_err(r#"{"store": {"kind": "etcd", "cluster": "e", "namespace": "x"}}"#).0,
+        "store.namespace"
+    );
+    assert_eq!(cfg_err(r#"{"store": {"cluster": "e"}}"#).0, "store.cluster");
+    assert_eq!(
+        cfg_err(r#"{"store": {"kind": "etcd", "cluster": "e", "prefix": ""}}"#).0,
+        "store.prefix"
+    );
+}
+
+#[test]
+fn every_documented_range_includes_its_ends() {
+    let ok = |json: &str| {
+        Config::parse(json.as_bytes()).unwrap_or_else(|e| panic!("{json}: {e}"));
+    };
+    let refused = |json: &str, field: &str| {
+        assert_eq!(cfg_err(json).0, field, "{json}");
+    };
+    for (field, low, high) in [
+        ("ttl_seconds", 1u64, 31_536_000u64),
+        ("in_flight_timeout_seconds", 1, 86_400),
+        ("retry_after_seconds", 0, 3600),
+        ("capacity", 16, 10_000_000),
+        ("max_body_bytes", 0, 64 << 20),
+        ("max_replay_body_bytes", 0, 16 << 20),
+    ] {
+        ok(&format!(r#"{{"{field}": {low}}}"#));
+        ok(&format!(r#"{{"{field}": {high}}}"#));
+        refused(&format!(r#"{{"{field}": {}}}"#, high + 1), field);
+        if low > 0 {
+            refused(&format!(r#"{{"{field}": {}}}"#, low - 1), field);
+        }
+    }
+    let c = Config::parse(br#"{"ttl_seconds": 31536000, "capacity": 16}"#).unwrap();
+    assert_eq!((c.policy.ttl_ms, c.capacity), (31_536_000_000, 16));
+    ok(r#"{"key": {"max_length": 4096}}"#);
+    refused(r#"{"key": {"max_length": 4097}}"#, "key.max_length");
+    let etcd = |extra: &str| format!(r#"{{"store": {{"kind": "etcd", "cluster": "e"{extra}}}}}"#);
+    ok(&etcd(r#", "timeout_ms": 10"#));
+    ok(&etcd(r#", "timeout_ms": 60000"#));
+    refused(&etcd(r#", "timeout_ms": 60001"#), "store.timeout_ms");
+    ok(&etcd(r#", "max_record_bytes": 67108864"#));
+    refused(
+        &etcd(r#", "max_record_bytes": 4095"#),
+        "store.max_record_bytes",
+    );
+}
+
+#[test]
+fn header_lists_hold_up_to_16_names() {
+    let names = |n: usize| {
+        (0..n)
+            .map(|i| format!("\"x-h{i}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for field in ["key", "scope"] {
+        let json = |n| format!(r#"{{"{field}": {{"headers": [{}]}}}}"#, names(n));
+        Config::parse(json(16).as_bytes()).unwrap();
+        assert_eq!(cfg_err(&json(17)).0, format!("{field}.headers"));
+    }
+}
+
+#[test]
+fn the_etcd_record_limit_defaults_to_1_mib_and_must_fit_the_replay_cap() {
+    let c = Config::parse(br#"{"store": {"kind": "etcd", "cluster": "e"}}"#).unwrap();
+    let crate::config::StoreConfig::Etcd(ec) = &c.store else {
+        panic!("{:?}", c.store)
+    };
+    assert_eq!(ec.max_record_bytes, 1 << 20);
+    // The replay cap may use all the room the record's own 16384 bytes leave, not one more.
+    let room = 4096 * 4 + 100 - 16_384;
+    let json = |cap: usize| {
+        format!(
+            r#"{{"max_replay_body_bytes": {cap}, "store": {{"kind": "etcd", "cluster": "e", "max_record_bytes": {}}}}}"#,
+            4096 * 4 + 100
+        )
+    };
+    Config::parse(json(room).as_bytes()).unwrap();
+    assert_eq!(cfg_err(&json(room + 1)).0, "max_replay_body_bytes");
+}
+
+#[test]
+fn store_names_are_checked_at_both_ends() {
+    let ns = |n: &str| format!(r#"{{"store": {{"namespace": "{n}"}}}}"#);
+    Config::parse(ns(&"n".repeat(64)).as_bytes()).unwrap();
+    for bad in ["".to_string(), "n".repeat(65), "a/b".into(), "a b".into()] {
+        assert_eq!(cfg_err(&ns(&bad)).0, "store.namespace", "{bad:?}");
+    }
+    let etcd = |extra: &str| format!(r#"{{"store": {{"kind": "etcd"{extra}}}}}"#);
+    assert_eq!(cfg_err(&etcd(r#", "cluster": """#)).0, "store.cluster");
+    Config::parse(etcd(r#", "cluster": "c", "authority": "etcd.local""#).as_bytes()).unwrap();
+    for bad in ["", "a b", "a\\u0001"] {
+        let json = etcd(&format!(r#", "cluster": "c", "authority": "{bad}""#));
+        assert_eq!(cfg_err(&json).0, "store.authority", "{bad:?}");
+    }
+    let prefix = |p: &str| etcd(&format!(r#", "cluster": "c", "prefix": "{p}""#));
+    Config::parse(prefix(&"p".repeat(128)).as_bytes()).unwrap();
+    for bad in ["".to_string(), "p".repeat(129), "a\\u0007".into()] {
+        assert_eq!(cfg_err(&prefix(&bad)).0, "store.prefix", "{bad:?}");
+    }
+}
+
+#[test]
+fn payload_pointer_lists_hold_1_to_32() {
+    let json = |n: usize| {
+        let list: Vec<String> = (0..n).map(|i| format!("\"/f{i}\"")).collect();
+        format!(
+            r#"{{"payload": {{"json_pointers": [{}]}}}}"#,
+            list.join(", ")
+        )
+    };
+    Config::parse(json(1).as_bytes()).unwrap();
+    Config::parse(json(32).as_bytes()).unwrap();
+    assert_eq!(cfg_err(&json(33)).0, "payload.json_pointers");
+    assert_eq!(cfg_err(&json(0)).0, "payload.json_pointers");
+}
+
+#[test]
+fn max_store_bytes_defaults_and_bounds() {
+    // By default every bucket's share holds one response of max_replay_body_bytes with
+    // 4 KiB of headers: 6,250 buckets × 68 KiB with the defaults.
+    let d = Config::parse(b"{}").unwrap();
+    assert_eq!(d.max_store_bytes().unwrap(), 6_250 * (65_536 + 4_096));
+    assert_eq!(
+        d.max_store_bytes().unwrap(),
+        Config::default().max_store_bytes().unwrap()
+    );
+    // The largest of every policy's max_replay_body_bytes counts.
+    let rules = Config::parse(
+        br#"{"capacity": 16000, "rules": [{"name": "big", "match": {"path_prefix": "/b"},
+            "max_replay_body_bytes": 1048576}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        rules.max_store_bytes().unwrap(),
+        1_000 * (1_048_576 + 4_096)
+    );
+    // 128 MiB at the least, whenever that is more.
+    let small = Config::parse(br#"{"capacity": 1600, "max_replay_body_bytes": 1024}"#).unwrap();
+    assert_eq!(small.max_store_bytes().unwrap(), 128 << 20);
+    // Very large capacities with small responses still get at least 4 KiB per bucket.
+    let big = Config::parse(br#"{"capacity": 10000000, "max_replay_body_bytes": 0}"#).unwrap();
+    assert_eq!(big.max_store_bytes().unwrap(), 10_000_000 / 16 * 4096);
+    let c = Config::parse(br#"{"capacity": 1024, "store": {"max_store_bytes": 8388608}}"#).unwrap();
+    assert_eq!(c.max_store_bytes().unwrap(), 8 << 20);
+    assert_eq!(
+        Plugin::new(c).layout().unwrap().bucket_budget,
+        (8 << 20) / 64
+    );
+    for json in [
+        r#"{"store": {"max_store_bytes": 1048575}}"#,
+        r#"{"store": {"max_store_bytes": 1099511627777}}"#,
+        r#"{"store": {"max_store_bytes": "big"}}"#,
+        // 6,250 buckets need 4 KiB each.
+        r#"{"store": {"max_store_bytes": 25599999}}"#,
+        r#"{"store": {"kind": "etcd", "cluster": "e", "max_store_bytes": 8388608}}"#,
+    ] {
+        assert_eq!(cfg_err(json).0, "store.max_store_bytes", "{json}");
+    }
+    let ok = Config::parse(br#"{"store": {"max_store_bytes": 25600000}}"#).unwrap();
+    assert_eq!(ok.max_store_bytes().unwrap(), 25_600_000);
+}
+
+#[test]
+fn wait_config_defaults_and_errors_name_the_field() {
+    let c = Config::parse(b"{}").unwrap();
+    assert_eq!(c.policy.on_in_flight, OnInFlight::Reject);
+    assert_eq!(c.policy.wait_timeout_ms, 10_000);
+    assert_eq!(c.max_waiters, 1024);
+    let c = Config::parse(br#"{"in_flight_timeout_seconds": 4}"#).unwrap();
+    assert_eq!(
+        c.policy.wait_timeout_ms, 4_000,
+        "the default follows a shorter in-flight timeout"
+    );
+    let c =
+        Config::parse(br#"{"on_in_flight": "wait", "wait_timeout_ms": 30000, "max_waiters": 7}"#)
+            .unwrap();
+    assert_eq!(
+        (
+            c.policy.on_in_flight,
+            c.policy.wait_timeout_ms,
+            c.max_waiters
+        ),
+        (OnInFlight::Wait, 30_000, 7)
+    );
+    assert_eq!(cfg_err(r#"{"wait_timeout_ms": 0}"#).0, "wait_timeout_ms");
+    let (field, reason) = cfg_err(r#"{"in_flight_timeout_seconds": 5, "wait_timeout_ms": 5001}"#);
+    assert_eq!(field, "wait_timeout_ms");
+    assert!(reason.contains("in_flight_timeout_seconds"), "{reason}");
+    assert_eq!(cfg_err(r#"{"max_waiters": 0}"#).0, "max_waiters");
+    assert_eq!(cfg_err(r#"{"on_in_flight": "queue"}"#).0, "on_in_flight");
+}
+
+#[test]
+fn each_store_carries_only_its_own_settings() {
+    let shared = Config::parse(br#"{"store": {"namespace": "orders"}}"#).unwrap();
+    assert!(matches!(
+        &shared.store,
+        crate::config::StoreConfig::SharedData { namespace, .. } if namespace == "orders"
+    ));
+    assert_eq!(shared.namespace(), "orders");
+    assert!(shared.max_store_bytes().is_some());
+    // etcd has no namespace nor byte budget of its own; the wake-up board of wait mode
+    // (in shared data whatever the store) uses the default namespace.
+    let etcd = Config::parse(br#"{"store": {"kind": "etcd", "cluster": "e"}}"#).unwrap();
+    assert_eq!(etcd.namespace(), Config::default().namespace());
+    assert_eq!(etcd.max_store_bytes(), None);
+}

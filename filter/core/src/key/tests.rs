@@ -1,0 +1,174 @@
+//! Tests of request keys: header and JSON-pointer keys, fingerprints, record digests.
+
+use crate::config::Config;
+use crate::key::{self, json_key, record_digest, ClientKey, JsonKey, KeyError, KeySource};
+use crate::testing::*;
+
+#[test]
+fn header_key_first_present_wins_and_is_validated() {
+    let cfg = Config::parse(br#"{"key": {"headers": ["x-a", "x-b"], "max_length": 8}}"#).unwrap();
+    let mut h = req("POST", "/")
+        .header("x-b", "second")
+        .header("x-a", "first")
+        .head;
+    assert_eq!(
+        key::header_key(&cfg.policy, &h).unwrap().unwrap().value,
+        b"first"
+    );
+    h.headers.remove(1);
+    assert_eq!(
+        key::header_key(&cfg.policy, &h).unwrap().unwrap().value,
+        b"second"
+    );
+    h.headers.clear();
+    assert!(key::header_key(&cfg.policy, &h).is_none());
+    for (bad, why) in [
+        ("123456789", "at most 8"),
+        ("a\u{1}b", "control"),
+        ("", "empty"),
+        ("\"\"", "empty"),
+        ("a\tb", "control"),
+    ] {
+        let h = req("POST", "/").header("x-a", bad).head;
+        match key::header_key(&cfg.policy, &h).unwrap() {
+            Err(KeyError::Invalid { detail }) => assert!(detail.contains(why), "{bad:?}: {detail}"),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    // An RFC 8941 string (as in the IETF draft) is the same key as its content.
+    let q = req("POST", "/").header("x-a", "\"abc\"").head;
+    assert_eq!(
+        key::header_key(&cfg.policy, &q).unwrap().unwrap().value,
+        b"abc"
+    );
+    // Exactly max_length is fine.
+    let h = req("POST", "/").header("x-a", "12345678").head;
+    assert!(key::header_key(&cfg.policy, &h).unwrap().is_ok());
+}
+
+#[test]
+fn json_pointer_keys() {
+    let cfg = Config::parse(br#"{"key": {"json_pointer": "/msg/id", "max_length": 10}}"#).unwrap();
+    let found = |body: &str| json_key(&cfg.policy, "/msg/id", body.as_bytes());
+    assert!(
+        matches!(found(r#"{"msg": {"id": "m-1"}}"#), JsonKey::Found(ClientKey { value, source: KeySource::JsonPointer }) if value == b"m-1")
+    );
+    assert!(
+        matches!(found(r#"{"msg": {"id": 42}}"#), JsonKey::Found(ClientKey { value, .. }) if value == b"42")
+    );
+    assert!(
+        matches!(found(r#"{"msg": {"id": -7}}"#), JsonKey::Found(ClientKey { value, .. }) if value == b"-7")
+    );
+    assert!(matches!(
+        found(r#"{"msg": {"id": 1.5}}"#),
+        JsonKey::Invalid(_)
+    ));
+    assert!(matches!(
+        found(r#"{"msg": {"id": null}}"#),
+        JsonKey::Invalid(_)
+    ));
+    assert!(matches!(
+        found(r#"{"msg": {"id": {"x": 1}}}"#),
+        JsonKey::Invalid(_)
+    ));
+    assert!(matches!(
+        found(r#"{"msg": {"id": "much-too-long-id"}}"#),
+        JsonKey::Invalid(_)
+    ));
+    assert!(matches!(found(r#"{"msg": {}}"#), JsonKey::Absent(r) if r.contains("no value")));
+    assert!(
+        matches!(found(r#"{"msg": {"id": "x"}"#), JsonKey::Absent(r) if r.contains("not valid JSON"))
+    );
+    assert!(matches!(found(""), JsonKey::Absent(r) if r.contains("not valid JSON")));
+    assert!(matches!(found("\u{0}\u{ff}garbage"), JsonKey::Absent(_)));
+    // Escapes: "/a~1b" is the member "a/b".
+    assert!(matches!(
+        json_key(&cfg.policy, "/a~1b", br#"{"a/b": "k"}"#),
+        JsonKey::Found(_)
+    ));
+}
+
+#[test]
+fn fingerprints_differ_by_each_configured_part_only() {
+    let cfg = Config::parse(
+        br#"{"key": {"fingerprint": ["method", "path", "body", "header:x-device"]}}"#,
+    )
+    .unwrap();
+    let fp = |r: &Req| {
+        let mut h = key::BodyHasher::default();
+        if let Some(b) = &r.body {
+            for c in b.chunks(3) {
+                h.update(c);
+            }
+        }
+        key::fingerprint_key(&cfg.policy, &r.head, &h.finish()).value
+    };
+    let base = req("POST", "/push?x=1")
+        .header("x-device", "d1")
+        .body("hello");
+    let same = fp(&base);
+    assert_eq!(same, fp(&base.clone()));
+    // Query is not a configured part: ignored.
+    let mut q = base.clone();
+    q.head.path = "/push?x=2".into();
+    assert_eq!(fp(&q), same);
+    let mut m = base.clone();
+    m.head.method = "PUT".into();
+    assert_ne!(fp(&m), same);
+    let mut p = base.clone();
+    p.head.path = "/pull?x=1".into();
+    assert_ne!(fp(&p), same);
+    assert_ne!(fp(&base.clone().body("hellO")), same);
+    let mut d = base.clone();
+    d.head.headers[0].1 = "d2".into();
+    assert_ne!(fp(&d), same);
+    // Chunking does not matter.
+    let mut one = key::BodyHasher::default();
+    one.update(b"hello");
+    assert_eq!(
+        key::fingerprint_key(&cfg.policy, &base.head, &one.finish()).value,
+        same
+    );
+    // The body's place: an empty body and no body part differ from a body of "".
+    let no_body =
+        Config::parse(br#"{"key": {"fingerprint": ["method", "path", "header:x-device"]}}"#)
+            .unwrap();
+    let empty = key::BodyHasher::default().finish();
+    assert_ne!(
+        key::fingerprint_key(&no_body.policy, &base.head, &empty).value,
+        key::fingerprint_key(&cfg.policy, &base.head, &empty).value
+    );
+}
+
+#[test]
+fn digests_separate_scopes_and_key_sources() {
+    let cfg = Config::parse(br#"{"scope": {"headers": ["x-tenant"]}}"#).unwrap();
+    let k = ClientKey {
+        source: KeySource::Header,
+        value: b"k1".to_vec(),
+    };
+    let a = req("POST", "/").header("x-tenant", "a").head;
+    let b = req("POST", "/").header("x-tenant", "b").head;
+    let none = req("POST", "/").head;
+    let empty = req("POST", "/").header("x-tenant", "").head;
+    let da = record_digest(&cfg.policy, &a, &k);
+    assert_eq!(da, record_digest(&cfg.policy, &a, &k));
+    assert_ne!(da, record_digest(&cfg.policy, &b, &k));
+    assert_ne!(
+        record_digest(&cfg.policy, &none, &k),
+        record_digest(&cfg.policy, &empty, &k)
+    );
+    let j = ClientKey {
+        source: KeySource::JsonPointer,
+        value: b"k1".to_vec(),
+    };
+    assert_ne!(da, record_digest(&cfg.policy, &a, &j));
+    // Length prefixes: ("ab","c") and ("a","bc") scopes cannot meet.
+    let cfg2 = Config::parse(br#"{"scope": {"headers": ["x-a", "x-b"]}}"#).unwrap();
+    let h1 = req("POST", "/").header("x-a", "ab").header("x-b", "c").head;
+    let h2 = req("POST", "/").header("x-a", "a").header("x-b", "bc").head;
+    assert_ne!(
+        record_digest(&cfg2.policy, &h1, &k),
+        record_digest(&cfg2.policy, &h2, &k)
+    );
+}

@@ -1,0 +1,6 @@
+//! Property tests that cross modules: every decoder of outside bytes (`decoders`), and the
+//! model-based fuzzing of the whole stream machine against a reference model (`model`).
+//! The shared-data store's private encodings have theirs in `store_props.rs`.
+
+pub(crate) mod decoders;
+mod model;

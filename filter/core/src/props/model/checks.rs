@@ -1,0 +1,201 @@
+//! The reference model of the contract: which local replies a request may get, and the one it must get when the model knows the state.
+
+use super::*;
+
+impl World {
+    /// A local reply to a valid request: allowed by the contract, and the one it demands
+    /// when the model knows the state for certain.
+    pub(super) fn check_reply(&mut self, i: usize, r: &LocalReply) -> Result<(), String> {
+        let (scope, key, payload, w, faulted) = {
+            let x = &self.sims[i];
+            (x.scope, x.key, x.payload, x.worker, x.faulted)
+        };
+        let _ = w;
+        let others: Vec<&Attempt> = self
+            .attempts
+            .iter()
+            .filter(|a| a.stream != i && a.scope == scope && a.key == key)
+            .collect();
+        let same = others.iter().any(|a| a.payload == payload);
+        let other_payload = others.iter().any(|a| a.payload != payload);
+        if let Some(v) = r.header("idempotent-replayed") {
+            if v != b"true" {
+                return Err(format!("stream {i}: replayed header {v:?}"));
+            }
+            if self.knobs.reject {
+                return Err(format!("stream {i}: replayed under on_duplicate reject"));
+            }
+            // The x-exec header names the execution whose response this is.
+            let Some(n) = r
+                .header("x-exec")
+                .and_then(|v| std::str::from_utf8(v).ok()?.parse::<usize>().ok())
+            else {
+                return Err(format!(
+                    "stream {i}: a replay without its execution's headers: {r:?}"
+                ));
+            };
+            let Some(e) = self.execs.get(n) else {
+                return Err(format!(
+                    "stream {i}: replayed execution {n}, which never ran"
+                ));
+            };
+            if (e.scope, e.key, e.payload) != (scope, key, payload) {
+                return Err(format!(
+                    "stream {i}: scope {scope} key {key} payload {payload} got the replay of execution {n} (scope {} key {} payload {})",
+                    e.scope, e.key, e.payload
+                ));
+            }
+            let ExecState::Completed {
+                stored: Some(want), ..
+            } = &e.state
+            else {
+                return Err(format!(
+                    "stream {i}: replayed execution {n}, which has no stored response ({:?})",
+                    e.state
+                ));
+            };
+            let mut headers = want.headers.clone();
+            headers.push(("idempotent-replayed".into(), b"true".to_vec()));
+            if (r.status, &r.headers, &r.body) != (want.status, &headers, &want.body) {
+                return Err(format!(
+                    "stream {i}: replay {} {:?} {:?} differs from execution {n}'s stored {} {:?} {:?}",
+                    r.status,
+                    r.headers,
+                    String::from_utf8_lossy(&r.body),
+                    want.status,
+                    headers,
+                    String::from_utf8_lossy(&want.body)
+                ));
+            }
+        } else {
+            let slug = problem_slug(r);
+            let allowed = match slug.as_str() {
+                "payload-mismatch" => other_payload,
+                "in-flight" => {
+                    let ok = r
+                        .header("retry-after")
+                        .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+                        .is_some_and(|s| (1..=IN_FLIGHT_MS / 1000 + 4).contains(&s));
+                    if !ok {
+                        return Err(format!(
+                            "stream {i}: 409 with retry-after {:?}",
+                            r.header("retry-after")
+                        ));
+                    }
+                    same
+                }
+                "response-not-stored" => self.execs_of(scope, key).any(|(_, e)| {
+                    e.payload == payload
+                        && matches!(e.state, ExecState::Completed { stored: None, .. })
+                }),
+                "already-completed" => {
+                    self.knobs.reject
+                        && self.execs_of(scope, key).any(|(_, e)| {
+                            e.payload == payload && matches!(e.state, ExecState::Completed { .. })
+                        })
+                }
+                "store-unavailable" => self.knobs.closed && faulted,
+                _ => false,
+            };
+            if !allowed {
+                return Err(format!(
+                    "stream {i}: scope {scope} key {key} payload {payload} answered {} {slug}, which the history does not allow",
+                    r.status
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// What the contract demands when the model knows the state for certain: a fresh
+    /// key runs; a live claim answers 409 or 422; a completed one replays.
+    pub(super) fn demanded(&self, i: usize) -> Option<String> {
+        let x = &self.sims[i];
+        if x.faulted || x.bad.is_some() {
+            return None;
+        }
+        let clock = self.now + self.skew(x.worker);
+        let others: Vec<&Attempt> = self
+            .attempts
+            .iter()
+            .filter(|a| a.stream != i && a.scope == x.scope && a.key == x.key)
+            .collect();
+        if others.is_empty() {
+            return Some("executed".into());
+        }
+        // An execution still running within its in-flight time.
+        for (n, e) in self.execs_of(x.scope, x.key) {
+            let running = matches!(e.state, ExecState::Running | ExecState::Held)
+                && self.now < e.forward_at + IN_FLIGHT_MS;
+            if running {
+                return Some(if e.payload != x.payload {
+                    format!("422 (execution {n} in flight)")
+                } else {
+                    format!("409 in-flight (execution {n})")
+                });
+            }
+        }
+        // The last execution completed for certain, nothing tried the key since, and it
+        // has not expired by this reader's clock (a clock ahead may see it expire early).
+        let (n, e) = self.execs_of(x.scope, x.key).last()?;
+        if let ExecState::Completed {
+            stored,
+            expires,
+            sure: true,
+        } = &e.state
+        {
+            let tried_since = others.iter().any(|a| a.at > e.forward_at);
+            if !tried_since && clock < *expires {
+                return Some(if e.payload != x.payload {
+                    format!("422 (execution {n} completed)")
+                } else if stored.is_none() {
+                    format!("409 response-not-stored (execution {n})")
+                } else if self.knobs.reject {
+                    format!("409 already-completed (execution {n})")
+                } else {
+                    format!("replay of execution {n}")
+                });
+            }
+        }
+        None
+    }
+
+    pub(super) fn check_demand(
+        &self,
+        i: usize,
+        demand: Option<String>,
+        got: &Action,
+    ) -> Result<(), String> {
+        let Some(d) = demand else { return Ok(()) };
+        let ok = match got {
+            Action::Continue => d == "executed" && self.sims[i].s.holds_claim(),
+            Action::Reply(r) => {
+                let slug = problem_slug(r);
+                if d.starts_with("replay of execution ") {
+                    let n = d.trim_start_matches("replay of execution ");
+                    r.header("x-exec") == Some(n.as_bytes())
+                        && r.header("idempotent-replayed").is_some()
+                } else if d.starts_with("422") {
+                    slug == "payload-mismatch"
+                } else if d.starts_with("409 in-flight") {
+                    slug == "in-flight"
+                } else if d.starts_with("409 already-completed") {
+                    slug == "already-completed"
+                } else if d.starts_with("409 response-not-stored") {
+                    slug == "response-not-stored"
+                } else {
+                    false
+                }
+            }
+            Action::Pause | Action::Call(_) => true,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "stream {i}: the contract demands {d}, the filter decided {}",
+                short(got)
+            ))
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! The stream machine end to end through the `Plugin`, with the fake host of `fake.rs`
+//! and the drivers of `testing.rs`, one file per behaviour.
+
+mod contract;
+mod etcd;
+mod etcd_retries;
+mod glue;
+mod identity;
+mod rules;
+mod shared;
+mod wait;
