@@ -15,7 +15,7 @@ WASM_ENV    := RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc CARGO_TARGET_DIR=$(WASM_DI
 WASM_CRATES := dedup_filter empty_filter shared_data_probe abi_probe
 CARGO       ?= cargo
 
-.PHONY: deps wasm oci test test-compat test-native test-host test-envoy lint fmt bench bench-envoy chaos mutants demo clean
+.PHONY: deps wasm oci test test-compat test-native test-host test-envoy lint fmt bench bench-envoy profile chaos mutants demo clean
 
 deps:
 	@bash .ci/install-deps.sh
@@ -70,6 +70,19 @@ bench: wasm
 bench-envoy: wasm
 	$(CARGO) run --locked --release -p dedup-envoy --bin bench-envoy
 	$(CARGO) run --locked --release -p dedup-envoy --bin bench-etcd
+
+# Where one benchmark case spends its time in host-test, by function, the
+# filter's own compiled Wasm functions named (wasmtime's perf map):
+# `make profile CASE=dedup_replay` (cases: benches/src/lib.rs). Needs `perf`.
+# The Envoy side: `BENCH_PART=cost BENCH_PERF=1 make bench-envoy`.
+CASE     ?= dedup_first_execution
+REQUESTS ?= 100000
+profile: wasm
+	$(CARGO) build --locked --release -p dedup-benches --example profile
+	HOST_TEST_PERFMAP=1 perf record -q -F 999 -o target/profile-$(CASE).data \
+		target/release/examples/profile $(CASE) $(REQUESTS)
+	perf report -i target/profile-$(CASE).data --stdio --sort dso,sym --percent-limit 0.5 2>/dev/null \
+		| grep -v '^#' | grep -v '^$$' | head -60
 
 # The chaos soak (README, "How we test"): 2 Envoys on a 3-member etcd and 1 on
 # shared data under seeded clients and faults, then the at-most-once checker.

@@ -125,6 +125,10 @@ pub struct Measured {
     pub non_2xx: u64,
     /// wrk's "Socket errors: …" line, or empty.
     pub errors: String,
+    /// Envoy's own CPU time per request in this round (every thread's run
+    /// time from `/proc/<pid>/task/*/schedstat`, over wrk's request count):
+    /// unlike 1/throughput, other work on the machine does not inflate it.
+    pub cpu_us: Option<f64>,
 }
 
 fn lua(script: &str) -> String {
@@ -213,6 +217,7 @@ fn parse_wrk(text: &str) -> Result<Measured> {
         requests: 0,
         non_2xx: 0,
         errors: String::new(),
+        cpu_us: None,
     };
     for line in text.lines() {
         let t = line.trim();
@@ -241,7 +246,20 @@ pub struct Case {
     script: PathBuf,
     best: Option<Measured>,
     rounds: Vec<f64>,
+    /// Each round's Envoy CPU µs per request.
+    cpu_rounds: Vec<f64>,
     load: Load,
+}
+
+/// The CPU time every thread of process `pid` has run, in ns (the first field
+/// of each `/proc/<pid>/task/<tid>/schedstat`).
+fn cpu_ns(pid: u32) -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
 }
 
 impl Case {
@@ -271,6 +289,7 @@ impl Case {
             script: script_path,
             best: None,
             rounds: Vec::new(),
+            cpu_rounds: Vec::new(),
             load,
         })
     }
@@ -308,13 +327,23 @@ impl Case {
     /// One measured round; keeps the best (highest throughput) one. The
     /// progress line pads the name to `name_width`.
     fn measure(&mut self, seconds: u64, round: usize, name_width: usize) -> Result<()> {
-        let m = parse_wrk(&self.wrk(seconds, &format!("r{round}"))?)?;
+        let pid = self.envoy.pid();
+        let before = cpu_ns(pid);
+        let mut m = parse_wrk(&self.wrk(seconds, &format!("r{round}"))?)?;
+        if let (Some(b), Some(a)) = (before, cpu_ns(pid)) {
+            if m.requests > 0 {
+                let us = a.saturating_sub(b) as f64 / 1e3 / m.requests as f64;
+                m.cpu_us = Some(us);
+                self.cpu_rounds.push(us);
+            }
+        }
         eprintln!(
-            "  round {round} {:<name_width$} {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms  ({} requests, {} non-2xx{})",
+            "  round {round} {:<name_width$} {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms  {:>6.1} CPU µs/req  ({} requests, {} non-2xx{})",
             self.name,
             m.rps,
             m.p50_ms,
             m.p99_ms,
+            m.cpu_us.unwrap_or(f64::NAN),
             m.requests,
             m.non_2xx,
             if m.errors.is_empty() {
@@ -330,12 +359,91 @@ impl Case {
         Ok(())
     }
 
+    /// Samples Envoy's CPU time with `perf record` while wrk loads this case
+    /// for `seconds`, and splits Envoy's CPU µs per request by the object the
+    /// samples fell in (`perf report --sort dso`): `envoy` (Envoy itself, V8's
+    /// runtime and the host calls' C++ side, all in the one stripped binary),
+    /// `JIT` (V8's compiled Wasm: the filter's own code), the kernel (sockets)
+    /// and libc (memcpy, malloc). Objects under 1% are left out.
+    pub fn profile(&self, seconds: u64) -> Result<Vec<(String, f64)>> {
+        let data = self.dir.join("perf.data");
+        let pid = self.envoy.pid();
+        let before = cpu_ns(pid);
+        let mut perf = Command::new("perf")
+            .args(["record", "-q", "-F", "2999", "-p"])
+            .arg(pid.to_string())
+            .arg("-o")
+            .arg(&data)
+            .args(["--", "sleep"])
+            .arg(seconds.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let load = self.wrk(seconds, "perf");
+        let recorded = perf.wait()?;
+        let m = parse_wrk(&load?)?;
+        let (Some(b), Some(a)) = (before, cpu_ns(pid)) else {
+            fail!("cannot read Envoy's CPU time for {}", self.name);
+        };
+        if !recorded.success() || m.requests == 0 {
+            fail!("perf record failed for {}", self.name);
+        }
+        let cpu_us = a.saturating_sub(b) as f64 / 1e3 / m.requests as f64;
+        let out = Command::new("perf")
+            .args([
+                "report",
+                "--stdio",
+                "--sort",
+                "dso",
+                "--percent-limit",
+                "1",
+                "-i",
+            ])
+            .arg(&data)
+            .stderr(Stdio::null())
+            .output()?;
+        let mut shares = Vec::new();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let mut words = line.split_whitespace();
+            let (Some(pct), Some(dso)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let Some(pct) = pct.strip_suffix('%').and_then(|p| p.parse::<f64>().ok()) else {
+                continue;
+            };
+            let dso = match dso {
+                "[JIT]" => "JIT (V8's Wasm code)",
+                "[kernel.kallsyms]" => "kernel",
+                "libc.so.6" => "libc",
+                other => other,
+            };
+            shares.push((dso.to_string(), pct / 100.0 * cpu_us));
+        }
+        Ok(shares)
+    }
+
     /// The best round.
     pub fn best(&self) -> Result<&Measured> {
         match &self.best {
             Some(best) => Ok(best),
             None => fail!("no measurement for {}", self.name),
         }
+    }
+
+    /// The median over the rounds of Envoy's CPU µs per request.
+    pub fn cpu_us(&self) -> Option<f64> {
+        let mut v = self.cpu_rounds.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    }
+
+    /// Every round's Envoy CPU µs per request: "41.2, 40.8, 41.0".
+    pub fn cpu_rounds_text(&self) -> String {
+        self.cpu_rounds
+            .iter()
+            .map(|r| format!("{r:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// Every round's req/s: "1234, 1300, 1250".

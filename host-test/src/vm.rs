@@ -69,7 +69,13 @@ fn runtime() -> Result<&'static Runtime, Error> {
     static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {
-            let engine = Engine::default();
+            // `HOST_TEST_PERFMAP=1` names the compiled Wasm functions for `perf`
+            // (/tmp/perf-<pid>.map), so a profile shows the filter's own code.
+            let mut config = wasmtime::Config::new();
+            if std::env::var("HOST_TEST_PERFMAP").is_ok_and(|v| v == "1") {
+                config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+            }
+            let engine = Engine::new(&config).map_err(|e| format!("{e:#}"))?;
             let mut linker = Linker::new(&engine);
             let provided = crate::hostcalls::define(&mut linker).map_err(|e| format!("{e:#}"))?;
             Ok(Runtime {

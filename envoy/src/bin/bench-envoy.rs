@@ -3,7 +3,8 @@
 //! Prints throughput and latency (p50, p99) with ratios to the no-filter and
 //! empty-filter baselines of the same run, and writes the "## Envoy load"
 //! section of BENCHMARKS.md with its chart, benches/charts/envoy-load.svg. `BENCH_SECONDS` (default 3) per case,
-//! `BENCH_NO_WRITE=1` to leave BENCHMARKS.md alone.
+//! `BENCH_NO_WRITE=1` to leave BENCHMARKS.md alone; `BENCH_PERF=1` adds a `perf record` profile of
+//! each filter-cost case (share of Envoy's samples per object: its binary, V8's code, the kernel).
 
 use dedup_envoy::bench::{
     added_us, ceiling_config, counters_list, envoy_version, load_average, load_chart,
@@ -288,24 +289,43 @@ fn filter_cost() -> Result<()> {
         best.push(c.best()?);
     }
     let mut table = String::from(
-        "| case | req/s | µs per request | baseline | added µs | req/s vs baseline | non-2xx | rounds (req/s) |\n|---|---:|---:|---|---:|---:|---:|---|\n",
+        "| case | req/s | Envoy CPU µs per request | baseline | added CPU µs | CPU: baseline / case | added µs by throughput | req/s vs baseline | non-2xx | CPU µs per request, each round | req/s, each round |\n|---|---:|---:|---|---:|---:|---:|---:|---:|---|---|\n",
     );
     for (i, (case, c)) in cases.iter().zip(&started).enumerate() {
         let m = best[i];
         let b = best[case.baseline];
+        let cpu = c.cpu_us().unwrap_or(f64::NAN);
+        let base_cpu = started[case.baseline].cpu_us().unwrap_or(f64::NAN);
         table.push_str(&format!(
-            "| {} | {:.0} | {:.1} | {} | {:+.1} | {:.2} | {} | {} |\n",
+            "| {} | {:.0} | {:.1} | {} | {:+.1} | {:.2} | {:+.1} | {:.2} | {} | {} | {} |\n",
             case.name,
             m.rps,
-            1e6 / m.rps,
+            cpu,
             cases[case.baseline].name,
+            cpu - base_cpu,
+            base_cpu / cpu,
             added_us(m, b),
             m.rps / b.rps,
             m.non_2xx,
+            c.cpu_rounds_text(),
             c.rounds_text()
         ));
     }
     println!("\n{table}");
+    let profile = if std::env::var("BENCH_PERF").is_ok_and(|v| v == "1") {
+        let t = profile_table(&cases, &started, seconds)?;
+        println!("{t}");
+        format!(
+            "\nWhere Envoy's CPU time goes (`BENCH_PERF=1`: one more {seconds} s run of each \
+case under `perf record -F 2999 -p <envoy>`; each object's share of the samples times \
+the run's CPU µs per request). `envoy` is the stripped Envoy binary: Envoy's own HTTP \
+work, V8's runtime and the C++ side of every host call (shared-data lookups and \
+copies, header maps, filter state, local replies); `JIT` is V8's compiled Wasm, the \
+filter's own code; `kernel` is mostly the sockets.\n\n{t}"
+        )
+    } else {
+        String::new()
+    };
     let counters = counters_list(&started);
     if no_write() {
         return Ok(());
@@ -322,14 +342,19 @@ second listener of the same Envoy that answers with a `direct_response` (the \
 filter sees an upstream answer and stores it, yet no other process runs). The \
 worker does all the work, so 1/throughput is its time per request, and the \
 difference to the empty Wasm filter with the same requests is what the filter \
-adds (\"added µs\"). Requests: `POST /orders` with a {}-byte JSON body (no key; \
+adds (\"added µs by throughput\"). \"Envoy CPU µs per request\" is the CPU time all \
+of Envoy's threads ran in a round (`/proc/<pid>/task/*/schedstat`) over the round's \
+requests, the median of the rounds; other work on the machine inflates it less than \
+1/throughput (a VM's steal time and shared caches still do), so \"added CPU µs\" and \
+\"CPU: baseline / case\" (the throughput a saturated worker keeps) are the figures to \
+read on a busy machine. Requests: `POST /orders` with a {}-byte JSON body (no key; \
 a unique `Idempotency-Key`; the same key, replayed), `GET /orders` (a method \
 the filter does not deduplicate), and a unique {} KiB JSON body with \
 `key.fingerprint: [method, path, body]`. A replay never goes upstream, so its \
 baseline is the empty filter on a route where Envoy answers by itself \
 (`direct_response`): the ceiling no filter can pass. {rounds} rounds of {seconds} s, \
 interleaved, best round per case. Run: {}. Load average before this run: {load_before} \
-(above ~1 means other work competed for the cores).\n\n{table}\n\
+(above ~1 means other work competed for the cores).\n\n{table}\n{profile}\n\
 Filter counters after each case:\n\n{counters}",
         envoy_version(),
         COST_LOAD.threads,
@@ -340,6 +365,50 @@ Filter counters after each case:\n\n{counters}",
     );
     write_section("## Filter cost in Envoy", &section)?;
     Ok(())
+}
+
+/// `BENCH_PERF=1`: one more run of each case under `perf record`, Envoy's CPU
+/// µs per request split by object, and each dedup case's difference to its
+/// baseline by object.
+fn profile_table(cases: &[CostCase], started: &[Case], seconds: u64) -> Result<String> {
+    let mut profiles = Vec::new();
+    for c in started {
+        profiles.push(c.profile(seconds)?);
+    }
+    let objects = ["envoy", "JIT (V8's Wasm code)", "kernel", "libc"];
+    let us = |p: &[(String, f64)], o: &str| {
+        p.iter()
+            .filter(|(name, _)| {
+                name == o || (o == "JIT (V8's Wasm code)" && name.starts_with("JIT"))
+            })
+            .map(|(_, v)| v)
+            .sum::<f64>()
+    };
+    let mut t = String::from(
+        "| case | Envoy CPU µs per request, by object (perf) | added over the baseline, by object |\n|---|---|---|\n",
+    );
+    for (i, case) in cases.iter().enumerate() {
+        let own: Vec<String> = objects
+            .iter()
+            .map(|o| format!("{o} {:.1}", us(&profiles[i], o)))
+            .collect();
+        let added: Vec<String> = objects
+            .iter()
+            .map(|o| {
+                format!(
+                    "{o} {:+.1}",
+                    us(&profiles[i], o) - us(&profiles[case.baseline], o)
+                )
+            })
+            .collect();
+        t.push_str(&format!(
+            "| {} | {} | {} |\n",
+            case.name,
+            own.join(", "),
+            added.join(", ")
+        ));
+    }
+    Ok(t)
 }
 
 fn main() {
