@@ -3,7 +3,7 @@
 //! through Envoy (`dispatch`) and read back (`read_call_answer`).
 
 use crate::abi;
-use crate::Shared;
+use crate::WorkerState;
 use dedup_core::config::StoreConfig;
 use dedup_core::etcd::{LeaseCache, Protocol};
 use dedup_core::etcdpb;
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 /// The host as `dedup_core` sees it.
 pub(crate) struct WasmEnv<'a> {
-    pub(crate) shared: &'a Shared,
+    pub(crate) shared: &'a WorkerState,
     pub(crate) leases: &'a mut LeaseCache,
     pub(crate) local: &'a mut LocalTier,
     pub(crate) waiters: &'a mut Waiters,
@@ -85,9 +85,9 @@ pub(crate) fn splitmix64(mut x: u64) -> u64 {
 /// Runs `f` with the host environment (the per-VM lease cache and tier borrowed for the
 /// duration of the call).
 pub(crate) fn with_env<R>(
-    shared: &Shared,
+    shared: &WorkerState,
     stream: &mut DedupStream,
-    f: impl FnOnce(&mut DedupStream, &Shared, &mut WasmEnv) -> R,
+    f: impl FnOnce(&mut DedupStream, &WorkerState, &mut WasmEnv) -> R,
 ) -> Option<R> {
     let result = {
         let mut leases = shared.leases.try_borrow_mut().ok()?;
@@ -117,7 +117,7 @@ pub(crate) fn no_answer() -> CallAnswer {
 /// Sends a store call to the configured cluster: a unary gRPC call when its path is a
 /// gRPC method (`/service/method`, `store.protocol: "grpc"`), else an HTTP POST. `Err`
 /// carries the answer to give the stream when the call could not even be dispatched.
-pub(crate) fn dispatch(shared: &Shared, call: &StoreCall) -> Result<u32, CallAnswer> {
+pub(crate) fn dispatch(shared: &WorkerState, call: &StoreCall) -> Result<u32, CallAnswer> {
     let StoreConfig::Etcd(ec) = &shared.plugin.config.store else {
         return Err(no_answer());
     };

@@ -4,16 +4,16 @@
 use crate::abi;
 use crate::context::{Action, Context, HttpContext};
 use crate::env::{dispatch, no_answer, with_env, WasmEnv};
-use crate::Shared;
+use crate::WorkerState;
 use dedup_core::admin::AdminStream;
 use dedup_core::config::{Role, StoreConfig};
 use dedup_core::key::RequestHead;
 use dedup_core::stream::{CallAnswer, Origin, StoreCall};
-use dedup_core::{Action as Decision, DedupStream};
+use dedup_core::{Decision, DedupStream};
 use std::rc::Rc;
 
 pub(crate) struct DedupHttp {
-    shared: Option<Rc<Shared>>,
+    shared: Option<Rc<WorkerState>>,
     context_id: u32,
     stream: DedupStream,
     /// Set when the plugin serves the admin API (`"role": "admin"`).
@@ -59,7 +59,7 @@ fn utf8(bytes: Vec<u8>) -> String {
 /// A stream that ended with a store call out keeps living here, keyed by that call's
 /// token, until the store has answered (a completion or release must reach the store
 /// whether or not the client is still there).
-pub(crate) fn adopt_orphan(shared: &Shared, token: u32, stream: DedupStream) {
+pub(crate) fn adopt_orphan(shared: &WorkerState, token: u32, stream: DedupStream) {
     if let Ok(mut orphans) = shared.orphans.try_borrow_mut() {
         orphans.insert(token, stream);
     }
@@ -67,7 +67,7 @@ pub(crate) fn adopt_orphan(shared: &Shared, token: u32, stream: DedupStream) {
 
 /// The answer to an orphan's call: drive its stream on, dispatching any retry from the
 /// root; the orphan is forgotten once it needs nothing more.
-pub(crate) fn orphan_answer(shared: &Shared, token: u32, answer: CallAnswer) {
+pub(crate) fn orphan_answer(shared: &WorkerState, token: u32, answer: CallAnswer) {
     let Some(mut stream) = shared
         .orphans
         .try_borrow_mut()
@@ -93,7 +93,7 @@ pub(crate) fn orphan_answer(shared: &Shared, token: u32, answer: CallAnswer) {
 }
 
 impl DedupHttp {
-    pub(crate) fn new(context_id: u32, shared: Option<Rc<Shared>>) -> Self {
+    pub(crate) fn new(context_id: u32, shared: Option<Rc<WorkerState>>) -> Self {
         DedupHttp {
             shared,
             stream: DedupStream::new(context_id),
@@ -113,7 +113,7 @@ impl DedupHttp {
     /// the duration of the call).
     fn with_env<R>(
         &mut self,
-        f: impl FnOnce(&mut DedupStream, &Shared, &mut WasmEnv) -> R,
+        f: impl FnOnce(&mut DedupStream, &WorkerState, &mut WasmEnv) -> R,
     ) -> Option<R> {
         let shared = self.shared.clone()?;
         with_env(&shared, &mut self.stream, f)

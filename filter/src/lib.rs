@@ -40,8 +40,8 @@ pub extern "C" fn _initialize() {
     context::set_root_context(|_| -> Box<dyn RootContext> { Box::new(DedupRoot::new()) });
 }
 
-/// Per-VM state shared by the root and its HTTP contexts.
-pub(crate) struct Shared {
+/// One worker's state (one VM per worker thread), shared by the root and its HTTP contexts.
+pub(crate) struct WorkerState {
     pub plugin: Plugin,
     /// Metric ids indexed by `Counter::index`; `None` if the host refused to define one.
     pub metrics: Vec<Option<u32>>,
@@ -69,7 +69,7 @@ pub(crate) struct Shared {
 }
 
 struct DedupRoot {
-    shared: Option<Rc<Shared>>,
+    shared: Option<Rc<WorkerState>>,
 }
 
 impl DedupRoot {
@@ -190,7 +190,7 @@ impl RootContext for DedupRoot {
             abi::LOG_INFO,
             &format!("proxy-dedup: configured; store: {store}"),
         );
-        self.shared = Some(Rc::new(Shared {
+        self.shared = Some(Rc::new(WorkerState {
             plugin,
             metrics,
             store_call_ms,

@@ -8,7 +8,7 @@
 
 use crate::abi;
 use crate::context::wake_stream;
-use crate::Shared;
+use crate::WorkerState;
 use dedup_core::key::Digest;
 use dedup_core::stream::recheck_interval_ms;
 use dedup_core::wait::{announce, listeners, TICK_MS};
@@ -19,7 +19,7 @@ const BOARD_MARGIN_MS: u64 = 5_000;
 const MAX_DEQUEUE: usize = 4096;
 
 /// After a stream callback: a worker that holds waiters ticks and is on the board.
-pub(crate) fn waiters_changed(shared: &Shared) {
+pub(crate) fn waiters_changed(shared: &WorkerState) {
     let empty = shared.waiters.try_borrow().map_or(true, |w| w.is_empty());
     if empty {
         return;
@@ -72,7 +72,7 @@ pub(crate) fn waiters_changed(shared: &Shared) {
 }
 
 /// A record changed: every worker holding waiters hears of it (this one too).
-pub(crate) fn wake_everywhere(shared: &Shared, digest: &Digest) {
+pub(crate) fn wake_everywhere(shared: &WorkerState, digest: &Digest) {
     let now = abi::now_ms();
     let tokens = match listeners(&abi::HostSharedData, shared.plugin.config.namespace(), now) {
         Ok(t) => t,
@@ -97,7 +97,7 @@ pub(crate) fn wake_everywhere(shared: &Shared, digest: &Digest) {
 }
 
 /// This worker's queue has digests of records that changed: wake their waiters.
-pub(crate) fn on_queue_ready(shared: &Shared, queue_id: u32) {
+pub(crate) fn on_queue_ready(shared: &WorkerState, queue_id: u32) {
     let mut woken = 0;
     for _ in 0..MAX_DEQUEUE {
         match abi::dequeue_shared_queue(queue_id) {
@@ -119,7 +119,7 @@ pub(crate) fn on_queue_ready(shared: &Shared, queue_id: u32) {
 
 /// The tick (or a wake-up): runs the waiters that are due; stops the tick when none is
 /// left.
-pub(crate) fn run_due(shared: &Shared) {
+pub(crate) fn run_due(shared: &WorkerState) {
     let now = abi::now_ms();
     let due = {
         let Ok(mut w) = shared.waiters.try_borrow_mut() else {

@@ -8,7 +8,7 @@ use crate::key::{record_digest, ClientKey, Digest, KeySource, RequestHead};
 use crate::metrics::Counter;
 use crate::reply::{LocalReply, Problem};
 use crate::store::{Purge, RecordView, SharedStore};
-use crate::stream::{Action, CallAnswer, Env, Plugin, StoreCall};
+use crate::stream::{CallAnswer, Decision, Env, Plugin, StoreCall};
 use serde_json::{json, Value};
 
 /// One admin operation, parsed from the request. `rule` is the index of the rule named
@@ -230,14 +230,14 @@ impl AdminStream {
         method: &str,
         path: &str,
         peer: &str,
-    ) -> Action {
+    ) -> Decision {
         let op = match parse(&p.config, method, path) {
             Ok(op) => op,
-            Err(reply) => return Action::Reply(reply),
+            Err(reply) => return Decision::Reply(reply),
         };
         let now = env.now_ms();
         match &p.config.store {
-            StoreConfig::SharedData { .. } => Action::Reply(self.shared(p, env, op, now, peer)),
+            StoreConfig::SharedData { .. } => Decision::Reply(self.shared(p, env, op, now, peer)),
             StoreConfig::Etcd(ec) => {
                 let call = match &op {
                     AdminOp::Stats => StoreCall {
@@ -254,7 +254,7 @@ impl AdminStream {
                     env.warn(&format!("proxy-dedup admin: DELETE {path} from {peer}"));
                 }
                 self.op = Some(op);
-                Action::Call(call)
+                Decision::Call(call)
             }
         }
     }
@@ -338,20 +338,20 @@ impl AdminStream {
         p: &Plugin,
         env: &mut E,
         answer: CallAnswer,
-    ) -> Action {
+    ) -> Decision {
         let now = env.now_ms();
         let Some(op) = self.op.clone() else {
-            return Action::Continue;
+            return Decision::Continue;
         };
         let unavailable =
-            |why: String| Action::Reply(Problem::StoreUnavailable.reply(&why, Vec::new()));
+            |why: String| Decision::Reply(Problem::StoreUnavailable.reply(&why, Vec::new()));
         if op == AdminOp::Stats {
             let path = match &p.config.store {
                 StoreConfig::Etcd(ec) => ec.protocol.range_path(),
                 StoreConfig::SharedData { .. } => etcd::RANGE_PATH,
             };
             return match etcd::read_count(path, answer.status, &answer.body) {
-                Some(n) => Action::Reply(json_reply(200, json!({"store": "etcd", "records": n}))),
+                Some(n) => Decision::Reply(json_reply(200, json!({"store": "etcd", "records": n}))),
                 None => unavailable(format!("etcd answered {} without a count", answer.status)),
             };
         }
@@ -367,17 +367,17 @@ impl AdminStream {
                 force,
                 rule,
             } => (digest, true, force, rule),
-            AdminOp::Stats => return Action::Continue,
+            AdminOp::Stats => return Decision::Continue,
         };
         match parsed {
             // Our delete went through.
             Some(EtcdAnswer::Txn {
                 succeeded: true, ..
-            }) => Action::Reply(json_reply(
+            }) => Decision::Reply(json_reply(
                 200,
                 json!({"removed": {"record": hex(&digest)}}),
             )),
-            Some(EtcdAnswer::Txn { existing: None, .. }) => Action::Reply(not_found(&digest)),
+            Some(EtcdAnswer::Txn { existing: None, .. }) => Decision::Reply(not_found(&digest)),
             Some(EtcdAnswer::Txn {
                 existing: Some((mod_revision, value)),
                 ..
@@ -387,7 +387,7 @@ impl AdminStream {
                 };
                 let claim = matches!(r.state, EtcdState::InFlight | EtcdState::Held);
                 if !claim && r.expires_ms <= now {
-                    return Action::Reply(not_found(&digest));
+                    return Decision::Reply(not_found(&digest));
                 }
                 let view = RecordView {
                     state: match r.state {
@@ -402,13 +402,13 @@ impl AdminStream {
                     buckets: 0,
                 };
                 if !delete {
-                    return Action::Reply(json_reply(
+                    return Decision::Reply(json_reply(
                         200,
                         record_json(p.config.policy_at(rule), &digest, &view, now),
                     ));
                 }
                 if claim && !force {
-                    return Action::Reply(refused(CLAIM_REFUSED));
+                    return Decision::Reply(refused(CLAIM_REFUSED));
                 }
                 self.rounds += 1;
                 if self.rounds > 4 {
@@ -418,7 +418,7 @@ impl AdminStream {
                     StoreConfig::Etcd(ec) => ec.timeout_ms,
                     StoreConfig::SharedData { .. } => 1000,
                 };
-                Action::Call(StoreCall {
+                Decision::Call(StoreCall {
                     path: proto.txn_path(),
                     body: proto.delete_txn(&self.key, mod_revision),
                     timeout_ms,

@@ -32,4 +32,4 @@ mod testing;
 pub use config::{Config, ConfigError};
 pub use metrics::Counter;
 pub use reply::LocalReply;
-pub use stream::{Action, DedupStream, Env, Plugin};
+pub use stream::{Decision, DedupStream, Env, Plugin};

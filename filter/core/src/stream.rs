@@ -1,6 +1,6 @@
 //! One HTTP stream through the filter: key extraction, the claim decision at the end of
 //! the request, response capture, completion or release. Host-independent: the proxy-wasm
-//! glue feeds it callbacks and carries out the `Action`s it returns.
+//! glue feeds it callbacks and carries out the `Decision`s it returns.
 //!
 //! This file holds the phase machine, the request callbacks and the claim decision,
 //! shared by both stores. The other rooms: `plugin` (what a stream is given: config,
@@ -32,11 +32,11 @@ use crate::reply::{LocalReply, Problem};
 use crate::response::Capture;
 use crate::response::StoredResponse;
 use crate::store::Claim;
-use etcd::{Claiming, EtcdOwned, Settling};
+use etcd::{Claiming, EtcdClaim, Settling};
 
 /// What the glue does next with the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub enum Decision {
     Continue,
     /// Hold the stream (buffer the body) until a later callback decides.
     Pause,
@@ -64,9 +64,9 @@ enum Phase {
     /// Wait mode, etcd: a read of the record is out.
     Polling(Box<Waiting>),
     /// Claim won; waiting for the upstream's response headers.
-    Forwarded(Owned),
+    Forwarded(HeldClaim),
     /// Claim won; collecting a storable response.
-    Capturing(Owned, Capture),
+    Capturing(HeldClaim, Capture),
     /// Completion, release or hold sent to etcd (`etcd/settle.rs`): retried within the
     /// budget, then counted; the glue keeps the stream until then (holding the response
     /// when one is on its way).
@@ -84,9 +84,9 @@ struct Waiting {
 }
 
 /// A claim the stream holds.
-enum Owned {
+enum HeldClaim {
     Shared(Claim),
-    Etcd(EtcdOwned),
+    Etcd(EtcdClaim),
 }
 
 /// What a claim found when the key was already taken.
@@ -226,7 +226,7 @@ impl DedupStream {
         p: &Plugin,
         env: &mut E,
         method: &str,
-    ) -> Option<Action> {
+    ) -> Option<Decision> {
         if !p.config.rules.is_empty() {
             return None;
         }
@@ -249,7 +249,7 @@ impl DedupStream {
         env: &mut E,
         head: RequestHead,
         end_of_stream: bool,
-    ) -> Action {
+    ) -> Decision {
         env.count(Counter::Requests);
         let (rule, cfg) = p.config.select(&head);
         self.rule = rule;
@@ -296,7 +296,7 @@ impl DedupStream {
         if end_of_stream {
             self.decide(p, env, &[])
         } else {
-            Action::Pause
+            Decision::Pause
         }
     }
 
@@ -310,9 +310,9 @@ impl DedupStream {
         buffered_len: usize,
         end_of_stream: bool,
         read_body: impl FnOnce() -> Option<Vec<u8>>,
-    ) -> Action {
+    ) -> Decision {
         if !matches!(self.phase, Phase::Reading(_)) {
-            return Action::Continue;
+            return Decision::Continue;
         }
         let max_body_bytes = p.config.policy_at(self.rule).max_body_bytes;
         if buffered_len > max_body_bytes {
@@ -325,7 +325,7 @@ impl DedupStream {
         if end_of_stream {
             self.read_and_decide(p, env, read_body)
         } else {
-            Action::Pause
+            Decision::Pause
         }
     }
 
@@ -335,10 +335,10 @@ impl DedupStream {
         p: &Plugin,
         env: &mut E,
         read_body: impl FnOnce() -> Option<Vec<u8>>,
-    ) -> Action {
+    ) -> Decision {
         match self.phase {
             Phase::Reading(_) => self.read_and_decide(p, env, read_body),
-            _ => Action::Continue,
+            _ => Decision::Continue,
         }
     }
 
@@ -349,7 +349,7 @@ impl DedupStream {
         p: &Plugin,
         env: &mut E,
         read_body: impl FnOnce() -> Option<Vec<u8>>,
-    ) -> Action {
+    ) -> Decision {
         let max_body_bytes = p.config.policy_at(self.rule).max_body_bytes;
         match read_body() {
             Some(body) if body.len() <= max_body_bytes => self.decide(p, env, &body),
@@ -370,22 +370,22 @@ impl DedupStream {
         p: &Plugin,
         env: &mut E,
         answer: CallAnswer,
-    ) -> Action {
+    ) -> Decision {
         match std::mem::replace(&mut self.phase, Phase::Finished) {
             Phase::Claiming(c) => self.claim_step(p, env, c, answer),
             Phase::Settling(st) => self.settled(p, env, st, &answer),
             Phase::Polling(w) => self.polled(p, env, w, &answer),
             other => {
                 self.phase = other;
-                Action::Continue
+                Decision::Continue
             }
         }
     }
 
     /// The whole request is known: find the key, claim it, and act on the outcome.
-    fn decide<E: Env>(&mut self, p: &Plugin, env: &mut E, raw_body: &[u8]) -> Action {
+    fn decide<E: Env>(&mut self, p: &Plugin, env: &mut E, raw_body: &[u8]) -> Decision {
         let Phase::Reading(r) = std::mem::replace(&mut self.phase, Phase::Finished) else {
-            return Action::Continue;
+            return Decision::Continue;
         };
         let cfg = p.config.policy_at(self.rule);
         let Reading {
@@ -426,7 +426,7 @@ impl DedupStream {
         self.record = Some(digest);
         self.payload = Some(payload_digest(&cfg.payload, &head, &body, raw_body));
         let Some(payload) = self.payload else {
-            return Action::Continue;
+            return Decision::Continue;
         };
         match &p.config.store {
             StoreConfig::SharedData { .. } => self.claim_shared(p, env, digest, payload),
@@ -434,13 +434,13 @@ impl DedupStream {
         }
     }
 
-    fn forward<E: Env>(&mut self, env: &mut E, owned: Owned) -> Action {
+    fn forward<E: Env>(&mut self, env: &mut E, owned: HeldClaim) -> Decision {
         self.stop_waiting(env);
         self.decided("executed");
         env.count(Counter::Executed);
         let digest = match &owned {
-            Owned::Shared(c) => c.digest,
-            Owned::Etcd(o) => o.digest,
+            HeldClaim::Shared(c) => c.digest,
+            HeldClaim::Etcd(o) => o.digest,
         };
         env.debug(format_args!(
             "stream {}: record {} claimed; forwarding",
@@ -448,7 +448,7 @@ impl DedupStream {
             short_hex(&digest)
         ));
         self.phase = Phase::Forwarded(owned);
-        Action::Continue
+        Decision::Continue
     }
 }
 

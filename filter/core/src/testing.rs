@@ -8,8 +8,8 @@ use crate::key::RequestHead;
 use crate::metrics::Counter;
 use crate::outcome::flags;
 use crate::reply::LocalReply;
-use crate::stream::{Action, DedupStream, Origin, Plugin};
 use crate::stream::{CallAnswer, StoreCall};
+use crate::stream::{Decision, DedupStream, Origin, Plugin};
 use std::sync::Arc;
 
 #[derive(Clone)]
@@ -163,9 +163,9 @@ pub(crate) fn settle(
     p: &Plugin,
     env: &mut FakeEnv,
     s: &mut DedupStream,
-    mut action: Action,
-) -> Action {
-    while let Action::Call(c) = action {
+    mut action: Decision,
+) -> Decision {
+    while let Decision::Call(c) = action {
         let a = call(env, &c);
         action = s.on_store_answer(p, env, a);
     }
@@ -178,7 +178,7 @@ pub(crate) fn deliver(p: &Plugin, env: &mut FakeEnv, s: &mut DedupStream, c: Opt
     while let Some(c) = next {
         let a = call(env, &c);
         next = match s.on_store_answer(p, env, a) {
-            Action::Call(c) => Some(c),
+            Decision::Call(c) => Some(c),
             _ => None,
         };
     }
@@ -196,7 +196,7 @@ pub(crate) fn send(p: &Plugin, env: &mut FakeEnv, r: &Req) -> Result<DedupStream
         let n = chunks.len();
         let mut buffered = 0;
         for (i, c) in chunks.into_iter().enumerate() {
-            if action != Action::Pause {
+            if action != Decision::Pause {
                 break;
             }
             // Envoy buffers while the filter pauses; the filter reads it all at the end.
@@ -204,15 +204,15 @@ pub(crate) fn send(p: &Plugin, env: &mut FakeEnv, r: &Req) -> Result<DedupStream
             let whole = body[..buffered].to_vec();
             action = s.on_request_body(p, env, buffered, i + 1 == n && !r.trailers, || Some(whole));
         }
-        if r.trailers && action == Action::Pause {
+        if r.trailers && action == Decision::Pause {
             let whole = body.clone();
             action = s.on_request_trailers(p, env, || Some(whole));
         }
     }
     let action = settle(p, env, &mut s, action);
     match action {
-        Action::Continue => Ok(s),
-        Action::Reply(reply) => {
+        Decision::Continue => Ok(s),
+        Decision::Reply(reply) => {
             // Envoy runs the filter's response callbacks on its own local reply too.
             let own = origin(reply.details, 0);
             assert_eq!(
@@ -223,8 +223,8 @@ pub(crate) fn send(p: &Plugin, env: &mut FakeEnv, r: &Req) -> Result<DedupStream
             assert_eq!(s.on_stream_end(p, env, &own), None);
             Err(Outcome::Local(reply))
         }
-        Action::Pause => panic!("stream left paused at the end of the request"),
-        Action::Call(_) => unreachable!("settled above"),
+        Decision::Pause => panic!("stream left paused at the end of the request"),
+        Decision::Call(_) => unreachable!("settled above"),
     }
 }
 
@@ -325,12 +325,12 @@ pub(crate) fn rules(extra: &str) -> Plugin {
 pub(crate) fn admin(p: &Plugin, env: &mut FakeEnv, method: &str, path: &str) -> LocalReply {
     let mut a = crate::admin::AdminStream::default();
     let mut action = a.on_request(p, env, method, path, "127.0.0.1:5555");
-    while let Action::Call(c) = action {
+    while let Decision::Call(c) = action {
         let answer = call(env, &c);
         action = a.on_store_answer(p, env, answer);
     }
     match action {
-        Action::Reply(r) => r,
+        Decision::Reply(r) => r,
         other => panic!("admin requests are answered locally, got {other:?}"),
     }
 }
@@ -374,7 +374,7 @@ pub(crate) fn executed(body: &str) -> Outcome {
 
 /// A stream started with a bodiless POST to `/o` with key `k`: the stream and its first
 /// action.
-pub(crate) fn start_keyed(p: &Plugin, env: &mut FakeEnv) -> (DedupStream, Action) {
+pub(crate) fn start_keyed(p: &Plugin, env: &mut FakeEnv) -> (DedupStream, Decision) {
     let mut s = DedupStream::new(1);
     let first = s.on_request_headers(p, env, req("POST", "/o").key("k").head, true);
     (s, first)

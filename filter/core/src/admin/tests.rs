@@ -6,7 +6,7 @@ use crate::key::{record_digest, ClientKey, KeySource};
 use crate::metrics::Counter;
 use crate::reply::LocalReply;
 use crate::stream::CallAnswer;
-use crate::stream::{Action, Plugin};
+use crate::stream::{Decision, Plugin};
 use crate::testing::*;
 
 fn check_admin_api(p: &Plugin, admin_p: &Plugin, env: &mut FakeEnv) {
@@ -242,13 +242,13 @@ fn admin_on_etcd_reads_without_deleting_and_gives_up_on_a_record_that_keeps_chan
     // A DELETE whose record changes under it every time: five reads, then 503.
     let mut s = crate::admin::AdminStream::default();
     let mut action = s.on_request(&admin_p, &mut a, "DELETE", q, "peer");
-    let Action::Call(first) = &action else {
+    let Decision::Call(first) = &action else {
         panic!("{action:?}")
     };
     let read = first.body.clone();
     let read_path = first.path;
     let mut answers = 0;
-    while let Action::Call(_) = action {
+    while let Decision::Call(_) = action {
         // Whatever was asked, etcd's answer shows the record as it is (not removed).
         let (status, body) = a.etcd.handle(read_path, &read, a.now_ms);
         answers += 1;
@@ -257,14 +257,14 @@ fn admin_on_etcd_reads_without_deleting_and_gives_up_on_a_record_that_keeps_chan
     }
     assert_eq!(answers, 5);
     assert!(
-        matches!(action, Action::Reply(ref r) if r.status == 503),
+        matches!(action, Decision::Reply(ref r) if r.status == 503),
         "{action:?}"
     );
     // etcd's own errors are named in the answer.
     let mut s = crate::admin::AdminStream::default();
     assert!(matches!(
         s.on_request(&admin_p, &mut a, "GET", q, "peer"),
-        Action::Call(_)
+        Decision::Call(_)
     ));
     let e = s.on_store_answer(
         &admin_p,
@@ -274,7 +274,9 @@ fn admin_on_etcd_reads_without_deleting_and_gives_up_on_a_record_that_keeps_chan
             body: crate::etcdpb::status_body(8, b"etcdserver: too many requests"),
         },
     );
-    let Action::Reply(e) = e else { panic!("{e:?}") };
+    let Decision::Reply(e) = e else {
+        panic!("{e:?}")
+    };
     assert_eq!(e.status, 503);
     assert!(detail(&e).contains("too many requests"), "{}", detail(&e));
 }

@@ -21,7 +21,7 @@ use crate::outcome::flags;
 use crate::props::decoders::config as proptest_config;
 use crate::reply::LocalReply;
 use crate::response::StoredResponse;
-use crate::stream::{Action, CallAnswer, DedupStream, Origin, Plugin, StoreCall};
+use crate::stream::{CallAnswer, Decision, DedupStream, Origin, Plugin, StoreCall};
 use proptest::prelude::*;
 use std::sync::Arc;
 
@@ -355,16 +355,16 @@ fn problem_slug(r: &LocalReply) -> String {
         .unwrap_or_else(|| format!("status {} (not problem+json)", r.status))
 }
 
-fn short(a: &Action) -> String {
+fn short(a: &Decision) -> String {
     match a {
-        Action::Continue => "continue".into(),
-        Action::Pause => "pause".into(),
-        Action::Call(c) => format!("call {}", c.path),
-        Action::Reply(r) if r.header("idempotent-replayed").is_some() => format!(
+        Decision::Continue => "continue".into(),
+        Decision::Pause => "pause".into(),
+        Decision::Call(c) => format!("call {}", c.path),
+        Decision::Reply(r) if r.header("idempotent-replayed").is_some() => format!(
             "replay of execution {}",
             String::from_utf8_lossy(r.header("x-exec").unwrap_or(b"?"))
         ),
-        Action::Reply(r) => format!("{} {}", r.status, problem_slug(r)),
+        Decision::Reply(r) => format!("{} {}", r.status, problem_slug(r)),
     }
 }
 

@@ -1,22 +1,22 @@
 //! How a stream answers when it does not forward: a duplicate (409, 422, replay), a bad
 //! key, a bypass, or a store that could not answer (failure mode).
 
-use super::{Action, DedupStream, Duplicate, Env, Phase, Plugin};
+use super::{Decision, DedupStream, Duplicate, Env, Phase, Plugin};
 use crate::config::{FailureMode, OnDuplicate, OnInFlight};
 use crate::key::KeyError;
 use crate::metrics::Counter;
 use crate::reply::{replay, LocalReply, Problem};
 
 impl DedupStream {
-    pub(super) fn bypass<E: Env>(&mut self, env: &mut E, why: &str) -> Action {
+    pub(super) fn bypass<E: Env>(&mut self, env: &mut E, why: &str) -> Decision {
         self.decided("bypassed");
         env.count(Counter::Bypassed);
         env.debug(format_args!("stream {}: bypass ({why})", self.id));
         self.phase = Phase::Passthrough;
-        Action::Continue
+        Decision::Continue
     }
 
-    pub(super) fn bad_key<E: Env>(&mut self, env: &mut E, e: KeyError) -> Action {
+    pub(super) fn bad_key<E: Env>(&mut self, env: &mut E, e: KeyError) -> Decision {
         env.count(Counter::BadKey);
         let reply = match e {
             KeyError::Missing { detail } => Problem::MissingKey.reply(&detail, Vec::new()),
@@ -26,7 +26,7 @@ impl DedupStream {
         self.reply(env, reply)
     }
 
-    pub(super) fn reply<E: Env>(&mut self, env: &mut E, reply: LocalReply) -> Action {
+    pub(super) fn reply<E: Env>(&mut self, env: &mut E, reply: LocalReply) -> Decision {
         env.debug(format_args!(
             "stream {}: local reply {} ({})",
             self.id, reply.status, reply.details
@@ -38,11 +38,16 @@ impl DedupStream {
             v => v,
         };
         self.decided(verdict);
-        Action::Reply(reply)
+        Decision::Reply(reply)
     }
 
     /// Answers a request whose key is already taken.
-    pub(super) fn duplicate<E: Env>(&mut self, p: &Plugin, env: &mut E, dup: Duplicate) -> Action {
+    pub(super) fn duplicate<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        dup: Duplicate,
+    ) -> Decision {
         let cfg = &p.config;
         let policy = cfg.policy_at(self.rule);
         match dup {
@@ -96,13 +101,13 @@ impl DedupStream {
         }
     }
 
-    pub(super) fn not_stored<E: Env>(&mut self, env: &mut E) -> Action {
+    pub(super) fn not_stored<E: Env>(&mut self, env: &mut E) -> Decision {
         env.count(Counter::ResponseNotStored);
         let detail = "a request with this key has completed, but its response was too large to keep for replay";
         self.reply(env, Problem::ResponseNotStored.reply(detail, Vec::new()))
     }
 
-    pub(super) fn store_failed<E: Env>(&mut self, p: &Plugin, env: &mut E, why: &str) -> Action {
+    pub(super) fn store_failed<E: Env>(&mut self, p: &Plugin, env: &mut E, why: &str) -> Decision {
         env.count(Counter::StoreErrors);
         env.warn(&format!("stream {}: store error: {why}", self.id));
         match p.config.failure_mode {
@@ -111,7 +116,7 @@ impl DedupStream {
                 env.count(Counter::FailedOpen);
                 self.decided("failed_open");
                 self.phase = Phase::Passthrough;
-                Action::Continue
+                Decision::Continue
             }
             FailureMode::Closed => {
                 let detail =

@@ -2,7 +2,7 @@
 //! end of the claim, completed, released (never executed), or held when the outcome is
 //! unknown. Each store writes its own record (`shared`, `etcd`).
 
-use super::{DedupStream, Env, Origin, Owned, Phase, Plugin, StoreCall};
+use super::{DedupStream, Env, HeldClaim, Origin, Phase, Plugin, StoreCall};
 use crate::config::OnUnknownOutcome;
 use crate::metrics::Counter;
 use crate::outcome::{classify, Outcome};
@@ -164,7 +164,7 @@ impl DedupStream {
         &mut self,
         p: &Plugin,
         env: &mut E,
-        owned: Owned,
+        owned: HeldClaim,
         origin: &Origin,
     ) -> Option<StoreCall> {
         env.count(Counter::OutcomeUnknown);
@@ -182,11 +182,11 @@ impl DedupStream {
         ));
         self.phase = Phase::Finished;
         match owned {
-            Owned::Shared(claim) => {
+            HeldClaim::Shared(claim) => {
                 self.hold_shared(p, env, &claim);
                 None
             }
-            Owned::Etcd(o) => Some(self.hold_etcd(p, env, &o)),
+            HeldClaim::Etcd(o) => Some(self.hold_etcd(p, env, &o)),
         }
     }
 
@@ -201,11 +201,11 @@ impl DedupStream {
         }
         let now = env.now_ms();
         match owned {
-            Owned::Shared(claim) => {
+            HeldClaim::Shared(claim) => {
                 self.complete_shared(p, env, &claim, response.as_ref(), now);
                 None
             }
-            Owned::Etcd(o) => Some(self.complete_etcd(p, env, o, response, now)),
+            HeldClaim::Etcd(o) => Some(self.complete_etcd(p, env, o, response, now)),
         }
     }
 
@@ -213,18 +213,18 @@ impl DedupStream {
         &mut self,
         p: &Plugin,
         env: &mut E,
-        owned: Owned,
+        owned: HeldClaim,
     ) -> Option<StoreCall> {
         self.phase = Phase::Finished;
         if self.verdict != Some("outcome_unknown") {
             self.decided("released");
         }
         match owned {
-            Owned::Shared(claim) => {
+            HeldClaim::Shared(claim) => {
                 self.release_shared(p, env, &claim);
                 None
             }
-            Owned::Etcd(o) => Some(self.release_etcd(p, env, &o)),
+            HeldClaim::Etcd(o) => Some(self.release_etcd(p, env, &o)),
         }
     }
 }

@@ -6,7 +6,7 @@
 mod settle;
 
 use super::{
-    Action, CallAnswer, DedupStream, Duplicate, Env, Owned, Phase, Plugin, StoreCall, Waiting,
+    CallAnswer, Decision, DedupStream, Duplicate, Env, HeldClaim, Phase, Plugin, StoreCall, Waiting,
 };
 use crate::config::{EtcdConfig, Policy, StoreConfig};
 use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState, LeaseCache, LeasePurpose};
@@ -16,7 +16,7 @@ use crate::metrics::Counter;
 use crate::wait::POLL_ETCD_MS;
 pub(super) use settle::Settling;
 
-pub(super) struct EtcdOwned {
+pub(super) struct EtcdClaim {
     pub(super) key: String,
     pub(super) digest: Digest,
     pub(super) payload: Digest,
@@ -74,9 +74,9 @@ impl DedupStream {
         env: &mut E,
         mut w: Box<Waiting>,
         answer: &CallAnswer,
-    ) -> Action {
+    ) -> Decision {
         let StoreConfig::Etcd(ec) = &p.config.store else {
-            return Action::Continue;
+            return Decision::Continue;
         };
         let now = env.now_ms();
         match poll_answer(ec.protocol.range_path(), answer, &w.digest) {
@@ -110,7 +110,7 @@ impl DedupStream {
         ec: &EtcdConfig,
         digest: Digest,
         payload: Digest,
-    ) -> Action {
+    ) -> Decision {
         let now = env.now_ms();
         if let Some(e) = env.local().get(&digest, now) {
             let dup = if e.payload != payload {
@@ -158,9 +158,9 @@ impl DedupStream {
         &mut self,
         p: &Plugin,
         env: &mut E,
-        owned: Owned,
+        owned: HeldClaim,
         abandoned: bool,
-    ) -> Action {
+    ) -> Decision {
         if !abandoned {
             return self.forward(env, owned);
         }
@@ -169,14 +169,19 @@ impl DedupStream {
             self.id
         ));
         match self.release(p, env, owned) {
-            Some(call) => Action::Call(call),
-            None => Action::Continue,
+            Some(call) => Decision::Call(call),
+            None => Decision::Continue,
         }
     }
 
     /// The next call of a claim: a lease grant if this worker has no usable lease, else
     /// the claim txn.
-    fn next_claim_call<E: Env>(&mut self, p: &Plugin, env: &mut E, mut c: Box<Claiming>) -> Action {
+    fn next_claim_call<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        mut c: Box<Claiming>,
+    ) -> Decision {
         let now = env.now_ms();
         let timeout_ms = attempt_timeout(p, c.deadline_ms, now);
         let plan = p.leases_for(p.config.policy_at(self.rule));
@@ -216,7 +221,7 @@ impl DedupStream {
         };
         let call = c.call.clone();
         self.phase = Phase::Claiming(c);
-        Action::Call(call)
+        Decision::Call(call)
     }
 
     pub(super) fn claim_step<E: Env>(
@@ -225,7 +230,7 @@ impl DedupStream {
         env: &mut E,
         mut c: Box<Claiming>,
         answer: CallAnswer,
-    ) -> Action {
+    ) -> Decision {
         let now = env.now_ms();
         let parsed = etcd::read_answer(c.call.path, answer.status, &answer.body);
         if retryable(&answer, &parsed) {
@@ -237,7 +242,7 @@ impl DedupStream {
                 c.sent_ms = now;
                 let call = c.call.clone();
                 self.phase = Phase::Claiming(c);
-                return Action::Call(call);
+                return Decision::Call(call);
             }
             return self.store_failed(
                 p,
@@ -281,7 +286,7 @@ impl DedupStream {
                 let Some(completed_lease) = c.completed_lease else {
                     return self.store_failed(p, env, "no completion lease");
                 };
-                let owned = Owned::Etcd(EtcdOwned {
+                let owned = HeldClaim::Etcd(EtcdClaim {
                     key: c.key,
                     digest: c.digest,
                     payload: c.payload,
@@ -316,7 +321,7 @@ impl DedupStream {
                         let Some(completed_lease) = c.completed_lease else {
                             return self.store_failed(p, env, "no completion lease");
                         };
-                        let owned = Owned::Etcd(EtcdOwned {
+                        let owned = HeldClaim::Etcd(EtcdClaim {
                             key: c.key,
                             digest: c.digest,
                             payload: c.payload,
@@ -405,7 +410,7 @@ impl DedupStream {
                         c.sent_ms = now;
                         let call = c.call.clone();
                         self.phase = Phase::Claiming(c);
-                        Action::Call(call)
+                        Decision::Call(call)
                     }
                 }
             }

@@ -1,13 +1,13 @@
 //! The shared-data store's side of a stream: the claim in this proxy's shared data,
 //! and its completion, release or hold. Every call answers at once (no store call).
 
-use super::{wake, DedupStream, Duplicate, Env, Owned, Plugin};
+use super::{wake, DedupStream, Duplicate, Env, HeldClaim, Plugin};
 use crate::config::OnDuplicate;
 use crate::key::{short_hex, Digest};
 use crate::metrics::Counter;
 use crate::response::StoredResponse;
 use crate::store::{Claim, ClaimOutcome, SharedStore};
-use crate::stream::Action;
+use crate::stream::Decision;
 
 impl DedupStream {
     pub(super) fn claim_shared<E: Env>(
@@ -16,7 +16,7 @@ impl DedupStream {
         env: &mut E,
         digest: Digest,
         payload: Digest,
-    ) -> Action {
+    ) -> Decision {
         let token = env.new_token();
         let now = env.now_ms();
         let outcome = p
@@ -32,7 +32,7 @@ impl DedupStream {
                 if evicted_unexpired {
                     env.count(Counter::EvictionsUnexpired);
                 }
-                self.forward(env, Owned::Shared(claim))
+                self.forward(env, HeldClaim::Shared(claim))
             }
             Ok(ClaimOutcome::InFlight { held_until }) => {
                 self.duplicate(p, env, Duplicate::InFlight { held_until })

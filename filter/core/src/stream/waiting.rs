@@ -2,7 +2,7 @@
 //! re-checking its record, answering 409 once its wait is over.
 
 use super::etcd::poll_call;
-use super::{Action, DedupStream, Duplicate, Env, Phase, Plugin, Waiting};
+use super::{Decision, DedupStream, Duplicate, Env, Phase, Plugin, Waiting};
 use crate::config::StoreConfig;
 use crate::key::short_hex;
 use crate::metrics::Counter;
@@ -14,13 +14,13 @@ impl DedupStream {
     /// (replayed), a released key (claimed: this one executes), still in flight (it
     /// waits on, `Pause`), or, past `wait_timeout_ms`, 409 as in reject mode. With etcd
     /// the read is a store call (`Call`) whose answer goes to `on_store_answer`.
-    pub fn on_wake<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Action {
+    pub fn on_wake<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Decision {
         if !matches!(self.phase, Phase::Waiting(_)) {
             // Not waiting (any more), or its read is out: nothing to do now.
-            return Action::Pause;
+            return Decision::Pause;
         }
         let Phase::Waiting(w) = std::mem::replace(&mut self.phase, Phase::Finished) else {
-            return Action::Pause;
+            return Decision::Pause;
         };
         let now = env.now_ms();
         if self.wait_deadline.is_some_and(|d| now >= d) {
@@ -40,16 +40,16 @@ impl DedupStream {
                 }
                 let call = poll_call(ec, &w.digest);
                 self.phase = Phase::Polling(w);
-                Action::Call(call)
+                Decision::Call(call)
             }
         }
     }
 
     /// Keeps a waiter waiting, or answers 409 once its deadline has passed.
-    pub(super) fn wait_on<E: Env>(&mut self, p: &Plugin, env: &mut E, w: Box<Waiting>) -> Action {
+    pub(super) fn wait_on<E: Env>(&mut self, p: &Plugin, env: &mut E, w: Box<Waiting>) -> Decision {
         if self.wait_deadline.is_some_and(|d| env.now_ms() < d) {
             self.phase = Phase::Waiting(w);
-            return Action::Pause;
+            return Decision::Pause;
         }
         self.duplicate(
             p,
@@ -68,7 +68,7 @@ impl DedupStream {
         p: &Plugin,
         env: &mut E,
         held_until: Option<u64>,
-    ) -> Option<Action> {
+    ) -> Option<Decision> {
         let (digest, payload) = (self.record?, self.payload?);
         let now = env.now_ms();
         let wait_timeout_ms = p.config.policy_at(self.rule).wait_timeout_ms;
@@ -107,7 +107,7 @@ impl DedupStream {
             payload,
             held_until,
         }));
-        Some(Action::Pause)
+        Some(Decision::Pause)
     }
 
     /// A waiting duplicate is answered or goes on: it leaves the worker's registry.

@@ -164,12 +164,12 @@ impl World {
         &self,
         i: usize,
         demand: Option<String>,
-        got: &Action,
+        got: &Decision,
     ) -> Result<(), String> {
         let Some(d) = demand else { return Ok(()) };
         let ok = match got {
-            Action::Continue => d == "executed" && self.sims[i].s.holds_claim(),
-            Action::Reply(r) => {
+            Decision::Continue => d == "executed" && self.sims[i].s.holds_claim(),
+            Decision::Reply(r) => {
                 let slug = problem_slug(r);
                 if d.starts_with("replay of execution ") {
                     let n = d.trim_start_matches("replay of execution ");
@@ -187,7 +187,7 @@ impl World {
                     false
                 }
             }
-            Action::Pause | Action::Call(_) => true,
+            Decision::Pause | Decision::Call(_) => true,
         };
         if ok {
             Ok(())

@@ -193,7 +193,7 @@ impl World {
         let action =
             sim.s
                 .on_request_headers(&self.plugins[plugin], &mut self.envs[worker], head, eos);
-        if !eos && action == Action::Pause {
+        if !eos && action == Decision::Pause {
             return Ok(());
         }
         self.sims[i].req = ReqPhase::Deciding;
@@ -236,8 +236,8 @@ impl World {
     }
 
     /// A request-path decision (or, for a client already gone, whatever its claim did).
-    pub(super) fn decided(&mut self, i: usize, action: Action) -> Result<(), String> {
-        if let Action::Call(call) = action {
+    pub(super) fn decided(&mut self, i: usize, action: Decision) -> Result<(), String> {
+        if let Decision::Call(call) = action {
             if self.knobs.store == StoreKind::Shared {
                 return Err(format!("stream {i}: a store call with shared data"));
             }
@@ -263,16 +263,16 @@ impl World {
         self.log(format!("stream {i}: decided {}", short(&action)));
         let bad = self.sims[i].bad;
         match (&action, bad) {
-            (Action::Pause, _) => Err(format!("stream {i}: paused after its whole request")),
-            (Action::Call(_), _) => Ok(()),
-            (Action::Continue, Some(Bad::Get)) => {
+            (Decision::Pause, _) => Err(format!("stream {i}: paused after its whole request")),
+            (Decision::Call(_), _) => Ok(()),
+            (Decision::Continue, Some(Bad::Get)) => {
                 self.seen.bypassed += 1;
                 if self.sims[i].s.holds_claim() {
                     return Err(format!("stream {i}: a GET claimed a key"));
                 }
                 Ok(())
             }
-            (Action::Reply(r), Some(b)) if b != Bad::Get => {
+            (Decision::Reply(r), Some(b)) if b != Bad::Get => {
                 self.seen.bad_key += 1;
                 let want = match b {
                     Bad::NoKey => "missing-key",
@@ -294,8 +294,8 @@ impl World {
                 "stream {i}: {b:?} request decided {}",
                 short(&action)
             )),
-            (Action::Continue, None) => self.forwarded(i),
-            (Action::Reply(r), None) => {
+            (Decision::Continue, None) => self.forwarded(i),
+            (Decision::Reply(r), None) => {
                 let r = r.clone();
                 self.count_reply(&action);
                 self.check_reply(i, &r)?;
@@ -304,8 +304,8 @@ impl World {
         }
     }
 
-    pub(super) fn count_reply(&mut self, action: &Action) {
-        if let Action::Reply(r) = action {
+    pub(super) fn count_reply(&mut self, action: &Decision) {
+        if let Decision::Reply(r) = action {
             if r.header("idempotent-replayed").is_some() {
                 self.seen.replayed += 1;
             } else {

@@ -133,17 +133,17 @@ impl World {
             CallAnswer { status, body },
         );
         if self.sims[i].req == ReqPhase::Deciding {
-            if !matches!(action, Action::Call(_)) && !self.sims[i].ended {
+            if !matches!(action, Decision::Call(_)) && !self.sims[i].ended {
                 self.check_demand(i, demand, &action)?;
             }
             return self.decided(i, action);
         }
         match action {
-            Action::Call(call) => {
+            Decision::Call(call) => {
                 self.sims[i].call = Some(Pending::sent(call, self.now));
                 Ok(())
             }
-            Action::Continue => Ok(()),
+            Decision::Continue => Ok(()),
             other => Err(format!(
                 "stream {i}: a settling call answered {}",
                 short(&other)

@@ -4,7 +4,7 @@
 //! completed one.
 
 use super::{
-    attempt_timeout, etcd_timeout, lease_lost, max_record_bytes, protocol, retryable, EtcdOwned,
+    attempt_timeout, etcd_timeout, lease_lost, max_record_bytes, protocol, retryable, EtcdClaim,
     MAX_RETRIES,
 };
 use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState, LeaseCache, LeasePurpose};
@@ -12,7 +12,7 @@ use crate::key::Digest;
 use crate::local::LocalEntry;
 use crate::metrics::Counter;
 use crate::response::StoredResponse;
-use crate::stream::{wake, Action, CallAnswer, DedupStream, Env, Phase, Plugin, StoreCall};
+use crate::stream::{wake, CallAnswer, Decision, DedupStream, Env, Phase, Plugin, StoreCall};
 
 /// What a settling call does to the claim's record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,14 +66,14 @@ impl DedupStream {
         env: &mut E,
         mut st: Box<Settling>,
         answer: &CallAnswer,
-    ) -> Action {
+    ) -> Decision {
         let parsed = etcd::read_answer(st.call.path, answer.status, &answer.body);
         let retryable = retryable(answer, &parsed);
         let now = env.now_ms();
         if !retryable {
             if let Some(next) = self.regranted(p, env, &mut st, &parsed, now) {
                 self.phase = Phase::Settling(st);
-                return Action::Call(next);
+                return Decision::Call(next);
             }
         }
         if retryable && st.retries < MAX_RETRIES && now < st.deadline_ms {
@@ -81,7 +81,7 @@ impl DedupStream {
             st.call.timeout_ms = attempt_timeout(p, st.deadline_ms, now);
             let call = st.call.clone();
             self.phase = Phase::Settling(st);
-            return Action::Call(call);
+            return Decision::Call(call);
         }
         let confirmed = match &parsed {
             Some(EtcdAnswer::Txn {
@@ -140,7 +140,7 @@ impl DedupStream {
                 ));
             }
         }
-        Action::Continue
+        Decision::Continue
     }
 
     /// A completion answered "lease not found" (etcd lost or revoked the completed lease
@@ -214,7 +214,7 @@ impl DedupStream {
         &mut self,
         p: &Plugin,
         now: u64,
-        o: &EtcdOwned,
+        o: &EtcdClaim,
         kind: Settle,
         body: Vec<u8>,
         learned: Option<LocalEntry>,
@@ -244,7 +244,7 @@ impl DedupStream {
         &mut self,
         p: &Plugin,
         env: &mut E,
-        o: &EtcdOwned,
+        o: &EtcdClaim,
     ) -> StoreCall {
         let record = EtcdRecord {
             state: EtcdState::Held,
@@ -266,7 +266,7 @@ impl DedupStream {
         &mut self,
         p: &Plugin,
         env: &mut E,
-        o: &EtcdOwned,
+        o: &EtcdClaim,
     ) -> StoreCall {
         env.count(Counter::Released);
         let body = protocol(p).delete_txn(&o.key, o.mod_revision);
@@ -279,7 +279,7 @@ impl DedupStream {
         &mut self,
         p: &Plugin,
         env: &mut E,
-        o: EtcdOwned,
+        o: EtcdClaim,
         response: Option<StoredResponse>,
         now: u64,
     ) -> StoreCall {

@@ -4,7 +4,7 @@
 use crate::fake::FakeEnv;
 use crate::metrics::Counter;
 use crate::outcome::flags;
-use crate::stream::{Action, DedupStream, Origin, Plugin};
+use crate::stream::{Decision, DedupStream, Origin, Plugin};
 use crate::testing::*;
 
 #[test]
@@ -301,22 +301,22 @@ fn the_decision_waits_for_the_end_of_the_body() {
     let r = req("POST", "/o").key("k1");
     assert_eq!(
         s.on_request_headers(&p, &mut env, r.head.clone(), false),
-        Action::Pause
+        Decision::Pause
     );
     let never = || -> Option<Vec<u8>> { panic!("the body is read once, at its end") };
     assert_eq!(
         s.on_request_body(&p, &mut env, 9, false, never),
-        Action::Pause
+        Decision::Pause
     );
     assert_eq!(shared.key_count(), 0, "no claim before the end of the body");
     assert_eq!(
         s.on_request_body(&p, &mut env, 16, false, never),
-        Action::Pause
+        Decision::Pause
     );
     // Trailers end the body.
     assert_eq!(
         s.on_request_trailers(&p, &mut env, || Some(b"part one and two".to_vec())),
-        Action::Continue
+        Decision::Continue
     );
     assert!(s.holds_claim());
     // The chunked body and the same body in one piece are the same payload.
@@ -495,13 +495,13 @@ fn each_decision_is_reported_once_for_access_logs() {
     for (r, want) in decisions {
         let mut s = DedupStream::new(2);
         let action = s.on_request_headers(&p, &mut env, r.head.clone(), r.body.is_none());
-        let action = if action == Action::Pause {
+        let action = if action == Decision::Pause {
             let body = r.body.clone().unwrap_or_default();
             s.on_request_body(&p, &mut env, body.len(), true, || Some(body.clone()))
         } else {
             action
         };
-        assert!(!matches!(action, Action::Pause | Action::Call(_)));
+        assert!(!matches!(action, Decision::Pause | Decision::Call(_)));
         assert_eq!(s.log_fields().map(|f| f.0), Some(want));
     }
     // The held and released outcomes are reported when the response decides them.
@@ -525,7 +525,7 @@ fn each_local_answer_is_logged_as_its_decision() {
         if let Some(b) = body {
             a = s.on_request_body(p, env, b.len(), true, || Some(b.clone()));
         }
-        assert!(matches!(a, Action::Reply(_)), "{a:?}");
+        assert!(matches!(a, Decision::Reply(_)), "{a:?}");
         s.log_fields().map(|(v, _)| v)
     };
     let p = plugin(r#"{"max_body_bytes": 4, "max_replay_body_bytes": 2}"#);

@@ -5,7 +5,7 @@ use crate::metrics::Counter;
 use crate::outcome::flags;
 use crate::response::StoredResponse;
 use crate::stream::CallAnswer;
-use crate::stream::{Action, DedupStream};
+use crate::stream::{Decision, DedupStream};
 use crate::testing::*;
 
 const TTL_10_IN_FLIGHT_5: &str = r#""ttl_seconds": 10, "in_flight_timeout_seconds": 5"#;
@@ -122,7 +122,7 @@ fn etcd_transport_failures_retry_then_fail_by_mode() {
     // A member without a leader answers gRPC "unavailable": retried too.
     let mut s = DedupStream::new(2);
     let first = s.on_request_headers(&p, &mut a, req("POST", "/o").key("k1b").head, true);
-    assert!(matches!(first, Action::Call(_)));
+    assert!(matches!(first, Decision::Call(_)));
     let unavailable = br#"{"error":"etcdserver: leader changed","message":"etcdserver: leader changed","code":14}"#;
     let again = s.on_store_answer(
         &p,
@@ -132,7 +132,7 @@ fn etcd_transport_failures_retry_then_fail_by_mode() {
             body: unavailable.to_vec(),
         },
     );
-    assert!(matches!(again, Action::Call(_)), "{again:?}");
+    assert!(matches!(again, Decision::Call(_)), "{again:?}");
     // All down: open passes through, closed answers 503.
     a.etcd.set_down(true);
     assert!(run(&p, &mut a, &req("POST", "/o").key("k2"), ok("x")).reached_upstream());
@@ -148,7 +148,7 @@ fn etcd_transport_failures_retry_then_fail_by_mode() {
     // that lost its leader keeps the request until it times out), then it fails.
     let mut s = DedupStream::new(3);
     let first = s.on_request_headers(&closed, &mut a, req("POST", "/o").key("k4").head, true);
-    let Action::Call(c) = first else {
+    let Decision::Call(c) = first else {
         panic!("{first:?}")
     };
     assert!(
@@ -162,11 +162,11 @@ fn etcd_transport_failures_retry_then_fail_by_mode() {
     };
     a.now_ms += 200;
     let retried = s.on_store_answer(&closed, &mut a, timeout());
-    assert!(matches!(retried, Action::Call(_)), "{retried:?}");
+    assert!(matches!(retried, Decision::Call(_)), "{retried:?}");
     a.now_ms += 400;
     let after = s.on_store_answer(&closed, &mut a, timeout());
     assert!(
-        matches!(after, Action::Reply(ref r) if r.status == 503),
+        matches!(after, Decision::Reply(ref r) if r.status == 503),
         "{after:?}"
     );
 }
@@ -300,14 +300,14 @@ fn etcd_a_claim_won_after_the_client_left_is_released() {
     let mut s = DedupStream::new(3);
     let mut action = s.on_request_headers(&p, &mut a, r.head.clone(), true);
     // Grant leases, up to the claim txn itself.
-    while let Action::Call(c) = &action {
+    while let Decision::Call(c) = &action {
         if crate::etcd::is_txn(c.path) {
             break;
         }
         let answer = call(&a, c);
         action = s.on_store_answer(&p, &mut a, answer);
     }
-    let Action::Call(claim) = action else {
+    let Decision::Call(claim) = action else {
         panic!("expected the claim txn, got {action:?}")
     };
     // The client leaves while the claim is out; etcd then accepts it.
@@ -315,11 +315,11 @@ fn etcd_a_claim_won_after_the_client_left_is_released() {
     let answer = call(&a, &claim);
     let released = s.on_store_answer(&p, &mut a, answer);
     assert!(
-        matches!(released, Action::Call(_)),
+        matches!(released, Decision::Call(_)),
         "a release txn, not a forward"
     );
     let after = settle(&p, &mut a, &mut s, released);
-    assert_eq!(after, Action::Continue);
+    assert_eq!(after, Decision::Continue);
     assert_eq!(a.count_of(Counter::Released), 1);
     // Nothing was forwarded, so the key is free.
     assert!(run(&p, &mut b, &r, ok("once")).reached_upstream());
@@ -339,14 +339,14 @@ fn etcd_a_lease_grant_answered_late_never_shortens_the_claims_made_with_it() {
     let mut action = first.on_request_headers(&p, &mut a, req("POST", "/o").key("k0").head, true);
     // etcd grants the in-flight lease at t0; the answer reaches the worker 999 ms later
     // (within the attempt timeout).
-    let Action::Call(grant) = action else {
+    let Decision::Call(grant) = action else {
         panic!("{action:?}")
     };
     assert_eq!(grant.path, crate::etcdpb::LEASE_GRANT);
     let granted = call(&a, &grant);
     a.now_ms = t0 + 999;
     action = first.on_store_answer(&p, &mut a, granted);
-    assert_eq!(settle(&p, &mut a, &mut first, action), Action::Continue);
+    assert_eq!(settle(&p, &mut a, &mut first, action), Decision::Continue);
     // Another request on the same worker, just inside the lease's window.
     a.now_ms = t0 + 1_998;
     let (r, second) = sent(&p, &mut a, req("POST", "/o").key("k1"));

@@ -5,7 +5,7 @@ use crate::fake::FakeEnv;
 use crate::key::{ClientKey, KeySource};
 use crate::metrics::Counter;
 use crate::stream::CallAnswer;
-use crate::stream::{Action, DedupStream, Origin, Plugin};
+use crate::stream::{Decision, DedupStream, Origin, Plugin};
 use crate::testing::*;
 
 fn txn_answer(body: &str) -> CallAnswer {
@@ -21,11 +21,11 @@ fn drive(
     p: &Plugin,
     env: &mut FakeEnv,
     s: &mut DedupStream,
-    mut action: Action,
+    mut action: Decision,
     mut txn: impl FnMut(usize) -> Option<CallAnswer>,
-) -> (Action, usize) {
+) -> (Decision, usize) {
     let mut n = 0;
-    while let Action::Call(c) = action {
+    while let Decision::Call(c) = action {
         let a = if crate::etcd::is_txn(c.path) {
             match txn(n) {
                 Some(a) => {
@@ -44,11 +44,15 @@ fn drive(
 
 /// After a failed claim txn, `next` is a retry (another call) when the failure is one to
 /// retry, else the fail-closed 503.
-fn assert_retried(next: &Action, retried: bool, case: String) {
-    assert_eq!(matches!(next, Action::Call(_)), retried, "{case}: {next:?}");
+fn assert_retried(next: &Decision, retried: bool, case: String) {
+    assert_eq!(
+        matches!(next, Decision::Call(_)),
+        retried,
+        "{case}: {next:?}"
+    );
     if !retried {
         assert!(
-            matches!(next, Action::Reply(r) if r.status == 503),
+            matches!(next, Decision::Reply(r) if r.status == 503),
             "{case}: {next:?}"
         );
     }
@@ -92,7 +96,7 @@ fn etcd_only_transport_statuses_and_unavailable_are_retried() {
     ] {
         let (mut a, _) = two_proxies();
         let (mut s, first) = start_keyed(&p, &mut a);
-        assert!(matches!(first, Action::Call(_)));
+        assert!(matches!(first, Decision::Call(_)));
         let next = s.on_store_answer(
             &p,
             &mut a,
@@ -143,14 +147,14 @@ fn etcd_grpc_unavailable_deadline_and_failed_dispatch_are_retried_other_statuses
         let (mut a, _) = two_proxies();
         let (mut s, mut action) = start_keyed(&p, &mut a);
         // Leases first (from the fake), up to the claim txn.
-        while let Action::Call(c) = &action {
+        while let Decision::Call(c) = &action {
             if crate::etcd::is_txn(c.path) {
                 break;
             }
             let ans = call(&a, c);
             action = s.on_store_answer(&p, &mut a, ans);
         }
-        assert!(matches!(&action, Action::Call(c) if c.path == crate::etcdpb::TXN));
+        assert!(matches!(&action, Decision::Call(c) if c.path == crate::etcdpb::TXN));
         let next = s.on_store_answer(&p, &mut a, answer.clone());
         assert_retried(&next, retried, format!("{answer:?}"));
     }
@@ -168,7 +172,7 @@ fn etcd_grpc_lease_not_found_on_a_claim_takes_fresh_leases() {
         })
     });
     assert_eq!(n, 2);
-    assert_eq!(decision, Action::Continue);
+    assert_eq!(decision, Decision::Continue);
     assert!(s.holds_claim());
     assert!(
         a.etcd.grants() - grants >= 4,
@@ -182,7 +186,7 @@ fn etcd_attempts_are_a_third_of_the_budget_and_stop_at_its_end() {
     let (mut a, _) = two_proxies();
     let t0 = a.now_ms;
     let mut s = DedupStream::new(1);
-    let Action::Call(first) =
+    let Decision::Call(first) =
         s.on_request_headers(&p, &mut a, req("POST", "/o").key("k").head, true)
     else {
         panic!()
@@ -194,19 +198,19 @@ fn etcd_attempts_are_a_third_of_the_budget_and_stop_at_its_end() {
         body: Vec::new(),
     };
     a.now_ms = t0 + 400;
-    let Action::Call(second) = s.on_store_answer(&p, &mut a, refused()) else {
+    let Decision::Call(second) = s.on_store_answer(&p, &mut a, refused()) else {
         panic!()
     };
     assert_eq!(second.timeout_ms, 100, "what is left of the budget");
     a.now_ms = t0 + 499;
-    let Action::Call(third) = s.on_store_answer(&p, &mut a, refused()) else {
+    let Decision::Call(third) = s.on_store_answer(&p, &mut a, refused()) else {
         panic!()
     };
     assert_eq!(third.timeout_ms, 1);
     a.now_ms = t0 + 500;
     let last = s.on_store_answer(&p, &mut a, refused());
     assert!(
-        matches!(last, Action::Reply(ref r) if r.status == 503),
+        matches!(last, Decision::Reply(ref r) if r.status == 503),
         "{last:?}"
     );
     // The floor: a 150 ms budget still gives an attempt 100 ms, and a 3 s budget 1 s.
@@ -215,7 +219,7 @@ fn etcd_attempts_are_a_third_of_the_budget_and_stop_at_its_end() {
             r#"{{"store": {{"kind": "etcd", "cluster": "etcd", "timeout_ms": {budget}}}}}"#
         ));
         let mut s = DedupStream::new(2);
-        let Action::Call(c) =
+        let Decision::Call(c) =
             s.on_request_headers(&p, &mut a, req("POST", "/o").key("k2").head, true)
         else {
             panic!()
@@ -240,7 +244,7 @@ fn claims_after(
         (n < fake).then(|| txn_answer(body))
     });
     assert_eq!(n, fake);
-    let claimed = decision == Action::Continue && s.holds_claim();
+    let claimed = decision == Decision::Continue && s.holds_claim();
     assert_eq!(claimed, executes, "{case}: {decision:?}");
 }
 
@@ -291,7 +295,7 @@ fn etcd_a_claim_whose_answer_was_lost_is_recognised_by_its_token() {
         None
     });
     assert!(lost_one);
-    assert_eq!(decision, Action::Continue);
+    assert_eq!(decision, Decision::Continue);
     assert!(s.holds_claim());
     assert_eq!(send(&p, &mut b, &r).unwrap_err().status(), 409);
     respond(&p, &mut a, s, ok("once"));
@@ -350,12 +354,12 @@ fn etcd_a_completion_is_not_retried_past_its_budget() {
         body: Vec::new(),
     };
     a.now_ms += 499;
-    let Action::Call(again) = s.on_store_answer(&p, &mut a, refused()) else {
+    let Decision::Call(again) = s.on_store_answer(&p, &mut a, refused()) else {
         panic!("retried within the budget")
     };
     assert_eq!(again.timeout_ms, 1);
     a.now_ms += 1;
-    assert_eq!(s.on_store_answer(&p, &mut a, refused()), Action::Continue);
+    assert_eq!(s.on_store_answer(&p, &mut a, refused()), Decision::Continue);
     assert_eq!(a.count_of(Counter::StoreErrors), 1);
 }
 
@@ -385,7 +389,7 @@ fn etcd_a_completion_whose_lease_etcd_lost_is_written_again_with_a_fresh_lease()
                 call(&a, &c)
             };
             match s.on_store_answer(&p, &mut a, answer) {
-                Action::Call(next) => c = next,
+                Decision::Call(next) => c = next,
                 _ => break,
             }
         }
@@ -474,7 +478,7 @@ fn etcd_settling_answers_say_what_happened_to_the_record() {
         assert!(c.is_some(), "{what}: a release call");
         assert_eq!(
             s.on_store_answer(&p, &mut a, txn_answer(&answer)),
-            Action::Continue
+            Decision::Continue
         );
         assert_eq!(
             (
@@ -517,7 +521,7 @@ fn etcd_settling_answers_say_what_happened_to_the_record() {
         };
         assert_eq!(
             s.on_store_answer(&p, &mut a, txn_answer(&answer)),
-            Action::Continue
+            Decision::Continue
         );
         assert_eq!(a.count_of(Counter::ClaimsLost), 1, "{what}");
         // Not learned by the worker's tier.
@@ -557,7 +561,7 @@ fn an_etcd_error_on_the_claim_is_a_store_failure_not_a_lost_lease() {
     });
     assert_eq!(n, 1, "not retried");
     assert!(
-        matches!(decision, Action::Reply(ref r) if r.status == 503),
+        matches!(decision, Decision::Reply(ref r) if r.status == 503),
         "{decision:?}"
     );
 }

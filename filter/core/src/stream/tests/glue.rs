@@ -3,14 +3,14 @@
 
 use crate::fake::{FakeEnv, FakeShared};
 use crate::metrics::Counter;
-use crate::stream::{Action, DedupStream, Origin, Plugin};
+use crate::stream::{Decision, DedupStream, Origin, Plugin};
 use crate::testing::*;
 
 /// A stream whose request headers (key `k`, a body to follow) paused it for the body.
 fn paused_for_the_body(p: &Plugin, env: &mut FakeEnv) -> DedupStream {
     let mut s = DedupStream::new(1);
     let head = req("POST", "/o").key("k").head;
-    assert_eq!(s.on_request_headers(p, env, head, false), Action::Pause);
+    assert_eq!(s.on_request_headers(p, env, head, false), Decision::Pause);
     s
 }
 
@@ -21,7 +21,7 @@ fn the_stream_says_when_it_wants_bodies() {
     assert!(s.reading_request());
     assert_eq!(
         s.on_request_body(&p, &mut env, 2, true, || Some(b"{}".to_vec())),
-        Action::Continue
+        Decision::Continue
     );
     assert!(!s.reading_request());
     assert!(s.holds_claim());
@@ -98,7 +98,7 @@ fn a_body_read_at_its_trailers_is_held_to_the_limit() {
     // The body arrived in chunks the filter was not shown (trailers end it).
     let a = s.on_request_trailers(&p, &mut env, || Some(b"12345".to_vec()));
     assert!(
-        matches!(a, Action::Reply(ref r) if r.status == 413),
+        matches!(a, Decision::Reply(ref r) if r.status == 413),
         "{a:?}"
     );
     assert_eq!(env.count_of(Counter::Executed), 0);

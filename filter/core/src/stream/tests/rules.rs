@@ -3,7 +3,7 @@
 
 use crate::fake::FakeEnv;
 use crate::metrics::Counter;
-use crate::stream::{Action, DedupStream};
+use crate::stream::{Decision, DedupStream};
 use crate::testing::*;
 
 #[test]
@@ -70,10 +70,10 @@ fn a_bypassed_rule_passes_requests_untouched_and_counts_them() {
     // Even a body far above max_body_bytes: the filter does not read it.
     let mut s = DedupStream::new(9);
     let a = s.on_request_headers(&p, &mut env, search.head.clone(), false);
-    assert_eq!(a, Action::Continue);
+    assert_eq!(a, Decision::Continue);
     assert_eq!(
         s.on_request_body(&p, &mut env, 100 << 20, true, || None),
-        Action::Continue
+        Decision::Continue
     );
 }
 

@@ -6,7 +6,7 @@ use crate::metrics::Counter;
 use crate::outcome::flags;
 use crate::reply::LocalReply;
 use crate::stream::CallAnswer;
-use crate::stream::{Action, DedupStream, Plugin};
+use crate::stream::{Decision, DedupStream, Plugin};
 use crate::testing::*;
 
 const WAIT: &str = r#""on_in_flight": "wait", "wait_timeout_ms": 5000"#;
@@ -18,10 +18,10 @@ fn wait_plugin(extra: &str) -> Plugin {
 
 /// Runs a request up to the filter's decision (store calls answered): the stream and
 /// what it decided (`Pause`: it waits).
-fn decide(p: &Plugin, env: &mut FakeEnv, r: &Req, id: u32) -> (DedupStream, Action) {
+fn decide(p: &Plugin, env: &mut FakeEnv, r: &Req, id: u32) -> (DedupStream, Decision) {
     let mut s = DedupStream::new(id);
     let mut a = s.on_request_headers(p, env, r.head.clone(), r.body.is_none());
-    if let (Some(b), Action::Pause) = (&r.body, &a) {
+    if let (Some(b), Decision::Pause) = (&r.body, &a) {
         let whole = b.clone();
         a = s.on_request_body(p, env, b.len(), true, || Some(whole));
     }
@@ -30,7 +30,7 @@ fn decide(p: &Plugin, env: &mut FakeEnv, r: &Req, id: u32) -> (DedupStream, Acti
 }
 
 /// The glue's wake-up: the stream re-checks, its store calls answered.
-fn wake(p: &Plugin, env: &mut FakeEnv, s: &mut DedupStream) -> Action {
+fn wake(p: &Plugin, env: &mut FakeEnv, s: &mut DedupStream) -> Decision {
     let a = s.on_wake(p, env);
     settle(p, env, s, a)
 }
@@ -42,7 +42,7 @@ struct Duplicate {
     b: FakeEnv,
     r: Req,
     dup: DedupStream,
-    act: Action,
+    act: Decision,
 }
 
 impl Duplicate {
@@ -73,9 +73,9 @@ fn two_waiting_on_b(p: &Plugin, r: &Req) -> (FakeEnv, FakeEnv, DedupStream, [Ded
     (a, b, first, waiters)
 }
 
-fn reply(a: Action) -> LocalReply {
+fn reply(a: Decision) -> LocalReply {
     match a {
-        Action::Reply(r) => r,
+        Decision::Reply(r) => r,
         other => panic!("expected a local reply, got {other:?}"),
     }
 }
@@ -93,7 +93,7 @@ fn a_rule_in_wait_mode_waits_while_the_top_level_rejects() {
     let pay = req("POST", "/pay").key("k").body("{}");
     let first = send(&p, &mut a, &pay).unwrap();
     let (mut dup, act) = decide(&p, &mut b, &pay, 2);
-    assert_eq!(act, Action::Pause, "the rule waits");
+    assert_eq!(act, Decision::Pause, "the rule waits");
     let orders = req("POST", "/orders").key("k").body("{}");
     let _other = send(&p, &mut a, &orders).unwrap();
     assert_eq!(
@@ -110,7 +110,7 @@ fn a_rule_in_wait_mode_waits_while_the_top_level_rejects() {
 fn a_duplicate_on_another_worker_waits_and_gets_the_replay() {
     let p = wait_plugin("");
     let (mut d, first) = duplicate(&p, "k1");
-    assert_eq!(d.act, Action::Pause, "held, nothing forwarded");
+    assert_eq!(d.act, Decision::Pause, "held, nothing forwarded");
     assert!(d.dup.waiting());
     assert_eq!(
         counts(&d.b, [Counter::Waited, Counter::RejectedInFlight]),
@@ -118,7 +118,7 @@ fn a_duplicate_on_another_worker_waits_and_gets_the_replay() {
     );
     assert_eq!(d.b.waiters.len(), 1);
     // Still in flight: a re-check waits on.
-    assert_eq!(wake(&p, &mut d.b, &mut d.dup), Action::Pause);
+    assert_eq!(wake(&p, &mut d.b, &mut d.dup), Decision::Pause);
     respond(&p, &mut d.a, first, ok("made"));
     assert_eq!(d.a.wake_calls.len(), 1, "the completion wakes the waiters");
     let got = reply(wake(&p, &mut d.b, &mut d.dup));
@@ -139,19 +139,19 @@ fn after_a_release_exactly_one_waiter_executes_and_the_others_get_its_answer() {
     let mut waiters: Vec<DedupStream> = (10..14)
         .map(|id| {
             let (s, act) = decide(&p, &mut b, &r, id);
-            assert_eq!(act, Action::Pause);
+            assert_eq!(act, Decision::Pause);
             s
         })
         .collect();
     respond(&p, &mut a, first, answer(503, "down"));
-    let acts: Vec<Action> = waiters.iter_mut().map(|s| wake(&p, &mut b, s)).collect();
+    let acts: Vec<Decision> = waiters.iter_mut().map(|s| wake(&p, &mut b, s)).collect();
     let executing: Vec<usize> = (0..acts.len())
-        .filter(|i| acts[*i] == Action::Continue)
+        .filter(|i| acts[*i] == Decision::Continue)
         .collect();
     assert_eq!(executing.len(), 1, "{acts:?}");
     assert!(acts
         .iter()
-        .all(|a| matches!(a, Action::Continue | Action::Pause)));
+        .all(|a| matches!(a, Decision::Continue | Decision::Pause)));
     let runner = waiters.remove(executing[0]);
     assert_eq!(b.waiters.len(), 3, "the executing one left the registry");
     respond(&p, &mut b, runner, answer(201, "charged"));
@@ -170,9 +170,9 @@ fn after_a_release_exactly_one_waiter_executes_and_the_others_get_its_answer() {
 fn a_waiter_gets_409_when_its_wait_times_out() {
     let p = wait_plugin(r#""retry_after_seconds": 2"#);
     let (mut d, _first) = duplicate(&p, "slow");
-    assert_eq!(d.act, Action::Pause);
+    assert_eq!(d.act, Decision::Pause);
     d.b.now_ms += 4_999;
-    assert_eq!(wake(&p, &mut d.b, &mut d.dup), Action::Pause);
+    assert_eq!(wake(&p, &mut d.b, &mut d.dup), Decision::Pause);
     d.b.now_ms += 1;
     let got = reply(wake(&p, &mut d.b, &mut d.dup));
     assert_eq!(got.status, 409);
@@ -189,7 +189,7 @@ fn above_max_waiters_a_duplicate_gets_409_at_once() {
     let r = req("POST", "/orders").key("k").body("{}");
     let (mut a, mut b, _first) = sent_on_worker_0(&p, &r);
     for id in [2, 3] {
-        assert_eq!(decide(&p, &mut b, &r, id).1, Action::Pause);
+        assert_eq!(decide(&p, &mut b, &r, id).1, Decision::Pause);
     }
     let (_, act) = decide(&p, &mut b, &r, 4);
     assert_eq!(reply(act).status, 409);
@@ -205,7 +205,7 @@ fn above_max_waiters_a_duplicate_gets_409_at_once() {
         [2, 1, 0]
     );
     // Another worker has its own places.
-    assert_eq!(decide(&p, &mut a, &r, 5).1, Action::Pause);
+    assert_eq!(decide(&p, &mut a, &r, 5).1, Decision::Pause);
 }
 
 #[test]
@@ -224,7 +224,7 @@ fn a_client_that_leaves_while_waiting_leaves_nothing_behind() {
     assert!(!d.dup.waiting());
     assert_eq!(
         wake(&p, &mut d.b, &mut d.dup),
-        Action::Pause,
+        Decision::Pause,
         "a late wake-up does nothing"
     );
     respond(&p, &mut d.a, first, answer(503, "down"));
@@ -247,7 +247,7 @@ fn a_held_claim_keeps_waiters_until_their_timeout() {
     let p = wait_plugin("");
     let (mut d, first) = duplicate(&p, "k");
     respond(&p, &mut d.a, first, upstream_reset());
-    assert_eq!(wake(&p, &mut d.b, &mut d.dup), Action::Pause);
+    assert_eq!(wake(&p, &mut d.b, &mut d.dup), Decision::Pause);
     d.b.now_ms += 5_000;
     let got = reply(wake(&p, &mut d.b, &mut d.dup));
     assert_eq!(got.status, 409);
@@ -271,13 +271,13 @@ fn etcd_a_waiter_on_another_proxy_polls_and_gets_the_replay() {
     let (p, (mut a, mut b)) = (etcd_plugin(WAIT), two_proxies());
     let (r, first) = sent(&p, &mut a, req("POST", "/orders").key("k1").body("{}"));
     let (mut dup, act) = decide(&p, &mut b, &r, 2);
-    assert_eq!(act, Action::Pause);
+    assert_eq!(act, Decision::Pause);
     // The poll is a read of the record, not a claim.
     match dup.on_wake(&p, &mut b) {
-        Action::Call(c) => {
+        Decision::Call(c) => {
             assert_eq!(c.path, crate::etcdpb::RANGE);
             let got = call(&b, &c);
-            assert_eq!(dup.on_store_answer(&p, &mut b, got), Action::Pause);
+            assert_eq!(dup.on_store_answer(&p, &mut b, got), Decision::Pause);
         }
         other => panic!("{other:?}"),
     }
@@ -299,18 +299,22 @@ fn etcd_after_a_release_one_waiter_claims_and_a_failed_poll_waits_on() {
         two_waiting_on_b(&p, &req("POST", "/pay").key("k").body("x"));
     b.etcd.fail_next(1);
     let c = match w1.on_wake(&p, &mut b) {
-        Action::Call(c) => c,
+        Decision::Call(c) => c,
         other => panic!("{other:?}"),
     };
     let failed = call(&b, &c);
-    assert_eq!(w1.on_store_answer(&p, &mut b, failed), Action::Pause);
+    assert_eq!(w1.on_store_answer(&p, &mut b, failed), Decision::Pause);
     respond(&p, &mut a, first, answer(500, "boom"));
     assert_eq!(
         wake(&p, &mut b, &mut w1),
-        Action::Continue,
+        Decision::Continue,
         "w1 claims and executes"
     );
-    assert_eq!(wake(&p, &mut b, &mut w2), Action::Pause, "w2 waits for w1");
+    assert_eq!(
+        wake(&p, &mut b, &mut w2),
+        Decision::Pause,
+        "w2 waits for w1"
+    );
     respond(&p, &mut b, w1, answer(201, "charged"));
     let got = reply(wake(&p, &mut b, &mut w2));
     assert_eq!((got.status, got.body.as_slice()), (201, &b"charged"[..]));
@@ -375,12 +379,12 @@ fn any_answer_to_a_poll_keeps_the_waiter_safe() {
                         .collect(),
                 ),
             };
-            let Action::Call(c) = dup.on_wake(&p, &mut b) else {
+            let Decision::Call(c) = dup.on_wake(&p, &mut b) else {
                 panic!("a waiter polls");
             };
             assert_eq!(c.path, protocol.range_path());
             let got = dup.on_store_answer(&p, &mut b, CallAnswer { status, body });
-            assert_eq!(got, Action::Pause, "still in flight: it waits on");
+            assert_eq!(got, Decision::Pause, "still in flight: it waits on");
         }
         assert!(b.count_of(Counter::StoreErrors) >= 5);
         assert_eq!(b.count_of(Counter::Executed), 0);
@@ -392,7 +396,7 @@ fn a_wake_up_of_a_stream_that_does_not_wait_changes_nothing() {
     let p = wait_plugin("");
     let (_, mut a) = world();
     let (r, mut first) = sent(&p, &mut a, req("POST", "/orders").key("k").body("{}"));
-    assert_eq!(first.on_wake(&p, &mut a), Action::Pause);
+    assert_eq!(first.on_wake(&p, &mut a), Decision::Pause);
     assert!(first.holds_claim(), "the executing stream keeps its claim");
     let out = respond(&p, &mut a, first, ok("made"));
     assert_eq!(out, executed("made"));
