@@ -6,10 +6,10 @@
 //! `BENCH_NO_WRITE=1` to leave BENCHMARKS.md alone.
 
 use dedup_envoy::bench::{
-    added_us, ceiling_config, counters_list, envoy_version, load_average, load_chart,
-    measure_interleaved, no_write, run_stamp, table_header, table_row, write_chart, write_section,
-    BenchFilter, Case, CeilingRoute, ChartRow, Load, Measured, Settings, BIG_BODY_BYTES, BODY,
-    CONNECTIONS, GET_LUA, KEYLESS_64K_LUA, NO_KEY_LUA, REPLAY_LUA, THREADS, UNIQUE_LUA,
+    added_us, ceiling_config, counters_list, envoy_version, load_average, measure_interleaved,
+    no_write, run_stamp, table_header, table_row, write_load_chart, write_section, BenchFilter,
+    Case, CeilingRoute, ChartRow, Load, Measured, Settings, BIG_BODY_BYTES, BODY, CONNECTIONS,
+    GET_LUA, KEYLESS_64K_LUA, NO_KEY_LUA, REPLAY_LUA, THREADS, UNIQUE_LUA,
 };
 use dedup_envoy::envoy::WORKERS;
 use dedup_envoy::paths::{dedup_wasm, empty_wasm};
@@ -144,16 +144,14 @@ fn envoy_load() -> Result<()> {
             note: format!("×{:.2}", m.rps / base.rps),
         })
         .collect();
-    let chart = write_chart(
+    let chart = write_load_chart(
         "envoy-load.svg",
-        &load_chart(
-            "Envoy load: proxy-dedup against no filter and the empty Wasm filter",
-            &format!(
-                "Envoy {version}, --concurrency 2, wrk -t{THREADS} -c{CONNECTIONS}, best of {rounds} rounds of {seconds} s, one 2-core machine, load average before: {load_before}"
-            ),
-            "the no-filter case",
-            &rows,
-        ),
+        "Envoy load: proxy-dedup against no filter and the empty Wasm filter",
+        &format!("Envoy {version}, --concurrency 2"),
+        &Settings { seconds, rounds },
+        &load_before,
+        "the no-filter case",
+        &rows,
     )?;
     let section = format!(
         "## Envoy load\n\n\

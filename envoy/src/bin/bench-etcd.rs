@@ -12,8 +12,8 @@
 //! `BENCH_ROUNDS` (default 3), `BENCH_NO_WRITE=1` to leave BENCHMARKS.md alone.
 
 use dedup_envoy::bench::{
-    counters_list, envoy_version, load_average, load_chart, measure_interleaved, no_write,
-    run_stamp, table_header, table_row, write_chart, write_section, Case, ChartRow, Settings, BODY,
+    counters_list, envoy_version, load_average, measure_interleaved, no_write, run_stamp,
+    table_header, table_row, write_load_chart, write_section, Case, ChartRow, Settings, BODY,
     CONNECTIONS, REPLAY_LUA, THREADS, UNIQUE_LUA,
 };
 use dedup_envoy::etcd::{
@@ -241,16 +241,14 @@ in the same run: {:.0} req/s, so gRPC is **{:.2}× the JSON gateway**.",
             note: format!("×{:.2}", m.rps / baseline(*load).0),
         })
         .collect();
-    let chart = write_chart(
+    let chart = write_load_chart(
         "etcd-store.svg",
-        &load_chart(
-            "The etcd store against the shared-data store",
-            &format!(
-                "Envoy {version} (--concurrency 2) and a 3-member etcd {etcd}, wrk -t{THREADS} -c{CONNECTIONS}, best of {rounds} rounds of {seconds} s, one 2-core machine, load average before: {load_before}"
-            ),
-            "shared data, same load",
-            &rows,
-        ),
+        "The etcd store against the shared-data store",
+        &format!("Envoy {version} (--concurrency 2) and a 3-member etcd {etcd}"),
+        &Settings { seconds, rounds },
+        &load_before,
+        "shared data, same load",
+        &rows,
     )?;
     let section = format!(
         "## etcd store\n\n\
