@@ -137,10 +137,7 @@ fn upstream_5xx_releases_the_claim_and_a_retry_executes() {
         failed.summary()
     );
     assert!(!is_replayed(&failed));
-    let retry = s.send(&req);
-    assert_executed(&retry);
-    assert_eq!(json(&retry)["executions"], 2);
-    assert_replay_of(&s.send(&req), &retry);
+    assert_runs_again_then_replays(&s, &req);
     assert_eq!(s.executions(path), 2);
 }
 
@@ -473,8 +470,6 @@ fn access_log_lines_show_each_decision_and_the_record() {
     assert!(matches!(gone, dedup_envoy::client::GiveUp::GaveUp));
     let held = s.send(&post(path, "log-4", &body));
     assert_problem(&held, 409, "in-flight");
-    // The harness has Envoy flush access logs every 0.5 s.
-    let log_path = s.envoy.dir.join("stdout.log");
     let wanted = [
         "dedup=executed",
         "dedup=replayed",
@@ -483,21 +478,7 @@ fn access_log_lines_show_each_decision_and_the_record() {
         "dedup=bad_key",
         "dedup=in_flight",
     ];
-    let deadline = std::time::Instant::now() + Duration::from_secs(8);
-    let log = loop {
-        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if wanted.iter().all(|w| log.contains(w)) || std::time::Instant::now() > deadline {
-            break log;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    for w in wanted {
-        assert!(
-            log.contains(w),
-            "no `{w}` in the access log:\n{log}\nEnvoy's log:\n{}",
-            s.envoy.log()
-        );
-    }
+    let log = s.access_log_with(&wanted);
     // The executed request and its replay name the same record.
     let record_of = |decision: &str| {
         log.lines()

@@ -187,10 +187,7 @@ fn client_gives_up_then_retries_get_409_until_the_in_flight_timeout() {
 
     // After the in-flight timeout the key may run again.
     sleep_until(t0 + Duration::from_millis(IN_FLIGHT_SECS * 1000 + 600));
-    let again = s.send(&req);
-    assert_executed(&again);
-    assert_eq!(json(&again)["executions"], 2);
-    assert_replay_of(&s.send(&req), &again);
+    assert_runs_again_then_replays(s, &req);
     assert_eq!(s.upstream.executions_for_key(key), 2);
 }
 
@@ -320,10 +317,7 @@ fn upstream_429_is_not_stored_and_the_retry_executes() {
         first.summary()
     );
     assert!(!is_replayed(&first));
-    let retry = s.send(&req);
-    assert_executed(&retry);
-    assert_eq!(json(&retry)["executions"], 2);
-    assert_replay_of(&s.send(&req), &retry);
+    assert_runs_again_then_replays(s, &req);
     assert_eq!(s.upstream.executions_for_key(key), 2);
 }
 

@@ -51,12 +51,7 @@ fn forty_concurrent_duplicates_execute_once_and_all_get_the_answer() {
         .timeout(Duration::from_secs(20));
     let answers = burst(40, &req);
     assert_eq!(s.executions(path), 1, "exactly one upstream execution");
-    let fresh: Vec<_> = answers.iter().filter(|r| !is_replayed(r)).collect();
-    assert_eq!(fresh.len(), 1, "one fresh answer, 39 replays");
-    for r in &answers {
-        assert_eq!(r.status, 200, "{}", r.summary());
-        assert_eq!(r.body, fresh[0].body, "every client gets the same answer");
-    }
+    assert_one_fresh_answer(&answers);
     assert!(s.counter("waited") >= 39);
     assert!(s.counter("wait_replayed") >= 39);
 }
@@ -78,12 +73,7 @@ fn after_a_5xx_exactly_one_waiter_executes_and_the_others_get_its_answer() {
     let answers = burst(10, &dup);
     assert_eq!(first.join().unwrap().status, 503);
     assert_eq!(s.executions(path), 2, "the 503, then exactly one waiter");
-    let fresh: Vec<_> = answers.iter().filter(|r| !is_replayed(r)).collect();
-    assert_eq!(fresh.len(), 1);
-    for r in &answers {
-        assert_eq!(r.status, 200, "{}", r.summary());
-        assert_eq!(r.body, fresh[0].body);
-    }
+    assert_one_fresh_answer(&answers);
 }
 
 #[test]
@@ -116,19 +106,7 @@ fn a_wait_longer_than_wait_timeout_ms_gets_409() {
     s.wait_executions(path, 2, Duration::from_secs(5));
     assert!(is_replayed(&s.send(&waiter)));
     first.join().unwrap();
-    let log_path = s.envoy.dir.join("stdout.log");
-    let deadline = std::time::Instant::now() + Duration::from_secs(8);
-    loop {
-        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if log.contains("dedup=waited") {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no `dedup=waited` in the access log:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    s.access_log_with(&["dedup=waited"]);
 }
 
 /// Polls until filter counter `short` reaches `n` (a duplicate was taken in to wait).
@@ -163,22 +141,13 @@ fn wait_active_requests(s: &Stack, n: u64) {
 
 /// The access log line of a request to `path` with `dedup=<decision>`, polled for.
 fn log_line(s: &Stack, path: &str, decision: &str) -> String {
-    let log_path = s.envoy.dir.join("stdout.log");
-    let deadline = std::time::Instant::now() + Duration::from_secs(8);
-    loop {
-        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-        let found = log.lines().find(|l| {
-            l.contains(&format!(" {path}\"")) && l.contains(&format!("dedup={decision} "))
-        });
-        if let Some(line) = found {
-            return line.to_string();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no `{path}` line with `dedup={decision}` in the access log:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    s.poll_access_log(&format!("`{path}` line with `dedup={decision}`"), |log| {
+        log.lines()
+            .find(|l| {
+                l.contains(&format!(" {path}\"")) && l.contains(&format!("dedup={decision} "))
+            })
+            .map(str::to_string)
+    })
 }
 
 #[test]

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{assert_problem, burst, is_replayed, keyed};
+use common::{assert_one_fresh_answer, assert_problem, burst, counter_of, is_replayed, keyed};
 use dedup_envoy::etcd::{multi_proxy_config, wait_etcd_hosts_healthy, EtcdCluster};
 use dedup_envoy::paths::dedup_wasm;
 use dedup_envoy::{DemoUpstream, Envoy, Request, Response};
@@ -61,12 +61,7 @@ impl Multi {
     }
 
     fn counter(&self, proxy: usize, short: &str) -> u64 {
-        self.proxies[proxy]
-            .dedup_counters()
-            .unwrap_or_else(|e| panic!("{e}"))
-            .get(short)
-            .copied()
-            .unwrap_or(0)
+        counter_of(&self.proxies[proxy], short)
     }
 
     fn wait_executions(&self, path: &str, n: u64) {
@@ -88,12 +83,7 @@ fn etcd_wait_mode_across_two_proxies() {
     let req = keyed(HOST, path, "forty-1", &json!({"n": 40})).header("x-demo-delay-ms", "1500");
     let answers = burst(&addrs, 40, &req);
     assert_eq!(m.upstream.executions_for_path(path), 1);
-    let fresh: Vec<_> = answers.iter().filter(|(_, r)| !is_replayed(r)).collect();
-    assert_eq!(fresh.len(), 1, "one fresh answer, 39 replays");
-    for (p, r) in &answers {
-        assert_eq!(r.status, 200, "proxy {p}: {}", r.summary());
-        assert_eq!(r.body, fresh[0].1.body);
-    }
+    assert_one_fresh_answer(answers.iter().map(|(_, r)| r));
 
     // A waiter on proxy B gets proxy A's answer.
     let path = "/wait/other-proxy";
@@ -129,12 +119,7 @@ fn etcd_wait_mode_across_two_proxies() {
     let answers = burst(&addrs, 10, &dup);
     assert_eq!(first.join().unwrap().status, 503);
     assert_eq!(m.upstream.executions_for_path(path), 2);
-    let fresh: Vec<_> = answers.iter().filter(|(_, r)| !is_replayed(r)).collect();
-    assert_eq!(fresh.len(), 1);
-    for (p, r) in &answers {
-        assert_eq!(r.status, 200, "proxy {p}: {}", r.summary());
-        assert_eq!(r.body, fresh[0].1.body);
-    }
+    assert_one_fresh_answer(answers.iter().map(|(_, r)| r));
 
     // A first that runs longer than wait_timeout_ms: the waiter gets 409.
     let path = "/wait/timeout";

@@ -68,6 +68,59 @@ impl Stack {
             .dedup_counter(short)
             .unwrap_or_else(|e| panic!("{e}"))
     }
+
+    /// Polls Envoy's access log (the harness has Envoy flush it every 0.5 s)
+    /// for up to 8 s until `find` finds something in it; fails naming `what`.
+    pub fn poll_access_log<T>(&self, what: &str, find: impl Fn(&str) -> Option<T>) -> T {
+        let log_path = self.envoy.dir.join("stdout.log");
+        let deadline = Instant::now() + Duration::from_secs(8);
+        loop {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if let Some(found) = find(&log) {
+                return found;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {what} in the access log:\n{log}\nEnvoy's log:\n{}",
+                self.envoy.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The access log, once it contains every one of `wanted`.
+    pub fn access_log_with(&self, wanted: &[&str]) -> String {
+        self.poll_access_log(&format!("{wanted:?}"), |log| {
+            wanted
+                .iter()
+                .all(|w| log.contains(w))
+                .then(|| log.to_string())
+        })
+    }
+}
+
+/// A filter counter of one of several proxies; a counter not (yet) in /stats is 0.
+pub fn counter_of(proxy: &Envoy, short: &str) -> u64 {
+    proxy
+        .dedup_counters()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .get(short)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// `dedupctl --addr <admin> <args>`: its exit code and standard output.
+pub fn dedupctl(admin: SocketAddr, args: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dedupctl"))
+        .arg("--addr")
+        .arg(admin.to_string())
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
 }
 
 /// A JSON POST with an idempotency key.
@@ -161,6 +214,33 @@ pub fn assert_replay_of(r: &Response, first: &Response) {
         first.header("x-order-id"),
         "replay keeps the upstream's headers"
     );
+}
+
+/// Concurrent duplicates were answered by one execution: one fresh answer,
+/// every other a replay of it, all 200 with its body.
+pub fn assert_one_fresh_answer<'a>(answers: impl IntoIterator<Item = &'a Response>) {
+    let answers: Vec<&Response> = answers.into_iter().collect();
+    let fresh: Vec<_> = answers.iter().filter(|r| !is_replayed(r)).collect();
+    assert_eq!(
+        fresh.len(),
+        1,
+        "one fresh answer, {} replays",
+        answers.len() - 1
+    );
+    for r in &answers {
+        assert_eq!(r.status, 200, "{}", r.summary());
+        assert_eq!(r.body, fresh[0].body, "every client gets the same answer");
+    }
+}
+
+/// After an answer the filter did not store, `req` executes again (the
+/// upstream's second execution) and is then replayed. Returns that execution.
+pub fn assert_runs_again_then_replays(s: &Stack, req: &Request) -> Response {
+    let again = s.send(req);
+    assert_executed(&again);
+    assert_eq!(json(&again)["executions"], 2);
+    assert_replay_of(&s.send(req), &again);
+    again
 }
 
 // --- HS256 JWTs for envoy/configs/jwt-scope.yaml ------------------------------
