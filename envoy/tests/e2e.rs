@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use dedup_envoy::{Envoy, EnvoyConfig, Request};
+use dedup_envoy::Request;
 use serde_json::json;
 use std::sync::{Arc, Barrier, OnceLock};
 use std::time::Duration;
@@ -42,8 +42,7 @@ fn duplicate_while_in_flight_gets_409_with_retry_after() {
     let path = "/orders/in-flight";
     let req = post(path, "in-flight-1", &json!({"item": "slow"}));
     let slow = req.clone().header("x-demo-delay-ms", "3000");
-    let first = std::thread::spawn(move || main_stack().send(&slow));
-    s.wait_executions(path, 1, Duration::from_secs(5));
+    let first = s.send_in_background(slow, 1);
     let dup = s.send(&req);
     assert_problem(&dup, 409, "in-flight");
     assert_eq!(
@@ -424,23 +423,14 @@ fn keyless_fingerprint_mode() {
 
 #[test]
 fn envoy_refuses_a_bad_filter_config_naming_the_field() {
-    let wasm = dedup_envoy::paths::dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
-    for (config, field) in [
-        (r#"{"ttl_seconds": "x"}"#, "ttl_seconds"),
-        (r#"{"no_such_field": 1}"#, "no_such_field"),
-        (r#"{"capacity": 1}"#, "capacity"),
-    ] {
-        let cfg = EnvoyConfig::single_node(1, &wasm, config).unwrap();
-        let (code, log) = Envoy::start_expect_failure("e2e-bad-config", &cfg).unwrap();
-        assert_ne!(code, 0, "Envoy started with {config}");
-        let named = log
-            .lines()
-            .any(|l| l.contains("[wasm]") && l.contains(&format!("`{field}`")));
-        assert!(
-            named,
-            "no wasm log line names {field:?} for {config}; log:\n{log}"
-        );
-    }
+    assert_refused_naming_the_field(
+        "e2e-bad-config",
+        &[
+            (r#"{"ttl_seconds": "x"}"#, "ttl_seconds"),
+            (r#"{"no_such_field": 1}"#, "no_such_field"),
+            (r#"{"capacity": 1}"#, "capacity"),
+        ],
+    );
 }
 
 #[test]

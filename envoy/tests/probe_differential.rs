@@ -825,6 +825,18 @@ fn envoy_and_host_test_agree_on_every_probe_case() {
     let echo = EchoServer::start();
     let server = GrpcServer::start(grpc_handler).unwrap();
     let envoy = RealEnvoy::start("cases", 1, "", echo.addr.port(), server.addr().port());
+    // Envoy flushes its log every 20 ms: the VMs' start-up lines may land after
+    // `/ready`. They belong to no case; wait until they are in and the log is still.
+    let end = Instant::now() + Duration::from_secs(5);
+    let mut seen = 0;
+    while seen == 0 || envoy.abi_lines().len() != seen {
+        assert!(
+            Instant::now() < end,
+            "the probe's start-up lines never settled"
+        );
+        seen = envoy.abi_lines().len();
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let mut real = Vec::new();
     for c in cases() {
         let seen = envoy.run(&c, &server);

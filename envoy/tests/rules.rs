@@ -117,32 +117,23 @@ fn three_routes_follow_their_own_policies() {
 
 #[test]
 fn envoy_refuses_bad_rules_naming_the_rule_index_and_the_field() {
-    let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
-    for (config, field) in [
-        (
-            r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"}}, {"name": "b", "match": {}}]}"#,
-            "rules[1].match",
-        ),
-        (
-            r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"}}, {"name": "a", "match": {"path_prefix": "/b"}}]}"#,
-            "rules[1].name",
-        ),
-        (
-            r#"{"rules": [{"name": "s", "match": {"path_prefix": "/s"}, "bypass": true, "ttl_seconds": 5}]}"#,
-            "rules[0].bypass",
-        ),
-    ] {
-        let cfg = EnvoyConfig::single_node(1, &wasm, config).unwrap();
-        let (code, log) = Envoy::start_expect_failure("rules-bad-config", &cfg).unwrap();
-        assert_ne!(code, 0, "Envoy started with {config}");
-        let named = log
-            .lines()
-            .any(|l| l.contains("[wasm]") && l.contains(&format!("`{field}`")));
-        assert!(
-            named,
-            "no wasm log line names {field:?} for {config}; log:\n{log}"
-        );
-    }
+    assert_refused_naming_the_field(
+        "rules-bad-config",
+        &[
+            (
+                r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"}}, {"name": "b", "match": {}}]}"#,
+                "rules[1].match",
+            ),
+            (
+                r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"}}, {"name": "a", "match": {"path_prefix": "/b"}}]}"#,
+                "rules[1].name",
+            ),
+            (
+                r#"{"rules": [{"name": "s", "match": {"path_prefix": "/s"}, "bypass": true, "ttl_seconds": 5}]}"#,
+                "rules[0].bypass",
+            ),
+        ],
+    );
 }
 
 #[test]

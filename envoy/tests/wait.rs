@@ -65,8 +65,7 @@ fn after_a_5xx_exactly_one_waiter_executes_and_the_others_get_its_answer() {
     let failing = post(path, "release-1", &body)
         .header("x-demo-delay-ms", "1000")
         .header("x-demo-status", "503");
-    let first = std::thread::spawn(move || wait_stack().send(&failing));
-    s.wait_executions(path, 1, Duration::from_secs(5));
+    let first = s.send_in_background(failing, 1);
     let dup = post(path, "release-1", &body)
         .header("x-demo-delay-ms", "700")
         .timeout(Duration::from_secs(20));
@@ -85,9 +84,7 @@ fn a_wait_longer_than_wait_timeout_ms_gets_409() {
     let path = "/wait/timeout";
     let req = post(path, "timeout-1", &json!({"a": 1}));
     let slow = req.clone().header("x-demo-delay-ms", "3000");
-    let addr = s.envoy.addr();
-    let first = std::thread::spawn(move || dedup_envoy::client::send(addr, &slow).unwrap());
-    s.wait_executions(path, 1, Duration::from_secs(5));
+    let first = s.send_in_background(slow, 1);
     let started = std::time::Instant::now();
     let dup = s.send(&req);
     assert_problem(&dup, 409, "in-flight");
@@ -102,8 +99,7 @@ fn a_wait_longer_than_wait_timeout_ms_gets_409() {
     // The access log names the replay after waiting.
     let waiter = post(path, "timeout-2", &json!({"a": 2}));
     let slow = waiter.clone().header("x-demo-delay-ms", "300");
-    let first = std::thread::spawn(move || dedup_envoy::client::send(addr, &slow).unwrap());
-    s.wait_executions(path, 2, Duration::from_secs(5));
+    let first = s.send_in_background(slow, 2);
     assert!(is_replayed(&s.send(&waiter)));
     first.join().unwrap();
     s.access_log_with(&["dedup=waited"]);
@@ -179,8 +175,7 @@ fn a_waiter_whose_client_hangs_up_leaves_nothing_behind() {
         .header("x-client", "first")
         .timeout(Duration::from_secs(20));
     let addr = s.envoy.addr();
-    let first = std::thread::spawn(move || dedup_envoy::client::send(addr, &first).unwrap());
-    s.wait_executions(path, 1, Duration::from_secs(5));
+    let first = s.send_in_background(first, 1);
     for i in 0..4 {
         let gone = post(path, "hangup-1", &body)
             .header("x-client", &format!("gone-{i}"))
@@ -270,8 +265,7 @@ fn above_max_waiters_a_duplicate_gets_409_at_once() {
         let req = post(&path, &format!("max-{round}"), &json!({"n": round}))
             .timeout(Duration::from_secs(20));
         let slow = req.clone().header("x-demo-delay-ms", delay);
-        let first = std::thread::spawn(move || dedup_envoy::client::send(addr, &slow).unwrap());
-        s.wait_executions(&path, 1, Duration::from_secs(5));
+        let first = s.send_in_background(slow, 1);
         let waiters: Vec<_> = (0..2)
             .map(|_| {
                 let req = req.clone();
@@ -403,9 +397,7 @@ fn the_route_timeout_does_not_count_the_time_a_duplicate_waits() {
     let path = "/wait/route-timeout";
     let req = post(path, "route-1", &json!({"r": 1})).timeout(Duration::from_secs(20));
     let slow = req.clone().header("x-demo-delay-ms", "2500");
-    let addr = s.envoy.addr();
-    let first = std::thread::spawn(move || dedup_envoy::client::send(addr, &slow).unwrap());
-    s.wait_executions(path, 1, Duration::from_secs(5));
+    let first = s.send_in_background(slow, 1);
     let dup = s.send(&req.clone().header("x-route", "short-timeout"));
     let first = first.join().unwrap();
     assert_executed(&first);

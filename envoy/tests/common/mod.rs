@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Barrier};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub struct Stack {
@@ -61,6 +62,15 @@ impl Stack {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// Sends `req` on another thread and returns once the upstream has begun
+    /// the `n`th execution of its path (within 5 s); join for the answer.
+    pub fn send_in_background(&self, req: Request, n: u64) -> JoinHandle<Response> {
+        let (addr, path) = (self.envoy.addr(), req.path.clone());
+        let answer = std::thread::spawn(move || dedup_envoy::client::send(addr, &req).unwrap());
+        self.wait_executions(&path, n, Duration::from_secs(5));
+        answer
     }
 
     pub fn counter(&self, short: &str) -> u64 {
@@ -214,6 +224,24 @@ pub fn assert_replay_of(r: &Response, first: &Response) {
         first.header("x-order-id"),
         "replay keeps the upstream's headers"
     );
+}
+
+/// Envoy refuses to start with each filter config, a `[wasm]` log line naming
+/// its field.
+pub fn assert_refused_naming_the_field(name: &str, cases: &[(&str, &str)]) {
+    let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
+    for (config, field) in cases {
+        let cfg = EnvoyConfig::single_node(1, &wasm, config).unwrap();
+        let (code, log) = Envoy::start_expect_failure(name, &cfg).unwrap();
+        assert_ne!(code, 0, "Envoy started with {config}");
+        let named = log
+            .lines()
+            .any(|l| l.contains("[wasm]") && l.contains(&format!("`{field}`")));
+        assert!(
+            named,
+            "no wasm log line names {field:?} for {config}; log:\n{log}"
+        );
+    }
 }
 
 /// Concurrent duplicates were answered by one execution: one fresh answer,
