@@ -576,6 +576,17 @@ pub fn write_load_chart(
     write_chart(file, &load_chart(title, &subtitle, baseline, rows))
 }
 
+/// Seconds as the benchmark tables show them, in microseconds with 3
+/// significant digits: `412 µs`, `3.5 µs`.
+pub fn micros(seconds: f64) -> String {
+    let us = seconds * 1e6;
+    if us >= 100.0 {
+        format!("{us:.0} µs")
+    } else {
+        format!("{us:.1} µs")
+    }
+}
+
 pub fn write_chart(file: &str, chart: &Chart) -> Result<String> {
     let relative = format!("{CHARTS_DIR}/{file}");
     chart.write(&workspace_root().join(&relative))?;

@@ -365,14 +365,7 @@ fn run_in_envoy(s: &Scenario) -> Vec<Seen> {
             Step::GiveUp(c) => {
                 let slow = c.clone().header("x-demo-delay-ms", "1000");
                 let before = stack.executions(&path);
-                let gone = dedup_envoy::client::send_or_give_up(
-                    stack.envoy.addr(),
-                    &slow,
-                    Duration::from_millis(300),
-                    dedup_envoy::client::Leave::Close,
-                )
-                .unwrap();
-                assert!(matches!(gone, dedup_envoy::client::GiveUp::GaveUp));
+                stack.hang_up(&slow, Duration::from_millis(300));
                 stack.wait_executions(&path, before + 1, Duration::from_secs(5));
                 out.push(Seen::gave_up(stack.executions(&path)));
             }

@@ -450,14 +450,7 @@ fn access_log_lines_show_each_decision_and_the_record() {
     assert_eq!(s.send(&twice).status, 400);
     // A client that gives up while the upstream works: the outcome is unknown.
     let slow = post(path, "log-4", &body).header("x-demo-delay-ms", "1500");
-    let gone = dedup_envoy::client::send_or_give_up(
-        s.envoy.addr(),
-        &slow,
-        Duration::from_millis(300),
-        dedup_envoy::client::Leave::Close,
-    )
-    .unwrap();
-    assert!(matches!(gone, dedup_envoy::client::GiveUp::GaveUp));
+    s.hang_up(&slow, Duration::from_millis(300));
     let held = s.send(&post(path, "log-4", &body));
     assert_problem(&held, 409, "in-flight");
     let wanted = [

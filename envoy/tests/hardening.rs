@@ -15,7 +15,7 @@
 mod common;
 
 use common::*;
-use dedup_envoy::client::{self, send_or_give_up, GiveUp, Leave};
+use dedup_envoy::client;
 use dedup_envoy::paths::{config_file, workspace_root};
 use dedup_envoy::{EnvoyConfig, Request, Response};
 use serde_json::json;
@@ -128,17 +128,7 @@ fn client_gives_up_then_retries_get_409_until_the_in_flight_timeout() {
 
     let t0 = Instant::now();
     let slow = req.clone().header("x-demo-delay-ms", "2500");
-    let first = send_or_give_up(
-        s.envoy.addr(),
-        &slow,
-        Duration::from_millis(500),
-        Leave::Close,
-    )
-    .unwrap();
-    assert!(
-        matches!(first, GiveUp::GaveUp),
-        "the slow request was answered within 500 ms: {first:?}"
-    );
+    s.hang_up(&slow, Duration::from_millis(500));
     s.wait_executions(path, 1, Duration::from_secs(2));
 
     // Right after giving up (the first still runs upstream). Until Envoy has
@@ -203,14 +193,10 @@ fn on_unknown_outcome_release_lets_the_retry_run() {
     let path = "/orders/release";
     let key = "release-1";
     let req = post(path, key, &json!({"charge": 7}));
-    let first = send_or_give_up(
-        s.envoy.addr(),
+    s.hang_up(
         &req.clone().header("x-demo-delay-ms", "1500"),
         Duration::from_millis(300),
-        Leave::Close,
-    )
-    .unwrap();
-    assert!(matches!(first, GiveUp::GaveUp), "{first:?}");
+    );
     s.wait_executions(path, 1, Duration::from_secs(2));
     // Envoy notices the closed connection and ends the stream; the claim is
     // released then (give it a moment).
@@ -368,11 +354,8 @@ fn local_rate_limit_429_after_the_filter_is_never_stored() {
         assert!(Instant::now() < end, "still refused after {refusals} tries");
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert_executed(&through);
-    assert_eq!(s.upstream.executions_for_key(&key), 1);
     // The dedup filter answers before the limiter: no token needed.
-    assert_replay_of(&client::send(addr, &req).unwrap(), &through);
-    assert_eq!(s.upstream.executions_for_key(&key), 1);
+    assert_once_then_replayed(s, &key, &through, || client::send(addr, &req).unwrap());
 }
 
 /// A scope header sent twice is ambiguous: 400 `ambiguous-scope`, never the
@@ -465,10 +448,7 @@ fn refused_or_missing_upstream_releases_the_claim() {
         }
         assert_eq!(s.upstream.executions_for_key(&key), 0);
         let retry = s.send(&req);
-        assert_executed(&retry);
-        assert_eq!(s.upstream.executions_for_key(&key), 1);
-        assert_replay_of(&s.send(&req), &retry);
-        assert_eq!(s.upstream.executions_for_key(&key), 1);
+        assert_once_then_replayed(s, &key, &retry, || s.send(&req));
     }
 }
 

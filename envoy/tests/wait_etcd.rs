@@ -14,6 +14,7 @@ use dedup_envoy::paths::dedup_wasm;
 use dedup_envoy::{DemoUpstream, Envoy, Request, Response};
 use serde_json::json;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 const CONFIG: &str = r#"{"key": {"required": true}, "store": {"kind": "etcd", "cluster": "etcd"},
@@ -64,6 +65,15 @@ impl Multi {
         counter_of(&self.proxies[proxy], short)
     }
 
+    /// Sends `req` through `proxy` on another thread and returns once the
+    /// upstream has begun executing it; join for the answer.
+    fn send_in_background(self: &Arc<Self>, proxy: usize, req: Request) -> JoinHandle<Response> {
+        let (m, path) = (self.clone(), req.path.clone());
+        let answer = std::thread::spawn(move || m.send(proxy, &req));
+        self.wait_executions(&path, 1);
+        answer
+    }
+
     fn wait_executions(&self, path: &str, n: u64) {
         let end = Instant::now() + Duration::from_secs(5);
         while self.upstream.executions_for_path(path) < n {
@@ -89,11 +99,7 @@ fn etcd_wait_mode_across_two_proxies() {
     let path = "/wait/other-proxy";
     let req = keyed(HOST, path, "other-1", &json!({"n": 1}));
     let slow = req.clone().header("x-demo-delay-ms", "1200");
-    let a = {
-        let m = m.clone();
-        std::thread::spawn(move || m.send(0, &slow))
-    };
-    m.wait_executions(path, 1);
+    let a = m.send_in_background(0, slow);
     let on_b = m.send(1, &req);
     let on_a = a.join().unwrap();
     assert_eq!(on_a.status, 200);
@@ -110,11 +116,7 @@ fn etcd_wait_mode_across_two_proxies() {
     let failing = keyed(HOST, path, "release-1", &body)
         .header("x-demo-delay-ms", "1000")
         .header("x-demo-status", "503");
-    let first = {
-        let m = m.clone();
-        std::thread::spawn(move || m.send(0, &failing))
-    };
-    m.wait_executions(path, 1);
+    let first = m.send_in_background(0, failing);
     let dup = keyed(HOST, path, "release-1", &body).header("x-demo-delay-ms", "700");
     let answers = burst(&addrs, 10, &dup);
     assert_eq!(first.join().unwrap().status, 503);
@@ -125,11 +127,7 @@ fn etcd_wait_mode_across_two_proxies() {
     let path = "/wait/timeout";
     let req = keyed(HOST, path, "timeout-1", &json!({"n": 9}));
     let slow = req.clone().header("x-demo-delay-ms", "6000");
-    let first = {
-        let m = m.clone();
-        std::thread::spawn(move || m.send(0, &slow))
-    };
-    m.wait_executions(path, 1);
+    let first = m.send_in_background(0, slow);
     let dup = m.send(1, &req);
     assert_problem(&dup, 409, "in-flight");
     assert_eq!(m.counter(1, "wait_timeout"), 1);
@@ -144,11 +142,7 @@ fn etcd_wait_mode_across_two_proxies() {
     let failing = keyed(HOST, path, "hangup-1", &body)
         .header("x-demo-delay-ms", "2500")
         .header("x-demo-status", "503");
-    let first = {
-        let m = m.clone();
-        std::thread::spawn(move || m.send(0, &failing))
-    };
-    m.wait_executions(path, 1);
+    let first = m.send_in_background(0, failing);
     let waited = m.counter(1, "waited");
     for i in 0..3u64 {
         let mut conn =

@@ -4,7 +4,7 @@
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
-use dedup_envoy::client::Connection;
+use dedup_envoy::client::{send_or_give_up, Connection, GiveUp, Leave};
 use dedup_envoy::paths::dedup_wasm;
 use dedup_envoy::{DemoUpstream, Envoy, EnvoyConfig, Request, Response};
 use serde_json::{json, Value};
@@ -71,6 +71,18 @@ impl Stack {
         let answer = std::thread::spawn(move || dedup_envoy::client::send(addr, &req).unwrap());
         self.wait_executions(&path, n, Duration::from_secs(5));
         answer
+    }
+
+    /// Sends `req` and closes the connection `after` this long without an
+    /// answer; fails if the answer came first.
+    pub fn hang_up(&self, req: &Request, after: Duration) {
+        let gone = send_or_give_up(self.envoy.addr(), req, after, Leave::Close).unwrap();
+        assert!(
+            matches!(gone, GiveUp::GaveUp),
+            "{} {} was answered within {after:?}: {gone:?}",
+            req.method,
+            req.path
+        );
     }
 
     pub fn counter(&self, short: &str) -> u64 {
@@ -259,6 +271,20 @@ pub fn assert_one_fresh_answer<'a>(answers: impl IntoIterator<Item = &'a Respons
         assert_eq!(r.status, 200, "{}", r.summary());
         assert_eq!(r.body, fresh[0].body, "every client gets the same answer");
     }
+}
+
+/// `first` is the one execution of `key`, and `replay()` (the same request
+/// again) is answered with its replay: the upstream ran `key` once.
+pub fn assert_once_then_replayed(
+    s: &Stack,
+    key: &str,
+    first: &Response,
+    replay: impl FnOnce() -> Response,
+) {
+    assert_executed(first);
+    assert_eq!(s.upstream.executions_for_key(key), 1);
+    assert_replay_of(&replay(), first);
+    assert_eq!(s.upstream.executions_for_key(key), 1);
 }
 
 /// After an answer the filter did not store, `req` executes again (the
