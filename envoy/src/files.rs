@@ -7,7 +7,7 @@ use crate::Result;
 use std::collections::BTreeMap;
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,23 +34,15 @@ impl FileServer {
             gets: Mutex::new(BTreeMap::new()),
             stop: AtomicBool::new(false),
         });
-        let s = shared.clone();
-        std::thread::Builder::new()
-            .name("file-server-accept".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if s.stop.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    let Ok(stream) = conn else { continue };
-                    let s = s.clone();
-                    let _ = std::thread::Builder::new()
-                        .name("file-server-conn".into())
-                        .spawn(move || {
-                            let _ = serve(stream, &s);
-                        });
-                }
-            })?;
+        crate::accept::spawn(
+            "file-server",
+            listener,
+            shared.clone(),
+            |s| &s.stop,
+            |stream, s| {
+                let _ = serve(stream, s);
+            },
+        )?;
         Ok(FileServer { addr, shared })
     }
 
@@ -67,9 +59,7 @@ impl FileServer {
 
 impl Drop for FileServer {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop so it sees the flag.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        crate::accept::stop(&self.shared.stop, self.addr);
     }
 }
 

@@ -78,10 +78,13 @@ impl Relay {
             next_id: AtomicU64::new(0),
             live: Mutex::new(HashMap::new()),
         });
-        let s = shared.clone();
-        std::thread::Builder::new()
-            .name("relay-accept".into())
-            .spawn(move || accept_loop(listener, s))?;
+        crate::accept::spawn(
+            "relay",
+            listener,
+            shared.clone(),
+            |s| &s.stop,
+            relay_connection,
+        )?;
         Ok(Relay { addr, shared })
     }
 
@@ -123,21 +126,7 @@ impl Drop for Relay {
         for id in ids {
             self.shared.forget(id);
         }
-        // Wake the accept loop so it sees the flag.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
-    }
-}
-
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    for conn in listener.incoming() {
-        if shared.stop.load(Ordering::SeqCst) {
-            return;
-        }
-        let Ok(client) = conn else { continue };
-        let s = shared.clone();
-        let _ = std::thread::Builder::new()
-            .name("relay-conn".into())
-            .spawn(move || relay_connection(client, &s));
+        crate::accept::stop(&self.shared.stop, self.addr);
     }
 }
 

@@ -145,10 +145,15 @@ impl DemoUpstream {
             record: record.then(|| Mutex::new(Vec::new())),
             running: AtomicU64::new(0),
         });
-        let s = shared.clone();
-        std::thread::Builder::new()
-            .name("demo-upstream-accept".into())
-            .spawn(move || accept_loop(listener, s))?;
+        crate::accept::spawn(
+            "demo-upstream",
+            listener,
+            shared.clone(),
+            |s| &s.stop,
+            |stream, s| {
+                let _ = serve_connection(stream, s);
+            },
+        )?;
         Ok(DemoUpstream { addr, shared })
     }
 
@@ -205,24 +210,7 @@ impl DemoUpstream {
 
 impl Drop for DemoUpstream {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop so it sees the flag.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
-    }
-}
-
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    for conn in listener.incoming() {
-        if shared.stop.load(Ordering::SeqCst) {
-            return;
-        }
-        let Ok(stream) = conn else { continue };
-        let s = shared.clone();
-        let _ = std::thread::Builder::new()
-            .name("demo-upstream-conn".into())
-            .spawn(move || {
-                let _ = serve_connection(stream, &s);
-            });
+        crate::accept::stop(&self.shared.stop, self.addr);
     }
 }
 
