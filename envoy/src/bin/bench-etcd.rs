@@ -113,26 +113,22 @@ fn run() -> Result<()> {
     // (store, load) of each case, in the order of `cases`.
     let mut kinds = Vec::new();
     let mut cases = Vec::new();
+    let mut start = |store: Store, load: Load, config: EnvoyConfig| -> Result<()> {
+        kinds.push((store, load));
+        cases.push(start_case(store, load, config)?);
+        Ok(())
+    };
     for load in [Load::FirstExecutions, Load::Replays] {
-        kinds.push((Store::SharedData, load));
-        cases.push(start_case(
-            Store::SharedData,
-            load,
-            EnvoyConfig::single_node(port, &dedup, SHARED_DATA_CONFIG)?,
-        )?);
-        kinds.push((Store::Etcd, load));
-        cases.push(start_case(
+        let shared_data = EnvoyConfig::single_node(port, &dedup, SHARED_DATA_CONFIG)?;
+        start(Store::SharedData, load, shared_data)?;
+        start(
             Store::Etcd,
             load,
             multi_proxy_config(&etcd, port, &dedup, ETCD_CONFIG)?,
-        )?);
+        )?;
         if load == Load::FirstExecutions {
-            kinds.push((Store::EtcdJson, load));
-            cases.push(start_case(
-                Store::EtcdJson,
-                load,
-                multi_proxy_json_config(&etcd, port, &dedup, ETCD_JSON_CONFIG)?,
-            )?);
+            let json = multi_proxy_json_config(&etcd, port, &dedup, ETCD_JSON_CONFIG)?;
+            start(Store::EtcdJson, load, json)?;
         }
     }
     measure_interleaved(&mut cases, seconds, rounds, 26)?;
