@@ -69,6 +69,16 @@ impl Seen {
     }
 }
 
+/// [`Step::WhileInFlight`].
+fn while_in_flight(first: Request, dup: Request) -> Step {
+    Step::WhileInFlight { first, dup }
+}
+
+/// [`Step::WaitsForFirst`].
+fn waits_for_first(first: Request, dup: Request) -> Step {
+    Step::WaitsForFirst { first, dup }
+}
+
 /// A keyed (or unkeyed) POST to this scenario's path.
 fn call(name: &str, key: Option<&str>, body: &str) -> Request {
     let r = Request::post(&format!("/diff/{name}"));
@@ -156,10 +166,7 @@ fn scenarios() -> Vec<Scenario> {
             name: "in-flight",
             config: "{}",
             steps: vec![
-                Step::WhileInFlight {
-                    first: call("in-flight", k, "x"),
-                    dup: call("in-flight", k, "x"),
-                },
+                while_in_flight(call("in-flight", k, "x"), call("in-flight", k, "x")),
                 Step::Send(call("in-flight", k, "x")),
             ],
         },
@@ -167,10 +174,7 @@ fn scenarios() -> Vec<Scenario> {
             name: "wait",
             config: r#"{"on_in_flight": "wait"}"#,
             steps: vec![
-                Step::WaitsForFirst {
-                    first: call("wait", k, "x"),
-                    dup: call("wait", k, "x"),
-                },
+                waits_for_first(call("wait", k, "x"), call("wait", k, "x")),
                 Step::Send(call("wait", k, "x")),
             ],
         },
@@ -178,10 +182,10 @@ fn scenarios() -> Vec<Scenario> {
             name: "wait-release",
             config: r#"{"on_in_flight": "wait"}"#,
             steps: vec![
-                Step::WaitsForFirst {
-                    first: call("wait-release", k, "x").header("x-demo-status", "503"),
-                    dup: call("wait-release", k, "x"),
-                },
+                waits_for_first(
+                    call("wait-release", k, "x").header("x-demo-status", "503"),
+                    call("wait-release", k, "x"),
+                ),
                 Step::Send(call("wait-release", k, "x")),
             ],
         },
@@ -192,15 +196,12 @@ fn scenarios() -> Vec<Scenario> {
                 "on_in_flight": "wait"}]}"#,
             steps: vec![
                 // The rule waits for the first's answer...
-                Step::WaitsForFirst {
-                    first: call("rule-wait", k, "x").header("x-route", "wait"),
-                    dup: call("rule-wait", k, "x").header("x-route", "wait"),
-                },
+                waits_for_first(
+                    call("rule-wait", k, "x").header("x-route", "wait"),
+                    call("rule-wait", k, "x").header("x-route", "wait"),
+                ),
                 // ...while the top level (same key, its own records) answers 409.
-                Step::WhileInFlight {
-                    first: call("rule-wait", k, "x"),
-                    dup: call("rule-wait", k, "x"),
-                },
+                while_in_flight(call("rule-wait", k, "x"), call("rule-wait", k, "x")),
                 Step::Send(call("rule-wait", k, "x").header("x-route", "wait")),
             ],
         },

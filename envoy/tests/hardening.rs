@@ -73,6 +73,22 @@ fn counter(s: &Stack, short: &str) -> u64 {
 }
 
 /// The filter counters that are not 0, for assertion messages.
+/// The claim of `key` is held with its outcome unknown: the upstream ran it
+/// once (not `what` too), and `outcome_unknown` grew from `unknown_before`.
+fn assert_held(s: &Stack, key: &str, unknown_before: u64, what: &str) {
+    assert_eq!(
+        s.upstream.executions_for_key(key),
+        1,
+        "the upstream ran {what}"
+    );
+    let unknown = counter(s, "outcome_unknown");
+    assert!(
+        unknown > unknown_before,
+        "wasmcustom.proxy_dedup_outcome_unknown did not grow ({unknown_before} -> {unknown}): {}",
+        counters(s)
+    );
+}
+
 fn counters(s: &Stack) -> String {
     let c: BTreeMap<String, u64> = s
         .envoy
@@ -163,17 +179,7 @@ fn client_gives_up_then_retries_get_409_until_the_in_flight_timeout() {
         mid_secs >= late_secs,
         "retry-after counts down: {early_secs}, {mid_secs}, {late_secs}"
     );
-    assert_eq!(
-        s.upstream.executions_for_key(key),
-        1,
-        "the upstream ran a retry"
-    );
-    let unknown = counter(s, "outcome_unknown");
-    assert!(
-        unknown > unknown_before,
-        "wasmcustom.proxy_dedup_outcome_unknown did not grow ({unknown_before} -> {unknown}): {}",
-        counters(s)
-    );
+    assert_held(s, key, unknown_before, "a retry");
 
     // After the in-flight timeout the key may run again.
     sleep_until(t0 + Duration::from_millis(IN_FLIGHT_SECS * 1000 + 600));
@@ -243,17 +249,7 @@ fn route_timeout_504_then_retry_gets_409() {
     let late = s.send(&req);
     assert!(t0.elapsed() < Duration::from_secs(IN_FLIGHT_SECS));
     assert_in_flight(&late);
-    assert_eq!(
-        s.upstream.executions_for_key(key),
-        1,
-        "the upstream ran a retry after a route timeout"
-    );
-    let unknown = counter(s, "outcome_unknown");
-    assert!(
-        unknown > unknown_before,
-        "wasmcustom.proxy_dedup_outcome_unknown did not grow ({unknown_before} -> {unknown}): {}",
-        counters(s)
-    );
+    assert_held(s, key, unknown_before, "a retry after a route timeout");
 }
 
 /// Two hosts behind one listener (virtual host domains "*") never see each

@@ -223,6 +223,7 @@ fn filter_cost() -> Result<()> {
     const DEFAULTS: Option<&str> = Some("{}");
     const KEYLESS: Option<&str> = Some(r#"{"key": {"fingerprint": ["method", "path", "body"]}}"#);
     use CeilingRoute::{Answer, Direct};
+    const BIG: &str = KEYLESS_64K_LUA;
     let case = |name, wasm, script, baseline, route| CostCase {
         name,
         wasm,
@@ -237,18 +238,12 @@ fn filter_cost() -> Result<()> {
         case("buffer filter only", None, NO_KEY_LUA, 1, Answer),
         case("empty filter, POST", EMPTY, NO_KEY_LUA, 1, Answer),
         case("empty filter, GET", EMPTY, GET_LUA, 2, Answer),
-        case(
-            "empty filter, POST 64 KiB",
-            EMPTY,
-            KEYLESS_64K_LUA,
-            3,
-            Answer,
-        ),
+        case("empty filter, POST 64 KiB", EMPTY, BIG, 3, Answer),
         case("dedup, GET (bypassed)", DEFAULTS, GET_LUA, 2, Answer),
         case("dedup, POST without a key", DEFAULTS, NO_KEY_LUA, 1, Answer),
         case("dedup, first execution", DEFAULTS, UNIQUE_LUA, 1, Answer),
         case("dedup, replay", DEFAULTS, REPLAY_LUA, 9, Answer),
-        case("dedup, keyless 64 KiB", KEYLESS, KEYLESS_64K_LUA, 3, Answer),
+        case("dedup, keyless 64 KiB", KEYLESS, BIG, 3, Answer),
         case(
             "empty filter, POST, direct_response",
             EMPTY,
