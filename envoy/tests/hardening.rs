@@ -804,12 +804,8 @@ fn jwt_claim_scopes_records_and_a_client_header_cannot_override_it() {
     run("hardening-jwt", &template_path, "jwt");
 
     // The same without the header_mutation filter (test-only variant).
-    let start = template
-        .find("          # 1. ")
-        .expect("header_mutation block marker");
-    let end = template
-        .find("          # 2. ")
-        .expect("jwt_authn block marker");
+    // Between the header_mutation block's marker and the jwt_authn block's.
+    let (start, end) = markers(&template, "          # 1. ", "          # 2. ");
     assert!(template[start..end].contains("envoy.filters.http.header_mutation"));
     let variant = format!("{}{}", &template[..start], &template[end..]);
     let dir = dedup_envoy::paths::scratch_dir("jwt-variant").unwrap();

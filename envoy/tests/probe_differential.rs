@@ -164,6 +164,15 @@ fn case(name: &'static str, abi: &str, headers: &[(&'static str, &str)]) -> Case
     }
 }
 
+/// A unary gRPC call of `method` on `cluster` (`x-abi: grpc-call`).
+fn grpc_case(name: &'static str, cluster: &str, method: &str) -> Case {
+    case(
+        name,
+        "grpc-call",
+        &[("x-cluster", cluster), ("x-method", method)],
+    )
+}
+
 fn settle(mut c: Case, ms: u64) -> Case {
     c.settle = Duration::from_millis(ms);
     c
@@ -197,11 +206,7 @@ fn cases() -> Vec<Case> {
                 ("x-message", "p"),
             ],
         ),
-        case(
-            "grpc-status",
-            "grpc-call",
-            &[("x-cluster", "grpc"), ("x-method", "Fail")],
-        ),
+        grpc_case("grpc-status", "grpc", "Fail"),
         case(
             "grpc-timeout",
             "grpc-call",
@@ -211,16 +216,8 @@ fn cases() -> Vec<Case> {
                 ("x-timeout-ms", "200"),
             ],
         ),
-        case(
-            "grpc-reset",
-            "grpc-call",
-            &[("x-cluster", "grpc"), ("x-method", "Reset")],
-        ),
-        case(
-            "grpc-unimplemented",
-            "grpc-call",
-            &[("x-cluster", "grpc"), ("x-method", "Nope")],
-        ),
+        grpc_case("grpc-reset", "grpc", "Reset"),
+        grpc_case("grpc-unimplemented", "grpc", "Nope"),
         case(
             "grpc-unknown-cluster",
             "grpc-call",
@@ -279,16 +276,8 @@ fn cases() -> Vec<Case> {
             "grpc-call",
             &[("x-cluster", "grpc_local"), ("x-message", "hi")],
         ),
-        case(
-            "grpc-local-status",
-            "grpc-call",
-            &[("x-cluster", "grpc_local"), ("x-method", "Fail")],
-        ),
-        case(
-            "grpc-local-reset",
-            "grpc-call",
-            &[("x-cluster", "grpc_local"), ("x-method", "Reset")],
-        ),
+        grpc_case("grpc-local-status", "grpc_local", "Fail"),
+        grpc_case("grpc-local-reset", "grpc_local", "Reset"),
         case(
             "grpc-local-stream",
             "grpc-stream",
@@ -437,11 +426,7 @@ fn cases() -> Vec<Case> {
         ),
         settle(
             hang_up(
-                case(
-                    "grpc-call-client-gone",
-                    "grpc-call",
-                    &[("x-cluster", "grpc_local"), ("x-method", "Slow")],
-                ),
+                grpc_case("grpc-call-client-gone", "grpc_local", "Slow"),
                 100,
             ),
             1000,

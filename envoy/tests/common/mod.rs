@@ -256,6 +256,16 @@ pub fn assert_refused_naming_the_field(name: &str, cases: &[(&str, &str)]) {
     }
 }
 
+/// Where the lines marked `begin` and `end` stand in `text` (`begin`'s
+/// position, `end`'s); fails naming the marker that is missing.
+pub fn markers(text: &str, begin: &str, end: &str) -> (usize, usize) {
+    let at = |marker: &str| {
+        text.find(marker)
+            .unwrap_or_else(|| panic!("no marker {marker:?}"))
+    };
+    (at(begin), at(end))
+}
+
 /// Concurrent duplicates were answered by one execution: one fresh answer,
 /// every other a replay of it, all 200 with its body.
 pub fn assert_one_fresh_answer<'a>(answers: impl IntoIterator<Item = &'a Response>) {
