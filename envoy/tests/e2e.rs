@@ -136,7 +136,7 @@ fn upstream_5xx_releases_the_claim_and_a_retry_executes() {
         failed.summary()
     );
     assert!(!is_replayed(&failed));
-    assert_runs_again_then_replays(&s, &req);
+    assert_runs_again_then_replays(s, &req);
     assert_eq!(s.executions(path), 2);
 }
 
