@@ -7,31 +7,36 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Accept on `listener` in a thread `<name>-accept` until `stop_flag(shared)`
-/// is set; `serve` each connection in a thread `<name>-conn`.
+/// Listen on 127.0.0.1:`port` (0: any free port) and accept in a thread
+/// `<name>-accept` until `stop_flag(&shared)` is set; `serve` each connection
+/// in a thread `<name>-conn`. Returns the address and the shared state.
 pub fn spawn<S: Send + Sync + 'static>(
     name: &str,
-    listener: TcpListener,
-    shared: Arc<S>,
+    port: u16,
+    shared: S,
     stop_flag: fn(&S) -> &AtomicBool,
     serve: fn(TcpStream, &Arc<S>),
-) -> std::io::Result<()> {
+) -> std::io::Result<(SocketAddr, Arc<S>)> {
+    let listener = TcpListener::bind(("127.0.0.1", port))?;
+    let addr = listener.local_addr()?;
+    let shared = Arc::new(shared);
+    let accepting = shared.clone();
     let conn_name = format!("{name}-conn");
     std::thread::Builder::new()
         .name(format!("{name}-accept"))
         .spawn(move || {
             for conn in listener.incoming() {
-                if stop_flag(&shared).load(Ordering::SeqCst) {
+                if stop_flag(&accepting).load(Ordering::SeqCst) {
                     return;
                 }
                 let Ok(stream) = conn else { continue };
-                let s = shared.clone();
+                let s = accepting.clone();
                 let _ = std::thread::Builder::new()
                     .name(conn_name.clone())
                     .spawn(move || serve(stream, &s));
             }
         })?;
-    Ok(())
+    Ok((addr, shared))
 }
 
 /// Set `stop_flag` and wake the accept loop listening on `addr` (blocked in

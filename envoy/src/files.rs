@@ -6,7 +6,7 @@ use crate::http::{read_head, Head};
 use crate::Result;
 use std::collections::BTreeMap;
 use std::io::{BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,21 +27,17 @@ impl FileServer {
     /// Serve `files` (path such as `/dedup_filter.wasm` -> bytes) on a free
     /// port of 127.0.0.1.
     pub fn start(files: impl IntoIterator<Item = (String, Vec<u8>)>) -> Result<Self> {
-        let listener = TcpListener::bind(("127.0.0.1", 0))?;
-        let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared {
-            files: files.into_iter().collect(),
-            gets: Mutex::new(BTreeMap::new()),
-            stop: AtomicBool::new(false),
-        });
-        crate::accept::spawn(
+        let (addr, shared) = crate::accept::spawn(
             "file-server",
-            listener,
-            shared.clone(),
-            |s| &s.stop,
-            |stream, s| {
-                let _ = serve(stream, s);
+            0,
+            Shared {
+                files: files.into_iter().collect(),
+                gets: Mutex::new(BTreeMap::new()),
+                stop: AtomicBool::new(false),
             },
+            |s| &s.stop,
+            // Errors end only this connection.
+            |stream, s| serve(stream, s).unwrap_or(()),
         )?;
         Ok(FileServer { addr, shared })
     }

@@ -12,7 +12,7 @@
 use crate::Result;
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -68,20 +68,17 @@ pub struct Relay {
 impl Relay {
     /// Listen on a free 127.0.0.1 port and forward each connection to `target`.
     pub fn start(target: SocketAddr) -> Result<Relay> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
-        let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared {
-            target,
-            cut: Mutex::new(false),
-            healed: Condvar::new(),
-            stop: AtomicBool::new(false),
-            next_id: AtomicU64::new(0),
-            live: Mutex::new(HashMap::new()),
-        });
-        crate::accept::spawn(
+        let (addr, shared) = crate::accept::spawn(
             "relay",
-            listener,
-            shared.clone(),
+            0,
+            Shared {
+                target,
+                cut: Mutex::new(false),
+                healed: Condvar::new(),
+                stop: AtomicBool::new(false),
+                next_id: AtomicU64::new(0),
+                live: Mutex::new(HashMap::new()),
+            },
             |s| &s.stop,
             relay_connection,
         )?;
@@ -195,6 +192,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use std::io::BufRead;
+    use std::net::TcpListener;
 
     /// An echo server on loopback: one line in, the same line out.
     fn echo() -> SocketAddr {

@@ -25,7 +25,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::io::{BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -133,26 +133,22 @@ impl DemoUpstream {
     }
 
     fn start_inner(port: u16, log: bool, record: bool) -> Result<Self> {
-        let listener = TcpListener::bind(("127.0.0.1", port))?;
-        let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared {
-            counts: Mutex::new(Counts {
-                next_order_id: 1000,
-                ..Counts::default()
-            }),
-            stop: AtomicBool::new(false),
-            log,
-            record: record.then(|| Mutex::new(Vec::new())),
-            running: AtomicU64::new(0),
-        });
-        crate::accept::spawn(
+        let (addr, shared) = crate::accept::spawn(
             "demo-upstream",
-            listener,
-            shared.clone(),
-            |s| &s.stop,
-            |stream, s| {
-                let _ = serve_connection(stream, s);
+            port,
+            Shared {
+                counts: Mutex::new(Counts {
+                    next_order_id: 1000,
+                    ..Counts::default()
+                }),
+                stop: AtomicBool::new(false),
+                log,
+                record: record.then(|| Mutex::new(Vec::new())),
+                running: AtomicU64::new(0),
             },
+            |s| &s.stop,
+            // Errors end only this connection.
+            |stream, s| serve_connection(stream, s).unwrap_or(()),
         )?;
         Ok(DemoUpstream { addr, shared })
     }
