@@ -18,12 +18,22 @@ use serde_json::json;
 use std::sync::{Arc, Barrier, OnceLock};
 use std::time::Duration;
 
-const WAIT_CONFIG: &str = r#"{"key": {"required": true}, "on_in_flight": "wait",
-    "wait_timeout_ms": 8000, "in_flight_timeout_seconds": 20}"#;
+/// A filter config that requires a key and waits for the first, with `more` fields.
+fn waiting(more: &str) -> String {
+    format!(r#"{{"key": {{"required": true}}, "on_in_flight": "wait", {more}}}"#)
+}
+
+/// A stack of its own on `waiting(more)`.
+fn waiting_stack(name: &str, more: &str) -> Stack {
+    Stack::start(name, &waiting(more))
+}
 
 fn wait_stack() -> &'static Stack {
     static STACK: OnceLock<Stack> = OnceLock::new();
-    STACK.get_or_init(|| Stack::start("wait-main", &WAIT_CONFIG.replace('\n', " ")))
+    STACK.get_or_init(|| {
+        let config = waiting(r#""wait_timeout_ms": 8000, "in_flight_timeout_seconds": 20"#);
+        Stack::start("wait-main", &config)
+    })
 }
 
 /// Sends `n` copies of `req` at once, each on its own connection.
@@ -77,9 +87,9 @@ fn after_a_5xx_exactly_one_waiter_executes_and_the_others_get_its_answer() {
 
 #[test]
 fn a_wait_longer_than_wait_timeout_ms_gets_409() {
-    let s = Stack::start(
+    let s = waiting_stack(
         "wait-timeout",
-        r#"{"key": {"required": true}, "on_in_flight": "wait", "wait_timeout_ms": 800, "retry_after_seconds": 3}"#,
+        r#""wait_timeout_ms": 800, "retry_after_seconds": 3"#,
     );
     let path = "/wait/timeout";
     let req = post(path, "timeout-1", &json!({"a": 1}));
@@ -157,9 +167,7 @@ fn a_waiter_whose_client_hangs_up_leaves_nothing_behind() {
     let config = EnvoyConfig::single_node(
         upstream.port(),
         &wasm,
-        &r#"{"key": {"required": true}, "on_in_flight": "wait", "wait_timeout_ms": 15000,
-            "max_waiters": 1, "in_flight_timeout_seconds": 25}"#
-            .replace('\n', " "),
+        &waiting(r#""wait_timeout_ms": 15000, "max_waiters": 1, "in_flight_timeout_seconds": 25"#),
     )
     .unwrap();
     let s = Stack {
@@ -249,9 +257,9 @@ fn above_max_waiters_a_duplicate_gets_409_at_once() {
     let config = EnvoyConfig::single_node(
         upstream.port(),
         &wasm,
-        &r#"{"key": {"required": true}, "on_in_flight": "wait", "wait_timeout_ms": 15000,
-            "max_waiters": 2, "retry_after_seconds": 2, "in_flight_timeout_seconds": 25}"#
-            .replace('\n', " "),
+        &waiting(
+            r#""wait_timeout_ms": 15000, "max_waiters": 2, "retry_after_seconds": 2, "in_flight_timeout_seconds": 25"#,
+        ),
     )
     .unwrap()
     .with_workers(1, None);
@@ -342,9 +350,9 @@ fn a_waiter_of_a_held_claim_waits_out_its_time_then_gets_409_with_the_hold_left(
     // The first client hangs up while the upstream runs: the outcome is unknown and the
     // claim is held for the in-flight timeout; a waiter is never released onto the
     // upstream meanwhile.
-    let s = Stack::start(
+    let s = waiting_stack(
         "wait-held",
-        r#"{"key": {"required": true}, "on_in_flight": "wait", "wait_timeout_ms": 1500, "in_flight_timeout_seconds": 12}"#,
+        r#""wait_timeout_ms": 1500, "in_flight_timeout_seconds": 12"#,
     );
     let path = "/wait/held";
     let req = post(path, "held-1", &json!({"h": 1})).timeout(Duration::from_secs(20));
@@ -384,7 +392,7 @@ fn the_route_timeout_does_not_count_the_time_a_duplicate_waits() {
             &template,
             upstream_port,
             wasm,
-            r#"{"key": {"required": true}, "on_in_flight": "wait", "wait_timeout_ms": 8000}"#,
+            &waiting(r#""wait_timeout_ms": 8000"#),
         )
         .and_then(|c| c.with_port("RL_LISTEN_PORT"))
         .and_then(|c| c.with_port("DEAD_PORT"))
