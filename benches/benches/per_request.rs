@@ -8,7 +8,7 @@
 
 use criterion::Criterion;
 use dedup_benches::{Case, BASELINE, BASELINE_64K, DEDUP};
-use dedup_envoy::bench::{load_average, machine, no_write, write_chart, write_section};
+use dedup_envoy::bench::{load_average, machine, micros, no_write, write_chart, write_section};
 use dedup_envoy::chart::{self, Chart, Panel, Series};
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -122,16 +122,6 @@ fn main() {
         if let Err(e) = publish(&results, base, &load_before) {
             println!("could not write BENCHMARKS.md: {e}");
         }
-    }
-}
-
-/// Microseconds as the table shows them: 3 significant digits.
-fn micros(t: f64) -> String {
-    let us = t * 1e6;
-    if us >= 100.0 {
-        format!("{us:.0} µs")
-    } else {
-        format!("{us:.1} µs")
     }
 }
 

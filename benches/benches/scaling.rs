@@ -15,7 +15,7 @@
 use dedup_benches::{Case, BASELINE, DEDUP};
 use dedup_core::local::{LocalEntry, LocalTier, MAX_BYTES, MAX_ENTRIES};
 use dedup_core::response::StoredResponse;
-use dedup_envoy::bench::{load_average, machine, no_write, write_section};
+use dedup_envoy::bench::{load_average, machine, micros, no_write, write_section};
 use host_test::{Envoy, EnvoyBuilder, Request};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;
@@ -138,15 +138,6 @@ fn interleaved(batches: usize, cases: &mut [Batch]) -> Res<Vec<f64>> {
         }
     }
     Ok(times.into_iter().map(median).collect())
-}
-
-fn micros(t: f64) -> String {
-    let us = t * 1e6;
-    if us >= 100.0 {
-        format!("{us:.0} µs")
-    } else {
-        format!("{us:.1} µs")
-    }
 }
 
 fn size_name(size: usize) -> String {

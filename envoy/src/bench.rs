@@ -15,8 +15,11 @@ pub const THREADS: u32 = 2;
 pub const CONNECTIONS: u32 = 32;
 pub const BODY: &str = r#"{"item": "book", "qty": 1, "note": "bench"}"#;
 
-/// Every request: POST /orders with a JSON body and a key never used before.
-pub const UNIQUE_LUA: &str = r#"
+/// The start of a script that numbers its requests per thread: `tid` is the
+/// thread's number, `counter` counts its requests; `init` goes on.
+macro_rules! numbered_lua {
+    () => {
+        r#"
 local threads = 0
 function setup(thread)
   threads = threads + 1
@@ -24,7 +27,26 @@ function setup(thread)
 end
 function init(args)
   counter = 0
-  prefix = "bench-" .. (args[1] or "run") .. "-" .. tid .. "-"
+"#
+    };
+}
+
+/// The start of a script whose every request is a JSON POST /orders.
+macro_rules! post_orders_lua {
+    () => {
+        r#"
+wrk.method = "POST"
+wrk.path = "/orders"
+wrk.body = BODY
+wrk.headers["Content-Type"] = "application/json"
+"#
+    };
+}
+
+/// Every request: POST /orders with a JSON body and a key never used before.
+pub const UNIQUE_LUA: &str = concat!(
+    numbered_lua!(),
+    r#"  prefix = "bench-" .. (args[1] or "run") .. "-" .. tid .. "-"
 end
 function request()
   counter = counter + 1
@@ -33,16 +55,15 @@ function request()
     ["Idempotency-Key"] = prefix .. counter,
   }, BODY)
 end
-"#;
+"#
+);
 
 /// Every request: the same key and body, answered from the stored response.
-pub const REPLAY_LUA: &str = r#"
-wrk.method = "POST"
-wrk.path = "/orders"
-wrk.body = BODY
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Idempotency-Key"] = "bench-replay"
-"#;
+pub const REPLAY_LUA: &str = concat!(
+    post_orders_lua!(),
+    r#"wrk.headers["Idempotency-Key"] = "bench-replay"
+"#
+);
 
 /// Every request: GET /orders, a method the filter does not deduplicate.
 pub const GET_LUA: &str = r#"
@@ -52,12 +73,7 @@ wrk.path = "/orders"
 
 /// Every request: POST /orders with a JSON body and no key (the default
 /// config lets it through untouched).
-pub const NO_KEY_LUA: &str = r#"
-wrk.method = "POST"
-wrk.path = "/orders"
-wrk.body = BODY
-wrk.headers["Content-Type"] = "application/json"
-"#;
+pub const NO_KEY_LUA: &str = post_orders_lua!();
 
 /// The body size of [`KEYLESS_64K_LUA`].
 pub const BIG_BODY_BYTES: usize = 64 * 1024;
@@ -65,15 +81,9 @@ pub const BIG_BODY_BYTES: usize = 64 * 1024;
 /// Every request: POST /orders with a 64 KiB JSON body never sent before and
 /// no key (with `key.fingerprint` the key is the hash of method, path and
 /// body: every request is a first execution).
-pub const KEYLESS_64K_LUA: &str = r#"
-local threads = 0
-function setup(thread)
-  threads = threads + 1
-  thread:set("tid", threads)
-end
-function init(args)
-  counter = 0
-  prefix = '{"run": "' .. (args[1] or "run") .. '-' .. tid .. '", "n": '
+pub const KEYLESS_64K_LUA: &str = concat!(
+    numbered_lua!(),
+    r#"  prefix = '{"run": "' .. (args[1] or "run") .. '-' .. tid .. '", "n": '
   pad = string.rep("x", BIG_BODY_BYTES - 64)
 end
 function request()
@@ -82,7 +92,8 @@ function request()
   local body = head .. string.sub(pad, 1, BIG_BODY_BYTES - #head - 2) .. '"}'
   return wrk.format("POST", "/orders", {["Content-Type"] = "application/json"}, body)
 end
-"#;
+"#
+);
 
 /// `BENCH_SECONDS` (default 3) per round and `BENCH_ROUNDS` (default 3).
 pub struct Settings {
@@ -655,6 +666,35 @@ pub fn load_chart(title: &str, subtitle: &str, baseline: &str, rows: &[ChartRow]
 
 /// Write `chart` to `benches/charts/<file>` and say so on stderr; returns
 /// the path relative to the workspace root, for a link in BENCHMARKS.md.
+/// [`load_chart`] written to `file` (see [`write_chart`]), its subtitle `setup`
+/// followed by wrk's load, the rounds and the load average before the run.
+pub fn write_load_chart(
+    file: &str,
+    title: &str,
+    setup: &str,
+    settings: &Settings,
+    load_before: &str,
+    baseline: &str,
+    rows: &[ChartRow],
+) -> Result<String> {
+    let Settings { seconds, rounds } = settings;
+    let subtitle = format!(
+        "{setup}, wrk -t{THREADS} -c{CONNECTIONS}, best of {rounds} rounds of {seconds} s, one 2-core machine, load average before: {load_before}"
+    );
+    write_chart(file, &load_chart(title, &subtitle, baseline, rows))
+}
+
+/// Seconds as the benchmark tables show them, in microseconds with 3
+/// significant digits: `412 µs`, `3.5 µs`.
+pub fn micros(seconds: f64) -> String {
+    let us = seconds * 1e6;
+    if us >= 100.0 {
+        format!("{us:.0} µs")
+    } else {
+        format!("{us:.1} µs")
+    }
+}
+
 pub fn write_chart(file: &str, chart: &Chart) -> Result<String> {
     let relative = format!("{CHARTS_DIR}/{file}");
     chart.write(&workspace_root().join(&relative))?;

@@ -100,23 +100,30 @@ pub struct Envoy {
     pub log_path: PathBuf,
 }
 
+/// A scratch directory for `name` with `config` rendered into it, the path
+/// of Envoy's log there, and the command that runs Envoy on it.
+fn prepare(name: &str, config: &EnvoyConfig) -> Result<(PathBuf, PathBuf, Command)> {
+    let dir = scratch_dir(name)?;
+    let cfg_path = dir.join("envoy.yaml");
+    std::fs::write(&cfg_path, config.render_in(&dir)?)?;
+    let log_path = dir.join("envoy.log");
+    let cmd = envoy_command(
+        &cfg_path,
+        &log_path,
+        config.workers,
+        config.cpus.as_deref(),
+        &[],
+    );
+    Ok((dir, log_path, cmd))
+}
+
 impl Envoy {
     /// Render `config`, start Envoy and wait until `/ready` says LIVE.
     /// Retries with new ports if a port was taken in the meantime.
     pub fn start(name: &str, mut config: EnvoyConfig) -> Result<Envoy> {
         let mut last = String::new();
         for _attempt in 0..3 {
-            let dir = scratch_dir(name)?;
-            let cfg_path = dir.join("envoy.yaml");
-            std::fs::write(&cfg_path, config.render_in(&dir)?)?;
-            let log_path = dir.join("envoy.log");
-            let mut cmd = envoy_command(
-                &cfg_path,
-                &log_path,
-                config.workers,
-                config.cpus.as_deref(),
-                &[],
-            );
+            let (dir, log_path, mut cmd) = prepare(name, &config)?;
             cmd.stdout(Stdio::from(std::fs::File::create(dir.join("stdout.log"))?));
             cmd.stderr(Stdio::from(std::fs::File::create(dir.join("stderr.log"))?));
             let child = spawn(cmd)?;
@@ -145,17 +152,7 @@ impl Envoy {
 
     /// Start Envoy with a config it must refuse. Returns its exit code and log.
     pub fn start_expect_failure(name: &str, config: &EnvoyConfig) -> Result<(i32, String)> {
-        let dir = scratch_dir(name)?;
-        let cfg_path = dir.join("envoy.yaml");
-        std::fs::write(&cfg_path, config.render_in(&dir)?)?;
-        let log_path = dir.join("envoy.log");
-        let mut cmd = envoy_command(
-            &cfg_path,
-            &log_path,
-            config.workers,
-            config.cpus.as_deref(),
-            &[],
-        );
+        let (_dir, log_path, mut cmd) = prepare(name, config)?;
         cmd.stdout(Stdio::null()).stderr(Stdio::null());
         let mut child = spawn(cmd)?;
         match child.wait_exit(READY_TIMEOUT) {

@@ -398,12 +398,7 @@ impl EtcdCluster {
     /// SIGSTOP member `i`: connections are still accepted by the kernel but
     /// nothing answers — etcd "slower than any timeout".
     pub fn pause(&mut self, i: usize) {
-        if let Some(m) = self.members.get_mut(i) {
-            if m.state == MemberState::Running {
-                m.signal(libc::SIGSTOP);
-                m.state = MemberState::Paused;
-            }
-        }
+        self.signal_if(i, MemberState::Running, libc::SIGSTOP, MemberState::Paused);
     }
 
     pub fn pause_all(&mut self) {
@@ -414,10 +409,15 @@ impl EtcdCluster {
 
     /// SIGCONT member `i` after `pause`.
     pub fn resume(&mut self, i: usize) {
+        self.signal_if(i, MemberState::Paused, libc::SIGCONT, MemberState::Running);
+    }
+
+    /// Send `signal` to member `i` if it is in state `from`; it is `to` then.
+    fn signal_if(&mut self, i: usize, from: MemberState, signal: libc::c_int, to: MemberState) {
         if let Some(m) = self.members.get_mut(i) {
-            if m.state == MemberState::Paused {
-                m.signal(libc::SIGCONT);
-                m.state = MemberState::Running;
+            if m.state == from {
+                m.signal(signal);
+                m.state = to;
             }
         }
     }

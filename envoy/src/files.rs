@@ -6,8 +6,8 @@ use crate::http::{read_head, Head};
 use crate::Result;
 use std::collections::BTreeMap;
 use std::io::{BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,30 +27,18 @@ impl FileServer {
     /// Serve `files` (path such as `/dedup_filter.wasm` -> bytes) on a free
     /// port of 127.0.0.1.
     pub fn start(files: impl IntoIterator<Item = (String, Vec<u8>)>) -> Result<Self> {
-        let listener = TcpListener::bind(("127.0.0.1", 0))?;
-        let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared {
-            files: files.into_iter().collect(),
-            gets: Mutex::new(BTreeMap::new()),
-            stop: AtomicBool::new(false),
-        });
-        let s = shared.clone();
-        std::thread::Builder::new()
-            .name("file-server-accept".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if s.stop.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    let Ok(stream) = conn else { continue };
-                    let s = s.clone();
-                    let _ = std::thread::Builder::new()
-                        .name("file-server-conn".into())
-                        .spawn(move || {
-                            let _ = serve(stream, &s);
-                        });
-                }
-            })?;
+        let (addr, shared) = crate::accept::spawn(
+            "file-server",
+            0,
+            Shared {
+                files: files.into_iter().collect(),
+                gets: Mutex::new(BTreeMap::new()),
+                stop: AtomicBool::new(false),
+            },
+            |s| &s.stop,
+            // Errors end only this connection.
+            |stream, s| serve(stream, s).unwrap_or(()),
+        )?;
         Ok(FileServer { addr, shared })
     }
 
@@ -67,9 +55,7 @@ impl FileServer {
 
 impl Drop for FileServer {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop so it sees the flag.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        crate::accept::stop(&self.shared.stop, self.addr);
     }
 }
 

@@ -4,6 +4,7 @@
 //! wrk) are killed on drop and, should the harness itself die, by the kernel
 //! (`PR_SET_PDEATHSIG`).
 
+pub mod accept;
 pub mod bench;
 pub mod chaos;
 pub mod chart;

@@ -12,7 +12,7 @@
 use crate::Result;
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -68,20 +68,20 @@ pub struct Relay {
 impl Relay {
     /// Listen on a free 127.0.0.1 port and forward each connection to `target`.
     pub fn start(target: SocketAddr) -> Result<Relay> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
-        let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared {
-            target,
-            cut: Mutex::new(false),
-            healed: Condvar::new(),
-            stop: AtomicBool::new(false),
-            next_id: AtomicU64::new(0),
-            live: Mutex::new(HashMap::new()),
-        });
-        let s = shared.clone();
-        std::thread::Builder::new()
-            .name("relay-accept".into())
-            .spawn(move || accept_loop(listener, s))?;
+        let (addr, shared) = crate::accept::spawn(
+            "relay",
+            0,
+            Shared {
+                target,
+                cut: Mutex::new(false),
+                healed: Condvar::new(),
+                stop: AtomicBool::new(false),
+                next_id: AtomicU64::new(0),
+                live: Mutex::new(HashMap::new()),
+            },
+            |s| &s.stop,
+            relay_connection,
+        )?;
         Ok(Relay { addr, shared })
     }
 
@@ -123,21 +123,7 @@ impl Drop for Relay {
         for id in ids {
             self.shared.forget(id);
         }
-        // Wake the accept loop so it sees the flag.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
-    }
-}
-
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    for conn in listener.incoming() {
-        if shared.stop.load(Ordering::SeqCst) {
-            return;
-        }
-        let Ok(client) = conn else { continue };
-        let s = shared.clone();
-        let _ = std::thread::Builder::new()
-            .name("relay-conn".into())
-            .spawn(move || relay_connection(client, &s));
+        crate::accept::stop(&self.shared.stop, self.addr);
     }
 }
 
@@ -206,6 +192,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use std::io::BufRead;
+    use std::net::TcpListener;
 
     /// An echo server on loopback: one line in, the same line out.
     fn echo() -> SocketAddr {

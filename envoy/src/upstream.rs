@@ -25,7 +25,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::io::{BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -133,22 +133,23 @@ impl DemoUpstream {
     }
 
     fn start_inner(port: u16, log: bool, record: bool) -> Result<Self> {
-        let listener = TcpListener::bind(("127.0.0.1", port))?;
-        let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared {
-            counts: Mutex::new(Counts {
-                next_order_id: 1000,
-                ..Counts::default()
-            }),
-            stop: AtomicBool::new(false),
-            log,
-            record: record.then(|| Mutex::new(Vec::new())),
-            running: AtomicU64::new(0),
-        });
-        let s = shared.clone();
-        std::thread::Builder::new()
-            .name("demo-upstream-accept".into())
-            .spawn(move || accept_loop(listener, s))?;
+        let (addr, shared) = crate::accept::spawn(
+            "demo-upstream",
+            port,
+            Shared {
+                counts: Mutex::new(Counts {
+                    next_order_id: 1000,
+                    ..Counts::default()
+                }),
+                stop: AtomicBool::new(false),
+                log,
+                record: record.then(|| Mutex::new(Vec::new())),
+                running: AtomicU64::new(0),
+            },
+            |s| &s.stop,
+            // Errors end only this connection.
+            |stream, s| serve_connection(stream, s).unwrap_or(()),
+        )?;
         Ok(DemoUpstream { addr, shared })
     }
 
@@ -205,24 +206,7 @@ impl DemoUpstream {
 
 impl Drop for DemoUpstream {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop so it sees the flag.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
-    }
-}
-
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    for conn in listener.incoming() {
-        if shared.stop.load(Ordering::SeqCst) {
-            return;
-        }
-        let Ok(stream) = conn else { continue };
-        let s = shared.clone();
-        let _ = std::thread::Builder::new()
-            .name("demo-upstream-conn".into())
-            .spawn(move || {
-                let _ = serve_connection(stream, &s);
-            });
+        crate::accept::stop(&self.shared.stop, self.addr);
     }
 }
 

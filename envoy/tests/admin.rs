@@ -11,7 +11,6 @@ use dedup_envoy::paths::config_file;
 use dedup_envoy::{EnvoyConfig, Request, Response};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::process::Command;
 use std::time::Duration;
 
 const DATA: &str = r#"{"scope": {"headers": ["x-tenant"]}}"#;
@@ -134,18 +133,7 @@ fn the_admin_role_refuses_data_plane_traffic_and_the_data_plane_never_answers_ad
 fn dedupctl_gets_and_purges() {
     let (s, admin) = stack("admin-ctl");
     assert_executed(&s.send(&order("c-1", "acme")));
-    let ctl = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_dedupctl"))
-            .arg("--addr")
-            .arg(admin.to_string())
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    };
+    let ctl = |args: &[&str]| dedupctl(admin, args);
     let target = [
         "--key",
         "c-1",

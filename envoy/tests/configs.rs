@@ -219,12 +219,7 @@ fn istio_example_plugin_config_is_accepted_by_the_filter() {
         if !is_istio(&text) {
             continue;
         }
-        let start = text
-            .find("# pluginConfig-begin")
-            .expect("pluginConfig-begin marker");
-        let end = text
-            .find("# pluginConfig-end")
-            .expect("pluginConfig-end marker");
+        let (start, end) = markers(&text, "# pluginConfig-begin", "# pluginConfig-end");
         let block = &text[start..end];
         let json_text: String = block
             .lines()

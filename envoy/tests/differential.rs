@@ -5,41 +5,31 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+#[path = "common/host.rs"]
+mod host;
 
 use common::Stack;
-use dedup_envoy::{problem_type, Request as EnvoyRequest};
-use host_test::{Envoy as HostEnvoy, Reply, Request as HostRequest};
+use dedup_envoy::client::Body;
+use dedup_envoy::{problem_type, Request, Response};
+use host_test::{Envoy as HostEnvoy, Reply};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-/// One client request.
-#[derive(Clone)]
-struct Call {
-    method: &'static str,
-    path: String,
-    key: Option<String>,
-    /// Sent in order; a name may repeat (separate header lines).
-    headers: Vec<(&'static str, String)>,
-    /// `:authority` (Host); the default host when `None`.
-    authority: Option<String>,
-    body: String,
-}
-
 enum Step {
     /// Send and record what came back.
-    Send(Call),
+    Send(Request),
     /// Hold `first` at the upstream, send `dup` meanwhile, then let `first` finish.
-    WhileInFlight { first: Call, dup: Call },
+    WhileInFlight { first: Request, dup: Request },
     /// Wait mode: hold `first` at the upstream, send `dup` (it waits, held by the
     /// filter), then let `first` finish; `dup` is answered after it.
-    WaitsForFirst { first: Call, dup: Call },
+    WaitsForFirst { first: Request, dup: Request },
     /// Let time pass (real in Envoy, virtual in host-test).
     Wait(Duration),
     /// The client sends the request, the upstream gets it and takes long, and the
     /// client hangs up before the answer.
-    GiveUp(Call),
+    GiveUp(Request),
 }
 
 struct Scenario {
@@ -48,7 +38,7 @@ struct Scenario {
     steps: Vec<Step>,
 }
 
-/// What is compared.
+/// What is compared: of a response, its status, the replay header and the problem type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Seen {
     status: u16,
@@ -58,25 +48,54 @@ struct Seen {
     executions: u64,
 }
 
-fn call(name: &str, key: Option<&str>, body: &str) -> Call {
-    Call {
-        method: "POST",
-        path: format!("/diff/{name}"),
-        key: key.map(str::to_string),
-        headers: Vec::new(),
-        authority: None,
-        body: body.to_string(),
+impl Seen {
+    fn of(r: &Response, executions: u64) -> Seen {
+        Seen {
+            status: r.status,
+            replayed: r.header("idempotent-replayed") == Some("true"),
+            problem: problem_type(&r.body),
+            executions,
+        }
+    }
+
+    /// The client hung up: no answer.
+    fn gave_up(executions: u64) -> Seen {
+        Seen {
+            status: 0,
+            replayed: false,
+            problem: String::new(),
+            executions,
+        }
     }
 }
 
-fn host_is(mut c: Call, authority: &str) -> Call {
-    c.authority = Some(authority.to_string());
-    c
+/// [`Step::WhileInFlight`].
+fn while_in_flight(first: Request, dup: Request) -> Step {
+    Step::WhileInFlight { first, dup }
 }
 
-fn with(mut c: Call, name: &'static str, value: &str) -> Call {
-    c.headers.push((name, value.to_string()));
-    c
+/// [`Step::WaitsForFirst`].
+fn waits_for_first(first: Request, dup: Request) -> Step {
+    Step::WaitsForFirst { first, dup }
+}
+
+/// A keyed (or unkeyed) POST to this scenario's path.
+fn call(name: &str, key: Option<&str>, body: &str) -> Request {
+    let r = Request::post(&format!("/diff/{name}"));
+    match key {
+        Some(k) => r.key(k),
+        None => r,
+    }
+    .body(body)
+}
+
+/// The same request with another method (a GET sends no body).
+fn method(mut r: Request, method: &str) -> Request {
+    r.method = method.into();
+    if method == "GET" {
+        r.body = Body::Empty;
+    }
+    r
 }
 
 fn scenarios() -> Vec<Scenario> {
@@ -89,10 +108,7 @@ fn scenarios() -> Vec<Scenario> {
                 Step::Send(call("replay", k, r#"{"a":1}"#)),
                 Step::Send(call("replay", k, r#"{"a":1}"#)),
                 Step::Send(call("replay", k, r#"{"a":2}"#)),
-                Step::Send(Call {
-                    method: "GET",
-                    ..call("replay", k, "")
-                }),
+                Step::Send(method(call("replay", k, ""), "GET")),
                 Step::Send(call("replay", None, "no key")),
             ],
         },
@@ -100,14 +116,10 @@ fn scenarios() -> Vec<Scenario> {
             name: "release",
             config: "{}",
             steps: vec![
-                Step::Send(with(call("release", k, "x"), "x-demo-status", "503")),
+                Step::Send(call("release", k, "x").header("x-demo-status", "503")),
                 Step::Send(call("release", k, "x")),
                 Step::Send(call("release", k, "x")),
-                Step::Send(with(
-                    call("release", Some("k2"), "x"),
-                    "x-demo-status",
-                    "404",
-                )),
+                Step::Send(call("release", Some("k2"), "x").header("x-demo-status", "404")),
                 Step::Send(call("release", Some("k2"), "x")),
             ],
         },
@@ -132,9 +144,9 @@ fn scenarios() -> Vec<Scenario> {
             name: "scope",
             config: r#"{"scope": {"headers": ["x-tenant"]}}"#,
             steps: vec![
-                Step::Send(with(call("scope", k, "x"), "x-tenant", "a")),
-                Step::Send(with(call("scope", k, "x"), "x-tenant", "b")),
-                Step::Send(with(call("scope", k, "x"), "x-tenant", "a")),
+                Step::Send(call("scope", k, "x").header("x-tenant", "a")),
+                Step::Send(call("scope", k, "x").header("x-tenant", "b")),
+                Step::Send(call("scope", k, "x").header("x-tenant", "a")),
                 Step::Send(call("scope", k, "x")),
             ],
         },
@@ -154,10 +166,7 @@ fn scenarios() -> Vec<Scenario> {
             name: "in-flight",
             config: "{}",
             steps: vec![
-                Step::WhileInFlight {
-                    first: call("in-flight", k, "x"),
-                    dup: call("in-flight", k, "x"),
-                },
+                while_in_flight(call("in-flight", k, "x"), call("in-flight", k, "x")),
                 Step::Send(call("in-flight", k, "x")),
             ],
         },
@@ -165,10 +174,7 @@ fn scenarios() -> Vec<Scenario> {
             name: "wait",
             config: r#"{"on_in_flight": "wait"}"#,
             steps: vec![
-                Step::WaitsForFirst {
-                    first: call("wait", k, "x"),
-                    dup: call("wait", k, "x"),
-                },
+                waits_for_first(call("wait", k, "x"), call("wait", k, "x")),
                 Step::Send(call("wait", k, "x")),
             ],
         },
@@ -176,10 +182,10 @@ fn scenarios() -> Vec<Scenario> {
             name: "wait-release",
             config: r#"{"on_in_flight": "wait"}"#,
             steps: vec![
-                Step::WaitsForFirst {
-                    first: with(call("wait-release", k, "x"), "x-demo-status", "503"),
-                    dup: call("wait-release", k, "x"),
-                },
+                waits_for_first(
+                    call("wait-release", k, "x").header("x-demo-status", "503"),
+                    call("wait-release", k, "x"),
+                ),
                 Step::Send(call("wait-release", k, "x")),
             ],
         },
@@ -190,16 +196,13 @@ fn scenarios() -> Vec<Scenario> {
                 "on_in_flight": "wait"}]}"#,
             steps: vec![
                 // The rule waits for the first's answer...
-                Step::WaitsForFirst {
-                    first: with(call("rule-wait", k, "x"), "x-route", "wait"),
-                    dup: with(call("rule-wait", k, "x"), "x-route", "wait"),
-                },
+                waits_for_first(
+                    call("rule-wait", k, "x").header("x-route", "wait"),
+                    call("rule-wait", k, "x").header("x-route", "wait"),
+                ),
                 // ...while the top level (same key, its own records) answers 409.
-                Step::WhileInFlight {
-                    first: call("rule-wait", k, "x"),
-                    dup: call("rule-wait", k, "x"),
-                },
-                Step::Send(with(call("rule-wait", k, "x"), "x-route", "wait")),
+                while_in_flight(call("rule-wait", k, "x"), call("rule-wait", k, "x")),
+                Step::Send(call("rule-wait", k, "x").header("x-route", "wait")),
             ],
         },
         Scenario {
@@ -215,45 +218,43 @@ fn scenarios() -> Vec<Scenario> {
             name: "hosts",
             config: "{}",
             steps: vec![
-                Step::Send(host_is(call("hosts", k, "x"), "acme.example")),
-                Step::Send(host_is(call("hosts", k, "x"), "globex.example")),
-                Step::Send(host_is(call("hosts", k, "x"), "acme.example")),
+                Step::Send(call("hosts", k, "x").host("acme.example")),
+                Step::Send(call("hosts", k, "x").host("globex.example")),
+                Step::Send(call("hosts", k, "x").host("acme.example")),
             ],
         },
         Scenario {
             name: "ambiguous",
             config: r#"{"scope": {"headers": ["x-tenant"]}}"#,
             steps: vec![
-                Step::Send(with(call("ambiguous", k, "x"), "x-tenant", "victim")),
-                Step::Send(with(
-                    with(call("ambiguous", k, "x"), "x-tenant", "victim"),
-                    "x-tenant",
-                    "attacker",
-                )),
-                Step::Send(with(
-                    with(call("ambiguous", k, "x"), "x-tenant", "victim"),
-                    "idempotency-key",
-                    "key-2",
-                )),
+                Step::Send(call("ambiguous", k, "x").header("x-tenant", "victim")),
+                Step::Send(
+                    call("ambiguous", k, "x")
+                        .header("x-tenant", "victim")
+                        .header("x-tenant", "attacker"),
+                ),
+                Step::Send(
+                    call("ambiguous", k, "x")
+                        .header("x-tenant", "victim")
+                        .header("idempotency-key", "key-2"),
+                ),
             ],
         },
         Scenario {
             name: "retry-later",
             config: "{}",
             steps: vec![
-                Step::Send(with(call("retry-later", k, "x"), "x-demo-status", "429")),
+                Step::Send(call("retry-later", k, "x").header("x-demo-status", "429")),
                 Step::Send(call("retry-later", k, "x")),
                 Step::Send(call("retry-later", k, "x")),
-                Step::Send(with(
-                    with(call("retry-later", Some("k2"), "x"), "x-demo-status", "429"),
-                    "content-type",
-                    "application/grpc",
-                )),
-                Step::Send(with(
-                    call("retry-later", Some("k2"), "x"),
-                    "content-type",
-                    "application/grpc",
-                )),
+                Step::Send(
+                    call("retry-later", Some("k2"), "x")
+                        .header("x-demo-status", "429")
+                        .header("content-type", "application/grpc"),
+                ),
+                Step::Send(
+                    call("retry-later", Some("k2"), "x").header("content-type", "application/grpc"),
+                ),
             ],
         },
         Scenario {
@@ -277,40 +278,28 @@ fn scenarios() -> Vec<Scenario> {
                 {"name": "search", "match": {"header": {"name": "x-route", "equals": "search"}},
                  "bypass": true}]}"#,
             steps: vec![
-                Step::Send(with(call("rules", None, "x"), "x-route", "pay")),
-                Step::Send(with(call("rules", k, "x"), "x-route", "pay")),
-                Step::Send(with(call("rules", k, "x"), "x-route", "pay")),
+                Step::Send(call("rules", None, "x").header("x-route", "pay")),
+                Step::Send(call("rules", k, "x").header("x-route", "pay")),
+                Step::Send(call("rules", k, "x").header("x-route", "pay")),
                 // The same key where no rule matches: the top level's records.
                 Step::Send(call("rules", k, "x")),
                 Step::Send(call("rules", k, "x")),
-                Step::Send(with(
-                    call("rules", None, r#"{"id": "m1"}"#),
-                    "x-route",
-                    "hook",
-                )),
-                Step::Send(with(
-                    call("rules", None, r#"{"id": "m1"}"#),
-                    "x-route",
-                    "hook",
-                )),
-                Step::Send(with(
-                    with(call("rules", None, r#"{"id": "m2"}"#), "x-route", "hook"),
-                    "x-demo-status",
-                    "404",
-                )),
-                Step::Send(with(
-                    call("rules", None, r#"{"id": "m2"}"#),
-                    "x-route",
-                    "hook",
-                )),
-                Step::Send(with(call("rules", k, "x"), "x-route", "search")),
-                Step::Send(with(call("rules", k, "x"), "x-route", "search")),
+                Step::Send(call("rules", None, r#"{"id": "m1"}"#).header("x-route", "hook")),
+                Step::Send(call("rules", None, r#"{"id": "m1"}"#).header("x-route", "hook")),
+                Step::Send(
+                    call("rules", None, r#"{"id": "m2"}"#)
+                        .header("x-route", "hook")
+                        .header("x-demo-status", "404"),
+                ),
+                Step::Send(call("rules", None, r#"{"id": "m2"}"#).header("x-route", "hook")),
+                Step::Send(call("rules", k, "x").header("x-route", "search")),
+                Step::Send(call("rules", k, "x").header("x-route", "search")),
                 // A header sent twice never matches `equals`: the top level applies.
-                Step::Send(with(
-                    with(call("rules", Some("k3"), "x"), "x-route", "search"),
-                    "x-route",
-                    "search",
-                )),
+                Step::Send(
+                    call("rules", Some("k3"), "x")
+                        .header("x-route", "search")
+                        .header("x-route", "search"),
+                ),
                 Step::Send(call("rules", Some("k3"), "x")),
             ],
         },
@@ -319,20 +308,11 @@ fn scenarios() -> Vec<Scenario> {
             config: r#"{"rules": [{"name": "put", "match": {"methods": ["PUT"]},
                         "methods": ["PUT"], "ttl_seconds": 1}]}"#,
             steps: vec![
-                Step::Send(Call {
-                    method: "PUT",
-                    ..call("rule-ttl", k, "x")
-                }),
-                Step::Send(Call {
-                    method: "PUT",
-                    ..call("rule-ttl", k, "x")
-                }),
+                Step::Send(method(call("rule-ttl", k, "x"), "PUT")),
+                Step::Send(method(call("rule-ttl", k, "x"), "PUT")),
                 Step::Send(call("rule-ttl", k, "x")),
                 Step::Wait(Duration::from_millis(1_300)),
-                Step::Send(Call {
-                    method: "PUT",
-                    ..call("rule-ttl", k, "x")
-                }),
+                Step::Send(method(call("rule-ttl", k, "x"), "PUT")),
                 Step::Send(call("rule-ttl", k, "x")),
             ],
         },
@@ -351,99 +331,44 @@ fn scenarios() -> Vec<Scenario> {
 
 // ---------- real Envoy ----------
 
-fn envoy_request(c: &Call) -> EnvoyRequest {
-    let mut r = EnvoyRequest::new(c.method, &c.path);
-    if let Some(k) = &c.key {
-        r = r.key(k);
-    }
-    for (n, v) in &c.headers {
-        r = r.header(n, v);
-    }
-    if let Some(a) = &c.authority {
-        r = r.host(a);
-    }
-    if c.method != "GET" {
-        r = r.body(c.body.as_bytes().to_vec());
-    }
-    r.timeout(Duration::from_secs(10))
-}
-
 fn run_in_envoy(s: &Scenario) -> Vec<Seen> {
     // One line: the template quotes it into YAML.
     let stack = Stack::start(&format!("diff-{}", s.name), &s.config.replace('\n', " "));
     let path = format!("/diff/{}", s.name);
-    let seen = |status: u16, replayed: bool, body: &[u8]| Seen {
-        status,
-        replayed,
-        problem: problem_type(body),
-        executions: stack.executions(&path),
-    };
+    let seen = |r: &Response| Seen::of(r, stack.executions(&path));
     let mut out = Vec::new();
     for step in &s.steps {
         match step {
-            Step::Send(c) => {
-                let r = stack.send(&envoy_request(c));
-                out.push(seen(
-                    r.status,
-                    r.header("idempotent-replayed") == Some("true"),
-                    &r.body,
-                ));
-            }
+            Step::Send(c) => out.push(seen(&stack.send(c))),
             Step::WhileInFlight { first, dup } => {
-                let slow = envoy_request(&with(first.clone(), "x-demo-delay-ms", "1500"));
+                let slow = first.clone().header("x-demo-delay-ms", "1500");
                 let before = stack.executions(&path);
                 std::thread::scope(|scope| {
                     let held = scope.spawn(|| stack.send(&slow));
                     stack.wait_executions(&path, before + 1, Duration::from_secs(5));
-                    let d = stack.send(&envoy_request(dup));
-                    let dup_seen = seen(
-                        d.status,
-                        d.header("idempotent-replayed") == Some("true"),
-                        &d.body,
-                    );
-                    let f = held.join().unwrap();
-                    out.push(seen(
-                        f.status,
-                        f.header("idempotent-replayed") == Some("true"),
-                        &f.body,
-                    ));
+                    let dup_seen = seen(&stack.send(dup));
+                    out.push(seen(&held.join().unwrap()));
                     out.push(dup_seen);
                 });
             }
             Step::WaitsForFirst { first, dup } => {
-                let slow = envoy_request(&with(first.clone(), "x-demo-delay-ms", "1000"));
+                let slow = first.clone().header("x-demo-delay-ms", "1000");
                 let before = stack.executions(&path);
                 std::thread::scope(|scope| {
                     let held = scope.spawn(|| stack.send(&slow));
                     stack.wait_executions(&path, before + 1, Duration::from_secs(5));
-                    let d = stack.send(&envoy_request(dup));
-                    let f = held.join().unwrap();
-                    out.push(seen(
-                        f.status,
-                        f.header("idempotent-replayed") == Some("true"),
-                        &f.body,
-                    ));
-                    out.push(seen(
-                        d.status,
-                        d.header("idempotent-replayed") == Some("true"),
-                        &d.body,
-                    ));
+                    let d = stack.send(dup);
+                    out.push(seen(&held.join().unwrap()));
+                    out.push(seen(&d));
                 });
             }
             Step::Wait(d) => std::thread::sleep(*d),
             Step::GiveUp(c) => {
-                let slow = envoy_request(&with(c.clone(), "x-demo-delay-ms", "1000"));
+                let slow = c.clone().header("x-demo-delay-ms", "1000");
                 let before = stack.executions(&path);
-                let gone = dedup_envoy::client::send_or_give_up(
-                    stack.envoy.addr(),
-                    &slow,
-                    Duration::from_millis(300),
-                    dedup_envoy::client::Leave::Close,
-                )
-                .unwrap();
-                assert!(matches!(gone, dedup_envoy::client::GiveUp::GaveUp));
+                stack.hang_up(&slow, Duration::from_millis(300));
                 stack.wait_executions(&path, before + 1, Duration::from_secs(5));
-                out.push(seen(0, false, b""));
+                out.push(Seen::gave_up(stack.executions(&path)));
             }
         }
     }
@@ -481,23 +406,6 @@ fn host(config: &str, counts: Rc<RefCell<HashMap<String, u64>>>) -> HostEnvoy {
         .unwrap_or_else(|e| panic!("host-test: {e}"))
 }
 
-fn host_request(c: &Call) -> HostRequest {
-    let mut r = HostRequest::new(c.method, &c.path);
-    if let Some(k) = &c.key {
-        r = r.header("idempotency-key", k);
-    }
-    for (n, v) in &c.headers {
-        r = r.header(n, v);
-    }
-    if let Some(a) = &c.authority {
-        r = r.authority(a);
-    }
-    if c.method != "GET" {
-        r = r.body(c.body.as_bytes());
-    }
-    r
-}
-
 fn run_in_host_test(s: &Scenario) -> Vec<Seen> {
     let counts = Rc::new(RefCell::new(HashMap::new()));
     let mut e = host(s.config, counts.clone());
@@ -507,43 +415,22 @@ fn run_in_host_test(s: &Scenario) -> Vec<Seen> {
     for (i, step) in s.steps.iter().enumerate() {
         match step {
             Step::Send(c) => {
-                let r = e.request(i % 2, host_request(c)).unwrap();
-                let replayed = r.header("idempotent-replayed") == Some("true");
-                out.push(Seen {
-                    status: r.status,
-                    replayed,
-                    problem: problem_type(&r.body),
-                    executions: executions(),
-                });
+                let r = host::response(e.request(i % 2, host::request(c)).unwrap());
+                out.push(Seen::of(&r, executions()));
             }
             Step::WhileInFlight { first, dup } => {
-                let id = e.start(0, host_request(first)).unwrap();
+                let id = e.start(0, host::request(first)).unwrap();
                 e.send_request(id).unwrap();
-                let d = e.request(1, host_request(dup)).unwrap();
-                let dup_seen = Seen {
-                    status: d.status,
-                    replayed: d.header("idempotent-replayed") == Some("true"),
-                    problem: problem_type(&d.body),
-                    executions: 0,
-                };
-                let f = e.finish_stream(id).unwrap();
-                let after = executions();
-                out.push(Seen {
-                    status: f.status,
-                    replayed: f.header("idempotent-replayed") == Some("true"),
-                    problem: problem_type(&f.body),
-                    executions: after,
-                });
+                let d = host::response(e.request(1, host::request(dup)).unwrap());
+                let f = host::response(e.finish_stream(id).unwrap());
                 // In Envoy the duplicate is answered while the first executes (count 1).
-                out.push(Seen {
-                    executions: after,
-                    ..dup_seen
-                });
+                out.push(Seen::of(&f, executions()));
+                out.push(Seen::of(&d, executions()));
             }
             Step::WaitsForFirst { first, dup } => {
-                let id = e.start(0, host_request(first)).unwrap();
+                let id = e.start(0, host::request(first)).unwrap();
                 e.send_request(id).unwrap();
-                let d = e.start(1, host_request(dup)).unwrap();
+                let d = e.start(1, host::request(dup)).unwrap();
                 e.send_request(d).unwrap();
                 e.advance(Duration::from_millis(500));
                 assert!(e.response(d).is_none(), "the duplicate waits for the first");
@@ -551,29 +438,19 @@ fn run_in_host_test(s: &Scenario) -> Vec<Seen> {
                 let r = e.finish_stream(d).unwrap();
                 // As in Envoy, both are recorded once both have their answer.
                 for x in [f, r] {
-                    out.push(Seen {
-                        status: x.status,
-                        replayed: x.header("idempotent-replayed") == Some("true"),
-                        problem: problem_type(&x.body),
-                        executions: executions(),
-                    });
+                    out.push(Seen::of(&host::response(x), executions()));
                 }
             }
             Step::Wait(d) => e.advance(*d),
             Step::GiveUp(c) => {
-                let id = e.start(i % 2, host_request(c)).unwrap();
+                let id = e.start(i % 2, host::request(c)).unwrap();
                 e.send_request(id).unwrap();
                 // The upstream got it (and, in Envoy, runs it to the end).
                 if e.upstream_request(id).is_some() {
                     *counts.borrow_mut().entry(path.clone()).or_default() += 1;
                 }
                 e.reset_client(id).unwrap();
-                out.push(Seen {
-                    status: 0,
-                    replayed: false,
-                    problem: String::new(),
-                    executions: executions(),
-                });
+                out.push(Seen::gave_up(executions()));
             }
         }
     }

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use dedup_envoy::{Envoy, EnvoyConfig, Request};
+use dedup_envoy::Request;
 use serde_json::json;
 use std::sync::{Arc, Barrier, OnceLock};
 use std::time::Duration;
@@ -42,8 +42,7 @@ fn duplicate_while_in_flight_gets_409_with_retry_after() {
     let path = "/orders/in-flight";
     let req = post(path, "in-flight-1", &json!({"item": "slow"}));
     let slow = req.clone().header("x-demo-delay-ms", "3000");
-    let first = std::thread::spawn(move || main_stack().send(&slow));
-    s.wait_executions(path, 1, Duration::from_secs(5));
+    let first = s.send_in_background(slow, 1);
     let dup = s.send(&req);
     assert_problem(&dup, 409, "in-flight");
     assert_eq!(
@@ -137,10 +136,7 @@ fn upstream_5xx_releases_the_claim_and_a_retry_executes() {
         failed.summary()
     );
     assert!(!is_replayed(&failed));
-    let retry = s.send(&req);
-    assert_executed(&retry);
-    assert_eq!(json(&retry)["executions"], 2);
-    assert_replay_of(&s.send(&req), &retry);
+    assert_runs_again_then_replays(s, &req);
     assert_eq!(s.executions(path), 2);
 }
 
@@ -427,23 +423,14 @@ fn keyless_fingerprint_mode() {
 
 #[test]
 fn envoy_refuses_a_bad_filter_config_naming_the_field() {
-    let wasm = dedup_envoy::paths::dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
-    for (config, field) in [
-        (r#"{"ttl_seconds": "x"}"#, "ttl_seconds"),
-        (r#"{"no_such_field": 1}"#, "no_such_field"),
-        (r#"{"capacity": 1}"#, "capacity"),
-    ] {
-        let cfg = EnvoyConfig::single_node(1, &wasm, config).unwrap();
-        let (code, log) = Envoy::start_expect_failure("e2e-bad-config", &cfg).unwrap();
-        assert_ne!(code, 0, "Envoy started with {config}");
-        let named = log
-            .lines()
-            .any(|l| l.contains("[wasm]") && l.contains(&format!("`{field}`")));
-        assert!(
-            named,
-            "no wasm log line names {field:?} for {config}; log:\n{log}"
-        );
-    }
+    assert_refused_naming_the_field(
+        "e2e-bad-config",
+        &[
+            (r#"{"ttl_seconds": "x"}"#, "ttl_seconds"),
+            (r#"{"no_such_field": 1}"#, "no_such_field"),
+            (r#"{"capacity": 1}"#, "capacity"),
+        ],
+    );
 }
 
 #[test]
@@ -463,18 +450,9 @@ fn access_log_lines_show_each_decision_and_the_record() {
     assert_eq!(s.send(&twice).status, 400);
     // A client that gives up while the upstream works: the outcome is unknown.
     let slow = post(path, "log-4", &body).header("x-demo-delay-ms", "1500");
-    let gone = dedup_envoy::client::send_or_give_up(
-        s.envoy.addr(),
-        &slow,
-        Duration::from_millis(300),
-        dedup_envoy::client::Leave::Close,
-    )
-    .unwrap();
-    assert!(matches!(gone, dedup_envoy::client::GiveUp::GaveUp));
+    s.hang_up(&slow, Duration::from_millis(300));
     let held = s.send(&post(path, "log-4", &body));
     assert_problem(&held, 409, "in-flight");
-    // The harness has Envoy flush access logs every 0.5 s.
-    let log_path = s.envoy.dir.join("stdout.log");
     let wanted = [
         "dedup=executed",
         "dedup=replayed",
@@ -483,21 +461,7 @@ fn access_log_lines_show_each_decision_and_the_record() {
         "dedup=bad_key",
         "dedup=in_flight",
     ];
-    let deadline = std::time::Instant::now() + Duration::from_secs(8);
-    let log = loop {
-        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if wanted.iter().all(|w| log.contains(w)) || std::time::Instant::now() > deadline {
-            break log;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    for w in wanted {
-        assert!(
-            log.contains(w),
-            "no `{w}` in the access log:\n{log}\nEnvoy's log:\n{}",
-            s.envoy.log()
-        );
-    }
+    let log = s.access_log_with(&wanted);
     // The executed request and its replay name the same record.
     let record_of = |decision: &str| {
         log.lines()

@@ -15,7 +15,7 @@
 mod common;
 
 use common::*;
-use dedup_envoy::client::{self, send_or_give_up, GiveUp, Leave};
+use dedup_envoy::client;
 use dedup_envoy::paths::{config_file, workspace_root};
 use dedup_envoy::{EnvoyConfig, Request, Response};
 use serde_json::json;
@@ -73,6 +73,22 @@ fn counter(s: &Stack, short: &str) -> u64 {
 }
 
 /// The filter counters that are not 0, for assertion messages.
+/// The claim of `key` is held with its outcome unknown: the upstream ran it
+/// once (not `what` too), and `outcome_unknown` grew from `unknown_before`.
+fn assert_held(s: &Stack, key: &str, unknown_before: u64, what: &str) {
+    assert_eq!(
+        s.upstream.executions_for_key(key),
+        1,
+        "the upstream ran {what}"
+    );
+    let unknown = counter(s, "outcome_unknown");
+    assert!(
+        unknown > unknown_before,
+        "wasmcustom.proxy_dedup_outcome_unknown did not grow ({unknown_before} -> {unknown}): {}",
+        counters(s)
+    );
+}
+
 fn counters(s: &Stack) -> String {
     let c: BTreeMap<String, u64> = s
         .envoy
@@ -128,17 +144,7 @@ fn client_gives_up_then_retries_get_409_until_the_in_flight_timeout() {
 
     let t0 = Instant::now();
     let slow = req.clone().header("x-demo-delay-ms", "2500");
-    let first = send_or_give_up(
-        s.envoy.addr(),
-        &slow,
-        Duration::from_millis(500),
-        Leave::Close,
-    )
-    .unwrap();
-    assert!(
-        matches!(first, GiveUp::GaveUp),
-        "the slow request was answered within 500 ms: {first:?}"
-    );
+    s.hang_up(&slow, Duration::from_millis(500));
     s.wait_executions(path, 1, Duration::from_secs(2));
 
     // Right after giving up (the first still runs upstream). Until Envoy has
@@ -173,24 +179,11 @@ fn client_gives_up_then_retries_get_409_until_the_in_flight_timeout() {
         mid_secs >= late_secs,
         "retry-after counts down: {early_secs}, {mid_secs}, {late_secs}"
     );
-    assert_eq!(
-        s.upstream.executions_for_key(key),
-        1,
-        "the upstream ran a retry"
-    );
-    let unknown = counter(s, "outcome_unknown");
-    assert!(
-        unknown > unknown_before,
-        "wasmcustom.proxy_dedup_outcome_unknown did not grow ({unknown_before} -> {unknown}): {}",
-        counters(s)
-    );
+    assert_held(s, key, unknown_before, "a retry");
 
     // After the in-flight timeout the key may run again.
     sleep_until(t0 + Duration::from_millis(IN_FLIGHT_SECS * 1000 + 600));
-    let again = s.send(&req);
-    assert_executed(&again);
-    assert_eq!(json(&again)["executions"], 2);
-    assert_replay_of(&s.send(&req), &again);
+    assert_runs_again_then_replays(s, &req);
     assert_eq!(s.upstream.executions_for_key(key), 2);
 }
 
@@ -206,14 +199,10 @@ fn on_unknown_outcome_release_lets_the_retry_run() {
     let path = "/orders/release";
     let key = "release-1";
     let req = post(path, key, &json!({"charge": 7}));
-    let first = send_or_give_up(
-        s.envoy.addr(),
+    s.hang_up(
         &req.clone().header("x-demo-delay-ms", "1500"),
         Duration::from_millis(300),
-        Leave::Close,
-    )
-    .unwrap();
-    assert!(matches!(first, GiveUp::GaveUp), "{first:?}");
+    );
     s.wait_executions(path, 1, Duration::from_secs(2));
     // Envoy notices the closed connection and ends the stream; the claim is
     // released then (give it a moment).
@@ -260,17 +249,7 @@ fn route_timeout_504_then_retry_gets_409() {
     let late = s.send(&req);
     assert!(t0.elapsed() < Duration::from_secs(IN_FLIGHT_SECS));
     assert_in_flight(&late);
-    assert_eq!(
-        s.upstream.executions_for_key(key),
-        1,
-        "the upstream ran a retry after a route timeout"
-    );
-    let unknown = counter(s, "outcome_unknown");
-    assert!(
-        unknown > unknown_before,
-        "wasmcustom.proxy_dedup_outcome_unknown did not grow ({unknown_before} -> {unknown}): {}",
-        counters(s)
-    );
+    assert_held(s, key, unknown_before, "a retry after a route timeout");
 }
 
 /// Two hosts behind one listener (virtual host domains "*") never see each
@@ -320,10 +299,7 @@ fn upstream_429_is_not_stored_and_the_retry_executes() {
         first.summary()
     );
     assert!(!is_replayed(&first));
-    let retry = s.send(&req);
-    assert_executed(&retry);
-    assert_eq!(json(&retry)["executions"], 2);
-    assert_replay_of(&s.send(&req), &retry);
+    assert_runs_again_then_replays(s, &req);
     assert_eq!(s.upstream.executions_for_key(key), 2);
 }
 
@@ -374,11 +350,8 @@ fn local_rate_limit_429_after_the_filter_is_never_stored() {
         assert!(Instant::now() < end, "still refused after {refusals} tries");
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert_executed(&through);
-    assert_eq!(s.upstream.executions_for_key(&key), 1);
     // The dedup filter answers before the limiter: no token needed.
-    assert_replay_of(&client::send(addr, &req).unwrap(), &through);
-    assert_eq!(s.upstream.executions_for_key(&key), 1);
+    assert_once_then_replayed(s, &key, &through, || client::send(addr, &req).unwrap());
 }
 
 /// A scope header sent twice is ambiguous: 400 `ambiguous-scope`, never the
@@ -395,18 +368,26 @@ fn repeated_scope_or_key_header_lines_get_400() {
     assert_executed(&victim);
     let victim_order = json(&victim)["order_id"].to_string();
     let bad_key_before = counter(s, "bad_key");
+    // Never a stored response (the victim's least of all): 400 with `slug`.
+    let refused = |r: Response, what: String, slug: &str| {
+        assert!(
+            !is_replayed(&r) && !r.text().contains(&victim_order),
+            "{what} got a stored response: {}",
+            r.summary()
+        );
+        assert_problem(&r, 400, slug);
+    };
     for (a, b) in [
         ("victim", "attacker"),
         ("attacker", "victim"),
         ("victim", "victim"),
     ] {
         let r = s.send(&req.clone().header("x-tenant", a).header("x-tenant", b));
-        assert!(
-            !is_replayed(&r) && !r.text().contains(&victim_order),
-            "x-tenant: {a} + x-tenant: {b} got the victim's stored response: {}",
-            r.summary()
+        refused(
+            r,
+            format!("x-tenant: {a} + x-tenant: {b}"),
+            "ambiguous-scope",
         );
-        assert_problem(&r, 400, "ambiguous-scope");
     }
     assert_eq!(s.executions(path), 1);
     // One line with a comma is one value: a scope of its own.
@@ -422,12 +403,7 @@ fn repeated_scope_or_key_header_lines_get_400() {
                 .header("x-tenant", "victim")
                 .json(&body),
         );
-        assert!(
-            !is_replayed(&r) && !r.text().contains(&victim_order),
-            "idempotency-key: {a} + {b} got a stored response: {}",
-            r.summary()
-        );
-        assert_problem(&r, 400, "ambiguous-key");
+        refused(r, format!("idempotency-key: {a} + {b}"), "ambiguous-key");
     }
     assert_eq!(s.executions(path), 2);
     let bad_key = counter(s, "bad_key");
@@ -468,10 +444,7 @@ fn refused_or_missing_upstream_releases_the_claim() {
         }
         assert_eq!(s.upstream.executions_for_key(&key), 0);
         let retry = s.send(&req);
-        assert_executed(&retry);
-        assert_eq!(s.upstream.executions_for_key(&key), 1);
-        assert_replay_of(&s.send(&req), &retry);
-        assert_eq!(s.upstream.executions_for_key(&key), 1);
+        assert_once_then_replayed(s, &key, &retry, || s.send(&req));
     }
 }
 
@@ -831,12 +804,8 @@ fn jwt_claim_scopes_records_and_a_client_header_cannot_override_it() {
     run("hardening-jwt", &template_path, "jwt");
 
     // The same without the header_mutation filter (test-only variant).
-    let start = template
-        .find("          # 1. ")
-        .expect("header_mutation block marker");
-    let end = template
-        .find("          # 2. ")
-        .expect("jwt_authn block marker");
+    // Between the header_mutation block's marker and the jwt_authn block's.
+    let (start, end) = markers(&template, "          # 1. ", "          # 2. ");
     assert!(template[start..end].contains("envoy.filters.http.header_mutation"));
     let variant = format!("{}{}", &template[..start], &template[end..]);
     let dir = dedup_envoy::paths::scratch_dir("jwt-variant").unwrap();

@@ -7,7 +7,9 @@
 
 mod common;
 
-use common::{assert_executed, assert_problem, assert_replay_of, burst, is_replayed, json, keyed};
+use common::{
+    assert_executed, assert_problem, assert_replay_of, burst, counter_of, is_replayed, json, keyed,
+};
 use dedup_envoy::etcd::{
     multi_proxy_config, multi_proxy_json_config, wait_etcd_hosts_healthy, EtcdCluster,
 };
@@ -109,12 +111,7 @@ impl Multi {
 
     /// A filter counter of one proxy; a counter not (yet) in /stats is 0.
     fn counter(&self, proxy: usize, short: &str) -> u64 {
-        self.proxies[proxy]
-            .dedup_counters()
-            .unwrap_or_else(|e| panic!("{e}"))
-            .get(short)
-            .copied()
-            .unwrap_or(0)
+        counter_of(&self.proxies[proxy], short)
     }
 
     fn counters(&self) -> String {

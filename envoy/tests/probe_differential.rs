@@ -6,14 +6,14 @@
 //! the main-thread VM. A difference is a bug in host-test's fidelity.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use dedup_envoy::client::{self, Request as EnvoyRequest};
+#[path = "common/host.rs"]
+mod host;
+
+use dedup_envoy::client::{self, Request, Response};
 use dedup_envoy::paths::{dist_wasm, scratch_dir};
 use dedup_envoy::ports::free_port;
 use dedup_envoy::process::{spawn, ChildGuard};
-use host_test::{
-    grpc_status, Envoy as HostEnvoy, GrpcReply, GrpcRequest, GrpcServer, Reply,
-    Request as HostRequest,
-};
+use host_test::{grpc_status, Envoy as HostEnvoy, GrpcReply, GrpcRequest, GrpcServer, Reply};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -133,8 +133,8 @@ fn echo(mut conn: TcpStream) {
 #[derive(Clone)]
 struct Case {
     name: &'static str,
-    headers: Vec<(&'static str, String)>,
-    path: &'static str,
+    /// A GET to `probe.test` with `x-abi` and the case's headers.
+    request: Request,
     /// The client hangs up this long after sending (and never reads).
     hang_up_after: Option<Duration>,
     /// Time to let pass after the response (or the hang-up) before the log
@@ -148,16 +148,29 @@ struct Case {
 }
 
 fn case(name: &'static str, abi: &str, headers: &[(&'static str, &str)]) -> Case {
-    let mut h = vec![("x-abi", abi.to_string())];
-    h.extend(headers.iter().map(|(k, v)| (*k, v.to_string())));
+    let mut request = Request::get("/probe")
+        .host("probe.test")
+        .timeout(Duration::from_secs(5))
+        .header("x-abi", abi);
+    for (k, v) in headers {
+        request = request.header(k, v);
+    }
     Case {
         name,
-        headers: h,
-        path: "/probe",
+        request,
         hang_up_after: None,
         settle: Duration::ZERO,
         upstream_answers: headers.contains(&("x-then", "continue")),
     }
+}
+
+/// A unary gRPC call of `method` on `cluster` (`x-abi: grpc-call`).
+fn grpc_case(name: &'static str, cluster: &str, method: &str) -> Case {
+    case(
+        name,
+        "grpc-call",
+        &[("x-cluster", cluster), ("x-method", method)],
+    )
 }
 
 fn settle(mut c: Case, ms: u64) -> Case {
@@ -171,7 +184,7 @@ fn hang_up(mut c: Case, ms: u64) -> Case {
 }
 
 fn at(mut c: Case, path: &'static str) -> Case {
-    c.path = path;
+    c.request.path = path.into();
     c
 }
 
@@ -193,11 +206,7 @@ fn cases() -> Vec<Case> {
                 ("x-message", "p"),
             ],
         ),
-        case(
-            "grpc-status",
-            "grpc-call",
-            &[("x-cluster", "grpc"), ("x-method", "Fail")],
-        ),
+        grpc_case("grpc-status", "grpc", "Fail"),
         case(
             "grpc-timeout",
             "grpc-call",
@@ -207,16 +216,8 @@ fn cases() -> Vec<Case> {
                 ("x-timeout-ms", "200"),
             ],
         ),
-        case(
-            "grpc-reset",
-            "grpc-call",
-            &[("x-cluster", "grpc"), ("x-method", "Reset")],
-        ),
-        case(
-            "grpc-unimplemented",
-            "grpc-call",
-            &[("x-cluster", "grpc"), ("x-method", "Nope")],
-        ),
+        grpc_case("grpc-reset", "grpc", "Reset"),
+        grpc_case("grpc-unimplemented", "grpc", "Nope"),
         case(
             "grpc-unknown-cluster",
             "grpc-call",
@@ -275,16 +276,8 @@ fn cases() -> Vec<Case> {
             "grpc-call",
             &[("x-cluster", "grpc_local"), ("x-message", "hi")],
         ),
-        case(
-            "grpc-local-status",
-            "grpc-call",
-            &[("x-cluster", "grpc_local"), ("x-method", "Fail")],
-        ),
-        case(
-            "grpc-local-reset",
-            "grpc-call",
-            &[("x-cluster", "grpc_local"), ("x-method", "Reset")],
-        ),
+        grpc_case("grpc-local-status", "grpc_local", "Fail"),
+        grpc_case("grpc-local-reset", "grpc_local", "Reset"),
         case(
             "grpc-local-stream",
             "grpc-stream",
@@ -433,11 +426,7 @@ fn cases() -> Vec<Case> {
         ),
         settle(
             hang_up(
-                case(
-                    "grpc-call-client-gone",
-                    "grpc-call",
-                    &[("x-cluster", "grpc_local"), ("x-method", "Slow")],
-                ),
+                grpc_case("grpc-call-client-gone", "grpc_local", "Slow"),
                 100,
             ),
             1000,
@@ -645,7 +634,7 @@ static_resources:
         loop {
             let ready = client::send(
                 SocketAddr::from(([127, 0, 0, 1], admin)),
-                &EnvoyRequest::get("/ready").timeout(Duration::from_secs(2)),
+                &Request::get("/ready").timeout(Duration::from_secs(2)),
             );
             if ready.is_ok_and(|r| r.status == 200) {
                 break;
@@ -675,37 +664,22 @@ static_resources:
 
     fn run(&self, c: &Case, server: &GrpcServer) -> Seen {
         let (log_from, calls_from) = (self.abi_lines().len(), server.calls().len());
-        let mut req = EnvoyRequest::get(c.path)
-            .host("probe.test")
-            .timeout(Duration::from_secs(5));
-        for (k, v) in &c.headers {
-            req = req.header(k, v);
-        }
-        let seen = match c.hang_up_after {
+        let answer = match c.hang_up_after {
             Some(after) => {
-                let gone = client::send_or_give_up(self.addr(), &req, after, client::Leave::Close)
-                    .unwrap();
+                let gone =
+                    client::send_or_give_up(self.addr(), &c.request, after, client::Leave::Close)
+                        .unwrap();
                 assert!(matches!(gone, client::GiveUp::GaveUp), "{}", c.name);
-                (0, Vec::new(), String::new())
+                None
             }
-            None => {
-                let r = client::send(self.addr(), &req).unwrap();
-                let headers = keep(r.head.headers.iter().cloned());
-                (r.status, headers, r.text())
-            }
+            None => Some(client::send(self.addr(), &c.request).unwrap()),
         };
         std::thread::sleep(c.settle + Duration::from_millis(100));
-        Seen {
-            status: seen.0,
-            headers: seen.1,
-            body: normalize(&seen.2),
-            log: self.abi_lines()[log_from..]
-                .iter()
-                .map(|l| normalize(l))
-                .collect(),
-            grpc_calls: grpc_calls(&server.calls()[calls_from..]),
-        }
-        .without_upstream_answer(c)
+        let log = self.abi_lines()[log_from..]
+            .iter()
+            .map(|l| normalize(l))
+            .collect();
+        Seen::of(answer, log, &server.calls()[calls_from..]).without_upstream_answer(c)
     }
 }
 
@@ -783,22 +757,15 @@ fn host(
 fn run_in_host(e: &mut HostEnvoy, c: &Case, server: &GrpcServer, local: &Calls) -> Seen {
     let (log_from, calls_from) = (e.logs().len(), server.calls().len());
     let local_from = local.borrow().len();
-    let mut req = HostRequest::get(c.path).authority("probe.test");
-    for (k, v) in &c.headers {
-        req = req.header(k, v);
-    }
-    let id = e.start(0, req).unwrap();
-    let seen = match c.hang_up_after {
+    let id = e.start(0, host::request(&c.request)).unwrap();
+    let answer = match c.hang_up_after {
         Some(after) => {
             e.send_request(id).unwrap();
             e.advance(after);
             e.reset_client(id).unwrap();
-            (0, Vec::new(), String::new())
+            None
         }
-        None => {
-            let r = e.finish_stream(id).unwrap();
-            (r.status, keep(r.headers.clone()), r.body_str())
-        }
+        None => Some(host::response(e.finish_stream(id).unwrap())),
     };
     e.advance(c.settle + Duration::from_millis(100));
     // The loopback server's threads see a cancel a moment later.
@@ -808,19 +775,26 @@ fn run_in_host(e: &mut HostEnvoy, c: &Case, server: &GrpcServer, local: &Calls) 
         .filter(|l| l.message.starts_with("abi "))
         .map(|l| normalize(&l.message))
         .collect();
-    Seen {
-        status: seen.0,
-        headers: seen.1,
-        body: normalize(&seen.2),
-        log,
-        grpc_calls: grpc_calls(
-            &[&server.calls()[calls_from..], &local.borrow()[local_from..]].concat(),
-        ),
-    }
-    .without_upstream_answer(c)
+    let calls = [&server.calls()[calls_from..], &local.borrow()[local_from..]].concat();
+    Seen::of(answer, log, &calls).without_upstream_answer(c)
 }
 
 impl Seen {
+    /// What the client got (`None`: it hung up), the probe's log lines and the gRPC calls.
+    fn of(answer: Option<Response>, log: Vec<String>, calls: &[GrpcRequest]) -> Seen {
+        let (status, headers, body) = match answer {
+            Some(r) => (r.status, keep(r.head.headers.iter().cloned()), r.text()),
+            None => (0, Vec::new(), String::new()),
+        };
+        Seen {
+            status,
+            headers,
+            body: normalize(&body),
+            log,
+            grpc_calls: grpc_calls(calls),
+        }
+    }
+
     fn without_upstream_answer(mut self, c: &Case) -> Seen {
         if c.upstream_answers {
             self.log.retain(|l| {
@@ -836,6 +810,18 @@ fn envoy_and_host_test_agree_on_every_probe_case() {
     let echo = EchoServer::start();
     let server = GrpcServer::start(grpc_handler).unwrap();
     let envoy = RealEnvoy::start("cases", 1, "", echo.addr.port(), server.addr().port());
+    // Envoy flushes its log every 20 ms: the VMs' start-up lines may land after
+    // `/ready`. They belong to no case; wait until they are in and the log is still.
+    let end = Instant::now() + Duration::from_secs(5);
+    let mut seen = 0;
+    while seen == 0 || envoy.abi_lines().len() != seen {
+        assert!(
+            Instant::now() < end,
+            "the probe's start-up lines never settled"
+        );
+        seen = envoy.abi_lines().len();
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let mut real = Vec::new();
     for c in cases() {
         let seen = envoy.run(&c, &server);
@@ -892,7 +878,7 @@ fn vm_layout_in_envoy(echo: u16, grpc: u16) -> (Vec<String>, usize, usize) {
             - before
     };
     let healthy = ticks(&envoy);
-    let trap = EnvoyRequest::get("/probe").header("x-abi", "trap");
+    let trap = Request::get("/probe").header("x-abi", "trap");
     let r = client::send(envoy.addr(), &trap).unwrap();
     assert_eq!(r.status, 503);
     let after_trap = ticks(&envoy);
@@ -918,7 +904,10 @@ fn vm_layout_in_host(echo: SocketAddr, grpc: SocketAddr) -> (Vec<String>, usize,
     e.advance(Duration::from_millis(1000));
     let healthy = ticks(&e) - before;
     let r = e
-        .request(0, HostRequest::get("/probe").header("x-abi", "trap"))
+        .request(
+            0,
+            host::request(&Request::get("/probe").header("x-abi", "trap")),
+        )
         .unwrap();
     assert_eq!(r.status, 503);
     let before = ticks(&e);

@@ -15,7 +15,6 @@ use dedup_envoy::{DemoUpstream, Envoy, EnvoyConfig, Request};
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::process::Command;
 use std::time::Duration;
 
 const HOST: &str = "shop.example";
@@ -87,18 +86,7 @@ fn three_routes_follow_their_own_policies() {
     assert_eq!(s.executions("/search"), 2);
     assert!(s.counter("bypassed") >= 2);
     // The operator addresses a rule's records by its name.
-    let ctl = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_dedupctl"))
-            .arg("--addr")
-            .arg(admin.to_string())
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    };
+    let ctl = |args: &[&str]| dedupctl(admin, args);
     let target = ["--key", "k-1", "--authority", HOST, "--rule", "payments"];
     let (code, out) = ctl(&[&["get"][..], &target].concat());
     assert_eq!(code, Some(0), "{out}");
@@ -113,24 +101,13 @@ fn three_routes_follow_their_own_policies() {
     assert_executed(&s.send(&purchase("/payments/charge", "k-1")));
     assert_replay_of(&s.send(&purchase("/orders", "k-1")), &order);
     // Access log lines name the rule that chose each request's policy.
-    let log_path = s.envoy.dir.join("stdout.log");
     let wanted = [
         "dedup=executed record=",
         "rule=payments",
         "rule=webhooks",
         "dedup=bypassed record=- rule=search",
     ];
-    let deadline = std::time::Instant::now() + Duration::from_secs(8);
-    let log = loop {
-        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if wanted.iter().all(|w| log.contains(w)) || std::time::Instant::now() > deadline {
-            break log;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    for w in wanted {
-        assert!(log.contains(w), "no `{w}` in the access log:\n{log}");
-    }
+    let log = s.access_log_with(&wanted);
     let orders = log
         .lines()
         .find(|l| l.contains("/orders") && l.contains("dedup=executed"))
@@ -140,32 +117,23 @@ fn three_routes_follow_their_own_policies() {
 
 #[test]
 fn envoy_refuses_bad_rules_naming_the_rule_index_and_the_field() {
-    let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
-    for (config, field) in [
-        (
-            r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"}}, {"name": "b", "match": {}}]}"#,
-            "rules[1].match",
-        ),
-        (
-            r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"}}, {"name": "a", "match": {"path_prefix": "/b"}}]}"#,
-            "rules[1].name",
-        ),
-        (
-            r#"{"rules": [{"name": "s", "match": {"path_prefix": "/s"}, "bypass": true, "ttl_seconds": 5}]}"#,
-            "rules[0].bypass",
-        ),
-    ] {
-        let cfg = EnvoyConfig::single_node(1, &wasm, config).unwrap();
-        let (code, log) = Envoy::start_expect_failure("rules-bad-config", &cfg).unwrap();
-        assert_ne!(code, 0, "Envoy started with {config}");
-        let named = log
-            .lines()
-            .any(|l| l.contains("[wasm]") && l.contains(&format!("`{field}`")));
-        assert!(
-            named,
-            "no wasm log line names {field:?} for {config}; log:\n{log}"
-        );
-    }
+    assert_refused_naming_the_field(
+        "rules-bad-config",
+        &[
+            (
+                r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"}}, {"name": "b", "match": {}}]}"#,
+                "rules[1].match",
+            ),
+            (
+                r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"}}, {"name": "a", "match": {"path_prefix": "/b"}}]}"#,
+                "rules[1].name",
+            ),
+            (
+                r#"{"rules": [{"name": "s", "match": {"path_prefix": "/s"}, "bypass": true, "ttl_seconds": 5}]}"#,
+                "rules[0].bypass",
+            ),
+        ],
+    );
 }
 
 #[test]

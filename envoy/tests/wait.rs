@@ -18,12 +18,22 @@ use serde_json::json;
 use std::sync::{Arc, Barrier, OnceLock};
 use std::time::Duration;
 
-const WAIT_CONFIG: &str = r#"{"key": {"required": true}, "on_in_flight": "wait",
-    "wait_timeout_ms": 8000, "in_flight_timeout_seconds": 20}"#;
+/// A filter config that requires a key and waits for the first, with `more` fields.
+fn waiting(more: &str) -> String {
+    format!(r#"{{"key": {{"required": true}}, "on_in_flight": "wait", {more}}}"#)
+}
+
+/// A stack of its own on `waiting(more)`.
+fn waiting_stack(name: &str, more: &str) -> Stack {
+    Stack::start(name, &waiting(more))
+}
 
 fn wait_stack() -> &'static Stack {
     static STACK: OnceLock<Stack> = OnceLock::new();
-    STACK.get_or_init(|| Stack::start("wait-main", &WAIT_CONFIG.replace('\n', " ")))
+    STACK.get_or_init(|| {
+        let config = waiting(r#""wait_timeout_ms": 8000, "in_flight_timeout_seconds": 20"#);
+        Stack::start("wait-main", &config)
+    })
 }
 
 /// Sends `n` copies of `req` at once, each on its own connection.
@@ -51,12 +61,7 @@ fn forty_concurrent_duplicates_execute_once_and_all_get_the_answer() {
         .timeout(Duration::from_secs(20));
     let answers = burst(40, &req);
     assert_eq!(s.executions(path), 1, "exactly one upstream execution");
-    let fresh: Vec<_> = answers.iter().filter(|r| !is_replayed(r)).collect();
-    assert_eq!(fresh.len(), 1, "one fresh answer, 39 replays");
-    for r in &answers {
-        assert_eq!(r.status, 200, "{}", r.summary());
-        assert_eq!(r.body, fresh[0].body, "every client gets the same answer");
-    }
+    assert_one_fresh_answer(&answers);
     assert!(s.counter("waited") >= 39);
     assert!(s.counter("wait_replayed") >= 39);
 }
@@ -70,34 +75,26 @@ fn after_a_5xx_exactly_one_waiter_executes_and_the_others_get_its_answer() {
     let failing = post(path, "release-1", &body)
         .header("x-demo-delay-ms", "1000")
         .header("x-demo-status", "503");
-    let first = std::thread::spawn(move || wait_stack().send(&failing));
-    s.wait_executions(path, 1, Duration::from_secs(5));
+    let first = s.send_in_background(failing, 1);
     let dup = post(path, "release-1", &body)
         .header("x-demo-delay-ms", "700")
         .timeout(Duration::from_secs(20));
     let answers = burst(10, &dup);
     assert_eq!(first.join().unwrap().status, 503);
     assert_eq!(s.executions(path), 2, "the 503, then exactly one waiter");
-    let fresh: Vec<_> = answers.iter().filter(|r| !is_replayed(r)).collect();
-    assert_eq!(fresh.len(), 1);
-    for r in &answers {
-        assert_eq!(r.status, 200, "{}", r.summary());
-        assert_eq!(r.body, fresh[0].body);
-    }
+    assert_one_fresh_answer(&answers);
 }
 
 #[test]
 fn a_wait_longer_than_wait_timeout_ms_gets_409() {
-    let s = Stack::start(
+    let s = waiting_stack(
         "wait-timeout",
-        r#"{"key": {"required": true}, "on_in_flight": "wait", "wait_timeout_ms": 800, "retry_after_seconds": 3}"#,
+        r#""wait_timeout_ms": 800, "retry_after_seconds": 3"#,
     );
     let path = "/wait/timeout";
     let req = post(path, "timeout-1", &json!({"a": 1}));
     let slow = req.clone().header("x-demo-delay-ms", "3000");
-    let addr = s.envoy.addr();
-    let first = std::thread::spawn(move || dedup_envoy::client::send(addr, &slow).unwrap());
-    s.wait_executions(path, 1, Duration::from_secs(5));
+    let first = s.send_in_background(slow, 1);
     let started = std::time::Instant::now();
     let dup = s.send(&req);
     assert_problem(&dup, 409, "in-flight");
@@ -112,23 +109,10 @@ fn a_wait_longer_than_wait_timeout_ms_gets_409() {
     // The access log names the replay after waiting.
     let waiter = post(path, "timeout-2", &json!({"a": 2}));
     let slow = waiter.clone().header("x-demo-delay-ms", "300");
-    let first = std::thread::spawn(move || dedup_envoy::client::send(addr, &slow).unwrap());
-    s.wait_executions(path, 2, Duration::from_secs(5));
+    let first = s.send_in_background(slow, 2);
     assert!(is_replayed(&s.send(&waiter)));
     first.join().unwrap();
-    let log_path = s.envoy.dir.join("stdout.log");
-    let deadline = std::time::Instant::now() + Duration::from_secs(8);
-    loop {
-        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if log.contains("dedup=waited") {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no `dedup=waited` in the access log:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    s.access_log_with(&["dedup=waited"]);
 }
 
 /// Polls until filter counter `short` reaches `n` (a duplicate was taken in to wait).
@@ -163,22 +147,13 @@ fn wait_active_requests(s: &Stack, n: u64) {
 
 /// The access log line of a request to `path` with `dedup=<decision>`, polled for.
 fn log_line(s: &Stack, path: &str, decision: &str) -> String {
-    let log_path = s.envoy.dir.join("stdout.log");
-    let deadline = std::time::Instant::now() + Duration::from_secs(8);
-    loop {
-        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-        let found = log.lines().find(|l| {
-            l.contains(&format!(" {path}\"")) && l.contains(&format!("dedup={decision} "))
-        });
-        if let Some(line) = found {
-            return line.to_string();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no `{path}` line with `dedup={decision}` in the access log:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    s.poll_access_log(&format!("`{path}` line with `dedup={decision}`"), |log| {
+        log.lines()
+            .find(|l| {
+                l.contains(&format!(" {path}\"")) && l.contains(&format!("dedup={decision} "))
+            })
+            .map(str::to_string)
+    })
 }
 
 #[test]
@@ -192,9 +167,7 @@ fn a_waiter_whose_client_hangs_up_leaves_nothing_behind() {
     let config = EnvoyConfig::single_node(
         upstream.port(),
         &wasm,
-        &r#"{"key": {"required": true}, "on_in_flight": "wait", "wait_timeout_ms": 15000,
-            "max_waiters": 1, "in_flight_timeout_seconds": 25}"#
-            .replace('\n', " "),
+        &waiting(r#""wait_timeout_ms": 15000, "max_waiters": 1, "in_flight_timeout_seconds": 25"#),
     )
     .unwrap();
     let s = Stack {
@@ -210,8 +183,7 @@ fn a_waiter_whose_client_hangs_up_leaves_nothing_behind() {
         .header("x-client", "first")
         .timeout(Duration::from_secs(20));
     let addr = s.envoy.addr();
-    let first = std::thread::spawn(move || dedup_envoy::client::send(addr, &first).unwrap());
-    s.wait_executions(path, 1, Duration::from_secs(5));
+    let first = s.send_in_background(first, 1);
     for i in 0..4 {
         let gone = post(path, "hangup-1", &body)
             .header("x-client", &format!("gone-{i}"))
@@ -285,9 +257,9 @@ fn above_max_waiters_a_duplicate_gets_409_at_once() {
     let config = EnvoyConfig::single_node(
         upstream.port(),
         &wasm,
-        &r#"{"key": {"required": true}, "on_in_flight": "wait", "wait_timeout_ms": 15000,
-            "max_waiters": 2, "retry_after_seconds": 2, "in_flight_timeout_seconds": 25}"#
-            .replace('\n', " "),
+        &waiting(
+            r#""wait_timeout_ms": 15000, "max_waiters": 2, "retry_after_seconds": 2, "in_flight_timeout_seconds": 25"#,
+        ),
     )
     .unwrap()
     .with_workers(1, None);
@@ -301,8 +273,7 @@ fn above_max_waiters_a_duplicate_gets_409_at_once() {
         let req = post(&path, &format!("max-{round}"), &json!({"n": round}))
             .timeout(Duration::from_secs(20));
         let slow = req.clone().header("x-demo-delay-ms", delay);
-        let first = std::thread::spawn(move || dedup_envoy::client::send(addr, &slow).unwrap());
-        s.wait_executions(&path, 1, Duration::from_secs(5));
+        let first = s.send_in_background(slow, 1);
         let waiters: Vec<_> = (0..2)
             .map(|_| {
                 let req = req.clone();
@@ -379,20 +350,16 @@ fn a_waiter_of_a_held_claim_waits_out_its_time_then_gets_409_with_the_hold_left(
     // The first client hangs up while the upstream runs: the outcome is unknown and the
     // claim is held for the in-flight timeout; a waiter is never released onto the
     // upstream meanwhile.
-    let s = Stack::start(
+    let s = waiting_stack(
         "wait-held",
-        r#"{"key": {"required": true}, "on_in_flight": "wait", "wait_timeout_ms": 1500, "in_flight_timeout_seconds": 12}"#,
+        r#""wait_timeout_ms": 1500, "in_flight_timeout_seconds": 12"#,
     );
     let path = "/wait/held";
     let req = post(path, "held-1", &json!({"h": 1})).timeout(Duration::from_secs(20));
-    let gone = dedup_envoy::client::send_or_give_up(
-        s.envoy.addr(),
+    s.hang_up(
         &req.clone().header("x-demo-delay-ms", "2000"),
         Duration::from_millis(300),
-        dedup_envoy::client::Leave::Close,
-    )
-    .unwrap();
-    assert!(matches!(gone, dedup_envoy::client::GiveUp::GaveUp));
+    );
     s.wait_executions(path, 1, Duration::from_secs(5));
     s.envoy
         .wait_stat_at_least(
@@ -425,7 +392,7 @@ fn the_route_timeout_does_not_count_the_time_a_duplicate_waits() {
             &template,
             upstream_port,
             wasm,
-            r#"{"key": {"required": true}, "on_in_flight": "wait", "wait_timeout_ms": 8000}"#,
+            &waiting(r#""wait_timeout_ms": 8000"#),
         )
         .and_then(|c| c.with_port("RL_LISTEN_PORT"))
         .and_then(|c| c.with_port("DEAD_PORT"))
@@ -434,9 +401,7 @@ fn the_route_timeout_does_not_count_the_time_a_duplicate_waits() {
     let path = "/wait/route-timeout";
     let req = post(path, "route-1", &json!({"r": 1})).timeout(Duration::from_secs(20));
     let slow = req.clone().header("x-demo-delay-ms", "2500");
-    let addr = s.envoy.addr();
-    let first = std::thread::spawn(move || dedup_envoy::client::send(addr, &slow).unwrap());
-    s.wait_executions(path, 1, Duration::from_secs(5));
+    let first = s.send_in_background(slow, 1);
     let dup = s.send(&req.clone().header("x-route", "short-timeout"));
     let first = first.join().unwrap();
     assert_executed(&first);

@@ -8,12 +8,13 @@
 
 mod common;
 
-use common::{assert_problem, burst, is_replayed, keyed};
+use common::{assert_one_fresh_answer, assert_problem, burst, counter_of, is_replayed, keyed};
 use dedup_envoy::etcd::{multi_proxy_config, wait_etcd_hosts_healthy, EtcdCluster};
 use dedup_envoy::paths::dedup_wasm;
 use dedup_envoy::{DemoUpstream, Envoy, Request, Response};
 use serde_json::json;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 const CONFIG: &str = r#"{"key": {"required": true}, "store": {"kind": "etcd", "cluster": "etcd"},
@@ -61,12 +62,16 @@ impl Multi {
     }
 
     fn counter(&self, proxy: usize, short: &str) -> u64 {
-        self.proxies[proxy]
-            .dedup_counters()
-            .unwrap_or_else(|e| panic!("{e}"))
-            .get(short)
-            .copied()
-            .unwrap_or(0)
+        counter_of(&self.proxies[proxy], short)
+    }
+
+    /// Sends `req` through `proxy` on another thread and returns once the
+    /// upstream has begun executing it; join for the answer.
+    fn send_in_background(self: &Arc<Self>, proxy: usize, req: Request) -> JoinHandle<Response> {
+        let (m, path) = (self.clone(), req.path.clone());
+        let answer = std::thread::spawn(move || m.send(proxy, &req));
+        self.wait_executions(&path, 1);
+        answer
     }
 
     fn wait_executions(&self, path: &str, n: u64) {
@@ -88,22 +93,13 @@ fn etcd_wait_mode_across_two_proxies() {
     let req = keyed(HOST, path, "forty-1", &json!({"n": 40})).header("x-demo-delay-ms", "1500");
     let answers = burst(&addrs, 40, &req);
     assert_eq!(m.upstream.executions_for_path(path), 1);
-    let fresh: Vec<_> = answers.iter().filter(|(_, r)| !is_replayed(r)).collect();
-    assert_eq!(fresh.len(), 1, "one fresh answer, 39 replays");
-    for (p, r) in &answers {
-        assert_eq!(r.status, 200, "proxy {p}: {}", r.summary());
-        assert_eq!(r.body, fresh[0].1.body);
-    }
+    assert_one_fresh_answer(answers.iter().map(|(_, r)| r));
 
     // A waiter on proxy B gets proxy A's answer.
     let path = "/wait/other-proxy";
     let req = keyed(HOST, path, "other-1", &json!({"n": 1}));
     let slow = req.clone().header("x-demo-delay-ms", "1200");
-    let a = {
-        let m = m.clone();
-        std::thread::spawn(move || m.send(0, &slow))
-    };
-    m.wait_executions(path, 1);
+    let a = m.send_in_background(0, slow);
     let on_b = m.send(1, &req);
     let on_a = a.join().unwrap();
     assert_eq!(on_a.status, 200);
@@ -120,31 +116,18 @@ fn etcd_wait_mode_across_two_proxies() {
     let failing = keyed(HOST, path, "release-1", &body)
         .header("x-demo-delay-ms", "1000")
         .header("x-demo-status", "503");
-    let first = {
-        let m = m.clone();
-        std::thread::spawn(move || m.send(0, &failing))
-    };
-    m.wait_executions(path, 1);
+    let first = m.send_in_background(0, failing);
     let dup = keyed(HOST, path, "release-1", &body).header("x-demo-delay-ms", "700");
     let answers = burst(&addrs, 10, &dup);
     assert_eq!(first.join().unwrap().status, 503);
     assert_eq!(m.upstream.executions_for_path(path), 2);
-    let fresh: Vec<_> = answers.iter().filter(|(_, r)| !is_replayed(r)).collect();
-    assert_eq!(fresh.len(), 1);
-    for (p, r) in &answers {
-        assert_eq!(r.status, 200, "proxy {p}: {}", r.summary());
-        assert_eq!(r.body, fresh[0].1.body);
-    }
+    assert_one_fresh_answer(answers.iter().map(|(_, r)| r));
 
     // A first that runs longer than wait_timeout_ms: the waiter gets 409.
     let path = "/wait/timeout";
     let req = keyed(HOST, path, "timeout-1", &json!({"n": 9}));
     let slow = req.clone().header("x-demo-delay-ms", "6000");
-    let first = {
-        let m = m.clone();
-        std::thread::spawn(move || m.send(0, &slow))
-    };
-    m.wait_executions(path, 1);
+    let first = m.send_in_background(0, slow);
     let dup = m.send(1, &req);
     assert_problem(&dup, 409, "in-flight");
     assert_eq!(m.counter(1, "wait_timeout"), 1);
@@ -159,11 +142,7 @@ fn etcd_wait_mode_across_two_proxies() {
     let failing = keyed(HOST, path, "hangup-1", &body)
         .header("x-demo-delay-ms", "2500")
         .header("x-demo-status", "503");
-    let first = {
-        let m = m.clone();
-        std::thread::spawn(move || m.send(0, &failing))
-    };
-    m.wait_executions(path, 1);
+    let first = m.send_in_background(0, failing);
     let waited = m.counter(1, "waited");
     for i in 0..3u64 {
         let mut conn =

@@ -7,10 +7,10 @@
 //! each filter-cost case (share of Envoy's samples per object: its binary, V8's code, the kernel).
 
 use dedup_envoy::bench::{
-    added_us, ceiling_config, counters_list, envoy_version, load_average, load_chart,
-    measure_interleaved, no_write, run_stamp, table_header, table_row, write_chart, write_section,
-    BenchFilter, Case, CeilingRoute, ChartRow, Load, Measured, Settings, BIG_BODY_BYTES, BODY,
-    CONNECTIONS, GET_LUA, KEYLESS_64K_LUA, NO_KEY_LUA, REPLAY_LUA, THREADS, UNIQUE_LUA,
+    added_us, ceiling_config, counters_list, envoy_version, load_average, measure_interleaved,
+    no_write, run_stamp, table_header, table_row, write_load_chart, write_section, BenchFilter,
+    Case, CeilingRoute, ChartRow, Load, Measured, Settings, BIG_BODY_BYTES, BODY, CONNECTIONS,
+    GET_LUA, KEYLESS_64K_LUA, NO_KEY_LUA, REPLAY_LUA, THREADS, UNIQUE_LUA,
 };
 use dedup_envoy::envoy::WORKERS;
 use dedup_envoy::paths::{dedup_wasm, empty_wasm};
@@ -145,16 +145,14 @@ fn envoy_load() -> Result<()> {
             note: format!("×{:.2}", m.rps / base.rps),
         })
         .collect();
-    let chart = write_chart(
+    let chart = write_load_chart(
         "envoy-load.svg",
-        &load_chart(
-            "Envoy load: proxy-dedup against no filter and the empty Wasm filter",
-            &format!(
-                "Envoy {version}, --concurrency 2, wrk -t{THREADS} -c{CONNECTIONS}, best of {rounds} rounds of {seconds} s, one 2-core machine, load average before: {load_before}"
-            ),
-            "the no-filter case",
-            &rows,
-        ),
+        "Envoy load: proxy-dedup against no filter and the empty Wasm filter",
+        &format!("Envoy {version}, --concurrency 2"),
+        &Settings { seconds, rounds },
+        &load_before,
+        "the no-filter case",
+        &rows,
     )?;
     let section = format!(
         "## Envoy load\n\n\
@@ -226,6 +224,7 @@ fn filter_cost() -> Result<()> {
     const DEFAULTS: Option<&str> = Some("{}");
     const KEYLESS: Option<&str> = Some(r#"{"key": {"fingerprint": ["method", "path", "body"]}}"#);
     use CeilingRoute::{Answer, Direct};
+    const BIG: &str = KEYLESS_64K_LUA;
     let case = |name, wasm, script, baseline, route| CostCase {
         name,
         wasm,
@@ -240,18 +239,12 @@ fn filter_cost() -> Result<()> {
         case("buffer filter only", None, NO_KEY_LUA, 1, Answer),
         case("empty filter, POST", EMPTY, NO_KEY_LUA, 1, Answer),
         case("empty filter, GET", EMPTY, GET_LUA, 2, Answer),
-        case(
-            "empty filter, POST 64 KiB",
-            EMPTY,
-            KEYLESS_64K_LUA,
-            3,
-            Answer,
-        ),
+        case("empty filter, POST 64 KiB", EMPTY, BIG, 3, Answer),
         case("dedup, GET (bypassed)", DEFAULTS, GET_LUA, 2, Answer),
         case("dedup, POST without a key", DEFAULTS, NO_KEY_LUA, 1, Answer),
         case("dedup, first execution", DEFAULTS, UNIQUE_LUA, 1, Answer),
         case("dedup, replay", DEFAULTS, REPLAY_LUA, 9, Answer),
-        case("dedup, keyless 64 KiB", KEYLESS, KEYLESS_64K_LUA, 3, Answer),
+        case("dedup, keyless 64 KiB", KEYLESS, BIG, 3, Answer),
         case(
             "empty filter, POST, direct_response",
             EMPTY,

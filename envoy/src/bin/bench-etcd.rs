@@ -12,8 +12,8 @@
 //! `BENCH_ROUNDS` (default 3), `BENCH_NO_WRITE=1` to leave BENCHMARKS.md alone.
 
 use dedup_envoy::bench::{
-    counters_list, envoy_version, load_average, load_chart, measure_interleaved, no_write,
-    run_stamp, table_header, table_row, write_chart, write_section, Case, ChartRow, Settings, BODY,
+    counters_list, envoy_version, load_average, measure_interleaved, no_write, run_stamp,
+    table_header, table_row, write_load_chart, write_section, Case, ChartRow, Settings, BODY,
     CONNECTIONS, REPLAY_LUA, THREADS, UNIQUE_LUA,
 };
 use dedup_envoy::etcd::{
@@ -113,26 +113,22 @@ fn run() -> Result<()> {
     // (store, load) of each case, in the order of `cases`.
     let mut kinds = Vec::new();
     let mut cases = Vec::new();
+    let mut start = |store: Store, load: Load, config: EnvoyConfig| -> Result<()> {
+        kinds.push((store, load));
+        cases.push(start_case(store, load, config)?);
+        Ok(())
+    };
     for load in [Load::FirstExecutions, Load::Replays] {
-        kinds.push((Store::SharedData, load));
-        cases.push(start_case(
-            Store::SharedData,
-            load,
-            EnvoyConfig::single_node(port, &dedup, SHARED_DATA_CONFIG)?,
-        )?);
-        kinds.push((Store::Etcd, load));
-        cases.push(start_case(
+        let shared_data = EnvoyConfig::single_node(port, &dedup, SHARED_DATA_CONFIG)?;
+        start(Store::SharedData, load, shared_data)?;
+        start(
             Store::Etcd,
             load,
             multi_proxy_config(&etcd, port, &dedup, ETCD_CONFIG)?,
-        )?);
+        )?;
         if load == Load::FirstExecutions {
-            kinds.push((Store::EtcdJson, load));
-            cases.push(start_case(
-                Store::EtcdJson,
-                load,
-                multi_proxy_json_config(&etcd, port, &dedup, ETCD_JSON_CONFIG)?,
-            )?);
+            let json = multi_proxy_json_config(&etcd, port, &dedup, ETCD_JSON_CONFIG)?;
+            start(Store::EtcdJson, load, json)?;
         }
     }
     measure_interleaved(&mut cases, seconds, rounds, 26)?;
@@ -241,16 +237,14 @@ in the same run: {:.0} req/s, so gRPC is **{:.2}× the JSON gateway**.",
             note: format!("×{:.2}", m.rps / baseline(*load).0),
         })
         .collect();
-    let chart = write_chart(
+    let chart = write_load_chart(
         "etcd-store.svg",
-        &load_chart(
-            "The etcd store against the shared-data store",
-            &format!(
-                "Envoy {version} (--concurrency 2) and a 3-member etcd {etcd}, wrk -t{THREADS} -c{CONNECTIONS}, best of {rounds} rounds of {seconds} s, one 2-core machine, load average before: {load_before}"
-            ),
-            "shared data, same load",
-            &rows,
-        ),
+        "The etcd store against the shared-data store",
+        &format!("Envoy {version} (--concurrency 2) and a 3-member etcd {etcd}"),
+        &Settings { seconds, rounds },
+        &load_before,
+        "shared data, same load",
+        &rows,
     )?;
     let section = format!(
         "## etcd store\n\n\

@@ -655,6 +655,16 @@ mod tests {
         }
     }
 
+    /// A fresh answer from execution `order` (whose body hash is `order * 100`).
+    fn fresh(status: u16, order: u64) -> Outcome {
+        answered(status, false, Some(order), order * 100)
+    }
+
+    /// A replay of execution `order`.
+    fn replay(status: u16, order: u64) -> Outcome {
+        answered(status, true, Some(order), order * 100)
+    }
+
     fn rules(f: &Findings) -> Vec<Rule> {
         f.violations.iter().map(|v| v.rule).collect()
     }
@@ -667,42 +677,10 @@ mod tests {
     fn a_clean_history_passes() {
         // Executed once on A, replayed on B, 5xx released then run again on C.
         let atts = vec![
-            attempt(
-                "r1",
-                0,
-                "t1",
-                "k",
-                0,
-                50,
-                answered(200, false, Some(1), 100),
-            ),
-            attempt(
-                "r2",
-                1,
-                "t1",
-                "k",
-                60,
-                70,
-                answered(200, true, Some(1), 100),
-            ),
-            attempt(
-                "r3",
-                2,
-                "t1",
-                "k",
-                0,
-                50,
-                answered(503, false, Some(2), 200),
-            ),
-            attempt(
-                "r4",
-                2,
-                "t1",
-                "k",
-                100,
-                150,
-                answered(200, false, Some(3), 300),
-            ),
+            attempt("r1", 0, "t1", "k", 0, 50, fresh(200, 1)),
+            attempt("r2", 1, "t1", "k", 60, 70, replay(200, 1)),
+            attempt("r3", 2, "t1", "k", 0, 50, fresh(503, 2)),
+            attempt("r4", 2, "t1", "k", 100, 150, fresh(200, 3)),
         ];
         let execs = vec![
             exec(1, "r1", "t1", "k", 10, 200, None),
@@ -719,15 +697,7 @@ mod tests {
         // r1 gives up (held), r2 runs 1 s later: a violation. r3 after T: allowed.
         let atts = vec![
             attempt("r1", 0, "t1", "k", 0, 300, Outcome::GaveUp { reset: true }),
-            attempt(
-                "r2",
-                1,
-                "t1",
-                "k",
-                1000,
-                1100,
-                answered(200, false, Some(2), 200),
-            ),
+            attempt("r2", 1, "t1", "k", 1000, 1100, fresh(200, 2)),
         ];
         let execs = vec![
             exec(1, "r1", "t1", "k", 10, 200, None),
@@ -739,15 +709,7 @@ mod tests {
 
         let late = vec![
             attempt("r1", 0, "t1", "k", 0, 300, Outcome::GaveUp { reset: true }),
-            attempt(
-                "r3",
-                1,
-                "t1",
-                "k",
-                5000,
-                5100,
-                answered(200, false, Some(3), 300),
-            ),
+            attempt("r3", 1, "t1", "k", 5000, 5100, fresh(200, 3)),
         ];
         let execs = vec![
             exec(1, "r1", "t1", "k", 10, 200, None),
@@ -762,33 +724,9 @@ mod tests {
     fn a_reset_upstream_does_not_release_but_other_stores_and_tenants_are_separate() {
         let atts = vec![
             attempt("r1", 0, "t1", "k", 0, 300, answered(504, false, None, 0)),
-            attempt(
-                "r2",
-                0,
-                "t1",
-                "k",
-                400,
-                500,
-                answered(200, false, Some(2), 200),
-            ),
-            attempt(
-                "r3",
-                2,
-                "t1",
-                "k",
-                400,
-                500,
-                answered(200, false, Some(3), 300),
-            ),
-            attempt(
-                "r4",
-                0,
-                "t2",
-                "k",
-                400,
-                500,
-                answered(200, false, Some(4), 400),
-            ),
+            attempt("r2", 0, "t1", "k", 400, 500, fresh(200, 2)),
+            attempt("r3", 2, "t1", "k", 400, 500, fresh(200, 3)),
+            attempt("r4", 0, "t2", "k", 400, 500, fresh(200, 4)),
         ];
         let execs = vec![
             exec(1, "r1", "t1", "k", 10, 200, Some(UpstreamFault::Reset)),
@@ -804,33 +742,9 @@ mod tests {
     #[test]
     fn an_execution_after_a_replay_is_flagged_even_past_the_timeout() {
         let atts = vec![
-            attempt(
-                "r1",
-                0,
-                "t1",
-                "k",
-                0,
-                50,
-                answered(200, false, Some(1), 100),
-            ),
-            attempt(
-                "r2",
-                1,
-                "t1",
-                "k",
-                100,
-                120,
-                answered(200, true, Some(1), 100),
-            ),
-            attempt(
-                "r3",
-                1,
-                "t1",
-                "k",
-                9000,
-                9100,
-                answered(200, false, Some(3), 300),
-            ),
+            attempt("r1", 0, "t1", "k", 0, 50, fresh(200, 1)),
+            attempt("r2", 1, "t1", "k", 100, 120, replay(200, 1)),
+            attempt("r3", 1, "t1", "k", 9000, 9100, fresh(200, 3)),
         ];
         let execs = vec![
             exec(1, "r1", "t1", "k", 10, 200, None),
@@ -843,35 +757,11 @@ mod tests {
 
     #[test]
     fn another_tenants_or_payloads_response_is_flagged() {
-        let mut other_payload = attempt(
-            "r3",
-            0,
-            "t1",
-            "k",
-            200,
-            220,
-            answered(200, true, Some(1), 100),
-        );
+        let mut other_payload = attempt("r3", 0, "t1", "k", 200, 220, replay(200, 1));
         other_payload.payload = 8;
         let atts = vec![
-            attempt(
-                "r1",
-                0,
-                "t1",
-                "k",
-                0,
-                50,
-                answered(200, false, Some(1), 100),
-            ),
-            attempt(
-                "r2",
-                1,
-                "t2",
-                "k",
-                100,
-                120,
-                answered(200, true, Some(1), 100),
-            ),
+            attempt("r1", 0, "t1", "k", 0, 50, fresh(200, 1)),
+            attempt("r2", 1, "t2", "k", 100, 120, replay(200, 1)),
             other_payload,
         ];
         let execs = vec![exec(1, "r1", "t1", "k", 10, 200, None)];
@@ -889,15 +779,7 @@ mod tests {
     #[test]
     fn a_replay_that_differs_or_replays_a_5xx_or_a_cut_answer_is_flagged() {
         let atts = vec![
-            attempt(
-                "r1",
-                0,
-                "t1",
-                "k1",
-                0,
-                50,
-                answered(201, false, Some(1), 100),
-            ),
+            attempt("r1", 0, "t1", "k1", 0, 50, fresh(201, 1)),
             attempt(
                 "r2",
                 0,
@@ -907,34 +789,10 @@ mod tests {
                 70,
                 answered(201, true, Some(1), 999),
             ),
-            attempt(
-                "r3",
-                0,
-                "t1",
-                "k2",
-                0,
-                50,
-                answered(503, false, Some(2), 200),
-            ),
-            attempt(
-                "r4",
-                0,
-                "t1",
-                "k2",
-                60,
-                70,
-                answered(503, true, Some(2), 200),
-            ),
+            attempt("r3", 0, "t1", "k2", 0, 50, fresh(503, 2)),
+            attempt("r4", 0, "t1", "k2", 60, 70, replay(503, 2)),
             attempt("r5", 0, "t1", "k3", 0, 50, Outcome::Failed("cut".into())),
-            attempt(
-                "r6",
-                0,
-                "t1",
-                "k3",
-                60,
-                70,
-                answered(200, true, Some(3), 300),
-            ),
+            attempt("r6", 0, "t1", "k3", 60, 70, replay(200, 3)),
         ];
         let mut e1 = exec(1, "r1", "t1", "k1", 10, 201, None);
         e1.body_hash = 100;
@@ -950,15 +808,7 @@ mod tests {
 
     #[test]
     fn bad_keys_must_get_400_and_never_execute() {
-        let mut missing = attempt(
-            "r1",
-            0,
-            "t1",
-            "k",
-            0,
-            10,
-            answered(200, false, Some(1), 100),
-        );
+        let mut missing = attempt("r1", 0, "t1", "k", 0, 10, fresh(200, 1));
         missing.form = KeyForm::Missing;
         missing.key = None;
         let mut long = attempt("r2", 0, "t1", "k", 0, 10, answered(400, false, None, 0));
@@ -976,15 +826,7 @@ mod tests {
 
     #[test]
     fn one_attempt_executed_twice_and_unknown_executions_are_flagged() {
-        let atts = vec![attempt(
-            "r1",
-            0,
-            "t1",
-            "k",
-            0,
-            50,
-            answered(200, false, Some(2), 200),
-        )];
+        let atts = vec![attempt("r1", 0, "t1", "k", 0, 50, fresh(200, 2))];
         let execs = vec![
             exec(1, "r1", "t1", "k", 10, 503, None),
             exec(2, "r1", "t1", "k", 30, 200, None),
@@ -1004,24 +846,8 @@ mod tests {
     #[test]
     fn counters_must_agree_within_what_the_history_cannot_see() {
         let atts = vec![
-            attempt(
-                "r1",
-                0,
-                "t1",
-                "k",
-                0,
-                50,
-                answered(200, false, Some(1), 100),
-            ),
-            attempt(
-                "r2",
-                0,
-                "t1",
-                "k",
-                60,
-                70,
-                answered(200, true, Some(1), 100),
-            ),
+            attempt("r1", 0, "t1", "k", 0, 50, fresh(200, 1)),
+            attempt("r2", 0, "t1", "k", 60, 70, replay(200, 1)),
             attempt("r3", 0, "t1", "j", 60, 70, Outcome::GaveUp { reset: false }),
         ];
         let execs = vec![exec(1, "r1", "t1", "k", 10, 200, None)];

@@ -215,15 +215,20 @@ impl Cluster {
         self.etcd.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Proxy `i` and its process slot, locked.
+    fn proxy_slot(&self, i: usize) -> Result<(&Proxy, MutexGuard<'_, Option<Envoy>>)> {
+        match self.proxies.get(i) {
+            Some(p) => Ok((p, p.envoy())),
+            None => fail!("no proxy {i}"),
+        }
+    }
+
     /// kill -9 proxy `i` and start it again on the same config (its pushed
     /// filter configuration included). Its counters are read first; what it
     /// counts between that read and the kill is lost (recorded as a window).
     /// Returns how long it was down.
     pub fn restart_proxy(&self, i: usize) -> Result<Duration> {
-        let Some(p) = self.proxies.get(i) else {
-            fail!("no proxy {i}");
-        };
-        let mut slot = p.envoy();
+        let (p, mut slot) = self.proxy_slot(i)?;
         let Some(old) = slot.take() else {
             fail!("proxy {} is not running", p.name);
         };
@@ -262,10 +267,7 @@ impl Cluster {
     /// variant of its filter configuration; waits until Envoy took it.
     /// Returns the field values pushed.
     pub fn push_config(&self, i: usize) -> Result<String> {
-        let Some(p) = self.proxies.get(i) else {
-            fail!("no proxy {i}");
-        };
-        let mut slot = p.envoy();
+        let (p, mut slot) = self.proxy_slot(i)?;
         let Some(envoy) = slot.as_mut() else {
             fail!("proxy {} is not running", p.name);
         };

@@ -4,13 +4,14 @@
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
-use dedup_envoy::client::Connection;
+use dedup_envoy::client::{send_or_give_up, Connection, GiveUp, Leave};
 use dedup_envoy::paths::dedup_wasm;
 use dedup_envoy::{DemoUpstream, Envoy, EnvoyConfig, Request, Response};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Barrier};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub struct Stack {
@@ -63,11 +64,85 @@ impl Stack {
         }
     }
 
+    /// Sends `req` on another thread and returns once the upstream has begun
+    /// the `n`th execution of its path (within 5 s); join for the answer.
+    pub fn send_in_background(&self, req: Request, n: u64) -> JoinHandle<Response> {
+        let (addr, path) = (self.envoy.addr(), req.path.clone());
+        let answer = std::thread::spawn(move || dedup_envoy::client::send(addr, &req).unwrap());
+        self.wait_executions(&path, n, Duration::from_secs(5));
+        answer
+    }
+
+    /// Sends `req` and closes the connection `after` this long without an
+    /// answer; fails if the answer came first.
+    pub fn hang_up(&self, req: &Request, after: Duration) {
+        let gone = send_or_give_up(self.envoy.addr(), req, after, Leave::Close).unwrap();
+        assert!(
+            matches!(gone, GiveUp::GaveUp),
+            "{} {} was answered within {after:?}: {gone:?}",
+            req.method,
+            req.path
+        );
+    }
+
     pub fn counter(&self, short: &str) -> u64 {
         self.envoy
             .dedup_counter(short)
             .unwrap_or_else(|e| panic!("{e}"))
     }
+
+    /// Polls Envoy's access log (the harness has Envoy flush it every 0.5 s)
+    /// for up to 8 s until `find` finds something in it; fails naming `what`.
+    pub fn poll_access_log<T>(&self, what: &str, find: impl Fn(&str) -> Option<T>) -> T {
+        let log_path = self.envoy.dir.join("stdout.log");
+        let deadline = Instant::now() + Duration::from_secs(8);
+        loop {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if let Some(found) = find(&log) {
+                return found;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {what} in the access log:\n{log}\nEnvoy's log:\n{}",
+                self.envoy.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The access log, once it contains every one of `wanted`.
+    pub fn access_log_with(&self, wanted: &[&str]) -> String {
+        self.poll_access_log(&format!("{wanted:?}"), |log| {
+            wanted
+                .iter()
+                .all(|w| log.contains(w))
+                .then(|| log.to_string())
+        })
+    }
+}
+
+/// A filter counter of one of several proxies; a counter not (yet) in /stats is 0.
+pub fn counter_of(proxy: &Envoy, short: &str) -> u64 {
+    proxy
+        .dedup_counters()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .get(short)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// `dedupctl --addr <admin> <args>`: its exit code and standard output.
+pub fn dedupctl(admin: SocketAddr, args: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dedupctl"))
+        .arg("--addr")
+        .arg(admin.to_string())
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
 }
 
 /// A JSON POST with an idempotency key.
@@ -161,6 +236,75 @@ pub fn assert_replay_of(r: &Response, first: &Response) {
         first.header("x-order-id"),
         "replay keeps the upstream's headers"
     );
+}
+
+/// Envoy refuses to start with each filter config, a `[wasm]` log line naming
+/// its field.
+pub fn assert_refused_naming_the_field(name: &str, cases: &[(&str, &str)]) {
+    let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
+    for (config, field) in cases {
+        let cfg = EnvoyConfig::single_node(1, &wasm, config).unwrap();
+        let (code, log) = Envoy::start_expect_failure(name, &cfg).unwrap();
+        assert_ne!(code, 0, "Envoy started with {config}");
+        let named = log
+            .lines()
+            .any(|l| l.contains("[wasm]") && l.contains(&format!("`{field}`")));
+        assert!(
+            named,
+            "no wasm log line names {field:?} for {config}; log:\n{log}"
+        );
+    }
+}
+
+/// Where the lines marked `begin` and `end` stand in `text` (`begin`'s
+/// position, `end`'s); fails naming the marker that is missing.
+pub fn markers(text: &str, begin: &str, end: &str) -> (usize, usize) {
+    let at = |marker: &str| {
+        text.find(marker)
+            .unwrap_or_else(|| panic!("no marker {marker:?}"))
+    };
+    (at(begin), at(end))
+}
+
+/// Concurrent duplicates were answered by one execution: one fresh answer,
+/// every other a replay of it, all 200 with its body.
+pub fn assert_one_fresh_answer<'a>(answers: impl IntoIterator<Item = &'a Response>) {
+    let answers: Vec<&Response> = answers.into_iter().collect();
+    let fresh: Vec<_> = answers.iter().filter(|r| !is_replayed(r)).collect();
+    assert_eq!(
+        fresh.len(),
+        1,
+        "one fresh answer, {} replays",
+        answers.len() - 1
+    );
+    for r in &answers {
+        assert_eq!(r.status, 200, "{}", r.summary());
+        assert_eq!(r.body, fresh[0].body, "every client gets the same answer");
+    }
+}
+
+/// `first` is the one execution of `key`, and `replay()` (the same request
+/// again) is answered with its replay: the upstream ran `key` once.
+pub fn assert_once_then_replayed(
+    s: &Stack,
+    key: &str,
+    first: &Response,
+    replay: impl FnOnce() -> Response,
+) {
+    assert_executed(first);
+    assert_eq!(s.upstream.executions_for_key(key), 1);
+    assert_replay_of(&replay(), first);
+    assert_eq!(s.upstream.executions_for_key(key), 1);
+}
+
+/// After an answer the filter did not store, `req` executes again (the
+/// upstream's second execution) and is then replayed. Returns that execution.
+pub fn assert_runs_again_then_replays(s: &Stack, req: &Request) -> Response {
+    let again = s.send(req);
+    assert_executed(&again);
+    assert_eq!(json(&again)["executions"], 2);
+    assert_replay_of(&s.send(req), &again);
+    again
 }
 
 // --- HS256 JWTs for envoy/configs/jwt-scope.yaml ------------------------------
