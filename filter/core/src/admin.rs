@@ -3,7 +3,7 @@
 //! answers `GET /records?…`, `DELETE /records?…` and `GET /stats`, and nothing else.
 
 use crate::config::{Config, Policy, StoreConfig};
-use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState};
+use crate::etcd::{self, EtcdAnswer, EtcdRecord};
 use crate::key::{record_digest, ClientKey, Digest, KeySource, RequestHead};
 use crate::metrics::Counter;
 use crate::reply::{LocalReply, Problem};
@@ -330,10 +330,10 @@ impl AdminStream {
     }
 
     /// etcd answered the admin stream's call.
-    pub fn on_store_answer<E: Env>(
+    pub fn on_store_answer(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut impl Env,
         answer: CallAnswer,
     ) -> Action {
         let now = env.now_ms();
@@ -382,17 +382,12 @@ impl AdminStream {
                 let Some(r) = EtcdRecord::decode(&value, &digest) else {
                     return unavailable("the record cannot be read by this version".to_string());
                 };
-                let claim = matches!(r.state, EtcdState::InFlight | EtcdState::Held);
+                let claim = r.state.is_claim();
                 if !claim && r.expires_ms <= now {
                     return Action::Reply(not_found(&digest));
                 }
                 let view = RecordView {
-                    state: match r.state {
-                        EtcdState::InFlight => "in_flight",
-                        EtcdState::Held => "held",
-                        EtcdState::Completed => "completed",
-                        EtcdState::CompletedNotStored => "completed_not_stored",
-                    },
+                    state: r.state.name(),
                     expires_ms: r.expires_ms,
                     payload: r.payload,
                     response: r.response.as_ref().map(|s| (s.status, s.body.len())),

@@ -140,6 +140,15 @@ mod tests {
         })
     }
 
+    /// A table with calls registered as (token, root, owner).
+    fn table(calls: &[(u32, u32, Option<u32>)]) -> Callouts {
+        let mut t = Callouts::new();
+        for &(token, root, owner) in calls {
+            t.register(token, root, owner);
+        }
+        t
+    }
+
     /// The index agrees with the entries.
     fn consistent(t: &Callouts) {
         let indexed: usize = t.by_owner.values().map(Vec::len).sum();
@@ -167,8 +176,7 @@ mod tests {
 
     #[test]
     fn an_unknown_token_is_none() {
-        let mut t = Callouts::new();
-        t.register(1, ROOT, Some(2));
+        let mut t = table(&[(1, ROOT, Some(2))]);
         assert_eq!(t.take(99), None);
         assert_eq!(t.get(99), None);
         assert_eq!(t.len(), 1);
@@ -176,8 +184,7 @@ mod tests {
 
     #[test]
     fn a_reused_token_replaces_the_old_entry() {
-        let mut t = Callouts::new();
-        t.register(5, ROOT, Some(2));
+        let mut t = table(&[(5, ROOT, Some(2))]);
         let replaced = t.register(5, ROOT, Some(3));
         assert_eq!(replaced, stream(2));
         assert_eq!(t.len(), 1);
@@ -189,10 +196,7 @@ mod tests {
 
     #[test]
     fn an_ended_stream_leaves_orphans_to_the_root() {
-        let mut t = Callouts::new();
-        t.register(1, ROOT, Some(2));
-        t.register(2, ROOT, Some(2));
-        t.register(3, ROOT, Some(4));
+        let mut t = table(&[(1, ROOT, Some(2)), (2, ROOT, Some(2)), (3, ROOT, Some(4))]);
         assert_eq!(t.orphan(2), 2);
         assert_eq!(t.orphan(2), 0);
         assert_eq!(t.len(), 3);
@@ -210,8 +214,7 @@ mod tests {
 
     #[test]
     fn a_context_id_reused_after_its_stream_ended_does_not_inherit_its_calls() {
-        let mut t = Callouts::new();
-        t.register(1, ROOT, Some(2));
+        let mut t = table(&[(1, ROOT, Some(2))]);
         t.orphan(2);
         t.register(9, ROOT, Some(2));
         assert_eq!(t.owned_by(2), 1);
@@ -222,11 +225,12 @@ mod tests {
 
     #[test]
     fn a_root_that_goes_away_takes_its_calls() {
-        let mut t = Callouts::new();
-        t.register(1, ROOT, Some(2));
-        t.register(2, ROOT, None);
-        t.register(3, 10, Some(11));
-        t.register(4, ROOT, Some(5));
+        let mut t = table(&[
+            (1, ROOT, Some(2)),
+            (2, ROOT, None),
+            (3, 10, Some(11)),
+            (4, ROOT, Some(5)),
+        ]);
         t.orphan(5);
         assert_eq!(t.drop_root(ROOT), 3);
         assert_eq!(t.len(), 1);

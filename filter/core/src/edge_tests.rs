@@ -1078,7 +1078,8 @@ fn etcd_a_hold_whose_answer_was_lost_is_recognised() {
 
 #[test]
 fn etcd_settling_answers_say_what_happened_to_the_record() {
-    use crate::etcd::{EtcdRecord, EtcdState};
+    use crate::etcd::EtcdRecord;
+    use crate::record::RecordState;
     use base64::Engine as _;
     let p = etcd_json_plugin("");
     let b64 = base64::engine::general_purpose::STANDARD;
@@ -1115,7 +1116,7 @@ fn etcd_settling_answers_say_what_happened_to_the_record() {
         ),
         (
             "release: another claim's",
-            theirs(&digest(&req("POST", "/o").key("k")), EtcdState::InFlight),
+            theirs(&digest(&req("POST", "/o").key("k")), RecordState::InFlight),
             1,
             0,
         ),
@@ -1145,7 +1146,7 @@ fn etcd_settling_answers_say_what_happened_to_the_record() {
         ("gone", r#"{"header": {"revision": "9"}}"#.to_string()),
         (
             "another claim's",
-            theirs(&digest(&req("POST", "/o").key("k")), EtcdState::Completed),
+            theirs(&digest(&req("POST", "/o").key("k")), RecordState::Completed),
         ),
         ("ours, still in flight", String::new()),
     ] {
@@ -1158,7 +1159,7 @@ fn etcd_settling_answers_say_what_happened_to_the_record() {
         let answer = if answer.is_empty() {
             // Our own claim, not completed: the completion did not land.
             let rec = EtcdRecord {
-                state: EtcdState::InFlight,
+                state: RecordState::InFlight,
                 token: 1 << 48 | 1,
                 expires_ms: a.now_ms + 30_000,
                 payload: [0; 32],
@@ -1754,7 +1755,8 @@ fn an_etcd_error_on_the_claim_is_a_store_failure_not_a_lost_lease() {
 
 #[test]
 fn an_etcd_record_of_exactly_the_limit_keeps_its_response() {
-    use crate::etcd::{EtcdRecord, EtcdState};
+    use crate::etcd::EtcdRecord;
+    use crate::record::RecordState;
     let limit = 20_000;
     let p = plugin(&format!(
         r#"{{"max_replay_body_bytes": 3616,
@@ -1763,7 +1765,7 @@ fn an_etcd_record_of_exactly_the_limit_keeps_its_response() {
     // The size of the completed record for a header value of `n` bytes.
     let size = |n: usize| {
         EtcdRecord {
-            state: EtcdState::Completed,
+            state: RecordState::Completed,
             token: 0,
             expires_ms: 0,
             payload: [0; 32],
