@@ -168,7 +168,9 @@ pub fn parse(cfg: &Config, method: &str, path: &str) -> Result<AdminOp, LocalRep
 }
 
 fn hex(d: &Digest) -> String {
-    d.iter().map(|b| format!("{b:02x}")).collect()
+    let mut out = String::with_capacity(64);
+    crate::key::push_hex(&mut out, d);
+    out
 }
 
 fn json_reply(status: u16, v: Value) -> LocalReply {

@@ -244,9 +244,7 @@ impl EtcdRecord {
 pub fn record_key(prefix: &str, digest: &Digest) -> String {
     let mut k = String::with_capacity(prefix.len() + 64);
     k.push_str(prefix);
-    for b in digest {
-        k.push_str(&format!("{b:02x}"));
-    }
+    crate::key::push_hex(&mut k, digest);
     k
 }
 
@@ -520,6 +518,14 @@ mod format_tests {
     /// token 7, its expiry and payload digest, then the response slot's encoding): a
     /// format change fails here, and records written before it must still decode.
     const HEAD: &str = "010200000000000000070000018bcfe568004444444444444444444444444444444444444444444444444444444444444444";
+
+    #[test]
+    fn record_keys_are_the_prefix_and_the_digest_in_lower_hex() {
+        let mut digest = [0xab; 32];
+        digest[0] = 0x01;
+        let key = record_key("dedup/", &digest);
+        assert_eq!(key, format!("dedup/01{}", "ab".repeat(31)));
+    }
 
     #[test]
     fn etcd_record_bytes_are_pinned() {
