@@ -3,7 +3,7 @@
 //! answers `GET /records?…`, `DELETE /records?…` and `GET /stats`, and nothing else.
 
 use crate::config::{Config, Policy, StoreConfig};
-use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState};
+use crate::etcd::{self, EtcdAnswer, EtcdRecord};
 use crate::key::{record_digest, ClientKey, Digest, KeySource, RequestHead};
 use crate::metrics::Counter;
 use crate::reply::{LocalReply, Problem};
@@ -168,7 +168,9 @@ pub fn parse(cfg: &Config, method: &str, path: &str) -> Result<AdminOp, LocalRep
 }
 
 fn hex(d: &Digest) -> String {
-    d.iter().map(|b| format!("{b:02x}")).collect()
+    let mut out = String::with_capacity(64);
+    crate::key::push_hex(&mut out, d);
+    out
 }
 
 fn json_reply(status: u16, v: Value) -> LocalReply {
@@ -333,10 +335,10 @@ impl AdminStream {
     }
 
     /// etcd answered the admin stream's call.
-    pub fn on_store_answer<E: Env>(
+    pub fn on_store_answer(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut impl Env,
         answer: CallAnswer,
     ) -> Decision {
         let now = env.now_ms();
@@ -385,17 +387,12 @@ impl AdminStream {
                 let Some(r) = EtcdRecord::decode(&value, &digest) else {
                     return unavailable("the record cannot be read by this version".to_string());
                 };
-                let claim = matches!(r.state, EtcdState::InFlight | EtcdState::Held);
+                let claim = r.state.is_claim();
                 if !claim && r.expires_ms <= now {
                     return Decision::Reply(not_found(&digest));
                 }
                 let view = RecordView {
-                    state: match r.state {
-                        EtcdState::InFlight => "in_flight",
-                        EtcdState::Held => "held",
-                        EtcdState::Completed => "completed",
-                        EtcdState::CompletedNotStored => "completed_not_stored",
-                    },
+                    state: r.state.name(),
                     expires_ms: r.expires_ms,
                     payload: r.payload,
                     response: r.response.as_ref().map(|s| (s.status, s.body.len())),

@@ -10,7 +10,7 @@ pub use defaults::*;
 pub use rules::{DEFAULT_RECORDS, MAX_RULES};
 
 use policy::parse_policy;
-use raw::{RawConfig, RawPolicy};
+use raw::RawConfig;
 use rules::parse_rules;
 use store::{check_record_room, parse_store, store_budget};
 
@@ -549,26 +549,9 @@ fn parse_status(field: &str, entry: &str) -> Result<StatusRange, ConfigError> {
 impl TryFrom<RawConfig> for Config {
     type Error = ConfigError;
 
-    fn try_from(raw: RawConfig) -> Result<Self, ConfigError> {
+    fn try_from(mut raw: RawConfig) -> Result<Self, ConfigError> {
         let d = Config::default();
-        let policy = parse_policy(
-            "",
-            &Policy::default(),
-            RawPolicy {
-                key: raw.key,
-                scope: raw.scope,
-                methods: raw.methods,
-                on_duplicate: raw.on_duplicate,
-                on_in_flight: raw.on_in_flight,
-                wait_timeout_ms: raw.wait_timeout_ms,
-                ttl_seconds: raw.ttl_seconds,
-                in_flight_timeout_seconds: raw.in_flight_timeout_seconds,
-                max_body_bytes: raw.max_body_bytes,
-                max_replay_body_bytes: raw.max_replay_body_bytes,
-                store_statuses: raw.store_statuses,
-                payload: raw.payload,
-            },
-        )?;
+        let policy = parse_policy("", &Policy::default(), raw.take_policy())?;
         let retry_after_seconds = in_range(
             "retry_after_seconds",
             raw.retry_after_seconds,

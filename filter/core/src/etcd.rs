@@ -15,7 +15,9 @@
 
 use crate::etcdpb;
 use crate::key::Digest;
+use crate::record::RecordState;
 use crate::response::StoredResponse;
+use crate::wire::{Reader, Writer};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use serde_json::{json, Value};
@@ -138,27 +140,29 @@ pub fn read_answer(path: &str, status: u16, body: &[u8]) -> Option<EtcdAnswer> {
 
 /// The count of a range answer to a call made on `path`, in that call's protocol.
 pub fn read_count(path: &str, status: u16, body: &[u8]) -> Option<u64> {
-    if path == etcdpb::RANGE {
-        return if status == 200 {
-            etcdpb::range_count(body)
-        } else {
-            None
-        };
-    }
-    parse_count(body)
+    read_range(path, status, body, etcdpb::range_count, parse_count)
 }
 
 /// The answer to a `read_key` call made on `path`, in that call's protocol: see
 /// [`parse_read`].
 pub fn read_one(path: &str, status: u16, body: &[u8]) -> Option<Option<(i64, Vec<u8>)>> {
-    if path == etcdpb::RANGE {
-        return if status == 200 {
-            etcdpb::range_read(body)
-        } else {
-            None
-        };
+    read_range(path, status, body, etcdpb::range_read, parse_read)
+}
+
+/// A range answer read by the reader of the call's protocol; a gRPC call that did not
+/// answer 200 has no range in its body.
+fn read_range<T>(
+    path: &str,
+    status: u16,
+    body: &[u8],
+    grpc: fn(&[u8]) -> Option<T>,
+    json: fn(&[u8]) -> Option<T>,
+) -> Option<T> {
+    match (path == etcdpb::RANGE, status) {
+        (true, 200) => grpc(body),
+        (true, _) => None,
+        (false, _) => json(body),
     }
-    parse_read(body)
 }
 
 /// Whether an etcd error is one a retry may get past: no leader, leader changed, or a
@@ -186,66 +190,50 @@ const VALUE_VERSION: u8 = 1;
 /// A record as stored in etcd.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdRecord {
-    pub state: EtcdState,
+    pub state: RecordState,
     pub token: u64,
     pub expires_ms: u64,
     pub payload: Digest,
     pub response: Option<StoredResponse>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EtcdState {
-    InFlight = 1,
-    Completed = 2,
-    CompletedNotStored = 3,
-    /// Forwarded, outcome unknown: held until its in-flight lease ends.
-    Held = 4,
-}
-
 impl EtcdRecord {
+    /// Version, state, token, expiry, payload digest, then the stored response if any.
     pub fn encode(&self, digest: &Digest) -> Vec<u8> {
-        let mut out = vec![VALUE_VERSION, self.state as u8];
-        out.extend_from_slice(&self.token.to_be_bytes());
-        out.extend_from_slice(&self.expires_ms.to_be_bytes());
-        out.extend_from_slice(&self.payload);
+        let mut w = Writer::with_capacity(2 + 8 + 8 + 32);
+        w.u8(VALUE_VERSION)
+            .u8(self.state as u8)
+            .u64(self.token)
+            .u64(self.expires_ms)
+            .bytes(&self.payload);
         if let Some(r) = &self.response {
-            out.extend_from_slice(&r.encode(digest, self.token));
+            r.write(&mut w, digest, self.token);
         }
-        out
+        w.finish()
     }
 
+    /// `None` unless the value is a well-formed record of this version for `digest`.
     pub fn decode(bytes: &[u8], digest: &Digest) -> Option<EtcdRecord> {
-        if bytes.len() < 2 + 8 + 8 + 32 || bytes[0] != VALUE_VERSION {
+        let mut r = Reader::new(bytes);
+        if r.u8().ok()? != VALUE_VERSION {
             return None;
         }
-        let state = match bytes[1] {
-            1 => EtcdState::InFlight,
-            2 => EtcdState::Completed,
-            3 => EtcdState::CompletedNotStored,
-            4 => EtcdState::Held,
-            _ => return None,
-        };
-        let u64_at = |at: usize| {
-            let mut x = [0u8; 8];
-            x.copy_from_slice(&bytes[at..at + 8]);
-            u64::from_be_bytes(x)
-        };
-        let token = u64_at(2);
-        let mut payload = [0u8; 32];
-        payload.copy_from_slice(&bytes[18..50]);
-        let rest = &bytes[50..];
-        let response = if rest.is_empty() {
+        let state = RecordState::from_byte(r.u8().ok()?)?;
+        let token = r.u64().ok()?;
+        let expires_ms = r.u64().ok()?;
+        let payload = r.array().ok()?;
+        let response = if r.is_empty() {
             None
         } else {
-            Some(StoredResponse::decode(rest, digest, token)?)
+            Some(StoredResponse::decode(r.rest(), digest, token)?)
         };
-        if state == EtcdState::Completed && response.is_none() {
+        if state == RecordState::Completed && response.is_none() {
             return None;
         }
         Some(EtcdRecord {
             state,
             token,
-            expires_ms: u64_at(10),
+            expires_ms,
             payload,
             response,
         })
@@ -256,9 +244,7 @@ impl EtcdRecord {
 pub fn record_key(prefix: &str, digest: &Digest) -> String {
     let mut k = String::with_capacity(prefix.len() + 64);
     k.push_str(prefix);
-    for b in digest {
-        k.push_str(&format!("{b:02x}"));
-    }
+    crate::key::push_hex(&mut k, digest);
     k
 }
 

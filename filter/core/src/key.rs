@@ -310,6 +310,16 @@ pub fn record_digest(cfg: &Policy, head: &RequestHead, key: &ClientKey) -> Diges
     h.finalize().into()
 }
 
+/// Appends `bytes` in lower-case hex (no formatting machinery: record keys are built
+/// on every etcd claim).
+pub fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for &b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+}
+
 /// The first bytes of a digest in hex, for logs; formats only when displayed.
 pub struct ShortHex<'a>(&'a Digest);
 

@@ -15,6 +15,7 @@ pub mod local;
 pub mod metrics;
 pub mod outcome;
 pub mod payload;
+pub mod record;
 pub mod reply;
 pub mod response;
 pub mod store;

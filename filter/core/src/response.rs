@@ -2,6 +2,7 @@
 //! and the capture of a response as it streams through the filter.
 
 use crate::key::Digest;
+use crate::wire::{Reader, WireError, Writer};
 
 const MAGIC: &[u8; 4] = b"PDR1";
 
@@ -42,90 +43,76 @@ pub fn keeps_header(name: &str, connection_tokens: &[String]) -> bool {
 }
 
 impl StoredResponse {
-    /// Encodes with the owner's digest and claim token, checked again on decode.
-    pub fn encode(&self, digest: &Digest, token: u64) -> Vec<u8> {
-        let hdr_len: usize = self
+    /// Bytes of the encoding.
+    pub fn encoded_len(&self) -> usize {
+        let headers: usize = self
             .headers
             .iter()
             .map(|(n, v)| 6 + n.len() + v.len())
             .sum();
-        let mut out = Vec::with_capacity(4 + 32 + 8 + 4 + hdr_len + 4 + self.body.len());
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(digest);
-        out.extend_from_slice(&token.to_be_bytes());
-        out.extend_from_slice(&self.status.to_be_bytes());
-        out.extend_from_slice(&(self.headers.len() as u16).to_be_bytes());
+        4 + 32 + 8 + 2 + 2 + headers + 4 + self.body.len()
+    }
+
+    /// Encodes with the owner's digest and claim token, checked again on decode.
+    pub fn encode(&self, digest: &Digest, token: u64) -> Vec<u8> {
+        let mut w = Writer::with_capacity(self.encoded_len());
+        self.write(&mut w, digest, token);
+        w.finish()
+    }
+
+    /// Magic, digest, token, status, headers (u16 name size, name, u32 value size,
+    /// value), u32 body size, body.
+    pub fn write(&self, w: &mut Writer, digest: &Digest, token: u64) {
+        w.bytes(MAGIC)
+            .bytes(digest)
+            .u64(token)
+            .u16(self.status)
+            .u16(self.headers.len() as u16);
         for (n, v) in &self.headers {
-            out.extend_from_slice(&(n.len() as u16).to_be_bytes());
-            out.extend_from_slice(n.as_bytes());
-            out.extend_from_slice(&(v.len() as u32).to_be_bytes());
-            out.extend_from_slice(v);
+            w.u16(n.len() as u16)
+                .bytes(n.as_bytes())
+                .u32(v.len() as u32)
+                .bytes(v);
         }
-        out.extend_from_slice(&(self.body.len() as u32).to_be_bytes());
-        out.extend_from_slice(&self.body);
-        out
+        w.u32(self.body.len() as u32).bytes(&self.body);
     }
 
     /// Whether a slot holds a response of `digest`/`token` (without decoding it).
     pub fn belongs(bytes: &[u8], digest: &Digest, token: u64) -> bool {
-        bytes.get(..4) == Some(MAGIC)
-            && bytes.get(4..36) == Some(digest)
-            && bytes.get(36..44) == Some(&token.to_be_bytes()[..])
+        Self::owned_by(&mut Reader::new(bytes), digest, token).unwrap_or(false)
+    }
+
+    fn owned_by(r: &mut Reader<'_>, digest: &Digest, token: u64) -> Result<bool, WireError> {
+        Ok(r.bytes(4)? == MAGIC && r.bytes(32)? == digest && r.u64()? == token)
     }
 
     /// Decodes a slot; `None` unless it is well-formed and belongs to `digest`/`token`.
     pub fn decode(bytes: &[u8], digest: &Digest, token: u64) -> Option<StoredResponse> {
-        let mut r = Reader { b: bytes };
-        if r.take(4)? != MAGIC || r.take(32)? != digest || r.u64()? != token {
-            return None;
+        Self::read(bytes, digest, token).ok().flatten()
+    }
+
+    fn read(bytes: &[u8], digest: &Digest, token: u64) -> Result<Option<Self>, WireError> {
+        let mut r = Reader::new(bytes);
+        if !Self::owned_by(&mut r, digest, token)? {
+            return Ok(None);
         }
         let status = r.u16()?;
         let n = r.u16()? as usize;
         let mut headers = Vec::with_capacity(n.min(256));
         for _ in 0..n {
             let nl = r.u16()? as usize;
-            let name = std::str::from_utf8(r.take(nl)?).ok()?.to_string();
+            let name = r.str(nl)?.to_string();
             let vl = r.u32()? as usize;
-            headers.push((name, r.take(vl)?.to_vec()));
+            headers.push((name, r.bytes(vl)?.to_vec()));
         }
         let bl = r.u32()? as usize;
-        let body = r.take(bl)?.to_vec();
-        if !r.b.is_empty() {
-            return None;
-        }
-        Some(StoredResponse {
+        let body = r.bytes(bl)?.to_vec();
+        r.end()?;
+        Ok(Some(StoredResponse {
             status,
             headers,
             body,
-        })
-    }
-}
-
-struct Reader<'a> {
-    b: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if self.b.len() < n {
-            return None;
-        }
-        let (h, t) = self.b.split_at(n);
-        self.b = t;
-        Some(h)
-    }
-    fn u16(&mut self) -> Option<u16> {
-        self.take(2).map(|b| u16::from_be_bytes([b[0], b[1]]))
-    }
-    fn u32(&mut self) -> Option<u32> {
-        self.take(4)
-            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        let b = self.take(8)?;
-        let mut x = [0u8; 8];
-        x.copy_from_slice(b);
-        Some(u64::from_be_bytes(x))
+        }))
     }
 }
 
@@ -203,4 +190,4 @@ impl Capture {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

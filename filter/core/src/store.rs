@@ -13,11 +13,11 @@ use crate::response::StoredResponse;
 mod admin;
 mod bucket;
 mod layout;
+pub use crate::record::RecordState;
 pub use admin::{Purge, RecordView, StoreStats};
-pub use bucket::RecordState;
 use bucket::{
-    decode_bucket, encode_bucket, existing, free_way, oldest_completed, owns, owns_at, room_for,
-    Bucket, Record, Registry, REGISTRY_SLACK_MS,
+    decode_bucket, encode_bucket, existing, free_way, oldest_completed, owns, owns_at, records_of,
+    room_for, Bucket, Record, Registry, REGISTRY_SLACK_MS,
 };
 pub use layout::Layout;
 
@@ -42,6 +42,20 @@ pub trait SharedData {
     fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostFault>;
     /// Envoy semantics: absent key ignores `cas`; `cas == 0` overwrites; stale cas mismatches.
     fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), SetError>;
+}
+
+/// A conditional set: `Ok(false)` when another writer changed the key first.
+fn cas_set<S: SharedData + ?Sized>(
+    shared: &S,
+    key: &str,
+    value: &[u8],
+    cas: u32,
+) -> Result<bool, StoreError> {
+    match shared.set(key, value, cas) {
+        Ok(()) => Ok(true),
+        Err(SetError::CasMismatch) => Ok(false),
+        Err(SetError::Fault(f)) => Err(StoreError::Host(f)),
+    }
 }
 
 /// Why the store could not answer.
@@ -75,10 +89,8 @@ pub fn bucket_secret<S: SharedData + ?Sized>(
             },
             None => u32::MAX,
         };
-        match shared.set(&key, &fresh, cas) {
-            Ok(()) => return Ok(fresh),
-            Err(SetError::CasMismatch) => continue,
-            Err(SetError::Fault(f)) => return Err(StoreError::Host(f)),
+        if cas_set(shared, &key, &fresh, cas)? {
+            return Ok(fresh);
         }
     }
     Err(StoreError::Contention)
@@ -155,28 +167,27 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
     }
 
     fn read(&self, buckets: u64, bucket: u64) -> Result<(Bucket, u32), StoreError> {
+        let (bytes, cas) = self.read_bytes(buckets, bucket)?;
+        Ok((decode_bucket(&bytes), cas))
+    }
+
+    /// A bucket's value as stored (empty when absent) and its cas.
+    fn read_bytes(&self, buckets: u64, bucket: u64) -> Result<(Vec<u8>, u32), StoreError> {
         match self
             .shared
             .get(&self.layout.bucket_key_in(buckets, bucket))
             .map_err(StoreError::Host)?
         {
-            Some((bytes, cas)) => Ok((decode_bucket(&bytes), cas)),
+            Some(read) => Ok(read),
             // Absent: create with a cas no live key holds, so a racing creator loses.
-            None => Ok((Default::default(), u32::MAX)),
+            None => Ok((Vec::new(), u32::MAX)),
         }
     }
 
     /// Writes a bucket; `Ok(false)` when another writer got there first.
     fn write(&self, buckets: u64, bucket: u64, b: &Bucket, cas: u32) -> Result<bool, StoreError> {
-        match self.shared.set(
-            &self.layout.bucket_key_in(buckets, bucket),
-            &encode_bucket(b),
-            cas,
-        ) {
-            Ok(()) => Ok(true),
-            Err(SetError::CasMismatch) => Ok(false),
-            Err(SetError::Fault(f)) => Err(StoreError::Host(f)),
-        }
+        let key = self.layout.bucket_key_in(buckets, bucket);
+        cas_set(self.shared, &key, &encode_bucket(b), cas)
     }
 
     /// Claims `digest` for a request with payload fingerprint `payload`, atomically across
@@ -191,7 +202,14 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         token: u64,
     ) -> Result<ClaimOutcome, StoreError> {
         let others = self.register(now_ms)?;
-        let outcome = self.claim_in_own(digest, payload, now_ms, token)?;
+        let fresh = Record {
+            digest: *digest,
+            state: RecordState::InFlight,
+            token,
+            expires_ms: now_ms.saturating_add(self.layout.in_flight_ms),
+            payload: *payload,
+        };
+        let outcome = self.claim_in_own(&fresh, now_ms)?;
         let ClaimOutcome::Claimed { claim, .. } = &outcome else {
             return Ok(outcome);
         };
@@ -228,10 +246,8 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             let until = needed.saturating_add(REGISTRY_SLACK_MS);
             reg.entries.retain(|(b, u)| *b != own && *u > now_ms);
             reg.entries.push((own, until));
-            match self.shared.set(&key, &reg.encode(), cas) {
-                Ok(()) => return Ok(reg.others(own, now_ms)),
-                Err(SetError::CasMismatch) => continue,
-                Err(SetError::Fault(f)) => return Err(StoreError::Host(f)),
+            if cas_set(self.shared, &key, &reg.encode(), cas)? {
+                return Ok(reg.others(own, now_ms));
             }
         }
         Err(StoreError::Contention)
@@ -246,35 +262,28 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         now_ms: u64,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
         let bucket = self.layout.bucket_in(buckets, digest);
-        let (b, _) = self.read(buckets, bucket)?;
-        Ok(b.iter().enumerate().find_map(|(way, r)| {
-            let r = r.as_ref()?;
-            (&r.digest == digest && r.expires_ms > now_ms)
-                .then(|| existing(r, payload, buckets, bucket, way))
-        }))
+        let (bytes, _) = self.read_bytes(buckets, bucket)?;
+        let live = records_of(&bytes, digest).find(|(_, r)| r.expires_ms > now_ms);
+        Ok(live.map(|(way, r)| existing(&r, payload, buckets, bucket, way)))
     }
 
-    fn claim_in_own(
-        &self,
-        digest: &Digest,
-        payload: &Digest,
-        now_ms: u64,
-        token: u64,
-    ) -> Result<ClaimOutcome, StoreError> {
+    /// Claims in the current layout by writing `fresh`, the in-flight record.
+    fn claim_in_own(&self, fresh: &Record, now_ms: u64) -> Result<ClaimOutcome, StoreError> {
+        let (digest, payload) = (&fresh.digest, &fresh.payload);
         let buckets = self.layout.buckets;
         let bucket = self.layout.bucket_of(digest);
         for _ in 0..MAX_ATTEMPTS {
-            let (mut b, cas) = self.read(buckets, bucket)?;
-            let mine = b
-                .iter()
-                .position(|r| r.as_ref().is_some_and(|r| &r.digest == digest));
-            if let Some(way) = mine {
-                if let Some(r) = &b[way] {
-                    if r.expires_ms > now_ms {
-                        return Ok(existing(r, payload, buckets, bucket, way));
-                    }
+            let (bytes, cas) = self.read_bytes(buckets, bucket)?;
+            // A duplicate's answer needs its own record only: the bucket is decoded
+            // whole only when this claim writes it.
+            let mine = records_of(&bytes, digest).next();
+            if let Some((way, r)) = &mine {
+                if r.expires_ms > now_ms {
+                    return Ok(existing(r, payload, buckets, bucket, *way));
                 }
             }
+            let mine = mine.map(|(way, _)| way);
+            let mut b = decode_bucket(&bytes);
             let (way, evicted_unexpired) = match mine.or_else(|| free_way(&b, now_ms)) {
                 Some(w) => (w, false),
                 None => match oldest_completed(&b) {
@@ -282,18 +291,12 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                     None => return Err(StoreError::BucketFull),
                 },
             };
-            b[way] = Some(Record {
-                digest: *digest,
-                state: RecordState::InFlight,
-                token,
-                expires_ms: now_ms.saturating_add(self.layout.in_flight_ms),
-                payload: *payload,
-            });
+            b[way] = Some(fresh.clone());
             if self.write(buckets, bucket, &b, cas)? {
                 return Ok(ClaimOutcome::Claimed {
                     claim: Claim {
                         digest: *digest,
-                        token,
+                        token: fresh.token,
                         buckets,
                         bucket,
                         way,
@@ -364,11 +367,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                 return Ok(Completion::default());
             }
             if room_for(&b, claim.way, size, budget, now_ms).is_some() {
-                match self.shared.set(&slot, encoded, u32::MAX) {
-                    Ok(()) => written = true,
-                    Err(SetError::CasMismatch) => {}
-                    Err(SetError::Fault(f)) => return Err(StoreError::Host(f)),
-                }
+                written = cas_set(self.shared, &slot, encoded, u32::MAX)?;
             }
             if written {
                 read_bucket = Some((b, cas));
@@ -398,15 +397,11 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                     read_bucket = Some((b, cas));
                     break;
                 }
-                match self.shared.set(&slot, encoded, slot_cas) {
+                if cas_set(self.shared, &slot, encoded, slot_cas)? {
                     // The bucket just read is the first CAS attempt of the flip.
-                    Ok(()) => {
-                        read_bucket = Some((b, cas));
-                        written = true;
-                        break;
-                    }
-                    Err(SetError::CasMismatch) => continue,
-                    Err(SetError::Fault(f)) => return Err(StoreError::Host(f)),
+                    read_bucket = Some((b, cas));
+                    written = true;
+                    break;
                 }
             }
         }
@@ -490,10 +485,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
 
     /// Empties a slot unless it changed since `cas` was read.
     fn blank(&self, key: &str, cas: u32) -> Result<(), StoreError> {
-        match self.shared.set(key, &[], cas) {
-            Ok(()) | Err(SetError::CasMismatch) => Ok(()),
-            Err(SetError::Fault(f)) => Err(StoreError::Host(f)),
-        }
+        cas_set(self.shared, key, &[], cas).map(|_| ())
     }
 
     /// Empties a slot if it still holds the response of `claim`.

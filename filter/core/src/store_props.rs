@@ -8,12 +8,7 @@ use crate::props::decoders::{config, stored_response};
 use proptest::prelude::*;
 
 fn state() -> impl Strategy<Value = RecordState> {
-    prop_oneof![
-        Just(RecordState::InFlight),
-        Just(RecordState::Completed),
-        Just(RecordState::CompletedNotStored),
-        Just(RecordState::Held),
-    ]
+    proptest::sample::select(&RecordState::ALL[..])
 }
 
 fn record() -> impl Strategy<Value = Record> {

@@ -3,54 +3,102 @@
 
 use super::*;
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawConfig {
-    pub(super) key: Option<RawKey>,
-    pub(super) scope: Option<RawScope>,
-    pub(super) methods: Option<Vec<String>>,
-    pub(super) on_duplicate: Option<OnDuplicate>,
-    pub(super) on_in_flight: Option<OnInFlight>,
-    pub(super) wait_timeout_ms: Option<u64>,
-    pub(super) max_waiters: Option<u64>,
-    pub(super) ttl_seconds: Option<u64>,
-    pub(super) in_flight_timeout_seconds: Option<u64>,
-    pub(super) retry_after_seconds: Option<u64>,
-    pub(super) capacity: Option<u64>,
-    pub(super) max_body_bytes: Option<u64>,
-    pub(super) max_replay_body_bytes: Option<u64>,
-    pub(super) store_statuses: Option<Vec<String>>,
-    pub(super) replayed_header: Option<String>,
-    pub(super) failure_mode: Option<FailureMode>,
-    pub(super) on_unknown_outcome: Option<OnUnknownOutcome>,
-    pub(super) payload: Option<RawPayload>,
-    pub(super) role: Option<Role>,
-    pub(super) store: Option<RawStore>,
-    pub(super) rules: Option<Vec<RawRule>>,
+/// Hands the policy fields, as `[name: type, …]`, to the macro `$then` before its other
+/// input: they are listed once and go into `RawPolicy`, `RawConfig` and `RawRule` (serde's
+/// `flatten` would lose the field paths that errors name, and `deny_unknown_fields`).
+macro_rules! with_policy_fields {
+    ($then:ident! $($input:tt)*) => {
+        $then! {
+            [
+                key: RawKey,
+                scope: RawScope,
+                methods: Vec<String>,
+                on_duplicate: OnDuplicate,
+                on_in_flight: OnInFlight,
+                wait_timeout_ms: u64,
+                ttl_seconds: u64,
+                in_flight_timeout_seconds: u64,
+                max_body_bytes: u64,
+                max_replay_body_bytes: u64,
+                store_statuses: Vec<String>,
+                payload: RawPayload,
+            ]
+            $($input)*
+        }
+    };
 }
 
-/// One entry of `rules`: a match, a stable name, and the policy fields it overrides.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawRule {
-    pub(super) name: Option<String>,
-    #[serde(rename = "match")]
-    pub(super) matcher: Option<RawMatch>,
-    pub(super) records_of: Option<String>,
-    pub(super) bypass: Option<bool>,
-    pub(super) key: Option<RawKey>,
-    pub(super) scope: Option<RawScope>,
-    pub(super) methods: Option<Vec<String>>,
-    pub(super) on_duplicate: Option<OnDuplicate>,
-    pub(super) on_in_flight: Option<OnInFlight>,
-    pub(super) wait_timeout_ms: Option<u64>,
-    pub(super) ttl_seconds: Option<u64>,
-    pub(super) in_flight_timeout_seconds: Option<u64>,
-    pub(super) max_body_bytes: Option<u64>,
-    pub(super) max_replay_body_bytes: Option<u64>,
-    pub(super) store_statuses: Option<Vec<String>>,
-    pub(super) payload: Option<RawPayload>,
+/// `RawPolicy`: the policy fields, at the top level or in a rule.
+macro_rules! raw_policy {
+    ([$($pf:ident: $pt:ty,)*]) => {
+        pub(super) struct RawPolicy {
+            $(pub(super) $pf: Option<$pt>,)*
+        }
+
+        impl RawPolicy {
+            /// The names of the fields that are set, in declaration order.
+            pub(super) fn set_fields(&self) -> impl Iterator<Item = &'static str> {
+                [$((stringify!($pf), self.$pf.is_some()),)*]
+                    .into_iter()
+                    .filter_map(|(name, set)| set.then_some(name))
+            }
+        }
+    };
 }
+
+/// A raw struct with its own fields and the policy fields, which `take_policy` moves out.
+macro_rules! raw_with_policy {
+    (
+        [$($pf:ident: $pt:ty,)*]
+        $(#[$attr:meta])*
+        $name:ident { $($(#[$fattr:meta])* $field:ident: $ty:ty,)* }
+    ) => {
+        $(#[$attr])*
+        pub(super) struct $name {
+            $($(#[$fattr])* pub(super) $field: $ty,)*
+            $(pub(super) $pf: Option<$pt>,)*
+        }
+
+        impl $name {
+            pub(super) fn take_policy(&mut self) -> RawPolicy {
+                RawPolicy {
+                    $($pf: self.$pf.take(),)*
+                }
+            }
+        }
+    };
+}
+
+with_policy_fields!(raw_policy!);
+
+with_policy_fields!(raw_with_policy!
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    RawConfig {
+        max_waiters: Option<u64>,
+        retry_after_seconds: Option<u64>,
+        capacity: Option<u64>,
+        replayed_header: Option<String>,
+        failure_mode: Option<FailureMode>,
+        on_unknown_outcome: Option<OnUnknownOutcome>,
+        role: Option<Role>,
+        store: Option<RawStore>,
+        rules: Option<Vec<RawRule>>,
+    }
+);
+
+with_policy_fields!(raw_with_policy!
+    /// One entry of `rules`: a match, a stable name, and the policy fields it overrides.
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    RawRule {
+        name: Option<String>,
+        #[serde(rename = "match")]
+        matcher: Option<RawMatch>,
+        records_of: Option<String>,
+        bypass: Option<bool>,
+    }
+);
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -67,22 +115,6 @@ pub(super) struct RawMatch {
 pub(super) struct RawHeaderMatch {
     pub(super) name: String,
     pub(super) equals: Option<String>,
-}
-
-/// The policy fields, at the top level or in a rule.
-pub(super) struct RawPolicy {
-    pub(super) key: Option<RawKey>,
-    pub(super) scope: Option<RawScope>,
-    pub(super) methods: Option<Vec<String>>,
-    pub(super) on_duplicate: Option<OnDuplicate>,
-    pub(super) on_in_flight: Option<OnInFlight>,
-    pub(super) wait_timeout_ms: Option<u64>,
-    pub(super) ttl_seconds: Option<u64>,
-    pub(super) in_flight_timeout_seconds: Option<u64>,
-    pub(super) max_body_bytes: Option<u64>,
-    pub(super) max_replay_body_bytes: Option<u64>,
-    pub(super) store_statuses: Option<Vec<String>>,
-    pub(super) payload: Option<RawPayload>,
 }
 
 #[derive(Deserialize, Default)]

@@ -25,7 +25,8 @@ pub(super) fn parse_rules(top: &Policy, raw: Vec<RawRule>) -> Result<Vec<Rule>, 
     }
     let mut rules: Vec<Rule> = Vec::with_capacity(raw.len());
     let mut shares: Vec<Option<String>> = Vec::with_capacity(raw.len());
-    for (i, r) in raw.into_iter().enumerate() {
+    for (i, mut r) in raw.into_iter().enumerate() {
+        let raw_policy = r.take_policy();
         let prefix = format!("rules[{i}].");
         let f = |name: &str| format!("{prefix}{name}");
         let name =
@@ -56,50 +57,16 @@ pub(super) fn parse_rules(top: &Policy, raw: Vec<RawRule>) -> Result<Vec<Rule>, 
         }
         let matcher = parse_match(&prefix, r.matcher)?;
         let bypass = r.bypass.unwrap_or(false);
-        let policy_fields = [
-            ("key", r.key.is_some()),
-            ("scope", r.scope.is_some()),
-            ("methods", r.methods.is_some()),
-            ("on_duplicate", r.on_duplicate.is_some()),
-            ("on_in_flight", r.on_in_flight.is_some()),
-            ("wait_timeout_ms", r.wait_timeout_ms.is_some()),
-            ("ttl_seconds", r.ttl_seconds.is_some()),
-            (
-                "in_flight_timeout_seconds",
-                r.in_flight_timeout_seconds.is_some(),
-            ),
-            ("max_body_bytes", r.max_body_bytes.is_some()),
-            ("max_replay_body_bytes", r.max_replay_body_bytes.is_some()),
-            ("store_statuses", r.store_statuses.is_some()),
-            ("payload", r.payload.is_some()),
-            ("records_of", r.records_of.is_some()),
-        ];
         if bypass {
-            if let Some((field, _)) = policy_fields.iter().find(|(_, set)| *set) {
+            let records_of = r.records_of.is_some().then_some("records_of");
+            if let Some(field) = raw_policy.set_fields().chain(records_of).next() {
                 return Err(err(
                     &f("bypass"),
                     format!("a bypassed rule takes no policy fields, but `{field}` is set"),
                 ));
             }
         }
-        let mut policy = parse_policy(
-            &prefix,
-            top,
-            RawPolicy {
-                key: r.key,
-                scope: r.scope,
-                methods: r.methods,
-                on_duplicate: r.on_duplicate,
-                on_in_flight: r.on_in_flight,
-                wait_timeout_ms: r.wait_timeout_ms,
-                ttl_seconds: r.ttl_seconds,
-                in_flight_timeout_seconds: r.in_flight_timeout_seconds,
-                max_body_bytes: r.max_body_bytes,
-                max_replay_body_bytes: r.max_replay_body_bytes,
-                store_statuses: r.store_statuses,
-                payload: r.payload,
-            },
-        )?;
+        let mut policy = parse_policy(&prefix, top, raw_policy)?;
         policy.rule = Some(name.clone());
         policy.records = Some(name.clone());
         policy.bypass = bypass;

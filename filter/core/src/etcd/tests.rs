@@ -48,3 +48,49 @@ fn a_cached_lease_serves_its_window_and_not_a_millisecond_more() {
     assert_eq!(c.get(LeasePurpose::InFlight, &other, 1_300), Some(9));
     assert_eq!(c.get(LeasePurpose::InFlight, &plan, 1_300), Some(7));
 }
+
+/// The byte formats, pinned: a format change fails here, and values written before it
+/// must still decode.
+mod format {
+    use crate::etcd::*;
+    use crate::response::tests::format::{response, RESPONSE};
+    use crate::wire::unhex;
+
+    /// An etcd record value as every version so far writes it (version 1, completed,
+    /// token 7, its expiry and payload digest, then the response slot's encoding): a
+    /// format change fails here, and records written before it must still decode.
+    const HEAD: &str = "010200000000000000070000018bcfe568004444444444444444444444444444444444444444444444444444444444444444";
+
+    #[test]
+    fn record_keys_are_the_prefix_and_the_digest_in_lower_hex() {
+        let mut digest = [0xab; 32];
+        digest[0] = 0x01;
+        let key = record_key("dedup/", &digest);
+        assert_eq!(key, format!("dedup/01{}", "ab".repeat(31)));
+    }
+
+    #[test]
+    fn etcd_record_bytes_are_pinned() {
+        let record = EtcdRecord {
+            state: RecordState::Completed,
+            token: 7,
+            expires_ms: 1_700_000_000_000,
+            payload: [0x44; 32],
+            response: Some(response()),
+        };
+        let bytes = unhex(&[&[HEAD][..], RESPONSE].concat());
+        assert_eq!(record.encode(&[0x33; 32]), bytes);
+        assert_eq!(
+            EtcdRecord::decode(&bytes, &[0x33; 32]),
+            Some(record.clone())
+        );
+        // Without its response a completed record is not one we wrote; a claim is.
+        let head = unhex(&[HEAD]);
+        assert_eq!(EtcdRecord::decode(&head, &[0x33; 32]), None);
+        let mut claim = head.clone();
+        claim[1] = RecordState::InFlight as u8;
+        let claim = EtcdRecord::decode(&claim, &[0x33; 32]).unwrap();
+        assert_eq!((claim.state, claim.response), (RecordState::InFlight, None));
+        assert_eq!(EtcdRecord::decode(&head[..49], &[0x33; 32]), None);
+    }
+}

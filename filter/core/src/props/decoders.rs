@@ -3,8 +3,9 @@
 //! encoding then decoding gives back what was encoded. (Bucket records and the layouts
 //! registry are private to `store`: their properties are in `store_props.rs`.)
 
-use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState};
+use crate::etcd::{self, EtcdAnswer, EtcdRecord};
 use crate::jsonptr::{self, Target};
+use crate::record::RecordState;
 use crate::response::StoredResponse;
 use crate::wire;
 use base64::Engine as _;
@@ -40,16 +41,9 @@ pub(crate) fn stored_response() -> impl Strategy<Value = StoredResponse> {
 }
 
 /// Every state an etcd record can be in.
-const ETCD_STATES: [EtcdState; 4] = [
-    EtcdState::InFlight,
-    EtcdState::Completed,
-    EtcdState::CompletedNotStored,
-    EtcdState::Held,
-];
-
 fn etcd_record() -> impl Strategy<Value = EtcdRecord> {
     (
-        prop::sample::select(ETCD_STATES.to_vec()),
+        proptest::sample::select(&RecordState::ALL[..]),
         any::<u64>(),
         any::<u64>(),
         any::<[u8; 32]>(),
@@ -59,7 +53,7 @@ fn etcd_record() -> impl Strategy<Value = EtcdRecord> {
         .prop_map(|(state, token, expires_ms, payload, response, fallback)| {
             // A completed record always carries its response.
             let response = match state {
-                EtcdState::Completed => Some(response.unwrap_or(fallback)),
+                RecordState::Completed => Some(response.unwrap_or(fallback)),
                 _ => response,
             };
             EtcdRecord {
@@ -164,7 +158,7 @@ proptest! {
             // (at its first byte) leaves a valid record of a state that needs none.
             if short.is_some() {
                 prop_assert_eq!(cut, 50);
-                prop_assert!(rec.state != EtcdState::Completed);
+                prop_assert!(rec.state != RecordState::Completed);
             }
         }
     }
@@ -182,7 +176,7 @@ proptest! {
         if let Some(r) = EtcdRecord::decode(&b, &digest) {
             prop_assert_eq!(b[0], 1);
             prop_assert_eq!(r.state as u8, b[1]);
-            prop_assert!(r.state != EtcdState::Completed || r.response.is_some());
+            prop_assert!(r.state != RecordState::Completed || r.response.is_some());
             prop_assert_eq!(r.encode(&digest), b);
         }
     }

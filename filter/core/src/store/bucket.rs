@@ -4,6 +4,8 @@
 
 use super::{Claim, ClaimOutcome, WAYS};
 use crate::key::Digest;
+use crate::record::RecordState;
+use crate::wire::{Reader, WireError, Writer};
 
 pub(super) const BUCKET_VERSION: u8 = 1;
 
@@ -13,42 +15,16 @@ pub(super) const RECORD_LEN: usize = 32 + 1 + 8 + 8 + 32;
 /// like any way number past `WAYS`, so buckets stay readable by the previous version.
 pub(super) const SLOTS_WAY: u8 = 0xFF;
 
-/// A record's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecordState {
-    InFlight = 1,
-    /// Completed; the response is in the way's response slot.
-    Completed = 2,
-    /// Completed, but the response was too large to keep.
-    CompletedNotStored = 3,
-    /// Forwarded, but the filter cannot know whether the upstream ran it (client gone,
-    /// route timeout, reset after sending): held like a claim until it expires.
-    Held = 4,
-}
-
-impl RecordState {
-    /// The name operators see.
-    pub fn name(self) -> &'static str {
-        match self {
-            RecordState::InFlight => "in_flight",
-            RecordState::Held => "held",
-            RecordState::Completed => "completed",
-            RecordState::CompletedNotStored => "completed_not_stored",
-        }
-    }
-
-    /// A claim that still stands for a possibly running request: never evicted.
-    pub(super) fn is_claim(self) -> bool {
-        matches!(self, RecordState::InFlight | RecordState::Held)
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Record {
+    /// The key's digest (scope and key): which request this record stands for.
     pub(super) digest: Digest,
     pub(super) state: RecordState,
+    /// The claim's token: tells this claim from a later one of the same key.
     pub(super) token: u64,
+    /// In flight or held: when the claim lapses; completed: when the answer does.
     pub(super) expires_ms: u64,
+    /// The payload fingerprint: the same key with another payload is refused.
     pub(super) payload: Digest,
 }
 
@@ -65,11 +41,13 @@ pub(super) const REGISTRY_VERSION: u8 = 1;
 pub(super) const REGISTRY_SLACK_MS: u64 = 3_600_000;
 
 impl Registry {
+    /// Version, then (bucket count, live until ms) pairs; a stray tail is ignored.
     pub(super) fn decode(bytes: &[u8]) -> Registry {
+        let mut r = Reader::new(bytes);
         let mut entries = Vec::new();
-        if bytes.first() == Some(&REGISTRY_VERSION) {
-            for e in bytes[1..].chunks_exact(16) {
-                entries.push((u64_at(e, 0), u64_at(e, 8)));
+        if r.u8() == Ok(REGISTRY_VERSION) {
+            while let (Ok(buckets), Ok(until)) = (r.u64(), r.u64()) {
+                entries.push((buckets, until));
             }
         }
         Registry { entries }
@@ -85,13 +63,12 @@ impl Registry {
     }
 
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(1 + 16 * self.entries.len());
-        out.push(REGISTRY_VERSION);
-        for (buckets, until) in &self.entries {
-            out.extend_from_slice(&buckets.to_be_bytes());
-            out.extend_from_slice(&until.to_be_bytes());
+        let mut w = Writer::with_capacity(1 + 16 * self.entries.len());
+        w.u8(REGISTRY_VERSION);
+        for &(buckets, until) in &self.entries {
+            w.u64(buckets).u64(until);
         }
-        out
+        w.finish()
     }
 }
 
@@ -132,74 +109,124 @@ impl Bucket {
     }
 }
 
-pub(super) fn decode_bucket(bytes: &[u8]) -> Bucket {
-    let mut out = Bucket::default();
-    // An empty value (never written, or a tombstone) or an unknown version is an empty bucket.
-    if bytes.first() != Some(&BUCKET_VERSION) {
-        return out;
+/// A bucket value: the version, then entries of `1 + RECORD_LEN` bytes, each a way
+/// number and that way's record (digest, state, token, expiry, payload digest), or
+/// `SLOTS_WAY` and the slot sizes (`WAYS` u32, zero-padded to a record's size). Entries
+/// of an unknown way or state, and a stray tail, are skipped.
+fn entries(bytes: &[u8]) -> std::slice::ChunksExact<'_, u8> {
+    match bytes.split_first() {
+        Some((&BUCKET_VERSION, rest)) => rest.chunks_exact(1 + RECORD_LEN),
+        // An empty value (never written, or a tombstone) or an unknown version is an
+        // empty bucket.
+        _ => [].chunks_exact(1 + RECORD_LEN),
     }
-    for chunk in bytes[1..].chunks_exact(1 + RECORD_LEN) {
-        if chunk[0] == SLOTS_WAY {
-            for (way, n) in chunk[1..1 + 4 * WAYS].chunks_exact(4).enumerate() {
-                out.slots[way] = u32::from_be_bytes([n[0], n[1], n[2], n[3]]);
-            }
-            continue;
+}
+
+/// What one entry holds.
+enum Entry {
+    Record(usize, Record),
+    Slots([u32; WAYS]),
+    /// An unknown way or state: skipped.
+    Unknown,
+}
+
+fn read_entry(entry: &[u8]) -> Result<Entry, WireError> {
+    let mut r = Reader::new(entry);
+    let way = r.u8()?;
+    if way == SLOTS_WAY {
+        let mut slots = [0u32; WAYS];
+        for n in &mut slots {
+            *n = r.u32()?;
         }
-        let way = chunk[0] as usize;
-        if way >= WAYS {
-            continue;
-        }
-        let r = &chunk[1..];
-        let state = match r[32] {
-            1 => RecordState::InFlight,
-            2 => RecordState::Completed,
-            3 => RecordState::CompletedNotStored,
-            4 => RecordState::Held,
-            _ => continue,
-        };
-        let mut digest = [0u8; 32];
-        digest.copy_from_slice(&r[..32]);
-        let mut payload = [0u8; 32];
-        payload.copy_from_slice(&r[49..81]);
-        out[way] = Some(Record {
+        return Ok(Entry::Slots(slots));
+    }
+    let way = usize::from(way);
+    let digest = r.array()?;
+    let Some(state) = RecordState::from_byte(r.u8()?) else {
+        return Ok(Entry::Unknown);
+    };
+    if way >= WAYS {
+        return Ok(Entry::Unknown);
+    }
+    Ok(Entry::Record(
+        way,
+        Record {
             digest,
             state,
-            token: u64_at(r, 33),
-            expires_ms: u64_at(r, 41),
-            payload,
-        });
+            token: r.u64()?,
+            expires_ms: r.u64()?,
+            payload: r.array()?,
+        },
+    ))
+}
+
+pub(super) fn decode_bucket(bytes: &[u8]) -> Bucket {
+    let mut out = Bucket::default();
+    for entry in entries(bytes) {
+        match read_entry(entry) {
+            Ok(Entry::Record(way, record)) => {
+                if let Some(w) = out.ways.get_mut(way) {
+                    *w = Some(record);
+                }
+            }
+            Ok(Entry::Slots(slots)) => out.slots = slots,
+            Ok(Entry::Unknown) | Err(_) => {}
+        }
     }
     out
 }
 
-pub(super) fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut x = [0u8; 8];
-    x.copy_from_slice(&b[at..at + 8]);
-    u64::from_be_bytes(x)
+/// The records of `digest` in a bucket value, in way order, as `decode_bucket` would
+/// give them, but decoding only those: the other entries are told apart by their way,
+/// state and digest bytes in place.
+pub(super) fn records_of<'a>(
+    bytes: &'a [u8],
+    digest: &'a Digest,
+) -> impl Iterator<Item = (usize, Record)> + 'a {
+    // The entry each way ends up with: the last one of a known state.
+    let mut last: [Option<&[u8]>; WAYS] = [None; WAYS];
+    for entry in entries(bytes) {
+        let (Some(&way), Some(&state)) = (entry.first(), entry.get(1 + 32)) else {
+            continue;
+        };
+        if let (Some(slot), Some(_)) = (
+            last.get_mut(usize::from(way)),
+            RecordState::from_byte(state),
+        ) {
+            *slot = Some(entry);
+        }
+    }
+    last.into_iter()
+        .flatten()
+        .filter(move |entry| entry.get(1..1 + 32) == Some(&digest[..]))
+        .filter_map(|entry| match read_entry(entry) {
+            Ok(Entry::Record(way, record)) => Some((way, record)),
+            _ => None,
+        })
 }
 
 pub(super) fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
-    let mut out = Vec::with_capacity(1 + (WAYS + 1) * (1 + RECORD_LEN));
-    out.push(BUCKET_VERSION);
+    let mut w = Writer::with_capacity(1 + (WAYS + 1) * (1 + RECORD_LEN));
+    w.u8(BUCKET_VERSION);
     for (way, rec) in bucket.iter().enumerate() {
         if let Some(r) = rec {
-            out.push(way as u8);
-            out.extend_from_slice(&r.digest);
-            out.push(r.state as u8);
-            out.extend_from_slice(&r.token.to_be_bytes());
-            out.extend_from_slice(&r.expires_ms.to_be_bytes());
-            out.extend_from_slice(&r.payload);
+            w.u8(way as u8)
+                .bytes(&r.digest)
+                .u8(r.state as u8)
+                .u64(r.token)
+                .u64(r.expires_ms)
+                .bytes(&r.payload);
         }
     }
     // Slot sizes ride in an entry of a record's size, written only once a slot holds bytes.
     if bucket.slots.iter().any(|&n| n > 0) {
-        out.push(SLOTS_WAY);
+        w.u8(SLOTS_WAY);
         for n in bucket.slots {
-            out.extend_from_slice(&n.to_be_bytes());
+            w.u32(n);
         }
-        out.resize(out.len() + RECORD_LEN - 4 * WAYS, 0);
+        w.zeros(RECORD_LEN - 4 * WAYS);
     }
-    out
+    w.finish()
 }
 
 /// Whether the claim's in-flight record is still in its way.
@@ -301,5 +328,91 @@ pub(super) fn existing(
             way,
             slot_empty: false,
         }),
+    }
+}
+
+#[cfg(test)]
+mod format_tests {
+    use super::*;
+    use crate::wire::unhex;
+
+    /// A bucket as every version so far writes it (an in-flight record in way 0, a
+    /// completed one in way 5 whose slot holds 300 bytes): a format change fails here,
+    /// and buckets written before it must still decode.
+    const BUCKET: &[&str] = &[
+        "0100111111111111111111111111111111111111111111111111111111111111",
+        "111101010203040506070800000000000003e822222222222222222222222222",
+        "2222222222222222222222222222222222222205333333333333333333333333",
+        "3333333333333333333333333333333333333333020000000000000007000001",
+        "8bcfe56800444444444444444444444444444444444444444444444444444444",
+        "4444444444ff00000000000000000000000000000000000000000000012c0000",
+        "0000000000000000000000000000000000000000000000000000000000000000",
+        "0000000000000000000000000000000000000000000000",
+    ];
+
+    fn completed() -> Record {
+        Record {
+            digest: [0x33; 32],
+            state: RecordState::Completed,
+            token: 7,
+            expires_ms: 1_700_000_000_000,
+            payload: [0x44; 32],
+        }
+    }
+
+    fn bucket() -> Bucket {
+        let mut b = Bucket::default();
+        b[0] = Some(Record {
+            digest: [0x11; 32],
+            state: RecordState::InFlight,
+            token: 0x0102_0304_0506_0708,
+            expires_ms: 1_000,
+            payload: [0x22; 32],
+        });
+        b[5] = Some(completed());
+        b.slots[5] = 300;
+        b
+    }
+
+    #[test]
+    fn bucket_bytes_are_pinned() {
+        assert_eq!(encode_bucket(&bucket()), unhex(BUCKET));
+        assert_eq!(decode_bucket(&unhex(BUCKET)), bucket());
+    }
+
+    #[test]
+    fn one_record_is_found_without_decoding_the_bucket() {
+        let bytes = unhex(BUCKET);
+        let found: Vec<_> = records_of(&bytes, &[0x33; 32]).collect();
+        assert_eq!(found, vec![(5, completed())]);
+        assert_eq!(records_of(&bytes, &[0x44; 32]).count(), 0);
+        // A later entry for a way replaces the earlier one, as in a full decode: way 5
+        // written again with way 0's record.
+        let mut twice = bytes.clone();
+        twice.push(5);
+        twice.extend_from_slice(&bytes[2..2 + RECORD_LEN]);
+        let full = decode_bucket(&twice);
+        let found: Vec<_> = records_of(&twice, &[0x11; 32]).collect();
+        assert_eq!(
+            found,
+            vec![(0, full[0].clone().unwrap()), (5, full[5].clone().unwrap())]
+        );
+        assert_eq!(records_of(&twice, &[0x33; 32]).count(), 0);
+    }
+
+    #[test]
+    fn registry_bytes_are_pinned() {
+        let reg = Registry {
+            entries: vec![(6250, 99), (16, 5)],
+        };
+        let bytes = unhex(&["01000000000000186a000000000000006300000000000000100000000000000005"]);
+        assert_eq!(reg.encode(), bytes);
+        assert_eq!(Registry::decode(&bytes), reg);
+        // A stray tail is ignored, an unknown version is an empty registry.
+        assert_eq!(
+            Registry::decode(&[bytes.as_slice(), &[1, 2, 3]].concat()),
+            reg
+        );
+        assert_eq!(Registry::decode(&[2]), Registry::default());
     }
 }

@@ -9,10 +9,11 @@ use super::{
     CallAnswer, Decision, DedupStream, Duplicate, Env, HeldClaim, Phase, Plugin, StoreCall, Waiting,
 };
 use crate::config::{EtcdConfig, Policy, StoreConfig};
-use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState, LeaseCache, LeasePurpose};
+use crate::etcd::{self, EtcdAnswer, EtcdRecord, LeaseCache, LeasePurpose};
 use crate::key::{short_hex, Digest};
 use crate::local::LocalEntry;
 use crate::metrics::Counter;
+use crate::record::RecordState;
 use crate::wait::POLL_ETCD_MS;
 pub(super) use settle::Settling;
 
@@ -316,7 +317,7 @@ impl DedupStream {
                 };
                 let current = EtcdRecord::decode(&value, &c.digest);
                 match current {
-                    Some(r) if r.token == c.token && r.state == EtcdState::InFlight => {
+                    Some(r) if r.token == c.token && r.state == RecordState::InFlight => {
                         // Our own earlier attempt went through; its answer was lost.
                         let Some(completed_lease) = c.completed_lease else {
                             return self.store_failed(p, env, "no completion lease");
@@ -346,24 +347,24 @@ impl DedupStream {
                         self.duplicate(p, env, Duplicate::InFlight { held_until: None })
                     }
                     Some(r)
-                        if matches!(r.state, EtcdState::InFlight | EtcdState::Held)
+                        if matches!(r.state, RecordState::InFlight | RecordState::Held)
                             || r.expires_ms > now =>
                     {
                         if r.payload != c.payload {
                             return self.duplicate(p, env, Duplicate::PayloadMismatch);
                         }
                         match r.state {
-                            EtcdState::InFlight => {
+                            RecordState::InFlight => {
                                 self.duplicate(p, env, Duplicate::InFlight { held_until: None })
                             }
-                            EtcdState::Held => self.duplicate(
+                            RecordState::Held => self.duplicate(
                                 p,
                                 env,
                                 Duplicate::InFlight {
                                     held_until: Some(r.expires_ms),
                                 },
                             ),
-                            EtcdState::CompletedNotStored => {
+                            RecordState::CompletedNotStored => {
                                 let entry = LocalEntry {
                                     payload: r.payload,
                                     expires_ms: r.expires_ms,
@@ -372,7 +373,7 @@ impl DedupStream {
                                 env.local().insert(c.digest, entry, now);
                                 self.duplicate(p, env, Duplicate::NotStored)
                             }
-                            EtcdState::Completed => {
+                            RecordState::Completed => {
                                 let entry = LocalEntry {
                                     payload: r.payload,
                                     expires_ms: r.expires_ms,
@@ -467,15 +468,17 @@ fn poll_answer(path: &str, answer: &CallAnswer, digest: &Digest) -> Polled {
     };
     match EtcdRecord::decode(&value, digest) {
         Some(r) => match r.state {
-            EtcdState::InFlight => Polled::Claimed { held_until: None },
-            EtcdState::Held => Polled::Claimed {
+            RecordState::InFlight => Polled::Claimed { held_until: None },
+            RecordState::Held => Polled::Claimed {
                 held_until: Some(r.expires_ms),
             },
-            EtcdState::Completed | EtcdState::CompletedNotStored => Polled::Completed(LocalEntry {
-                payload: r.payload,
-                expires_ms: r.expires_ms,
-                response: r.response,
-            }),
+            RecordState::Completed | RecordState::CompletedNotStored => {
+                Polled::Completed(LocalEntry {
+                    payload: r.payload,
+                    expires_ms: r.expires_ms,
+                    response: r.response,
+                })
+            }
         },
         // A record this version cannot read is a claim it must not take over: the
         // claim that follows answers it as in flight.
@@ -514,7 +517,7 @@ fn attempt_timeout(p: &Plugin, deadline_ms: u64, now_ms: u64) -> u64 {
 
 fn in_flight_record(policy: &Policy, c: &Claiming, now_ms: u64) -> EtcdRecord {
     EtcdRecord {
-        state: EtcdState::InFlight,
+        state: RecordState::InFlight,
         token: c.token,
         expires_ms: now_ms.saturating_add(policy.in_flight_timeout_ms),
         payload: c.payload,

@@ -7,10 +7,11 @@ use super::{
     attempt_timeout, etcd_timeout, lease_lost, max_record_bytes, protocol, retryable, EtcdClaim,
     MAX_RETRIES,
 };
-use crate::etcd::{self, EtcdAnswer, EtcdRecord, EtcdState, LeaseCache, LeasePurpose};
+use crate::etcd::{self, EtcdAnswer, EtcdRecord, LeaseCache, LeasePurpose};
 use crate::key::Digest;
 use crate::local::LocalEntry;
 use crate::metrics::Counter;
+use crate::record::RecordState;
 use crate::response::StoredResponse;
 use crate::stream::{wake, CallAnswer, Decision, DedupStream, Env, Phase, Plugin, StoreCall};
 
@@ -99,9 +100,9 @@ impl DedupStream {
                         && match st.kind {
                             Settle::Complete => matches!(
                                 r.state,
-                                EtcdState::Completed | EtcdState::CompletedNotStored
+                                RecordState::Completed | RecordState::CompletedNotStored
                             ),
-                            Settle::Hold => r.state == EtcdState::Held,
+                            Settle::Hold => r.state == RecordState::Held,
                             Settle::Release => false,
                         }
                 }),
@@ -168,9 +169,9 @@ impl DedupStream {
             let (_, entry) = st.learned.as_ref()?;
             let record = EtcdRecord {
                 state: if entry.response.is_some() {
-                    EtcdState::Completed
+                    RecordState::Completed
                 } else {
-                    EtcdState::CompletedNotStored
+                    RecordState::CompletedNotStored
                 },
                 token: st.token,
                 expires_ms: entry.expires_ms,
@@ -247,7 +248,7 @@ impl DedupStream {
         o: &EtcdClaim,
     ) -> StoreCall {
         let record = EtcdRecord {
-            state: EtcdState::Held,
+            state: RecordState::Held,
             token: o.token,
             expires_ms: o.expires_ms,
             payload: o.payload,
@@ -286,9 +287,9 @@ impl DedupStream {
         let expires_ms = now.saturating_add(p.config.policy_at(self.rule).ttl_ms);
         let mut record = EtcdRecord {
             state: if response.is_some() {
-                EtcdState::Completed
+                RecordState::Completed
             } else {
-                EtcdState::CompletedNotStored
+                RecordState::CompletedNotStored
             },
             token: o.token,
             expires_ms,
@@ -300,7 +301,7 @@ impl DedupStream {
             // etcd would refuse it and the key would stay in flight: keep the
             // completion without the response instead.
             env.count(Counter::ResponseNotStored);
-            record.state = EtcdState::CompletedNotStored;
+            record.state = RecordState::CompletedNotStored;
             record.response = None;
             value = record.encode(&o.digest);
         }

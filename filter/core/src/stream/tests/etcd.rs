@@ -364,7 +364,8 @@ fn etcd_a_lease_grant_answered_late_never_shortens_the_claims_made_with_it() {
 
 #[test]
 fn an_etcd_record_of_exactly_the_limit_keeps_its_response() {
-    use crate::etcd::{EtcdRecord, EtcdState};
+    use crate::etcd::EtcdRecord;
+    use crate::record::RecordState;
     let limit = 20_000;
     let p = plugin(&format!(
         r#"{{"max_replay_body_bytes": 3616,
@@ -373,7 +374,7 @@ fn an_etcd_record_of_exactly_the_limit_keeps_its_response() {
     // The size of the completed record for a header value of `n` bytes.
     let size = |n: usize| {
         EtcdRecord {
-            state: EtcdState::Completed,
+            state: RecordState::Completed,
             token: 0,
             expires_ms: 0,
             payload: [0; 32],

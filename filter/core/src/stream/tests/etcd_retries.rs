@@ -428,7 +428,8 @@ fn etcd_a_hold_whose_answer_was_lost_is_recognised() {
 
 #[test]
 fn etcd_settling_answers_say_what_happened_to_the_record() {
-    use crate::etcd::{EtcdRecord, EtcdState};
+    use crate::etcd::EtcdRecord;
+    use crate::record::RecordState;
     use base64::Engine as _;
     let p = etcd_json_plugin("");
     let b64 = base64::engine::general_purpose::STANDARD;
@@ -465,7 +466,7 @@ fn etcd_settling_answers_say_what_happened_to_the_record() {
         ),
         (
             "release: another claim's",
-            theirs(&digest(&req("POST", "/o").key("k")), EtcdState::InFlight),
+            theirs(&digest(&req("POST", "/o").key("k")), RecordState::InFlight),
             1,
             0,
         ),
@@ -494,7 +495,7 @@ fn etcd_settling_answers_say_what_happened_to_the_record() {
         ("gone", r#"{"header": {"revision": "9"}}"#.to_string()),
         (
             "another claim's",
-            theirs(&digest(&req("POST", "/o").key("k")), EtcdState::Completed),
+            theirs(&digest(&req("POST", "/o").key("k")), RecordState::Completed),
         ),
         ("ours, still in flight", String::new()),
     ] {
@@ -506,7 +507,7 @@ fn etcd_settling_answers_say_what_happened_to_the_record() {
         let answer = if answer.is_empty() {
             // Our own claim, not completed: the completion did not land.
             let rec = EtcdRecord {
-                state: EtcdState::InFlight,
+                state: RecordState::InFlight,
                 token: 1 << 48 | 1,
                 expires_ms: a.now_ms + 30_000,
                 payload: [0; 32],

@@ -1,0 +1,52 @@
+//! A record's state, the same in both stores (shared-data buckets and etcd values), and
+//! its byte in their formats.
+
+/// A record's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordState {
+    InFlight = 1,
+    /// Completed; the response is stored with the record (shared data: in the way's
+    /// response slot; etcd: in the value).
+    Completed = 2,
+    /// Completed, but the response was too large to keep.
+    CompletedNotStored = 3,
+    /// Forwarded, but the filter cannot know whether the upstream ran it (client gone,
+    /// route timeout, reset after sending): held like a claim until it expires.
+    Held = 4,
+}
+
+impl RecordState {
+    pub const ALL: [RecordState; 4] = [
+        RecordState::InFlight,
+        RecordState::Completed,
+        RecordState::CompletedNotStored,
+        RecordState::Held,
+    ];
+
+    /// The name operators see.
+    pub fn name(self) -> &'static str {
+        match self {
+            RecordState::InFlight => "in_flight",
+            RecordState::Held => "held",
+            RecordState::Completed => "completed",
+            RecordState::CompletedNotStored => "completed_not_stored",
+        }
+    }
+
+    /// A claim that still stands for a possibly running request: never evicted,
+    /// never released by an operator without `force`.
+    pub fn is_claim(self) -> bool {
+        matches!(self, RecordState::InFlight | RecordState::Held)
+    }
+
+    /// The state of its byte in a record; `None` for a byte no version writes.
+    pub fn from_byte(b: u8) -> Option<RecordState> {
+        match b {
+            1 => Some(RecordState::InFlight),
+            2 => Some(RecordState::Completed),
+            3 => Some(RecordState::CompletedNotStored),
+            4 => Some(RecordState::Held),
+            _ => None,
+        }
+    }
+}
