@@ -20,8 +20,8 @@ pub const MAP_RESPONSE_HEADERS: u32 = 2;
 pub const MAP_HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
 pub const BUFFER_HTTP_CALL_RESPONSE_BODY: u32 = 4;
 pub const BUFFER_GRPC_RECEIVE: u32 = 5;
-const STREAM_HTTP_REQUEST: u32 = 0;
-const STREAM_HTTP_RESPONSE: u32 = 1;
+pub const STREAM_HTTP_REQUEST: u32 = 0;
+pub const STREAM_HTTP_RESPONSE: u32 = 1;
 pub const BUFFER_REQUEST_BODY: u32 = 0;
 pub const BUFFER_RESPONSE_BODY: u32 = 1;
 pub const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
@@ -279,33 +279,15 @@ pub fn send_local_response(
             -1,
         )
     };
-    if status == OK {
-        Ok(())
-    } else {
-        Err(status)
-    }
+    checked(status)
 }
 
-/// Resumes a request paused while the store answered.
-pub fn resume_request() -> Result<(), u32> {
+/// Resumes a stream paused while the store answered: the request
+/// (`STREAM_HTTP_REQUEST`) or a response held while the store settled its record
+/// (`STREAM_HTTP_RESPONSE`).
+pub fn resume(stream: u32) -> Result<(), u32> {
     // SAFETY: no pointers.
-    let status = unsafe { proxy_continue_stream(STREAM_HTTP_REQUEST) };
-    if status == OK {
-        Ok(())
-    } else {
-        Err(status)
-    }
-}
-
-/// Resumes a response held while the store settled its record.
-pub fn resume_response() -> Result<(), u32> {
-    // SAFETY: no pointers.
-    let status = unsafe { proxy_continue_stream(STREAM_HTTP_RESPONSE) };
-    if status == OK {
-        Ok(())
-    } else {
-        Err(status)
-    }
+    checked(unsafe { proxy_continue_stream(stream) })
 }
 
 /// Sends an HTTP call to `cluster` (`headers` must hold `:method`, `:path` and
@@ -347,11 +329,7 @@ pub fn dispatch_http_call(
             &mut token,
         )
     };
-    if status != OK {
-        return Err(status);
-    }
-    crate::context::register_callout(token);
-    Ok(token)
+    registered(status, token)
 }
 
 /// Sends a unary gRPC call (`service`/`method`, `message` already serialized) to the
@@ -384,11 +362,7 @@ pub fn dispatch_grpc_call(
             &mut token,
         )
     };
-    if status != OK {
-        return Err(status);
-    }
-    crate::context::register_callout(token);
-    Ok(token)
+    registered(status, token)
 }
 
 /// The status of the gRPC call being closed (`proxy_on_grpc_close`): code and message.
@@ -441,22 +415,14 @@ pub fn random_bytes<const N: usize>() -> Result<[u8; N], u16> {
 pub fn set_effective_context(context_id: u32) -> Result<(), u32> {
     // SAFETY: no pointers.
     let status = unsafe { proxy_set_effective_context(context_id) };
-    if status == OK {
-        Ok(())
-    } else {
-        Err(status)
-    }
+    checked(status)
 }
 
 /// Ticks of this VM's root context every `period_ms` (0: no ticks).
 pub fn set_tick_period(period_ms: u32) -> Result<(), u32> {
     // SAFETY: no pointers.
     let status = unsafe { proxy_set_tick_period_milliseconds(period_ms) };
-    if status == OK {
-        Ok(())
-    } else {
-        Err(status)
-    }
+    checked(status)
 }
 
 /// Registers a shared queue named `name` for this VM (the last VM to register a name
@@ -476,11 +442,7 @@ pub fn register_shared_queue(name: &str) -> Result<u32, u32> {
 pub fn enqueue_shared_queue(token: u32, value: &[u8]) -> Result<(), u32> {
     // SAFETY: pointer and length of a live buffer.
     let status = unsafe { proxy_enqueue_shared_queue(token, value.as_ptr(), value.len()) };
-    if status == OK {
-        Ok(())
-    } else {
-        Err(status)
-    }
+    checked(status)
 }
 
 /// The next item of a queue this VM registered; `Ok(None)` when it is empty.
@@ -530,11 +492,7 @@ pub fn set_property(name: &str, value: &[u8]) -> Result<(), u32> {
     // SAFETY: pointers and lengths of live buffers.
     let status =
         unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) };
-    if status == OK {
-        Ok(())
-    } else {
-        Err(status)
-    }
+    checked(status)
 }
 
 pub fn increment(id: u32) {
@@ -578,4 +536,21 @@ impl SharedData for HostSharedData {
             )))),
         }
     }
+}
+
+/// A host call's status as a result: `OK`, or the status.
+fn checked(status: u32) -> Result<(), u32> {
+    if status == OK {
+        Ok(())
+    } else {
+        Err(status)
+    }
+}
+
+/// A dispatched call's token, recorded as owned by the running context (see
+/// `context::register_callout`); the host's status if it refused the call.
+fn registered(status: u32, token: u32) -> Result<u32, u32> {
+    checked(status)?;
+    crate::context::register_callout(token);
+    Ok(token)
 }

@@ -152,24 +152,16 @@ fn on_stream<R>(
     default: R,
     f: impl FnOnce(&mut dyn HttpContext) -> R,
 ) -> R {
-    let Some((root, context)) = stream(context_id) else {
-        debug(format_args!(
-            "proxy-dedup: {callback} for unknown stream context {context_id}; ignored"
-        ));
-        return default;
-    };
-    let Ok(mut context) = context.try_borrow_mut() else {
-        abi::log(
-            abi::LOG_WARN,
-            &format!("proxy-dedup: {callback} re-entered stream context {context_id}; ignored"),
-        );
-        return default;
-    };
-    let active = Active {
-        root,
-        stream: Some(context_id),
-    };
-    as_active(active, || f(context.as_mut()))
+    let found = stream(context_id).map(|(root, context)| {
+        let active = Active {
+            root,
+            stream: Some(context_id),
+        };
+        (context, active)
+    });
+    enter(found, "stream", context_id, callback, default, |c| {
+        f(c.as_mut())
+    })
 }
 
 /// Runs a callback of a root context; `default` if there is none by that id.
@@ -179,31 +171,63 @@ fn on_root<R>(
     default: R,
     f: impl FnOnce(&mut dyn RootContext) -> R,
 ) -> R {
-    let Some(root) = root(context_id) else {
+    let found = root(context_id).map(|context| {
+        let active = Active {
+            root: context_id,
+            stream: None,
+        };
+        (context, active)
+    });
+    enter(found, "root", context_id, callback, default, |c| {
+        f(c.as_mut())
+    })
+}
+
+/// Runs `f` on a context found by id, as the active context; `default` if none was
+/// found (logged at debug) or it is already running (a re-entry, logged at warn).
+fn enter<C: ?Sized, R>(
+    found: Option<(Slot<C>, Active)>,
+    kind: &str,
+    context_id: u32,
+    callback: &str,
+    default: R,
+    f: impl FnOnce(&mut C) -> R,
+) -> R {
+    let Some((context, active)) = found else {
         debug(format_args!(
-            "proxy-dedup: {callback} for unknown root context {context_id}; ignored"
+            "proxy-dedup: {callback} for unknown {kind} context {context_id}; ignored"
         ));
         return default;
     };
-    let Ok(mut root) = root.try_borrow_mut() else {
+    let Ok(mut context) = context.try_borrow_mut() else {
         abi::log(
             abi::LOG_WARN,
-            &format!("proxy-dedup: {callback} re-entered root context {context_id}; ignored"),
+            &format!("proxy-dedup: {callback} re-entered {kind} context {context_id}; ignored"),
         );
         return default;
     };
-    let active = Active {
-        root: context_id,
-        stream: None,
-    };
-    as_active(active, || f(root.as_mut()))
+    as_active(active, || f(&mut context))
+}
+
+/// A stream callback that answers an action: Continue if the stream is unknown.
+fn on_stream_action(
+    context_id: u32,
+    callback: &str,
+    f: impl FnOnce(&mut dyn HttpContext) -> Action,
+) -> u32 {
+    on_stream(context_id, callback, Action::Continue, f) as u32
+}
+
+/// `f` on this VM's table of pending calls; 0 if it is busy.
+fn with_callouts(f: impl FnOnce(&mut Callouts) -> usize) -> usize {
+    with_vm(|vm| Some(f(&mut *vm.callouts.try_borrow_mut().ok()?)))
+        .flatten()
+        .unwrap_or(0)
 }
 
 /// A stream context ends: its pending calls pass to its root.
 fn orphan_calls_of(context_id: u32) {
-    let handed = with_vm(|vm| Some(vm.callouts.try_borrow_mut().ok()?.orphan(context_id)))
-        .flatten()
-        .unwrap_or(0);
+    let handed = with_callouts(|c| c.orphan(context_id));
     if handed > 0 {
         debug(format_args!(
             "proxy-dedup: stream context {context_id} ended with {handed} pending call(s); \
@@ -214,9 +238,7 @@ fn orphan_calls_of(context_id: u32) {
 
 /// A root context is gone: the host cancelled its pending calls.
 fn drop_calls_of_root(context_id: u32) {
-    let dropped = with_vm(|vm| Some(vm.callouts.try_borrow_mut().ok()?.drop_root(context_id)))
-        .flatten()
-        .unwrap_or(0);
+    let dropped = with_callouts(|c| c.drop_root(context_id));
     if dropped > 0 {
         debug(format_args!(
             "proxy-dedup: root context {context_id} ended; forgot {dropped} pending call(s)"
@@ -238,19 +260,8 @@ fn create_root(context_id: u32) {
         Some(roots.insert(context_id, root).is_some())
     })
     .flatten();
-    match replaced {
-        None => abi::log(
-            abi::LOG_ERROR,
-            &format!("proxy-dedup: cannot record root context {context_id}"),
-        ),
-        Some(true) => {
-            abi::log(
-                abi::LOG_WARN,
-                &format!("proxy-dedup: root context {context_id} created twice; replaced"),
-            );
-            drop_calls_of_root(context_id);
-        }
-        Some(false) => {}
+    if recorded("root", context_id, replaced, abi::LOG_ERROR, "") {
+        drop_calls_of_root(context_id);
     }
 }
 
@@ -275,20 +286,44 @@ fn create_stream(context_id: u32, root_id: u32) {
         Some(streams.insert(context_id, stream).is_some())
     })
     .flatten();
+    if recorded(
+        "stream",
+        context_id,
+        replaced,
+        abi::LOG_WARN,
+        "; it passes through",
+    ) {
+        // The calls of the replaced context are not the new stream's.
+        orphan_calls_of(context_id);
+    }
+}
+
+/// Logs what inserting a new context into its table came to (`None`: the table was
+/// busy, logged at `level`, `consequence` appended); true if it replaced one by the
+/// same id.
+fn recorded(
+    kind: &str,
+    context_id: u32,
+    replaced: Option<bool>,
+    level: u32,
+    consequence: &str,
+) -> bool {
     match replaced {
-        None => abi::log(
-            abi::LOG_WARN,
-            &format!("proxy-dedup: cannot record stream context {context_id}; it passes through"),
-        ),
+        None => {
+            abi::log(
+                level,
+                &format!("proxy-dedup: cannot record {kind} context {context_id}{consequence}"),
+            );
+            false
+        }
         Some(true) => {
             abi::log(
                 abi::LOG_WARN,
-                &format!("proxy-dedup: stream context {context_id} created twice; replaced"),
+                &format!("proxy-dedup: {kind} context {context_id} created twice; replaced"),
             );
-            // The calls of the replaced context are not the new stream's.
-            orphan_calls_of(context_id);
+            true
         }
-        Some(false) => {}
+        Some(false) => false,
     }
 }
 
@@ -310,32 +345,34 @@ pub extern "C" fn proxy_on_context_create(context_id: u32, parent_context_id: u3
 
 #[no_mangle]
 pub extern "C" fn proxy_on_vm_start(context_id: u32, vm_configuration_size: usize) -> u32 {
-    if root(context_id).is_none() {
-        abi::log(
-            abi::LOG_ERROR,
-            &format!("proxy-dedup: proxy_on_vm_start for unknown root context {context_id}"),
-        );
-        return 0;
-    }
-    u32::from(on_root(context_id, "proxy_on_vm_start", false, |r| {
+    root_start(context_id, "proxy_on_vm_start", |r| {
         r.on_vm_start(vm_configuration_size)
-    }))
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_configure(context_id: u32, plugin_configuration_size: usize) -> u32 {
+    root_start(context_id, "proxy_on_configure", |r| {
+        r.on_configure(plugin_configuration_size)
+    })
+}
+
+/// `proxy_on_vm_start` and `proxy_on_configure`: 1 if the root accepts, 0 if it refuses
+/// or is unknown (refusing is visible; accepting would pass every request through
+/// unchecked).
+fn root_start(
+    context_id: u32,
+    callback: &str,
+    f: impl FnOnce(&mut dyn RootContext) -> bool,
+) -> u32 {
     if root(context_id).is_none() {
-        // Refusing the configuration is visible; accepting it would pass every request
-        // through unchecked.
         abi::log(
             abi::LOG_ERROR,
-            &format!("proxy-dedup: proxy_on_configure for unknown root context {context_id}"),
+            &format!("proxy-dedup: {callback} for unknown root context {context_id}"),
         );
         return 0;
     }
-    u32::from(on_root(context_id, "proxy_on_configure", false, |r| {
-        r.on_configure(plugin_configuration_size)
-    }))
+    u32::from(on_root(context_id, callback, false, f))
 }
 
 #[no_mangle]
@@ -350,78 +387,54 @@ pub extern "C" fn proxy_on_queue_ready(context_id: u32, queue_id: u32) {
     });
 }
 
-#[no_mangle]
-pub extern "C" fn proxy_on_request_headers(
-    context_id: u32,
-    num_headers: usize,
-    end_of_stream: u32,
-) -> u32 {
-    on_stream(
-        context_id,
-        "proxy_on_request_headers",
-        Action::Continue,
-        |s| s.on_http_request_headers(num_headers, flag(end_of_stream)),
-    ) as u32
+/// A stream callback of the ABI: it finds its stream context and answers its action
+/// (Continue for an unknown stream). `eos` for the callbacks that carry `end_of_stream`.
+macro_rules! stream_callback {
+    ($export:ident, $method:ident, $size:ident, eos) => {
+        #[no_mangle]
+        pub extern "C" fn $export(context_id: u32, $size: usize, end_of_stream: u32) -> u32 {
+            on_stream_action(context_id, stringify!($export), |s| {
+                s.$method($size, flag(end_of_stream))
+            })
+        }
+    };
+    ($export:ident, $method:ident, $size:ident) => {
+        #[no_mangle]
+        pub extern "C" fn $export(context_id: u32, $size: usize) -> u32 {
+            on_stream_action(context_id, stringify!($export), |s| s.$method($size))
+        }
+    };
 }
 
-#[no_mangle]
-pub extern "C" fn proxy_on_request_body(
-    context_id: u32,
-    body_size: usize,
-    end_of_stream: u32,
-) -> u32 {
-    on_stream(context_id, "proxy_on_request_body", Action::Continue, |s| {
-        s.on_http_request_body(body_size, flag(end_of_stream))
-    }) as u32
-}
-
-#[no_mangle]
-pub extern "C" fn proxy_on_request_trailers(context_id: u32, num_trailers: usize) -> u32 {
-    on_stream(
-        context_id,
-        "proxy_on_request_trailers",
-        Action::Continue,
-        |s| s.on_http_request_trailers(num_trailers),
-    ) as u32
-}
-
-#[no_mangle]
-pub extern "C" fn proxy_on_response_headers(
-    context_id: u32,
-    num_headers: usize,
-    end_of_stream: u32,
-) -> u32 {
-    on_stream(
-        context_id,
-        "proxy_on_response_headers",
-        Action::Continue,
-        |s| s.on_http_response_headers(num_headers, flag(end_of_stream)),
-    ) as u32
-}
-
-#[no_mangle]
-pub extern "C" fn proxy_on_response_body(
-    context_id: u32,
-    body_size: usize,
-    end_of_stream: u32,
-) -> u32 {
-    on_stream(
-        context_id,
-        "proxy_on_response_body",
-        Action::Continue,
-        |s| s.on_http_response_body(body_size, flag(end_of_stream)),
-    ) as u32
-}
-
-#[no_mangle]
-pub extern "C" fn proxy_on_response_trailers(context_id: u32, num_trailers: usize) -> u32 {
-    on_stream(
-        context_id,
-        "proxy_on_response_trailers",
-        Action::Continue,
-        |s| s.on_http_response_trailers(num_trailers),
-    ) as u32
-}
+stream_callback!(
+    proxy_on_request_headers,
+    on_http_request_headers,
+    num_headers,
+    eos
+);
+stream_callback!(proxy_on_request_body, on_http_request_body, body_size, eos);
+stream_callback!(
+    proxy_on_request_trailers,
+    on_http_request_trailers,
+    num_trailers
+);
+stream_callback!(
+    proxy_on_response_headers,
+    on_http_response_headers,
+    num_headers,
+    eos
+);
+stream_callback!(
+    proxy_on_response_body,
+    on_http_response_body,
+    body_size,
+    eos
+);
+stream_callback!(
+    proxy_on_response_trailers,
+    on_http_response_trailers,
+    num_trailers
+);
 
 #[no_mangle]
 pub extern "C" fn proxy_on_log(context_id: u32) {

@@ -509,12 +509,7 @@ impl HttpContext for DedupHttp {
             return;
         };
         if self.drive(decision) == Action::Continue {
-            if let Err(status) = abi::resume_request() {
-                abi::log(
-                    abi::LOG_WARN,
-                    &format!("proxy-dedup: cannot resume the request (status {status})"),
-                );
-            }
+            resume(abi::STREAM_HTTP_REQUEST);
         }
     }
 
@@ -562,12 +557,7 @@ impl Context for DedupHttp {
                     return;
                 }
             }
-            if let Err(status) = abi::resume_response() {
-                abi::log(
-                    abi::LOG_WARN,
-                    &format!("proxy-dedup: cannot resume the response (status {status})"),
-                );
-            }
+            resume(abi::STREAM_HTTP_RESPONSE);
             return;
         }
         if !was_waiting {
@@ -575,12 +565,23 @@ impl Context for DedupHttp {
         }
         // Otherwise the stream is paused on the next call, or was answered locally.
         if self.drive(decision) == Action::Continue {
-            if let Err(status) = abi::resume_request() {
-                abi::log(
-                    abi::LOG_WARN,
-                    &format!("proxy-dedup: cannot resume the request (status {status})"),
-                );
-            }
+            resume(abi::STREAM_HTTP_REQUEST);
         }
+    }
+}
+
+/// Resumes the paused request or the held response (`abi::STREAM_HTTP_*`); a refusal
+/// is logged (the stream then ends on Envoy's terms).
+fn resume(stream: u32) {
+    if let Err(status) = abi::resume(stream) {
+        let what = if stream == abi::STREAM_HTTP_REQUEST {
+            "request"
+        } else {
+            "response"
+        };
+        abi::log(
+            abi::LOG_WARN,
+            &format!("proxy-dedup: cannot resume the {what} (status {status})"),
+        );
     }
 }

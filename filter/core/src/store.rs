@@ -309,24 +309,14 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         Err(StoreError::Contention)
     }
 
-    /// Marks a won claim completed and stores its response (`None`: too large to keep).
-    /// Returns false when the claim was lost meanwhile (in-flight timeout, eviction): the
-    /// record then belongs to someone else, or is free for the next claim, and is left
-    /// alone. A claim past its in-flight time is lost even if no one took its way yet:
-    /// another layout (a configuration before or after a push) may already have run the
-    /// key again, and a late completion here would answer its retries with this response.
-    pub fn complete(
-        &self,
-        claim: &Claim,
-        response: Option<&StoredResponse>,
-        now_ms: u64,
-    ) -> Result<bool, StoreError> {
-        self.complete_within_budget(claim, response, now_ms)
-            .map(|c| c.owned)
-    }
-
-    /// `complete`, saying whether the response was kept and how many other responses
-    /// were dropped to keep the bucket within its byte budget.
+    /// Marks a won claim completed and stores its response (`None`: too large to keep),
+    /// saying whether the claim was still this stream's (`owned`), whether the response
+    /// was kept and how many other responses were dropped to keep the bucket within its
+    /// byte budget. A claim lost meanwhile (in-flight timeout, eviction) belongs to
+    /// someone else, or is free for the next claim, and is left alone. A claim past its
+    /// in-flight time is lost even if no one took its way yet: another layout (a
+    /// configuration before or after a push) may already have run the key again, and a
+    /// late completion here would answer its retries with this response.
     ///
     /// The bucket record counts the bytes of each way's response slot. When a response
     /// would take the bucket past its budget, slots of dead ways (no record, expired,
@@ -335,7 +325,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
     /// their keys answer `409 response-not-stored` and never run again. Claims are
     /// never touched (an in-flight owner may be writing its slot). If the response
     /// still does not fit, the record is completed without it.
-    pub fn complete_within_budget(
+    pub fn complete(
         &self,
         claim: &Claim,
         response: Option<&StoredResponse>,

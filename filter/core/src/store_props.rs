@@ -138,7 +138,7 @@ proptest! {
             return Err(TestCaseError::fail("a fresh key was not claimed"));
         };
         prop_assert_eq!(claim.bucket, layout.bucket_of(&digest));
-        prop_assert!(store.complete(&claim, resp.as_ref(), 5_500).map_err(fail)?);
+        prop_assert!(store.complete(&claim, resp.as_ref(), 5_500).map(|c| c.owned).map_err(fail)?);
         let again = store.claim(&digest, &payload, 6_000, token ^ 7).map_err(fail)?;
         match &resp {
             Some(r) => {

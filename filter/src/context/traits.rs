@@ -50,31 +50,20 @@ pub trait RootContext {
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>>;
 }
 
-/// A stream's context. Each callback's answer says whether the stream goes on.
+/// A stream's context. Each callback's answer says whether the stream goes on; one
+/// implementation (`http::DedupHttp`) answers every callback.
 pub trait HttpContext: Context {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        Action::Continue
-    }
+    fn on_http_request_headers(&mut self, num_headers: usize, end_of_stream: bool) -> Action;
 
-    fn on_http_request_body(&mut self, _body_size: usize, _end_of_stream: bool) -> Action {
-        Action::Continue
-    }
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action;
 
-    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        Action::Continue
-    }
+    fn on_http_request_trailers(&mut self, num_trailers: usize) -> Action;
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        Action::Continue
-    }
+    fn on_http_response_headers(&mut self, num_headers: usize, end_of_stream: bool) -> Action;
 
-    fn on_http_response_body(&mut self, _body_size: usize, _end_of_stream: bool) -> Action {
-        Action::Continue
-    }
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action;
 
-    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        Action::Continue
-    }
+    fn on_http_response_trailers(&mut self, num_trailers: usize) -> Action;
 
     fn on_log(&mut self) {}
 

@@ -178,7 +178,7 @@ fn half_full_store_evicts_almost_nothing() {
                 evicted_unexpired,
             } => {
                 evicted += u32::from(evicted_unexpired);
-                assert!(store.complete(&claim, None, 0).unwrap());
+                assert!(store.complete(&claim, None, 0).unwrap().owned);
             }
             other => panic!("{other:?}"),
         }
@@ -215,18 +215,24 @@ fn a_response_slot_taken_over_is_never_replayed_to_the_old_key() {
     let mut claims = Vec::new();
     for (i, d) in same[..WAYS].iter().enumerate() {
         let claim = claimed(store.claim(d, &[0; 32], 0, i as u64));
-        assert!(store
-            .complete(&claim, Some(&stored(200, &format!("body-{i}"))), 0)
-            .unwrap());
+        assert!(
+            store
+                .complete(&claim, Some(&stored(200, &format!("body-{i}"))), 0)
+                .unwrap()
+                .owned
+        );
         claims.push(claim);
     }
     let a_ref = completed(store.claim(&same[0], &[0; 32], 10, 50));
     // Everything expires; the newcomer takes way 0 and writes its response there.
     let b = claimed(store.claim(&same[WAYS], &[0; 32], 2_000, 77));
     assert_eq!(b.way, a_ref.way);
-    assert!(store
-        .complete(&b, Some(&stored(200, "secret-of-b")), 2_000)
-        .unwrap());
+    assert!(
+        store
+            .complete(&b, Some(&stored(200, "secret-of-b")), 2_000)
+            .unwrap()
+            .owned
+    );
     assert_eq!(
         store.response(&a_ref).unwrap(),
         None,
@@ -265,13 +271,18 @@ fn late_completion_loses_to_its_successor(a_now: u64) {
         let st = SharedStore::new(&*s2, &l2);
         let b = claimed(st.claim(&d, &[0; 32], 1_000, 2));
         assert_eq!(b.way, a_way, "B must take the expired way");
-        assert!(st
-            .complete(&b, Some(&stored(200, "from-b")), 1_000)
-            .unwrap());
+        assert!(
+            st.complete(&b, Some(&stored(200, "from-b")), 1_000)
+                .unwrap()
+                .owned
+        );
     });
-    assert!(!store
-        .complete(&a, Some(&stored(200, "from-a")), a_now)
-        .unwrap());
+    assert!(
+        !store
+            .complete(&a, Some(&stored(200, "from-a")), a_now)
+            .unwrap()
+            .owned
+    );
     let done = completed(store.claim(&d, &[0; 32], 1_001, 3));
     assert_eq!(store.response(&done).unwrap().unwrap().body, b"from-b");
 }
@@ -289,7 +300,7 @@ fn a_completion_whose_empty_slot_exists_after_all_still_stores_its_response() {
     let slot = layout.response_key(claim.buckets, claim.bucket, claim.way);
     shared.set(&slot, b"", u32::MAX).unwrap();
     let body = stored(201, "kept");
-    assert!(store.complete(&claim, Some(&body), 10).unwrap());
+    assert!(store.complete(&claim, Some(&body), 10).unwrap().owned);
     let done = completed(store.claim(&d, &[0; 32], 20, 2));
     assert_eq!(store.response(&done).unwrap().unwrap().body, b"kept");
 }

@@ -54,6 +54,23 @@ pub(super) struct Claiming {
     pub(super) abandoned: bool,
 }
 
+impl Claiming {
+    /// The claim this attempt won, at `mod_revision`, its completed record to carry
+    /// `completed_lease`.
+    fn won(&self, mod_revision: i64, completed_lease: i64) -> EtcdClaim {
+        EtcdClaim {
+            key: self.key.clone(),
+            digest: self.digest,
+            payload: self.payload,
+            token: self.token,
+            mod_revision,
+            completed_lease,
+            in_flight_lease: self.in_flight_lease,
+            expires_ms: self.expires_ms,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum ClaimStep {
     Grant(LeasePurpose),
@@ -287,16 +304,7 @@ impl DedupStream {
                 let Some(completed_lease) = c.completed_lease else {
                     return self.store_failed(p, env, "no completion lease");
                 };
-                let owned = HeldClaim::Etcd(EtcdClaim {
-                    key: c.key,
-                    digest: c.digest,
-                    payload: c.payload,
-                    token: c.token,
-                    mod_revision: revision,
-                    completed_lease,
-                    in_flight_lease: c.in_flight_lease,
-                    expires_ms: c.expires_ms,
-                });
+                let owned = HeldClaim::Etcd(c.won(revision, completed_lease));
                 self.forward_unless_abandoned(p, env, owned, c.abandoned)
             }
             (
@@ -322,16 +330,7 @@ impl DedupStream {
                         let Some(completed_lease) = c.completed_lease else {
                             return self.store_failed(p, env, "no completion lease");
                         };
-                        let owned = HeldClaim::Etcd(EtcdClaim {
-                            key: c.key,
-                            digest: c.digest,
-                            payload: c.payload,
-                            token: c.token,
-                            mod_revision,
-                            completed_lease,
-                            in_flight_lease: c.in_flight_lease,
-                            expires_ms: c.expires_ms,
-                        });
+                        let owned = HeldClaim::Etcd(c.won(mod_revision, completed_lease));
                         self.forward_unless_abandoned(p, env, owned, c.abandoned)
                     }
                     // An in-flight record of another claim is never taken over by

@@ -84,9 +84,7 @@ impl DedupStream {
     ) {
         let completed = p
             .layout_for(p.config.policy_at(self.rule))
-            .and_then(|layout| {
-                SharedStore::new(&*env, &layout).complete_within_budget(claim, response, now)
-            });
+            .and_then(|layout| SharedStore::new(&*env, &layout).complete(claim, response, now));
         match completed {
             Ok(done) if done.owned => {
                 if response.is_some() && !done.stored {

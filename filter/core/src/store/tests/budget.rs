@@ -39,9 +39,7 @@ fn complete(
     now: u64,
 ) -> Completion {
     let claim = claimed(store.claim(d, &[7; 32], now, now ^ 0x55));
-    store
-        .complete_within_budget(&claim, Some(resp), now)
-        .unwrap()
+    store.complete(&claim, Some(resp), now).unwrap()
 }
 
 /// `layout` over empty shared data, and `n` keys that land in bucket 0.
@@ -167,7 +165,7 @@ fn claims_are_never_dropped_and_a_response_that_does_not_fit_beside_them_is_not_
     assert_eq!(shared.raw(&slot0).unwrap().0.len(), 6_052);
     // A 6 KB response elsewhere would need that way's bytes: it is completed without it.
     let done = store
-        .complete_within_budget(&claims[0], Some(&response(6_000, 1)), 2_500)
+        .complete(&claims[0], Some(&response(6_000, 1)), 2_500)
         .unwrap();
     assert_eq!((done.owned, done.stored, done.dropped), (true, false, 0));
     assert_eq!(
@@ -188,7 +186,7 @@ fn claims_are_never_dropped_and_a_response_that_does_not_fit_beside_them_is_not_
     );
     // The claim over the old bytes completes and replaces them.
     let done = store
-        .complete_within_budget(&reused, Some(&response(2_000, 2)), 2_700)
+        .complete(&reused, Some(&response(2_000, 2)), 2_700)
         .unwrap();
     assert!(done.owned && done.stored);
     let c = completed(store.claim(&keys[WAYS], &[7; 32], 2_800, 3));
@@ -236,11 +234,7 @@ fn racing_completions_in_one_bucket_never_undercount_nor_exceed_the_budget() {
                             store.claim(&d, &[1; 32], now, t << 32 | i)
                         {
                             let size = 1_000 + 700 * (i as usize % 4);
-                            let _ = store.complete_within_budget(
-                                &claim,
-                                Some(&response(size, i as u8)),
-                                now,
-                            );
+                            let _ = store.complete(&claim, Some(&response(size, i as u8)), now);
                         }
                     }
                 })

@@ -140,7 +140,7 @@ fn a_record_of_the_previous_format_is_never_found_nor_misread() {
         headers: vec![],
         body: b"from the old version".to_vec(),
     };
-    assert!(store.complete(&claim, Some(&stale), now).unwrap());
+    assert!(store.complete(&claim, Some(&stale), now).unwrap().owned);
     assert_eq!(run(&p, &mut env, &r, ok("new")), executed("new"));
     assert_eq!(
         counts(&env, [Counter::Executed, Counter::PayloadMismatch]),
