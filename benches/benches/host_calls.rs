@@ -7,14 +7,14 @@
 
 use dedup_benches::{Case, BASELINE, BASELINE_64K, DEDUP};
 use dedup_envoy::bench::{no_write, write_section};
-use host_test::{Envoy, HostCalls};
+use host_test::{HostCalls, SimEnvoy};
 
 /// Requests counted per case (after one that is not: it loads the module's
 /// lazily built state and, for the replay case, stores the response).
 const REQUESTS: u64 = 50;
 
 fn profile(case: &Case) -> Result<HostCalls, String> {
-    let mut envoy: Envoy = case
+    let mut envoy: SimEnvoy = case
         .builder()
         .count_host_calls(true)
         .build()

@@ -16,7 +16,7 @@ use dedup_benches::{Case, BASELINE, DEDUP};
 use dedup_core::local::{LocalEntry, LocalTier, MAX_BYTES, MAX_ENTRIES};
 use dedup_core::response::StoredResponse;
 use dedup_envoy::bench::{load_average, machine, micros, no_write, write_section};
-use host_test::{Envoy, EnvoyBuilder, Request};
+use host_test::{EnvoyBuilder, Request, SimEnvoy};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -68,7 +68,7 @@ fn large_capacity() -> u64 {
 }
 
 /// An Envoy of `case`'s module with this plugin configuration.
-fn envoy(case: &Case, vm_id: &str, config: &str, workers: usize) -> Res<Envoy> {
+fn envoy(case: &Case, vm_id: &str, config: &str, workers: usize) -> Res<SimEnvoy> {
     let b: EnvoyBuilder = case
         .builder()
         .vm_id(vm_id)
@@ -103,7 +103,7 @@ fn small(i: u64) -> Request {
         .body(format!(r#"{{"order":{i},"sku":"A-1","qty":1}}"#))
 }
 
-fn send(envoy: &mut Envoy, worker: usize, req: Request) -> Res<()> {
+fn send(envoy: &mut SimEnvoy, worker: usize, req: Request) -> Res<()> {
     match envoy.request(worker, req) {
         Ok(r) if r.status == 201 => Ok(()),
         Ok(r) => Err(format!("answered {} {}", r.status, r.body_str())),
@@ -148,7 +148,7 @@ fn size_name(size: usize) -> String {
     }
 }
 
-fn counter(envoy: &Envoy, name: &str) -> u64 {
+fn counter(envoy: &SimEnvoy, name: &str) -> u64 {
     envoy.counter(name).unwrap_or(0)
 }
 
@@ -241,7 +241,7 @@ struct SharedBytes {
     other_bytes: usize,
 }
 
-fn shared_bytes(envoy: &Envoy) -> SharedBytes {
+fn shared_bytes(envoy: &SimEnvoy) -> SharedBytes {
     let mut s = SharedBytes::default();
     for key in envoy.shared_data_keys() {
         let len = key.len() + envoy.shared_data(&key).map_or(0, |(v, _)| v.len());
@@ -279,7 +279,7 @@ struct Fill {
 /// full. A small store is refilled (TTL passed, then 90% of `capacity` new
 /// keys, untimed) before each batch, so every batch sees 90%; a large one is
 /// filled once (its batches add under 1.5% to the fill).
-fn store_fill(capacity: u64, baseline: &mut Envoy, base_time: &mut Vec<f64>) -> Res<Fill> {
+fn store_fill(capacity: u64, baseline: &mut SimEnvoy, base_time: &mut Vec<f64>) -> Res<Fill> {
     const EVICTIONS: &str = "proxy_dedup_evictions_unexpired";
     let dedup = &DEDUP[0];
     let config = format!(r#"{{"capacity": {capacity}}}"#);
@@ -289,7 +289,7 @@ fn store_fill(capacity: u64, baseline: &mut Envoy, base_time: &mut Vec<f64>) -> 
     let small_store = capacity <= 10_000;
     let per: u64 = if small_store { capacity / 20 } else { 2_000 };
     let mut next = 0u64;
-    let fill = |env: &mut Envoy, next: &mut u64| -> Res<f64> {
+    let fill = |env: &mut SimEnvoy, next: &mut u64| -> Res<f64> {
         let start = Instant::now();
         for _ in 0..target {
             *next += 1;

@@ -2,7 +2,7 @@
 //! request stream to send. `benches/per_request.rs` runs each in host-test
 //! and reports its cost as a ratio to the empty filter.
 
-use host_test::{Envoy, EnvoyBuilder, Error, LogLevel, Reply, Request};
+use host_test::{EnvoyBuilder, Error, LogLevel, Reply, Request, SimEnvoy};
 use std::path::PathBuf;
 
 /// One benchmark case.
@@ -25,13 +25,13 @@ impl Case {
 
     /// One worker, logging at warn (a per-request info line would grow the
     /// captured log without bound), upstream answering 201 with a small body.
-    pub fn envoy(&self) -> Result<Envoy, Error> {
+    pub fn envoy(&self) -> Result<SimEnvoy, Error> {
         self.builder().build()
     }
 
     /// The builder [`Case::envoy`] builds.
     pub fn builder(&self) -> EnvoyBuilder {
-        Envoy::builder(self.path())
+        SimEnvoy::builder(self.path())
             .plugin_config(self.plugin_config)
             .vm_id(self.name)
             .allow_on_headers_stop_iteration(self.allow_on_headers_stop_iteration)

@@ -6,7 +6,7 @@
 use crate::chart::{self, Chart, Panel, Series};
 use crate::paths::{scratch_dir, workspace_root};
 use crate::process::spawn;
-use crate::{fail, Envoy, EnvoyConfig, Request, Result};
+use crate::{fail, EnvoyConfig, EnvoyProcess, Request, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -252,7 +252,7 @@ fn parse_wrk(text: &str) -> Result<Measured> {
 /// One case: its own Envoy, kept up for every round.
 pub struct Case {
     pub name: String,
-    pub envoy: Envoy,
+    pub envoy: EnvoyProcess,
     dir: PathBuf,
     script: PathBuf,
     best: Option<Measured>,
@@ -292,7 +292,7 @@ impl Case {
         let dir = scratch_dir(label)?;
         let script_path = dir.join("script.lua");
         std::fs::write(&script_path, lua(script))?;
-        let envoy = Envoy::start(label, config)?;
+        let envoy = EnvoyProcess::start(label, config)?;
         Ok(Case {
             name: name.to_string(),
             envoy,

@@ -108,7 +108,7 @@ impl EnvoyConfig {
     }
 
     /// `single-node-lds.yaml`: the listener comes by LDS from a file in the
-    /// run's directory, rewritten by `Envoy::push_filter_config`.
+    /// run's directory, rewritten by `EnvoyProcess::push_filter_config`.
     pub fn single_node_lds(upstream_port: u16, wasm: &Path, filter_config: &str) -> Result<Self> {
         let mut c = Self::from_template(
             &config_file(SINGLE_NODE_LDS),

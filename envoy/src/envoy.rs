@@ -92,7 +92,7 @@ fn envoy_command(
     cmd
 }
 
-pub struct Envoy {
+pub struct EnvoyProcess {
     // Declared first: dropped (killed) first.
     child: ChildGuard,
     pub config: EnvoyConfig,
@@ -117,17 +117,17 @@ fn prepare(name: &str, config: &EnvoyConfig) -> Result<(PathBuf, PathBuf, Comman
     Ok((dir, log_path, cmd))
 }
 
-impl Envoy {
+impl EnvoyProcess {
     /// Render `config`, start Envoy and wait until `/ready` says LIVE.
     /// Retries with new ports if a port was taken in the meantime.
-    pub fn start(name: &str, mut config: EnvoyConfig) -> Result<Envoy> {
+    pub fn start(name: &str, mut config: EnvoyConfig) -> Result<EnvoyProcess> {
         let mut last = String::new();
         for _attempt in 0..3 {
             let (dir, log_path, mut cmd) = prepare(name, &config)?;
             cmd.stdout(Stdio::from(std::fs::File::create(dir.join("stdout.log"))?));
             cmd.stderr(Stdio::from(std::fs::File::create(dir.join("stderr.log"))?));
             let child = spawn(cmd)?;
-            let mut envoy = Envoy {
+            let mut envoy = EnvoyProcess {
                 child,
                 config: config.clone(),
                 dir,
@@ -328,7 +328,7 @@ impl Envoy {
     }
 }
 
-impl Drop for Envoy {
+impl Drop for EnvoyProcess {
     fn drop(&mut self) {
         self.child.stop();
         // Keep the config and log of a failed test; drop the rest.

@@ -11,7 +11,7 @@
 
 use crate::client::{self, Request};
 use crate::config::EnvoyConfig;
-use crate::envoy::Envoy;
+use crate::envoy::EnvoyProcess;
 use crate::paths::{config_file, scratch_dir};
 use crate::ports::free_port;
 use crate::process::{log_tail, spawn, ChildGuard};
@@ -548,7 +548,7 @@ impl Drop for EtcdCluster {
         // SIGKILL works on paused members too; ChildGuard then reaps at once.
         self.kill_all();
         let _ = std::fs::remove_dir_all(&self.data_dir);
-        // Keep the logs of a failed test (as `Envoy` does); drop the rest.
+        // Keep the logs of a failed test (as `EnvoyProcess` does); drop the rest.
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
@@ -677,7 +677,7 @@ pub fn render_etcd_endpoints(template: &str, ports: &[u16]) -> Result<String> {
 /// `multi-proxy-etcd.yaml` pointed at `etcd`'s members, with `wasm` and
 /// `filter_config`, on fresh loopback ports. The etcd endpoints are written
 /// into a copy of the template in the cluster's directory; the remaining
-/// placeholders are rendered by `Envoy::start` as for `single-node.yaml`.
+/// placeholders are rendered by `EnvoyProcess::start` as for `single-node.yaml`.
 pub fn multi_proxy_config(
     etcd: &EtcdCluster,
     upstream_port: u16,
@@ -777,7 +777,7 @@ pub fn etcd_proxy_config(
 
 /// Health of the `etcd` cluster's hosts as one Envoy sees them (admin
 /// `/clusters`): (healthy, total).
-pub fn etcd_hosts_health(envoy: &Envoy) -> Result<(usize, usize)> {
+pub fn etcd_hosts_health(envoy: &EnvoyProcess) -> Result<(usize, usize)> {
     let text = envoy.admin("/clusters")?.text();
     let mut total = 0;
     let mut healthy = 0;
@@ -796,7 +796,7 @@ pub fn etcd_hosts_health(envoy: &Envoy) -> Result<(usize, usize)> {
 }
 
 /// Wait until `envoy` sees `want` healthy etcd hosts (active health checks).
-pub fn wait_etcd_hosts_healthy(envoy: &Envoy, want: usize, limit: Duration) -> Result<()> {
+pub fn wait_etcd_hosts_healthy(envoy: &EnvoyProcess, want: usize, limit: Duration) -> Result<()> {
     let end = Instant::now() + limit;
     loop {
         let (healthy, total) = etcd_hosts_health(envoy)?;

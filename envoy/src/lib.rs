@@ -27,6 +27,6 @@ pub mod upstream;
 
 pub use client::{problem_type, Request, Response};
 pub use config::EnvoyConfig;
-pub use envoy::Envoy;
+pub use envoy::EnvoyProcess;
 pub use error::{Error, Result};
 pub use upstream::DemoUpstream;

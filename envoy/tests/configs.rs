@@ -10,7 +10,7 @@ use dedup_envoy::config::{render, LDS_LISTENER, SINGLE_NODE_LDS};
 use dedup_envoy::paths::{
     config_file, dedup_wasm, dist_wasm, empty_wasm, scratch_dir, workspace_root,
 };
-use dedup_envoy::{DemoUpstream, Envoy, EnvoyConfig, Request};
+use dedup_envoy::{DemoUpstream, EnvoyConfig, EnvoyProcess, Request};
 use serde_json::json;
 use std::time::Duration;
 
@@ -64,7 +64,8 @@ fn every_envoy_config_passes_envoy_validate() {
             vars.push(("LDS_PATH", listener.display().to_string()));
         }
         let yaml = render(&text, &vars).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        Envoy::validate("validate", &yaml).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        EnvoyProcess::validate("validate", &yaml)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         let _ = std::fs::remove_dir_all(&lds_dir);
     }
 }
@@ -125,7 +126,7 @@ fn single_node_and_no_filter_configs_serve_traffic() {
             .unwrap()
             .to_string_lossy()
             .into_owned();
-        let envoy = Envoy::start("configs", cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let envoy = EnvoyProcess::start("configs", cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
         let r = envoy.send(&Request::get("/healthz")).unwrap();
         assert_eq!(r.status, 200, "{name}: {}", r.summary());
         let r = envoy
@@ -145,7 +146,7 @@ fn lds_and_jwt_scope_configs_serve_traffic() {
     let upstream = DemoUpstream::start(0, false).unwrap();
 
     let cfg = EnvoyConfig::single_node_lds(upstream.port(), &wasm, "{}").unwrap();
-    let mut envoy = Envoy::start("configs-lds", cfg).unwrap_or_else(|e| panic!("LDS: {e}"));
+    let mut envoy = EnvoyProcess::start("configs-lds", cfg).unwrap_or_else(|e| panic!("LDS: {e}"));
     let req = Request::post("/orders/config-check").key("lds").body("{}");
     let first = envoy.send(&req).unwrap();
     assert_executed(&first);
@@ -183,7 +184,8 @@ fn lds_and_jwt_scope_configs_serve_traffic() {
     let cfg =
         EnvoyConfig::from_template(&config_file("jwt-scope.yaml"), upstream.port(), &wasm, "{}")
             .unwrap();
-    let envoy = Envoy::start("configs-jwt", cfg).unwrap_or_else(|e| panic!("jwt-scope: {e}"));
+    let envoy =
+        EnvoyProcess::start("configs-jwt", cfg).unwrap_or_else(|e| panic!("jwt-scope: {e}"));
     let req = Request::post("/orders/config-check").key("jwt").body("{}");
     let r = envoy.send(&req).unwrap();
     assert_eq!(r.status, 401, "no token: {}", r.summary());
@@ -234,7 +236,7 @@ fn istio_example_plugin_config_is_accepted_by_the_filter() {
             )
         });
         let cfg = EnvoyConfig::single_node(8080, &wasm, &value.to_string()).unwrap();
-        Envoy::validate("istio-plugin-config", &cfg.render().unwrap())
+        EnvoyProcess::validate("istio-plugin-config", &cfg.render().unwrap())
             .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         checked += 1;
         // The EnvoyFilter alternative carries the configuration as a string.
@@ -248,7 +250,7 @@ fn istio_example_plugin_config_is_accepted_by_the_filter() {
                 .expect("single-quoted value")
                 .replace("''", "'");
             let cfg = EnvoyConfig::single_node(8080, &wasm, &raw).unwrap();
-            Envoy::validate("istio-envoyfilter-config", &cfg.render().unwrap())
+            EnvoyProcess::validate("istio-envoyfilter-config", &cfg.render().unwrap())
                 .unwrap_or_else(|e| panic!("{}: EnvoyFilter value {raw}: {e}", file.display()));
             checked += 1;
         }
@@ -272,7 +274,7 @@ fn harness_runs_envoy_with_the_empty_filter() {
     let wasm = empty_wasm().unwrap_or_else(|e| panic!("{e}"));
     let upstream = DemoUpstream::start(0, false).unwrap();
     let cfg = EnvoyConfig::single_node(upstream.port(), &wasm, "{}").unwrap();
-    let envoy = Envoy::start("harness-empty", cfg).unwrap();
+    let envoy = EnvoyProcess::start("harness-empty", cfg).unwrap();
     let mut conn =
         dedup_envoy::client::Connection::open(envoy.addr(), Duration::from_secs(5)).unwrap();
     for i in 0..3 {

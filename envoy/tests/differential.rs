@@ -11,7 +11,7 @@ mod host;
 use common::Stack;
 use dedup_envoy::client::Body;
 use dedup_envoy::{problem_type, Request, Response};
-use host_test::{Envoy as HostEnvoy, Reply};
+use host_test::{Reply, SimEnvoy};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -379,9 +379,9 @@ fn run_in_envoy(s: &Scenario) -> Vec<Seen> {
 
 /// The demo upstream's behaviour, in process: `x-demo-status` sets the status, and every
 /// execution is counted per path.
-fn host(config: &str, counts: Rc<RefCell<HashMap<String, u64>>>) -> HostEnvoy {
+fn host(config: &str, counts: Rc<RefCell<HashMap<String, u64>>>) -> SimEnvoy {
     let wasm = dedup_envoy::paths::dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
-    HostEnvoy::builder(wasm)
+    SimEnvoy::builder(wasm)
         .workers(2)
         .vm_id("proxy_dedup")
         .plugin_config(config)

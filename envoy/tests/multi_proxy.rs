@@ -14,7 +14,7 @@ use dedup_envoy::etcd::{
     multi_proxy_config, multi_proxy_json_config, wait_etcd_hosts_healthy, EtcdCluster,
 };
 use dedup_envoy::paths::dedup_wasm;
-use dedup_envoy::{client, DemoUpstream, Envoy, Request, Response};
+use dedup_envoy::{client, DemoUpstream, EnvoyProcess, Request, Response};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -50,7 +50,7 @@ fn etcd_filter_config(extra: Value) -> String {
 
 /// Two proxies, one upstream, one etcd. Dropped in this order: proxies, upstream, etcd.
 struct Multi {
-    proxies: Vec<Envoy>,
+    proxies: Vec<EnvoyProcess>,
     upstream: DemoUpstream,
     etcd: EtcdCluster,
 }
@@ -79,7 +79,7 @@ impl Multi {
                     }
                     .unwrap_or_else(|e| panic!("{e}"));
                     let label = format!("{name}-proxy-{}", ["a", "b"][i]);
-                    s.spawn(move || Envoy::start(&label, config))
+                    s.spawn(move || EnvoyProcess::start(&label, config))
                 })
                 .collect();
             handles
@@ -185,7 +185,7 @@ fn harness_etcd_cluster_and_envoy_health_checks() {
         r#"{"key": {"required": true}}"#,
     )
     .unwrap();
-    let envoy = Envoy::start("harness-proxy", config).unwrap();
+    let envoy = EnvoyProcess::start("harness-proxy", config).unwrap();
     wait_etcd_hosts_healthy(&envoy, 3, Duration::from_secs(10)).unwrap();
 
     // Keys and leases through the JSON gateway.
@@ -257,7 +257,7 @@ fn concurrent_identical_requests_over_two_proxies_execute_once() {
     let body = json!({"item": "book", "qty": 2});
     // The upstream takes a while, so most duplicates meet the first in flight.
     let req = keyed(HOST, path, "burst-1", &body).header("x-demo-delay-ms", "300");
-    let addrs: Vec<_> = m.proxies.iter().map(Envoy::addr).collect();
+    let addrs: Vec<_> = m.proxies.iter().map(EnvoyProcess::addr).collect();
     let results = burst(&addrs, N, &req);
     let summary: Vec<String> = results
         .iter()
@@ -452,7 +452,7 @@ fn one_member_killed_mid_run(which: Victim) {
     const THREADS: usize = 4;
     const KEYS_PER_THREAD: usize = 60;
     let path = "/orders/stream";
-    let addrs: Vec<SocketAddr> = m.proxies.iter().map(Envoy::addr).collect();
+    let addrs: Vec<SocketAddr> = m.proxies.iter().map(EnvoyProcess::addr).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let handles: Vec<_> = (0..THREADS)
         .map(|t| {

@@ -13,7 +13,7 @@ use dedup_envoy::client::{self, Request, Response};
 use dedup_envoy::paths::{dist_wasm, scratch_dir};
 use dedup_envoy::ports::free_port;
 use dedup_envoy::process::{spawn, ChildGuard};
-use host_test::{grpc_status, Envoy as HostEnvoy, GrpcReply, GrpcRequest, GrpcServer, Reply};
+use host_test::{grpc_status, GrpcReply, GrpcRequest, GrpcServer, Reply, SimEnvoy};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -693,10 +693,10 @@ fn host(
     grpc: SocketAddr,
     workers: usize,
     local_calls: Calls,
-) -> HostEnvoy {
+) -> SimEnvoy {
     let wasm = dist_wasm("abi_probe.wasm").unwrap_or_else(|e| panic!("{e}"));
     let refused = free_port().unwrap();
-    HostEnvoy::builder(wasm)
+    SimEnvoy::builder(wasm)
         .workers(workers)
         .vm_id("abi")
         .plugin_name("abi")
@@ -754,7 +754,7 @@ fn host(
         .unwrap_or_else(|e| panic!("host-test: {e}"))
 }
 
-fn run_in_host(e: &mut HostEnvoy, c: &Case, server: &GrpcServer, local: &Calls) -> Seen {
+fn run_in_host(e: &mut SimEnvoy, c: &Case, server: &GrpcServer, local: &Calls) -> Seen {
     let (log_from, calls_from) = (e.logs().len(), server.calls().len());
     let local_from = local.borrow().len();
     let id = e.start(0, host::request(&c.request)).unwrap();
@@ -888,7 +888,7 @@ fn vm_layout_in_envoy(echo: u16, grpc: u16) -> (Vec<String>, usize, usize) {
 /// The same in host-test (two workers, virtual time).
 fn vm_layout_in_host(echo: SocketAddr, grpc: SocketAddr) -> (Vec<String>, usize, usize) {
     let mut e = host("tick_ms=100", echo, grpc, 2, Default::default());
-    let ticks = |e: &HostEnvoy| {
+    let ticks = |e: &SimEnvoy| {
         e.logs()
             .iter()
             .filter(|l| l.message.starts_with("abi tick"))

@@ -10,7 +10,7 @@ use dedup_envoy::config::REMOTE_MODULE;
 use dedup_envoy::files::FileServer;
 use dedup_envoy::oci::sha256_hex;
 use dedup_envoy::paths::{config_file, dedup_wasm, empty_wasm, scratch_dir};
-use dedup_envoy::{DemoUpstream, Envoy, EnvoyConfig, Request};
+use dedup_envoy::{DemoUpstream, EnvoyConfig, EnvoyProcess, Request};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,7 @@ fn dedup_module() -> Vec<u8> {
 
 /// Wait until Envoy's log has `needle` (the fetch runs while the listener
 /// initialises; its outcome is logged by then, but give it a moment).
-fn wait_log(envoy: &Envoy, needle: &str) {
+fn wait_log(envoy: &EnvoyProcess, needle: &str) {
     let end = Instant::now() + Duration::from_secs(10);
     while !envoy.log().contains(needle) {
         assert!(
@@ -113,7 +113,7 @@ fn with_fail_open_a_module_not_found_lets_duplicates_through() {
     let upstream = DemoUpstream::start(0, false).unwrap();
     let mut cfg = EnvoyConfig::remote_module(upstream.port(), files.port(), &sha, CONFIG).unwrap();
     cfg.template = open_template;
-    let envoy = Envoy::start("remote-fail-open", cfg).unwrap();
+    let envoy = EnvoyProcess::start("remote-fail-open", cfg).unwrap();
     wait_log(&envoy, "Plugin proxy_dedup failed to load");
     assert_eq!(files.gets(MODULE_PATH), 3, "1 fetch + num_retries: 2");
     let path = "/orders/remote-open";

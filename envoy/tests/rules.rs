@@ -11,7 +11,7 @@ mod common;
 use common::*;
 use dedup_envoy::etcd::{multi_proxy_config, wait_etcd_hosts_healthy, EtcdCluster};
 use dedup_envoy::paths::{config_file, dedup_wasm};
-use dedup_envoy::{DemoUpstream, Envoy, EnvoyConfig, Request};
+use dedup_envoy::{DemoUpstream, EnvoyConfig, EnvoyProcess, Request};
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -158,11 +158,11 @@ fn on_etcd_reordered_rules_share_records_and_each_ttl_gets_its_own_lease() {
     let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
     let etcd = EtcdCluster::start("rules-etcd", 3).unwrap_or_else(|e| panic!("etcd: {e}"));
     let upstream = DemoUpstream::start(0, false).expect("demo upstream");
-    let proxies: Vec<Envoy> = [("a", &a_cfg), ("b", &b_cfg)]
+    let proxies: Vec<EnvoyProcess> = [("a", &a_cfg), ("b", &b_cfg)]
         .iter()
         .map(|(label, cfg)| {
             let config = multi_proxy_config(&etcd, upstream.port(), &wasm, cfg).unwrap();
-            Envoy::start(&format!("rules-etcd-{label}"), config)
+            EnvoyProcess::start(&format!("rules-etcd-{label}"), config)
                 .unwrap_or_else(|e| panic!("starting Envoy: {e}"))
         })
         .collect();

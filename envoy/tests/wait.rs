@@ -13,7 +13,7 @@ mod common;
 use common::*;
 use dedup_envoy::client::Connection;
 use dedup_envoy::paths::{dedup_wasm, workspace_root};
-use dedup_envoy::{Envoy, EnvoyConfig};
+use dedup_envoy::{EnvoyConfig, EnvoyProcess};
 use serde_json::json;
 use std::sync::{Arc, Barrier, OnceLock};
 use std::time::Duration;
@@ -171,7 +171,7 @@ fn a_waiter_whose_client_hangs_up_leaves_nothing_behind() {
     )
     .unwrap();
     let s = Stack {
-        envoy: Envoy::start("wait-hangup", config).unwrap(),
+        envoy: EnvoyProcess::start("wait-hangup", config).unwrap(),
         upstream,
     };
     let path = "/wait/hangup";
@@ -264,7 +264,7 @@ fn above_max_waiters_a_duplicate_gets_409_at_once() {
     .unwrap()
     .with_workers(1, None);
     let s = Stack {
-        envoy: Envoy::start("wait-max-waiters", config).unwrap(),
+        envoy: EnvoyProcess::start("wait-max-waiters", config).unwrap(),
         upstream,
     };
     let addr = s.envoy.addr();

@@ -11,7 +11,7 @@ mod common;
 use common::{assert_one_fresh_answer, assert_problem, burst, counter_of, is_replayed, keyed};
 use dedup_envoy::etcd::{multi_proxy_config, wait_etcd_hosts_healthy, EtcdCluster};
 use dedup_envoy::paths::dedup_wasm;
-use dedup_envoy::{DemoUpstream, Envoy, Request, Response};
+use dedup_envoy::{DemoUpstream, EnvoyProcess, Request, Response};
 use serde_json::json;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -23,7 +23,7 @@ const HOST: &str = "orders.example";
 
 /// Dropped in this order: proxies, upstream, etcd.
 struct Multi {
-    proxies: Vec<Envoy>,
+    proxies: Vec<EnvoyProcess>,
     upstream: DemoUpstream,
     _etcd: EtcdCluster,
 }
@@ -35,12 +35,12 @@ impl Multi {
             .unwrap_or_else(|e| panic!("starting etcd: {e}"));
         let upstream = DemoUpstream::start(0, false).expect("demo upstream");
         let cfg = CONFIG.replace('\n', " ");
-        let proxies: Vec<Envoy> = ["a", "b"]
+        let proxies: Vec<EnvoyProcess> = ["a", "b"]
             .iter()
             .map(|p| {
                 let config = multi_proxy_config(&etcd, upstream.port(), &wasm, &cfg)
                     .unwrap_or_else(|e| panic!("{e}"));
-                Envoy::start(&format!("{name}-proxy-{p}"), config)
+                EnvoyProcess::start(&format!("{name}-proxy-{p}"), config)
                     .unwrap_or_else(|e| panic!("starting Envoy: {e}"))
             })
             .collect();
@@ -86,7 +86,7 @@ impl Multi {
 #[test]
 fn etcd_wait_mode_across_two_proxies() {
     let m = Arc::new(Multi::start("wait-etcd"));
-    let addrs: Vec<_> = m.proxies.iter().map(Envoy::addr).collect();
+    let addrs: Vec<_> = m.proxies.iter().map(EnvoyProcess::addr).collect();
 
     // 40 concurrent duplicates over both proxies: one execution, 40 identical answers.
     let path = "/wait/forty";

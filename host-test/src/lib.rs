@@ -9,14 +9,14 @@
 //! loopback clusters, tick timers on a virtual clock, traps failing the VM.
 //!
 //! ```no_run
-//! use host_test::{Envoy, Reply, Request};
+//! use host_test::{SimEnvoy, Reply, Request};
 //! use std::cell::Cell;
 //! use std::rc::Rc;
 //!
 //! # fn main() -> Result<(), host_test::Error> {
 //! let calls = Rc::new(Cell::new(0));
 //! let seen = calls.clone();
-//! let mut envoy = Envoy::builder(host_test::dist("dedup_filter.wasm"))
+//! let mut envoy = SimEnvoy::builder(host_test::dist("dedup_filter.wasm"))
 //!     .workers(2)
 //!     .plugin_config(r#"{"key": {"required": true}}"#)
 //!     .vm_id("dedup")
@@ -61,14 +61,14 @@
 //!   request header map is gone: getters and setters return BadArgument
 //!   (the SDK panics on it, the VM traps, the stream gets 503).
 //! - A trap fails the worker's VM: its streams get 503 (or pass through
-//!   with [`EnvoyBuilder::fail_open`]), other workers are unaffected.
-//! - Shared data follows cpp-host exactly (see [`Envoy::shared_data`]).
+//!   with [`SimEnvoyBuilder::fail_open`]), other workers are unaffected.
+//! - Shared data follows cpp-host exactly (see [`SimEnvoy::shared_data`]).
 //! - Besides the workers, a main-thread VM (start, configure, ticks, no
 //!   streams) and a short-lived copy configured before serving, as Envoy
-//!   ([`EnvoyBuilder::main_thread_vm`], [`EnvoyBuilder::config_check`]).
+//!   ([`SimEnvoyBuilder::main_thread_vm`], [`SimEnvoyBuilder::config_check`]).
 //! - gRPC calls and streams against in-process handlers
-//!   ([`EnvoyBuilder::grpc_cluster`]) or real HTTP/2 servers on loopback
-//!   ([`EnvoyBuilder::grpc_cluster_addr`], [`GrpcServer`]), delivered on the
+//!   ([`SimEnvoyBuilder::grpc_cluster`]) or real HTTP/2 servers on loopback
+//!   ([`SimEnvoyBuilder::grpc_cluster_addr`], [`GrpcServer`]), delivered on the
 //!   root context with Envoy's statuses, messages, metadata and tokens;
 //!   gRPC-aware local replies; header replace as remove + append; callouts
 //!   outliving their stream; route, cluster and metadata properties
@@ -131,7 +131,7 @@
 //! | route timeout after the headers ([`Reply::no_answer_after_headers`]) | its own, then reset | headers/body: `via_upstream`; on_log: `response_timeout` | on_log: UT (4) | host |
 //! | upstream closes/resets before any response ([`Reply::reset`]) | 503 | `upstream_reset_before_response_started{connection_termination}` | UC (64) | host |
 //! | upstream closes/resets mid-body ([`Reply::reset_after_headers`]) | its own, then reset | headers/body: `via_upstream`; on_log: `upstream_reset_after_response_started{protocol_error}` | on_log: UPE (8388608) | host |
-//! | client gone while the upstream works ([`Envoy::reset_client`]) | no response callbacks | on_log: `downstream_remote_disconnect` | DC (16384) | host |
+//! | client gone while the upstream works ([`SimEnvoy::reset_client`]) | no response callbacks | on_log: `downstream_remote_disconnect` | DC (16384) | host |
 //! | client gone mid-body | as sent | on_log: `downstream_remote_disconnect` | DC (16384) | host |
 //! | client gone while the filter holds the request | - | on_log: `downstream_remote_disconnect` | DC (16384) | - |
 //! | no healthy upstream ([`Reply::no_healthy_upstream`]) | 503 | `no_healthy_upstream` | UH (2) | - |
@@ -165,7 +165,7 @@ mod vm;
 
 pub use abi::{LogLevel, MetricKind, Status};
 pub use callout::Handler;
-pub use envoy::{Envoy, EnvoyBuilder, StreamState};
+pub use envoy::{EnvoyBuilder, SimEnvoy, StreamState};
 pub use error::Error;
 pub use grpc::{grpc_status, GrpcReply, GrpcRequest, GrpcServer};
 pub use http::{Headers, Reply, Request, Response, StreamId, UpstreamRequest};

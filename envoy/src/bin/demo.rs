@@ -6,7 +6,7 @@
 
 use dedup_envoy::paths::dedup_wasm;
 use dedup_envoy::{
-    problem_type, signals, DemoUpstream, Envoy, EnvoyConfig, Request, Response, Result,
+    problem_type, signals, DemoUpstream, EnvoyConfig, EnvoyProcess, Request, Response, Result,
 };
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 const FILTER_CONFIG: &str = r#"{"key": {"required": true}, "retry_after_seconds": 1}"#;
 
 struct Walk<'a> {
-    envoy: &'a Envoy,
+    envoy: &'a EnvoyProcess,
     base: String,
     failures: Vec<String>,
     step: usize,
@@ -71,7 +71,7 @@ fn run() -> Result<i32> {
     println!("proxy-dedup demo: Envoy 1.40 (2 workers) -> dedup filter -> demo orders service");
     println!("   demo upstream  http://{}", upstream.addr());
     let started = Instant::now();
-    let mut envoy = Envoy::start("demo", config)?;
+    let mut envoy = EnvoyProcess::start("demo", config)?;
     println!(
         "   Envoy          {} (admin {}), ready in {} ms",
         envoy.url(),

@@ -6,7 +6,7 @@
 use super::checker::ProxyCounters;
 use super::history::{Domain, TENANT_HEADER};
 use crate::config::EnvoyConfig;
-use crate::envoy::Envoy;
+use crate::envoy::EnvoyProcess;
 use crate::etcd::{etcd_proxy_config, wait_etcd_hosts_healthy, EtcdCluster};
 use crate::paths::{config_file, dedup_wasm, workspace_root};
 use crate::upstream::DemoUpstream;
@@ -94,7 +94,7 @@ pub struct Proxy {
     label: String,
     /// Listener port of the current process (clients read it per attempt).
     port: AtomicU16,
-    envoy: Mutex<Option<Envoy>>,
+    envoy: Mutex<Option<EnvoyProcess>>,
     counters: Mutex<ProxyCounters>,
     variant: Mutex<u32>,
     started_at: Mutex<Duration>,
@@ -105,7 +105,7 @@ impl Proxy {
         SocketAddr::from(([127, 0, 0, 1], self.port.load(Ordering::SeqCst)))
     }
 
-    fn envoy(&self) -> MutexGuard<'_, Option<Envoy>> {
+    fn envoy(&self) -> MutexGuard<'_, Option<EnvoyProcess>> {
         self.envoy.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -166,14 +166,14 @@ impl Cluster {
             configs.push((domain, c));
         }
         let names = ["A", "B", "C"];
-        let started: Vec<Result<Envoy>> = std::thread::scope(|s| {
+        let started: Vec<Result<EnvoyProcess>> = std::thread::scope(|s| {
             let handles: Vec<_> = configs
                 .iter()
                 .enumerate()
                 .map(|(i, (_, c))| {
                     let label = format!("chaos-proxy-{}", names[i]);
                     let c = c.clone();
-                    s.spawn(move || Envoy::start(&label, c))
+                    s.spawn(move || EnvoyProcess::start(&label, c))
                 })
                 .collect();
             handles
@@ -216,7 +216,7 @@ impl Cluster {
     }
 
     /// Proxy `i` and its process slot, locked.
-    fn proxy_slot(&self, i: usize) -> Result<(&Proxy, MutexGuard<'_, Option<Envoy>>)> {
+    fn proxy_slot(&self, i: usize) -> Result<(&Proxy, MutexGuard<'_, Option<EnvoyProcess>>)> {
         match self.proxies.get(i) {
             Some(p) => Ok((p, p.envoy())),
             None => fail!("no proxy {i}"),
@@ -252,7 +252,7 @@ impl Cluster {
         p.counters().lost.push((from, killed));
         let config = old.config.clone();
         drop(old);
-        let envoy = Envoy::start(&p.label, config)?;
+        let envoy = EnvoyProcess::start(&p.label, config)?;
         if p.domain == Domain::Etcd {
             // Serving already; health checks settle in about one interval.
             let _ = wait_etcd_hosts_healthy(&envoy, 3, Duration::from_secs(5));
@@ -326,6 +326,6 @@ impl Cluster {
     }
 }
 
-fn fail_thread() -> Result<Envoy> {
+fn fail_thread() -> Result<EnvoyProcess> {
     fail!("a thread starting Envoy panicked")
 }

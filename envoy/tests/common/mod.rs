@@ -6,7 +6,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use dedup_envoy::client::{send_or_give_up, Connection, GiveUp, Leave};
 use dedup_envoy::paths::dedup_wasm;
-use dedup_envoy::{DemoUpstream, Envoy, EnvoyConfig, Request, Response};
+use dedup_envoy::{DemoUpstream, EnvoyConfig, EnvoyProcess, Request, Response};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 pub struct Stack {
     // Envoy first: it is stopped before its upstream goes away.
-    pub envoy: Envoy,
+    pub envoy: EnvoyProcess,
     pub upstream: DemoUpstream,
 }
 
@@ -27,7 +27,8 @@ impl Stack {
         let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
         let upstream = DemoUpstream::start(0, false).expect("demo upstream");
         let config = EnvoyConfig::single_node(upstream.port(), &wasm, filter_config).unwrap();
-        let envoy = Envoy::start(name, config).unwrap_or_else(|e| panic!("starting Envoy: {e}"));
+        let envoy =
+            EnvoyProcess::start(name, config).unwrap_or_else(|e| panic!("starting Envoy: {e}"));
         Stack { envoy, upstream }
     }
 
@@ -37,7 +38,8 @@ impl Stack {
         let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
         let upstream = DemoUpstream::start(0, false).expect("demo upstream");
         let config = make(upstream.port(), &wasm);
-        let envoy = Envoy::start(name, config).unwrap_or_else(|e| panic!("starting Envoy: {e}"));
+        let envoy =
+            EnvoyProcess::start(name, config).unwrap_or_else(|e| panic!("starting Envoy: {e}"));
         Stack { envoy, upstream }
     }
 
@@ -122,7 +124,7 @@ impl Stack {
 }
 
 /// A filter counter of one of several proxies; a counter not (yet) in /stats is 0.
-pub fn counter_of(proxy: &Envoy, short: &str) -> u64 {
+pub fn counter_of(proxy: &EnvoyProcess, short: &str) -> u64 {
     proxy
         .dedup_counters()
         .unwrap_or_else(|e| panic!("{e}"))
@@ -244,7 +246,7 @@ pub fn assert_refused_naming_the_field(name: &str, cases: &[(&str, &str)]) {
     let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
     for (config, field) in cases {
         let cfg = EnvoyConfig::single_node(1, &wasm, config).unwrap();
-        let (code, log) = Envoy::start_expect_failure(name, &cfg).unwrap();
+        let (code, log) = EnvoyProcess::start_expect_failure(name, &cfg).unwrap();
         assert_ne!(code, 0, "Envoy started with {config}");
         let named = log
             .lines()

@@ -1,4 +1,4 @@
-//! [`EnvoyBuilder`]: how a test configures a simulated Envoy, and `build`,
+//! [`SimEnvoyBuilder`]: how a test configures a simulated Envoy, and `build`,
 //! which loads the module and starts the VMs as Envoy 1.40 does.
 
 use super::*;
@@ -30,7 +30,7 @@ macro_rules! options {
 
 crate::http::filter_inputs!(EnvoyBuilder);
 
-/// Configures and builds an [`Envoy`].
+/// Configures and builds an [`SimEnvoy`].
 pub struct EnvoyBuilder {
     wasm: PathBuf,
     workers: usize,
@@ -103,7 +103,7 @@ impl EnvoyBuilder {
         upstream(handler: impl FnMut(&UpstreamRequest) -> Reply + 'static) =
             Some(Box::new(handler));
         /// Count every host call per import and the bytes copied through guest
-        /// memory ([`Envoy::host_calls`]); each call then goes through a wrapper,
+        /// memory ([`SimEnvoy::host_calls`]); each call then goes through a wrapper,
         /// so time measurements of such an Envoy mean nothing.
         count_host_calls(on: bool) = on;
         /// Seeds WASI `random_get` (deterministic per worker and seed; Envoy uses
@@ -145,7 +145,7 @@ impl EnvoyBuilder {
 
     /// Loads the module (compiled once per path), starts one VM per worker
     /// (`_initialize`, `on_context_create`, `on_vm_start`, `on_configure`).
-    pub fn build(self) -> Result<Envoy, Error> {
+    pub fn build(self) -> Result<SimEnvoy, Error> {
         let pre = if self.count_host_calls {
             crate::vm::load_counting(&self.wasm)?
         } else {
@@ -168,7 +168,7 @@ impl EnvoyBuilder {
             cluster_name: self.cluster_name,
             route_metadata: self.route_metadata,
         });
-        let mut envoy = Envoy {
+        let mut envoy = SimEnvoy {
             vms: Vec::new(),
             workers: self.workers,
             shared: shared.clone(),
@@ -231,7 +231,7 @@ impl EnvoyBuilder {
     }
 }
 
-impl Envoy {
+impl SimEnvoy {
     /// Starts configuring an Envoy running the module at `wasm`.
     pub fn builder(wasm: impl AsRef<Path>) -> EnvoyBuilder {
         EnvoyBuilder {

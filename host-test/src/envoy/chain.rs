@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Envoy {
+impl SimEnvoy {
     pub(super) fn create_context(&mut self, sid: u64) -> bool {
         let (w, ctx, created) = {
             let s = &self.streams[&sid];

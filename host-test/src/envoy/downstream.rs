@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Envoy {
+impl SimEnvoy {
     /// Opens a stream on `worker` without sending anything yet.
     pub fn start(&mut self, worker: usize, request: Request) -> Result<StreamId, Error> {
         if worker >= self.workers {
@@ -215,7 +215,7 @@ impl Envoy {
     }
 
     /// Sends `request` on `worker` and drives it to the end (see
-    /// [`Envoy::finish_stream`]).
+    /// [`SimEnvoy::finish_stream`]).
     pub fn request(&mut self, worker: usize, request: Request) -> Result<Response, Error> {
         let id = self.start(worker, request)?;
         self.finish_stream(id)

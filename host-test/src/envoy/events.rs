@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Envoy {
+impl SimEnvoy {
     pub(super) fn now_ns(&self) -> u64 {
         lock(&self.shared).now_ns
     }

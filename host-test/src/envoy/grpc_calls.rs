@@ -5,7 +5,7 @@
 //! (any other status), a stream's as initial metadata, messages, trailing
 //! metadata and close (observed with the ABI probe; `host-test/PROBES.md`).
 
-use super::{Envoy, Event};
+use super::{Event, SimEnvoy};
 use crate::grpc::{frame_message, take_messages, GrpcReply, GrpcReplyKind};
 use crate::grpc::{grpc_status, GrpcHandler, GrpcRequest};
 use crate::h2::{self, Client};
@@ -132,7 +132,7 @@ fn stream_events(reply: &GrpcReply) -> Vec<GrpcEvent> {
     out
 }
 
-impl Envoy {
+impl SimEnvoy {
     /// Carries out the gRPC operations a VM call asked for.
     pub(super) fn grpc_ops(&mut self, worker: usize, ops: Vec<GrpcOp>) {
         for op in ops {

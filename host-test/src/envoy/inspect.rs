@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl Envoy {
+impl SimEnvoy {
     /// Worker threads (VMs that serve streams).
     pub fn workers(&self) -> usize {
         self.workers
@@ -29,9 +29,9 @@ impl Envoy {
             .unwrap_or(0)
     }
 
-    /// Host calls and bytes copied since the last [`Envoy::reset_host_calls`],
+    /// Host calls and bytes copied since the last [`SimEnvoy::reset_host_calls`],
     /// over every VM (empty unless built with
-    /// [`EnvoyBuilder::count_host_calls`]).
+    /// [`SimEnvoyBuilder::count_host_calls`]).
     pub fn host_calls(&self) -> crate::state::HostCalls {
         let mut all = crate::state::HostCalls::default();
         for vm in &self.vms {

@@ -1,7 +1,7 @@
 //! The simulated Envoy: N worker VMs of one plugin, the HTTP filter chain
 //! around them (filter -> router -> upstream), callouts, timers and the
-//! virtual clock. Streams are driven whole ([`Envoy::request`]) or step by
-//! step ([`Envoy::start`], [`Envoy::send_headers`], ...).
+//! virtual clock. Streams are driven whole ([`SimEnvoy::request`]) or step by
+//! step ([`SimEnvoy::start`], [`SimEnvoy::send_headers`], ...).
 
 mod builder;
 mod chain;
@@ -187,7 +187,7 @@ enum Event {
 }
 
 /// A simulated Envoy process with one proxy-wasm HTTP filter.
-pub struct Envoy {
+pub struct SimEnvoy {
     /// The workers' VMs, then the main thread's.
     vms: Vec<Vm>,
     workers: usize,

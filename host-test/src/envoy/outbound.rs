@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Envoy {
+impl SimEnvoy {
     pub(super) fn pass_headers(&mut self, sid: u64, side: Side) {
         let headers = self.host(sid).map(|h| h.side(side).headers.clone());
         let Some(s) = self.streams.get_mut(&sid) else {
@@ -90,7 +90,7 @@ impl Envoy {
         self.local_reply_of(sid, reply, through_filter);
     }
 
-    /// Envoy's sendLocalReply (see [`Envoy::local_reply`]); for a gRPC
+    /// Envoy's sendLocalReply (see [`SimEnvoy::local_reply`]); for a gRPC
     /// request (`content-type: application/grpc...`) it answers as Envoy
     /// does: 200, `content-type: application/grpc`, `grpc-status` (the
     /// filter's, or mapped from the HTTP status), `grpc-message` (the body,

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Envoy {
+impl SimEnvoy {
     /// The request as it reached the upstream, while its reply is awaited.
     pub fn upstream_request(&self, id: StreamId) -> Option<UpstreamRequest> {
         match &self.streams.get(&id.0)?.upstream {

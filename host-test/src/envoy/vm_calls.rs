@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl Envoy {
+impl SimEnvoy {
     pub(super) fn invoke<P: WasmParams, R: WasmResults>(
         &mut self,
         worker: usize,
@@ -105,7 +105,7 @@ impl Envoy {
         self.hold_callouts = hold;
     }
 
-    /// Callout answers held by [`Envoy::hold_callouts`].
+    /// Callout answers held by [`SimEnvoy::hold_callouts`].
     pub fn held_callouts(&self) -> usize {
         self.held_callouts.len()
     }

@@ -1,5 +1,5 @@
 use crate::*;
-use host_test::{Envoy, Error, Request};
+use host_test::{Error, Request, SimEnvoy};
 
 #[test]
 fn modules_import_only_what_the_host_provides() {
@@ -8,13 +8,13 @@ fn modules_import_only_what_the_host_provides() {
         eprintln!("{module}: {imports:?}");
         assert!(imports.iter().any(|i| i == "env::proxy_log"), "{imports:?}");
         // Building checks every import; an unknown one is an error naming it.
-        Envoy::builder(host_test::dist(module)).build().unwrap();
+        SimEnvoy::builder(host_test::dist(module)).build().unwrap();
     }
 }
 
 #[test]
 fn empty_filter_passes_requests_to_the_upstream() {
-    let mut envoy = Envoy::builder(host_test::dist("empty_filter.wasm"))
+    let mut envoy = SimEnvoy::builder(host_test::dist("empty_filter.wasm"))
         .build()
         .unwrap();
     let resp = envoy.request(0, Request::post("/x").body("hello")).unwrap();
@@ -28,7 +28,7 @@ fn empty_filter_passes_requests_to_the_upstream() {
 
 #[test]
 fn missing_wasm_names_the_build_command() {
-    let err = build_error(Envoy::builder("/nonexistent/filter.wasm"));
+    let err = build_error(SimEnvoy::builder("/nonexistent/filter.wasm"));
     assert!(matches!(err, Error::WasmMissing(_)));
     assert!(err.to_string().contains("make wasm"), "{err}");
 }
@@ -54,7 +54,7 @@ fn unknown_import_is_named() {
     wasm.extend_from_slice(&[0x00, 0x00]);
     let path = std::env::temp_dir().join(format!("host-test-unknown-{}.wasm", std::process::id()));
     std::fs::write(&path, wasm).unwrap();
-    let err = build_error(Envoy::builder(&path));
+    let err = build_error(SimEnvoy::builder(&path));
     std::fs::remove_file(&path).unwrap();
     assert!(matches!(err, Error::UnknownImports(_)), "{err}");
     assert!(err.to_string().contains("env::proxy_nonexistent"), "{err}");

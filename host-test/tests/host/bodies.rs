@@ -2,7 +2,7 @@
 //! allow_on_headers_stop_iteration.
 
 use crate::*;
-use host_test::{Envoy, Error, Reply, Request, StreamState};
+use host_test::{Error, Reply, Request, SimEnvoy, StreamState};
 
 fn body_probe(end: &str) -> Request {
     Request::post("/upload")
@@ -22,7 +22,7 @@ fn continued(path: &str, end: &str) -> Request {
 }
 
 /// A one-worker probe with allow_on_headers_stop_iteration.
-fn buffering() -> Envoy {
+fn buffering() -> SimEnvoy {
     probe_builder()
         .allow_on_headers_stop_iteration(true)
         .build()

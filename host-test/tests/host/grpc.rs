@@ -3,16 +3,16 @@
 //! What Envoy does in each case is checked by envoy/tests/probe_differential.rs.
 
 use dedup_envoy::etcd::EtcdCluster;
-use host_test::{grpc_status, Envoy, GrpcReply, Request};
+use host_test::{grpc_status, GrpcReply, Request, SimEnvoy};
 use std::time::Duration;
 
-fn abi(builder: impl FnOnce(host_test::EnvoyBuilder) -> host_test::EnvoyBuilder) -> Envoy {
-    builder(Envoy::builder(host_test::dist("abi_probe.wasm")).vm_id("abi"))
+fn abi(builder: impl FnOnce(host_test::EnvoyBuilder) -> host_test::EnvoyBuilder) -> SimEnvoy {
+    builder(SimEnvoy::builder(host_test::dist("abi_probe.wasm")).vm_id("abi"))
         .build()
         .unwrap()
 }
 
-fn call(envoy: &mut Envoy, headers: &[(&str, &str)]) -> String {
+fn call(envoy: &mut SimEnvoy, headers: &[(&str, &str)]) -> String {
     let mut req = Request::get("/").header("x-abi", "grpc-call");
     for (k, v) in headers {
         req = req.header(k, v);

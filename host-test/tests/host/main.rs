@@ -9,14 +9,14 @@ mod replies;
 mod runtime;
 mod shared_data;
 
-use host_test::{Envoy, EnvoyBuilder, Reply, Request, Response};
+use host_test::{EnvoyBuilder, Reply, Request, Response, SimEnvoy};
 use serde_json::Value;
 
 pub fn probe_builder() -> EnvoyBuilder {
-    Envoy::builder(host_test::dist("shared_data_probe.wasm")).vm_id("probe")
+    SimEnvoy::builder(host_test::dist("shared_data_probe.wasm")).vm_id("probe")
 }
 
-pub fn probe(workers: usize) -> Envoy {
+pub fn probe(workers: usize) -> SimEnvoy {
     probe_builder().workers(workers).build().unwrap()
 }
 
@@ -26,7 +26,7 @@ pub fn json(resp: &Response) -> Value {
 }
 
 /// A one-worker probe whose upstream answers every request with `reply`.
-pub fn answering(reply: Reply) -> Envoy {
+pub fn answering(reply: Reply) -> SimEnvoy {
     probe_builder()
         .upstream(move |_| reply.clone())
         .build()
@@ -44,7 +44,7 @@ pub fn get_probe(probe: &str, headers: &[(&str, &str)]) -> Request {
 }
 
 /// `request` on `worker`, the probe's reply as JSON.
-pub fn ask(envoy: &mut Envoy, worker: usize, request: Request) -> Value {
+pub fn ask(envoy: &mut SimEnvoy, worker: usize, request: Request) -> Value {
     json(&envoy.request(worker, request).unwrap())
 }
 

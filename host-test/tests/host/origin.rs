@@ -5,7 +5,7 @@
 //! (`host-test/probes/envoy_origin.py`, table in `host-test/PROBES.md`).
 
 use crate::*;
-use host_test::{code_details, response_flags, Envoy, Reply, Request, Response, StreamId};
+use host_test::{code_details, response_flags, Reply, Request, Response, SimEnvoy, StreamId};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ const UT: Flags = (4, "UT");
 const DC: Flags = (16384, "DC");
 
 /// The probe's `probe origin at=<at>` log lines, parsed into maps.
-fn origins(envoy: &Envoy, at: &str) -> Vec<HashMap<String, String>> {
+fn origins(envoy: &SimEnvoy, at: &str) -> Vec<HashMap<String, String>> {
     let marker = format!("probe origin at={at} ");
     envoy
         .logs()
@@ -36,7 +36,7 @@ fn origins(envoy: &Envoy, at: &str) -> Vec<HashMap<String, String>> {
         .collect()
 }
 
-fn one(envoy: &Envoy, at: &str) -> HashMap<String, String> {
+fn one(envoy: &SimEnvoy, at: &str) -> HashMap<String, String> {
     let mut lines = origins(envoy, at);
     assert_eq!(lines.len(), 1, "one 'at={at}' line expected: {lines:?}");
     lines.remove(0)
@@ -104,7 +104,7 @@ fn seen(line: &HashMap<String, String>, want: &Origin) {
     );
 }
 
-fn run(reply: Reply) -> (Envoy, Response) {
+fn run(reply: Reply) -> (SimEnvoy, Response) {
     let mut envoy = answering(reply);
     let resp = envoy.request(0, Request::get("/up")).unwrap();
     (envoy, resp)
@@ -112,7 +112,7 @@ fn run(reply: Reply) -> (Envoy, Response) {
 
 /// `run`, and the client got `status` and `body`.
 #[track_caller]
-fn answered(reply: Reply, status: u16, body: &str) -> (Envoy, Response) {
+fn answered(reply: Reply, status: u16, body: &str) -> (SimEnvoy, Response) {
     let (envoy, resp) = run(reply);
     assert_eq!((resp.status, resp.body_str().as_str()), (status, body));
     (envoy, resp)
@@ -126,7 +126,7 @@ fn reset_before_headers(reason: &str) -> String {
 /// A whole answer: the same values at response headers, each body
 /// callback and on_log.
 #[track_caller]
-fn seen_throughout(envoy: &Envoy, want: &Origin) {
+fn seen_throughout(envoy: &SimEnvoy, want: &Origin) {
     seen(&one(envoy, "headers"), want);
     for body in origins(envoy, "body") {
         seen(&body, want);
@@ -138,7 +138,7 @@ fn seen_throughout(envoy: &Envoy, want: &Origin) {
 /// them and a reset; the filter saw the headers via the upstream and one body
 /// callback without the end of the stream.
 #[track_caller]
-fn cut_mid_body(reply: Reply) -> (Envoy, Response) {
+fn cut_mid_body(reply: Reply) -> (SimEnvoy, Response) {
     let (envoy, resp) = run(reply);
     assert_eq!(
         (resp.status, resp.body_str().as_str(), resp.reset),
@@ -155,7 +155,7 @@ fn cut_mid_body(reply: Reply) -> (Envoy, Response) {
 }
 
 /// A one-worker probe with a GET forwarded upstream and not yet answered.
-fn forwarded() -> (Envoy, StreamId) {
+fn forwarded() -> (SimEnvoy, StreamId) {
     let mut envoy = probe(1);
     let id = envoy.start(0, Request::get("/up")).unwrap();
     envoy.send_request(id).unwrap();
@@ -437,7 +437,7 @@ fn origin_values_in_callouts() {
         .cluster("limited", |_| Reply::rate_limited())
         .build()
         .unwrap();
-    let call = |envoy: &mut Envoy, cluster: &str| {
+    let call = |envoy: &mut SimEnvoy, cluster: &str| {
         let req = Request::post("/")
             .header("x-probe", "http-call")
             .header("x-cluster", cluster)

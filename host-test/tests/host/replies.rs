@@ -1,7 +1,7 @@
 //! Local replies, resets, properties, logs, configuration, queues.
 
 use crate::*;
-use host_test::{Envoy, Error, LogLevel, Reply, Request};
+use host_test::{Error, LogLevel, Reply, Request, SimEnvoy};
 
 #[test]
 fn local_reply_passes_through_the_response_callbacks() {
@@ -162,7 +162,7 @@ fn shared_queue_notifies_the_registering_root_context() {
 
 #[test]
 fn empty_filter_module_needs_no_configuration() {
-    let mut envoy = Envoy::builder(host_test::dist("empty_filter.wasm"))
+    let mut envoy = SimEnvoy::builder(host_test::dist("empty_filter.wasm"))
         .workers(3)
         .build()
         .unwrap();

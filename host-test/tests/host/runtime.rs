@@ -76,7 +76,11 @@ fn time_comes_from_the_virtual_clock() {
     );
 }
 
-fn call(envoy: &mut host_test::Envoy, cluster: &str, extra: &[(&str, &str)]) -> serde_json::Value {
+fn call(
+    envoy: &mut host_test::SimEnvoy,
+    cluster: &str,
+    extra: &[(&str, &str)],
+) -> serde_json::Value {
     let req = Request::post("/")
         .header("x-probe", "http-call")
         .header("x-cluster", cluster);

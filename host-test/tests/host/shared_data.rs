@@ -4,7 +4,7 @@ use crate::*;
 use host_test::{Faults, Request, Status};
 use serde_json::Value;
 
-fn run(envoy: &mut host_test::Envoy, worker: usize, probe: &str, key: &str) -> Vec<Value> {
+fn run(envoy: &mut host_test::SimEnvoy, worker: usize, probe: &str, key: &str) -> Vec<Value> {
     let resp = envoy
         .request(
             worker,
@@ -19,7 +19,7 @@ fn run(envoy: &mut host_test::Envoy, worker: usize, probe: &str, key: &str) -> V
 }
 
 /// The probe's `sd` script `ops` (`set k v cas; get k; ...`) on `worker`: its results.
-fn ops(envoy: &mut host_test::Envoy, worker: usize, ops: &str) -> Vec<Value> {
+fn ops(envoy: &mut host_test::SimEnvoy, worker: usize, ops: &str) -> Vec<Value> {
     let j = ask(envoy, worker, get_probe("sd", &[("x-ops", ops)]));
     j["results"].as_array().unwrap().clone()
 }

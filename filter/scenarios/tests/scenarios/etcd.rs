@@ -4,7 +4,7 @@
 
 use super::{envoy_with, keyed, problem_type, SendWhole, Upstream, R};
 use dedup_envoy::etcd::EtcdCluster;
-use host_test::{Envoy, EnvoyBuilder, GrpcReply, Reply};
+use host_test::{EnvoyBuilder, GrpcReply, Reply, SimEnvoy};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -55,7 +55,7 @@ pub(super) fn proxy_with(
     workers: usize,
     json: bool,
     extra: &str,
-) -> Result<Envoy, host_test::Error> {
+) -> Result<SimEnvoy, host_test::Error> {
     static SEED: AtomicU64 = AtomicU64::new(1);
     let b = envoy_with(&etcd_config(json, extra), workers, up)
         .random_seed(SEED.fetch_add(1, Ordering::Relaxed));
@@ -63,7 +63,7 @@ pub(super) fn proxy_with(
 }
 
 /// `proxy_with` over gRPC, no extra fields.
-fn proxy(etcd: &Etcd, up: &Upstream, workers: usize) -> Result<Envoy, host_test::Error> {
+fn proxy(etcd: &Etcd, up: &Upstream, workers: usize) -> Result<SimEnvoy, host_test::Error> {
     proxy_with(etcd, up, workers, false, "")
 }
 
@@ -73,7 +73,7 @@ pub(super) fn two_proxies(
     workers: usize,
     json: bool,
     extra: &str,
-) -> Result<(Etcd, Upstream, Envoy, Envoy), host_test::Error> {
+) -> Result<(Etcd, Upstream, SimEnvoy, SimEnvoy), host_test::Error> {
     let etcd = Etcd::start();
     let up = Upstream::default();
     let a = proxy_with(&etcd, &up, workers, json, extra)?;

@@ -100,7 +100,7 @@ fn stored_responses_stay_within_max_store_bytes_and_no_key_runs_twice() -> R {
             host_test::Reply::new(201).body(vec![tag; 6_000])
         })
         .build()?;
-    let stored = |e: &host_test::Envoy| -> usize {
+    let stored = |e: &host_test::SimEnvoy| -> usize {
         e.shared_data_keys()
             .iter()
             .filter(|k| k.contains("/r/"))

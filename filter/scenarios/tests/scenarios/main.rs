@@ -27,7 +27,7 @@ mod rules;
 mod wait;
 
 use dedup_envoy::problem_type;
-use host_test::{Envoy, EnvoyBuilder, Reply, Request, Status, StreamId};
+use host_test::{EnvoyBuilder, Reply, Request, SimEnvoy, Status, StreamId};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
@@ -69,7 +69,7 @@ pub fn wasm() -> std::path::PathBuf {
 /// The filter with `config` on `workers` workers, as the README's Envoy config
 /// runs it (allow_on_headers_stop_iteration), its upstream still to choose.
 pub fn filter_with(config: &str, workers: usize) -> EnvoyBuilder {
-    Envoy::builder(wasm())
+    SimEnvoy::builder(wasm())
         .workers(workers)
         .vm_id("proxy_dedup")
         .plugin_config(config)
@@ -81,7 +81,7 @@ pub fn envoy_with(config: &str, workers: usize, up: &Upstream) -> EnvoyBuilder {
 }
 
 /// `envoy_with` a fresh counting upstream, built.
-pub fn started(config: &str, workers: usize) -> Result<(Envoy, Upstream), host_test::Error> {
+pub fn started(config: &str, workers: usize) -> Result<(SimEnvoy, Upstream), host_test::Error> {
     let up = Upstream::default();
     let e = envoy_with(config, workers, &up).build()?;
     Ok((e, up))
@@ -99,7 +99,7 @@ pub trait SendWhole {
     ) -> Result<Vec<StreamId>, host_test::Error>;
 }
 
-impl SendWhole for Envoy {
+impl SendWhole for SimEnvoy {
     fn send(&mut self, worker: usize, req: Request) -> Result<StreamId, host_test::Error> {
         let id = self.start(worker, req)?;
         self.send_request(id)?;

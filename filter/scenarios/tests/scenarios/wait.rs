@@ -3,7 +3,7 @@
 //! the wait timeout and the client that leaves, on the virtual clock.
 
 use super::{keyed, problem_type, started, SendWhole, R};
-use host_test::{Envoy, Reply, Request, StreamId, StreamState};
+use host_test::{Reply, Request, SimEnvoy, StreamId, StreamState};
 use std::time::Duration;
 
 const WAIT: &str = r#"{"on_in_flight": "wait", "wait_timeout_ms": 3000}"#;
@@ -15,7 +15,7 @@ fn first_and_dups(
     req: Request,
     first_on: usize,
     dups_on: impl IntoIterator<Item = usize>,
-) -> Result<(Envoy, StreamId, Vec<StreamId>), host_test::Error> {
+) -> Result<(SimEnvoy, StreamId, Vec<StreamId>), host_test::Error> {
     let (mut e, _) = started(config, 2)?;
     let first = e.send(first_on, req.clone())?;
     let dups = e.send_each(dups_on, &req)?;
@@ -26,7 +26,7 @@ fn first_and_dups(
 fn first_and_dup(
     config: &str,
     req: Request,
-) -> Result<(Envoy, StreamId, StreamId), host_test::Error> {
+) -> Result<(SimEnvoy, StreamId, StreamId), host_test::Error> {
     let (e, first, dups) = first_and_dups(config, req, 0, [1])?;
     Ok((e, first, dups[0]))
 }
