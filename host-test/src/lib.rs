@@ -8,7 +8,7 @@
 //! local replies through the response callbacks, callouts to in-process or
 //! loopback clusters, tick timers on a virtual clock, traps failing the VM.
 //!
-//! ```no_run
+//! ```
 //! use host_test::{SimEnvoy, Reply, Request};
 //! use std::cell::Cell;
 //! use std::rc::Rc;
@@ -18,7 +18,7 @@
 //! let seen = calls.clone();
 //! let mut envoy = SimEnvoy::builder(host_test::dist("dedup_filter.wasm"))
 //!     .workers(2)
-//!     .plugin_config(r#"{"key": {"required": true}}"#)
+//!     .plugin_config(r#"{"key": {"required": true}, "ttl_seconds": 60}"#)
 //!     .vm_id("dedup")
 //!     .allow_on_headers_stop_iteration(true)
 //!     .upstream(move |req| {
@@ -42,10 +42,18 @@
 //! envoy.respond(a, Reply::new(200).body("paid"))?;
 //! assert_eq!(envoy.response(a).map(|r| r.status), Some(200));
 //!
-//! // Time: ticks and timeouts fire as the virtual clock moves.
-//! envoy.advance(std::time::Duration::from_secs(31));
-//! assert!(envoy.log_contains("expired"));
-//! assert_eq!(envoy.counter("dedup_replayed"), Some(0));
+//! // The next duplicate, on either worker, gets the stored answer.
+//! let again = envoy.request(1, Request::post("/pay").header("idempotency-key", "k2").body("x"))?;
+//! assert_eq!((again.status, again.body_str()), (200, "paid".to_string()));
+//! assert!(!again.upstream_called);
+//! assert_eq!(envoy.counter("proxy_dedup_replayed"), Some(1));
+//! assert_eq!(calls.get(), 1); // k1; `a` was answered by hand
+//!
+//! // Time: ticks and timeouts fire as the virtual clock moves; past its TTL
+//! // (here 60 s) the key is free again.
+//! envoy.advance(std::time::Duration::from_secs(61));
+//! let later = envoy.request(0, Request::post("/pay").header("idempotency-key", "k2").body("x"))?;
+//! assert!(later.upstream_called);
 //! # Ok(()) }
 //! ```
 //!
