@@ -133,6 +133,15 @@ pub fn no_write() -> bool {
     std::env::var("BENCH_NO_WRITE").is_ok_and(|v| v == "1")
 }
 
+/// `values` to `decimals` places, comma-separated: "41.2, 40.8, 41.0".
+fn comma_list(values: &[f64], decimals: usize) -> String {
+    values
+        .iter()
+        .map(|v| format!("{v:.decimals$}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// One case: its own Envoy, kept up for every round.
 pub struct Case {
     pub name: String,
@@ -334,20 +343,12 @@ impl Case {
 
     /// Every round's Envoy CPU µs per request: "41.2, 40.8, 41.0".
     pub fn cpu_rounds_text(&self) -> String {
-        self.cpu_rounds
-            .iter()
-            .map(|r| format!("{r:.1}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        comma_list(&self.cpu_rounds, 1)
     }
 
     /// Every round's req/s: "1234, 1300, 1250".
     pub fn rounds_text(&self) -> String {
-        self.rounds
-            .iter()
-            .map(|r| format!("{r:.0}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        comma_list(&self.rounds, 0)
     }
 
     /// The filter's non-zero counters: "executed=1 replayed=10".
@@ -466,4 +467,16 @@ pub fn measure_interleaved(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_are_listed_to_their_decimals() {
+        assert_eq!(comma_list(&[1234.4, 1300.0, 1250.2], 0), "1234, 1300, 1250");
+        assert_eq!(comma_list(&[41.23, 40.8], 1), "41.2, 40.8");
+        assert_eq!(comma_list(&[], 1), "");
+    }
 }
