@@ -3,13 +3,20 @@
 //! the cases with each case reporting its best round, the results table and
 //! the BENCHMARKS.md section.
 
-use crate::chart::{self, Chart, Panel, Series};
+mod report;
+mod wrk;
+
+pub use report::{
+    counters_list, envoy_version, load_average, load_chart, machine, micros, run_stamp,
+    table_header, table_row, write_chart, write_load_chart, write_section, ChartRow, CHARTS_DIR,
+};
+pub use wrk::{Load, Measured};
+
 use crate::paths::{scratch_dir, workspace_root};
-use crate::process::spawn;
 use crate::{fail, EnvoyConfig, EnvoyProcess, Request, Result};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use wrk::{lua, parse_wrk, wrk};
 
 pub const THREADS: u32 = 2;
 pub const CONNECTIONS: u32 = 32;
@@ -126,127 +133,13 @@ pub fn no_write() -> bool {
     std::env::var("BENCH_NO_WRITE").is_ok_and(|v| v == "1")
 }
 
-/// One wrk run, as read from its output.
-#[derive(Clone)]
-pub struct Measured {
-    pub rps: f64,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    pub requests: u64,
-    pub non_2xx: u64,
-    /// wrk's "Socket errors: …" line, or empty.
-    pub errors: String,
-    /// Envoy's own CPU time per request in this round (every thread's run
-    /// time from `/proc/<pid>/task/*/schedstat`, over wrk's request count):
-    /// unlike 1/throughput, other work on the machine does not inflate it.
-    pub cpu_us: Option<f64>,
-}
-
-fn lua(script: &str) -> String {
-    script
-        .replace("BIG_BODY_BYTES", &BIG_BODY_BYTES.to_string())
-        .replace("BODY", &format!("'{BODY}'"))
-}
-
-/// How wrk loads a case: its threads and connections, and the CPUs it is
-/// pinned to (`taskset -c`), if any.
-#[derive(Debug, Clone, Copy)]
-pub struct Load {
-    pub threads: u32,
-    pub connections: u32,
-    pub cpus: Option<&'static str>,
-}
-
-impl Load {
-    /// `-t2 -c32`, not pinned: what the load tables use.
-    pub const DEFAULT: Load = Load {
-        threads: THREADS,
-        connections: CONNECTIONS,
-        cpus: None,
-    };
-}
-
-fn wrk(
-    dir: &Path,
-    url: &str,
-    script: &Path,
-    seconds: u64,
-    tag: &str,
-    load: Load,
-) -> Result<String> {
-    let out = dir.join(format!("wrk-{tag}.txt"));
-    let mut cmd = match load.cpus {
-        Some(cpus) => {
-            let mut c = Command::new("taskset");
-            c.arg("-c").arg(cpus).arg("wrk");
-            c
-        }
-        None => Command::new("wrk"),
-    };
-    cmd.arg(format!("-t{}", load.threads))
-        .arg(format!("-c{}", load.connections))
-        .arg(format!("-d{seconds}s"))
-        .arg("--timeout")
-        .arg("5s")
-        .arg("--latency")
-        .arg("-s")
-        .arg(script)
-        .arg(url)
-        .arg("--")
-        .arg(tag)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(std::fs::File::create(&out)?))
-        .stderr(Stdio::inherit());
-    let mut child = spawn(cmd)?;
-    match child.wait_exit(Duration::from_secs(seconds + 30)) {
-        Some(0) => Ok(std::fs::read_to_string(&out)?),
-        Some(code) => fail!("wrk exited {code}: {}", std::fs::read_to_string(&out)?),
-        None => fail!("wrk did not finish"),
-    }
-}
-
-/// "1.23ms" / "850.00us" / "1.01s" in milliseconds.
-fn duration_ms(text: &str) -> Option<f64> {
-    let (num, unit) = text
-        .find(|c: char| c.is_ascii_alphabetic())
-        .map(|i| text.split_at(i))?;
-    let v: f64 = num.parse().ok()?;
-    Some(match unit {
-        "us" => v / 1000.0,
-        "ms" => v,
-        "s" => v * 1000.0,
-        "m" => v * 60_000.0,
-        _ => return None,
-    })
-}
-
-fn parse_wrk(text: &str) -> Result<Measured> {
-    let mut m = Measured {
-        rps: 0.0,
-        p50_ms: 0.0,
-        p99_ms: 0.0,
-        requests: 0,
-        non_2xx: 0,
-        errors: String::new(),
-        cpu_us: None,
-    };
-    for line in text.lines() {
-        let t = line.trim();
-        let words: Vec<&str> = t.split_whitespace().collect();
-        match words.as_slice() {
-            ["Requests/sec:", v] => m.rps = v.parse().unwrap_or(0.0),
-            ["50%", v] => m.p50_ms = duration_ms(v).unwrap_or(0.0),
-            ["99%", v] => m.p99_ms = duration_ms(v).unwrap_or(0.0),
-            [n, "requests", "in", ..] => m.requests = n.parse().unwrap_or(0),
-            ["Non-2xx", "or", "3xx", "responses:", n] => m.non_2xx = n.parse().unwrap_or(0),
-            ["Socket", "errors:", ..] => m.errors = t.to_string(),
-            _ => {}
-        }
-    }
-    if m.rps <= 0.0 {
-        fail!("could not read wrk's output:\n{text}");
-    }
-    Ok(m)
+/// `values` to `decimals` places, comma-separated: "41.2, 40.8, 41.0".
+fn comma_list(values: &[f64], decimals: usize) -> String {
+    values
+        .iter()
+        .map(|v| format!("{v:.decimals$}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// One case: its own Envoy, kept up for every round.
@@ -450,20 +343,12 @@ impl Case {
 
     /// Every round's Envoy CPU µs per request: "41.2, 40.8, 41.0".
     pub fn cpu_rounds_text(&self) -> String {
-        self.cpu_rounds
-            .iter()
-            .map(|r| format!("{r:.1}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        comma_list(&self.cpu_rounds, 1)
     }
 
     /// Every round's req/s: "1234, 1300, 1250".
     pub fn rounds_text(&self) -> String {
-        self.rounds
-            .iter()
-            .map(|r| format!("{r:.0}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        comma_list(&self.rounds, 0)
     }
 
     /// The filter's non-zero counters: "executed=1 replayed=10".
@@ -584,267 +469,14 @@ pub fn measure_interleaved(
     Ok(())
 }
 
-/// The table's header: case, req/s, p50, p99, then `ratio_columns`, then
-/// non-2xx and the rounds.
-pub fn table_header(ratio_columns: &[&str]) -> String {
-    let mut names = String::from("| case | req/s | p50 ms | p99 ms |");
-    let mut align = String::from("|---|---:|---:|---:|");
-    for column in ratio_columns {
-        names.push_str(&format!(" {column} |"));
-        align.push_str("---:|");
-    }
-    format!("{names} non-2xx | rounds (req/s) |\n{align}---:|---|\n")
-}
-
-/// One row under [`table_header`]: `ratios` to two decimals, `last` in the
-/// rounds column.
-pub fn table_row(name: &str, m: &Measured, ratios: &[f64], last: &str) -> String {
-    let mut row = format!(
-        "| {} | {:.0} | {:.3} | {:.3} |",
-        name, m.rps, m.p50_ms, m.p99_ms
-    );
-    for ratio in ratios {
-        row.push_str(&format!(" {ratio:.2} |"));
-    }
-    row.push_str(&format!(" {} | {} |\n", m.non_2xx, last));
-    row
-}
-
-/// "- <case>: <counters>" lines for the cases with any counter.
-pub fn counters_list(cases: &[Case]) -> String {
-    cases
-        .iter()
-        .map(|c| (c.name.as_str(), c.counters()))
-        .filter(|(_, c)| !c.is_empty())
-        .map(|(n, c)| format!("- {n}: {c}\n"))
-        .collect()
-}
-
-/// Where the benchmarks write their charts (linked from BENCHMARKS.md).
-pub const CHARTS_DIR: &str = "benches/charts";
-
-/// One case of a load chart: its name, its best round, and the text after
-/// its req/s (a ratio to the run's baseline).
-pub struct ChartRow<'a> {
-    pub name: &'a str,
-    pub measured: &'a Measured,
-    pub note: String,
-}
-
-/// A load benchmark as a chart: req/s per case (with its note, a ratio to
-/// `baseline`), then p50 and p99.
-pub fn load_chart(title: &str, subtitle: &str, baseline: &str, rows: &[ChartRow]) -> Chart {
-    let rps = rows.iter().map(|r| Some(r.measured.rps)).collect();
-    let rps_labels = rows
-        .iter()
-        .map(|r| {
-            format!("{:.0} {}", r.measured.rps, r.note)
-                .trim()
-                .to_string()
-        })
-        .collect();
-    let ms = |f: fn(&Measured) -> f64| rows.iter().map(|r| Some(f(r.measured))).collect();
-    Chart {
-        title: title.to_string(),
-        subtitle: subtitle.to_string(),
-        rows: rows.iter().map(|r| r.name.to_string()).collect(),
-        panels: vec![
-            Panel {
-                title: format!("req/s, × {baseline} (higher is better)"),
-                series: vec![Series::new("req/s", chart::BLUE, rps).labels(rps_labels)],
-            },
-            Panel {
-                title: "latency, ms (lower is better)".into(),
-                series: vec![
-                    Series::new("p50", chart::GREEN, ms(|m| m.p50_ms)),
-                    Series::new("p99", chart::VERMILLION, ms(|m| m.p99_ms)),
-                ],
-            },
-        ],
-    }
-}
-
-/// Write `chart` to `benches/charts/<file>` and say so on stderr; returns
-/// the path relative to the workspace root, for a link in BENCHMARKS.md.
-/// [`load_chart`] written to `file` (see [`write_chart`]), its subtitle `setup`
-/// followed by wrk's load, the rounds and the load average before the run.
-pub fn write_load_chart(
-    file: &str,
-    title: &str,
-    setup: &str,
-    settings: &Settings,
-    load_before: &str,
-    baseline: &str,
-    rows: &[ChartRow],
-) -> Result<String> {
-    let Settings { seconds, rounds } = settings;
-    let subtitle = format!(
-        "{setup}, wrk -t{THREADS} -c{CONNECTIONS}, best of {rounds} rounds of {seconds} s, one 2-core machine, load average before: {load_before}"
-    );
-    write_chart(file, &load_chart(title, &subtitle, baseline, rows))
-}
-
-/// Seconds as the benchmark tables show them, in microseconds with 3
-/// significant digits: `412 µs`, `3.5 µs`.
-pub fn micros(seconds: f64) -> String {
-    let us = seconds * 1e6;
-    if us >= 100.0 {
-        format!("{us:.0} µs")
-    } else {
-        format!("{us:.1} µs")
-    }
-}
-
-pub fn write_chart(file: &str, chart: &Chart) -> Result<String> {
-    let relative = format!("{CHARTS_DIR}/{file}");
-    chart.write(&workspace_root().join(&relative))?;
-    eprintln!("wrote {relative}");
-    Ok(relative)
-}
-
-/// "AMD EPYC, 2 cores, 24 GiB": the CPU model, the cores and the memory of
-/// this machine, for the text beside the results.
-pub fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, m)| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
-    let gib = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|l| l.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        })
-        .map(|kb| (kb / (1024.0 * 1024.0)).round())
-        .unwrap_or(0.0);
-    format!("{cpu}, {cores} cores, {gib:.0} GiB")
-}
-
-/// When and where the run happened: `date -u` and the CPU model.
-pub fn run_stamp() -> String {
-    let date = Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "?".into());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
-        })
-        .unwrap_or_else(|| "?".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!("{date}, {cores} cores ({cpu})")
-}
-
-/// The 1-minute load average, as text.
-pub fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|t| t.split_whitespace().next().map(str::to_string))
-        .unwrap_or_else(|| "?".into())
-}
-
-/// The release of the Envoy the benchmark runs (`ENVOY_BIN` or `envoy`),
-/// e.g. `1.40.0`.
-pub fn envoy_version() -> String {
-    crate::envoy::version().unwrap_or_else(|_| "?".into())
-}
-
-/// Replace the section of BENCHMARKS.md that starts with `heading` (or
-/// append it), leaving other sections alone, and say so on stderr.
-pub fn write_section(heading: &str, section: &str) -> Result<()> {
-    let path = workspace_root().join("BENCHMARKS.md");
-    let old = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n".into());
-    std::fs::write(&path, replace_section(&old, heading, section))?;
-    eprintln!("wrote the \"{heading}\" section of BENCHMARKS.md");
-    Ok(())
-}
-
-/// `old` with the section starting at `heading` (up to the next "## ") replaced
-/// by `section`, or with `section` appended. A blank line separates it from a
-/// following section; the text ends with one newline.
-fn replace_section(old: &str, heading: &str, section: &str) -> String {
-    match old.find(heading) {
-        Some(start) => {
-            let after = &old[start + 2..];
-            match after.find("\n## ") {
-                Some(i) => {
-                    let end = start + 2 + i + 1;
-                    format!("{}{}\n\n{}", &old[..start], section.trim_end(), &old[end..])
-                }
-                None => format!("{}{}\n", &old[..start], section.trim_end()),
-            }
-        }
-        None => format!("{}\n\n{}\n", old.trim_end(), section.trim_end()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const OLD: &str = "# Benchmarks\n\n## A\n\nold a\n\n## etcd store\n\nold etcd\n\n## Envoy load\n\nold envoy\n";
-
     #[test]
-    fn a_section_followed_by_another_keeps_a_blank_line_before_it() {
-        assert_eq!(
-            replace_section(OLD, "## etcd store", "## etcd store\n\nnew etcd\n\n"),
-            "# Benchmarks\n\n## A\n\nold a\n\n## etcd store\n\nnew etcd\n\n## Envoy load\n\nold envoy\n"
-        );
-    }
-
-    #[test]
-    fn the_last_section_ends_the_file_with_one_newline() {
-        assert_eq!(
-            replace_section(OLD, "## Envoy load", "## Envoy load\n\nnew envoy\n"),
-            "# Benchmarks\n\n## A\n\nold a\n\n## etcd store\n\nold etcd\n\n## Envoy load\n\nnew envoy\n"
-        );
-    }
-
-    #[test]
-    fn a_missing_section_is_appended() {
-        assert_eq!(
-            replace_section("# Benchmarks\n", "## Envoy load", "## Envoy load\n\nx\n"),
-            "# Benchmarks\n\n## Envoy load\n\nx\n"
-        );
-    }
-
-    #[test]
-    fn wrk_output_is_read() {
-        let m = parse_wrk(
-            "  Latency Distribution\n     50%    1.23ms\n     99%  850.00us\n  \
-             1000 requests in 1.00s, 10 KB read\n  Socket errors: connect 0, read 1, write 0, timeout 0\n  \
-             Non-2xx or 3xx responses: 2\nRequests/sec:   999.50\n",
-        )
-        .unwrap();
-        assert_eq!(
-            (m.rps, m.p50_ms, m.p99_ms, m.requests, m.non_2xx),
-            (999.5, 1.23, 0.85, 1000, 2)
-        );
-        assert_eq!(
-            m.errors,
-            "Socket errors: connect 0, read 1, write 0, timeout 0"
-        );
-    }
-
-    #[test]
-    fn the_header_has_a_column_per_ratio() {
-        assert_eq!(
-            table_header(&["a", "b"]),
-            "| case | req/s | p50 ms | p99 ms | a | b | non-2xx | rounds (req/s) |\n|---|---:|---:|---:|---:|---:|---:|---|\n"
-        );
+    fn rounds_are_listed_to_their_decimals() {
+        assert_eq!(comma_list(&[1234.4, 1300.0, 1250.2], 0), "1234, 1300, 1250");
+        assert_eq!(comma_list(&[41.23, 40.8], 1), "41.2, 40.8");
+        assert_eq!(comma_list(&[], 1), "");
     }
 }
