@@ -325,7 +325,9 @@ pub struct ShortHex<'a>(&'a Digest);
 
 impl std::fmt::Display for ShortHex<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.iter().take(6).try_for_each(|b| write!(f, "{b:02x}"))
+        let mut hex = String::with_capacity(12);
+        push_hex(&mut hex, &self.0[..6]);
+        f.write_str(&hex)
     }
 }
 

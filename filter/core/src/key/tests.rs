@@ -172,3 +172,11 @@ fn digests_separate_scopes_and_key_sources() {
         record_digest(&cfg2.policy, &h2, &k)
     );
 }
+
+#[test]
+fn a_short_hex_is_the_first_six_bytes_in_lower_hex() {
+    let mut d = [0xab; 32];
+    d[0] = 0x01;
+    d[5] = 0xf0;
+    assert_eq!(crate::key::short_hex(&d).to_string(), "01ababababf0");
+}

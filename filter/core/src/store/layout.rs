@@ -78,16 +78,32 @@ impl Layout {
         self.bucket_in(self.buckets, digest)
     }
 
+    /// `<namespace>/<buckets>/b/<bucket>`. These keys are built on every claim and
+    /// completion, so without `format!` (its machinery costs more than the key in Wasm).
     pub fn bucket_key_in(&self, buckets: u64, bucket: u64) -> String {
-        format!("{}/{buckets}/b/{bucket}", self.namespace)
+        self.key_of(buckets, "/b/", bucket)
     }
 
     pub fn bucket_key(&self, bucket: u64) -> String {
         self.bucket_key_in(self.buckets, bucket)
     }
 
+    /// `<namespace>/<buckets>/r/<bucket>/<way>`.
     pub fn response_key(&self, buckets: u64, bucket: u64, way: usize) -> String {
-        format!("{}/{buckets}/r/{bucket}/{way}", self.namespace)
+        let mut key = self.key_of(buckets, "/r/", bucket);
+        key.push('/');
+        push_decimal(&mut key, way as u64);
+        key
+    }
+
+    fn key_of(&self, buckets: u64, kind: &str, bucket: u64) -> String {
+        let mut key = String::with_capacity(self.namespace.len() + 48);
+        key.push_str(&self.namespace);
+        key.push('/');
+        push_decimal(&mut key, buckets);
+        key.push_str(kind);
+        push_decimal(&mut key, bucket);
+        key
     }
 
     pub(super) fn registry_key(&self) -> String {
@@ -98,5 +114,22 @@ impl Layout {
     /// response slots, plus the namespace's secret and layout registry.
     pub fn max_keys(&self) -> u64 {
         self.buckets * (1 + WAYS as u64) + 2
+    }
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        out.push(char::from(d));
     }
 }

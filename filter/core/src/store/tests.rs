@@ -377,3 +377,23 @@ fn store_errors_say_what_failed() {
     assert!(StoreError::Contention.to_string().contains("contention"));
     assert!(StoreError::BucketFull.to_string().contains("full"));
 }
+
+#[test]
+fn shared_data_keys_are_spelled_as_they_always_were() {
+    let layout = Layout::new("ns", 16, 1_000, 60_000);
+    for (buckets, bucket, way) in [
+        (1, 0, 0),
+        (10, 9, 15),
+        (1_000_000, 999_999, 3),
+        (u64::MAX, u64::MAX, usize::MAX),
+    ] {
+        assert_eq!(
+            layout.bucket_key_in(buckets, bucket),
+            format!("ns/{buckets}/b/{bucket}")
+        );
+        assert_eq!(
+            layout.response_key(buckets, bucket, way),
+            format!("ns/{buckets}/r/{bucket}/{way}")
+        );
+    }
+}
