@@ -141,8 +141,7 @@ impl DedupHttp {
         };
         let mut failed = abi::set_property("proxy_dedup_decision", verdict.as_bytes()).err();
         if let Some(record) = record {
-            let hex = record.to_string();
-            failed = failed.or(abi::set_property("proxy_dedup_record", hex.as_bytes()).err());
+            failed = failed.or(abi::set_property("proxy_dedup_record", &record.digits()).err());
         }
         if let Some(rule) = self
             .shared

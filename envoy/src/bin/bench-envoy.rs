@@ -371,9 +371,7 @@ fn profile_table(cases: &[CostCase], started: &[Case], seconds: u64) -> Result<S
     let objects = ["envoy", "JIT (V8's Wasm code)", "kernel", "libc"];
     let us = |p: &[(String, f64)], o: &str| {
         p.iter()
-            .filter(|(name, _)| {
-                name == o || (o == "JIT (V8's Wasm code)" && name.starts_with("JIT"))
-            })
+            .filter(|(name, _)| name == o)
             .map(|(_, v)| v)
             .sum::<f64>()
     };

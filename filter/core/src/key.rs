@@ -320,14 +320,27 @@ pub fn push_hex(out: &mut String, bytes: &[u8]) {
     }
 }
 
-/// The first bytes of a digest in hex, for logs; formats only when displayed.
+/// The first bytes of a digest in hex, for logs and filter state; formats only when
+/// displayed or asked for its bytes.
 pub struct ShortHex<'a>(&'a Digest);
+
+impl ShortHex<'_> {
+    /// The 12 lower-hex digits of the digest's first 6 bytes.
+    pub fn digits(&self) -> [u8; 12] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 12];
+        for (pair, &b) in out.chunks_exact_mut(2).zip(self.0.iter()) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0x0f)];
+        }
+        out
+    }
+}
 
 impl std::fmt::Display for ShortHex<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut hex = String::with_capacity(12);
-        push_hex(&mut hex, &self.0[..6]);
-        f.write_str(&hex)
+        let digits = self.digits();
+        f.write_str(std::str::from_utf8(&digits).unwrap_or_default())
     }
 }
 

@@ -57,9 +57,9 @@ pub(super) struct Claiming {
 impl Claiming {
     /// The claim this attempt won, at `mod_revision`, its completed record to carry
     /// `completed_lease`.
-    fn won(&self, mod_revision: i64, completed_lease: i64) -> EtcdClaim {
+    fn won(self, mod_revision: i64, completed_lease: i64) -> EtcdClaim {
         EtcdClaim {
-            key: self.key.clone(),
+            key: self.key,
             digest: self.digest,
             payload: self.payload,
             token: self.token,
@@ -304,8 +304,9 @@ impl DedupStream {
                 let Some(completed_lease) = c.completed_lease else {
                     return self.store_failed(p, env, "no completion lease");
                 };
+                let abandoned = c.abandoned;
                 let owned = HeldClaim::Etcd(c.won(revision, completed_lease));
-                self.forward_unless_abandoned(p, env, owned, c.abandoned)
+                self.forward_unless_abandoned(p, env, owned, abandoned)
             }
             (
                 ClaimStep::Txn,
@@ -330,8 +331,9 @@ impl DedupStream {
                         let Some(completed_lease) = c.completed_lease else {
                             return self.store_failed(p, env, "no completion lease");
                         };
+                        let abandoned = c.abandoned;
                         let owned = HeldClaim::Etcd(c.won(mod_revision, completed_lease));
-                        self.forward_unless_abandoned(p, env, owned, c.abandoned)
+                        self.forward_unless_abandoned(p, env, owned, abandoned)
                     }
                     // An in-flight record of another claim is never taken over by
                     // comparing our clock with the time its proxy wrote: only etcd ends
