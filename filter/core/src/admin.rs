@@ -184,8 +184,19 @@ fn json_reply(status: u16, v: Value) -> LocalReply {
 
 /// A record as JSON: state, expiry, age (by the policy's timeouts), payload digest, and
 /// the stored response's status and body size.
-fn record_json(cfg: &Policy, digest: &Digest, view: &RecordView, now_ms: u64) -> Value {
+/// `shared`: a shared-data record, whose kept claims (`on_unknown_outcome: "keep"`)
+/// expire at their TTL; an etcd claim's expiry stays its in-flight time (its lease ends it).
+fn record_json(
+    cfg: &Policy,
+    shared: bool,
+    digest: &Digest,
+    view: &RecordView,
+    now_ms: u64,
+) -> Value {
+    let keep = crate::stream::keeps_unknown(cfg);
     let life = match view.state {
+        "in_flight" if keep && shared => cfg.ttl_ms.max(cfg.in_flight_timeout_ms),
+        "held" if keep => cfg.ttl_ms.max(cfg.in_flight_timeout_ms),
         "in_flight" | "held" => cfg.in_flight_timeout_ms,
         _ => cfg.ttl_ms,
     };
@@ -297,9 +308,10 @@ impl AdminStream {
                 Err(e) => failed(e),
             },
             AdminOp::Get { digest: d, rule } => match store.inspect(&d, now) {
-                Ok(Some(view)) => {
-                    json_reply(200, record_json(p.config.policy_at(rule), &d, &view, now))
-                }
+                Ok(Some(view)) => json_reply(
+                    200,
+                    record_json(p.config.policy_at(rule), true, &d, &view, now),
+                ),
                 Ok(None) => not_found(&d),
                 Err(e) => failed(e),
             },
@@ -323,7 +335,7 @@ impl AdminStream {
                         env.count(Counter::AdminRemoved);
                         json_reply(
                             200,
-                            json!({"removed": record_json(p.config.policy_at(rule), &digest, &view, now)}),
+                            json!({"removed": record_json(p.config.policy_at(rule), true, &digest, &view, now)}),
                         )
                     }
                     Ok(Purge::Refused(_)) => refused(CLAIM_REFUSED),
@@ -401,7 +413,7 @@ impl AdminStream {
                 if !delete {
                     return Decision::Reply(json_reply(
                         200,
-                        record_json(p.config.policy_at(rule), &digest, &view, now),
+                        record_json(p.config.policy_at(rule), false, &digest, &view, now),
                     ));
                 }
                 if claim && !force {

@@ -120,13 +120,27 @@ pub enum Role {
     Admin,
 }
 
+/// What a request gets when its claim finds no slot (its bucket is full of live claims).
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStoreFull {
+    /// `503 store-full` with `retry-after`: nothing runs unrecorded.
+    Reject,
+    /// Pass the request through unrecorded (counted in `proxy_dedup_failed_open`): a retry
+    /// of it may run again.
+    Open,
+}
+
 /// What happens to a claim when the filter cannot know whether the upstream executed
 /// the request (client gone, route timeout, upstream reset after the request was sent).
 #[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum OnUnknownOutcome {
-    /// Keep the record in flight until `in_flight_timeout_seconds`: the key never runs
-    /// twice on a guess.
+    /// Keep the record as "outcome unknown" until `ttl_seconds`: the key never runs
+    /// again within its TTL, and its duplicates get `409 outcome-unknown`.
+    Keep,
+    /// Keep the record in flight until `in_flight_timeout_seconds`, then let the key run
+    /// again (for senders that retry until they get an answer).
     Hold,
     /// Release the claim at the end of the stream (a retry executes again).
     Release,
@@ -187,6 +201,8 @@ pub struct Policy {
     pub wait_timeout_ms: u64,
     pub ttl_ms: u64,
     pub in_flight_timeout_ms: u64,
+    /// What a forwarded request whose outcome is unknown leaves behind.
+    pub on_unknown_outcome: OnUnknownOutcome,
     pub max_body_bytes: usize,
     pub max_replay_body_bytes: usize,
     pub store_statuses: Vec<StatusRange>,
@@ -213,6 +229,7 @@ impl Default for Policy {
             wait_timeout_ms: DEFAULT_WAIT_TIMEOUT_MS,
             ttl_ms: DEFAULT_TTL_MS,
             in_flight_timeout_ms: DEFAULT_IN_FLIGHT_TIMEOUT_MS,
+            on_unknown_outcome: DEFAULT_ON_UNKNOWN_OUTCOME,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES as usize,
             max_replay_body_bytes: DEFAULT_MAX_REPLAY_BODY_BYTES as usize,
             store_statuses: DEFAULT_STORE_STATUSES.to_vec(),
@@ -304,7 +321,7 @@ pub struct Config {
     pub capacity: u64,
     pub replayed_header: String,
     pub failure_mode: FailureMode,
-    pub on_unknown_outcome: OnUnknownOutcome,
+    pub on_store_full: OnStoreFull,
     pub role: Role,
     pub store: StoreConfig,
 }
@@ -319,7 +336,7 @@ impl Default for Config {
             capacity: DEFAULT_CAPACITY,
             replayed_header: DEFAULT_REPLAYED_HEADER.to_string(),
             failure_mode: DEFAULT_FAILURE_MODE,
-            on_unknown_outcome: DEFAULT_ON_UNKNOWN_OUTCOME,
+            on_store_full: DEFAULT_ON_STORE_FULL,
             role: DEFAULT_ROLE,
             store: StoreConfig::SharedData {
                 namespace: DEFAULT_NAMESPACE.to_string(),
@@ -505,7 +522,7 @@ impl TryFrom<RawConfig> for Config {
             capacity,
             replayed_header,
             failure_mode: raw.failure_mode.unwrap_or(DEFAULT_FAILURE_MODE),
-            on_unknown_outcome: raw.on_unknown_outcome.unwrap_or(DEFAULT_ON_UNKNOWN_OUTCOME),
+            on_store_full: raw.on_store_full.unwrap_or(DEFAULT_ON_STORE_FULL),
             role: raw.role.unwrap_or(DEFAULT_ROLE),
             store,
         })

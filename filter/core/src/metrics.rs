@@ -48,10 +48,16 @@ pub enum Counter {
     /// Stored responses of completed records dropped to keep a bucket within its share
     /// of `store.max_store_bytes` (their keys then answer 409 `response-not-stored`).
     BodiesDropped,
+    /// Duplicates answered 409 `outcome-unknown`: the first request's outcome is unknown
+    /// and its record is kept until its TTL (`on_unknown_outcome: "keep"`).
+    RejectedOutcomeUnknown,
+    /// Requests answered 503 `store-full`: no slot could be had for their claim (the
+    /// bucket is full of live claims) and `on_store_full` is `"reject"`.
+    StoreFull,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 21] = [
+    pub const ALL: [Counter; 23] = [
         Counter::Requests,
         Counter::Executed,
         Counter::Replayed,
@@ -73,6 +79,8 @@ impl Counter {
         Counter::WaitReplayed,
         Counter::WaitTimeout,
         Counter::BodiesDropped,
+        Counter::RejectedOutcomeUnknown,
+        Counter::StoreFull,
     ];
 
     pub fn name(self) -> &'static str {
@@ -98,6 +106,8 @@ impl Counter {
             Counter::WaitReplayed => "proxy_dedup_wait_replayed",
             Counter::WaitTimeout => "proxy_dedup_wait_timeout",
             Counter::BodiesDropped => "proxy_dedup_bodies_dropped",
+            Counter::RejectedOutcomeUnknown => "proxy_dedup_rejected_outcome_unknown",
+            Counter::StoreFull => "proxy_dedup_store_full",
         }
     }
 

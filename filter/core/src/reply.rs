@@ -29,11 +29,15 @@ pub enum Problem {
     AmbiguousKey,
     AmbiguousScope,
     InFlight,
+    /// The first request's outcome is unknown (it may have run); kept until its TTL.
+    OutcomeUnknown,
     AlreadyCompleted,
     ResponseNotStored,
     BodyTooLarge,
     PayloadMismatch,
     StoreUnavailable,
+    /// No slot for the claim: the bucket is full of live claims.
+    StoreFull,
     /// Admin API: a request it cannot read.
     BadAdminRequest,
     /// Admin API: no live record for these parameters.
@@ -51,10 +55,13 @@ impl Problem {
             | Problem::InvalidKey
             | Problem::AmbiguousKey
             | Problem::AmbiguousScope => 400,
-            Problem::InFlight | Problem::AlreadyCompleted | Problem::ResponseNotStored => 409,
+            Problem::InFlight
+            | Problem::OutcomeUnknown
+            | Problem::AlreadyCompleted
+            | Problem::ResponseNotStored => 409,
             Problem::BodyTooLarge => 413,
             Problem::PayloadMismatch => 422,
-            Problem::StoreUnavailable => 503,
+            Problem::StoreUnavailable | Problem::StoreFull => 503,
             Problem::BadAdminRequest => 400,
             Problem::NoSuchRecord | Problem::NotAdminPath => 404,
             Problem::RecordIsClaim => 409,
@@ -68,11 +75,13 @@ impl Problem {
             Problem::AmbiguousKey => "ambiguous-key",
             Problem::AmbiguousScope => "ambiguous-scope",
             Problem::InFlight => "in-flight",
+            Problem::OutcomeUnknown => "outcome-unknown",
             Problem::AlreadyCompleted => "already-completed",
             Problem::ResponseNotStored => "response-not-stored",
             Problem::BodyTooLarge => "body-too-large",
             Problem::PayloadMismatch => "payload-mismatch",
             Problem::StoreUnavailable => "store-unavailable",
+            Problem::StoreFull => "store-full",
             Problem::BadAdminRequest => "bad-admin-request",
             Problem::NoSuchRecord => "no-such-record",
             Problem::RecordIsClaim => "record-is-claim",
@@ -87,6 +96,9 @@ impl Problem {
             Problem::AmbiguousKey => "Idempotency key ambiguous",
             Problem::AmbiguousScope => "Request scope ambiguous",
             Problem::InFlight => "A request with this idempotency key is in progress",
+            Problem::OutcomeUnknown => {
+                "A request with this idempotency key may have run; its outcome is unknown"
+            }
             Problem::AlreadyCompleted => "A request with this idempotency key has completed",
             Problem::ResponseNotStored => {
                 "A request with this idempotency key has completed; its response was not kept"
@@ -94,6 +106,7 @@ impl Problem {
             Problem::BodyTooLarge => "Request body too large for deduplication",
             Problem::PayloadMismatch => "Idempotency key reused with a different request",
             Problem::StoreUnavailable => "Deduplication store unavailable",
+            Problem::StoreFull => "Deduplication store full",
             Problem::BadAdminRequest => "Bad admin request",
             Problem::NoSuchRecord => "No such record",
             Problem::RecordIsClaim => "The record is a claim whose request may be running",
@@ -108,11 +121,13 @@ impl Problem {
             Problem::AmbiguousKey => "proxy_dedup_ambiguous_key",
             Problem::AmbiguousScope => "proxy_dedup_ambiguous_scope",
             Problem::InFlight => "proxy_dedup_in_flight",
+            Problem::OutcomeUnknown => "proxy_dedup_outcome_unknown",
             Problem::AlreadyCompleted => "proxy_dedup_already_completed",
             Problem::ResponseNotStored => "proxy_dedup_response_not_stored",
             Problem::BodyTooLarge => "proxy_dedup_body_too_large",
             Problem::PayloadMismatch => "proxy_dedup_payload_mismatch",
             Problem::StoreUnavailable => "proxy_dedup_store_unavailable",
+            Problem::StoreFull => "proxy_dedup_store_full",
             Problem::BadAdminRequest
             | Problem::NoSuchRecord
             | Problem::RecordIsClaim

@@ -206,7 +206,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             digest: *digest,
             state: RecordState::InFlight,
             token,
-            expires_ms: now_ms.saturating_add(self.layout.in_flight_ms),
+            expires_ms: now_ms.saturating_add(self.layout.claim_ms()),
             payload: *payload,
         };
         let outcome = self.claim_in_own(&fresh, now_ms)?;
@@ -233,7 +233,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         let own = self.layout.buckets;
         let needed = now_ms
             .saturating_add(self.layout.ttl_ms)
-            .saturating_add(self.layout.in_flight_ms);
+            .saturating_add(self.layout.claim_ms());
         for _ in 0..MAX_ATTEMPTS {
             let (mut reg, cas) = match self.shared.get(&key).map_err(StoreError::Host)? {
                 Some((bytes, cas)) => (Registry::decode(&bytes), cas),
@@ -264,7 +264,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         let bucket = self.layout.bucket_in(buckets, digest);
         let (bytes, _) = self.read_bytes(buckets, bucket)?;
         let live = records_of(&bytes, digest).find(|(_, r)| r.expires_ms > now_ms);
-        Ok(live.map(|(way, r)| existing(&r, payload, buckets, bucket, way)))
+        Ok(live.map(|(way, r)| existing(&r, payload, buckets, bucket, way, self.layout, now_ms)))
     }
 
     /// Claims in the current layout by writing `fresh`, the in-flight record.
@@ -279,7 +279,15 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             let mine = records_of(&bytes, digest).next();
             if let Some((way, r)) = &mine {
                 if r.expires_ms > now_ms {
-                    return Ok(existing(r, payload, buckets, bucket, *way));
+                    return Ok(existing(
+                        r,
+                        payload,
+                        buckets,
+                        bucket,
+                        *way,
+                        self.layout,
+                        now_ms,
+                    ));
                 }
             }
             let mine = mine.map(|(way, _)| way);
@@ -494,11 +502,15 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         self.update_own(claim, None, None, |_| false)
     }
 
-    /// Marks a won claim held: its outcome is unknown, so it stays until it expires and
-    /// duplicates are told how long that is.
-    pub fn hold(&self, claim: &Claim) -> Result<bool, StoreError> {
+    /// Marks a won claim held: its outcome is unknown, so it stays until it expires
+    /// (`until_ms` when given, never earlier than the claim's own expiry) and duplicates
+    /// are told what it is. A claim no longer ours is left alone (`Ok(false)`).
+    pub fn hold(&self, claim: &Claim, until_ms: Option<u64>) -> Result<bool, StoreError> {
         self.update_own(claim, None, None, |r| {
             r.state = RecordState::Held;
+            if let Some(until) = until_ms {
+                r.expires_ms = r.expires_ms.max(until);
+            }
             true
         })
     }

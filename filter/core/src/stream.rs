@@ -17,7 +17,7 @@ mod plugin;
 mod shared;
 mod waiting;
 
-pub use plugin::{CallAnswer, Env, Plugin, StoreCall, StoreState};
+pub use plugin::{keeps_unknown, CallAnswer, Env, Plugin, StoreCall, StoreState};
 pub use waiting::recheck_interval_ms;
 
 use crate::config::StoreConfig;

@@ -2,7 +2,7 @@
 //! and `Config` and the parsers (`policy`, `store`, …) read them from here, so a default
 //! is written once.
 
-use super::{FailureMode, OnUnknownOutcome, Role, StatusRange};
+use super::{FailureMode, OnStoreFull, OnUnknownOutcome, Role, StatusRange};
 
 /// Default `key.headers`: the header that carries the idempotency key.
 pub const DEFAULT_KEY_HEADER: &str = "idempotency-key";
@@ -30,8 +30,10 @@ pub const DEFAULT_CAPACITY: u64 = 100_000;
 pub const DEFAULT_REPLAYED_HEADER: &str = "idempotent-replayed";
 /// Default `failure_mode`.
 pub const DEFAULT_FAILURE_MODE: FailureMode = FailureMode::Open;
+/// Default `on_store_full`.
+pub const DEFAULT_ON_STORE_FULL: OnStoreFull = OnStoreFull::Reject;
 /// Default `on_unknown_outcome`.
-pub const DEFAULT_ON_UNKNOWN_OUTCOME: OnUnknownOutcome = OnUnknownOutcome::Hold;
+pub const DEFAULT_ON_UNKNOWN_OUTCOME: OnUnknownOutcome = OnUnknownOutcome::Keep;
 /// Default `role`.
 pub const DEFAULT_ROLE: Role = Role::Data;
 /// Default `store.namespace` (shared data).

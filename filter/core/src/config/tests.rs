@@ -186,6 +186,21 @@ fn config_errors_name_the_field() {
         (r#"[1, 2]"#, "(root)", "JSON object"),
         (r#"{"ttl_seconds": 5} trailing"#, "(root)", "trailing"),
         (r#"{"ttl_seconds": 5"#, "(root)", "EOF"),
+        (
+            r#"{"on_store_full": "maybe"}"#,
+            "on_store_full",
+            "unknown variant",
+        ),
+        (
+            r#"{"on_unknown_outcome": "forget"}"#,
+            "on_unknown_outcome",
+            "unknown variant",
+        ),
+        (
+            r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"}, "on_unknown_outcome": 1}]}"#,
+            "rules[0].on_unknown_outcome",
+            "expected value",
+        ),
     ];
     for (json, field, reason) in cases {
         let (f, r) = cfg_err(json);

@@ -48,13 +48,21 @@ enum StoreKind {
 #[derive(Debug, Clone, Copy)]
 struct Knobs {
     store: StoreKind,
-    unknown_release: bool,
+    unknown: Unknown,
     reject: bool,
     closed: bool,
     /// How far the second proxy's clock runs ahead of etcd's (etcd store).
     skew_ms: u64,
     /// etcd store: two workers per proxy (else one).
     two_workers: bool,
+}
+
+/// `on_unknown_outcome`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unknown {
+    Keep,
+    Hold,
+    Release,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,7 +275,12 @@ struct Sim {
 enum ExecState {
     /// Forwarded; no answer yet (or its body is being captured).
     Running,
+    /// Outcome unknown, held until the in-flight timeout (`"hold"`).
     Held,
+    /// Outcome unknown, kept until the TTL from `at` (`"keep"`, the default).
+    Kept {
+        at: u64,
+    },
     Released,
     Completed {
         stored: Option<StoredResponse>,
@@ -338,7 +351,11 @@ fn plugin_json(k: &Knobs, capacity: u32) -> String {
             "failure_mode": "{}"{store}}}"#,
         TTL_MS / 1000,
         IN_FLIGHT_MS / 1000,
-        if k.unknown_release { "release" } else { "hold" },
+        match k.unknown {
+            Unknown::Keep => "keep",
+            Unknown::Hold => "hold",
+            Unknown::Release => "release",
+        },
         if k.reject { "reject" } else { "replay" },
         if k.closed { "closed" } else { "open" },
     )
@@ -391,16 +408,20 @@ fn run_case(knobs: Knobs, ops: &[Op]) -> Result<(), String> {
 fn knobs() -> impl Strategy<Value = Knobs> {
     (
         prop_oneof![Just(StoreKind::Shared), Just(StoreKind::Etcd)],
-        prop::bool::weighted(0.2),
+        prop_oneof![
+            3 => Just(Unknown::Keep),
+            1 => Just(Unknown::Hold),
+            1 => Just(Unknown::Release),
+        ],
         prop::bool::weighted(0.2),
         any::<bool>(),
         prop_oneof![Just(0u64), 1u64..3_000],
         any::<bool>(),
     )
         .prop_map(
-            |(store, unknown_release, reject, closed, skew_ms, two_workers)| Knobs {
+            |(store, unknown, reject, closed, skew_ms, two_workers)| Knobs {
                 store,
-                unknown_release,
+                unknown,
                 reject,
                 closed,
                 skew_ms,
@@ -472,7 +493,7 @@ proptest! {
 fn a_late_lease_grant_history_keeps_the_contract() {
     let knobs = Knobs {
         store: StoreKind::Etcd,
-        unknown_release: false,
+        unknown: Unknown::Hold,
         reject: false,
         closed: false,
         skew_ms: 0,

@@ -2,7 +2,7 @@
 //! registry, and what a bucket answers about its ways (ownership, free ways, room under
 //! the byte budget).
 
-use super::{Claim, ClaimOutcome, WAYS};
+use super::{Claim, ClaimOutcome, Layout, WAYS};
 use crate::key::Digest;
 use crate::record::RecordState;
 use crate::wire::{Reader, WireError, Writer};
@@ -310,11 +310,19 @@ pub(super) fn existing(
     buckets: u64,
     bucket: u64,
     way: usize,
+    layout: &Layout,
+    now_ms: u64,
 ) -> ClaimOutcome {
     if &r.payload != payload {
         return ClaimOutcome::PayloadMismatch;
     }
     match r.state {
+        // A kept claim past its in-flight time: nobody settled it, its outcome is unknown.
+        RecordState::InFlight if layout.claim_overdue(r.expires_ms, now_ms) => {
+            ClaimOutcome::InFlight {
+                held_until: Some(r.expires_ms),
+            }
+        }
         RecordState::InFlight => ClaimOutcome::InFlight { held_until: None },
         RecordState::Held => ClaimOutcome::InFlight {
             held_until: Some(r.expires_ms),

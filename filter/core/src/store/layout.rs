@@ -15,6 +15,11 @@ pub struct Layout {
     pub(super) secret: [u8; SECRET_LEN],
     pub in_flight_ms: u64,
     pub ttl_ms: u64,
+    /// `on_unknown_outcome: "keep"`: a claim lives until its TTL unless it is settled, so
+    /// a claim whose stream never settled it (a worker gone, a failed store write) never
+    /// lets its key run again within the TTL either; past `in_flight_ms` it answers as
+    /// an unknown outcome.
+    pub keep_unknown: bool,
     /// Bytes of response slots one bucket may hold (`max_store_bytes / buckets`).
     pub bucket_budget: u64,
 }
@@ -31,16 +36,43 @@ impl Layout {
             secret: [0; SECRET_LEN],
             in_flight_ms,
             ttl_ms,
+            keep_unknown: false,
             bucket_budget: u64::MAX,
         }
     }
 
+    /// The same layout with a policy's claim semantics (see `keep_unknown`).
+    pub fn keeping_unknown(mut self, keep: bool) -> Self {
+        self.keep_unknown = keep;
+        self
+    }
+
+    /// How long a fresh claim lives if nobody settles it.
+    pub fn claim_ms(&self) -> u64 {
+        if self.keep_unknown {
+            self.ttl_ms.max(self.in_flight_ms)
+        } else {
+            self.in_flight_ms
+        }
+    }
+
+    /// Whether an unsettled claim that expires at `expires_ms` is past its in-flight
+    /// time at `now_ms`: its stream is gone or its outcome unknown (kept claims only).
+    pub fn claim_overdue(&self, expires_ms: u64, now_ms: u64) -> bool {
+        self.keep_unknown
+            && now_ms
+                >= expires_ms
+                    .saturating_sub(self.claim_ms())
+                    .saturating_add(self.in_flight_ms)
+    }
+
     /// The same buckets with another policy's timing: records carry their own expiry,
     /// so rules with different TTLs and in-flight timeouts share one layout.
-    pub fn timed(&self, in_flight_ms: u64, ttl_ms: u64) -> Self {
+    pub fn timed(&self, in_flight_ms: u64, ttl_ms: u64, keep_unknown: bool) -> Self {
         Layout {
             in_flight_ms,
             ttl_ms,
+            keep_unknown,
             ..self.clone()
         }
     }

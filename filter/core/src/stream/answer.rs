@@ -2,7 +2,7 @@
 //! key, a bypass, or a store that could not answer (failure mode).
 
 use super::{Decision, DedupStream, Duplicate, Env, Phase, Plugin};
-use crate::config::{FailureMode, OnDuplicate, OnInFlight};
+use crate::config::{FailureMode, OnDuplicate, OnInFlight, OnStoreFull, OnUnknownOutcome};
 use crate::key::KeyError;
 use crate::metrics::Counter;
 use crate::reply::{replay, LocalReply, Problem};
@@ -51,6 +51,18 @@ impl DedupStream {
         let cfg = &p.config;
         let policy = cfg.policy_at(self.rule);
         match dup {
+            Duplicate::InFlight {
+                held_until: Some(_),
+            } if policy.on_unknown_outcome == OnUnknownOutcome::Keep => {
+                // Kept until its TTL: waiting or retrying changes nothing, so no
+                // `retry-after` either.
+                env.count(Counter::RejectedOutcomeUnknown);
+                let detail = "the first request with this key ended without a known outcome: it may have run \
+                     (the client left, the upstream timed out or reset after the request was sent). \
+                     This key will not run again until its record expires; check the operation's result \
+                     before sending it again with a new key";
+                self.reply(env, Problem::OutcomeUnknown.reply(detail, Vec::new()))
+            }
             Duplicate::InFlight { held_until } => {
                 if policy.on_in_flight == OnInFlight::Wait {
                     if let Some(action) = self.start_or_keep_waiting(p, env, held_until) {
@@ -107,17 +119,35 @@ impl DedupStream {
         self.reply(env, Problem::ResponseNotStored.reply(detail, Vec::new()))
     }
 
+    /// No slot for the claim (the bucket is full of live claims): another key's traffic
+    /// must never make this one run unrecorded, so it is refused unless the operator
+    /// chose to fail open.
+    pub(super) fn store_full<E: Env>(&mut self, p: &Plugin, env: &mut E, why: &str) -> Decision {
+        if p.config.on_store_full == OnStoreFull::Open {
+            env.count(Counter::StoreErrors);
+            env.warn(&format!(
+                "stream {}: store full: {why}; failing open as configured",
+                self.id
+            ));
+            return self.fail_open(env);
+        }
+        env.count(Counter::StoreErrors);
+        env.count(Counter::StoreFull);
+        env.warn(&format!("stream {}: store full: {why}", self.id));
+        let detail =
+            "no room to record this request (too many requests in flight); it was not forwarded";
+        let retry = vec![(
+            "retry-after".to_string(),
+            p.config.retry_after_seconds.to_string().into_bytes(),
+        )];
+        self.reply(env, Problem::StoreFull.reply(detail, retry))
+    }
+
     pub(super) fn store_failed<E: Env>(&mut self, p: &Plugin, env: &mut E, why: &str) -> Decision {
         env.count(Counter::StoreErrors);
         env.warn(&format!("stream {}: store error: {why}", self.id));
         match p.config.failure_mode {
-            FailureMode::Open => {
-                self.stop_waiting(env);
-                env.count(Counter::FailedOpen);
-                self.decided("failed_open");
-                self.phase = Phase::Passthrough;
-                Decision::Continue
-            }
+            FailureMode::Open => self.fail_open(env),
             FailureMode::Closed => {
                 let detail =
                     "the deduplication store could not answer; the request was not forwarded";
@@ -127,11 +157,23 @@ impl DedupStream {
     }
 }
 
+impl DedupStream {
+    fn fail_open<E: Env>(&mut self, env: &mut E) -> Decision {
+        self.stop_waiting(env);
+        env.count(Counter::FailedOpen);
+        self.decided("failed_open");
+        self.phase = Phase::Passthrough;
+        Decision::Continue
+    }
+}
+
 /// The access-log decision of a local reply, from its response code details.
 fn verdict_of(details: &str) -> &'static str {
     match details.strip_prefix("proxy_dedup_").unwrap_or(details) {
         "replayed" => "replayed",
         "in_flight" => "in_flight",
+        "outcome_unknown" => "rejected_outcome_unknown",
+        "store_full" => "store_full",
         "payload_mismatch" => "mismatch",
         "already_completed" => "rejected_completed",
         "response_not_stored" => "not_stored",

@@ -158,8 +158,10 @@ impl DedupStream {
         }
     }
 
-    /// The upstream may or may not have run the request: hold the record in flight until
-    /// it expires (default), or release it when configured so.
+    /// The upstream may or may not have run the request. By default the record is kept
+    /// as "outcome unknown" until its TTL, so the key never runs again within it; under
+    /// `on_unknown_outcome: "hold"` it is held until the in-flight timeout ends, under
+    /// `"release"` released at once.
     pub(super) fn unknown_outcome<E: Env>(
         &mut self,
         p: &Plugin,
@@ -169,24 +171,35 @@ impl DedupStream {
     ) -> Option<StoreCall> {
         env.count(Counter::OutcomeUnknown);
         self.decided("outcome_unknown");
-        if p.config.on_unknown_outcome == OnUnknownOutcome::Release {
-            env.debug(format_args!(
-                "stream {}: outcome unknown ({}); releasing the claim as configured",
-                self.id, origin.details
-            ));
-            return self.release(p, env, owned);
-        }
+        let policy = p.config.policy_at(self.rule);
+        let until_ms = match policy.on_unknown_outcome {
+            OnUnknownOutcome::Release => {
+                env.debug(format_args!(
+                    "stream {}: outcome unknown ({}); releasing the claim as configured",
+                    self.id, origin.details
+                ));
+                return self.release(p, env, owned);
+            }
+            OnUnknownOutcome::Hold => None,
+            OnUnknownOutcome::Keep => Some(env.now_ms().saturating_add(policy.ttl_ms)),
+        };
         env.debug(format_args!(
-            "stream {}: outcome unknown ({}); the claim is held until it expires",
-            self.id, origin.details
+            "stream {}: outcome unknown ({}); the record is kept {}",
+            self.id,
+            origin.details,
+            if until_ms.is_some() {
+                "until its TTL ends"
+            } else {
+                "until the in-flight timeout ends"
+            }
         ));
         self.phase = Phase::Finished;
         match owned {
             HeldClaim::Shared(claim) => {
-                self.hold_shared(p, env, &claim);
+                self.hold_shared(p, env, &claim, until_ms);
                 None
             }
-            HeldClaim::Etcd(o) => Some(self.hold_etcd(p, env, &o)),
+            HeldClaim::Etcd(o) => Some(self.hold_etcd(p, env, &o, until_ms)),
         }
     }
 

@@ -5,6 +5,7 @@
 
 mod settle;
 
+use super::plugin::keeps_unknown;
 use super::{
     CallAnswer, Decision, DedupStream, Duplicate, Env, HeldClaim, Phase, Plugin, StoreCall, Waiting,
 };
@@ -219,13 +220,14 @@ impl DedupStream {
             ),
             (Some(lease), Some(completed)) => {
                 c.completed_lease = Some(completed);
-                let rec = in_flight_record(p.config.policy_at(self.rule), &c, now);
+                let policy = p.config.policy_at(self.rule);
+                let rec = in_flight_record(policy, &c, now);
                 c.in_flight_lease = lease;
                 c.expires_ms = rec.expires_ms;
                 (
                     ClaimStep::Txn,
                     proto.txn_path(),
-                    proto.claim_txn(&c.key, &rec.encode(&c.digest), lease),
+                    proto.claim_txn(&c.key, &rec.encode(&c.digest), claim_lease(policy, &c)),
                 )
             }
         };
@@ -355,6 +357,21 @@ impl DedupStream {
                             return self.duplicate(p, env, Duplicate::PayloadMismatch);
                         }
                         match r.state {
+                            // Kept claims live on the completed lease: past its in-flight
+                            // time (by this proxy's clock), an unsettled one answers as an
+                            // unknown outcome.
+                            RecordState::InFlight
+                                if keeps_unknown(p.config.policy_at(self.rule))
+                                    && r.expires_ms <= now =>
+                            {
+                                self.duplicate(
+                                    p,
+                                    env,
+                                    Duplicate::InFlight {
+                                        held_until: Some(r.expires_ms),
+                                    },
+                                )
+                            }
                             RecordState::InFlight => {
                                 self.duplicate(p, env, Duplicate::InFlight { held_until: None })
                             }
@@ -404,7 +421,7 @@ impl DedupStream {
                                 &c.key,
                                 mod_revision,
                                 &rec.encode(&c.digest),
-                                lease,
+                                claim_lease(policy, &c),
                             ),
                             timeout_ms: attempt_timeout(p, c.deadline_ms, now),
                         };
@@ -514,6 +531,16 @@ fn max_record_bytes(p: &Plugin) -> usize {
 fn attempt_timeout(p: &Plugin, deadline_ms: u64, now_ms: u64) -> u64 {
     let slice = (etcd_timeout(p) / 3).max(100);
     deadline_ms.saturating_sub(now_ms).min(slice).max(1)
+}
+
+/// The lease a claim is written on: the in-flight lease ends an unsettled claim at the
+/// in-flight timeout; under `on_unknown_outcome: "keep"` the completed lease keeps it
+/// until its TTL, so a proxy that dies with the claim never lets the key run again.
+fn claim_lease(policy: &Policy, c: &Claiming) -> i64 {
+    match c.completed_lease {
+        Some(completed) if keeps_unknown(policy) => completed,
+        _ => c.in_flight_lease,
+    }
 }
 
 fn in_flight_record(policy: &Policy, c: &Claiming, now_ms: u64) -> EtcdRecord {

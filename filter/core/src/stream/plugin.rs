@@ -53,6 +53,7 @@ impl Plugin {
                         .unwrap_or(0),
                     policies().map(|p| p.ttl_ms).max().unwrap_or(0),
                 )
+                .keeping_unknown(keeps_unknown(top))
                 .with_max_store_bytes(*max_store_bytes);
                 StoreState::SharedData(layout)
             }
@@ -81,11 +82,17 @@ impl Plugin {
     pub fn layout_for(&self, policy: &Policy) -> Result<Cow<'_, Layout>, StoreError> {
         let layout = self.layout()?;
         Ok(
-            if policy.in_flight_timeout_ms == layout.in_flight_ms && policy.ttl_ms == layout.ttl_ms
+            if policy.in_flight_timeout_ms == layout.in_flight_ms
+                && policy.ttl_ms == layout.ttl_ms
+                && keeps_unknown(policy) == layout.keep_unknown
             {
                 Cow::Borrowed(layout)
             } else {
-                Cow::Owned(layout.timed(policy.in_flight_timeout_ms, policy.ttl_ms))
+                Cow::Owned(layout.timed(
+                    policy.in_flight_timeout_ms,
+                    policy.ttl_ms,
+                    keeps_unknown(policy),
+                ))
             },
         )
     }
@@ -137,4 +144,9 @@ pub struct StoreCall {
 pub struct CallAnswer {
     pub status: u16,
     pub body: Vec<u8>,
+}
+
+/// Whether a policy keeps unknown outcomes (and unsettled claims) until their TTL.
+pub fn keeps_unknown(policy: &Policy) -> bool {
+    policy.on_unknown_outcome == crate::config::OnUnknownOutcome::Keep
 }

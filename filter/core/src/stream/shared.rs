@@ -6,7 +6,7 @@ use crate::config::OnDuplicate;
 use crate::key::{short_hex, Digest};
 use crate::metrics::Counter;
 use crate::response::StoredResponse;
-use crate::store::{Claim, ClaimOutcome, SharedStore};
+use crate::store::{Claim, ClaimOutcome, SharedStore, StoreError};
 use crate::stream::Decision;
 
 impl DedupStream {
@@ -54,22 +54,45 @@ impl DedupStream {
                     Err(e) => self.store_failed(p, env, &e.to_string()),
                 }
             }
+            Err(e @ StoreError::BucketFull) => self.store_full(p, env, &e.to_string()),
             Err(e) => self.store_failed(p, env, &e.to_string()),
         }
     }
 
-    /// An unknown outcome: mark the claim held, so duplicates learn how long the hold
-    /// lasts.
-    pub(super) fn hold_shared<E: Env>(&mut self, p: &Plugin, env: &mut E, claim: &Claim) {
-        if let Err(e) = p
-            .layout()
-            .and_then(|l| SharedStore::new(&*env, l).hold(claim))
-        {
-            env.count(Counter::StoreErrors);
-            env.warn(&format!(
-                "stream {}: marking the claim held failed: {e}",
-                self.id
-            ));
+    /// An unknown outcome: mark the claim held (until `until_ms` when given, else until
+    /// its in-flight expiry), so duplicates learn what it is. A hold past the layout's
+    /// registered lifetime extends that registration first, so a capacity push never
+    /// loses sight of it.
+    pub(super) fn hold_shared<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        claim: &Claim,
+        until_ms: Option<u64>,
+    ) {
+        let now = env.now_ms();
+        let held = p
+            .layout_for(p.config.policy_at(self.rule))
+            .and_then(|layout| {
+                let store = SharedStore::new(&*env, &layout);
+                if until_ms.is_some() {
+                    store.register(now)?;
+                }
+                store.hold(claim, until_ms)
+            });
+        match held {
+            // Waiters of a record kept until its TTL are answered now, not at their
+            // timeout.
+            Ok(true) if until_ms.is_some() => wake(p, env, &claim.digest),
+            Ok(true) => {}
+            Ok(false) => env.count(Counter::ClaimsLost),
+            Err(e) => {
+                env.count(Counter::StoreErrors);
+                env.warn(&format!(
+                    "stream {}: marking the claim held failed: {e}",
+                    self.id
+                ));
+            }
         }
     }
 

@@ -94,6 +94,18 @@ impl World {
                             e.payload == payload && matches!(e.state, ExecState::Completed { .. })
                         })
                 }
+                "outcome-unknown" => {
+                    if r.header("retry-after").is_some() {
+                        return Err(format!("stream {i}: outcome-unknown with retry-after"));
+                    }
+                    // A claim kept until its TTL whose stream ended without an outcome,
+                    // or never settled it (still running past its in-flight time, a
+                    // completion that may not have reached the store).
+                    self.knobs.unknown == Unknown::Keep
+                        && self.execs_of(scope, key).any(|(_, e)| {
+                            e.payload == payload && !matches!(e.state, ExecState::Released)
+                        })
+                }
                 "store-unavailable" => self.knobs.closed && faulted,
                 _ => false,
             };
@@ -133,6 +145,15 @@ impl World {
                 } else {
                     format!("409 in-flight (execution {n})")
                 });
+            }
+            if let ExecState::Kept { at } = e.state {
+                if self.now + IN_FLIGHT_MS < at.min(e.forward_at) + TTL_MS {
+                    return Some(if e.payload != x.payload {
+                        format!("422 (execution {n} outcome unknown)")
+                    } else {
+                        format!("409 outcome-unknown (execution {n})")
+                    });
+                }
             }
         }
         // The last execution completed for certain, nothing tried the key since, and it
@@ -179,6 +200,8 @@ impl World {
                     slug == "payload-mismatch"
                 } else if d.starts_with("409 in-flight") {
                     slug == "in-flight"
+                } else if d.starts_with("409 outcome-unknown") {
+                    slug == "outcome-unknown"
                 } else if d.starts_with("409 already-completed") {
                     slug == "already-completed"
                 } else if d.starts_with("409 response-not-stored") {

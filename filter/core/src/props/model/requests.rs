@@ -349,10 +349,18 @@ impl World {
     /// Whether an execution's claim may still be live at `now` for a reader with `clock`.
     pub(super) fn blocks(&self, e: &Exec, clock: u64) -> bool {
         let in_flight = self.now < e.forward_at + IN_FLIGHT_MS;
+        // Under "keep" a claim lives until its TTL unless settled: by the holder's clock
+        // (shared data), by the completed lease from the claim (etcd). A margin of the
+        // in-flight time covers the claim preceding the forward.
+        let kept =
+            self.knobs.unknown == Unknown::Keep && self.now + IN_FLIGHT_MS < e.forward_at + TTL_MS;
         match &e.state {
-            ExecState::Running | ExecState::Held => in_flight,
+            ExecState::Running | ExecState::Kept { .. } => in_flight || kept,
+            ExecState::Held => in_flight,
             ExecState::Released => false,
-            ExecState::Completed { expires, sure, .. } => in_flight || (*sure && clock < *expires),
+            ExecState::Completed { expires, sure, .. } => {
+                in_flight || (*sure && clock < *expires) || (!*sure && kept)
+            }
         }
     }
 

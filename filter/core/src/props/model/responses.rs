@@ -26,11 +26,7 @@ impl World {
                 false
             }
             Resp::Unknown(_) => {
-                self.execs[n].state = if self.knobs.unknown_release {
-                    ExecState::Released
-                } else {
-                    ExecState::Held
-                };
+                self.execs[n].state = self.unknown_state();
                 false
             }
         };
@@ -187,6 +183,15 @@ impl World {
         }
     }
 
+    /// What the contract makes of an execution whose outcome is unknown.
+    fn unknown_state(&self) -> ExecState {
+        match self.knobs.unknown {
+            Unknown::Keep => ExecState::Kept { at: self.now },
+            Unknown::Hold => ExecState::Held,
+            Unknown::Release => ExecState::Released,
+        }
+    }
+
     pub(super) fn end(&mut self, i: usize, why: EndWhy) -> Result<(), String> {
         let (w, pl) = (self.sims[i].worker, self.sims[i].plugin);
         let o = match &self.sims[i].resp {
@@ -198,10 +203,10 @@ impl World {
             match (&self.sims[i].resp, &self.execs[n].state) {
                 (RespPhase::None, ExecState::Running) => {
                     let not_sent = matches!(why, EndWhy::Refused | EndWhy::NoHealthy);
-                    self.execs[n].state = if not_sent || self.knobs.unknown_release {
+                    self.execs[n].state = if not_sent {
                         ExecState::Released
                     } else {
-                        ExecState::Held
+                        self.unknown_state()
                     };
                 }
                 (

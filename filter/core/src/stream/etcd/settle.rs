@@ -119,9 +119,9 @@ impl DedupStream {
                 if let Some((digest, entry)) = st.learned {
                     env.local().insert(digest, entry, now);
                 }
-                if matches!(st.kind, Settle::Complete | Settle::Release) {
-                    wake(p, env, &st.digest);
-                }
+                // A hold wakes waiters too: kept until its TTL, they are answered now;
+                // held until the in-flight timeout, they wait on.
+                wake(p, env, &st.digest);
             }
             Some(false) => {
                 env.count(Counter::ClaimsLost);
@@ -239,27 +239,29 @@ impl DedupStream {
         call
     }
 
-    /// An unknown outcome: mark the record held, on the same in-flight lease, which
-    /// alone ends it.
+    /// An unknown outcome: mark the record held. Held until its in-flight expiry, it
+    /// stays on the in-flight lease, which alone ends it; kept until `until_ms` (its
+    /// TTL), it moves to the completed lease, as a completion would.
     pub(in crate::stream) fn hold_etcd<E: Env>(
         &mut self,
         p: &Plugin,
         env: &mut E,
         o: &EtcdClaim,
+        until_ms: Option<u64>,
     ) -> StoreCall {
+        let (expires_ms, lease) = match until_ms {
+            Some(until) => (until.max(o.expires_ms), o.completed_lease),
+            None => (o.expires_ms, o.in_flight_lease),
+        };
         let record = EtcdRecord {
             state: RecordState::Held,
             token: o.token,
-            expires_ms: o.expires_ms,
+            expires_ms,
             payload: o.payload,
             response: None,
         };
-        let body = protocol(p).replace_txn(
-            &o.key,
-            o.mod_revision,
-            &record.encode(&o.digest),
-            o.in_flight_lease,
-        );
+        let body =
+            protocol(p).replace_txn(&o.key, o.mod_revision, &record.encode(&o.digest), lease);
         self.settle(p, env.now_ms(), o, Settle::Hold, body, None)
     }
 

@@ -206,21 +206,9 @@ fn statuses_that_ask_for_a_retry_are_not_stored_by_default() {
 }
 
 #[test]
-fn an_unknown_outcome_holds_the_claim_until_the_in_flight_timeout() {
-    let p = plugin(r#"{"in_flight_timeout_seconds": 30}"#);
-    let unknowns = [
-        upstream_reset(),
-        ended(origin("downstream_remote_disconnect", flags::DC)),
-        ended(origin("", 0)),
-        local(504, origin("upstream_response_timeout", flags::UT)),
-        local(
-            503,
-            origin(
-                "upstream_reset_before_response_started{connection_termination}",
-                flags::UC,
-            ),
-        ),
-    ];
+fn under_hold_an_unknown_outcome_holds_the_claim_until_the_in_flight_timeout() {
+    let p = plugin(r#"{"in_flight_timeout_seconds": 30, "on_unknown_outcome": "hold"}"#);
+    let unknowns = unknown_outcomes();
     let n = unknowns.len() as u64;
     for (i, first) in unknowns.into_iter().enumerate() {
         let (_, mut env) = world();
@@ -248,6 +236,69 @@ fn an_unknown_outcome_holds_the_claim_until_the_in_flight_timeout() {
         );
     }
     assert!(n >= 5);
+}
+
+#[test]
+fn by_default_an_unknown_outcome_is_kept_until_the_ttl_and_never_runs_again() {
+    let p = plugin(r#"{"in_flight_timeout_seconds": 30, "ttl_seconds": 600}"#);
+    for (i, first) in unknown_outcomes().into_iter().enumerate() {
+        let (_, mut env) = world();
+        let r = req("POST", "/pay").key(&format!("k{i}")).body("{}");
+        let t0 = env.now_ms;
+        run(&p, &mut env, &r, first);
+        // During the in-flight timeout, after it, and to the last second of the TTL
+        // (counted from the end of the first stream): never again.
+        for (n, at) in [10_400u64, 30_000, 31_000, 599_999].into_iter().enumerate() {
+            env.now_ms = t0 + at;
+            let dup = run(&p, &mut env, &r, ok("twice"));
+            assert_eq!(dup.status(), 409, "case {i} at {at}");
+            assert_eq!(
+                dup.problem_type(),
+                "urn:proxy-dedup:problem:outcome-unknown",
+                "case {i} at {at}"
+            );
+            assert_eq!(dup.local().header("retry-after"), None, "case {i}");
+            assert_eq!(
+                env.count_of(Counter::RejectedOutcomeUnknown),
+                n as u64 + 1,
+                "case {i}"
+            );
+        }
+        // Another payload under the same key is still a mismatch.
+        let other = req("POST", "/pay").key(&format!("k{i}")).body("{\"x\":1}");
+        assert_eq!(
+            run(&p, &mut env, &other, ok("no")).status(),
+            422,
+            "case {i}"
+        );
+        assert_eq!(env.count_of(Counter::OutcomeUnknown), 1, "case {i}");
+        assert_eq!(env.count_of(Counter::Released), 0, "case {i}");
+        assert_eq!(env.count_of(Counter::RejectedInFlight), 0, "case {i}");
+        // Its TTL over, the record is gone and the key is a new request.
+        env.now_ms = t0 + 600_001;
+        assert_eq!(
+            run(&p, &mut env, &r, ok("again")),
+            executed("again"),
+            "case {i}"
+        );
+    }
+}
+
+/// Forwarded requests whose outcome Envoy leaves open.
+fn unknown_outcomes() -> Vec<Answer> {
+    vec![
+        upstream_reset(),
+        ended(origin("downstream_remote_disconnect", flags::DC)),
+        ended(origin("", 0)),
+        local(504, origin("upstream_response_timeout", flags::UT)),
+        local(
+            503,
+            origin(
+                "upstream_reset_before_response_started{connection_termination}",
+                flags::UC,
+            ),
+        ),
+    ]
 }
 
 #[test]
@@ -408,9 +459,9 @@ fn failure_modes() {
             assert_eq!(env.count_of(Counter::FailedOpen), 1);
         }
     }
-    // The store failing between claim and completion: counted, nothing panics, and the
-    // record stays in flight until its timeout.
-    let p = plugin(r#"{"in_flight_timeout_seconds": 5}"#);
+    // The store failing between claim and completion: counted, nothing panics, and
+    // under "hold" the record stays in flight until its timeout...
+    let p = plugin(r#"{"in_flight_timeout_seconds": 5, "on_unknown_outcome": "hold"}"#);
     let (shared, mut env) = world();
     let (r, s) = sent(&p, &mut env, req("POST", "/o").key("k"));
     shared.set_failing(true);
@@ -420,11 +471,34 @@ fn failure_modes() {
     assert_eq!(run(&p, &mut env, &r, ok("no")).status(), 409);
     env.now_ms += 5_000;
     assert!(run(&p, &mut env, &r, ok("again")).reached_upstream());
+    // ...and by default until its TTL: it ran, and nothing recorded it.
+    let p = plugin(r#"{"in_flight_timeout_seconds": 5, "ttl_seconds": 60}"#);
+    let (shared, mut env) = world();
+    let (r, s) = sent(&p, &mut env, req("POST", "/o").key("k"));
+    shared.set_failing(true);
+    respond(&p, &mut env, s, ok("x"));
+    shared.set_failing(false);
+    assert_eq!(
+        run(&p, &mut env, &r, ok("no")).problem_type(),
+        "urn:proxy-dedup:problem:in-flight"
+    );
+    env.now_ms += 5_000;
+    let dup = run(&p, &mut env, &r, ok("no"));
+    assert_eq!(
+        dup.problem_type(),
+        "urn:proxy-dedup:problem:outcome-unknown"
+    );
+    env.now_ms += 54_999;
+    assert_eq!(run(&p, &mut env, &r, ok("no")).status(), 409);
+    env.now_ms += 1;
+    assert!(run(&p, &mut env, &r, ok("again")).reached_upstream());
 }
 
 #[test]
-fn ttl_and_in_flight_expiry() {
-    let (p, mut env) = one_worker(r#"{"ttl_seconds": 60, "in_flight_timeout_seconds": 10}"#);
+fn under_hold_ttl_and_in_flight_expiry() {
+    let (p, mut env) = one_worker(
+        r#"{"ttl_seconds": 60, "in_flight_timeout_seconds": 10, "on_unknown_outcome": "hold"}"#,
+    );
     let r = req("POST", "/o").key("k");
     run(&p, &mut env, &r, ok("one"));
     env.now_ms += 59_999;
@@ -457,10 +531,32 @@ fn ttl_and_in_flight_expiry() {
 }
 
 #[test]
-fn a_response_after_the_in_flight_timeout_is_not_stored() {
+fn by_default_a_response_after_the_in_flight_timeout_is_still_stored() {
+    // The claim lives until its TTL: a slow upstream's answer completes it.
+    let (p, mut env) = one_worker(r#"{"in_flight_timeout_seconds": 5}"#);
+    let (r, slow) = sent(&p, &mut env, req("POST", "/o").key("k"));
+    env.now_ms += 4_999;
+    let dup = run(&p, &mut env, &r, ok("no"));
+    assert_eq!(dup.problem_type(), "urn:proxy-dedup:problem:in-flight");
+    env.now_ms += 1;
+    let dup = run(&p, &mut env, &r, ok("no"));
+    assert_eq!(
+        dup.problem_type(),
+        "urn:proxy-dedup:problem:outcome-unknown"
+    );
+    env.now_ms += 60_000;
+    respond(&p, &mut env, slow, ok("slow but kept"));
+    assert_eq!(env.count_of(Counter::ClaimsLost), 0);
+    run(&p, &mut env, &r, ok("no")).assert_replays(b"slow but kept");
+    assert_eq!(env.count_of(Counter::Executed), 1);
+}
+
+#[test]
+fn under_hold_a_response_after_the_in_flight_timeout_is_not_stored() {
     // The claim ended at its in-flight timeout (as `proxy_dedup_claims_lost` says):
     // a response after it is not kept, whether or not the key ran again meanwhile.
-    let (p, mut env) = one_worker(r#"{"in_flight_timeout_seconds": 5}"#);
+    let (p, mut env) =
+        one_worker(r#"{"in_flight_timeout_seconds": 5, "on_unknown_outcome": "hold"}"#);
     let (r, slow) = sent(&p, &mut env, req("POST", "/o").key("k"));
     env.now_ms += 4_999;
     assert_eq!(run(&p, &mut env, &r, ok("no")).status(), 409);

@@ -89,17 +89,20 @@ fn etcd_release_on_5xx_and_reset() {
     );
     assert_eq!(run(&p, &mut b, &r, ended(refused)), Outcome::Reset);
     assert_eq!(run(&p, &mut a, &r, ok("paid")), executed("paid"));
-    // A reset after the request was sent holds the claim on every proxy.
+    // A reset after the request was sent keeps the record on every proxy, past the
+    // in-flight timeout (its lease is the completed one now).
     let r2 = req("POST", "/pay").key("k2").body("{}");
     assert_eq!(run(&p, &mut a, &r2, upstream_reset()), Outcome::Reset);
-    b.now_ms = a.now_ms + 10_000;
-    let dup = run(&p, &mut b, &r2, ok("twice"));
-    assert_eq!(dup.status(), 409);
-    assert_eq!(
-        dup.local().header("retry-after"),
-        Some(&b"20"[..]),
-        "the held record tells how long the hold lasts"
-    );
+    for later in [10_000, 31_000, 3_600_000] {
+        b.now_ms = a.now_ms + later;
+        let dup = run(&p, &mut b, &r2, ok("twice"));
+        assert_eq!(dup.status(), 409, "{later}");
+        assert_eq!(
+            dup.problem_type(),
+            "urn:proxy-dedup:problem:outcome-unknown",
+            "{later}"
+        );
+    }
     assert_eq!(a.count_of(Counter::OutcomeUnknown), 1);
     assert_eq!(
         a.count_of(Counter::StoreErrors) + a.count_of(Counter::ClaimsLost),
@@ -183,8 +186,9 @@ fn etcd_lost_lease_is_granted_again() {
 }
 
 #[test]
-fn etcd_in_flight_records_end_only_with_their_lease_whatever_the_clocks() {
-    let (p, r) = (etcd_plugin(TTL_10_IN_FLIGHT_5), req("POST", "/o").key("k"));
+fn under_hold_etcd_in_flight_records_end_only_with_their_lease_whatever_the_clocks() {
+    let hold = format!(r#"{TTL_10_IN_FLIGHT_5}, "on_unknown_outcome": "hold""#);
+    let (p, r) = (etcd_plugin(&hold), req("POST", "/o").key("k"));
     let (mut a, mut b) = two_proxies();
     let t0 = a.now_ms;
     let stuck = send(&p, &mut a, &r).unwrap();

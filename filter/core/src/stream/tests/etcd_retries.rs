@@ -420,10 +420,13 @@ fn etcd_a_hold_whose_answer_was_lost_is_recognised() {
         a.count_of(Counter::ClaimsLost) + a.count_of(Counter::StoreErrors),
         0
     );
-    // Held on every proxy, with the time left.
+    // Kept on every proxy as an unknown outcome.
     let dup = run(&p, &mut b, &r, ok("no"));
     assert_eq!(dup.status(), 409);
-    assert!(dup.local().header("retry-after").is_some());
+    assert_eq!(
+        dup.problem_type(),
+        "urn:proxy-dedup:problem:outcome-unknown"
+    );
 }
 
 #[test]

@@ -205,7 +205,7 @@ fn the_example_policies_apply_per_route() {
 #[test]
 fn per_rule_ttl_in_flight_timeout_and_body_limit() {
     let (p, mut env) = one_worker(
-        r#"{"ttl_seconds": 3600, "in_flight_timeout_seconds": 60,
+        r#"{"ttl_seconds": 3600, "in_flight_timeout_seconds": 60, "on_unknown_outcome": "hold",
             "rules": [{"name": "short", "match": {"path_prefix": "/s"},
                        "ttl_seconds": 10, "in_flight_timeout_seconds": 2,
                        "max_body_bytes": 8, "max_replay_body_bytes": 3}]}"#,
@@ -264,7 +264,7 @@ fn per_rule_on_duplicate() {
 #[test]
 fn per_rule_ttl_and_in_flight_timeout_reach_etcd() {
     let p = plugin(&format!(
-        r#"{{{ETCD}, "ttl_seconds": 86400,
+        r#"{{{ETCD}, "ttl_seconds": 86400, "on_unknown_outcome": "hold",
             "rules": [{{"name": "short", "match": {{"path_prefix": "/s"}},
                         "ttl_seconds": 10, "in_flight_timeout_seconds": 2}}]}}"#
     ));

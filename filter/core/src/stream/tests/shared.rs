@@ -175,8 +175,10 @@ fn a_late_completion_under_an_old_layout_never_answers_for_the_key_run_again() {
     // again under the pushed one (another layout) with another body, then the first
     // response comes. Kept, it answered the second request's retries with 422.
     let (_, mut env) = world();
-    let old = plugin(r#"{"capacity": 16, "in_flight_timeout_seconds": 5}"#);
-    let new = plugin(r#"{"capacity": 32, "in_flight_timeout_seconds": 5}"#);
+    let old =
+        plugin(r#"{"capacity": 16, "in_flight_timeout_seconds": 5, "on_unknown_outcome": "hold"}"#);
+    let new =
+        plugin(r#"{"capacity": 32, "in_flight_timeout_seconds": 5, "on_unknown_outcome": "hold"}"#);
     let first = req("POST", "/o").key("k").body("one");
     let stuck = send(&old, &mut env, &first).unwrap();
     env.now_ms += 5_000;
@@ -230,4 +232,28 @@ fn dropped_bodies_are_counted_and_their_keys_answer_409_response_not_stored() {
     assert_eq!(o.local().body, body.as_bytes());
     assert_eq!(env.count_of(Counter::Executed), 5, "nothing ran twice");
     assert_eq!(env.count_of(Counter::ResponseNotStored), 2);
+}
+
+#[test]
+fn a_bucket_full_of_live_claims_answers_503_store_full_unless_told_to_fail_open() {
+    // One bucket (capacity 16): sixteen claims in flight fill it.
+    for (extra, expect) in [("", 503u16), (r#", "on_store_full": "open""#, 200)] {
+        let p = plugin(&format!(r#"{{"capacity": 16{extra}}}"#));
+        let (_, mut env) = world();
+        let _held: Vec<_> = (0..16)
+            .map(|i| send(&p, &mut env, &req("POST", "/o").key(&format!("k{i}"))).unwrap())
+            .collect();
+        let r = req("POST", "/o").key("one-more");
+        let got = run(&p, &mut env, &r, ok("through"));
+        assert_eq!(got.status(), expect, "{extra}");
+        if expect == 503 {
+            assert_eq!(got.problem_type(), "urn:proxy-dedup:problem:store-full");
+            assert_eq!(got.local().header("retry-after"), Some(&b"1"[..]));
+            assert_eq!(env.count_of(Counter::StoreFull), 1);
+            assert_eq!(env.count_of(Counter::FailedOpen), 0);
+        } else {
+            assert_eq!(env.count_of(Counter::FailedOpen), 1);
+            assert_eq!(env.count_of(Counter::StoreFull), 0);
+        }
+    }
 }

@@ -243,8 +243,8 @@ fn a_waiter_of_a_response_not_stored_gets_what_a_duplicate_gets() {
 }
 
 #[test]
-fn a_held_claim_keeps_waiters_until_their_timeout() {
-    let p = wait_plugin("");
+fn under_hold_a_held_claim_keeps_waiters_until_their_timeout() {
+    let p = wait_plugin(r#""on_unknown_outcome": "hold""#);
     let (mut d, first) = duplicate(&p, "k");
     respond(&p, &mut d.a, first, upstream_reset());
     assert_eq!(wake(&p, &mut d.b, &mut d.dup), Decision::Pause);
@@ -253,6 +253,19 @@ fn a_held_claim_keeps_waiters_until_their_timeout() {
     assert_eq!(got.status, 409);
     // retry-after: what is left of the hold (30 s from the claim, 5 s gone).
     assert_eq!(got.header("retry-after"), Some(&b"25"[..]));
+}
+
+#[test]
+fn by_default_waiters_of_an_unknown_outcome_are_answered_at_once() {
+    let p = wait_plugin("");
+    let (mut d, first) = duplicate(&p, "k");
+    respond(&p, &mut d.a, first, upstream_reset());
+    // Waiting would change nothing: the record is kept until its TTL.
+    let got = reply(wake(&p, &mut d.b, &mut d.dup));
+    assert_eq!(got.status, 409);
+    assert_eq!(got.details, "proxy_dedup_outcome_unknown");
+    assert_eq!(got.header("retry-after"), None);
+    assert_eq!(d.b.count_of(Counter::RejectedOutcomeUnknown), 1);
 }
 
 #[test]
