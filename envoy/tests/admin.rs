@@ -18,8 +18,12 @@ const ADMIN: &str = r#"{"role": "admin", "scope": {"headers": ["x-tenant"]}}"#;
 const HOST: &str = "orders.example";
 
 fn stack(name: &str) -> (Stack, SocketAddr) {
+    stack_with(name, DATA)
+}
+
+fn stack_with(name: &str, data: &str) -> (Stack, SocketAddr) {
     let s = Stack::start_with(name, |port, wasm| {
-        EnvoyConfig::from_template(&config_file("admin-api.yaml"), port, wasm, DATA)
+        EnvoyConfig::from_template(&config_file("admin-api.yaml"), port, wasm, data)
             .unwrap()
             .with_port("ADMIN_API_PORT")
             .unwrap()
@@ -102,6 +106,56 @@ fn a_claim_is_removed_only_with_force() {
         assert_executed(&s.send(&order("f-1", "acme")));
         held.join().unwrap();
     });
+    assert_eq!(s.executions("/orders/admin"), 2);
+}
+
+/// Router mode, defaults: the upstream executes, then its answer is lost (the client
+/// hangs up, so Envoy resets the upstream request). The record is kept as an unknown
+/// outcome: retries during and well after `in_flight_timeout_seconds` get `409
+/// outcome-unknown` and never execute; the operator purges it (with `force`, having
+/// checked the operation) and the key then runs.
+#[test]
+fn an_unknown_outcome_is_kept_past_the_in_flight_timeout_until_an_operator_purges_it() {
+    let data = r#"{"scope": {"headers": ["x-tenant"]}, "in_flight_timeout_seconds": 2}"#;
+    let (s, admin) = stack_with("admin-unknown", data);
+    let req = order("u-1", "acme");
+    s.hang_up(
+        &req.clone().header("x-demo-delay-ms", "1200"),
+        Duration::from_millis(300),
+    );
+    s.wait_executions("/orders/admin", 1, Duration::from_secs(5));
+    // Until Envoy ends the first stream its record is in flight (409 in-flight);
+    // from then on it is an unknown outcome.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let first_unknown = loop {
+        let r = s.send(&req);
+        assert_eq!(r.status, 409, "{}", r.summary());
+        if String::from_utf8_lossy(&r.body).contains("outcome-unknown")
+            || std::time::Instant::now() > deadline
+        {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_problem(&first_unknown, 409, "outcome-unknown");
+    assert!(first_unknown.header("retry-after").is_none());
+    // Past the in-flight timeout (2 s) and past the first's upstream time: still kept.
+    std::thread::sleep(Duration::from_millis(3000));
+    for _ in 0..3 {
+        assert_problem(&s.send(&req), 409, "outcome-unknown");
+    }
+    assert_eq!(s.executions("/orders/admin"), 1, "a retry ran again");
+    let counters = s.envoy.dedup_counters().unwrap();
+    assert!(counters["outcome_unknown"] >= 1, "{counters:?}");
+    assert!(counters["rejected_outcome_unknown"] >= 4, "{counters:?}");
+    let (status, v) = api(admin, "GET", &records("u-1", "acme"));
+    assert_eq!((status, v["state"].as_str()), (200, Some("held")), "{v}");
+    // It may have run: removing it needs force, as for any claim.
+    let (status, v) = api(admin, "DELETE", &records("u-1", "acme"));
+    assert_eq!(status, 409, "{v}");
+    let forced = format!("{}&force=true", records("u-1", "acme"));
+    assert_eq!(api(admin, "DELETE", &forced).0, 200);
+    assert_executed(&s.send(&req));
     assert_eq!(s.executions("/orders/admin"), 2);
 }
 

@@ -3,8 +3,9 @@
 //! members are killed, frozen and partitioned, proxies restarted and
 //! reconfigured, and the upstream slow, failing and resetting; the checker
 //! must find nothing. Then the same soak with a deliberately broken
-//! configuration (`on_unknown_outcome: "release"`), which the checker must
-//! catch: a checker that finds nothing there proves nothing.
+//! configuration (`on_unknown_outcome: "release"`, and `"hold"`, which lets a
+//! key whose outcome is unknown run again after the in-flight timeout), which
+//! the checker must catch: a checker that finds nothing there proves nothing.
 //!
 //! The soaks take the machine: they run one at a time. `CHAOS_SEED` picks
 //! another seed than the fixed one.
@@ -99,5 +100,16 @@ fn a_build_that_releases_unknown_outcomes_is_caught() {
         report.violations_of(Rule::AtMostOnce) > 0,
         "with on_unknown_outcome \"release\" a retry after a hang-up or route timeout runs again, \
          and the checker must flag it; it found nothing (report above)"
+    );
+}
+
+#[test]
+fn a_build_that_holds_unknown_outcomes_only_until_the_in_flight_timeout_is_caught() {
+    let report = soak(30, Some(Broken::HoldOnUnknown));
+    assert!(
+        report.violations_of(Rule::AtMostOnce) > 0,
+        "with on_unknown_outcome \"hold\" a retry more than in_flight_timeout_seconds after a \
+         hang-up or route timeout runs again, and the checker must flag it; it found nothing \
+         (report above)"
     );
 }

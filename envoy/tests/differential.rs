@@ -269,6 +269,17 @@ fn scenarios() -> Vec<Scenario> {
             ],
         },
         Scenario {
+            name: "gave-up-hold",
+            config: r#"{"in_flight_timeout_seconds": 2, "on_unknown_outcome": "hold"}"#,
+            steps: vec![
+                Step::GiveUp(call("gave-up-hold", k, "x")),
+                Step::Send(call("gave-up-hold", k, "x")),
+                Step::Wait(Duration::from_millis(2_300)),
+                Step::Send(call("gave-up-hold", k, "x")),
+                Step::Send(call("gave-up-hold", k, "x")),
+            ],
+        },
+        Scenario {
             name: "rules",
             config: r#"{"rules": [
                 {"name": "pay", "match": {"header": {"name": "x-route", "equals": "pay"}},

@@ -34,6 +34,8 @@ fn hardening_config() -> String {
     json!({
         "scope": {"headers": ["x-tenant"]},
         "in_flight_timeout_seconds": IN_FLIGHT_SECS,
+        // Paths under /hold/ keep the old hold-until-the-in-flight-timeout.
+        "rules": [{"name": "hold", "match": {"path_prefix": "/hold/"}, "on_unknown_outcome": "hold"}],
     })
     .to_string()
 }
@@ -129,15 +131,15 @@ fn sleep_until(t: Instant) {
     }
 }
 
-/// The claim of a request whose client went away is held: retries within
-/// `in_flight_timeout_seconds` get 409 with the remaining time in
-/// `retry-after` (also once the first has finished upstream), the upstream
-/// ran it once, the outcome counts as unknown; after the timeout the key
-/// may run again.
+/// Under `on_unknown_outcome: "hold"` (a rule), the claim of a request whose
+/// client went away is held: retries within `in_flight_timeout_seconds` get
+/// 409 with the remaining time in `retry-after` (also once the first has
+/// finished upstream), the upstream ran it once, the outcome counts as
+/// unknown; after the timeout the key may run again.
 #[test]
-fn client_gives_up_then_retries_get_409_until_the_in_flight_timeout() {
+fn under_hold_client_gives_up_then_retries_get_409_until_the_in_flight_timeout() {
     let s = hard();
-    let path = "/orders/give-up";
+    let path = "/hold/orders/give-up";
     let key = "give-up-1";
     let req = post(path, key, &json!({"charge": 42})).header("x-tenant", "acme");
     let unknown_before = counter(s, "outcome_unknown");
@@ -219,11 +221,22 @@ fn on_unknown_outcome_release_lets_the_retry_run() {
     assert_replay_of(&s.send(&req), &retry);
 }
 
+/// A 409 for a retry of a request whose outcome is unknown: `in-flight` while
+/// Envoy has not yet ended the first stream, `outcome-unknown` from then on.
+fn assert_in_flight_or_unknown(r: &Response) {
+    if String::from_utf8_lossy(&r.body).contains("outcome-unknown") {
+        assert_problem(r, 409, "outcome-unknown");
+    } else {
+        assert_in_flight(r);
+    }
+}
+
 /// A route timeout answers 504 from Envoy while the upstream still runs: the
-/// outcome is unknown, the claim is held, a retry gets 409 and the upstream
-/// ran it once.
+/// outcome is unknown, the record is kept (the default, `"keep"`): retries
+/// get 409 `outcome-unknown`, during the in-flight timeout and after it, and
+/// the upstream ran it once.
 #[test]
-fn route_timeout_504_then_retry_gets_409() {
+fn route_timeout_504_then_retries_get_outcome_unknown_past_the_in_flight_timeout() {
     let s = hard();
     let path = "/orders/route-timeout";
     let key = "route-timeout-1";
@@ -244,11 +257,14 @@ fn route_timeout_504_then_retry_gets_409() {
     );
     assert_eq!(s.upstream.executions_for_key(key), 1);
 
-    assert_in_flight(&s.send(&req));
+    assert_in_flight_or_unknown(&s.send(&req));
     sleep_until(t0 + Duration::from_millis(2700));
+    assert_problem(&s.send(&req), 409, "outcome-unknown");
+    // Past the in-flight timeout: the key still never runs again.
+    sleep_until(t0 + Duration::from_millis(IN_FLIGHT_SECS * 1000 + 600));
     let late = s.send(&req);
-    assert!(t0.elapsed() < Duration::from_secs(IN_FLIGHT_SECS));
-    assert_in_flight(&late);
+    assert_problem(&late, 409, "outcome-unknown");
+    assert!(late.header("retry-after").is_none(), "{}", late.summary());
     assert_held(s, key, unknown_before, "a retry after a route timeout");
 }
 

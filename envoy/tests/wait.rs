@@ -346,13 +346,13 @@ fn a_rule_waits_while_the_top_level_rejects() {
 }
 
 #[test]
-fn a_waiter_of_a_held_claim_waits_out_its_time_then_gets_409_with_the_hold_left() {
-    // The first client hangs up while the upstream runs: the outcome is unknown and the
-    // claim is held for the in-flight timeout; a waiter is never released onto the
-    // upstream meanwhile.
+fn under_hold_a_waiter_of_a_held_claim_waits_out_its_time_then_gets_409_with_the_hold_left() {
+    // The first client hangs up while the upstream runs: the outcome is unknown and,
+    // under "hold", the claim is held for the in-flight timeout; a waiter is never
+    // released onto the upstream meanwhile.
     let s = waiting_stack(
         "wait-held",
-        r#""wait_timeout_ms": 1500, "in_flight_timeout_seconds": 12"#,
+        r#""wait_timeout_ms": 1500, "in_flight_timeout_seconds": 12, "on_unknown_outcome": "hold""#,
     );
     let path = "/wait/held";
     let req = post(path, "held-1", &json!({"h": 1})).timeout(Duration::from_secs(20));
@@ -379,6 +379,41 @@ fn a_waiter_of_a_held_claim_waits_out_its_time_then_gets_409_with_the_hold_left(
     assert_eq!(s.counter("wait_timeout"), 1);
     assert_eq!(s.executions(path), 1, "the held key never ran again");
     log_line(&s, path, "in_flight");
+}
+
+#[test]
+fn by_default_a_duplicate_of_an_unknown_outcome_is_answered_at_once_not_made_to_wait() {
+    let s = waiting_stack(
+        "wait-unknown",
+        r#""wait_timeout_ms": 5000, "in_flight_timeout_seconds": 12"#,
+    );
+    let path = "/wait/unknown";
+    let req = post(path, "unknown-1", &json!({"u": 1})).timeout(Duration::from_secs(20));
+    s.hang_up(
+        &req.clone().header("x-demo-delay-ms", "2000"),
+        Duration::from_millis(300),
+    );
+    s.wait_executions(path, 1, Duration::from_secs(5));
+    s.envoy
+        .wait_stat_at_least(
+            "wasmcustom.proxy_dedup_outcome_unknown",
+            1,
+            Duration::from_secs(8),
+        )
+        .unwrap();
+    let t = std::time::Instant::now();
+    let dup = s.send(&req);
+    assert_problem(&dup, 409, "outcome-unknown");
+    assert!(
+        t.elapsed() < Duration::from_millis(2000),
+        "answered after {:?}: waiting on a record kept until its TTL changes nothing",
+        t.elapsed()
+    );
+    assert_eq!(s.counter("waited"), 0);
+    std::thread::sleep(Duration::from_millis(2000));
+    assert_problem(&s.send(&req), 409, "outcome-unknown");
+    assert_eq!(s.executions(path), 1, "the key never ran again");
+    log_line(&s, path, "rejected_outcome_unknown");
 }
 
 #[test]

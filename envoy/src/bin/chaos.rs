@@ -1,12 +1,12 @@
 //! `make chaos`: the fault-injection soak with an at-most-once checker.
-//! `chaos [--seconds N] [--seed N] [--clients N] [--broken release|no-scope]`
+//! `chaos [--seconds N] [--seed N] [--clients N] [--broken release|hold|no-scope]`
 //! (defaults 60 s, seed from the clock, 24 clients, the correct configuration).
 //! Exits 1 when the checker finds a violation, 2 when the run itself failed.
 
 use dedup_envoy::chaos::{self, Broken, Options};
 
 fn usage() -> ! {
-    eprintln!("usage: chaos [--seconds N] [--seed N] [--clients N] [--broken release|no-scope]");
+    eprintln!("usage: chaos [--seconds N] [--seed N] [--clients N] [--broken release|hold|no-scope]");
     std::process::exit(2);
 }
 

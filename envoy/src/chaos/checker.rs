@@ -10,10 +10,12 @@
 //!   1. the previous one was answered by the upstream with a status the
 //!      filter does not store (5xx, 429…: the claim is released) and that
 //!      status line had been written before this one arrived; or
-//!   2. it arrived `in_flight_timeout` or more after the client began sending
-//!      the request that caused the previous one (that claim is at least this
-//!      old when it expires: held claims of unknown outcome and claims whose
-//!      completion never reached the store end then).
+//!   2. it arrived `ttl` or more after the client began sending the request
+//!      that caused the previous one. Nothing shorter: a claim whose outcome is
+//!      unknown (client gone, route timeout, reset after sending), or whose
+//!      completion never reached the store (a proxy killed, etcd down), is
+//!      kept until its TTL (`on_unknown_outcome: "keep"`, the default), never
+//!      only until `in_flight_timeout_seconds`.
 //!
 //!   Completed records live `ttl` (longer than any run), so in addition no
 //!   execution may arrive after a client was answered from a completed record
@@ -74,7 +76,6 @@ pub struct Violation {
 /// What the checker needs to know about the run.
 #[derive(Debug, Clone)]
 pub struct Params {
-    pub in_flight_timeout: Duration,
     pub ttl: Duration,
     /// The store of each proxy, by index.
     pub domains: Vec<Domain>,
@@ -194,7 +195,7 @@ pub fn check(
             let released = !stored_status(prev.status)
                 && prev.fault != Some(UpstreamFault::Reset)
                 && prev.head_sent.is_some_and(|h| h <= next.arrived);
-            let expired = next.arrived >= prev_a.start + params.in_flight_timeout;
+            let expired = next.arrived >= prev_a.start + params.ttl;
             if released {
                 f.again_after_release += 1;
             } else if expired {
@@ -449,6 +450,12 @@ fn check_counters(
                 "rejected_in_flight",
                 count(&|a| problem(a, "in-flight")),
                 c.get("rejected_in_flight"),
+                0,
+            ),
+            (
+                "rejected_outcome_unknown",
+                count(&|a| problem(a, "outcome-unknown")),
+                c.get("rejected_outcome_unknown"),
                 0,
             ),
             (

@@ -19,7 +19,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// `in_flight_timeout_seconds` of the soak: above the 2 s route timeout of
-/// its listener, short enough that held claims expire within a short run.
+/// its listener, short enough that claims held under `BROKEN=hold` expire
+/// within a short run (and the checker sees their keys run again).
 pub const IN_FLIGHT_TIMEOUT: Duration = Duration::from_secs(5);
 /// `ttl_seconds`: longer than any run, so a completed record never expires in it.
 pub const TTL: Duration = Duration::from_secs(3600);
@@ -33,6 +34,9 @@ pub enum Broken {
     /// `on_unknown_outcome: "release"`: a client that hangs up releases its
     /// claim while the upstream may still run it.
     ReleaseOnUnknown,
+    /// `on_unknown_outcome: "hold"`: an unknown outcome (or a claim never settled) is
+    /// held only until the in-flight timeout, then its key runs again.
+    HoldOnUnknown,
     /// No `scope.headers`: tenants share records.
     NoTenantScope,
 }
@@ -41,6 +45,7 @@ impl Broken {
     pub fn parse(s: &str) -> Option<Broken> {
         match s {
             "release" | "release-on-unknown" => Some(Broken::ReleaseOnUnknown),
+            "hold" | "hold-on-unknown" => Some(Broken::HoldOnUnknown),
             "no-scope" | "no-tenant-scope" => Some(Broken::NoTenantScope),
             _ => None,
         }
@@ -49,6 +54,7 @@ impl Broken {
     pub fn name(&self) -> &'static str {
         match self {
             Broken::ReleaseOnUnknown => "release (on_unknown_outcome: \"release\")",
+            Broken::HoldOnUnknown => "hold (on_unknown_outcome: \"hold\")",
             Broken::NoTenantScope => "no-scope (no scope.headers)",
         }
     }
@@ -81,6 +87,7 @@ pub fn filter_config(domain: Domain, broken: Option<Broken>, variant: u32) -> St
     }
     match broken {
         Some(Broken::ReleaseOnUnknown) => cfg["on_unknown_outcome"] = json!("release"),
+        Some(Broken::HoldOnUnknown) => cfg["on_unknown_outcome"] = json!("hold"),
         Some(Broken::NoTenantScope) => cfg["scope"] = json!({"headers": Value::Array(Vec::new())}),
         None => {}
     }

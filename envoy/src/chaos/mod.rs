@@ -19,7 +19,7 @@ pub mod rng;
 use crate::Result;
 use checker::{Findings, Params, ProxyCounters, Rule};
 pub use cluster::Broken;
-use cluster::{Cluster, IN_FLIGHT_TIMEOUT, TTL};
+use cluster::{Cluster, TTL};
 use history::{Attempt, Domain, Exec};
 use nemesis::{FaultEvent, Nemesis};
 use std::collections::BTreeMap;
@@ -94,7 +94,6 @@ pub fn run(options: &Options) -> Result<Report> {
         .map(|e| Exec::from_upstream(e, epoch))
         .collect();
     let params = Params {
-        in_flight_timeout: IN_FLIGHT_TIMEOUT,
         ttl: TTL,
         domains: cluster.proxies.iter().map(|p| p.domain).collect(),
     };

@@ -2,12 +2,11 @@
 use super::super::history::Answer;
 use super::*;
 
-const T: Duration = Duration::from_secs(5);
+const TTL: Duration = Duration::from_secs(60);
 
 fn params() -> Params {
     Params {
-        in_flight_timeout: T,
-        ttl: Duration::from_secs(3600),
+        ttl: TTL,
         domains: vec![Domain::Etcd, Domain::Etcd, Domain::SharedData],
     }
 }
@@ -129,6 +128,8 @@ fn a_second_execution_while_held_is_flagged_and_after_the_timeout_is_not() {
     assert_eq!(rules(&f), vec![Rule::AtMostOnce], "{:#?}", f.violations);
     assert!(f.violations[0].excerpt.iter().any(|l| l.contains("r1")));
 
+    // Past an in-flight timeout (5 s) is not enough: an unknown outcome is kept until
+    // the TTL.
     let late = vec![
         attempt("r1", 0, "t1", "k", 0, 300, Outcome::GaveUp { reset: true }),
         attempt("r3", 1, "t1", "k", 5000, 5100, fresh(200, 3)),
@@ -138,6 +139,16 @@ fn a_second_execution_while_held_is_flagged_and_after_the_timeout_is_not() {
         exec(3, "r3", "t1", "k", 5010, 200, None),
     ];
     let f = check(&params(), &late, &execs, &no_counters());
+    assert_eq!(rules(&f), vec![Rule::AtMostOnce], "{:#?}", f.violations);
+    let after_ttl = vec![
+        attempt("r1", 0, "t1", "k", 0, 300, Outcome::GaveUp { reset: true }),
+        attempt("r4", 1, "t1", "k", 60_000, 60_100, fresh(200, 4)),
+    ];
+    let execs = vec![
+        exec(1, "r1", "t1", "k", 10, 200, None),
+        exec(4, "r4", "t1", "k", 60_010, 200, None),
+    ];
+    let f = check(&params(), &after_ttl, &execs, &no_counters());
     assert!(f.violations.is_empty(), "{:#?}", f.violations);
     assert_eq!(f.again_after_expiry, 1);
 }

@@ -267,11 +267,13 @@ fn an_upstream_5xx_releases_the_claim() -> R {
     Ok(())
 }
 
-#[test]
-fn an_unknown_outcome_holds_the_claim_until_the_in_flight_timeout() -> R {
-    let (mut e, up) = started(r#"{"in_flight_timeout_seconds": 30}"#, 2)?;
-    // The upstream resets after the request reached it; the client hangs up while
-    // the upstream works; the route times out. Each may have executed.
+/// Three requests whose outcome is unknown, on two workers: the upstream resets after
+/// the request reached it, the client hangs up while the upstream works, the route
+/// times out (at 15 s). Each may have executed.
+fn three_unknown_outcomes(
+    config: &str,
+) -> Result<(SimEnvoy, Upstream), Box<dyn std::error::Error>> {
+    let (mut e, up) = started(config, 2)?;
     let reset = e.send(1, keyed("/pay", "reset", "x"))?;
     e.respond(reset, Reply::reset())?;
     let gone = e.send(0, keyed("/pay", "gone", "x"))?;
@@ -281,6 +283,52 @@ fn an_unknown_outcome_holds_the_claim_until_the_in_flight_timeout() -> R {
     e.respond(slow, Reply::no_answer())?;
     e.advance(Duration::from_secs(15));
     assert_eq!(e.response(slow).map(|r| r.status), Some(504));
+    assert_eq!(e.counter("proxy_dedup_outcome_unknown"), Some(3));
+    assert_ne!(e.counter("proxy_dedup_released"), Some(1));
+    assert_eq!(
+        up.calls.get(),
+        0,
+        "the stepped streams were answered by hand"
+    );
+    Ok((e, up))
+}
+
+#[test]
+fn by_default_an_unknown_outcome_never_runs_again_within_the_ttl() -> R {
+    let (mut e, _) =
+        three_unknown_outcomes(r#"{"in_flight_timeout_seconds": 30, "ttl_seconds": 600}"#)?;
+    // Within the in-flight timeout, past it, and to the end of the TTL.
+    for later in [0, 16, 500] {
+        e.advance(Duration::from_secs(later));
+        for (w, key) in [(1, "reset"), (0, "gone"), (1, "slow")] {
+            let dup = e.request(w, keyed("/pay", key, "x"))?;
+            assert_eq!(dup.status, 409, "{key} +{later}s");
+            assert!(!dup.upstream_called, "{key} +{later}s");
+            assert_eq!(
+                problem_type(&dup.body),
+                "urn:proxy-dedup:problem:outcome-unknown",
+                "{key} +{later}s"
+            );
+            assert_eq!(dup.header("retry-after"), None, "{key}");
+        }
+    }
+    assert_eq!(e.counter("proxy_dedup_rejected_outcome_unknown"), Some(9));
+    // Past the TTL the keys are new requests.
+    e.advance(Duration::from_secs(100));
+    for key in ["reset", "gone", "slow"] {
+        assert!(
+            e.request(0, keyed("/pay", key, "x"))?.upstream_called,
+            "{key}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn under_hold_an_unknown_outcome_holds_the_claim_until_the_in_flight_timeout() -> R {
+    let (mut e, _) = three_unknown_outcomes(
+        r#"{"in_flight_timeout_seconds": 30, "on_unknown_outcome": "hold"}"#,
+    )?;
     for key in ["reset", "gone", "slow"] {
         let dup = e.request(1, keyed("/pay", key, "x"))?;
         assert_eq!(dup.status, 409, "{key}");
@@ -289,13 +337,6 @@ fn an_unknown_outcome_holds_the_claim_until_the_in_flight_timeout() -> R {
         let wait: u64 = dup.header("retry-after").unwrap_or("0").parse()?;
         assert!((1..=30).contains(&wait), "{key}: retry-after {wait}");
     }
-    assert_eq!(e.counter("proxy_dedup_outcome_unknown"), Some(3));
-    assert_ne!(e.counter("proxy_dedup_released"), Some(1));
-    assert_eq!(
-        up.calls.get(),
-        0,
-        "the stepped streams were answered by hand"
-    );
     // After the in-flight timeout the keys may run again.
     e.advance(Duration::from_secs(16));
     for key in ["reset", "gone", "slow"] {
