@@ -309,8 +309,33 @@ pub fn dispatch_http_call(
             .collect();
         encode_pairs(&owned)
     };
-    let headers = pairs(headers);
-    let trailers = pairs(trailers);
+    http_call_encoded(cluster, &pairs(headers), body, &pairs(trailers), timeout)
+}
+
+/// `dispatch_http_call` with headers as the host delivered them (bytes, any case), e.g.
+/// a request's own header map for a detached execution.
+pub fn dispatch_http_call_pairs(
+    cluster: &str,
+    headers: &[(String, Vec<u8>)],
+    body: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<u32, u32> {
+    http_call_encoded(
+        cluster,
+        &encode_pairs(headers),
+        body,
+        &encode_pairs(&[]),
+        timeout,
+    )
+}
+
+fn http_call_encoded(
+    cluster: &str,
+    headers: &[u8],
+    body: Option<&[u8]>,
+    trailers: &[u8],
+    timeout: Duration,
+) -> Result<u32, u32> {
     let (body_ptr, body_len) = body.map_or((std::ptr::null(), 0), |b| (b.as_ptr(), b.len()));
     let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
     let mut token = 0u32;

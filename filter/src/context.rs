@@ -504,7 +504,11 @@ pub extern "C" fn proxy_on_grpc_receive(context_id: u32, token: u32, response_si
     route_answer(
         context_id,
         token,
-        CallAnswer { status: 200, body },
+        CallAnswer {
+            status: 200,
+            body,
+            ..Default::default()
+        },
         "proxy_on_grpc_receive",
     );
 }
@@ -519,7 +523,11 @@ pub extern "C" fn proxy_on_grpc_close(context_id: u32, token: u32, status_code: 
     route_answer(
         context_id,
         token,
-        CallAnswer { status: 0, body },
+        CallAnswer {
+            status: 0,
+            body,
+            ..Default::default()
+        },
         "proxy_on_grpc_close",
     );
 }

@@ -111,6 +111,7 @@ pub(crate) fn no_answer() -> CallAnswer {
     CallAnswer {
         status: 0,
         body: Vec::new(),
+        ..Default::default()
     }
 }
 
@@ -170,19 +171,21 @@ pub(crate) fn dispatch(shared: &WorkerState, call: &StoreCall) -> Result<u32, Ca
 /// failed call (reset, no healthy member) as a response with no headers; a timeout as
 /// :status 504.
 pub(crate) fn read_call_answer(num_headers: usize, body_size: usize) -> CallAnswer {
-    let status = if num_headers == 0 {
-        0
+    // The pairs are read anyway for `:status`; a detached call's answer needs them all.
+    let headers = if num_headers == 0 {
+        Vec::new()
     } else {
-        abi::header_pairs(abi::MAP_HTTP_CALL_RESPONSE_HEADERS)
-            .ok()
-            .and_then(|pairs| {
-                pairs
-                    .into_iter()
-                    .find(|(n, _)| n == ":status")
-                    .and_then(|(_, v)| std::str::from_utf8(&v).ok()?.parse::<u16>().ok())
-            })
-            .unwrap_or(0)
+        abi::header_pairs(abi::MAP_HTTP_CALL_RESPONSE_HEADERS).unwrap_or_default()
     };
+    let status = headers
+        .iter()
+        .find(|(n, _)| n == ":status")
+        .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<u16>().ok())
+        .unwrap_or(0);
     let body = abi::buffer(abi::BUFFER_HTTP_CALL_RESPONSE_BODY, 0, body_size).unwrap_or_default();
-    CallAnswer { status, body }
+    CallAnswer {
+        status,
+        body,
+        headers,
+    }
 }

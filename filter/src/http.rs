@@ -8,7 +8,7 @@ use crate::WorkerState;
 use dedup_core::admin::AdminStream;
 use dedup_core::config::{Role, StoreConfig};
 use dedup_core::key::RequestHead;
-use dedup_core::stream::{CallAnswer, Origin, StoreCall};
+use dedup_core::stream::{CallAnswer, Origin, StoreCall, UpstreamCall};
 use dedup_core::{Decision, DedupStream};
 use std::rc::Rc;
 
@@ -130,6 +130,22 @@ impl DedupHttp {
         Ok(token)
     }
 
+    /// Sends the live request (its headers, hop-by-hop ones dropped, and its buffered
+    /// body) to the detached call's cluster, from the root context, so the call outlives
+    /// this stream; remembers it as the pending call.
+    fn dispatch_upstream(&mut self, call: &UpstreamCall) -> Result<u32, u32> {
+        let headers: Vec<(String, Vec<u8>)> = abi::header_pairs(abi::MAP_REQUEST_HEADERS)?
+            .into_iter()
+            .filter(|(n, _)| forwarded_header(n))
+            .collect();
+        let body = abi::buffer(abi::BUFFER_REQUEST_BODY, 0, usize::MAX).unwrap_or_default();
+        let timeout = std::time::Duration::from_millis(call.timeout_ms);
+        let token = abi::dispatch_http_call_pairs(&call.cluster, &headers, Some(&body), timeout)?;
+        self.pending = Some(token);
+        self.pending_since_ms = abi::now_ms();
+        Ok(token)
+    }
+
     /// Puts a new decision (and the record's digest prefix, and the rule that chose the
     /// policy) in Envoy's filter state, for access logs:
     /// `%FILTER_STATE(wasm.proxy_dedup_decision:PLAIN)%`,
@@ -222,6 +238,25 @@ impl DedupHttp {
                         None => return Action::Continue,
                     },
                 },
+                Decision::Upstream(call) => match self.dispatch_upstream(&call) {
+                    Ok(_) => {
+                        self.waiting_on_store = true;
+                        return Action::Pause;
+                    }
+                    Err(status) => {
+                        abi::log(
+                            abi::LOG_WARN,
+                            &format!(
+                                "proxy-dedup: cannot call cluster `{}` (status {status})",
+                                call.cluster
+                            ),
+                        );
+                        match self.with_env(|s, sh, env| s.on_upstream_unsent(&sh.plugin, env)) {
+                            Some(d) => decision = d,
+                            None => return Action::Continue,
+                        }
+                    }
+                },
                 other => return self.apply(other),
             }
         }
@@ -308,9 +343,25 @@ impl DedupHttp {
                 Action::Pause
             }
             // Only reached through `drive`, which dispatches calls itself.
-            Decision::Call(_) => Action::Pause,
+            Decision::Call(_) | Decision::Upstream(_) => Action::Pause,
         }
     }
+}
+
+/// Whether a request header goes into a detached call: not the hop-by-hop ones, nor
+/// `content-length` (Envoy frames the call's body itself).
+fn forwarded_header(name: &str) -> bool {
+    !matches!(
+        name.to_ascii_lowercase().as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "te"
+            | "upgrade"
+            | "content-length"
+            | "expect"
+    )
 }
 
 /// The buffered request body, up to `size` bytes; `None` (logged) when unreadable.

@@ -6,7 +6,9 @@
 use dedup_envoy::chaos::{self, Broken, Options};
 
 fn usage() -> ! {
-    eprintln!("usage: chaos [--seconds N] [--seed N] [--clients N] [--broken release|hold|no-scope]");
+    eprintln!(
+        "usage: chaos [--seconds N] [--seed N] [--clients N] [--broken release|hold|no-scope]"
+    );
     std::process::exit(2);
 }
 

@@ -268,6 +268,7 @@ impl Report {
             o.seconds,
             match o.broken {
                 Some(Broken::ReleaseOnUnknown) => " BROKEN=release",
+                Some(Broken::HoldOnUnknown) => " BROKEN=hold",
                 Some(Broken::NoTenantScope) => " BROKEN=no-scope",
                 None => "",
             }

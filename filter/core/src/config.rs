@@ -208,6 +208,19 @@ pub struct Policy {
     pub store_statuses: Vec<StatusRange>,
     /// What the payload check (422) compares.
     pub payload: PayloadConfig,
+    /// `upstream.detached`: the first execution is sent by the filter itself (see
+    /// `Detached`); `None`: the router forwards it.
+    pub detached: Option<Detached>,
+}
+
+/// Detached execution: the filter sends a key's first execution to `cluster` with
+/// `dispatch_http_call`, from a context that outlives the stream, so the answer is
+/// recorded even when the client has gone; the client is answered from that answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detached {
+    pub cluster: String,
+    /// The call's own timeout (below the in-flight timeout).
+    pub timeout_ms: u64,
 }
 
 impl Default for Policy {
@@ -234,6 +247,7 @@ impl Default for Policy {
             max_replay_body_bytes: DEFAULT_MAX_REPLAY_BODY_BYTES as usize,
             store_statuses: DEFAULT_STORE_STATUSES.to_vec(),
             payload: PayloadConfig::default(),
+            detached: None,
         }
     }
 }

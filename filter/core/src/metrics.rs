@@ -54,10 +54,15 @@ pub enum Counter {
     /// Requests answered 503 `store-full`: no slot could be had for their claim (the
     /// bucket is full of live claims) and `on_store_full` is `"reject"`.
     StoreFull,
+    /// First executions sent upstream by the filter itself (`upstream.detached`).
+    Detached,
+    /// Detached executions whose client left before the answer: the call went on and
+    /// its answer completed the record.
+    DetachedClientGone,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 23] = [
+    pub const ALL: [Counter; 25] = [
         Counter::Requests,
         Counter::Executed,
         Counter::Replayed,
@@ -81,6 +86,8 @@ impl Counter {
         Counter::BodiesDropped,
         Counter::RejectedOutcomeUnknown,
         Counter::StoreFull,
+        Counter::Detached,
+        Counter::DetachedClientGone,
     ];
 
     pub fn name(self) -> &'static str {
@@ -108,6 +115,8 @@ impl Counter {
             Counter::BodiesDropped => "proxy_dedup_bodies_dropped",
             Counter::RejectedOutcomeUnknown => "proxy_dedup_rejected_outcome_unknown",
             Counter::StoreFull => "proxy_dedup_store_full",
+            Counter::Detached => "proxy_dedup_detached",
+            Counter::DetachedClientGone => "proxy_dedup_detached_client_gone",
         }
     }
 

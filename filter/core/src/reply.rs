@@ -38,6 +38,10 @@ pub enum Problem {
     StoreUnavailable,
     /// No slot for the claim: the bucket is full of live claims.
     StoreFull,
+    /// Detached execution: the call could not be sent (nothing ran).
+    UpstreamUnavailable,
+    /// Detached execution: the call failed after it was sent (it may have run).
+    UpstreamFailed,
     /// Admin API: a request it cannot read.
     BadAdminRequest,
     /// Admin API: no live record for these parameters.
@@ -61,7 +65,8 @@ impl Problem {
             | Problem::ResponseNotStored => 409,
             Problem::BodyTooLarge => 413,
             Problem::PayloadMismatch => 422,
-            Problem::StoreUnavailable | Problem::StoreFull => 503,
+            Problem::StoreUnavailable | Problem::StoreFull | Problem::UpstreamUnavailable => 503,
+            Problem::UpstreamFailed => 502,
             Problem::BadAdminRequest => 400,
             Problem::NoSuchRecord | Problem::NotAdminPath => 404,
             Problem::RecordIsClaim => 409,
@@ -82,6 +87,8 @@ impl Problem {
             Problem::PayloadMismatch => "payload-mismatch",
             Problem::StoreUnavailable => "store-unavailable",
             Problem::StoreFull => "store-full",
+            Problem::UpstreamUnavailable => "upstream-unavailable",
+            Problem::UpstreamFailed => "upstream-failed",
             Problem::BadAdminRequest => "bad-admin-request",
             Problem::NoSuchRecord => "no-such-record",
             Problem::RecordIsClaim => "record-is-claim",
@@ -107,6 +114,8 @@ impl Problem {
             Problem::PayloadMismatch => "Idempotency key reused with a different request",
             Problem::StoreUnavailable => "Deduplication store unavailable",
             Problem::StoreFull => "Deduplication store full",
+            Problem::UpstreamUnavailable => "The upstream could not be reached",
+            Problem::UpstreamFailed => "The upstream call failed; the request may have run",
             Problem::BadAdminRequest => "Bad admin request",
             Problem::NoSuchRecord => "No such record",
             Problem::RecordIsClaim => "The record is a claim whose request may be running",
@@ -128,6 +137,8 @@ impl Problem {
             Problem::PayloadMismatch => "proxy_dedup_payload_mismatch",
             Problem::StoreUnavailable => "proxy_dedup_store_unavailable",
             Problem::StoreFull => "proxy_dedup_store_full",
+            Problem::UpstreamUnavailable => "proxy_dedup_upstream_unavailable",
+            Problem::UpstreamFailed => "proxy_dedup_upstream_failed",
             Problem::BadAdminRequest
             | Problem::NoSuchRecord
             | Problem::RecordIsClaim

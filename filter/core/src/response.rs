@@ -126,28 +126,34 @@ pub struct Capture {
     overflow: bool,
 }
 
+/// The response headers a replay carries (lower-cased): all pairs but hop-by-hop ones
+/// (including those the response's `Connection` header lists), framing, `x-envoy-*`
+/// and `set-cookie`.
+pub fn kept_headers(pairs: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
+    let tokens: Vec<String> = pairs
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("connection"))
+        .flat_map(|(_, v)| {
+            String::from_utf8_lossy(v)
+                .split(',')
+                .map(|t| t.trim().to_ascii_lowercase())
+                .filter(|t| !t.is_empty())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    pairs
+        .into_iter()
+        .filter(|(n, _)| keeps_header(n, &tokens))
+        .map(|(n, v)| (n.to_ascii_lowercase(), v))
+        .collect()
+}
+
 impl Capture {
     /// Starts a capture from the response headers (all pairs, repeated headers included).
     pub fn new(status: u16, pairs: Vec<(String, Vec<u8>)>, cap: usize) -> Self {
-        let tokens: Vec<String> = pairs
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case("connection"))
-            .flat_map(|(_, v)| {
-                String::from_utf8_lossy(v)
-                    .split(',')
-                    .map(|t| t.trim().to_ascii_lowercase())
-                    .filter(|t| !t.is_empty())
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        let headers = pairs
-            .into_iter()
-            .filter(|(n, _)| keeps_header(n, &tokens))
-            .map(|(n, v)| (n.to_ascii_lowercase(), v))
-            .collect();
         Capture {
             status,
-            headers,
+            headers: kept_headers(pairs),
             body: Vec::new(),
             cap,
             overflow: false,

@@ -12,11 +12,13 @@
 
 mod answer;
 mod completion;
+mod detached;
 mod etcd;
 mod plugin;
 mod shared;
 mod waiting;
 
+pub use detached::{classify_call, UpstreamCall};
 pub use plugin::{keeps_unknown, CallAnswer, Env, Plugin, StoreCall, StoreState};
 pub use waiting::recheck_interval_ms;
 
@@ -48,6 +50,10 @@ pub enum Decision {
     /// holds the response until etcd settles the record (or the call fails for good),
     /// so a client that has the response finds the record settled on every proxy.
     Call(StoreCall),
+    /// Detached execution: send the request upstream with this call (from the root
+    /// context); its answer goes to `on_store_answer` like a store call's, and the
+    /// stream stays paused until then.
+    Upstream(UpstreamCall),
 }
 
 enum Phase {
@@ -65,6 +71,8 @@ enum Phase {
     Polling(Box<Waiting>),
     /// Claim won; waiting for the upstream's response headers.
     Forwarded(HeldClaim),
+    /// Claim won; the detached call is out (`detached.rs`).
+    Detached(HeldClaim),
     /// Claim won; collecting a storable response.
     Capturing(HeldClaim, Capture),
     /// Completion, release or hold sent to etcd (`etcd/settle.rs`): retried within the
@@ -153,6 +161,7 @@ impl std::fmt::Debug for DedupStream {
             Phase::Waiting(_) => "waiting",
             Phase::Polling(_) => "polling",
             Phase::Forwarded(_) => "forwarded",
+            Phase::Detached(_) => "detached",
             Phase::Settling(_) => "settling",
             Phase::Capturing(..) => "capturing",
             Phase::Finished => "finished",
@@ -375,6 +384,7 @@ impl DedupStream {
             Phase::Claiming(c) => self.claim_step(p, env, c, answer),
             Phase::Settling(st) => self.settled(p, env, st, &answer),
             Phase::Polling(w) => self.polled(p, env, w, &answer),
+            Phase::Detached(owned) => self.upstream_answered(p, env, owned, answer),
             other => {
                 self.phase = other;
                 Decision::Continue
@@ -434,10 +444,13 @@ impl DedupStream {
         }
     }
 
-    fn forward<E: Env>(&mut self, env: &mut E, owned: HeldClaim) -> Decision {
+    fn forward<E: Env>(&mut self, p: &Plugin, env: &mut E, owned: HeldClaim) -> Decision {
         self.stop_waiting(env);
         self.decided("executed");
         env.count(Counter::Executed);
+        if let Some(d) = &p.config.policy_at(self.rule).detached {
+            return self.send_detached(env, owned, d);
+        }
         let digest = match &owned {
             HeldClaim::Shared(c) => c.digest,
             HeldClaim::Etcd(o) => o.digest,

@@ -89,6 +89,12 @@ impl Outcome {
     }
 }
 
+/// The problem type of a local reply.
+pub(crate) fn problem_of(r: &LocalReply) -> String {
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    v["type"].as_str().unwrap().to_string()
+}
+
 pub(crate) struct Answer {
     pub(crate) status: u16,
     pub(crate) headers: Vec<(String, Vec<u8>)>,
@@ -155,7 +161,11 @@ pub(crate) fn call(env: &FakeEnv, c: &StoreCall) -> CallAnswer {
     let (status, body) = env
         .etcd
         .handle(c.path, &c.body, env.now_ms - env.clock_ahead_ms);
-    CallAnswer { status, body }
+    CallAnswer {
+        status,
+        body,
+        ..Default::default()
+    }
 }
 
 /// Runs store calls until the stream decides.
@@ -170,6 +180,30 @@ pub(crate) fn settle(
         action = s.on_store_answer(p, env, a);
     }
     action
+}
+
+/// The answer to a stream's detached call, store calls run until the stream decides.
+pub(crate) fn detached_answer(
+    p: &Plugin,
+    env: &mut FakeEnv,
+    s: &mut DedupStream,
+    answer: CallAnswer,
+) -> Decision {
+    let d = s.on_store_answer(p, env, answer);
+    settle(p, env, s, d)
+}
+
+/// An upstream's answer to a detached call: status, headers, body.
+pub(crate) fn call_answer(status: u16, body: &str) -> CallAnswer {
+    CallAnswer {
+        status,
+        body: body.as_bytes().to_vec(),
+        headers: vec![
+            (":status".to_string(), status.to_string().into_bytes()),
+            ("content-type".to_string(), b"text/plain".to_vec()),
+            ("set-cookie".to_string(), b"s=1".to_vec()),
+        ],
+    }
 }
 
 /// Delivers a response-side store call (completion, release) while the stream lives.
@@ -211,7 +245,8 @@ pub(crate) fn send(p: &Plugin, env: &mut FakeEnv, r: &Req) -> Result<DedupStream
     }
     let action = settle(p, env, &mut s, action);
     match action {
-        Decision::Continue => Ok(s),
+        // Forwarded by the router, or sent detached (answer it with `detached_answer`).
+        Decision::Continue | Decision::Upstream(_) => Ok(s),
         Decision::Reply(reply) => {
             // Envoy runs the filter's response callbacks on its own local reply too.
             let own = origin(reply.details, 0);

@@ -252,7 +252,15 @@ fn admin_on_etcd_reads_without_deleting_and_gives_up_on_a_record_that_keeps_chan
         // Whatever was asked, etcd's answer shows the record as it is (not removed).
         let (status, body) = a.etcd.handle(read_path, &read, a.now_ms);
         answers += 1;
-        action = s.on_store_answer(&admin_p, &mut a, CallAnswer { status, body });
+        action = s.on_store_answer(
+            &admin_p,
+            &mut a,
+            CallAnswer {
+                status,
+                body,
+                ..Default::default()
+            },
+        );
         assert!(answers < 10);
     }
     assert_eq!(answers, 5);
@@ -272,6 +280,7 @@ fn admin_on_etcd_reads_without_deleting_and_gives_up_on_a_record_that_keeps_chan
         CallAnswer {
             status: 0,
             body: crate::etcdpb::status_body(8, b"etcdserver: too many requests"),
+            ..Default::default()
         },
     );
     let Decision::Reply(e) = e else {

@@ -80,3 +80,5 @@ pub const MIN_BUCKET_STORE_BYTES: u64 = 4096;
 /// Room for a stored response's status and headers beside its body, in the default
 /// budget's per-bucket floor.
 pub const STORED_HEADERS_ALLOWANCE: u64 = 4096;
+/// Default `upstream.timeout_ms` (detached execution).
+pub const DEFAULT_DETACHED_TIMEOUT_MS: u64 = 10_000;

@@ -1,7 +1,7 @@
 //! The policy fields (top level or a rule's): key, scope, methods, timing, sizes,
 //! statuses and the payload a key is bound to.
 
-use super::raw::{RawPayload, RawPolicy};
+use super::raw::{RawPayload, RawPolicy, RawUpstream};
 use super::*;
 
 /// The policy fields under `prefix` (`""` at the top level, `rules[2].` in a rule). A
@@ -127,7 +127,67 @@ pub(super) fn parse_policy(
         }
         out.store_statuses = ranges;
     }
+    if let Some(up) = raw.upstream {
+        out.detached = parse_upstream(prefix, up, out.in_flight_timeout_ms)?;
+    } else if let Some(d) = &mut out.detached {
+        // Inherited: its timeout still has to end before this policy's in-flight time.
+        if d.timeout_ms >= out.in_flight_timeout_ms {
+            return Err(err(
+                &f("upstream.timeout_ms"),
+                format!(
+                    "{} (inherited) must be below in_flight_timeout_seconds ({} ms)",
+                    d.timeout_ms, out.in_flight_timeout_ms
+                ),
+            ));
+        }
+    }
     Ok(out)
+}
+
+/// `upstream`: detached execution, when `detached` is true.
+fn parse_upstream(
+    prefix: &str,
+    up: RawUpstream,
+    in_flight_ms: u64,
+) -> Result<Option<Detached>, ConfigError> {
+    let f = |name: &str| format!("{prefix}upstream.{name}");
+    if !up.detached.unwrap_or(false) {
+        if up.cluster.is_some() || up.timeout_ms.is_some() {
+            return Err(err(
+                &f("detached"),
+                "`cluster` and `timeout_ms` apply only with `detached: true`",
+            ));
+        }
+        return Ok(None);
+    }
+    let cluster = match up.cluster {
+        Some(c) if !c.is_empty() && c.len() <= 256 && !c.bytes().any(|b| b.is_ascii_control()) => c,
+        Some(_) => {
+            return Err(err(
+                &f("cluster"),
+                "must be an Envoy cluster name (1-256 visible characters)",
+            ))
+        }
+        None => {
+            return Err(err(
+                &f("cluster"),
+                "is required with `detached: true`: the Envoy cluster the route sends to",
+            ))
+        }
+    };
+    let timeout_ms = up.timeout_ms.unwrap_or(DEFAULT_DETACHED_TIMEOUT_MS);
+    if timeout_ms == 0 || timeout_ms >= in_flight_ms {
+        return Err(err(
+            &f("timeout_ms"),
+            format!(
+                "{timeout_ms} is out of range 1..{in_flight_ms} (below in_flight_timeout_seconds, so no claim ends while its call runs)"
+            ),
+        ));
+    }
+    Ok(Some(Detached {
+        cluster,
+        timeout_ms,
+    }))
 }
 
 pub(super) fn parse_methods(field: &str, m: Vec<String>) -> Result<Vec<String>, ConfigError> {

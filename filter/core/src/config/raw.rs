@@ -23,6 +23,7 @@ macro_rules! with_policy_fields {
                 max_replay_body_bytes: u64,
                 store_statuses: Vec<String>,
                 payload: RawPayload,
+                upstream: RawUpstream,
             ]
             $($input)*
         }
@@ -116,6 +117,14 @@ pub(super) struct RawMatch {
 pub(super) struct RawHeaderMatch {
     pub(super) name: String,
     pub(super) equals: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUpstream {
+    pub(super) detached: Option<bool>,
+    pub(super) cluster: Option<String>,
+    pub(super) timeout_ms: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]

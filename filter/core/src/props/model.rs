@@ -377,6 +377,7 @@ fn short(a: &Decision) -> String {
         Decision::Continue => "continue".into(),
         Decision::Pause => "pause".into(),
         Decision::Call(c) => format!("call {}", c.path),
+        Decision::Upstream(c) => format!("detached call to {}", c.cluster),
         Decision::Reply(r) if r.header("idempotent-replayed").is_some() => format!(
             "replay of execution {}",
             String::from_utf8_lossy(r.header("x-exec").unwrap_or(b"?"))

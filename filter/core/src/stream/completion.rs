@@ -143,6 +143,17 @@ impl DedupStream {
                 self.phase = Phase::Capturing(owned, capture);
                 self.complete(p, env)
             }
+            Phase::Detached(owned) => {
+                // The call goes on (the glue keeps this stream for its answer), and the
+                // record completes whether or not anyone is left to answer.
+                env.count(Counter::DetachedClientGone);
+                env.debug(format_args!(
+                    "stream {}: the client left; the detached call goes on",
+                    self.id
+                ));
+                self.phase = Phase::Detached(owned);
+                None
+            }
             Phase::Claiming(mut c) => {
                 // The client left while the claim was being decided: its answer still
                 // comes (the glue keeps the stream for it), and a claim won then is

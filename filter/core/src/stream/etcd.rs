@@ -181,7 +181,7 @@ impl DedupStream {
         abandoned: bool,
     ) -> Decision {
         if !abandoned {
-            return self.forward(env, owned);
+            return self.forward(p, env, owned);
         }
         env.debug(format_args!(
             "stream {}: claim won after the client left; releasing it",

@@ -140,10 +140,12 @@ pub struct StoreCall {
 /// The answer to a `StoreCall`: the HTTP status (0 when the call failed without a
 /// response, e.g. reset) and the body. A gRPC call's answer is status 200 and the
 /// response message, or status 0 and `etcdpb::status_body` (the gRPC status and message).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CallAnswer {
     pub status: u16,
     pub body: Vec<u8>,
+    /// The answer's headers (pseudo-headers included); read for detached calls only.
+    pub headers: Vec<(String, Vec<u8>)>,
 }
 
 /// Whether a policy keeps unknown outcomes (and unsettled claims) until their TTL.

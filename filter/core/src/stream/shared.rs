@@ -32,7 +32,7 @@ impl DedupStream {
                 if evicted_unexpired {
                     env.count(Counter::EvictionsUnexpired);
                 }
-                self.forward(env, HeldClaim::Shared(claim))
+                self.forward(p, env, HeldClaim::Shared(claim))
             }
             Ok(ClaimOutcome::InFlight { held_until }) => {
                 self.duplicate(p, env, Duplicate::InFlight { held_until })

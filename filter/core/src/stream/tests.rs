@@ -2,6 +2,7 @@
 //! and the drivers of `testing.rs`, one file per behaviour.
 
 mod contract;
+mod detached;
 mod etcd;
 mod etcd_retries;
 mod glue;

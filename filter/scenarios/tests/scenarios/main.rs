@@ -21,6 +21,7 @@ macro_rules! over_grpc_and_json {
     };
 }
 
+mod detached;
 mod etcd;
 mod hardening;
 mod rules;
@@ -406,8 +407,11 @@ fn without_allow_on_headers_stop_iteration_a_body_request_stalls() -> R {
 }
 
 #[test]
-fn ttl_and_in_flight_expiry_on_the_virtual_clock() -> R {
-    let (mut e, _) = started(r#"{"ttl_seconds": 60, "in_flight_timeout_seconds": 10}"#, 2)?;
+fn under_hold_ttl_and_in_flight_expiry_on_the_virtual_clock() -> R {
+    let (mut e, _) = started(
+        r#"{"ttl_seconds": 60, "in_flight_timeout_seconds": 10, "on_unknown_outcome": "hold"}"#,
+        2,
+    )?;
     e.request(0, keyed("/o", "k", "x"))?;
     e.advance(Duration::from_millis(59_900));
     assert!(!e.request(1, keyed("/o", "k", "x"))?.upstream_called);

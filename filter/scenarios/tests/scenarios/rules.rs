@@ -8,7 +8,8 @@ use std::time::Duration;
 
 const RULES: &str = r#"{"ttl_seconds": 3600, "rules": [
   {"name": "payments", "match": {"path_prefix": "/payments"},
-   "key": {"required": true}, "ttl_seconds": 60, "in_flight_timeout_seconds": 5},
+   "key": {"required": true}, "ttl_seconds": 60, "in_flight_timeout_seconds": 5,
+   "on_unknown_outcome": "hold"},
   {"name": "webhooks", "match": {"path_prefix": "/webhooks", "methods": ["POST"]},
    "key": {"json_pointer": "/message/messageId", "required": true},
    "payload": {"ignore_json_pointers": ["/deliveryAttempt"]},

@@ -159,8 +159,9 @@ fn above_max_waiters_a_duplicate_gets_409_at_once() -> R {
 }
 
 #[test]
-fn a_waiter_answers_after_a_held_claim_only_with_409_at_its_timeout() -> R {
-    let (mut e, first, dup) = first_and_dup(WAIT, keyed("/pay", "k", "x"))?;
+fn under_hold_a_waiter_answers_after_a_held_claim_only_with_409_at_its_timeout() -> R {
+    let hold = r#"{"on_in_flight": "wait", "wait_timeout_ms": 3000, "on_unknown_outcome": "hold"}"#;
+    let (mut e, first, dup) = first_and_dup(hold, keyed("/pay", "k", "x"))?;
     e.respond(first, Reply::reset())?;
     e.advance(Duration::from_millis(2000));
     assert_eq!(
@@ -173,6 +174,23 @@ fn a_waiter_answers_after_a_held_claim_only_with_409_at_its_timeout() -> R {
     assert_eq!(r.status, 409);
     // retry-after: the seconds left of the hold (30 s in-flight timeout).
     assert_eq!(r.header("retry-after"), Some("27"));
+    assert_eq!(e.upstream_calls(), 1);
+    Ok(())
+}
+
+#[test]
+fn by_default_a_waiter_of_an_unknown_outcome_is_answered_at_once() -> R {
+    let (mut e, first, dup) = first_and_dup(WAIT, keyed("/pay", "k", "x"))?;
+    e.respond(first, Reply::reset())?;
+    e.advance(Duration::from_millis(300));
+    let r = e
+        .response(dup)
+        .expect("answered without waiting out its timeout");
+    assert_eq!(r.status, 409);
+    assert_eq!(
+        problem_type(&r.body),
+        "urn:proxy-dedup:problem:outcome-unknown"
+    );
     assert_eq!(e.upstream_calls(), 1);
     Ok(())
 }

@@ -211,6 +211,8 @@ impl World {
                 }
             }
             Decision::Pause | Decision::Call(_) => true,
+            // The model runs no detached execution.
+            Decision::Upstream(_) => false,
         };
         if ok {
             Ok(())

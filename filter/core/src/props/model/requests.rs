@@ -265,6 +265,9 @@ impl World {
         match (&action, bad) {
             (Decision::Pause, _) => Err(format!("stream {i}: paused after its whole request")),
             (Decision::Call(_), _) => Ok(()),
+            (Decision::Upstream(_), _) => Err(format!(
+                "stream {i}: a detached call, though the model configures none"
+            )),
             (Decision::Continue, Some(Bad::Get)) => {
                 self.seen.bypassed += 1;
                 if self.sims[i].s.holds_claim() {

@@ -130,7 +130,11 @@ impl World {
         let action = self.sims[i].s.on_store_answer(
             &self.plugins[pl],
             &mut self.envs[w],
-            CallAnswer { status, body },
+            CallAnswer {
+                status,
+                body,
+                ..Default::default()
+            },
         );
         if self.sims[i].req == ReqPhase::Deciding {
             if !matches!(action, Decision::Call(_)) && !self.sims[i].ended {

@@ -45,6 +45,8 @@ pub(in crate::stream) struct Settling {
     pub(in crate::stream) deadline_ms: u64,
     /// A completion whose lease etcd no longer has is written again with a fresh one.
     pub(in crate::stream) regrant: Option<Regrant>,
+    /// Detached execution: the client's answer, sent once the record is settled.
+    pub(in crate::stream) then_reply: Option<crate::reply::LocalReply>,
 }
 
 /// What a completion needs to be written again with a fresh lease.
@@ -141,7 +143,10 @@ impl DedupStream {
                 ));
             }
         }
-        Decision::Continue
+        match st.then_reply {
+            Some(reply) => Decision::Reply(reply),
+            None => Decision::Continue,
+        }
     }
 
     /// A completion answered "lease not found" (etcd lost or revoked the completed lease
@@ -235,6 +240,7 @@ impl DedupStream {
             retries: 0,
             deadline_ms,
             regrant: None,
+            then_reply: None,
         }));
         call
     }

@@ -133,6 +133,7 @@ fn etcd_transport_failures_retry_then_fail_by_mode() {
         CallAnswer {
             status: 503,
             body: unavailable.to_vec(),
+            ..Default::default()
         },
     );
     assert!(matches!(again, Decision::Call(_)), "{again:?}");
@@ -162,6 +163,7 @@ fn etcd_transport_failures_retry_then_fail_by_mode() {
     let timeout = || CallAnswer {
         status: 504,
         body: b"upstream request timeout".to_vec(),
+        ..Default::default()
     };
     a.now_ms += 200;
     let retried = s.on_store_answer(&closed, &mut a, timeout());

@@ -12,6 +12,7 @@ fn txn_answer(body: &str) -> CallAnswer {
     CallAnswer {
         status: 200,
         body: body.as_bytes().to_vec(),
+        ..Default::default()
     }
 }
 
@@ -103,6 +104,7 @@ fn etcd_only_transport_statuses_and_unavailable_are_retried() {
             CallAnswer {
                 status,
                 body: body.as_bytes().to_vec(),
+                ..Default::default()
             },
         );
         assert_retried(&next, retried, format!("{status} {body:?}"));
@@ -115,6 +117,7 @@ fn etcd_grpc_unavailable_deadline_and_failed_dispatch_are_retried_other_statuses
     let status = |code: u32, msg: &str| CallAnswer {
         status: 0,
         body: crate::etcdpb::status_body(code, msg.as_bytes()),
+        ..Default::default()
     };
     for (answer, retried) in [
         // Envoy's timeout and reset of a gRPC call.
@@ -129,6 +132,7 @@ fn etcd_grpc_unavailable_deadline_and_failed_dispatch_are_retried_other_statuses
             CallAnswer {
                 status: 0,
                 body: Vec::new(),
+                ..Default::default()
             },
             true,
         ),
@@ -140,6 +144,7 @@ fn etcd_grpc_unavailable_deadline_and_failed_dispatch_are_retried_other_statuses
             CallAnswer {
                 status: 200,
                 body: vec![0xff, 0xff],
+                ..Default::default()
             },
             false,
         ),
@@ -169,6 +174,7 @@ fn etcd_grpc_lease_not_found_on_a_claim_takes_fresh_leases() {
         (n < 2).then(|| CallAnswer {
             status: 0,
             body: crate::etcdpb::status_body(5, b"etcdserver: requested lease not found"),
+            ..Default::default()
         })
     });
     assert_eq!(n, 2);
@@ -196,6 +202,7 @@ fn etcd_attempts_are_a_third_of_the_budget_and_stop_at_its_end() {
     let refused = || CallAnswer {
         status: 503,
         body: Vec::new(),
+        ..Default::default()
     };
     a.now_ms = t0 + 400;
     let Decision::Call(second) = s.on_store_answer(&p, &mut a, refused()) else {
@@ -352,6 +359,7 @@ fn etcd_a_completion_is_not_retried_past_its_budget() {
     let refused = || CallAnswer {
         status: 503,
         body: Vec::new(),
+        ..Default::default()
     };
     a.now_ms += 499;
     let Decision::Call(again) = s.on_store_answer(&p, &mut a, refused()) else {
@@ -369,6 +377,7 @@ fn etcd_a_completion_whose_lease_etcd_lost_is_written_again_with_a_fresh_lease()
     let lost = || CallAnswer {
         status: 0,
         body: crate::etcdpb::status_body(5, b"etcdserver: requested lease not found"),
+        ..Default::default()
     };
     // Lost once, twice: a fresh lease each time, and the completion lands. Three
     // times: a store error, and the key stays in flight (never runs twice).

@@ -396,7 +396,15 @@ fn any_answer_to_a_poll_keeps_the_waiter_safe() {
                 panic!("a waiter polls");
             };
             assert_eq!(c.path, protocol.range_path());
-            let got = dup.on_store_answer(&p, &mut b, CallAnswer { status, body });
+            let got = dup.on_store_answer(
+                &p,
+                &mut b,
+                CallAnswer {
+                    status,
+                    body,
+                    ..Default::default()
+                },
+            );
             assert_eq!(got, Decision::Pause, "still in flight: it waits on");
         }
         assert!(b.count_of(Counter::StoreErrors) >= 5);

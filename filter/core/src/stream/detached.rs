@@ -1,0 +1,164 @@
+//! Detached execution (`upstream.detached`): the filter sends a key's first execution
+//! upstream itself, with a call made from the root context, so the call (and the record
+//! it completes) outlives the client's stream; the client, if still there, is answered
+//! with the call's answer. A client that gave up leaves the call running: its retry
+//! finds the record completed and gets the replay.
+
+use super::{CallAnswer, Decision, DedupStream, Env, HeldClaim, Origin, Phase, Plugin, StoreCall};
+use crate::config::Detached;
+use crate::metrics::Counter;
+use crate::outcome::Outcome;
+use crate::reply::{LocalReply, Problem};
+use crate::response::{kept_headers, Capture};
+
+/// The call the glue makes for a detached execution: the live request (its headers,
+/// hop-by-hop ones dropped, and its buffered body) to `cluster`, from the root context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamCall {
+    pub cluster: String,
+    pub timeout_ms: u64,
+}
+
+/// Bodies of the local replies Envoy's async client gives for a call that may have
+/// reached the upstream (reset after sending, timeout): their outcome is unknown,
+/// whatever their status.
+const UNKNOWN_BODIES: [&str; 6] = [
+    "upstream request timeout",
+    "reset reason: connection termination",
+    "reset reason: remote reset",
+    "reset reason: local reset",
+    "reset reason: protocol error",
+    "reset reason: overflow",
+];
+
+/// What a detached call's answer says about the execution. Envoy reports no response
+/// details for a call, so only what the answer itself proves counts: no headers at all
+/// (a reset) or one of Envoy's own replies for a call that was sent is unknown; a
+/// refused connection or no healthy host answers 503 with a body saying so, which is
+/// released like any 5xx; any other answer is the upstream's.
+pub fn classify_call(answer: &CallAnswer) -> Outcome {
+    if answer.status == 0 {
+        return Outcome::Unknown;
+    }
+    if answer.status >= 500 {
+        let body = String::from_utf8_lossy(&answer.body);
+        if UNKNOWN_BODIES.iter().any(|b| body.contains(b)) {
+            return Outcome::Unknown;
+        }
+    }
+    Outcome::Upstream
+}
+
+impl DedupStream {
+    /// A won claim under detached execution: ask the glue to send the request itself.
+    pub(super) fn send_detached<E: Env>(
+        &mut self,
+        env: &mut E,
+        owned: HeldClaim,
+        d: &Detached,
+    ) -> Decision {
+        env.count(Counter::Detached);
+        env.debug(format_args!(
+            "stream {}: sending the first execution to cluster `{}` detached",
+            self.id, d.cluster
+        ));
+        self.phase = Phase::Detached(owned);
+        Decision::Upstream(UpstreamCall {
+            cluster: d.cluster.clone(),
+            timeout_ms: d.timeout_ms,
+        })
+    }
+
+    /// True while a detached call is out: its answer goes to `on_store_answer`, and the
+    /// glue keeps the stream (as an orphan once the client has gone) until it comes.
+    pub fn detached(&self) -> bool {
+        matches!(self.phase, Phase::Detached(_))
+    }
+
+    /// The detached call could not be dispatched (an unknown cluster, a bad header):
+    /// nothing was sent, so the claim is released and the client gets a 503.
+    pub fn on_upstream_unsent<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Decision {
+        let Phase::Detached(owned) = std::mem::replace(&mut self.phase, Phase::Finished) else {
+            return Decision::Continue;
+        };
+        env.warn(&format!(
+            "stream {}: the detached call could not be sent; releasing the claim",
+            self.id
+        ));
+        let reply = Problem::UpstreamUnavailable.reply(
+            "the request could not be sent upstream (see the proxy's log); it did not run",
+            Vec::new(),
+        );
+        let call = self.release(p, env, owned);
+        self.then_reply(call, reply)
+    }
+
+    /// The detached call's answer: the record is completed, released or kept as an
+    /// unknown outcome exactly as for a forwarded request, and the client (if still
+    /// there) gets the answer once the store has it.
+    pub(super) fn upstream_answered<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        owned: HeldClaim,
+        answer: CallAnswer,
+    ) -> Decision {
+        let policy = p.config.policy_at(self.rule);
+        let status = answer.status;
+        let outcome = classify_call(&answer);
+        let reply = LocalReply {
+            status,
+            headers: kept_headers(answer.headers.clone()),
+            body: answer.body.clone(),
+            details: "proxy_dedup_detached",
+        };
+        let call = match outcome {
+            Outcome::Upstream if policy.stores_status(status) => {
+                let mut capture =
+                    Capture::new(status, answer.headers, policy.max_replay_body_bytes);
+                capture.body(&answer.body);
+                self.phase = Phase::Capturing(owned, capture);
+                self.complete(p, env)
+            }
+            Outcome::Upstream | Outcome::NotExecuted => {
+                env.debug(format_args!(
+                    "stream {}: the detached call answered {status}; releasing the claim",
+                    self.id
+                ));
+                self.release(p, env, owned)
+            }
+            Outcome::Unknown => {
+                let details = if status == 0 { "reset" } else { "local reply" };
+                let origin = Origin {
+                    details: format!("detached call: {details} {status}"),
+                    flags: 0,
+                };
+                let call = self.unknown_outcome(p, env, owned, &origin);
+                let reply = Problem::UpstreamFailed.reply(
+                    "the upstream call failed after the request was sent: it may have run. \
+                     This key will not run again while its record lasts; check the operation's result",
+                    Vec::new(),
+                );
+                return self.then_reply(call, reply);
+            }
+        };
+        self.then_reply(call, reply)
+    }
+
+    /// Answers the client with `reply`, after the store call settling the record when
+    /// there is one (etcd), so a client that has its answer finds the record settled.
+    fn then_reply(&mut self, call: Option<StoreCall>, reply: LocalReply) -> Decision {
+        match call {
+            None => {
+                self.phase = Phase::Finished;
+                Decision::Reply(reply)
+            }
+            Some(call) => {
+                if let Phase::Settling(st) = &mut self.phase {
+                    st.then_reply = Some(reply);
+                }
+                Decision::Call(call)
+            }
+        }
+    }
+}

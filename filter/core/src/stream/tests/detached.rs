@@ -1,0 +1,186 @@
+//! Detached execution (`upstream.detached`): the first execution is a call the filter
+//! makes itself; its answer completes the record whether or not the client is still
+//! there, and the client is answered with it. Both stores.
+
+use crate::metrics::Counter;
+use crate::reply::LocalReply;
+use crate::stream::{CallAnswer, Decision, DedupStream, Plugin};
+use crate::testing::*;
+
+const DETACHED: &str = r#""upstream": {"detached": true, "cluster": "api", "timeout_ms": 5000}"#;
+
+fn plugins() -> Vec<(&'static str, Plugin)> {
+    vec![
+        ("shared", plugin(&format!("{{{DETACHED}}}"))),
+        ("etcd", etcd_plugin(DETACHED)),
+    ]
+}
+
+fn env_for(store: &str) -> crate::fake::FakeEnv {
+    if store == "etcd" {
+        two_proxies().0
+    } else {
+        world().1
+    }
+}
+
+/// Sends `r` and expects the detached call (never a plain forward).
+fn sent_detached(p: &Plugin, env: &mut crate::fake::FakeEnv, r: &Req) -> DedupStream {
+    let s = send(p, env, r).unwrap();
+    assert!(s.detached(), "the first execution is a detached call");
+    s
+}
+
+fn reply_of(d: Decision) -> LocalReply {
+    match d {
+        Decision::Reply(r) => r,
+        other => panic!("expected a reply, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_client_gets_the_calls_answer_and_a_retry_gets_its_replay() {
+    for (store, p) in plugins() {
+        let mut env = env_for(store);
+        let r = req("POST", "/charges").key("k").body(r#"{"amount": 5}"#);
+        let mut s = sent_detached(&p, &mut env, &r);
+        let got = reply_of(detached_answer(
+            &p,
+            &mut env,
+            &mut s,
+            call_answer(201, "ch_1"),
+        ));
+        assert_eq!(
+            (got.status, got.body.as_slice()),
+            (201, &b"ch_1"[..]),
+            "{store}"
+        );
+        assert_eq!(got.header("idempotent-replayed"), None, "{store}");
+        assert_eq!(got.header(":status"), None, "{store}: no pseudo-headers");
+        assert_eq!(got.header("content-type"), Some(&b"text/plain"[..]));
+        run(&p, &mut env, &r, ok("no")).assert_replays(b"ch_1");
+        assert_eq!(
+            counts(
+                &env,
+                [Counter::Executed, Counter::Detached, Counter::Replayed]
+            ),
+            [1, 1, 1],
+            "{store}"
+        );
+    }
+}
+
+#[test]
+fn a_client_that_leaves_still_has_its_call_complete_the_record() {
+    for (store, p) in plugins() {
+        let mut env = env_for(store);
+        let r = req("POST", "/charges").key("gone").body("{}");
+        let mut s = sent_detached(&p, &mut env, &r);
+        // The client hangs up: the stream ends while the call is out.
+        let own = crate::stream::Origin::default();
+        assert_eq!(s.on_stream_end(&p, &mut env, &own), None, "{store}");
+        assert!(s.detached(), "{store}: the call goes on");
+        // Meanwhile its retries are told it is in flight, never run.
+        assert_eq!(run(&p, &mut env, &r, ok("no")).status(), 409, "{store}");
+        env.now_ms += 3_000;
+        let _ = detached_answer(&p, &mut env, &mut s, call_answer(200, "done"));
+        run(&p, &mut env, &r, ok("no")).assert_replays(b"done");
+        assert_eq!(env.count_of(Counter::DetachedClientGone), 1, "{store}");
+        assert_eq!(env.count_of(Counter::Executed), 1, "{store}");
+    }
+}
+
+#[test]
+fn a_call_that_never_reached_the_upstream_is_released_one_that_may_have_is_kept() {
+    for (store, p) in plugins() {
+        let mut env = env_for(store);
+        // Connection refused: Envoy's 503 says the connection failed; a 5xx releases.
+        let r = req("POST", "/charges").key("refused").body("{}");
+        let mut s = sent_detached(&p, &mut env, &r);
+        let refused = CallAnswer {
+            status: 503,
+            body: b"upstream connect error or disconnect/reset before headers. reset reason: remote connection failure".to_vec(),
+            headers: vec![(":status".into(), b"503".to_vec())],
+        };
+        let got = reply_of(detached_answer(&p, &mut env, &mut s, refused));
+        assert_eq!(got.status, 503, "{store}");
+        let again = send(&p, &mut env, &r).unwrap();
+        assert!(again.detached(), "{store}: released, the retry runs");
+        // A reset after sending (no headers) and a timeout: unknown, kept.
+        for (key, unknown) in [
+            ("reset", CallAnswer::default()),
+            (
+                "timeout",
+                CallAnswer {
+                    status: 504,
+                    body: b"upstream request timeout".to_vec(),
+                    headers: vec![(":status".into(), b"504".to_vec())],
+                },
+            ),
+        ] {
+            let r = req("POST", "/charges").key(key).body("{}");
+            let mut s = sent_detached(&p, &mut env, &r);
+            let got = reply_of(detached_answer(&p, &mut env, &mut s, unknown));
+            assert_eq!(got.status, 502, "{store} {key}");
+            assert_eq!(
+                crate::testing::problem_of(&got),
+                "urn:proxy-dedup:problem:upstream-failed",
+                "{store} {key}"
+            );
+            env.now_ms += 60_000;
+            let dup = run(&p, &mut env, &r, ok("no"));
+            assert_eq!(
+                dup.problem_type(),
+                "urn:proxy-dedup:problem:outcome-unknown",
+                "{store} {key}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_call_that_cannot_be_dispatched_releases_the_claim() {
+    for (store, p) in plugins() {
+        let mut env = env_for(store);
+        let r = req("POST", "/charges").key("bad-cluster").body("{}");
+        let mut s = sent_detached(&p, &mut env, &r);
+        let d = s.on_upstream_unsent(&p, &mut env);
+        let got = reply_of(settle(&p, &mut env, &mut s, d));
+        assert_eq!(got.status, 503, "{store}");
+        assert!(send(&p, &mut env, &r).unwrap().detached(), "{store}");
+        assert_eq!(env.count_of(Counter::Released), 1, "{store}");
+    }
+}
+
+#[test]
+fn detached_needs_a_cluster_and_a_timeout_below_the_in_flight_timeout() {
+    let err = |json: &str| {
+        crate::config::Config::parse(json.as_bytes())
+            .unwrap_err()
+            .field
+    };
+    assert_eq!(
+        err(r#"{"upstream": {"detached": true}}"#),
+        "upstream.cluster"
+    );
+    assert_eq!(
+        err(r#"{"upstream": {"detached": true, "cluster": "a", "timeout_ms": 30000}}"#),
+        "upstream.timeout_ms"
+    );
+    assert_eq!(
+        err(r#"{"upstream": {"cluster": "a"}}"#),
+        "upstream.detached"
+    );
+    assert_eq!(
+        err(r#"{"upstream": {"detached": true, "cluster": "a"},
+               "rules": [{"name": "r", "match": {"path_prefix": "/r"}, "in_flight_timeout_seconds": 5}]}"#),
+        "rules[0].upstream.timeout_ms"
+    );
+    let p = plugin(
+        r#"{"rules": [{"name": "pay", "match": {"path_prefix": "/pay"},
+                      "upstream": {"detached": true, "cluster": "payments"}}]}"#,
+    );
+    let d = p.config.rules[0].policy.detached.clone().unwrap();
+    assert_eq!((d.cluster.as_str(), d.timeout_ms), ("payments", 10_000));
+    assert_eq!(p.config.policy.detached, None);
+}
