@@ -28,6 +28,8 @@ pub enum Problem {
     InvalidKey,
     AmbiguousKey,
     AmbiguousScope,
+    /// A canonicalised JSON body names a member twice in one object.
+    AmbiguousPayload,
     InFlight,
     AlreadyCompleted,
     ResponseNotStored,
@@ -50,7 +52,8 @@ impl Problem {
             Problem::MissingKey
             | Problem::InvalidKey
             | Problem::AmbiguousKey
-            | Problem::AmbiguousScope => 400,
+            | Problem::AmbiguousScope
+            | Problem::AmbiguousPayload => 400,
             Problem::InFlight | Problem::AlreadyCompleted | Problem::ResponseNotStored => 409,
             Problem::BodyTooLarge => 413,
             Problem::PayloadMismatch => 422,
@@ -67,6 +70,7 @@ impl Problem {
             Problem::InvalidKey => "invalid-key",
             Problem::AmbiguousKey => "ambiguous-key",
             Problem::AmbiguousScope => "ambiguous-scope",
+            Problem::AmbiguousPayload => "ambiguous-payload",
             Problem::InFlight => "in-flight",
             Problem::AlreadyCompleted => "already-completed",
             Problem::ResponseNotStored => "response-not-stored",
@@ -86,6 +90,7 @@ impl Problem {
             Problem::InvalidKey => "Idempotency key invalid",
             Problem::AmbiguousKey => "Idempotency key ambiguous",
             Problem::AmbiguousScope => "Request scope ambiguous",
+            Problem::AmbiguousPayload => "Request payload ambiguous",
             Problem::InFlight => "A request with this idempotency key is in progress",
             Problem::AlreadyCompleted => "A request with this idempotency key has completed",
             Problem::ResponseNotStored => {
@@ -107,6 +112,7 @@ impl Problem {
             Problem::InvalidKey => "proxy_dedup_invalid_key",
             Problem::AmbiguousKey => "proxy_dedup_ambiguous_key",
             Problem::AmbiguousScope => "proxy_dedup_ambiguous_scope",
+            Problem::AmbiguousPayload => "proxy_dedup_ambiguous_payload",
             Problem::InFlight => "proxy_dedup_in_flight",
             Problem::AlreadyCompleted => "proxy_dedup_already_completed",
             Problem::ResponseNotStored => "proxy_dedup_response_not_stored",
