@@ -567,7 +567,7 @@ impl Canon<'_> {
     /// (no leading or trailing zeros) and `k` the decimal point's place (the value is
     /// 0.D × 10^k), zero is `0`; an integer below 10^20 is plain digits (`1200`);
     /// a point inside the digits gives `12.5`; -5 < k <= 0 gives `0.000125`; anything
-    /// else `1.25e-7` / `1e21` (exponent `k - 1`). The same spellings as serde_json's
+    /// else `1.25e-7` / `1e+21` (exponent `k - 1`). The same spellings as serde_json's
     /// (ryu) where both are exact. A `-` only on non-zero values.
     fn number(&mut self) -> Result<(), Stop> {
         let neg = self.peek() == Some(b'-');
@@ -666,7 +666,11 @@ impl Canon<'_> {
                 }
                 out.push(d);
             }
+            // serde_json's spelling: `e+21`, `e-7`.
             out.push(b'e');
+            if k > 1 {
+                out.push(b'+');
+            }
             push_i64(out, k - 1);
         }
         Ok(())

@@ -362,8 +362,8 @@ fn mutate(v: &J, pick: &mut u64, r: &mut Rng) -> Option<J> {
     }
 }
 
-/// serde_json's `Value` of `v` when it holds it exactly (integers within i64, strings
-/// without lone surrogates).
+/// serde_json's `Value` of `v` when it holds it exactly (integers within i64, decimals
+/// of at most 15 digits, strings without lone surrogates).
 fn serde_value(v: &J) -> Option<serde_json::Value> {
     use serde_json::Value;
     Some(match v {
@@ -371,6 +371,16 @@ fn serde_value(v: &J) -> Option<serde_json::Value> {
         J::Bool(b) => Value::Bool(*b),
         J::Num { neg, digits, point } => {
             let n = i64::try_from(digits.len()).ok()?;
+            if *point < n && n <= 15 {
+                // A decimal of at most 15 digits round-trips through f64: serde_json
+                // (ryu) writes its shortest spelling, these digits.
+                let s = format!(
+                    "{}0.{}e{point}",
+                    if *neg { "-" } else { "" },
+                    String::from_utf8(digits.clone()).ok()?
+                );
+                return Some(Value::from(s.parse::<f64>().ok()?));
+            }
             if *point < n || *point > 18 {
                 return None;
             }
