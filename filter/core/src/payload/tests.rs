@@ -262,6 +262,24 @@ fn a_lone_surrogate_redelivered_with_a_new_attempt_is_the_same_payload() {
 }
 
 #[test]
+fn the_push_recipe_replays_a_redelivery_with_a_lone_surrogate() {
+    // The key from the body (the lone surrogate is elsewhere in it), as in the README's
+    // push recipe.
+    let p = plugin(
+        r#"{"key": {"json_pointer": "/message/messageId", "required": true},
+            "payload": {"ignore_json_pointers": ["/deliveryAttempt"]}}"#,
+    );
+    let (_, mut env) = world();
+    let push = |attempt: u32| {
+        req("POST", "/push").body(&format!(
+            r#"{{"message": {{"messageId": "m7", "data": "\udbff"}}, "deliveryAttempt": {attempt}}}"#
+        ))
+    };
+    assert!(run(&p, &mut env, &push(1), ok("acked")).reached_upstream());
+    run(&p, &mut env, &push(2), ok("no")).assert_replays(b"acked");
+}
+
+#[test]
 fn bodies_too_deep_to_canonicalise_are_compared_as_sent() {
     let p = push_plugin();
     let (_, mut env) = world();
