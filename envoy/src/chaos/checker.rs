@@ -419,7 +419,13 @@ fn check_counters(
             a.answer().is_some_and(|r| r.status == 400)
                 && matches!(
                     a.answer().and_then(|r| r.problem.as_deref()),
-                    Some("missing-key" | "invalid-key" | "ambiguous-key" | "ambiguous-scope")
+                    Some(
+                        "missing-key"
+                            | "invalid-key"
+                            | "ambiguous-key"
+                            | "ambiguous-scope"
+                            | "ambiguous-payload"
+                    )
                 )
         });
         // Forwarded, then answered by Envoy itself (connect failure, upstream

@@ -109,14 +109,18 @@ pub struct ClientKey {
     pub value: Vec<u8>,
 }
 
-/// Validates a client-supplied key: 1..=max_length bytes, no control characters.
-/// A value quoted as an RFC 8941 string (`"abc"`, as in the IETF draft) is unquoted.
-pub fn validate_key(raw: &str, max_length: usize, what: &str) -> Result<String, KeyError> {
-    let v = if raw.len() >= 2 && raw.starts_with('"') && raw.ends_with('"') {
-        &raw[1..raw.len() - 1]
-    } else {
-        raw
-    };
+/// A header key quoted as an RFC 8941 string (`"abc"`, as the IETF draft sends it),
+/// unquoted; other values as they are. Only for headers: a JSON key's string content is
+/// the key exactly (`"\"abc\""` in a body is the key `"abc"`, quotes included).
+pub fn unquote_header_key(raw: &str) -> &str {
+    raw.strip_prefix('"')
+        .and_then(|r| r.strip_suffix('"'))
+        .unwrap_or(raw)
+}
+
+/// Validates a client-supplied key: 1..=max_length bytes, no control characters. The
+/// value is used as given (header keys are unquoted first, see `unquote_header_key`).
+pub fn validate_key(v: &str, max_length: usize, what: &str) -> Result<String, KeyError> {
     if v.is_empty() {
         return Err(KeyError::Invalid {
             detail: format!("{what} is empty"),
@@ -149,7 +153,12 @@ pub fn header_key(cfg: &Policy, head: &RequestHead) -> Option<Result<ClientKey, 
             }));
         }
         head.header(name).map(|raw| {
-            validate_key(raw, cfg.key_max_length, &format!("header `{name}`")).map(|v| ClientKey {
+            validate_key(
+                unquote_header_key(raw),
+                cfg.key_max_length,
+                &format!("header `{name}`"),
+            )
+            .map(|v| ClientKey {
                 source: KeySource::Header,
                 value: v.into_bytes(),
             })
@@ -167,8 +176,10 @@ pub enum JsonKey {
 }
 
 /// The key at `pointer` in a JSON body. Strings and integers are keys; other values are
-/// invalid, and so is a member named twice on the pointer's path. The body is scanned
-/// once without building the document (see `jsonptr`).
+/// invalid, and so is a member named twice on the pointer's path. A string's content is
+/// the key exactly (no unquoting); an integer is its decimal digits, so `123` and `"123"`
+/// are one key (as they always were: records written before stay found). The body is
+/// scanned once without building the document (see `jsonptr`).
 pub fn json_key(cfg: &Policy, pointer: &str, body: &[u8]) -> JsonKey {
     let what = format!("JSON value at `{pointer}`");
     let found = match jsonptr::find(body, pointer) {

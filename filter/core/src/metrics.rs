@@ -15,7 +15,8 @@ pub enum Counter {
     RejectedCompleted,
     /// Keys reused with another payload (422).
     PayloadMismatch,
-    /// Missing or invalid keys (400).
+    /// Requests refused with 400: missing, invalid or ambiguous keys, ambiguous scopes
+    /// and ambiguous payloads.
     BadKey,
     /// Requests passed through untouched (method not deduplicated, no key).
     Bypassed,

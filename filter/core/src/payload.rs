@@ -2,11 +2,15 @@
 //! reused. By default the method, the path with its query and the whole body; the
 //! `payload` settings pick other parts and, for JSON bodies, only some fields or all but
 //! some, compared in a canonical form (member order and whitespace do not matter), so a
-//! push provider's redelivery with a new `deliveryAttempt` is the same payload.
+//! push provider's redelivery with a new `deliveryAttempt` is the same payload. The
+//! canonical form is exact (`canon`): numbers by decimal value, strings by code point,
+//! and an object naming a member twice is refused rather than merged.
+
+pub mod canon;
 
 use crate::config::FingerprintPart;
 use crate::key::{BodyDigest, Digest, RequestHead};
-use serde_json::Value;
+use canon::Canonical;
 use sha2::{Digest as _, Sha256};
 
 /// Which JSON fields of the body count.
@@ -42,13 +46,19 @@ fn feed(h: &mut Sha256, bytes: &[u8]) {
     h.update(bytes);
 }
 
+/// A canonicalised JSON body names a member twice in one object (answered with 400
+/// `ambiguous-payload`): parsers disagree on which one counts, so the payload check
+/// cannot say what the request is. The detail names the member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AmbiguousPayload(pub String);
+
 /// The payload digest of a request; `raw_body` is read only when a JSON selection is set.
 pub fn payload_digest(
     cfg: &PayloadConfig,
     head: &RequestHead,
     body: &BodyDigest,
     raw_body: &[u8],
-) -> Digest {
+) -> Result<Digest, AmbiguousPayload> {
     let mut h = Sha256::new();
     if cfg.is_default() {
         h.update(b"proxy-dedup payload v1\0");
@@ -56,7 +66,7 @@ pub fn payload_digest(
         feed(&mut h, head.path.as_bytes());
         h.update(body.len.to_be_bytes());
         h.update(body.digest);
-        return h.finalize().into();
+        return Ok(h.finalize().into());
     }
     h.update(b"proxy-dedup payload v2\0");
     let default_parts = [
@@ -78,73 +88,23 @@ pub fn payload_digest(
                 }
                 None => h.update([0]),
             },
-            FingerprintPart::Body => match canonical_json(&cfg.json, raw_body) {
-                Some(canonical) => {
+            FingerprintPart::Body => match canon::canonical(&cfg.json, raw_body) {
+                Canonical::Json(canonical) => {
                     // Like the raw body: its length and BLAKE3 digest.
                     h.update([2]);
                     h.update((canonical.len() as u64).to_be_bytes());
                     h.update(blake3::hash(&canonical).as_bytes());
                 }
-                None => {
+                Canonical::Raw => {
                     h.update([1]);
                     h.update(body.len.to_be_bytes());
                     h.update(body.digest);
                 }
+                Canonical::Ambiguous(detail) => return Err(AmbiguousPayload(detail)),
             },
         }
     }
-    h.finalize().into()
-}
-
-/// The selected part of a JSON body in canonical form (members sorted, no whitespace);
-/// `None` for the raw selection or a body that is not JSON (then the raw body counts).
-fn canonical_json(selection: &JsonSelection, raw: &[u8]) -> Option<Vec<u8>> {
-    let pointers = match selection {
-        JsonSelection::Raw => return None,
-        JsonSelection::Only(p) | JsonSelection::Ignore(p) => p,
-    };
-    let mut doc: Value = serde_json::from_slice(raw).ok()?;
-    let selected = match selection {
-        JsonSelection::Only(_) => Value::Array(
-            pointers
-                .iter()
-                .map(|p| match doc.pointer(p) {
-                    // Absent and null differ: wrap each present value.
-                    Some(v) => Value::Array(vec![v.clone()]),
-                    None => Value::Null,
-                })
-                .collect(),
-        ),
-        _ => {
-            for p in pointers {
-                remove_at(&mut doc, p);
-            }
-            doc
-        }
-    };
-    // serde_json's map keeps members sorted by name: this is the canonical form.
-    serde_json::to_vec(&selected).ok()
-}
-
-/// Removes the value at `pointer` (a member, or an array element), if present.
-fn remove_at(doc: &mut Value, pointer: &str) {
-    let Some((parent, last)) = pointer.rsplit_once('/') else {
-        return;
-    };
-    let last = last.replace("~1", "/").replace("~0", "~");
-    match doc.pointer_mut(parent) {
-        Some(Value::Object(map)) => {
-            map.remove(&last);
-        }
-        Some(Value::Array(items)) => {
-            if let Ok(i) = last.parse::<usize>() {
-                if i < items.len() {
-                    items.remove(i);
-                }
-            }
-        }
-        _ => {}
-    }
+    Ok(h.finalize().into())
 }
 
 #[cfg(test)]

@@ -28,6 +28,8 @@ pub enum Problem {
     InvalidKey,
     AmbiguousKey,
     AmbiguousScope,
+    /// A canonicalised JSON body names a member twice in one object.
+    AmbiguousPayload,
     InFlight,
     /// The first request's outcome is unknown (it may have run); kept until its TTL.
     OutcomeUnknown,
@@ -58,7 +60,8 @@ impl Problem {
             Problem::MissingKey
             | Problem::InvalidKey
             | Problem::AmbiguousKey
-            | Problem::AmbiguousScope => 400,
+            | Problem::AmbiguousScope
+            | Problem::AmbiguousPayload => 400,
             Problem::InFlight
             | Problem::OutcomeUnknown
             | Problem::AlreadyCompleted
@@ -79,6 +82,7 @@ impl Problem {
             Problem::InvalidKey => "invalid-key",
             Problem::AmbiguousKey => "ambiguous-key",
             Problem::AmbiguousScope => "ambiguous-scope",
+            Problem::AmbiguousPayload => "ambiguous-payload",
             Problem::InFlight => "in-flight",
             Problem::OutcomeUnknown => "outcome-unknown",
             Problem::AlreadyCompleted => "already-completed",
@@ -102,6 +106,7 @@ impl Problem {
             Problem::InvalidKey => "Idempotency key invalid",
             Problem::AmbiguousKey => "Idempotency key ambiguous",
             Problem::AmbiguousScope => "Request scope ambiguous",
+            Problem::AmbiguousPayload => "Request payload ambiguous",
             Problem::InFlight => "A request with this idempotency key is in progress",
             Problem::OutcomeUnknown => {
                 "A request with this idempotency key may have run; its outcome is unknown"
@@ -129,6 +134,7 @@ impl Problem {
             Problem::InvalidKey => "proxy_dedup_invalid_key",
             Problem::AmbiguousKey => "proxy_dedup_ambiguous_key",
             Problem::AmbiguousScope => "proxy_dedup_ambiguous_scope",
+            Problem::AmbiguousPayload => "proxy_dedup_ambiguous_payload",
             Problem::InFlight => "proxy_dedup_in_flight",
             Problem::OutcomeUnknown => "proxy_dedup_outcome_unknown",
             Problem::AlreadyCompleted => "proxy_dedup_already_completed",

@@ -29,7 +29,7 @@ use crate::key::{
 };
 use crate::key::{Digest, ShortHex};
 use crate::metrics::Counter;
-use crate::payload::payload_digest;
+use crate::payload::{payload_digest, AmbiguousPayload};
 use crate::reply::{LocalReply, Problem};
 use crate::response::Capture;
 use crate::response::StoredResponse;
@@ -432,12 +432,17 @@ impl DedupStream {
             }
             None => return self.bypass(env, absent_reason.as_deref().unwrap_or("no key")),
         };
+        // Before the record: like the other 400s, an ambiguous payload names no record.
+        let payload = match payload_digest(&cfg.payload, &head, &body, raw_body) {
+            Ok(d) => d,
+            Err(AmbiguousPayload(detail)) => {
+                env.count(Counter::BadKey);
+                return self.reply(env, Problem::AmbiguousPayload.reply(&detail, Vec::new()));
+            }
+        };
         let digest = record_digest(cfg, &head, &key);
         self.record = Some(digest);
-        self.payload = Some(payload_digest(&cfg.payload, &head, &body, raw_body));
-        let Some(payload) = self.payload else {
-            return Decision::Continue;
-        };
+        self.payload = Some(payload);
         match &p.config.store {
             StoreConfig::SharedData { .. } => self.claim_shared(p, env, digest, payload),
             StoreConfig::Etcd(ec) => self.claim_etcd(p, env, ec, digest, payload),

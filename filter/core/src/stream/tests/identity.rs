@@ -238,3 +238,55 @@ fn the_method_can_be_a_fingerprint_part() {
         b"PATCH"
     );
 }
+
+#[test]
+fn a_json_key_is_its_string_content_exactly() {
+    // Issue 21: `"\"abc\""` was unquoted like a structured-header string and got the
+    // replay of the message whose id is `abc`.
+    let (p, mut env) = one_worker(r#"{"key": {"json_pointer": "/id"}}"#);
+    let r =
+        |id: &str, body: &str| req("POST", "/m").body(&format!(r#"{{"id": {id}, "b": "{body}"}}"#));
+    assert!(run(&p, &mut env, &r(r#""abc""#, "x"), ok("plain")).reached_upstream());
+    let quoted = r(r#""\"abc\"""#, "x");
+    assert_eq!(run(&p, &mut env, &quoted, ok("quoted")), executed("quoted"));
+    run(&p, &mut env, &quoted, ok("no")).assert_replays(b"quoted");
+    run(&p, &mut env, &r(r#""abc""#, "x"), ok("no")).assert_replays(b"plain");
+    // An integer is its decimal digits: `123` and `"123"` are one key (as they were),
+    // so the second is that key reused with another body: 422, not a new execution.
+    assert!(run(&p, &mut env, &r("123", "y"), ok("n")).reached_upstream());
+    assert_eq!(
+        run(&p, &mut env, &r(r#""123""#, "y"), ok("no")).status(),
+        422
+    );
+    run(&p, &mut env, &r("123", "y"), ok("no")).assert_replays(b"n");
+    // A header key is still unquoted (RFC 8941 string, as the IETF draft sends it).
+    let h = |k: &str| req("POST", "/h").header("idempotency-key", k).body("same");
+    assert!(run(&p, &mut env, &h("k1"), ok("h")).reached_upstream());
+    run(&p, &mut env, &h(r#""k1""#), ok("no")).assert_replays(b"h");
+}
+
+#[test]
+fn ordinary_json_string_keys_keep_their_record_digest() {
+    // The record digest of a JSON key is over its bytes: unchanged for keys without
+    // surrounding quotes, so records written before stay found.
+    use crate::key::{json_key, record_digest, ClientKey, JsonKey, KeySource};
+    let p = plugin(r#"{"key": {"json_pointer": "/id"}}"#);
+    let cfg = &p.config.policy;
+    let head = req("POST", "/m").head;
+    let JsonKey::Found(k) = json_key(cfg, "/id", br#"{"id": "msg-1"}"#) else {
+        panic!()
+    };
+    let want = ClientKey {
+        source: KeySource::JsonPointer,
+        value: b"msg-1".to_vec(),
+    };
+    assert_eq!(k, want);
+    assert_eq!(
+        record_digest(cfg, &head, &k),
+        record_digest(cfg, &head, &want)
+    );
+    let JsonKey::Found(q) = json_key(cfg, "/id", br#"{"id": "\"msg-1\""}"#) else {
+        panic!()
+    };
+    assert_eq!(q.value, br#""msg-1""#.to_vec());
+}
