@@ -2,7 +2,7 @@
 //! and `Config` and the parsers (`policy`, `store`, …) read them from here, so a default
 //! is written once.
 
-use super::{FailureMode, OnUnknownOutcome, Role, StatusRange};
+use super::{FailureMode, GrpcPolicy, OnUnknownOutcome, Role, StatusRange};
 
 /// Default `key.headers`: the header that carries the idempotency key.
 pub const DEFAULT_KEY_HEADER: &str = "idempotency-key";
@@ -78,3 +78,6 @@ pub const MIN_BUCKET_STORE_BYTES: u64 = 4096;
 /// Room for a stored response's status and headers beside its body, in the default
 /// budget's per-bucket floor.
 pub const STORED_HEADERS_ALLOWANCE: u64 = 4096;
+
+/// Default `grpc`: real gRPC requests pass untouched.
+pub const DEFAULT_GRPC: GrpcPolicy = GrpcPolicy::Bypass;

@@ -67,6 +67,9 @@ pub(super) fn parse_policy(
     if let Some(o) = raw.on_in_flight {
         out.on_in_flight = o;
     }
+    if let Some(g) = raw.grpc {
+        out.grpc = g;
+    }
     out.ttl_ms = in_range(
         &f("ttl_seconds"),
         raw.ttl_seconds,

@@ -22,6 +22,7 @@ macro_rules! with_policy_fields {
                 max_replay_body_bytes: u64,
                 store_statuses: Vec<String>,
                 payload: RawPayload,
+                grpc: GrpcPolicy,
             ]
             $($input)*
         }

@@ -270,3 +270,57 @@ fn digests_of_utf8_requests_are_pinned() {
     ];
     assert_eq!(got, want);
 }
+
+#[test]
+fn keys_are_validated_as_bytes() {
+    assert_eq!(key::validate_key(b"op-1", 8, "k").unwrap(), b"op-1");
+    assert_eq!(key::validate_key(b"\"op-1\"", 8, "k").unwrap(), b"op-1");
+    // A lone quote is no quoted string: it is the key.
+    assert_eq!(key::validate_key(b"\"", 8, "k").unwrap(), b"\"");
+    assert_eq!(
+        key::validate_key("clé".as_bytes(), 8, "k").unwrap(),
+        "clé".as_bytes()
+    );
+    for (bad, why) in [
+        (&b"op-\xc3"[..], "not UTF-8"),
+        (b"op-\xff", "not UTF-8"),
+        (b"\"\xfe\"", "not UTF-8"),
+        (b"a\x7fb", "control"),
+        ("a\u{85}b".as_bytes(), "control"),
+    ] {
+        match key::validate_key(bad, 8, "k") {
+            Err(KeyError::Invalid { detail }) => assert!(detail.contains(why), "{bad:?}: {detail}"),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn header_lines_keep_bytes_order_and_absence() {
+    let h = req("POST", "/p?q")
+        .header("x-a", "1")
+        .header_bytes("X-A", b"\xff")
+        .head;
+    assert_eq!(h.lines("x-a").collect::<Vec<_>>(), [&b"1"[..], b"\xff"]);
+    assert_eq!(h.header_count("x-a"), 2);
+    assert_eq!(h.lines(":path").collect::<Vec<_>>(), [&b"/p?q"[..]]);
+    assert_eq!(h.header_count("x-b"), 0);
+    assert_eq!(h.header("x-b"), None);
+    // A fingerprint tells no line from an empty one, and a second line counts.
+    let cfg = Config::parse(br#"{"key": {"fingerprint": ["header:x-a"]}}"#).unwrap();
+    let fp = |r: &crate::testing::Req| {
+        key::fingerprint_key(&cfg.policy, &r.head, &key::BodyHasher::default().finish()).value
+    };
+    let all = [
+        fp(&req("POST", "/")),
+        fp(&req("POST", "/").header("x-a", "")),
+        fp(&req("POST", "/").header("x-a", "1")),
+        fp(&req("POST", "/").header("x-a", "1").header("x-a", "")),
+        fp(&req("POST", "/").header("x-a", "1").header("x-a", "2")),
+    ];
+    for (i, a) in all.iter().enumerate() {
+        for b in all.get(i + 1..).unwrap() {
+            assert_ne!(a, b);
+        }
+    }
+}
