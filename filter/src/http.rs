@@ -378,13 +378,18 @@ fn read_request_body(size: usize) -> Option<Vec<u8>> {
     }
 }
 
+/// The request head from Envoy's header map. Values stay the bytes Envoy delivered:
+/// they enter record digests, where a lossy conversion would let two different values
+/// meet (issue 21). Only `:method` becomes text (a method that is not UTF-8 never equals
+/// a configured method, so it is never deduplicated). Names come lower-cased from Envoy;
+/// one that is not UTF-8 (Envoy's codecs accept only tokens) cannot equal a configured
+/// name however it reads.
 fn request_head() -> Option<RequestHead> {
     let pairs = abi::header_pairs(abi::MAP_REQUEST_HEADERS).ok()?;
     let mut head = RequestHead::default();
     for (mut name, value) in pairs {
-        let value = utf8(value);
         match name.as_str() {
-            ":method" => head.method = value,
+            ":method" => head.method = utf8(value),
             ":path" => head.path = value,
             ":authority" => head.authority = value,
             n if n.starts_with(':') => {}
@@ -394,6 +399,13 @@ fn request_head() -> Option<RequestHead> {
                 head.headers.push((name, value));
             }
         }
+    }
+    // gRPC is HTTP/2 or HTTP/3 with a gRPC content type; the protocol costs a host call,
+    // so it is read only when the content type says gRPC.
+    if head.grpc_content_type() {
+        head.protocol = abi::property_at("request\0protocol")
+            .map(utf8)
+            .unwrap_or_default();
     }
     Some(head)
 }

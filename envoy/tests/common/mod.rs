@@ -387,3 +387,53 @@ pub fn example_jwt(tenant: Option<&str>) -> String {
     let (key, kid) = example_jwt_key();
     jwt_hs256(&key, &kid, &example_jwt_claims(tenant))
 }
+
+/// A POST over HTTP/2 without TLS (prior knowledge), sent by curl.
+pub fn h2_post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+    let dir = std::env::temp_dir().join(format!(
+        "identity-h2-{}-{}",
+        std::process::id(),
+        path.replace('/', "_")
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (req_body, resp_body) = (dir.join("request"), dir.join("response"));
+    std::fs::write(&req_body, body).unwrap();
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args([
+        "-sS",
+        "--http2-prior-knowledge",
+        "--max-time",
+        "10",
+        "-D",
+        "-",
+    ])
+    .arg("-o")
+    .arg(&resp_body)
+    .arg("--data-binary")
+    .arg(format!("@{}", req_body.display()));
+    for (n, v) in headers {
+        cmd.arg("-H").arg(format!("{n}: {v}"));
+    }
+    let out = cmd.arg(format!("http://{addr}{path}")).output().unwrap();
+    assert!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let start = lines.next().unwrap_or_default().to_string();
+    assert!(start.starts_with("HTTP/2"), "not an HTTP/2 answer: {text}");
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let status = start.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = std::fs::read(&resp_body).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    Response {
+        status,
+        head: dedup_envoy::http::Head { start, headers },
+        body,
+    }
+}

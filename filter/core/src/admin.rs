@@ -27,15 +27,15 @@ pub enum AdminOp {
     Stats,
 }
 
-/// Decodes `%XX` and `+` in a query component.
-fn unescape(s: &str) -> Option<String> {
+/// Decodes `%XX` and `+` in a query component. The bytes, not text: a scope value is
+/// whatever bytes the data plane saw (`%FF` included).
+fn unescape(s: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(s.len());
-    let b = s.as_bytes();
     let mut i = 0;
-    while i < b.len() {
-        match b[i] {
+    while let Some(&c) = s.get(i) {
+        match c {
             b'%' => {
-                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                let hex = std::str::from_utf8(s.get(i + 1..i + 3)?).ok()?;
                 out.push(u8::from_str_radix(hex, 16).ok()?);
                 i += 3;
             }
@@ -49,21 +49,37 @@ fn unescape(s: &str) -> Option<String> {
             }
         }
     }
-    String::from_utf8(out).ok()
+    Some(out)
 }
 
 fn bad(detail: &str) -> LocalReply {
     Problem::BadAdminRequest.reply(detail, Vec::new())
 }
 
+/// The pseudo-header values a record's scope may name, from `scope.:authority`,
+/// `scope.:path` and `scope.:method`.
+#[derive(Default)]
+struct PseudoParams {
+    authority: Option<Vec<u8>>,
+    path: Option<Vec<u8>>,
+    method: Option<String>,
+}
+
 /// Parses an admin request; `Err` is the answer to give at once.
-pub fn parse(cfg: &Config, method: &str, path: &str) -> Result<AdminOp, LocalReply> {
-    let (route, query) = path.split_once('?').unwrap_or((path, ""));
+pub fn parse(cfg: &Config, method: &str, path: &[u8]) -> Result<AdminOp, LocalReply> {
+    let (route, query) = match path.iter().position(|&b| b == b'?') {
+        Some(at) => (
+            path.get(..at).unwrap_or_default(),
+            path.get(at + 1..).unwrap_or_default(),
+        ),
+        None => (path, &b""[..]),
+    };
+    let route_text = String::from_utf8_lossy(route);
     match (method, route) {
-        ("GET", "/stats") => return Ok(AdminOp::Stats),
-        ("GET" | "DELETE", "/records") => {}
-        (_, "/records" | "/stats") => {
-            return Err(bad(&format!("{method} is not allowed on {route}")));
+        ("GET", b"/stats") => return Ok(AdminOp::Stats),
+        ("GET" | "DELETE", b"/records") => {}
+        (_, b"/records" | b"/stats") => {
+            return Err(bad(&format!("{method} is not allowed on {route_text}")));
         }
         _ => {
             let detail = "this listener serves the proxy-dedup admin API only: GET /records, DELETE /records, GET /stats";
@@ -74,29 +90,47 @@ pub fn parse(cfg: &Config, method: &str, path: &str) -> Result<AdminOp, LocalRep
     let mut source = KeySource::Header;
     let mut head = RequestHead::default();
     let mut authority = None;
+    let mut pseudo = PseudoParams::default();
     let mut force = false;
     let mut params = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let (Some(name), Some(value)) = (unescape(name), unescape(value)) else {
-            return Err(bad(&format!("`{pair}` is not a valid query parameter")));
+    for pair in query.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
+        let (name, value) = match pair.iter().position(|&b| b == b'=') {
+            Some(at) => (
+                pair.get(..at).unwrap_or_default(),
+                pair.get(at + 1..).unwrap_or_default(),
+            ),
+            None => (pair, &b""[..]),
+        };
+        let name = unescape(name).and_then(|n| String::from_utf8(n).ok());
+        let (Some(name), Some(value)) = (name, unescape(value)) else {
+            return Err(bad(&format!(
+                "`{}` is not a valid query parameter",
+                String::from_utf8_lossy(pair)
+            )));
         };
         params.push((name, value));
     }
+    // Text parameters (the rule, the key, the source, a method): UTF-8 or refused. A
+    // data-plane key is UTF-8 (`validate_key`), so no other key has a record.
+    let text = |name: &str, v: Vec<u8>| {
+        String::from_utf8(v).map_err(|_| bad(&format!("the parameter `{name}` is not UTF-8")))
+    };
     // The rule first: its policy says which scope parameters the record has.
     let rule = match params.iter().find(|(n, _)| n == "rule") {
         None => None,
-        Some((_, name)) => match cfg.rules.iter().position(|r| &r.name == name) {
-            Some(i) if cfg.rules[i].policy.bypass => {
+        Some((_, name)) => match cfg.rules.iter().position(|r| r.name.as_bytes() == name) {
+            Some(i) if cfg.rules.get(i).is_some_and(|r| r.policy.bypass) => {
                 return Err(bad(&format!(
-                    "rule `{name}` is bypassed: its requests have no records"
+                    "rule `{}` is bypassed: its requests have no records",
+                    String::from_utf8_lossy(name)
                 )))
             }
             Some(i) => Some(i),
             None => {
                 let names: Vec<&str> = cfg.rules.iter().map(|r| r.name.as_str()).collect();
                 return Err(bad(&format!(
-                    "no rule is named `{name}` (rules: {}); leave `rule` out for requests no rule matches",
+                    "no rule is named `{}` (rules: {}); leave `rule` out for requests no rule matches",
+                    String::from_utf8_lossy(name),
                     if names.is_empty() { "none".to_string() } else { names.join(", ") }
                 )));
             }
@@ -106,9 +140,9 @@ pub fn parse(cfg: &Config, method: &str, path: &str) -> Result<AdminOp, LocalRep
     for (name, value) in params {
         match name.as_str() {
             "rule" => {}
-            "key" => key = Some(value),
+            "key" => key = Some(text("key", value)?),
             "source" => {
-                source = match value.as_str() {
+                source = match text("source", value)?.as_str() {
                     "header" => KeySource::Header,
                     "json_pointer" => KeySource::JsonPointer,
                     other => {
@@ -119,10 +153,24 @@ pub fn parse(cfg: &Config, method: &str, path: &str) -> Result<AdminOp, LocalRep
                 }
             }
             "authority" => authority = Some(value),
-            "force" => force = value == "true" || value == "1",
-            other => match other.strip_prefix("scope.") {
-                Some(h) if policy.scope_headers.iter().any(|s| s == &h.to_ascii_lowercase()) => {
-                    head.headers.push((h.to_ascii_lowercase(), value));
+            "force" => force = value == b"true" || value == b"1",
+            other => match other.strip_prefix("scope.").map(str::to_ascii_lowercase) {
+                Some(h) if policy.scope_headers.contains(&h) => {
+                    let twice = match h.as_str() {
+                        ":authority" => pseudo.authority.replace(value).is_some(),
+                        ":path" => pseudo.path.replace(value).is_some(),
+                        ":method" => pseudo.method.replace(text(other, value)?).is_some(),
+                        _ => {
+                            let seen = head.header_count(&h) > 0;
+                            head.headers.push((h, value));
+                            seen
+                        }
+                    };
+                    if twice {
+                        return Err(bad(&format!(
+                            "the parameter `{other}` is given twice; a record has one scope"
+                        )));
+                    }
                 }
                 _ => {
                     return Err(bad(&format!(
@@ -135,19 +183,42 @@ pub fn parse(cfg: &Config, method: &str, path: &str) -> Result<AdminOp, LocalRep
     let Some(key) = key.filter(|k| !k.is_empty()) else {
         return Err(bad("the parameter `key` is required"));
     };
-    if policy.scope_authority {
-        match authority {
-            Some(a) => head.authority = a,
-            None => return Err(bad(
-                "the parameter `authority` (the request's host) is required: scope.authority is on",
-            )),
+    // One request has one authority: `scope.authority` and a `:authority` scope part
+    // both hash it, so the two parameters must agree, and either gives it.
+    let scoped = |name: &str| policy.scope_headers.iter().any(|s| s == name);
+    head.authority = match (authority, pseudo.authority) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(bad(
+                "the parameters `authority` and `scope.:authority` differ; a request has one authority",
+            ))
         }
+        (Some(a), _) | (None, Some(a)) => a,
+        (None, None) if policy.scope_authority => return Err(bad(
+            "the parameter `authority` (the request's host) is required: scope.authority is on",
+        )),
+        (None, None) if scoped(":authority") => return Err(bad(
+            "the parameter `authority` or `scope.:authority` is required: scope.headers lists :authority",
+        )),
+        (None, None) => Vec::new(),
+    };
+    // Every request has a path and a method: a record scoped by them needs them named.
+    match pseudo.path {
+        Some(p) => head.path = p,
+        None if scoped(":path") => {
+            return Err(bad(
+                "the parameter `scope.:path` is required: scope.headers lists :path",
+            ))
+        }
+        None => {}
     }
-    // Pseudo-headers named as scope parts come from their own parameters.
-    for name in &policy.scope_headers {
-        if name == ":authority" {
-            head.authority = head.header(name).unwrap_or_default().to_string();
+    match pseudo.method {
+        Some(m) => head.method = m,
+        None if scoped(":method") => {
+            return Err(bad(
+                "the parameter `scope.:method` is required: scope.headers lists :method",
+            ))
         }
+        None => {}
     }
     let digest = record_digest(
         policy,
@@ -241,7 +312,7 @@ impl AdminStream {
         p: &Plugin,
         env: &mut E,
         method: &str,
-        path: &str,
+        path: &[u8],
         peer: &str,
     ) -> Decision {
         let op = match parse(&p.config, method, path) {
@@ -264,7 +335,10 @@ impl AdminStream {
                     }
                 };
                 if matches!(op, AdminOp::Delete { .. }) {
-                    env.warn(&format!("proxy-dedup admin: DELETE {path} from {peer}"));
+                    env.warn(&format!(
+                        "proxy-dedup admin: DELETE {} from {peer}",
+                        String::from_utf8_lossy(path)
+                    ));
                 }
                 self.op = Some(op);
                 Decision::Call(call)

@@ -100,6 +100,19 @@ pub enum OnInFlight {
     Wait,
 }
 
+/// What a policy does with gRPC requests (HTTP/2 or HTTP/3 with a gRPC content type):
+/// the operator's choice, never the client's.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum GrpcPolicy {
+    /// Pass them untouched, counted as bypassed (a gRPC status lives in trailers, which
+    /// are not stored, and Envoy turns a local reply to a gRPC request into a
+    /// trailers-only answer: a replay would not be the first answer).
+    Bypass,
+    /// Deduplicate them like any other request.
+    Deduplicate,
+}
+
 /// What to do when the store cannot answer.
 #[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -197,6 +210,8 @@ pub struct Policy {
     pub methods: Vec<String>,
     pub on_duplicate: OnDuplicate,
     pub on_in_flight: OnInFlight,
+    /// What gRPC requests get (`grpc`).
+    pub grpc: GrpcPolicy,
     /// How long a duplicate waits for the first (wait mode), ≤ `in_flight_timeout_ms`.
     pub wait_timeout_ms: u64,
     pub ttl_ms: u64,
@@ -239,6 +254,7 @@ impl Default for Policy {
             methods: DEFAULT_METHODS.iter().map(|m| m.to_string()).collect(),
             on_duplicate: OnDuplicate::Replay,
             on_in_flight: OnInFlight::Reject,
+            grpc: DEFAULT_GRPC,
             wait_timeout_ms: DEFAULT_WAIT_TIMEOUT_MS,
             ttl_ms: DEFAULT_TTL_MS,
             in_flight_timeout_ms: DEFAULT_IN_FLIGHT_TIMEOUT_MS,
@@ -448,8 +464,11 @@ impl RuleMatch {
         let path = head.path_only();
         self.path_prefix
             .as_ref()
-            .is_none_or(|p| path.starts_with(p.as_str()))
-            && self.path_exact.as_ref().is_none_or(|p| path == p)
+            .is_none_or(|p| path.starts_with(p.as_bytes()))
+            && self
+                .path_exact
+                .as_ref()
+                .is_none_or(|p| path == p.as_bytes())
             && self
                 .methods
                 .as_ref()
@@ -457,10 +476,12 @@ impl RuleMatch {
             && self
                 .authority
                 .as_ref()
-                .is_none_or(|a| head.authority.eq_ignore_ascii_case(a))
+                .is_none_or(|a| head.authority.eq_ignore_ascii_case(a.as_bytes()))
             && self.header.as_ref().is_none_or(|h| match &h.equals {
                 None => head.header_count(&h.name) > 0,
-                Some(v) => head.header_count(&h.name) == 1 && head.header(&h.name) == Some(v),
+                Some(v) => {
+                    head.header_count(&h.name) == 1 && head.header(&h.name) == Some(v.as_bytes())
+                }
             })
     }
 }

@@ -8,56 +8,81 @@ use sha2::{Digest as _, Sha256};
 /// A 32-byte digest: SHA-256 for record and payload digests, BLAKE3 for bodies.
 pub type Digest = [u8; 32];
 
-/// The request head as the filter sees it. Header names are lower-case.
+/// The request head as the filter sees it. Header names are lower-case. Everything that
+/// can enter a digest (path, authority, header values) is kept as the bytes Envoy
+/// delivered: a lossy text conversion would let two different byte strings meet in one
+/// record (issue 21). Valid UTF-8 hashes exactly as it did when these were `String`s.
 #[derive(Debug, Clone, Default)]
 pub struct RequestHead {
+    /// `:method`. Text: a method is deduplicated only when it equals a configured
+    /// (upper-case ASCII) method, so how other bytes read never reaches a digest.
     pub method: String,
     /// Path including the query string, as in `:path`.
-    pub path: String,
+    pub path: Vec<u8>,
     /// `:authority` (the Host), as the client sent it.
-    pub authority: String,
+    pub authority: Vec<u8>,
     /// Regular headers (no pseudo-headers), repeated lines as separate pairs.
-    pub headers: Vec<(String, String)>,
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// Envoy's `request.protocol` (`HTTP/1.1`, `HTTP/2`, `HTTP/3`). The glue reads it
+    /// only for a request with a gRPC content type (see `is_grpc`); empty otherwise.
+    pub protocol: String,
 }
 
 impl RequestHead {
     /// First value of a header (names compare case-insensitively); `:authority`,
     /// `:path` and `:method` name the pseudo-headers.
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
         if let Some(v) = self.pseudo(name) {
             return Some(v);
         }
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// Every line of a header, in the order Envoy delivered them (a pseudo-header has
+    /// one line).
+    pub fn lines<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let pseudo = self.pseudo(name);
+        let regular = self
+            .headers
+            .iter()
+            .filter(move |(n, _)| pseudo.is_none() && n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice());
+        pseudo.into_iter().chain(regular)
     }
 
     /// How many lines carry this header (a pseudo-header counts once).
     pub fn header_count(&self, name: &str) -> usize {
-        if self.pseudo(name).is_some() {
-            return 1;
-        }
-        self.headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
-            .count()
+        self.lines(name).count()
     }
 
-    fn pseudo(&self, name: &str) -> Option<&str> {
+    fn pseudo(&self, name: &str) -> Option<&[u8]> {
         match name {
             ":authority" => Some(&self.authority),
             ":path" => Some(&self.path),
-            ":method" => Some(&self.method),
+            ":method" => Some(self.method.as_bytes()),
             _ => None,
         }
     }
 
-    /// Whether the request is gRPC (`content-type: application/grpc`, `+proto`, `-web`…).
-    pub fn is_grpc(&self) -> bool {
+    /// Whether the content type says gRPC (`application/grpc`, `+proto`, `+json`,
+    /// `-web`…). The client chooses it: alone it decides nothing (see `is_grpc`); the
+    /// glue reads the protocol only when it holds.
+    pub fn grpc_content_type(&self) -> bool {
         self.header("content-type").is_some_and(|ct| {
-            ct.len() >= 16 && ct.as_bytes()[..16].eq_ignore_ascii_case(b"application/grpc")
+            ct.get(..16)
+                .is_some_and(|p| p.eq_ignore_ascii_case(b"application/grpc"))
         })
+    }
+
+    /// Whether the request really is gRPC: a gRPC content type over HTTP/2 or HTTP/3
+    /// (gRPC needs either). Over HTTP/1.1 a gRPC content type is only a label a client
+    /// can put on any request, so such a request is deduplicated like any other.
+    pub fn is_grpc(&self) -> bool {
+        (self.protocol.starts_with("HTTP/2") || self.protocol.starts_with("HTTP/3"))
+            && self.grpc_content_type()
     }
 
     /// The first scope header sent on more than one line, if any.
@@ -68,14 +93,70 @@ impl RequestHead {
             .map(String::as_str)
     }
 
-    pub(crate) fn path_only(&self) -> &str {
-        self.path
-            .split_once('?')
-            .map_or(self.path.as_str(), |(p, _)| p)
+    pub(crate) fn path_only(&self) -> &[u8] {
+        split_query(&self.path).0
     }
 
-    pub(crate) fn query(&self) -> &str {
-        self.path.split_once('?').map_or("", |(_, q)| q)
+    pub(crate) fn query(&self) -> &[u8] {
+        split_query(&self.path).1
+    }
+}
+
+/// The path and the query (after the first `?`; empty without one).
+fn split_query(path: &[u8]) -> (&[u8], &[u8]) {
+    match path.iter().position(|&b| b == b'?') {
+        Some(at) => (
+            path.get(..at).unwrap_or_default(),
+            path.get(at + 1..).unwrap_or_default(),
+        ),
+        None => (path, &[]),
+    }
+}
+
+/// How the lines of a `header:` part (fingerprint, payload check) enter a hash: the
+/// marker written for no line, for one line (then the value, length-prefixed), and for
+/// several lines (then their count and each value, in order). One line hashes as it
+/// always did, so digests of requests that send a header once stay the same; no line,
+/// an empty line and several lines all hash differently.
+pub(crate) struct LineMarkers {
+    pub(crate) none: &'static [u8],
+    pub(crate) one: &'static [u8],
+    pub(crate) many: &'static [u8],
+}
+
+/// The fingerprint's markers. A fingerprint header part used to be only its value,
+/// length-prefixed (and "" when absent): the other cases begin with a length prefix no
+/// value can have (`u64::MAX`, `u64::MAX - 1`), so they never read as a value.
+pub(crate) const FINGERPRINT_LINES: LineMarkers = LineMarkers {
+    none: &u64::MAX.to_be_bytes(),
+    one: &[],
+    many: &(u64::MAX - 1).to_be_bytes(),
+};
+
+/// The payload check's markers: 0 absent and 1 present were its format already; 3
+/// marks several lines (2 is the body's canonical-JSON marker).
+pub(crate) const PAYLOAD_LINES: LineMarkers = LineMarkers {
+    none: &[0],
+    one: &[1],
+    many: &[3],
+};
+
+/// Feeds the lines of header `name` into `h` (see `LineMarkers`).
+pub(crate) fn feed_header_part(h: &mut Sha256, head: &RequestHead, name: &str, m: &LineMarkers) {
+    let mut lines = head.lines(name);
+    match (lines.next(), lines.next()) {
+        (None, _) => h.update(m.none),
+        (Some(v), None) => {
+            h.update(m.one);
+            feed(h, v);
+        }
+        (Some(_), Some(_)) => {
+            h.update(m.many);
+            h.update((head.header_count(name) as u64).to_be_bytes());
+            for v in head.lines(name) {
+                feed(h, v);
+            }
+        }
     }
 }
 
@@ -112,15 +193,19 @@ pub struct ClientKey {
 /// A header key quoted as an RFC 8941 string (`"abc"`, as the IETF draft sends it),
 /// unquoted; other values as they are. Only for headers: a JSON key's string content is
 /// the key exactly (`"\"abc\""` in a body is the key `"abc"`, quotes included).
-pub fn unquote_header_key(raw: &str) -> &str {
-    raw.strip_prefix('"')
-        .and_then(|r| r.strip_suffix('"'))
-        .unwrap_or(raw)
+pub fn unquote_header_key(raw: &[u8]) -> &[u8] {
+    match raw {
+        [b'"', inner @ .., b'"'] => inner,
+        _ => raw,
+    }
 }
 
-/// Validates a client-supplied key: 1..=max_length bytes, no control characters. The
-/// value is used as given (header keys are unquoted first, see `unquote_header_key`).
-pub fn validate_key(v: &str, max_length: usize, what: &str) -> Result<String, KeyError> {
+/// Validates a client-supplied key: 1..=max_length bytes of UTF-8 without control
+/// characters (C0, DEL, C1). Bytes that are not UTF-8 are refused rather than read
+/// lossily, which would give `op-\xc3` and `op-\xff` one record. Otherwise the key is
+/// its bytes, so two different keys never share a record (header keys are unquoted
+/// first, see `unquote_header_key`).
+pub fn validate_key(v: &[u8], max_length: usize, what: &str) -> Result<Vec<u8>, KeyError> {
     if v.is_empty() {
         return Err(KeyError::Invalid {
             detail: format!("{what} is empty"),
@@ -134,12 +219,17 @@ pub fn validate_key(v: &str, max_length: usize, what: &str) -> Result<String, Ke
             ),
         });
     }
-    if v.chars().any(char::is_control) {
+    let Ok(text) = std::str::from_utf8(v) else {
+        return Err(KeyError::Invalid {
+            detail: format!("{what} is not UTF-8"),
+        });
+    };
+    if text.chars().any(char::is_control) {
         return Err(KeyError::Invalid {
             detail: format!("{what} contains control characters"),
         });
     }
-    Ok(v.to_string())
+    Ok(v.to_vec())
 }
 
 /// The key from the configured headers, if one is present. A key header sent on more
@@ -160,7 +250,7 @@ pub fn header_key(cfg: &Policy, head: &RequestHead) -> Option<Result<ClientKey, 
             )
             .map(|v| ClientKey {
                 source: KeySource::Header,
-                value: v.into_bytes(),
+                value: v,
             })
         })
     })
@@ -190,11 +280,11 @@ pub fn json_key(cfg: &Policy, pointer: &str, body: &[u8]) -> JsonKey {
         Target::Missing => {
             return JsonKey::Absent(format!("the body has no value at `{pointer}`"));
         }
-        Target::Str(s) => match validate_key(&s, cfg.key_max_length, &what) {
+        Target::Str(s) => match validate_key(s.as_bytes(), cfg.key_max_length, &what) {
             Ok(v) => v,
             Err(e) => return JsonKey::Invalid(e),
         },
-        Target::Int(n) => n,
+        Target::Int(n) => n.into_bytes(),
         Target::Other(kind) => {
             return JsonKey::Invalid(KeyError::Invalid {
                 detail: format!("{what} is {kind}, not a string or integer"),
@@ -208,12 +298,12 @@ pub fn json_key(cfg: &Policy, pointer: &str, body: &[u8]) -> JsonKey {
     };
     JsonKey::Found(ClientKey {
         source: KeySource::JsonPointer,
-        value: value.into_bytes(),
+        value,
     })
 }
 
 /// Feeds a length-prefixed field into a hash, so field boundaries are unambiguous.
-fn feed(h: &mut Sha256, bytes: &[u8]) {
+pub(crate) fn feed(h: &mut Sha256, bytes: &[u8]) {
     h.update((bytes.len() as u64).to_be_bytes());
     h.update(bytes);
 }
@@ -257,10 +347,10 @@ pub fn fingerprint_key(cfg: &Policy, head: &RequestHead, body: &BodyDigest) -> C
     for part in &cfg.fingerprint {
         match part {
             FingerprintPart::Method => feed(&mut h, head.method.as_bytes()),
-            FingerprintPart::Path => feed(&mut h, head.path_only().as_bytes()),
-            FingerprintPart::Query => feed(&mut h, head.query().as_bytes()),
+            FingerprintPart::Path => feed(&mut h, head.path_only()),
+            FingerprintPart::Query => feed(&mut h, head.query()),
             FingerprintPart::Header(name) => {
-                feed(&mut h, head.header(name).unwrap_or("").as_bytes())
+                feed_header_part(&mut h, head, name, &FINGERPRINT_LINES)
             }
             FingerprintPart::Body => {
                 h.update(body.len.to_be_bytes());
@@ -297,7 +387,7 @@ pub fn record_digest(cfg: &Policy, head: &RequestHead, key: &ClientKey) -> Diges
     }
     if cfg.scope_authority {
         h.update([1]);
-        feed(&mut h, head.authority.to_ascii_lowercase().as_bytes());
+        feed(&mut h, &head.authority.to_ascii_lowercase());
     } else {
         h.update([0]);
     }
@@ -307,7 +397,7 @@ pub fn record_digest(cfg: &Policy, head: &RequestHead, key: &ClientKey) -> Diges
         match head.header(name) {
             Some(v) => {
                 h.update([1]);
-                feed(&mut h, v.as_bytes());
+                feed(&mut h, v);
             }
             None => h.update([0]),
         }

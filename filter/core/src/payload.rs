@@ -63,7 +63,7 @@ pub fn payload_digest(
     if cfg.is_default() {
         h.update(b"proxy-dedup payload v1\0");
         feed(&mut h, head.method.as_bytes());
-        feed(&mut h, head.path.as_bytes());
+        feed(&mut h, &head.path);
         h.update(body.len.to_be_bytes());
         h.update(body.digest);
         return Ok(h.finalize().into());
@@ -79,15 +79,11 @@ pub fn payload_digest(
     for part in parts {
         match part {
             FingerprintPart::Method => feed(&mut h, head.method.as_bytes()),
-            FingerprintPart::Path => feed(&mut h, head.path_only().as_bytes()),
-            FingerprintPart::Query => feed(&mut h, head.query().as_bytes()),
-            FingerprintPart::Header(name) => match head.header(name) {
-                Some(v) => {
-                    h.update([1]);
-                    feed(&mut h, v.as_bytes());
-                }
-                None => h.update([0]),
-            },
+            FingerprintPart::Path => feed(&mut h, head.path_only()),
+            FingerprintPart::Query => feed(&mut h, head.query()),
+            FingerprintPart::Header(name) => {
+                crate::key::feed_header_part(&mut h, head, name, &crate::key::PAYLOAD_LINES)
+            }
             FingerprintPart::Body => match canon::canonical(&cfg.json, raw_body) {
                 Canonical::Json(canonical) => {
                     // Like the raw body: its length and BLAKE3 digest.

@@ -22,7 +22,7 @@ pub use detached::{classify_call, UpstreamCall};
 pub use plugin::{keeps_unknown, CallAnswer, Env, Plugin, StoreCall, StoreState};
 pub use waiting::recheck_interval_ms;
 
-use crate::config::StoreConfig;
+use crate::config::{GrpcPolicy, StoreConfig};
 use crate::key::{
     fingerprint_key, header_key, json_key, record_digest, short_hex, BodyHasher, ClientKey,
     JsonKey, KeyError, RequestHead,
@@ -268,10 +268,12 @@ impl DedupStream {
         if !cfg.dedups_method(&head.method) {
             return self.bypass(env, "method not deduplicated");
         }
-        if head.is_grpc() {
+        if cfg.grpc == GrpcPolicy::Bypass && head.is_grpc() {
             // A gRPC status lives in trailers, which are not stored, and Envoy turns a
             // local reply to a gRPC request into a trailers-only answer: a replay would
-            // be broken, so gRPC passes untouched.
+            // be broken, so real gRPC passes untouched unless the policy says otherwise.
+            // Before `key.required`: the operator chose to let gRPC by. A gRPC content
+            // type over HTTP/1.1 is not gRPC (`is_grpc`): a client cannot opt out.
             return self.bypass(env, "gRPC");
         }
         if let Some(name) = head.ambiguous_scope(cfg) {

@@ -27,6 +27,7 @@ pub(crate) fn req(method: &str, path: &str) -> Req {
             path: path.into(),
             authority: "api.example".into(),
             headers: Vec::new(),
+            protocol: String::new(),
         },
         body: None,
         chunk: 7,
@@ -37,6 +38,11 @@ pub(crate) fn req(method: &str, path: &str) -> Req {
 impl Req {
     pub(crate) fn header(mut self, n: &str, v: &str) -> Self {
         self.head.headers.push((n.into(), v.into()));
+        self
+    }
+    /// A header whose value is any bytes (not UTF-8, say).
+    pub(crate) fn header_bytes(mut self, n: &str, v: &[u8]) -> Self {
+        self.head.headers.push((n.into(), v.to_vec()));
         self
     }
     pub(crate) fn key(self, k: &str) -> Self {
@@ -359,7 +365,7 @@ pub(crate) fn rules(extra: &str) -> Plugin {
 
 pub(crate) fn admin(p: &Plugin, env: &mut FakeEnv, method: &str, path: &str) -> LocalReply {
     let mut a = crate::admin::AdminStream::default();
-    let mut action = a.on_request(p, env, method, path, "127.0.0.1:5555");
+    let mut action = a.on_request(p, env, method, path.as_bytes(), "127.0.0.1:5555");
     while let Decision::Call(c) = action {
         let answer = call(env, &c);
         action = a.on_store_answer(p, env, answer);

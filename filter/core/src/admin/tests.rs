@@ -241,7 +241,7 @@ fn admin_on_etcd_reads_without_deleting_and_gives_up_on_a_record_that_keeps_chan
     a.now_ms -= 10_000;
     // A DELETE whose record changes under it every time: five reads, then 503.
     let mut s = crate::admin::AdminStream::default();
-    let mut action = s.on_request(&admin_p, &mut a, "DELETE", q, "peer");
+    let mut action = s.on_request(&admin_p, &mut a, "DELETE", q.as_bytes(), "peer");
     let Decision::Call(first) = &action else {
         panic!("{action:?}")
     };
@@ -271,7 +271,7 @@ fn admin_on_etcd_reads_without_deleting_and_gives_up_on_a_record_that_keeps_chan
     // etcd's own errors are named in the answer.
     let mut s = crate::admin::AdminStream::default();
     assert!(matches!(
-        s.on_request(&admin_p, &mut a, "GET", q, "peer"),
+        s.on_request(&admin_p, &mut a, "GET", q.as_bytes(), "peer"),
         Decision::Call(_)
     ));
     let e = s.on_store_answer(
@@ -374,4 +374,104 @@ fn the_admin_api_addresses_a_rules_records_by_name() {
             b"top"
         );
     }
+}
+
+/// Issue 21: records scoped by a pseudo-header are found and purged through
+/// `scope.:authority`, `scope.:path` and `scope.:method`.
+#[test]
+fn admin_finds_and_purges_records_scoped_by_each_pseudo_header() {
+    for (scope, param) in [
+        (":authority", "scope.:authority=Api.Example"),
+        (":path", "scope.:path=/orders%3Fx%3D1"),
+        (":method", "scope.:method=PUT"),
+    ] {
+        let data = format!(
+            r#"{{"scope": {{"authority": false, "headers": ["{scope}"]}}, "methods": ["POST", "PUT"]}}"#
+        );
+        let p = plugin(&data);
+        let admin_p = plugin(&format!(r#"{{"role": "admin", {}"#, &data[1..]));
+        let (_, mut env) = world();
+        let mut r = req("PUT", "/orders?x=1").key("k");
+        r.head.authority = "Api.Example".into();
+        assert!(run(&p, &mut env, &r, ok("a")).reached_upstream());
+        let q = format!("/records?key=k&{param}");
+        let got = admin(&admin_p, &mut env, "GET", &q);
+        assert_eq!(got.status, 200, "{scope}: {}", detail(&got));
+        assert_eq!(admin_json(&got)["state"], "completed", "{scope}");
+        // Another value of the pseudo-header is another record.
+        let other = q
+            .replace("Api.Example", "api.example")
+            .replace("%3D1", "%3D2")
+            .replace("PUT", "POST");
+        assert_eq!(
+            admin(&admin_p, &mut env, "GET", &other).status,
+            404,
+            "{scope}"
+        );
+        // Left out: the record cannot be named.
+        let missing = admin(&admin_p, &mut env, "GET", "/records?key=k");
+        assert_eq!(missing.status, 400, "{scope}");
+        assert!(
+            detail(&missing).contains(scope),
+            "{scope}: {}",
+            detail(&missing)
+        );
+        assert_eq!(
+            admin(&admin_p, &mut env, "DELETE", &q).status,
+            200,
+            "{scope}"
+        );
+        assert_eq!(admin(&admin_p, &mut env, "GET", &q).status, 404, "{scope}");
+        assert!(
+            run(&p, &mut env, &r, ok("b")).reached_upstream(),
+            "{scope}: purged"
+        );
+    }
+}
+
+#[test]
+fn admin_authority_and_a_scope_authority_must_agree() {
+    let data = r#""scope": {"headers": [":authority", "x-tenant"]}"#;
+    let p = plugin(&format!("{{{data}}}"));
+    let admin_p = plugin(&format!(r#"{{"role": "admin", {data}}}"#));
+    let (_, mut env) = world();
+    let r = req("POST", "/o")
+        .key("k")
+        .header_bytes("x-tenant", b"acme\xff");
+    assert!(run(&p, &mut env, &r, ok("a")).reached_upstream());
+    // Either parameter gives the one authority; a scope value may be any bytes.
+    for q in [
+        "key=k&authority=api.example&scope.x-tenant=acme%FF",
+        "key=k&scope.:authority=api.example&scope.x-tenant=acme%FF",
+        "key=k&authority=api.example&scope.:authority=api.example&scope.x-tenant=acme%FF",
+    ] {
+        let got = admin(&admin_p, &mut env, "GET", &format!("/records?{q}"));
+        assert_eq!(got.status, 200, "{q}: {}", detail(&got));
+    }
+    for q in [
+        "key=k&authority=api.example&scope.x-tenant=acme%FE",
+        "key=k&authority=api.example&scope.x-tenant=acme%EF%BF%BD",
+    ] {
+        assert_eq!(
+            admin(&admin_p, &mut env, "GET", &format!("/records?{q}")).status,
+            404,
+            "{q}"
+        );
+    }
+    let got = admin(
+        &admin_p,
+        &mut env,
+        "GET",
+        "/records?key=k&authority=api.example&scope.:authority=other.example",
+    );
+    assert_eq!(got.status, 400);
+    assert!(detail(&got).contains("differ"), "{}", detail(&got));
+    let got = admin(
+        &admin_p,
+        &mut env,
+        "GET",
+        "/records?key=k&authority=a&scope.x-tenant=1&scope.x-tenant=2",
+    );
+    assert_eq!(got.status, 400);
+    assert!(detail(&got).contains("twice"), "{}", detail(&got));
 }

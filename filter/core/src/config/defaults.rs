@@ -2,7 +2,7 @@
 //! and `Config` and the parsers (`policy`, `store`, …) read them from here, so a default
 //! is written once.
 
-use super::{FailureMode, OnStoreFull, OnUnknownOutcome, Role, StatusRange};
+use super::{FailureMode, GrpcPolicy, OnStoreFull, OnUnknownOutcome, Role, StatusRange};
 
 /// Default `key.headers`: the header that carries the idempotency key.
 pub const DEFAULT_KEY_HEADER: &str = "idempotency-key";
@@ -82,3 +82,6 @@ pub const MIN_BUCKET_STORE_BYTES: u64 = 4096;
 pub const STORED_HEADERS_ALLOWANCE: u64 = 4096;
 /// Default `upstream.timeout_ms` (detached execution).
 pub const DEFAULT_DETACHED_TIMEOUT_MS: u64 = 10_000;
+
+/// Default `grpc`: real gRPC requests pass untouched.
+pub const DEFAULT_GRPC: GrpcPolicy = GrpcPolicy::Bypass;

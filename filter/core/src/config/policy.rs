@@ -70,6 +70,9 @@ pub(super) fn parse_policy(
     if let Some(o) = raw.on_unknown_outcome {
         out.on_unknown_outcome = o;
     }
+    if let Some(g) = raw.grpc {
+        out.grpc = g;
+    }
     out.ttl_ms = in_range(
         &f("ttl_seconds"),
         raw.ttl_seconds,

@@ -24,6 +24,7 @@ macro_rules! with_policy_fields {
                 store_statuses: Vec<String>,
                 payload: RawPayload,
                 upstream: RawUpstream,
+                grpc: GrpcPolicy,
             ]
             $($input)*
         }

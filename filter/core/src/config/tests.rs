@@ -474,3 +474,30 @@ fn each_store_carries_only_its_own_settings() {
     assert_eq!(etcd.namespace(), Config::default().namespace());
     assert_eq!(etcd.max_store_bytes(), None);
 }
+
+#[test]
+fn grpc_defaults_to_bypass_and_a_rule_overrides_it() {
+    use crate::config::GrpcPolicy;
+    let c = Config::parse(b"{}").unwrap();
+    assert_eq!(c.policy.grpc, GrpcPolicy::Bypass);
+    let c = Config::parse(
+        br#"{"grpc": "deduplicate", "rules": [
+            {"name": "a", "match": {"path_prefix": "/a"}},
+            {"name": "b", "match": {"path_prefix": "/b"}, "grpc": "bypass"}
+        ]}"#,
+    )
+    .unwrap();
+    assert_eq!(c.policy.grpc, GrpcPolicy::Deduplicate);
+    assert_eq!(c.rules[0].policy.grpc, GrpcPolicy::Deduplicate, "inherited");
+    assert_eq!(c.rules[1].policy.grpc, GrpcPolicy::Bypass);
+    assert_eq!(cfg_err(r#"{"grpc": "skip"}"#).0, "grpc");
+    assert_eq!(
+        cfg_err(r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"}, "grpc": true}]}"#).0,
+        "rules[0].grpc"
+    );
+    let (field, reason) = cfg_err(
+        r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"}, "bypass": true, "grpc": "deduplicate"}]}"#,
+    );
+    assert_eq!(field, "rules[0].bypass");
+    assert!(reason.contains("grpc"), "{reason}");
+}

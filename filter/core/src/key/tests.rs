@@ -180,3 +180,152 @@ fn a_short_hex_is_the_first_six_bytes_in_lower_hex() {
     d[5] = 0xf0;
     assert_eq!(crate::key::short_hex(&d).to_string(), "01ababababf0");
 }
+
+/// Record and payload digests of valid-UTF-8 requests, pinned as computed before header
+/// values became bytes (issue 21): a change here would run every stored key again
+/// across an upgrade.
+#[test]
+fn digests_of_utf8_requests_are_pinned() {
+    use crate::payload::payload_digest;
+    let hex = |d: &[u8]| {
+        let mut s = String::new();
+        key::push_hex(&mut s, d);
+        s
+    };
+    let k = |v: &str| ClientKey {
+        source: KeySource::Header,
+        value: v.as_bytes().to_vec(),
+    };
+    let body = |b: &str| {
+        let mut h = key::BodyHasher::default();
+        h.update(b.as_bytes());
+        h.finish()
+    };
+    let mut got = Vec::new();
+    // The default policy: the authority (lower-cased) and the key.
+    let cfg = Config::parse(b"").unwrap();
+    let h = req("POST", "/orders").key("op-1").head;
+    got.push(hex(&record_digest(&cfg.policy, &h, &k("op-1"))));
+    let mut up = h.clone();
+    up.authority = "API.Example".into();
+    got.push(hex(&record_digest(&cfg.policy, &up, &k("op-1"))));
+    // Scope headers, pseudo-headers among them, one absent, one empty, non-ASCII UTF-8.
+    let cfg = Config::parse(
+        br#"{"scope": {"headers": ["x-tenant", ":authority", ":path", ":method", "x-absent", "x-empty"]}}"#,
+    )
+    .unwrap();
+    let h = req("POST", "/orders?x=1")
+        .header("x-tenant", "acmé")
+        .header("x-empty", "")
+        .head;
+    got.push(hex(&record_digest(&cfg.policy, &h, &k("clé-ü"))));
+    // A rule's records group, authority off.
+    let cfg = Config::parse(
+        br#"{"rules": [{"name": "pay", "match": {"path_prefix": "/pay"}, "scope": {"authority": false, "headers": ["x-tenant"]}}]}"#,
+    )
+    .unwrap();
+    let h = req("POST", "/pay").header("x-tenant", "globex").head;
+    let (rule, policy) = cfg.select(&h);
+    assert_eq!(rule, Some(0));
+    got.push(hex(&record_digest(policy, &h, &k("p-9"))));
+    // A keyless fingerprint with header parts (present, and present but empty).
+    let cfg = Config::parse(
+        br#"{"key": {"fingerprint": ["method", "path", "query", "body", "header:x-device", "header:x-empty", "header::authority"]}}"#,
+    )
+    .unwrap();
+    let h = req("POST", "/push?a=1")
+        .header("x-device", "d-1")
+        .header("x-empty", "")
+        .head;
+    let fp = key::fingerprint_key(&cfg.policy, &h, &body("hello"));
+    got.push(hex(&fp.value));
+    got.push(hex(&record_digest(&cfg.policy, &h, &fp)));
+    // Payload digests: the default, and parts with headers (present, empty, absent).
+    let cfg = Config::parse(b"").unwrap();
+    got.push(hex(&payload_digest(
+        &cfg.policy.payload,
+        &h,
+        &body("hello"),
+        b"hello",
+    )
+    .unwrap()));
+    let cfg = Config::parse(
+        br#"{"payload": {"parts": ["method", "path", "body", "header:x-device", "header:x-empty", "header:x-absent", "header::path"]}}"#,
+    )
+    .unwrap();
+    got.push(hex(&payload_digest(
+        &cfg.policy.payload,
+        &h,
+        &body("hello"),
+        b"hello",
+    )
+    .unwrap()));
+    let want = [
+        "1671142ff22866d72c0ae904140e0bdfe0a4feb3a99733713a5fdd151b734a38",
+        "1671142ff22866d72c0ae904140e0bdfe0a4feb3a99733713a5fdd151b734a38",
+        "2b070388843560b7fc77ace8beac1f3812f0ce1d7bdb95d179d0e04a48c3d56b",
+        "78c50389062db5b8d40ca3903b7d3f674d0fef629d98321ccc93322492e32452",
+        "7c975fd665fe0e6a5531e2e69bf0089cf46dca4ffbb0af3e00ecf2ee651bd83a",
+        "8d92b674e39487db92dd57bc33205af4ace8dc750902c32d53d9bb9d40b849a1",
+        "ce3ea46957fcedbaa9c8dc6544d703eec93ff352440cd9e05e24e7ca9c78a9db",
+        "a6375a31056791e9a3b4884a4da2e70cb8f8978bb2f85762dee31ce240a434ea",
+    ];
+    assert_eq!(got, want);
+}
+
+#[test]
+fn keys_are_validated_as_bytes() {
+    assert_eq!(key::validate_key(b"op-1", 8, "k").unwrap(), b"op-1");
+    // Validation takes the value as given; header keys are unquoted before it.
+    assert_eq!(key::validate_key(b"\"op-1\"", 8, "k").unwrap(), b"\"op-1\"");
+    assert_eq!(key::unquote_header_key(b"\"op-1\""), b"op-1");
+    // A lone quote is no quoted string: it is the key.
+    assert_eq!(key::unquote_header_key(b"\""), b"\"");
+    assert_eq!(key::validate_key(b"\"", 8, "k").unwrap(), b"\"");
+    assert_eq!(
+        key::validate_key("clé".as_bytes(), 8, "k").unwrap(),
+        "clé".as_bytes()
+    );
+    for (bad, why) in [
+        (&b"op-\xc3"[..], "not UTF-8"),
+        (b"op-\xff", "not UTF-8"),
+        (b"\"\xfe\"", "not UTF-8"),
+        (b"a\x7fb", "control"),
+        ("a\u{85}b".as_bytes(), "control"),
+    ] {
+        match key::validate_key(bad, 8, "k") {
+            Err(KeyError::Invalid { detail }) => assert!(detail.contains(why), "{bad:?}: {detail}"),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn header_lines_keep_bytes_order_and_absence() {
+    let h = req("POST", "/p?q")
+        .header("x-a", "1")
+        .header_bytes("X-A", b"\xff")
+        .head;
+    assert_eq!(h.lines("x-a").collect::<Vec<_>>(), [&b"1"[..], b"\xff"]);
+    assert_eq!(h.header_count("x-a"), 2);
+    assert_eq!(h.lines(":path").collect::<Vec<_>>(), [&b"/p?q"[..]]);
+    assert_eq!(h.header_count("x-b"), 0);
+    assert_eq!(h.header("x-b"), None);
+    // A fingerprint tells no line from an empty one, and a second line counts.
+    let cfg = Config::parse(br#"{"key": {"fingerprint": ["header:x-a"]}}"#).unwrap();
+    let fp = |r: &crate::testing::Req| {
+        key::fingerprint_key(&cfg.policy, &r.head, &key::BodyHasher::default().finish()).value
+    };
+    let all = [
+        fp(&req("POST", "/")),
+        fp(&req("POST", "/").header("x-a", "")),
+        fp(&req("POST", "/").header("x-a", "1")),
+        fp(&req("POST", "/").header("x-a", "1").header("x-a", "")),
+        fp(&req("POST", "/").header("x-a", "1").header("x-a", "2")),
+    ];
+    for (i, a) in all.iter().enumerate() {
+        for b in all.get(i + 1..).unwrap() {
+            assert_ne!(a, b);
+        }
+    }
+}

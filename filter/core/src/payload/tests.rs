@@ -12,6 +12,7 @@ fn digest(cfg: &PayloadConfig, method: &str, path: &str, body: &str) -> Digest {
         path: path.into(),
         authority: "h".into(),
         headers: vec![("x-attempt".into(), "1".into())],
+        ..RequestHead::default()
     };
     let mut hasher = BodyHasher::default();
     hasher.update(body.as_bytes());

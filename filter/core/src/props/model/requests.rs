@@ -148,15 +148,16 @@ impl World {
             method: if bad == Some(Bad::Get) { "GET" } else { "POST" }.into(),
             path: "/orders?x=1".into(),
             authority: "api.example".into(),
-            headers: vec![("x-tenant".into(), format!("tenant-{scope}"))],
+            headers: vec![("x-tenant".into(), format!("tenant-{scope}").into_bytes())],
+            protocol: String::new(),
         };
         if bad != Some(Bad::NoKey) {
             head.headers
-                .push(("idempotency-key".into(), format!("key-{key}")));
+                .push(("idempotency-key".into(), format!("key-{key}").into_bytes()));
         }
         if bad == Some(Bad::TwoKeys) {
             head.headers
-                .push(("idempotency-key".into(), format!("key-{key}")));
+                .push(("idempotency-key".into(), format!("key-{key}").into_bytes()));
         }
         if bad == Some(Bad::TwoScopes) {
             head.headers.push(("x-tenant".into(), "tenant-x".into()));

@@ -143,24 +143,183 @@ fn repeated_key_or_scope_headers_are_refused() {
     assert_eq!(o.problem_type(), "urn:proxy-dedup:problem:ambiguous-key");
 }
 
+/// A request over `protocol` with this content type.
+fn grpc_over(protocol: &str, ct: &str) -> Req {
+    let mut r = req("POST", "/pkg.Svc/Call")
+        .header("content-type", ct)
+        .body("x");
+    r.head.protocol = protocol.into();
+    r
+}
+
 #[test]
 fn grpc_requests_pass_untouched() {
     let p = plugin(r#"{"key": {"required": true}}"#);
     let (shared, mut env) = world();
-    for ct in [
-        "application/grpc",
-        "application/grpc+proto",
-        "Application/GRPC-web",
+    for (protocol, ct) in [
+        ("HTTP/2", "application/grpc"),
+        ("HTTP/2", "application/grpc+proto"),
+        ("HTTP/3", "Application/GRPC-web"),
     ] {
-        let r = req("POST", "/pkg.Svc/Call")
-            .key("k")
-            .header("content-type", ct)
-            .body("x");
+        let r = grpc_over(protocol, ct).key("k");
         assert!(run(&p, &mut env, &r, ok("a")).reached_upstream());
         assert!(run(&p, &mut env, &r, ok("b")).reached_upstream());
     }
-    assert_eq!(env.count_of(Counter::Bypassed), 6);
+    // The operator chose to let real gRPC by: `key.required` does not apply to it.
+    let keyless = grpc_over("HTTP/2", "application/grpc");
+    assert!(run(&p, &mut env, &keyless, ok("c")).reached_upstream());
+    assert_eq!(env.count_of(Counter::Bypassed), 7);
     assert_eq!(shared.key_count(), 0);
+}
+
+/// Issue 21: a gRPC content type over HTTP/1.1 is a label any client can put on any
+/// request: it is deduplicated, and `key.required` holds.
+#[test]
+fn a_grpc_content_type_over_http1_is_deduplicated_and_needs_its_key() {
+    let p = plugin(r#"{"key": {"required": true}}"#);
+    let (_, mut env) = world();
+    for (i, protocol) in ["HTTP/1.1", "HTTP/1.0", ""].into_iter().enumerate() {
+        let r = grpc_over(protocol, "application/grpc+json").key(&format!("h1-{i}"));
+        assert!(run(&p, &mut env, &r, ok("a")).reached_upstream());
+        run(&p, &mut env, &r, ok("b")).assert_replays(b"a");
+        let keyless = grpc_over(protocol, "application/grpc");
+        let o = run(&p, &mut env, &keyless, ok("no"));
+        assert_eq!(o.problem_type(), "urn:proxy-dedup:problem:missing-key");
+    }
+    assert_eq!(env.count_of(Counter::Bypassed), 0);
+}
+
+#[test]
+fn grpc_deduplicate_is_the_operators_choice_top_level_or_per_rule() {
+    let p = plugin(
+        r#"{"rules": [
+            {"name": "rpc", "match": {"path_prefix": "/pkg.Svc/"}, "grpc": "deduplicate"},
+            {"name": "other", "match": {"path_prefix": "/other.Svc/"}, "methods": ["POST"]}
+        ]}"#,
+    );
+    let (_, mut env) = world();
+    let r = grpc_over("HTTP/2", "application/grpc").key("g-1");
+    assert!(run(&p, &mut env, &r, ok("a")).reached_upstream());
+    assert!(!run(&p, &mut env, &r, ok("b")).reached_upstream());
+    // Another rule keeps the default (bypass).
+    let mut o = grpc_over("HTTP/2", "application/grpc").key("g-2");
+    o.head.path = "/other.Svc/Call".into();
+    assert!(run(&p, &mut env, &o, ok("a")).reached_upstream());
+    assert!(run(&p, &mut env, &o, ok("b")).reached_upstream());
+    assert_eq!(env.count_of(Counter::Bypassed), 2);
+    // At the top level, for every request no rule matches.
+    let p = plugin(r#"{"grpc": "deduplicate"}"#);
+    let (_, mut env) = world();
+    let r = grpc_over("HTTP/2", "application/grpc").key("g-3");
+    assert!(run(&p, &mut env, &r, ok("a")).reached_upstream());
+    assert!(!run(&p, &mut env, &r, ok("b")).reached_upstream());
+    assert_eq!(env.count_of(Counter::Bypassed), 0);
+}
+
+/// Issue 21: scope values are the bytes Envoy delivered. `acme\xff` and `acme\xfe`
+/// read the same through a lossy conversion; they are two tenants.
+#[test]
+fn scope_values_that_are_not_utf8_are_distinct_tenants() {
+    let p = plugin(r#"{"scope": {"headers": ["x-tenant"]}}"#);
+    let (_, mut env) = world();
+    let ff = req("POST", "/o")
+        .key("k")
+        .header_bytes("x-tenant", b"acme\xff");
+    let fe = req("POST", "/o")
+        .key("k")
+        .header_bytes("x-tenant", b"acme\xfe");
+    let lossy = req("POST", "/o")
+        .key("k")
+        .header("x-tenant", "acme\u{fffd}");
+    assert!(run(&p, &mut env, &ff, ok("ff")).reached_upstream());
+    assert!(run(&p, &mut env, &fe, ok("fe")).reached_upstream());
+    assert!(run(&p, &mut env, &lossy, ok("lossy")).reached_upstream());
+    run(&p, &mut env, &ff, ok("no")).assert_replays(b"ff");
+    run(&p, &mut env, &fe, ok("no")).assert_replays(b"fe");
+}
+
+/// Issue 21: a key that is not UTF-8 is refused (400 invalid-key), never read lossily
+/// into another key's record.
+#[test]
+fn keys_that_are_not_utf8_are_refused() {
+    let p = plugin("{}");
+    let (shared, mut env) = world();
+    for raw in [&b"op-\xc3"[..], b"op-\xff", b"\"op-\xff\""] {
+        let r = req("POST", "/o").header_bytes("idempotency-key", raw);
+        let o = run(&p, &mut env, &r, ok("no"));
+        assert_eq!(
+            o.problem_type(),
+            "urn:proxy-dedup:problem:invalid-key",
+            "{raw:?}"
+        );
+    }
+    assert_eq!(shared.key_count(), 0);
+    // The replacement character itself is a valid key of its own.
+    let r = req("POST", "/o").key("op-\u{fffd}");
+    assert!(run(&p, &mut env, &r, ok("a")).reached_upstream());
+    run(&p, &mut env, &r, ok("b")).assert_replays(b"a");
+}
+
+/// Issue 21: a fingerprint's header part tells a missing header from an empty one, and
+/// every line of a repeated header counts.
+#[test]
+fn fingerprint_header_parts_count_absence_and_every_line() {
+    let p = plugin(r#"{"key": {"fingerprint": ["method", "path", "header:x-device"]}}"#);
+    let (_, mut env) = world();
+    let cases = [
+        req("POST", "/o"),
+        req("POST", "/o").header("x-device", ""),
+        req("POST", "/o").header("x-device", "a"),
+        req("POST", "/o")
+            .header("x-device", "a")
+            .header("x-device", "b"),
+        req("POST", "/o")
+            .header("x-device", "a")
+            .header("x-device", "c"),
+        req("POST", "/o")
+            .header("x-device", "b")
+            .header("x-device", "a"),
+        req("POST", "/o").header_bytes("x-device", b"\xff"),
+        req("POST", "/o").header_bytes("x-device", b"\xfe"),
+    ];
+    for (i, r) in cases.iter().enumerate() {
+        let first = format!("first-{i}");
+        let o = run(&p, &mut env, r, ok(&first));
+        assert!(
+            o.reached_upstream(),
+            "case {i} met an earlier case's record"
+        );
+        run(&p, &mut env, r, ok("no")).assert_replays(first.as_bytes());
+    }
+}
+
+/// Issue 21: so does the payload check's: another second line is another payload.
+#[test]
+fn payload_header_parts_count_absence_and_every_line() {
+    let p = plugin(r#"{"payload": {"parts": ["method", "path", "body", "header:x-sig"]}}"#);
+    let (_, mut env) = world();
+    let two = req("POST", "/o")
+        .key("p-1")
+        .header("x-sig", "a")
+        .header("x-sig", "b");
+    assert!(run(&p, &mut env, &two, ok("a")).reached_upstream());
+    run(&p, &mut env, &two, ok("no")).assert_replays(b"a");
+    for other in [
+        req("POST", "/o").key("p-1").header("x-sig", "a"),
+        req("POST", "/o")
+            .key("p-1")
+            .header("x-sig", "a")
+            .header("x-sig", "c"),
+        req("POST", "/o").key("p-1"),
+    ] {
+        assert_eq!(run(&p, &mut env, &other, ok("no")).status(), 422);
+    }
+    let empty = req("POST", "/o").key("p-2").header("x-sig", "");
+    assert!(run(&p, &mut env, &empty, ok("a")).reached_upstream());
+    assert_eq!(
+        run(&p, &mut env, &req("POST", "/o").key("p-2"), ok("no")).status(),
+        422
+    );
 }
 
 #[test]
