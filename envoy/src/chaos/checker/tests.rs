@@ -184,8 +184,18 @@ fn an_execution_after_a_replay_is_flagged_even_past_the_timeout() {
         exec(3, "r3", "t1", "k", 9010, 200, None),
     ];
     let f = check(&params(), &atts, &execs, &no_counters());
-    assert_eq!(rules(&f), vec![Rule::AtMostOnce], "{:#?}", f.violations);
-    assert!(f.violations[0].what.contains("completed record"));
+    // Within the TTL of the first: flagged as a second execution, and as one after a
+    // client was answered from the completed record.
+    assert!(
+        rules(&f).iter().all(|r| *r == Rule::AtMostOnce) && !f.violations.is_empty(),
+        "{:#?}",
+        f.violations
+    );
+    assert!(
+        f.violations.iter().any(|v| v.what.contains("completed record")),
+        "{:#?}",
+        f.violations
+    );
 }
 
 #[test]

@@ -423,3 +423,21 @@ fn a_wake_up_of_a_stream_that_does_not_wait_changes_nothing() {
     assert_eq!(out, executed("made"));
     run(&p, &mut a, &r, ok("no")).assert_replays(b"made");
 }
+
+#[test]
+fn waiters_of_a_detached_execution_get_its_answer_when_the_call_completes_the_record() {
+    let p = wait_plugin(r#""upstream": {"detached": true, "cluster": "api", "timeout_ms": 5000}"#);
+    let (mut d, mut first) = duplicate(&p, "k");
+    assert!(first.detached());
+    assert_eq!(d.act, Decision::Pause, "the duplicate waits");
+    // The first's client leaves; the call goes on and completes the record.
+    assert_eq!(
+        first.on_stream_end(&p, &mut d.a, &crate::stream::Origin::default()),
+        None
+    );
+    let _ = detached_answer(&p, &mut d.a, &mut first, call_answer(201, "charged"));
+    let got = reply(wake(&p, &mut d.b, &mut d.dup));
+    assert_eq!((got.status, got.body.as_slice()), (201, &b"charged"[..]));
+    assert_eq!(got.header("idempotent-replayed"), Some(&b"true"[..]));
+    assert_eq!(d.b.count_of(Counter::WaitReplayed), 1);
+}
