@@ -201,7 +201,10 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         now_ms: u64,
         token: u64,
     ) -> Result<ClaimOutcome, StoreError> {
-        let others = self.register(now_ms)?;
+        // This layout is in the registry before its claim is written...
+        if self.layout.registered_until.get() < self.registration_needed(now_ms) {
+            self.register(now_ms)?;
+        }
         let fresh = Record {
             digest: *digest,
             state: RecordState::InFlight,
@@ -213,10 +216,11 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         let ClaimOutcome::Claimed { claim, .. } = &outcome else {
             return Ok(outcome);
         };
-        // Our claim is written before the other layouts are read, and a claimer under
-        // another layout does the same in the opposite order: of two concurrent claims,
-        // at least one sees the other and yields, so the key never runs twice.
-        for buckets in others {
+        // ...and the registry is read after it. A claimer under another layout does the
+        // same: of two concurrent claims, the later registry read sees the other's
+        // layout, and its lookup there finds the other's claim (written before that
+        // read), so at least one yields and the key never runs twice.
+        for buckets in self.other_layouts(now_ms)? {
             if let Some(found) = self.lookup(buckets, digest, payload, now_ms)? {
                 self.update_own(claim, None, None, |_| false)?;
                 return Ok(found);
@@ -225,28 +229,48 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         Ok(outcome)
     }
 
+    /// How long the registry must keep this layout for a claim made at `now_ms`.
+    fn registration_needed(&self, now_ms: u64) -> u64 {
+        now_ms
+            .saturating_add(self.layout.ttl_ms)
+            .saturating_add(self.layout.claim_ms())
+    }
+
+    /// The other layouts whose records may still live, as the registry says now.
+    fn other_layouts(&self, now_ms: u64) -> Result<Vec<u64>, StoreError> {
+        let reg = match self
+            .shared
+            .get(&self.layout.registry_key())
+            .map_err(StoreError::Host)?
+        {
+            Some((bytes, _)) => Registry::decode(&bytes),
+            None => Registry::default(),
+        };
+        Ok(reg.others(self.layout.buckets, now_ms))
+    }
+
     /// Makes sure this layout is in the registry for as long as its records may live,
     /// and returns the other layouts whose records may still live. Claims do it; the
     /// glue also does it when a configuration is applied.
     pub fn register(&self, now_ms: u64) -> Result<Vec<u64>, StoreError> {
         let key = self.layout.registry_key();
         let own = self.layout.buckets;
-        let needed = now_ms
-            .saturating_add(self.layout.ttl_ms)
-            .saturating_add(self.layout.claim_ms());
+        let needed = self.registration_needed(now_ms);
         for _ in 0..MAX_ATTEMPTS {
             let (mut reg, cas) = match self.shared.get(&key).map_err(StoreError::Host)? {
                 Some((bytes, cas)) => (Registry::decode(&bytes), cas),
                 None => (Registry::default(), u32::MAX),
             };
             let current = reg.entries.iter().find(|(b, _)| *b == own).map(|e| e.1);
-            if current.is_some_and(|until| until >= needed) {
+            if let Some(until) = current.filter(|until| *until >= needed) {
+                self.layout.registered_until.set(until);
                 return Ok(reg.others(own, now_ms));
             }
             let until = needed.saturating_add(REGISTRY_SLACK_MS);
             reg.entries.retain(|(b, u)| *b != own && *u > now_ms);
             reg.entries.push((own, until));
             if cas_set(self.shared, &key, &reg.encode(), cas)? {
+                self.layout.registered_until.set(until);
                 return Ok(reg.others(own, now_ms));
             }
         }

@@ -22,7 +22,40 @@ pub struct Layout {
     pub keep_unknown: bool,
     /// Bytes of response slots one bucket may hold (`max_store_bytes / buckets`).
     pub bucket_budget: u64,
+    /// Until when (ms) this VM knows the layouts registry holds this layout: a claim
+    /// registers only past it, so a claim costs one registry read, made after its
+    /// record is written.
+    pub(super) registered_until: RegisteredUntil,
 }
+
+/// A cache of what the registry said (an atomic so a layout may be shared by threads in
+/// tests); not part of a layout's identity.
+#[derive(Debug, Default)]
+pub(super) struct RegisteredUntil(std::sync::atomic::AtomicU64);
+
+impl RegisteredUntil {
+    pub(super) fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(super) fn set(&self, until_ms: u64) {
+        self.0.store(until_ms, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Clone for RegisteredUntil {
+    fn clone(&self) -> Self {
+        RegisteredUntil(std::sync::atomic::AtomicU64::new(self.get()))
+    }
+}
+
+impl PartialEq for RegisteredUntil {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for RegisteredUntil {}
 
 impl Layout {
     /// Keys carry the bucket count, so a reconfigured capacity lays out a new set of
@@ -38,6 +71,7 @@ impl Layout {
             ttl_ms,
             keep_unknown: false,
             bucket_budget: u64::MAX,
+            registered_until: RegisteredUntil::default(),
         }
     }
 

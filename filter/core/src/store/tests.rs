@@ -397,3 +397,35 @@ fn shared_data_keys_are_spelled_as_they_always_were() {
         );
     }
 }
+
+#[test]
+fn a_claim_racing_a_new_layout_at_the_registry_sees_its_claim() {
+    // A claims under the old layout (16 buckets), already registered; B, a pushed
+    // configuration (32 buckets), registers and claims the same key between A's
+    // registry step and A's claim write. Whichever reads the registry last must see
+    // the other's layout and yield: the key never runs twice.
+    let shared = FakeShared::new();
+    let old = Layout::new("t", 16, 30_000, 60_000);
+    let new = Layout::new("t", 32, 30_000, 60_000);
+    let (d, p) = (digest(5), [3u8; 32]);
+    SharedStore::new(&*shared, &old).register(1000).unwrap();
+    let (s2, l2) = (shared.clone(), new.clone());
+    let b_won = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let b = b_won.clone();
+    // A's next write is its claim (its registration is fresh): B runs just before it.
+    shared.before_next_set(move || {
+        let got = SharedStore::new(&*s2, &l2).claim(&d, &p, 1000, 2).unwrap();
+        b.store(
+            matches!(got, ClaimOutcome::Claimed { .. }),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    });
+    let a = SharedStore::new(&*shared, &old)
+        .claim(&d, &p, 1000, 1)
+        .unwrap();
+    let a_won = matches!(a, ClaimOutcome::Claimed { .. });
+    let b_won = b_won.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(b_won, "B claimed first, seeing no claim in the old layout");
+    assert!(!a_won, "A must see B's layout and B's claim: {a:?}");
+    assert_eq!(a, ClaimOutcome::InFlight { held_until: None });
+}
