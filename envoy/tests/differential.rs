@@ -269,6 +269,22 @@ fn scenarios() -> Vec<Scenario> {
             ],
         },
         Scenario {
+            name: "detached",
+            config: r#"{"in_flight_timeout_seconds": 5,
+                        "upstream": {"detached": true, "cluster": "service", "timeout_ms": 4000}}"#,
+            steps: vec![
+                Step::Send(call("detached", k, "x")),
+                Step::Send(call("detached", k, "x")),
+                // The client leaves while the call runs (1 s); the call goes on.
+                Step::GiveUp(call("detached", Some("k2"), "x")),
+                Step::Send(call("detached", Some("k2"), "x")),
+                Step::Wait(Duration::from_millis(1_500)),
+                Step::Send(call("detached", Some("k2"), "x")),
+                Step::Send(call("detached", Some("k3"), "x").header("x-demo-status", "503")),
+                Step::Send(call("detached", Some("k3"), "x")),
+            ],
+        },
+        Scenario {
             name: "gave-up-hold",
             config: r#"{"in_flight_timeout_seconds": 2, "on_unknown_outcome": "hold"}"#,
             steps: vec![
@@ -392,29 +408,42 @@ fn run_in_envoy(s: &Scenario) -> Vec<Seen> {
 /// execution is counted per path.
 fn host(config: &str, counts: Rc<RefCell<HashMap<String, u64>>>) -> SimEnvoy {
     let wasm = dedup_envoy::paths::dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
+    let detached_counts = counts.clone();
     SimEnvoy::builder(wasm)
         .workers(2)
         .vm_id("proxy_dedup")
         .plugin_config(config)
         .allow_on_headers_stop_iteration(true)
-        .upstream(move |req| {
-            let path = req.path().split('?').next().unwrap_or("").to_string();
-            let n = {
-                let mut c = counts.borrow_mut();
-                let e = c.entry(path).or_default();
-                *e += 1;
-                *e
-            };
-            let status = req
-                .header("x-demo-status")
+        .upstream(move |req| demo_answer(req, &counts))
+        // The route's cluster, for detached calls: the same service, its
+        // `x-demo-delay-ms` on the virtual clock.
+        .cluster("service", move |req| {
+            let delay = req
+                .header("x-demo-delay-ms")
                 .and_then(|s| s.parse().ok())
-                .unwrap_or(200);
-            Reply::new(status)
-                .header("content-type", "application/json")
-                .body(format!(r#"{{"order_id": {n}}}"#))
+                .unwrap_or(0);
+            demo_answer(req, &detached_counts).after(Duration::from_millis(delay))
         })
         .build()
         .unwrap_or_else(|e| panic!("host-test: {e}"))
+}
+
+/// The demo upstream's answer, counting the execution per path.
+fn demo_answer(req: &host_test::UpstreamRequest, counts: &RefCell<HashMap<String, u64>>) -> Reply {
+    let path = req.path().split('?').next().unwrap_or("").to_string();
+    let n = {
+        let mut c = counts.borrow_mut();
+        let e = c.entry(path).or_default();
+        *e += 1;
+        *e
+    };
+    let status = req
+        .header("x-demo-status")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
+    Reply::new(status)
+        .header("content-type", "application/json")
+        .body(format!(r#"{{"order_id": {n}}}"#))
 }
 
 fn run_in_host_test(s: &Scenario) -> Vec<Seen> {

@@ -825,3 +825,48 @@ fn client_reset_while_its_response_waits_for_etcd_still_completes_the_record() {
     assert_replay_of(&m.send(0, &keyed(HOST, path, key, &body)), &dup);
     assert_eq!(m.upstream.executions_for_key(key), 1, "{}", m.diagnostics());
 }
+
+/// Detached execution on etcd: a client of proxy A times out (1 s) while the upstream
+/// takes 3 s; A's call goes on and completes the record in etcd; the client's retries,
+/// sent to proxy B, get `409 in-flight` and then the replay of the one execution.
+#[test]
+fn detached_a_client_that_times_out_on_a_gets_the_one_execution_from_b() {
+    let cfg = etcd_filter_config(json!({
+        "in_flight_timeout_seconds": 8,
+        "upstream": {"detached": true, "cluster": "service", "timeout_ms": 6000},
+    }));
+    let m = Multi::start("mp-detached", [&cfg, &cfg]);
+    let path = "/orders/detached";
+    let req = keyed(path, "detached-1", &json!({"amount": 5000}));
+    let gone = client::send_or_give_up(
+        m.proxies[0].addr(),
+        &req.clone().header("x-demo-delay-ms", "3000"),
+        Duration::from_secs(1),
+        client::Leave::Close,
+    )
+    .unwrap();
+    assert!(matches!(gone, client::GiveUp::GaveUp), "{gone:?}");
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut wait = Duration::from_millis(500);
+    let replay = loop {
+        std::thread::sleep(wait);
+        let r = m.send(1, &req);
+        if r.status != 409 || Instant::now() > end {
+            break r;
+        }
+        assert_problem(&r, 409, "in-flight");
+        wait = (wait * 2).min(Duration::from_secs(2));
+    };
+    assert!(
+        is_replayed(&replay),
+        "{}\n{}",
+        replay.summary(),
+        m.counters()
+    );
+    assert_eq!(m.upstream.executions_for_path(path), 1, "{}", m.counters());
+    assert_eq!(m.counter(0, "detached_client_gone"), 1, "{}", m.counters());
+    // And on A too.
+    let again = m.send(0, &req);
+    assert!(is_replayed(&again));
+    assert_eq!(again.body, replay.body);
+}

@@ -563,8 +563,10 @@ impl HttpContext for DedupHttp {
     }
 
     fn on_wake(&mut self) {
-        // A waiter whose read is out hears from the store instead.
-        if self.orphaned || self.waiting_on_store || !self.stream.waiting() {
+        // A waiter whose read is out hears from the store instead; a detached call's
+        // stream is woken for its client's deadline while its call is out.
+        let waiter = self.stream.waiting() && !self.waiting_on_store;
+        if self.orphaned || !(waiter || self.stream.detached()) {
             return;
         }
         let Some(decision) = self.with_env(|s, sh, env| s.on_wake(&sh.plugin, env)) else {

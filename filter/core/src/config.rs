@@ -236,6 +236,9 @@ pub struct Detached {
     pub cluster: String,
     /// The call's own timeout (below the in-flight timeout).
     pub timeout_ms: u64,
+    /// When the client is answered `504 still-running` if the call has not answered yet
+    /// (the call goes on); `None`: the client waits for the call.
+    pub client_timeout_ms: Option<u64>,
 }
 
 impl Default for Policy {

@@ -44,6 +44,8 @@ pub enum Problem {
     UpstreamUnavailable,
     /// Detached execution: the call failed after it was sent (it may have run).
     UpstreamFailed,
+    /// Detached execution: the client's deadline passed; the call goes on.
+    StillRunning,
     /// Admin API: a request it cannot read.
     BadAdminRequest,
     /// Admin API: no live record for these parameters.
@@ -70,6 +72,7 @@ impl Problem {
             Problem::PayloadMismatch => 422,
             Problem::StoreUnavailable | Problem::StoreFull | Problem::UpstreamUnavailable => 503,
             Problem::UpstreamFailed => 502,
+            Problem::StillRunning => 504,
             Problem::BadAdminRequest => 400,
             Problem::NoSuchRecord | Problem::NotAdminPath => 404,
             Problem::RecordIsClaim => 409,
@@ -93,6 +96,7 @@ impl Problem {
             Problem::StoreFull => "store-full",
             Problem::UpstreamUnavailable => "upstream-unavailable",
             Problem::UpstreamFailed => "upstream-failed",
+            Problem::StillRunning => "still-running",
             Problem::BadAdminRequest => "bad-admin-request",
             Problem::NoSuchRecord => "no-such-record",
             Problem::RecordIsClaim => "record-is-claim",
@@ -121,6 +125,7 @@ impl Problem {
             Problem::StoreFull => "Deduplication store full",
             Problem::UpstreamUnavailable => "The upstream could not be reached",
             Problem::UpstreamFailed => "The upstream call failed; the request may have run",
+            Problem::StillRunning => "The request is still running upstream",
             Problem::BadAdminRequest => "Bad admin request",
             Problem::NoSuchRecord => "No such record",
             Problem::RecordIsClaim => "The record is a claim whose request may be running",
@@ -145,6 +150,7 @@ impl Problem {
             Problem::StoreFull => "proxy_dedup_store_full",
             Problem::UpstreamUnavailable => "proxy_dedup_upstream_unavailable",
             Problem::UpstreamFailed => "proxy_dedup_upstream_failed",
+            Problem::StillRunning => "proxy_dedup_still_running",
             Problem::BadAdminRequest
             | Problem::NoSuchRecord
             | Problem::RecordIsClaim

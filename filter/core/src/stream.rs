@@ -149,6 +149,11 @@ pub struct DedupStream {
     wait_deadline: Option<u64>,
     /// The rule whose policy this stream follows (`None`: the top-level fields).
     rule: Option<usize>,
+    /// Detached execution: the call was sent (so nothing may resume the request), and
+    /// when the client is answered `504 still-running` if the call is still out.
+    detached_sent: bool,
+    client_deadline: Option<u64>,
+    client_answered: bool,
 }
 
 impl std::fmt::Debug for DedupStream {
@@ -181,6 +186,9 @@ impl DedupStream {
             payload: None,
             wait_deadline: None,
             rule: None,
+            detached_sent: false,
+            client_deadline: None,
+            client_answered: false,
         }
     }
 
@@ -382,7 +390,7 @@ impl DedupStream {
         env: &mut E,
         answer: CallAnswer,
     ) -> Decision {
-        match std::mem::replace(&mut self.phase, Phase::Finished) {
+        let decision = match std::mem::replace(&mut self.phase, Phase::Finished) {
             Phase::Claiming(c) => self.claim_step(p, env, c, answer),
             Phase::Settling(st) => self.settled(p, env, st, &answer),
             Phase::Polling(w) => self.polled(p, env, w, &answer),
@@ -391,6 +399,11 @@ impl DedupStream {
                 self.phase = other;
                 Decision::Continue
             }
+        };
+        // A request sent detached never goes to the router as well.
+        match decision {
+            Decision::Continue if self.detached_sent => Decision::Pause,
+            d => d,
         }
     }
 

@@ -192,7 +192,9 @@ fn an_execution_after_a_replay_is_flagged_even_past_the_timeout() {
         f.violations
     );
     assert!(
-        f.violations.iter().any(|v| v.what.contains("completed record")),
+        f.violations
+            .iter()
+            .any(|v| v.what.contains("completed record")),
         "{:#?}",
         f.violations
     );

@@ -155,10 +155,10 @@ fn parse_upstream(
 ) -> Result<Option<Detached>, ConfigError> {
     let f = |name: &str| format!("{prefix}upstream.{name}");
     if !up.detached.unwrap_or(false) {
-        if up.cluster.is_some() || up.timeout_ms.is_some() {
+        if up.cluster.is_some() || up.timeout_ms.is_some() || up.client_timeout_ms.is_some() {
             return Err(err(
                 &f("detached"),
-                "`cluster` and `timeout_ms` apply only with `detached: true`",
+                "`cluster`, `timeout_ms` and `client_timeout_ms` apply only with `detached: true`",
             ));
         }
         return Ok(None);
@@ -187,9 +187,19 @@ fn parse_upstream(
             ),
         ));
     }
+    let client_timeout_ms = match up.client_timeout_ms {
+        Some(ms) if ms == 0 || ms >= timeout_ms => {
+            return Err(err(
+                &f("client_timeout_ms"),
+                format!("{ms} is out of range 1..{timeout_ms} (below upstream.timeout_ms)"),
+            ))
+        }
+        other => other,
+    };
     Ok(Some(Detached {
         cluster,
         timeout_ms,
+        client_timeout_ms,
     }))
 }
 

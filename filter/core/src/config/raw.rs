@@ -126,6 +126,7 @@ pub(super) struct RawUpstream {
     pub(super) detached: Option<bool>,
     pub(super) cluster: Option<String>,
     pub(super) timeout_ms: Option<u64>,
+    pub(super) client_timeout_ms: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]

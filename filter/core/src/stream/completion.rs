@@ -146,6 +146,7 @@ impl DedupStream {
             Phase::Detached(owned) => {
                 // The call goes on (the glue keeps this stream for its answer), and the
                 // record completes whether or not anyone is left to answer.
+                self.detached_over(env);
                 env.count(Counter::DetachedClientGone);
                 env.debug(format_args!(
                     "stream {}: the client left; the detached call goes on",

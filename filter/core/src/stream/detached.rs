@@ -58,6 +58,14 @@ impl DedupStream {
         d: &Detached,
     ) -> Decision {
         env.count(Counter::Detached);
+        self.detached_sent = true;
+        if let (Some(ms), Some(digest)) = (d.client_timeout_ms, self.record) {
+            // The worker's tick answers the client at its deadline (`on_wake`).
+            let deadline = env.now_ms().saturating_add(ms);
+            self.client_deadline = Some(deadline);
+            env.waiters()
+                .add(self.id, digest, deadline, deadline, usize::MAX);
+        }
         env.debug(format_args!(
             "stream {}: sending the first execution to cluster `{}` detached",
             self.id, d.cluster
@@ -73,6 +81,35 @@ impl DedupStream {
     /// glue keeps the stream (as an orphan once the client has gone) until it comes.
     pub fn detached(&self) -> bool {
         matches!(self.phase, Phase::Detached(_))
+    }
+
+    /// The client-facing deadline (`upstream.client_timeout_ms`) of a detached call: at
+    /// it the client is answered `504 still-running` and the call goes on; its answer
+    /// then only completes the record.
+    pub(super) fn detached_deadline<E: Env>(&mut self, env: &mut E) -> Decision {
+        let due = self.client_deadline.is_some_and(|d| env.now_ms() >= d);
+        if !self.detached() || self.client_answered || !due {
+            return Decision::Pause;
+        }
+        self.client_answered = true;
+        env.waiters().remove(self.id);
+        env.debug(format_args!(
+            "stream {}: the client's deadline passed; the detached call goes on",
+            self.id
+        ));
+        Decision::Reply(Problem::StillRunning.reply(
+            "the request is still running upstream; it will not run twice. \
+             Retry with the same idempotency key to get its answer",
+            Vec::new(),
+        ))
+    }
+
+    /// No waiter entry, and no client answer, once the call has answered or the client
+    /// has gone.
+    pub(super) fn detached_over<E: Env>(&mut self, env: &mut E) {
+        if self.client_deadline.take().is_some() {
+            env.waiters().remove(self.id);
+        }
     }
 
     /// The detached call could not be dispatched (an unknown cluster, a bad header):
@@ -103,6 +140,7 @@ impl DedupStream {
         owned: HeldClaim,
         answer: CallAnswer,
     ) -> Decision {
+        self.detached_over(env);
         let policy = p.config.policy_at(self.rule);
         let status = answer.status;
         let outcome = classify_call(&answer);
@@ -148,14 +186,16 @@ impl DedupStream {
     /// Answers the client with `reply`, after the store call settling the record when
     /// there is one (etcd), so a client that has its answer finds the record settled.
     fn then_reply(&mut self, call: Option<StoreCall>, reply: LocalReply) -> Decision {
+        // A client answered at its deadline gets nothing more.
+        let reply = (!self.client_answered).then_some(reply);
         match call {
             None => {
                 self.phase = Phase::Finished;
-                Decision::Reply(reply)
+                reply.map_or(Decision::Pause, Decision::Reply)
             }
             Some(call) => {
                 if let Phase::Settling(st) = &mut self.phase {
-                    st.then_reply = Some(reply);
+                    st.then_reply = reply;
                 }
                 Decision::Call(call)
             }

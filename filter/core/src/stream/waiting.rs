@@ -15,6 +15,9 @@ impl DedupStream {
     /// waits on, `Pause`), or, past `wait_timeout_ms`, 409 as in reject mode. With etcd
     /// the read is a store call (`Call`) whose answer goes to `on_store_answer`.
     pub fn on_wake<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Decision {
+        if self.detached() {
+            return self.detached_deadline(env);
+        }
         if !matches!(self.phase, Phase::Waiting(_)) {
             // Not waiting (any more), or its read is out: nothing to do now.
             return Decision::Pause;

@@ -184,3 +184,59 @@ fn detached_needs_a_cluster_and_a_timeout_below_the_in_flight_timeout() {
     assert_eq!((d.cluster.as_str(), d.timeout_ms), ("payments", 10_000));
     assert_eq!(p.config.policy.detached, None);
 }
+
+#[test]
+fn at_the_client_deadline_the_client_gets_504_still_running_and_the_call_goes_on() {
+    let deadline = r#""upstream": {"detached": true, "cluster": "api", "timeout_ms": 5000,
+                      "client_timeout_ms": 1000}"#;
+    for (store, p) in [
+        ("shared", plugin(&format!("{{{deadline}}}"))),
+        ("etcd", etcd_plugin(deadline)),
+    ] {
+        let mut env = env_for(store);
+        let r = req("POST", "/charges").key("slow").body("{}");
+        let mut s = sent_detached(&p, &mut env, &r);
+        assert_eq!(
+            env.waiters.len(),
+            1,
+            "{store}: the deadline is on the tick"
+        );
+        env.now_ms += 999;
+        assert_eq!(s.on_wake(&p, &mut env), Decision::Pause, "{store}");
+        env.now_ms += 1;
+        let got = reply_of(s.on_wake(&p, &mut env));
+        assert_eq!(got.status, 504, "{store}");
+        assert_eq!(problem_of(&got), "urn:proxy-dedup:problem:still-running");
+        assert!(s.detached(), "{store}: the call goes on");
+        assert_eq!(env.waiters.len(), 0, "{store}");
+        // The call answers later: the record completes, no second answer to the client.
+        env.now_ms += 2_000;
+        let after = detached_answer(&p, &mut env, &mut s, call_answer(201, "ch_9"));
+        assert_eq!(
+            after,
+            Decision::Pause,
+            "{store}: the client already has its answer"
+        );
+        run(&p, &mut env, &r, ok("no")).assert_replays(b"ch_9");
+        assert_eq!(env.count_of(Counter::Executed), 1, "{store}");
+    }
+}
+
+#[test]
+fn a_client_deadline_must_be_below_the_call_timeout() {
+    let err = |json: &str| {
+        crate::config::Config::parse(json.as_bytes())
+            .unwrap_err()
+            .field
+    };
+    assert_eq!(
+        err(
+            r#"{"upstream": {"detached": true, "cluster": "a", "timeout_ms": 2000, "client_timeout_ms": 2000}}"#
+        ),
+        "upstream.client_timeout_ms"
+    );
+    assert_eq!(
+        err(r#"{"upstream": {"client_timeout_ms": 5}}"#),
+        "upstream.detached"
+    );
+}
