@@ -25,7 +25,10 @@ fn detached() -> &'static Stack {
             "in_flight_timeout_seconds": IN_FLIGHT_SECS,
             "upstream": {"detached": true, "cluster": "service", "timeout_ms": 5000},
             "rules": [{"name": "refused", "match": {"path_prefix": "/refused/"},
-                       "upstream": {"detached": true, "cluster": "refused", "timeout_ms": 3000}}],
+                       "upstream": {"detached": true, "cluster": "refused", "timeout_ms": 3000}},
+                      {"name": "deadline", "match": {"path_prefix": "/deadline/"},
+                       "upstream": {"detached": true, "cluster": "service", "timeout_ms": 5000,
+                                    "client_timeout_ms": 1000}}],
         })
         .to_string();
         Stack::start_with("detached", |upstream_port, wasm| {
@@ -156,4 +159,23 @@ fn a_refused_upstream_releases_the_key_and_a_reset_after_sending_keeps_it() {
     std::thread::sleep(Duration::from_secs(IN_FLIGHT_SECS + 1));
     assert_problem(&s.send(&req), 409, "outcome-unknown");
     assert_eq!(s.executions(path), 1, "an unknown outcome never runs again");
+}
+
+#[test]
+fn at_the_client_deadline_the_client_gets_504_still_running_and_its_retry_the_answer() {
+    let s = detached();
+    let path = "/deadline/charge";
+    let req = charge(path, "ch-deadline-1");
+    let t0 = Instant::now();
+    let first = s.send(&req.clone().header("x-demo-delay-ms", "2500"));
+    assert_problem(&first, 504, "still-running");
+    assert!(
+        t0.elapsed() < Duration::from_millis(2000),
+        "answered after {:?}, not at the 1 s deadline",
+        t0.elapsed()
+    );
+    let (replay, tries) = retry_until_answered(s, &req, Duration::from_secs(8));
+    assert!(is_replayed(&replay), "after {tries} tries: {}", replay.summary());
+    assert_eq!(replay.status, 200);
+    assert_eq!(s.executions(path), 1);
 }

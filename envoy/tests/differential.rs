@@ -483,7 +483,10 @@ fn run_in_host_test(s: &Scenario) -> Vec<Seen> {
             }
             Step::Wait(d) => e.advance(*d),
             Step::GiveUp(c) => {
-                let id = e.start(i % 2, host::request(c)).unwrap();
+                // As in Envoy, the upstream takes 1 s (a detached call's cluster waits
+                // that long on the virtual clock; the router's upstream is reset).
+                let slow = c.clone().header("x-demo-delay-ms", "1000");
+                let id = e.start(i % 2, host::request(&slow)).unwrap();
                 e.send_request(id).unwrap();
                 // The upstream got it (and, in Envoy, runs it to the end).
                 if e.upstream_request(id).is_some() {
