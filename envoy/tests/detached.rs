@@ -175,7 +175,11 @@ fn at_the_client_deadline_the_client_gets_504_still_running_and_its_retry_the_an
         t0.elapsed()
     );
     let (replay, tries) = retry_until_answered(s, &req, Duration::from_secs(8));
-    assert!(is_replayed(&replay), "after {tries} tries: {}", replay.summary());
+    assert!(
+        is_replayed(&replay),
+        "after {tries} tries: {}",
+        replay.summary()
+    );
     assert_eq!(replay.status, 200);
     assert_eq!(s.executions(path), 1);
 }

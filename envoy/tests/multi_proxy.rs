@@ -837,7 +837,12 @@ fn detached_a_client_that_times_out_on_a_gets_the_one_execution_from_b() {
     }));
     let m = Multi::start("mp-detached", [&cfg, &cfg]);
     let path = "/orders/detached";
-    let req = keyed("orders.example", path, "detached-1", &json!({"amount": 5000}));
+    let req = keyed(
+        "orders.example",
+        path,
+        "detached-1",
+        &json!({"amount": 5000}),
+    );
     let gone = client::send_or_give_up(
         m.proxies[0].addr(),
         &req.clone().header("x-demo-delay-ms", "3000"),

@@ -13,7 +13,7 @@ mod common;
 use common::*;
 use dedup_envoy::client::Connection;
 use dedup_envoy::paths::{dedup_wasm, workspace_root};
-use dedup_envoy::{EnvoyConfig, EnvoyProcess};
+use dedup_envoy::{EnvoyConfig, EnvoyProcess, Request};
 use serde_json::json;
 use std::sync::{Arc, Barrier, OnceLock};
 use std::time::Duration;
@@ -356,18 +356,7 @@ fn under_hold_a_waiter_of_a_held_claim_waits_out_its_time_then_gets_409_with_the
     );
     let path = "/wait/held";
     let req = post(path, "held-1", &json!({"h": 1})).timeout(Duration::from_secs(20));
-    s.hang_up(
-        &req.clone().header("x-demo-delay-ms", "2000"),
-        Duration::from_millis(300),
-    );
-    s.wait_executions(path, 1, Duration::from_secs(5));
-    s.envoy
-        .wait_stat_at_least(
-            "wasmcustom.proxy_dedup_outcome_unknown",
-            1,
-            Duration::from_secs(8),
-        )
-        .unwrap();
+    hang_up_while_it_runs(&s, path, &req);
     let dup = s.send(&req);
     assert_problem(&dup, 409, "in-flight");
     let left: u64 = dup.header("retry-after").unwrap().parse().unwrap();
@@ -381,14 +370,9 @@ fn under_hold_a_waiter_of_a_held_claim_waits_out_its_time_then_gets_409_with_the
     log_line(&s, path, "in_flight");
 }
 
-#[test]
-fn by_default_a_duplicate_of_an_unknown_outcome_is_answered_at_once_not_made_to_wait() {
-    let s = waiting_stack(
-        "wait-unknown",
-        r#""wait_timeout_ms": 5000, "in_flight_timeout_seconds": 12"#,
-    );
-    let path = "/wait/unknown";
-    let req = post(path, "unknown-1", &json!({"u": 1})).timeout(Duration::from_secs(20));
+/// The first client of `req` hangs up while the upstream runs it (2 s): once Envoy has
+/// ended its stream, its outcome is unknown.
+fn hang_up_while_it_runs(s: &Stack, path: &str, req: &Request) {
     s.hang_up(
         &req.clone().header("x-demo-delay-ms", "2000"),
         Duration::from_millis(300),
@@ -401,6 +385,17 @@ fn by_default_a_duplicate_of_an_unknown_outcome_is_answered_at_once_not_made_to_
             Duration::from_secs(8),
         )
         .unwrap();
+}
+
+#[test]
+fn by_default_a_duplicate_of_an_unknown_outcome_is_answered_at_once_not_made_to_wait() {
+    let s = waiting_stack(
+        "wait-unknown",
+        r#""wait_timeout_ms": 5000, "in_flight_timeout_seconds": 12"#,
+    );
+    let path = "/wait/unknown";
+    let req = post(path, "unknown-1", &json!({"u": 1})).timeout(Duration::from_secs(20));
+    hang_up_while_it_runs(&s, path, &req);
     let t = std::time::Instant::now();
     let dup = s.send(&req);
     assert_problem(&dup, 409, "outcome-unknown");

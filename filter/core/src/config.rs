@@ -58,6 +58,12 @@ pub enum StoreConfig {
         /// Budget of stored response bytes, split evenly over the buckets
         /// (`store.max_store_bytes`, or its default for the capacity and replay cap).
         max_store_bytes: u64,
+        /// Whose unexpired completed records a claim may evict when its bucket is full
+        /// (`store.eviction`).
+        eviction: Eviction,
+        /// Most unexpired claims (in flight or held) of one scope in one bucket
+        /// (`store.scope_claims_per_bucket`).
+        scope_claims_per_bucket: u64,
     },
     /// etcd through an Envoy cluster: many nodes.
     Etcd(EtcdConfig),
@@ -131,6 +137,16 @@ pub enum Role {
     Data,
     /// Serve the operator API (records, stats) and nothing else.
     Admin,
+}
+
+/// Which completed records a claim may evict before their TTL when its bucket is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Eviction {
+    /// Only records of the claim's own scope (or written before scopes were tagged):
+    /// another scope's traffic never makes a key run twice.
+    OwnScope,
+    /// The oldest completed record, whatever its scope.
+    Oldest,
 }
 
 /// What a request gets when its claim finds no slot (its bucket is full of live claims).
@@ -372,6 +388,8 @@ impl Default for Config {
             on_store_full: DEFAULT_ON_STORE_FULL,
             role: DEFAULT_ROLE,
             store: StoreConfig::SharedData {
+                eviction: Eviction::OwnScope,
+                scope_claims_per_bucket: DEFAULT_SCOPE_CLAIMS_PER_BUCKET,
                 namespace: DEFAULT_NAMESPACE.to_string(),
                 max_store_bytes: store_budget(
                     None,

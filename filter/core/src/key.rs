@@ -379,29 +379,7 @@ pub const RECORD_DIGEST_VERSION: &[u8] = b"proxy-dedup record v3\0";
 pub fn record_digest(cfg: &Policy, head: &RequestHead, key: &ClientKey) -> Digest {
     let mut h = Sha256::new();
     h.update(RECORD_DIGEST_VERSION);
-    // A distinct marker byte (the authority flag below is 0 or 1), so a group never
-    // reads as an authority.
-    if let Some(group) = &cfg.records {
-        h.update([2]);
-        feed(&mut h, group.as_bytes());
-    }
-    if cfg.scope_authority {
-        h.update([1]);
-        feed(&mut h, &head.authority.to_ascii_lowercase());
-    } else {
-        h.update([0]);
-    }
-    h.update((cfg.scope_headers.len() as u32).to_be_bytes());
-    for name in &cfg.scope_headers {
-        feed(&mut h, name.as_bytes());
-        match head.header(name) {
-            Some(v) => {
-                h.update([1]);
-                feed(&mut h, v);
-            }
-            None => h.update([0]),
-        }
-    }
+    feed_scope(&mut h, cfg, head);
     h.update([match key.source {
         KeySource::Header => 1,
         KeySource::JsonPointer => 2,
@@ -409,6 +387,47 @@ pub fn record_digest(cfg: &Policy, head: &RequestHead, key: &ClientKey) -> Diges
     }]);
     feed(&mut h, &key.value);
     h.finalize().into()
+}
+
+/// What a record's scope is, as its digest hashes it: the rule's record group, the
+/// authority and the scope headers.
+fn feed_scope(h: &mut Sha256, cfg: &Policy, head: &RequestHead) {
+    // A distinct marker byte (the authority flag below is 0 or 1), so a group never
+    // reads as an authority.
+    if let Some(group) = &cfg.records {
+        h.update([2]);
+        feed(h, group.as_bytes());
+    }
+    if cfg.scope_authority {
+        h.update([1]);
+        feed(h, &head.authority.to_ascii_lowercase());
+    } else {
+        h.update([0]);
+    }
+    h.update((cfg.scope_headers.len() as u32).to_be_bytes());
+    for name in &cfg.scope_headers {
+        feed(h, name.as_bytes());
+        match head.header(name) {
+            Some(v) => {
+                h.update([1]);
+                feed(h, v);
+            }
+            None => h.update([0]),
+        }
+    }
+}
+
+/// A short tag of a request's scope (never 0, which marks a record of unknown scope),
+/// keyed by the process's bucket secret so no client can pick another scope's tag. The
+/// shared-data store keeps it beside each record: a scope's claims evict only its own
+/// records, and its live claims in a bucket are bounded.
+pub fn scope_tag(cfg: &Policy, head: &RequestHead, secret: &[u8]) -> u32 {
+    let mut h = Sha256::new();
+    h.update(b"proxy-dedup scope tag v1\0");
+    h.update(secret);
+    feed_scope(&mut h, cfg, head);
+    let d: Digest = h.finalize().into();
+    u32::from_be_bytes([d[0], d[1], d[2], d[3]]).max(1)
 }
 
 /// Appends `bytes` in lower-case hex (no formatting machinery: record keys are built

@@ -16,8 +16,8 @@ mod layout;
 pub use crate::record::RecordState;
 pub use admin::{Purge, RecordView, StoreStats};
 use bucket::{
-    decode_bucket, encode_bucket, existing, free_way, oldest_completed, owns, owns_at, records_of,
-    room_for, Bucket, Record, Registry, REGISTRY_SLACK_MS,
+    decode_bucket, encode_bucket, existing, free_way, live_claims_of, oldest_completed, owns,
+    owns_at, records_of, room_for, Bucket, Record, Registry, REGISTRY_SLACK_MS,
 };
 pub use layout::Layout;
 
@@ -64,8 +64,12 @@ pub enum StoreError {
     Host(HostFault),
     /// Every attempt lost its CAS race.
     Contention,
-    /// Every record in the bucket is an unexpired in-flight claim.
+    /// Every record in the bucket is an unexpired in-flight claim (or, under
+    /// `store.eviction: "own_scope"`, another scope's unexpired record).
     BucketFull,
+    /// The claim's scope already holds `store.scope_claims_per_bucket` live claims in
+    /// its bucket.
+    ScopeFull,
 }
 
 /// Bytes of the per-process bucket secret.
@@ -104,7 +108,14 @@ impl std::fmt::Display for StoreError {
                 f,
                 "shared data CAS contention after {MAX_ATTEMPTS} attempts"
             ),
-            StoreError::BucketFull => write!(f, "bucket full of in-flight claims"),
+            StoreError::BucketFull => write!(
+                f,
+                "bucket full of in-flight claims and other scopes' unexpired records"
+            ),
+            StoreError::ScopeFull => write!(
+                f,
+                "the scope holds its most live claims (store.scope_claims_per_bucket) in this bucket"
+            ),
         }
     }
 }
@@ -194,10 +205,12 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
     /// every worker sharing this store: of any number of concurrent claims, one wins.
     /// Claims made under another live layout (a configuration before or after a push)
     /// count too: a claim won here yields to a live record there.
+    /// `scope` is the request's `key::scope_tag` (0: unknown, no per-scope bounds).
     pub fn claim(
         &self,
         digest: &Digest,
         payload: &Digest,
+        scope: u32,
         now_ms: u64,
         token: u64,
     ) -> Result<ClaimOutcome, StoreError> {
@@ -212,7 +225,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             expires_ms: now_ms.saturating_add(self.layout.claim_ms()),
             payload: *payload,
         };
-        let outcome = self.claim_in_own(&fresh, now_ms)?;
+        let outcome = self.claim_in_own(&fresh, scope, now_ms)?;
         let ClaimOutcome::Claimed { claim, .. } = &outcome else {
             return Ok(outcome);
         };
@@ -292,7 +305,12 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
     }
 
     /// Claims in the current layout by writing `fresh`, the in-flight record.
-    fn claim_in_own(&self, fresh: &Record, now_ms: u64) -> Result<ClaimOutcome, StoreError> {
+    fn claim_in_own(
+        &self,
+        fresh: &Record,
+        scope: u32,
+        now_ms: u64,
+    ) -> Result<ClaimOutcome, StoreError> {
         let (digest, payload) = (&fresh.digest, &fresh.payload);
         let buckets = self.layout.buckets;
         let bucket = self.layout.bucket_of(digest);
@@ -316,14 +334,19 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             }
             let mine = mine.map(|(way, _)| way);
             let mut b = decode_bucket(&bytes);
+            if scope > 0 && live_claims_of(&b, scope, now_ms) >= self.layout.scope_claims {
+                return Err(StoreError::ScopeFull);
+            }
+            let own_scope = (scope > 0 && !self.layout.evict_any_scope).then_some(scope);
             let (way, evicted_unexpired) = match mine.or_else(|| free_way(&b, now_ms)) {
                 Some(w) => (w, false),
-                None => match oldest_completed(&b) {
+                None => match oldest_completed(&b, own_scope) {
                     Some(w) => (w, true),
                     None => return Err(StoreError::BucketFull),
                 },
             };
             b[way] = Some(fresh.clone());
+            b.scopes[way] = scope;
             if self.write(buckets, bucket, &b, cas)? {
                 return Ok(ClaimOutcome::Claimed {
                     claim: Claim {

@@ -133,13 +133,13 @@ proptest! {
         let store = SharedStore::new(&*shared, &layout);
         let fail = |e: StoreError| TestCaseError::fail(e.to_string());
         let ClaimOutcome::Claimed { claim, evicted_unexpired: false } =
-            store.claim(&digest, &payload, 5_000, token).map_err(fail)?
+            store.claim(&digest, &payload, 0, 5_000, token).map_err(fail)?
         else {
             return Err(TestCaseError::fail("a fresh key was not claimed"));
         };
         prop_assert_eq!(claim.bucket, layout.bucket_of(&digest));
         prop_assert!(store.complete(&claim, resp.as_ref(), 5_500).map(|c| c.owned).map_err(fail)?);
-        let again = store.claim(&digest, &payload, 6_000, token ^ 7).map_err(fail)?;
+        let again = store.claim(&digest, &payload, 0, 6_000, token ^ 7).map_err(fail)?;
         match &resp {
             Some(r) => {
                 let ClaimOutcome::Completed(done) = again else {
@@ -150,12 +150,12 @@ proptest! {
             None => prop_assert_eq!(again, ClaimOutcome::CompletedNotStored),
         }
         // Until the TTL from completion, then the key is free again.
-        let before = store.claim(&digest, &payload, 5_500 + 10_000 - 1, 1).map_err(fail)?;
+        let before = store.claim(&digest, &payload, 0, 5_500 + 10_000 - 1, 1).map_err(fail)?;
         prop_assert!(
             matches!(before, ClaimOutcome::Completed(_) | ClaimOutcome::CompletedNotStored),
             "{:?}", before
         );
-        let after = store.claim(&digest, &payload, 5_500 + 10_000, 2).map_err(fail)?;
+        let after = store.claim(&digest, &payload, 0, 5_500 + 10_000, 2).map_err(fail)?;
         prop_assert!(matches!(after, ClaimOutcome::Claimed { .. }), "{:?}", after);
     }
 }

@@ -154,6 +154,9 @@ pub struct DedupStream {
     detached_sent: bool,
     client_deadline: Option<u64>,
     client_answered: bool,
+    /// Shared data: the request's scope tag, kept beside its record (eviction and
+    /// per-scope bounds); 0 until decided.
+    scope_tag: u32,
 }
 
 impl std::fmt::Debug for DedupStream {
@@ -189,6 +192,7 @@ impl DedupStream {
             detached_sent: false,
             client_deadline: None,
             client_answered: false,
+            scope_tag: 0,
         }
     }
 
@@ -459,7 +463,10 @@ impl DedupStream {
         self.record = Some(digest);
         self.payload = Some(payload);
         match &p.config.store {
-            StoreConfig::SharedData { .. } => self.claim_shared(p, env, digest, payload),
+            StoreConfig::SharedData { .. } => {
+                self.scope_tag = p.layout().map_or(0, |l| l.scope_tag(cfg, &head));
+                self.claim_shared(p, env, digest, payload)
+            }
             StoreConfig::Etcd(ec) => self.claim_etcd(p, env, ec, digest, payload),
         }
     }

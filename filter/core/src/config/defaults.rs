@@ -85,3 +85,6 @@ pub const DEFAULT_DETACHED_TIMEOUT_MS: u64 = 10_000;
 
 /// Default `grpc`: real gRPC requests pass untouched.
 pub const DEFAULT_GRPC: GrpcPolicy = GrpcPolicy::Bypass;
+/// Default `store.scope_claims_per_bucket`: one scope holds at most half a bucket's ways
+/// with live claims.
+pub const DEFAULT_SCOPE_CLAIMS_PER_BUCKET: u64 = 8;

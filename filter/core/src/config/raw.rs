@@ -166,4 +166,6 @@ pub(super) struct RawStore {
     pub(super) max_record_bytes: Option<u64>,
     pub(super) protocol: Option<String>,
     pub(super) max_store_bytes: Option<u64>,
+    pub(super) eviction: Option<String>,
+    pub(super) scope_claims_per_bucket: Option<u64>,
 }

@@ -94,12 +94,42 @@ pub(super) fn parse_store(
                 None => DEFAULT_NAMESPACE.to_string(),
             };
             let max_store_bytes = store_budget(st.max_store_bytes, capacity, largest_replay)?;
+            let eviction = match st.eviction.as_deref() {
+                None | Some("own_scope") => Eviction::OwnScope,
+                Some("oldest") => Eviction::Oldest,
+                Some(other) => {
+                    return Err(err(
+                        "store.eviction",
+                        format!("`{other}` is not known (expected \"own_scope\" or \"oldest\")"),
+                    ))
+                }
+            };
+            let scope_claims_per_bucket = in_range(
+                "store.scope_claims_per_bucket",
+                st.scope_claims_per_bucket,
+                DEFAULT_SCOPE_CLAIMS_PER_BUCKET,
+                1,
+                crate::store::WAYS as u64,
+            )?;
             Ok(StoreConfig::SharedData {
                 namespace,
                 max_store_bytes,
+                eviction,
+                scope_claims_per_bucket,
             })
         }
         "etcd" => {
+            for (field, set) in [
+                ("store.eviction", st.eviction.is_some()),
+                (
+                    "store.scope_claims_per_bucket",
+                    st.scope_claims_per_bucket.is_some(),
+                ),
+            ] {
+                if set {
+                    return Err(err(field, "only applies to store.kind \"shared_data\""));
+                }
+            }
             if st.max_store_bytes.is_some() {
                 return Err(err(
                     "store.max_store_bytes",

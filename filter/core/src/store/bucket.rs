@@ -15,6 +15,11 @@ pub(super) const RECORD_LEN: usize = 32 + 1 + 8 + 8 + 32;
 /// like any way number past `WAYS`, so buckets stay readable by the previous version.
 pub(super) const SLOTS_WAY: u8 = 0xFF;
 
+/// The way byte of the bucket's scope-tag entry (`WAYS` u32, 0: unknown scope, as in a
+/// bucket the previous version wrote). A reader without scope tags skips it as it skips
+/// `SLOTS_WAY`, so buckets stay readable both ways.
+pub(super) const SCOPES_WAY: u8 = 0xFE;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Record {
     /// The key's digest (scope and key): which request this record stands for.
@@ -78,6 +83,8 @@ impl Registry {
 pub(super) struct Bucket {
     pub(super) ways: [Option<Record>; WAYS],
     pub(super) slots: [u32; WAYS],
+    /// Each way's scope tag (`key::scope_tag`), set when a claim takes the way.
+    pub(super) scopes: [u32; WAYS],
 }
 
 impl std::ops::Index<usize> for Bucket {
@@ -126,6 +133,7 @@ fn entries(bytes: &[u8]) -> std::slice::ChunksExact<'_, u8> {
 enum Entry {
     Record(usize, Record),
     Slots([u32; WAYS]),
+    Scopes([u32; WAYS]),
     /// An unknown way or state: skipped.
     Unknown,
 }
@@ -133,12 +141,16 @@ enum Entry {
 fn read_entry(entry: &[u8]) -> Result<Entry, WireError> {
     let mut r = Reader::new(entry);
     let way = r.u8()?;
-    if way == SLOTS_WAY {
-        let mut slots = [0u32; WAYS];
-        for n in &mut slots {
+    if way == SLOTS_WAY || way == SCOPES_WAY {
+        let mut values = [0u32; WAYS];
+        for n in &mut values {
             *n = r.u32()?;
         }
-        return Ok(Entry::Slots(slots));
+        return Ok(if way == SLOTS_WAY {
+            Entry::Slots(values)
+        } else {
+            Entry::Scopes(values)
+        });
     }
     let way = usize::from(way);
     let digest = r.array()?;
@@ -170,6 +182,7 @@ pub(super) fn decode_bucket(bytes: &[u8]) -> Bucket {
                 }
             }
             Ok(Entry::Slots(slots)) => out.slots = slots,
+            Ok(Entry::Scopes(scopes)) => out.scopes = scopes,
             Ok(Entry::Unknown) | Err(_) => {}
         }
     }
@@ -223,6 +236,14 @@ pub(super) fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
         w.u8(SLOTS_WAY);
         for n in bucket.slots {
             w.u32(n);
+        }
+        w.zeros(RECORD_LEN - 4 * WAYS);
+    }
+    // Scope tags likewise, once a claim has written one.
+    if bucket.scopes.iter().any(|&t| t > 0) {
+        w.u8(SCOPES_WAY);
+        for t in bucket.scopes {
+            w.u32(t);
         }
         w.zeros(RECORD_LEN - 4 * WAYS);
     }
@@ -291,16 +312,31 @@ pub(super) fn room_for(
     None
 }
 
-/// The completed record closest to expiry: evicted when the bucket is full.
-/// Claims (in flight or held) are never evicted, or a duplicate could run alongside
-/// its original.
-pub(super) fn oldest_completed(b: &Bucket) -> Option<usize> {
+/// The completed record closest to expiry: evicted when the bucket is full. With
+/// `scope` (`store.eviction: "own_scope"`), only a record of that scope or of an unknown
+/// one (written before scope tags) may go: another scope's traffic never makes a key
+/// run twice. Claims (in flight or held) are never evicted, or a duplicate could run
+/// alongside its original.
+pub(super) fn oldest_completed(b: &Bucket, scope: Option<u32>) -> Option<usize> {
     b.iter()
         .enumerate()
         .filter_map(|(i, r)| r.as_ref().map(|r| (i, r)))
         .filter(|(_, r)| !r.state.is_claim())
+        .filter(|(i, _)| scope.is_none_or(|t| matches!(b.scopes[*i], 0) || b.scopes[*i] == t))
         .min_by_key(|(_, r)| r.expires_ms)
         .map(|(i, _)| i)
+}
+
+/// The unexpired claims (in flight or held) of scope `tag` in a bucket.
+pub(super) fn live_claims_of(b: &Bucket, tag: u32, now_ms: u64) -> usize {
+    b.iter()
+        .zip(b.scopes)
+        .filter(|(r, t)| {
+            *t == tag
+                && r.as_ref()
+                    .is_some_and(|r| r.state.is_claim() && r.expires_ms > now_ms)
+        })
+        .count()
 }
 
 /// What a claim answers for an unexpired record of its digest.
@@ -406,6 +442,28 @@ mod format_tests {
             vec![(0, full[0].clone().unwrap()), (5, full[5].clone().unwrap())]
         );
         assert_eq!(records_of(&twice, &[0x33; 32]).count(), 0);
+    }
+
+    #[test]
+    fn scope_tags_ride_in_an_entry_the_previous_version_skips() {
+        let mut tagged = bucket();
+        tagged.scopes[0] = 0x0a0b_0c0d;
+        let bytes = encode_bucket(&tagged);
+        // The pinned bucket, then one more entry: way 0xFE and the tags.
+        let old = unhex(BUCKET);
+        assert_eq!(&bytes[..old.len()], &old[..]);
+        assert_eq!(bytes.len(), old.len() + 1 + RECORD_LEN);
+        assert_eq!(bytes[old.len()], SCOPES_WAY);
+        assert_eq!(
+            &bytes[old.len() + 1..old.len() + 5],
+            &[0x0a, 0x0b, 0x0c, 0x0d]
+        );
+        assert_eq!(decode_bucket(&bytes), tagged);
+        // The previous version's reader skips any way past WAYS: it sees the bucket as
+        // it was, and a bucket of the previous version reads with unknown scopes.
+        assert_eq!(decode_bucket(&old).scopes, [0; WAYS]);
+        let found: Vec<_> = records_of(&bytes, &[0x33; 32]).collect();
+        assert_eq!(found, vec![(5, completed())]);
     }
 
     #[test]

@@ -20,6 +20,10 @@ pub struct Layout {
     /// lets its key run again within the TTL either; past `in_flight_ms` it answers as
     /// an unknown outcome.
     pub keep_unknown: bool,
+    /// `store.eviction: "oldest"`: a full bucket evicts another scope's records too.
+    pub evict_any_scope: bool,
+    /// `store.scope_claims_per_bucket`.
+    pub scope_claims: usize,
     /// Bytes of response slots one bucket may hold (`max_store_bytes / buckets`).
     pub bucket_budget: u64,
     /// Until when (ms) this VM knows the layouts registry holds this layout: a claim
@@ -70,9 +74,23 @@ impl Layout {
             in_flight_ms,
             ttl_ms,
             keep_unknown: false,
+            evict_any_scope: false,
+            scope_claims: WAYS,
             bucket_budget: u64::MAX,
             registered_until: RegisteredUntil::default(),
         }
+    }
+
+    /// The scope tag of a request (`key::scope_tag`, keyed by this process's secret).
+    pub fn scope_tag(&self, policy: &crate::config::Policy, head: &crate::key::RequestHead) -> u32 {
+        crate::key::scope_tag(policy, head, &self.secret)
+    }
+
+    /// The same layout with the isolation of scopes `store` asks for.
+    pub fn isolating_scopes(mut self, evict_any_scope: bool, scope_claims: usize) -> Self {
+        self.evict_any_scope = evict_any_scope;
+        self.scope_claims = scope_claims.clamp(1, WAYS);
+        self
     }
 
     /// The same layout with a policy's claim semantics (see `keep_unknown`).

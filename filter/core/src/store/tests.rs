@@ -49,7 +49,7 @@ fn completed(r: Result<ClaimOutcome, StoreError>) -> Claim {
 fn b_claims_first(shared: &Arc<FakeShared>, layout: &Layout, d: Digest, p: Digest, now: u64) {
     let (s2, l2) = (shared.clone(), layout.clone());
     shared.before_next_set(move || {
-        claimed(SharedStore::new(&*s2, &l2).claim(&d, &p, now, 2));
+        claimed(SharedStore::new(&*s2, &l2).claim(&d, &p, 0, now, 2));
     });
 }
 
@@ -72,7 +72,7 @@ fn interleaved_claims_one_wins_the_cas_race() {
     // both saw it absent, and B's create wins).
     b_claims_first(&shared, &layout, d, p, 1000);
     in_flight(
-        SharedStore::new(&*shared, &layout).claim(&d, &p, 1000, 1),
+        SharedStore::new(&*shared, &layout).claim(&d, &p, 0, 1000, 1),
         "A must see B's claim after losing the CAS",
     );
 
@@ -81,14 +81,16 @@ fn interleaved_claims_one_wins_the_cas_race() {
     let (s3, l3) = (shared.clone(), layout.clone());
     let b2 = layout.bucket_of(&d2);
     SharedStore::new(&*shared, &layout)
-        .claim(&digest(1000 + b2), &p, 1000, 9)
+        .claim(&digest(1000 + b2), &p, 0, 1000, 9)
         .unwrap();
     shared.before_next_set(move || {
-        SharedStore::new(&*s3, &l3).claim(&d2, &p, 1000, 4).unwrap();
+        SharedStore::new(&*s3, &l3)
+            .claim(&d2, &p, 0, 1000, 4)
+            .unwrap();
     });
     assert_eq!(
         SharedStore::new(&*shared, &layout)
-            .claim(&d2, &p, 1000, 3)
+            .claim(&d2, &p, 0, 1000, 3)
             .unwrap(),
         ClaimOutcome::InFlight { held_until: None }
     );
@@ -108,18 +110,18 @@ fn interleaved_claims_on_other_keys_both_win() {
     b_claims_first(&shared, &layout, b, p, 0);
     assert!(matches!(
         SharedStore::new(&*shared, &layout)
-            .claim(&a, &p, 0, 1)
+            .claim(&a, &p, 0, 0, 1)
             .unwrap(),
         ClaimOutcome::Claimed { .. }
     ));
     // Both records are there: the retry re-read B's write instead of clobbering it.
     let store = SharedStore::new(&*shared, &layout);
     assert_eq!(
-        store.claim(&a, &p, 0, 3).unwrap(),
+        store.claim(&a, &p, 0, 0, 3).unwrap(),
         ClaimOutcome::InFlight { held_until: None }
     );
     assert_eq!(
-        store.claim(&b, &p, 0, 4).unwrap(),
+        store.claim(&b, &p, 0, 0, 4).unwrap(),
         ClaimOutcome::InFlight { held_until: None }
     );
 }
@@ -142,12 +144,13 @@ fn threads_racing_on_one_key_execute_exactly_once() {
                             &digest(round * 100 + t * 10 + i + 1_000_000),
                             &[0; 32],
                             0,
+                            0,
                             t,
                         ) {
                             assert!(store.release(&claim).unwrap());
                         }
                         if let Ok(ClaimOutcome::Claimed { .. }) =
-                            store.claim(&digest(round), &[0; 32], 0, t + 100)
+                            store.claim(&digest(round), &[0; 32], 0, 0, t + 100)
                         {
                             won += 1;
                         }
@@ -172,7 +175,7 @@ fn half_full_store_evicts_almost_nothing() {
     let store = SharedStore::new(&*shared, &layout);
     let mut evicted = 0;
     for i in 0..8_000u64 {
-        match store.claim(&digest(i), &[0; 32], 0, i).unwrap() {
+        match store.claim(&digest(i), &[0; 32], 0, 0, i).unwrap() {
             ClaimOutcome::Claimed {
                 claim,
                 evicted_unexpired,
@@ -195,14 +198,14 @@ fn bucket_full_of_in_flight_claims_is_a_store_error_not_an_eviction() {
     let store = SharedStore::new(&*shared, &layout);
     let same = in_bucket(&layout, layout.bucket_of(&digest(0)), WAYS + 1);
     for (i, d) in same[..WAYS].iter().enumerate() {
-        claimed(store.claim(d, &[0; 32], 0, i as u64));
+        claimed(store.claim(d, &[0; 32], 0, 0, i as u64));
     }
     assert_eq!(
-        store.claim(&same[WAYS], &[0; 32], 0, 99),
+        store.claim(&same[WAYS], &[0; 32], 0, 0, 99),
         Err(StoreError::BucketFull)
     );
     // Once they time out, the way is free again.
-    claimed(store.claim(&same[WAYS], &[0; 32], 30_000, 99));
+    claimed(store.claim(&same[WAYS], &[0; 32], 0, 30_000, 99));
 }
 
 #[test]
@@ -214,7 +217,7 @@ fn a_response_slot_taken_over_is_never_replayed_to_the_old_key() {
     let same = in_bucket(&layout, layout.bucket_of(&digest(0)), WAYS + 1);
     let mut claims = Vec::new();
     for (i, d) in same[..WAYS].iter().enumerate() {
-        let claim = claimed(store.claim(d, &[0; 32], 0, i as u64));
+        let claim = claimed(store.claim(d, &[0; 32], 0, 0, i as u64));
         assert!(
             store
                 .complete(&claim, Some(&stored(200, &format!("body-{i}"))), 0)
@@ -223,9 +226,9 @@ fn a_response_slot_taken_over_is_never_replayed_to_the_old_key() {
         );
         claims.push(claim);
     }
-    let a_ref = completed(store.claim(&same[0], &[0; 32], 10, 50));
+    let a_ref = completed(store.claim(&same[0], &[0; 32], 0, 10, 50));
     // Everything expires; the newcomer takes way 0 and writes its response there.
-    let b = claimed(store.claim(&same[WAYS], &[0; 32], 2_000, 77));
+    let b = claimed(store.claim(&same[WAYS], &[0; 32], 0, 2_000, 77));
     assert_eq!(b.way, a_ref.way);
     assert!(
         store
@@ -263,13 +266,13 @@ fn late_completion_loses_to_its_successor(a_now: u64) {
     let (layout, shared) = (Layout::new("t", 16, 1_000, 60_000), FakeShared::new());
     let store = SharedStore::new(&*shared, &layout);
     let d = digest(3);
-    let a = claimed(store.claim(&d, &[0; 32], 0, 1));
+    let a = claimed(store.claim(&d, &[0; 32], 0, 0, 1));
     assert!(a.slot_empty, "a fresh way's slot holds nothing");
     let (s2, l2) = (shared.clone(), layout.clone());
     let a_way = a.way;
     shared.before_next_set(move || {
         let st = SharedStore::new(&*s2, &l2);
-        let b = claimed(st.claim(&d, &[0; 32], 1_000, 2));
+        let b = claimed(st.claim(&d, &[0; 32], 0, 1_000, 2));
         assert_eq!(b.way, a_way, "B must take the expired way");
         assert!(
             st.complete(&b, Some(&stored(200, "from-b")), 1_000)
@@ -283,7 +286,7 @@ fn late_completion_loses_to_its_successor(a_now: u64) {
             .unwrap()
             .owned
     );
-    let done = completed(store.claim(&d, &[0; 32], 1_001, 3));
+    let done = completed(store.claim(&d, &[0; 32], 0, 1_001, 3));
     assert_eq!(store.response(&done).unwrap().unwrap().body, b"from-b");
 }
 
@@ -294,14 +297,14 @@ fn a_completion_whose_empty_slot_exists_after_all_still_stores_its_response() {
     let (layout, shared) = (Layout::new("t", 16, 1_000, 60_000), FakeShared::new());
     let store = SharedStore::new(&*shared, &layout);
     let d = digest(4);
-    let claim = claimed(store.claim(&d, &[0; 32], 0, 1));
+    let claim = claimed(store.claim(&d, &[0; 32], 0, 0, 1));
     assert!(claim.slot_empty);
     use crate::store::SharedData;
     let slot = layout.response_key(claim.buckets, claim.bucket, claim.way);
     shared.set(&slot, b"", u32::MAX).unwrap();
     let body = stored(201, "kept");
     assert!(store.complete(&claim, Some(&body), 10).unwrap().owned);
-    let done = completed(store.claim(&d, &[0; 32], 20, 2));
+    let done = completed(store.claim(&d, &[0; 32], 0, 20, 2));
     assert_eq!(store.response(&done).unwrap().unwrap().body, b"kept");
 }
 
@@ -314,7 +317,7 @@ fn tombstoned_and_garbage_buckets_read_as_empty() {
         .set(&layout.bucket_key(layout.bucket_of(&d)), b"", 0)
         .unwrap();
     let store = SharedStore::new(&*shared, &layout);
-    claimed(store.claim(&d, &[0; 32], 0, 1));
+    claimed(store.claim(&d, &[0; 32], 0, 0, 1));
     shared
         .set(
             &layout.bucket_key(layout.bucket_of(&d)),
@@ -322,7 +325,7 @@ fn tombstoned_and_garbage_buckets_read_as_empty() {
             0,
         )
         .unwrap();
-    claimed(store.claim(&d, &[0; 32], 0, 2));
+    claimed(store.claim(&d, &[0; 32], 0, 0, 2));
 }
 
 #[test]
@@ -357,12 +360,12 @@ fn concurrent_claims_under_two_layouts_run_once() {
         // B's whole claim runs between A's read of its own bucket and A's CAS.
         b_claims_first(&shared, &b, d, p, 1000);
         in_flight(
-            SharedStore::new(&*shared, &a).claim(&d, &p, 1000, 1),
+            SharedStore::new(&*shared, &a).claim(&d, &p, 0, 1000, 1),
             "first_old {first_old}",
         );
         // A yielded and left nothing behind: B's claim is the only one.
         let again = SharedStore::new(&*shared, &a)
-            .claim(&d, &p, 1000, 3)
+            .claim(&d, &p, 0, 1000, 3)
             .unwrap();
         assert_eq!(again, ClaimOutcome::InFlight { held_until: None });
     }
@@ -414,14 +417,16 @@ fn a_claim_racing_a_new_layout_at_the_registry_sees_its_claim() {
     let b = b_won.clone();
     // A's next write is its claim (its registration is fresh): B runs just before it.
     shared.before_next_set(move || {
-        let got = SharedStore::new(&*s2, &l2).claim(&d, &p, 1000, 2).unwrap();
+        let got = SharedStore::new(&*s2, &l2)
+            .claim(&d, &p, 0, 1000, 2)
+            .unwrap();
         b.store(
             matches!(got, ClaimOutcome::Claimed { .. }),
             std::sync::atomic::Ordering::SeqCst,
         );
     });
     let a = SharedStore::new(&*shared, &old)
-        .claim(&d, &p, 1000, 1)
+        .claim(&d, &p, 0, 1000, 1)
         .unwrap();
     let a_won = matches!(a, ClaimOutcome::Claimed { .. });
     let b_won = b_won.load(std::sync::atomic::Ordering::SeqCst);

@@ -6,7 +6,7 @@ use crate::etcd::{LeaseCache, LeasePlan};
 use crate::key::Digest;
 use crate::local::LocalTier;
 use crate::metrics::Counter;
-use crate::store::{HostFault, Layout, SharedData, StoreError};
+use crate::store::{HostFault, Layout, SharedData, StoreError, WAYS};
 use crate::wait::Waiters;
 use std::borrow::Cow;
 
@@ -38,6 +38,8 @@ impl Plugin {
             StoreConfig::SharedData {
                 namespace,
                 max_store_bytes,
+                eviction,
+                scope_claims_per_bucket,
             } => {
                 // Every policy shares the buckets; the layout registers itself for as
                 // long as the longest-lived policy's records may live.
@@ -54,6 +56,10 @@ impl Plugin {
                     policies().map(|p| p.ttl_ms).max().unwrap_or(0),
                 )
                 .keeping_unknown(keeps_unknown(top))
+                .isolating_scopes(
+                    *eviction == crate::config::Eviction::Oldest,
+                    usize::try_from(*scope_claims_per_bucket).unwrap_or(WAYS),
+                )
                 .with_max_store_bytes(*max_store_bytes);
                 StoreState::SharedData(layout)
             }

@@ -22,7 +22,13 @@ impl DedupStream {
         let outcome = p
             .layout_for(p.config.policy_at(self.rule))
             .and_then(|layout| {
-                SharedStore::new(&*env, &layout).claim(&digest, &payload, now, token)
+                SharedStore::new(&*env, &layout).claim(
+                    &digest,
+                    &payload,
+                    self.scope_tag,
+                    now,
+                    token,
+                )
             });
         match outcome {
             Ok(ClaimOutcome::Claimed {
@@ -54,7 +60,9 @@ impl DedupStream {
                     Err(e) => self.store_failed(p, env, &e.to_string()),
                 }
             }
-            Err(e @ StoreError::BucketFull) => self.store_full(p, env, &e.to_string()),
+            Err(e @ (StoreError::BucketFull | StoreError::ScopeFull)) => {
+                self.store_full(p, env, &e.to_string())
+            }
             Err(e) => self.store_failed(p, env, &e.to_string()),
         }
     }

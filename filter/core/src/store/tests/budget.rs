@@ -38,7 +38,7 @@ fn complete(
     resp: &StoredResponse,
     now: u64,
 ) -> Completion {
-    let claim = claimed(store.claim(d, &[7; 32], now, now ^ 0x55));
+    let claim = claimed(store.claim(d, &[7; 32], 0, now, now ^ 0x55));
     store.complete(&claim, Some(resp), now).unwrap()
 }
 
@@ -99,7 +99,7 @@ fn the_oldest_completed_bodies_go_first_and_their_keys_never_run_again() {
     assert_eq!(dropped, [0, 0, 0, 1, 1]);
     let now = 10_000;
     for (i, d) in keys.iter().enumerate() {
-        match store.claim(d, &[7; 32], now, 99).unwrap() {
+        match store.claim(d, &[7; 32], 0, now, 99).unwrap() {
             ClaimOutcome::CompletedNotStored => assert!(i < 2, "key {i} lost its body"),
             ClaimOutcome::Completed(done) => {
                 assert!(i >= 2, "key {i} should have been dropped");
@@ -115,7 +115,7 @@ fn the_oldest_completed_bodies_go_first_and_their_keys_never_run_again() {
     assert_eq!(slot_bytes(&shared, "t/1/r/"), 3 * 3_052);
     // And they stay completed until their TTL like any other record.
     assert_eq!(
-        store.claim(&keys[0], &[7; 32], 600_000 - 1, 5).unwrap(),
+        store.claim(&keys[0], &[7; 32], 0, 600_000 - 1, 5).unwrap(),
         ClaimOutcome::CompletedNotStored
     );
 }
@@ -138,7 +138,7 @@ fn dead_slots_are_emptied_before_any_live_body() {
         "only dead bytes went"
     );
     for (i, d) in keys.iter().enumerate().skip(1) {
-        let c = completed(store.claim(d, &[7; 32], 12_001, 9));
+        let c = completed(store.claim(d, &[7; 32], 0, 12_001, 9));
         assert_eq!(store.response(&c).unwrap(), Some(response(3_000, i as u8)));
     }
     assert_eq!(slot_bytes(&shared, "t/1/r/"), 3 * 3_052);
@@ -157,7 +157,7 @@ fn claims_are_never_dropped_and_a_response_that_does_not_fit_beside_them_is_not_
     // is in flight over 6 KB it did not write, which nobody may blank under it.
     let mut claims = Vec::new();
     for (i, d) in keys[1..].iter().enumerate() {
-        let claim = claimed(store.claim(d, &[7; 32], 2_000, 100 + i as u64));
+        let claim = claimed(store.claim(d, &[7; 32], 0, 2_000, 100 + i as u64));
         claims.push(claim);
     }
     let reused = claims.last().unwrap().clone();
@@ -169,7 +169,7 @@ fn claims_are_never_dropped_and_a_response_that_does_not_fit_beside_them_is_not_
         .unwrap();
     assert_eq!((done.owned, done.stored, done.dropped), (true, false, 0));
     assert_eq!(
-        store.claim(&keys[1], &[7; 32], 2_600, 1).unwrap(),
+        store.claim(&keys[1], &[7; 32], 0, 2_600, 1).unwrap(),
         ClaimOutcome::CompletedNotStored,
         "completed without body: never runs again"
     );
@@ -189,7 +189,7 @@ fn claims_are_never_dropped_and_a_response_that_does_not_fit_beside_them_is_not_
         .complete(&reused, Some(&response(2_000, 2)), 2_700)
         .unwrap();
     assert!(done.owned && done.stored);
-    let c = completed(store.claim(&keys[WAYS], &[7; 32], 2_800, 3));
+    let c = completed(store.claim(&keys[WAYS], &[7; 32], 0, 2_800, 3));
     assert_eq!(store.response(&c).unwrap(), Some(response(2_000, 2)));
     assert!(slot_bytes(&shared, "t/1/r/") <= 10_000);
 }
@@ -204,7 +204,7 @@ fn a_response_larger_than_a_buckets_share_is_never_kept() {
     assert_eq!((done.owned, done.stored), (true, false));
     assert_eq!(slot_bytes(&shared, "t/1/r/"), 0, "not even written");
     assert_eq!(
-        store.claim(&d, &[7; 32], 1, 2).unwrap(),
+        store.claim(&d, &[7; 32], 0, 1, 2).unwrap(),
         ClaimOutcome::CompletedNotStored
     );
     // Exactly the share fits.
@@ -231,7 +231,7 @@ fn racing_completions_in_one_bucket_never_undercount_nor_exceed_the_budget() {
                         let now = i * 10 + t;
                         // Not claimed: a bucket full of in-flight claims, or contention.
                         if let Ok(ClaimOutcome::Claimed { claim, .. }) =
-                            store.claim(&d, &[1; 32], now, t << 32 | i)
+                            store.claim(&d, &[1; 32], 0, now, t << 32 | i)
                         {
                             let size = 1_000 + 700 * (i as usize % 4);
                             let _ = store.complete(&claim, Some(&response(size, i as u8)), now);
@@ -255,7 +255,7 @@ fn racing_completions_in_one_bucket_never_undercount_nor_exceed_the_budget() {
         for t in 0..4u64 {
             for i in 0..12u64 {
                 let d = digest(round * 1_000 + t * 100 + i);
-                if let Ok(ClaimOutcome::Completed(c)) = store.claim(&d, &[1; 32], 1_000, 7) {
+                if let Ok(ClaimOutcome::Completed(c)) = store.claim(&d, &[1; 32], 0, 1_000, 7) {
                     let size = 1_000 + 700 * (i as usize % 4);
                     assert_eq!(store.response(&c).unwrap(), Some(response(size, i as u8)));
                 }

@@ -196,11 +196,7 @@ fn at_the_client_deadline_the_client_gets_504_still_running_and_the_call_goes_on
         let mut env = env_for(store);
         let r = req("POST", "/charges").key("slow").body("{}");
         let mut s = sent_detached(&p, &mut env, &r);
-        assert_eq!(
-            env.waiters.len(),
-            1,
-            "{store}: the deadline is on the tick"
-        );
+        assert_eq!(env.waiters.len(), 1, "{store}: the deadline is on the tick");
         env.now_ms += 999;
         assert_eq!(s.on_wake(&p, &mut env), Decision::Pause, "{store}");
         env.now_ms += 1;

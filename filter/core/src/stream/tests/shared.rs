@@ -132,7 +132,8 @@ fn a_record_of_the_previous_format_is_never_found_nor_misread() {
     assert_ne!(record_digest(&p.config.policy, &r.head, &key), old);
     let store = SharedStore::new(&*shared, p.layout().unwrap());
     let now = env.now_ms;
-    let ClaimOutcome::Claimed { claim, .. } = store.claim(&old, &[9; 32], now, 1).unwrap() else {
+    let ClaimOutcome::Claimed { claim, .. } = store.claim(&old, &[9; 32], 0, now, 1).unwrap()
+    else {
         panic!()
     };
     let stale = StoredResponse {
@@ -236,9 +237,12 @@ fn dropped_bodies_are_counted_and_their_keys_answer_409_response_not_stored() {
 
 #[test]
 fn a_bucket_full_of_live_claims_answers_503_store_full_unless_told_to_fail_open() {
-    // One bucket (capacity 16): sixteen claims in flight fill it.
+    // One bucket (capacity 16): sixteen claims in flight fill it (one scope may hold
+    // them all here).
     for (extra, expect) in [("", 503u16), (r#", "on_store_full": "open""#, 200)] {
-        let p = plugin(&format!(r#"{{"capacity": 16{extra}}}"#));
+        let p = plugin(&format!(
+            r#"{{"capacity": 16, "store": {{"scope_claims_per_bucket": 16}}{extra}}}"#
+        ));
         let (_, mut env) = world();
         let _held: Vec<_> = (0..16)
             .map(|i| send(&p, &mut env, &req("POST", "/o").key(&format!("k{i}"))).unwrap())
@@ -256,4 +260,78 @@ fn a_bucket_full_of_live_claims_answers_503_store_full_unless_told_to_fail_open(
             assert_eq!(env.count_of(Counter::StoreFull), 0);
         }
     }
+}
+
+const TENANTS: &str = r#""scope": {"headers": ["x-tenant"]}, "capacity": 16"#;
+
+fn of(tenant: &str, key: &str) -> Req {
+    req("POST", "/o")
+        .key(key)
+        .header("x-tenant", tenant)
+        .body("{}")
+}
+
+#[test]
+fn another_tenants_flood_never_evicts_a_victims_completed_record() {
+    let p = plugin(&format!("{{{TENANTS}}}"));
+    let (_, mut env) = world();
+    let victim = of("victim", "pay-1");
+    run(&p, &mut env, &victim, ok("paid once"));
+    // The flooder fills the one bucket with its own completed records, then keeps
+    // going: its claims evict its own records, never the victim's.
+    for i in 0..40 {
+        env.now_ms += 1;
+        let got = run(&p, &mut env, &of("flood", &format!("f{i}")), ok("f"));
+        assert!(got.reached_upstream(), "flood {i}: {got:?}");
+    }
+    assert!(
+        env.count_of(Counter::EvictionsUnexpired) > 0,
+        "the flooder evicted its own"
+    );
+    run(&p, &mut env, &victim, ok("twice")).assert_replays(b"paid once");
+    // Told so, a full bucket evicts the oldest record whatever its scope (as before).
+    let p = plugin(&format!(
+        r#"{{{TENANTS}, "store": {{"eviction": "oldest"}}}}"#
+    ));
+    let (_, mut env) = world();
+    run(&p, &mut env, &victim, ok("paid once"));
+    for i in 0..16 {
+        env.now_ms += 1;
+        run(&p, &mut env, &of("flood", &format!("f{i}")), ok("f"));
+    }
+    assert_eq!(run(&p, &mut env, &victim, ok("again")), executed("again"));
+}
+
+#[test]
+fn a_bucket_full_of_another_tenants_records_answers_store_full_not_an_eviction() {
+    let p = plugin(&format!("{{{TENANTS}}}"));
+    let (_, mut env) = world();
+    for i in 0..16 {
+        env.now_ms += 1;
+        run(&p, &mut env, &of("flood", &format!("f{i}")), ok("f"));
+    }
+    let got = run(&p, &mut env, &of("victim", "new"), ok("no"));
+    assert_eq!(got.status(), 503);
+    assert_eq!(got.problem_type(), "urn:proxy-dedup:problem:store-full");
+    assert_eq!(env.count_of(Counter::StoreFull), 1);
+    // The flooder's own records still answer.
+    run(&p, &mut env, &of("flood", "f3"), ok("no")).assert_replays(b"f");
+}
+
+#[test]
+fn one_tenants_hung_up_claims_hold_at_most_half_a_bucket() {
+    let p = plugin(&format!("{{{TENANTS}}}"));
+    let (_, mut env) = world();
+    // Eight claims whose clients hang up: kept as unknown outcomes (live claims).
+    for i in 0..8 {
+        let (_, s) = sent(&p, &mut env, of("noisy", &format!("h{i}")));
+        respond(&p, &mut env, s, upstream_reset());
+    }
+    // The ninth claim of that tenant in the bucket is refused; nothing runs unrecorded.
+    let ninth = run(&p, &mut env, &of("noisy", "h8"), ok("no"));
+    assert_eq!(ninth.problem_type(), "urn:proxy-dedup:problem:store-full");
+    // Another tenant still claims and runs, and its retry is a replay.
+    let victim = of("victim", "pay");
+    assert_eq!(run(&p, &mut env, &victim, ok("paid")), executed("paid"));
+    run(&p, &mut env, &victim, ok("twice")).assert_replays(b"paid");
 }
