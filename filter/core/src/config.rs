@@ -366,6 +366,8 @@ pub struct Config {
     /// Most duplicates waiting at once on one worker (wait mode, every policy); above
     /// it they get 409 at once.
     pub max_waiters: usize,
+    /// Most of them of one scope (its authority and scope headers, its rule).
+    pub max_waiters_per_scope: usize,
     pub retry_after_seconds: u64,
     pub capacity: u64,
     pub replayed_header: String,
@@ -381,6 +383,7 @@ impl Default for Config {
             policy: Policy::default(),
             rules: Vec::new(),
             max_waiters: DEFAULT_MAX_WAITERS as usize,
+            max_waiters_per_scope: DEFAULT_MAX_WAITERS_PER_SCOPE as usize,
             retry_after_seconds: DEFAULT_RETRY_AFTER_SECONDS,
             capacity: DEFAULT_CAPACITY,
             replayed_header: DEFAULT_REPLAYED_HEADER.to_string(),
@@ -549,6 +552,13 @@ impl TryFrom<RawConfig> for Config {
             1,
             100_000,
         )? as usize;
+        let max_waiters_per_scope = in_range(
+            "max_waiters_per_scope",
+            raw.max_waiters_per_scope,
+            DEFAULT_MAX_WAITERS_PER_SCOPE.min(max_waiters as u64),
+            1,
+            max_waiters as u64,
+        )? as usize;
         let capacity = in_range("capacity", raw.capacity, DEFAULT_CAPACITY, 16, 10_000_000)?;
         let replayed_header = match raw.replayed_header {
             Some(h) => header_names("replayed_header", vec![h], false)?.remove(0),
@@ -574,6 +584,7 @@ impl TryFrom<RawConfig> for Config {
             policy,
             rules,
             max_waiters,
+            max_waiters_per_scope,
             retry_after_seconds,
             capacity,
             replayed_header,

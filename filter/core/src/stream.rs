@@ -154,8 +154,8 @@ pub struct DedupStream {
     detached_sent: bool,
     client_deadline: Option<u64>,
     client_answered: bool,
-    /// Shared data: the request's scope tag, kept beside its record (eviction and
-    /// per-scope bounds); 0 until decided.
+    /// The request's scope tag: kept beside its shared-data record (eviction and
+    /// per-scope bounds), and bounding its scope's waiters; 0 until decided.
     scope_tag: u32,
 }
 
@@ -467,7 +467,11 @@ impl DedupStream {
                 self.scope_tag = p.layout().map_or(0, |l| l.scope_tag(cfg, &head));
                 self.claim_shared(p, env, digest, payload)
             }
-            StoreConfig::Etcd(ec) => self.claim_etcd(p, env, ec, digest, payload),
+            StoreConfig::Etcd(ec) => {
+                // Only waiters are bounded per scope here: no secret is needed.
+                self.scope_tag = crate::key::scope_tag(cfg, &head, &[]);
+                self.claim_etcd(p, env, ec, digest, payload)
+            }
         }
     }
 

@@ -26,6 +26,8 @@ struct Waiter {
     deadline_ms: u64,
     next_check_ms: u64,
     woken: bool,
+    /// The waiter's scope tag (0: none), bounded by `max_waiters_per_scope`.
+    scope: u32,
 }
 
 /// The duplicates one worker holds, bounded by `max_waiters`.
@@ -45,6 +47,21 @@ impl Waiters {
         first_check_ms: u64,
         max: usize,
     ) -> bool {
+        self.add_for_scope(stream, digest, deadline_ms, first_check_ms, (0, max, max))
+    }
+
+    /// `add`, for a waiter of scope tag `limits.0`: refused too when that scope already
+    /// holds `limits.2` waiters on this worker (`limits.1` is `max_waiters`), so one
+    /// scope cannot take the whole pool.
+    pub fn add_for_scope(
+        &mut self,
+        stream: u32,
+        digest: Digest,
+        deadline_ms: u64,
+        first_check_ms: u64,
+        limits: (u32, usize, usize),
+    ) -> bool {
+        let (scope, max, max_per_scope) = limits;
         if let Some(w) = self.entries.iter_mut().find(|w| w.stream == stream) {
             w.digest = digest;
             w.deadline_ms = deadline_ms;
@@ -54,12 +71,16 @@ impl Waiters {
         if self.entries.len() >= max {
             return false;
         }
+        if scope > 0 && self.entries.iter().filter(|w| w.scope == scope).count() >= max_per_scope {
+            return false;
+        }
         self.entries.push(Waiter {
             stream,
             digest,
             deadline_ms,
             next_check_ms: first_check_ms,
             woken: false,
+            scope,
         });
         true
     }

@@ -88,3 +88,6 @@ pub const DEFAULT_GRPC: GrpcPolicy = GrpcPolicy::Bypass;
 /// Default `store.scope_claims_per_bucket`: one scope holds at most half a bucket's ways
 /// with live claims.
 pub const DEFAULT_SCOPE_CLAIMS_PER_BUCKET: u64 = 8;
+/// Default `max_waiters_per_scope`: a quarter of the default pool (and never more than
+/// `max_waiters`).
+pub const DEFAULT_MAX_WAITERS_PER_SCOPE: u64 = 256;

@@ -79,6 +79,7 @@ with_policy_fields!(raw_with_policy!
     #[serde(deny_unknown_fields)]
     RawConfig {
         max_waiters: Option<u64>,
+        max_waiters_per_scope: Option<u64>,
         retry_after_seconds: Option<u64>,
         capacity: Option<u64>,
         replayed_header: Option<String>,

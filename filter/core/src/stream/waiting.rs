@@ -81,13 +81,16 @@ impl DedupStream {
                 let d = now.saturating_add(wait_timeout_ms);
                 // The first check comes at the next tick: a completion that landed
                 // between the claim's read and this registration woke nobody here.
-                if !env
-                    .waiters()
-                    .add(self.id, digest, d, now, p.config.max_waiters)
-                {
+                let limits = (
+                    self.scope_tag,
+                    p.config.max_waiters,
+                    p.config.max_waiters_per_scope,
+                );
+                if !env.waiters().add_for_scope(self.id, digest, d, now, limits) {
                     env.debug(format_args!(
-                        "stream {}: {} duplicates already wait on this worker (max_waiters); 409",
-                        self.id, p.config.max_waiters
+                        "stream {}: {} duplicates (or {} of its scope) already wait on this worker \
+                         (max_waiters, max_waiters_per_scope); 409",
+                        self.id, p.config.max_waiters, p.config.max_waiters_per_scope
                     ));
                     return None;
                 }

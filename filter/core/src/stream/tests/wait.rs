@@ -441,3 +441,31 @@ fn waiters_of_a_detached_execution_get_its_answer_when_the_call_completes_the_re
     assert_eq!(got.header("idempotent-replayed"), Some(&b"true"[..]));
     assert_eq!(d.b.count_of(Counter::WaitReplayed), 1);
 }
+
+#[test]
+fn one_scope_cannot_take_the_whole_waiter_pool() {
+    let p = plugin(&format!(
+        r#"{{{WAIT}, "scope": {{"headers": ["x-tenant"]}}, "max_waiters": 4, "max_waiters_per_scope": 2}}"#
+    ));
+    let (mut a, mut b) = two_workers();
+    let of = |t: &str, k: &str| req("POST", "/o").key(k).header("x-tenant", t).body("{}");
+    // Each tenant's first requests are in flight on worker a.
+    let _firsts: Vec<_> = [("noisy", "n"), ("victim", "v")]
+        .iter()
+        .map(|(t, k)| send(&p, &mut a, &of(t, k)).unwrap())
+        .collect();
+    let (_w1, d1) = decide(&p, &mut b, &of("noisy", "n"), 11);
+    let (_w2, d2) = decide(&p, &mut b, &of("noisy", "n"), 12);
+    assert_eq!((d1, d2), (Decision::Pause, Decision::Pause));
+    // The noisy tenant's third waiter is refused at once...
+    let (_w3, d3) = decide(&p, &mut b, &of("noisy", "n"), 13);
+    assert_eq!(reply(d3).status, 409);
+    // ...while the victim's duplicate still waits.
+    let (_w4, d4) = decide(&p, &mut b, &of("victim", "v"), 14);
+    assert_eq!(
+        d4,
+        Decision::Pause,
+        "another scope's waiters never crowd it out"
+    );
+    assert_eq!(b.count_of(Counter::Waited), 3);
+}
