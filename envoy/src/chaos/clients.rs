@@ -27,12 +27,15 @@ pub const HOST: &str = "orders.example";
 const MAX_ATTEMPTS: u32 = 8;
 /// How long a patient client waits for an answer.
 const PATIENCE: Duration = Duration::from_secs(8);
-/// Payloads: 2 paths × 6 bodies.
-const PAYLOADS: usize = 12;
+/// Payloads: 3 paths × 6 bodies; the third path is executed detached.
+const PAYLOADS: usize = 18;
+
+/// The path whose requests the filter sends itself (`upstream.detached`, a rule).
+pub const DETACHED_PREFIX: &str = "/detached/";
 
 fn payload(i: usize) -> (&'static str, String) {
-    let path = ["/orders", "/orders?express=1"][i % 2];
-    let v = i / 2;
+    let path = ["/orders", "/orders?express=1", "/detached/orders"][i % 3];
+    let v = i / 3;
     (path, format!(r#"{{"item":{},"qty":{}}}"#, v % 3, 1 + v / 3))
 }
 
@@ -49,6 +52,9 @@ pub struct Client<'a> {
     /// Earlier operations with a good key: (key, payload).
     done: Vec<(String, usize)>,
     history: Vec<Attempt>,
+    /// A noisy tenant: floods new keys and hangs up on most of them, never retrying;
+    /// the checker must find that no other tenant's key ran twice for it.
+    pub noisy: bool,
 }
 
 /// One prepared attempt: the request and its record before it is sent.
@@ -84,6 +90,7 @@ impl<'a> Client<'a> {
             next_op: 0,
             done: Vec::new(),
             history: Vec::new(),
+            noisy: id % 8 == 7,
         }
     }
 
@@ -95,6 +102,13 @@ impl<'a> Client<'a> {
             self.next_op += 1;
             let roll = self.rng.below(100);
             let have_old = !self.done.is_empty();
+            if self.noisy {
+                let p = self.rng.index(PAYLOADS);
+                let prepared = self.prepare(op, 0, KeyForm::Good, &format!("op-{op}"), p);
+                let r = self.send(prepared);
+                self.history.push(r);
+                continue;
+            }
             match roll {
                 0..=7 if have_old => {
                     let (key, p) = self.done[self.rng.index(self.done.len())].clone();
@@ -201,7 +215,14 @@ impl<'a> Client<'a> {
             req = req.header(name, value);
         }
         let req = req.body(body.clone());
-        let (patience, leave) = if self.rng.percent(20) {
+        let (patience, leave) = if self.noisy && self.rng.percent(80) {
+            let leave = if self.rng.percent(50) {
+                Leave::Reset
+            } else {
+                Leave::Close
+            };
+            (Duration::from_millis(self.rng.between(10, 300)), leave)
+        } else if self.rng.percent(20) {
             let leave = if self.rng.percent(50) {
                 Leave::Reset
             } else {
@@ -229,6 +250,7 @@ impl<'a> Client<'a> {
                 start: Duration::ZERO,
                 end: Duration::ZERO,
                 asked,
+                detached: path.starts_with(DETACHED_PREFIX),
                 outcome: Outcome::Failed("not sent".into()),
             },
         }

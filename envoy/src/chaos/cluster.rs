@@ -71,6 +71,9 @@ pub fn filter_config(domain: Domain, broken: Option<Broken>, variant: u32) -> St
         "in_flight_timeout_seconds": IN_FLIGHT_TIMEOUT.as_secs(),
         "ttl_seconds": TTL.as_secs(),
         "retry_after_seconds": if odd { 2 } else { 1 },
+        // The third payload path's first executions are sent by the filter itself.
+        "rules": [{"name": "detached", "match": {"path_prefix": super::clients::DETACHED_PREFIX},
+                   "upstream": {"detached": true, "cluster": "service", "timeout_ms": 4000}}],
     });
     match domain {
         Domain::Etcd => {

@@ -83,6 +83,8 @@ pub struct Attempt {
     pub end: Duration,
     /// Upstream behaviour asked for with `x-demo-*` headers (for the figures).
     pub asked: Option<&'static str>,
+    /// Sent to the route the filter executes detached (`upstream.detached`).
+    pub detached: bool,
     pub outcome: Outcome,
 }
 

@@ -20,7 +20,7 @@ use crate::Result;
 use checker::{Findings, Params, ProxyCounters, Rule};
 pub use cluster::Broken;
 use cluster::{Cluster, TTL};
-use history::{Attempt, Domain, Exec};
+use history::{Attempt, Domain, Exec, Outcome};
 use nemesis::{FaultEvent, Nemesis};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -203,12 +203,17 @@ impl Report {
             .count();
         let _ = writeln!(
             s,
-            "executions: {} ({} etcd store, {} shared data); a key ran again after a release: {}, after the in-flight timeout: {}",
+            "executions: {} ({} etcd store, {} shared data); a key ran again after a release: {}, after its TTL: {}",
             self.execs.len(),
             etcd_execs,
             self.execs.len() - etcd_execs,
             self.findings.again_after_release,
             self.findings.again_after_expiry
+        );
+        let (gave_up, got_replay) = self.detached_retries();
+        let _ = writeln!(
+            s,
+            "detached: {gave_up} operations on the detached route whose client gave up were retried; {got_replay} of them got the replay of their one execution"
         );
         let _ = writeln!(
             s,
@@ -274,6 +279,26 @@ impl Report {
             }
         );
         s
+    }
+
+    /// Operations on the detached route whose client gave up on an attempt and tried
+    /// again, and how many of them were later answered with a replay.
+    pub fn detached_retries(&self) -> (usize, usize) {
+        // Per operation: a client gave up, a later attempt followed, one got a replay.
+        let mut ops: BTreeMap<(usize, u64), (bool, bool, bool)> = BTreeMap::new();
+        let mut sorted: Vec<&Attempt> = self.attempts.iter().filter(|a| a.detached).collect();
+        sorted.sort_by_key(|a| (a.client, a.op, a.n));
+        for a in sorted {
+            let e = ops.entry((a.client, a.op)).or_default();
+            if e.0 {
+                e.1 = true;
+                e.2 |= a.answer().is_some_and(|r| r.replayed);
+            }
+            e.0 |= matches!(a.outcome, Outcome::GaveUp { .. });
+        }
+        let retried = ops.values().filter(|e| e.1).count();
+        let replayed = ops.values().filter(|e| e.2).count();
+        (retried, replayed)
     }
 
     /// The nemesis's events in order, one per line.

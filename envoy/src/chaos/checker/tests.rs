@@ -38,6 +38,7 @@ fn attempt(
         start: ms(start),
         end: ms(end),
         asked: None,
+        detached: false,
         outcome,
     }
 }
