@@ -116,7 +116,9 @@ impl<'a> Client<'a> {
                 }
                 8..=12 if have_old => {
                     let (key, p) = self.done[self.rng.index(self.done.len())].clone();
-                    let other = (p + 1 + self.rng.index(PAYLOADS - 1)) % PAYLOADS;
+                    // Another payload on a path of the same rule: the detached route's
+                    // records are a key space of their own (rules never share records).
+                    let other = (p + 3 * (1 + self.rng.index(PAYLOADS / 3 - 1))) % PAYLOADS;
                     self.operation(op, &key, other, deadline, false);
                 }
                 13..=18 => {
