@@ -129,8 +129,13 @@ fn envoy_memory_stays_within_the_budget_plus_a_fixed_overhead() {
 
 /// A JSON array of `n` numbers: about 8 bytes each.
 fn json_array(n: usize, salt: usize) -> String {
-    let items: Vec<String> = (0..n).map(|i| format!("{}.{}", i * 7 + salt, i % 97)).collect();
-    format!(r#"{{"id": "m-{salt}", "deliveryAttempt": 1, "values": [{}]}}"#, items.join(","))
+    let items: Vec<String> = (0..n)
+        .map(|i| format!("{}.{}", i * 7 + salt, i % 97))
+        .collect();
+    format!(
+        r#"{{"id": "m-{salt}", "deliveryAttempt": 1, "values": [{}]}}"#,
+        items.join(",")
+    )
 }
 
 /// The canonical payload check's memory in Envoy: the Wasm VM's footprint (VmRSS) after
@@ -141,7 +146,9 @@ fn the_canonical_json_check_costs_envoy_a_small_multiple_of_the_body() {
     let growth = |name: &str, config: &str| {
         let s = Stack::start(name, config);
         // Warm the VM (first request, allocator) before the baseline.
-        let warm = Request::post("/json").key("warm").body(json_array(1_000, 9));
+        let warm = Request::post("/json")
+            .key("warm")
+            .body(json_array(1_000, 9));
         assert_eq!(s.send(&warm).status, 200);
         let before = rss_kib(s.envoy.pid());
         for i in 0..3 {

@@ -28,7 +28,10 @@ fn another_tenants_flood_never_makes_the_victims_key_run_again() {
         let r = s.send(&of("flood", "/pay/flood", &format!("f{i}")));
         assert_eq!(r.status, 200, "flood {i}: {}", r.summary());
     }
-    assert!(s.counter("evictions_unexpired") > 0, "the flood evicted its own records");
+    assert!(
+        s.counter("evictions_unexpired") > 0,
+        "the flood evicted its own records"
+    );
     assert_replay_of(&s.send(&victim), &first);
     assert_eq!(s.executions("/pay/victim"), 1, "the victim's key ran again");
 }
@@ -61,5 +64,9 @@ fn another_tenants_hung_up_claims_never_fill_the_victims_bucket() {
     assert_executed(&first);
     assert_replay_of(&s.send(&victim), &first);
     assert_eq!(s.executions("/pay/victim"), 1);
-    assert_eq!(s.executions("/pay/noisy"), 8, "the ninth never reached the upstream");
+    assert_eq!(
+        s.executions("/pay/noisy"),
+        8,
+        "the ninth never reached the upstream"
+    );
 }

@@ -439,3 +439,62 @@ fn the_route_timeout_does_not_count_the_time_a_duplicate_waits() {
     assert_eq!(s.counter("waited"), 1, "it waited (past its route's 1 s)");
     assert_eq!(s.executions(path), 1);
 }
+
+#[test]
+fn one_tenants_waiters_never_take_another_tenants_place() {
+    // One worker, four places, two per tenant: the noisy tenant's third duplicate is
+    // refused at once, the victim's duplicate still waits and gets the replay.
+    let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
+    let upstream = dedup_envoy::DemoUpstream::start(0, false).unwrap();
+    let config = EnvoyConfig::single_node(
+        upstream.port(),
+        &wasm,
+        &waiting(
+            r#""scope": {"headers": ["x-tenant"]}, "wait_timeout_ms": 15000, "max_waiters": 4,
+               "max_waiters_per_scope": 2, "in_flight_timeout_seconds": 25"#,
+        ),
+    )
+    .unwrap()
+    .with_workers(1, None);
+    let s = Stack {
+        envoy: EnvoyProcess::start("wait-per-scope", config).unwrap(),
+        upstream,
+    };
+    let addr = s.envoy.addr();
+    let of = |tenant: &str, key: &str| {
+        post("/wait/scope", key, &json!({"t": tenant}))
+            .header("x-tenant", tenant)
+            .timeout(Duration::from_secs(20))
+    };
+    let noisy = of("noisy", "n-1");
+    let victim = of("victim", "v-1");
+    let firsts = [
+        s.send_in_background(noisy.clone().header("x-demo-delay-ms", "3000"), 1),
+        s.send_in_background(victim.clone().header("x-demo-delay-ms", "3000"), 1),
+    ];
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let req = noisy.clone();
+            std::thread::spawn(move || dedup_envoy::client::send(addr, &req).unwrap())
+        })
+        .collect();
+    wait_counter(&s, "waited", 2);
+    let refused = s.send(&noisy);
+    assert_problem(&refused, 409, "in-flight");
+    assert_eq!(
+        s.counter("waited"),
+        2,
+        "the noisy tenant's third never waited"
+    );
+    // The victim's duplicate waits for its first and gets its answer.
+    let victim_dup = s.send(&victim);
+    assert!(is_replayed(&victim_dup), "{}", victim_dup.summary());
+    assert_eq!(s.counter("waited"), 3);
+    for f in firsts {
+        assert_executed(&f.join().unwrap());
+    }
+    for w in waiters {
+        assert!(is_replayed(&w.join().unwrap()));
+    }
+    assert_eq!(s.executions("/wait/scope"), 2, "each tenant's key ran once");
+}
