@@ -6,7 +6,8 @@
 mod common;
 
 use common::*;
-use dedup_envoy::Request;
+use dedup_envoy::paths::config_file;
+use dedup_envoy::{EnvoyConfig, Request};
 use serde_json::json;
 use std::time::Duration;
 
@@ -69,4 +70,34 @@ fn another_tenants_hung_up_claims_never_fill_the_victims_bucket() {
         8,
         "the ninth never reached the upstream"
     );
+}
+
+/// The shipped template with a per-tenant rate limit in front of the filter: a tenant
+/// that floods keys gets 429 from Envoy before it claims anything; another tenant is
+/// untouched and its retry replays.
+#[test]
+fn the_per_tenant_rate_limit_template_stops_a_flood_before_the_store() {
+    let s = Stack::start_with("tenants-ratelimit", |port, wasm| {
+        let config = r#"{"scope": {"headers": ["x-tenant"]}, "capacity": 2048}"#;
+        EnvoyConfig::from_template(&config_file("tenant-ratelimit.yaml"), port, wasm, config)
+            .unwrap()
+    });
+    let mut limited = 0;
+    for i in 0..80 {
+        let r = s.send(&of("flood", "/pay/flood", &format!("f{i}")));
+        match r.status {
+            200 => {}
+            429 => limited += 1,
+            other => panic!("flood {i}: {other} {}", r.summary()),
+        }
+    }
+    assert!(limited > 0, "the flood was never rate limited");
+    assert!(
+        s.executions("/pay/flood") <= 80 - limited,
+        "a rate-limited request reached the upstream"
+    );
+    let victim = of("victim", "/pay/victim", "pay-3");
+    let first = s.send(&victim);
+    assert_executed(&first);
+    assert_replay_of(&s.send(&victim), &first);
 }
