@@ -11,6 +11,7 @@ pub mod chart;
 pub mod client;
 pub mod config;
 pub mod envoy;
+pub mod envoy_filter;
 pub mod error;
 pub mod etcd;
 pub mod etcd_grpc;

@@ -311,3 +311,39 @@ fn harness_runs_envoy_with_the_empty_filter() {
     assert_eq!(per_worker.len(), 2, "{per_worker:?}");
     let _ = json!({});
 }
+
+/// `dedupctl envoy-filter`'s block in a real Envoy: the filter wrapped in Envoy's
+/// matching, a GET (no policy deduplicates it) never enters Wasm (the filter counts no
+/// request), a POST is deduplicated as ever.
+#[test]
+fn the_generated_filter_block_skips_methods_no_policy_deduplicates() {
+    let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
+    let upstream = DemoUpstream::start(0, false).unwrap();
+    let block = dedup_envoy::envoy_filter::FilterBlock {
+        config: r#"{"methods": ["POST", "PATCH"]}"#,
+        wasm_path: &wasm.display().to_string(),
+        vm_id: "proxy_dedup",
+    }
+    .render(10)
+    .unwrap();
+    let template = workspace_root().join("envoy/tests/templates/matcher.yaml");
+    let cfg = EnvoyConfig::from_template(&template, upstream.port(), &wasm, "{}")
+        .unwrap()
+        .with_var("FILTER_BLOCK", block.trim_end());
+    let envoy = EnvoyProcess::start("configs-matcher", cfg).unwrap_or_else(|e| panic!("{e}"));
+    for _ in 0..3 {
+        assert_eq!(envoy.send(&Request::get("/healthz")).unwrap().status, 200);
+    }
+    let counters = envoy.dedup_counters().unwrap();
+    assert_eq!(
+        counters.get("requests").copied().unwrap_or(0),
+        0,
+        "a GET entered the filter: {counters:?}"
+    );
+    let post = Request::post("/orders/matcher").key("m-1").body("{}");
+    let first = envoy.send(&post).unwrap();
+    assert_eq!(first.status, 200, "{}", first.summary());
+    let again = envoy.send(&post).unwrap();
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(envoy.dedup_counter("requests").unwrap(), 2);
+}

@@ -5,6 +5,13 @@
 //!   dedupctl [--addr HOST:PORT] [--json] get   --key K [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer] [--rule NAME]
 //!   dedupctl [--addr HOST:PORT] [--json] purge --key K [--authority H] [--scope NAME=VALUE]... [--rule NAME] [--force]
 //!   dedupctl [--addr HOST:PORT] [--json] stats
+//!   dedupctl check-config FILE
+//!   dedupctl envoy-filter FILE [--wasm PATH] [--vm-id ID] [--indent N]
+//!
+//! `check-config` parses FILE (the filter's JSON configuration) with the filter's own
+//! parser and prints the error, naming the field, that Envoy would log. `envoy-filter`
+//! prints the `http_filters` entry for it: the filter wrapped in Envoy's matching, so
+//! requests whose method no policy deduplicates never enter Wasm.
 //!
 //! Exit status: 0 when the API answered 2xx, 1 when it refused (404, 409, 400), 2 on
 //! usage or connection errors.
@@ -15,7 +22,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 const USAGE: &str = "usage: dedupctl [--addr HOST:PORT] [--json] get|purge|stats \
-[--key K] [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer] [--rule NAME] [--force]";
+[--key K] [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer] [--rule NAME] [--force]
+       dedupctl check-config FILE
+       dedupctl envoy-filter FILE [--wasm PATH] [--vm-id ID] [--indent N]";
 
 /// Percent-encodes a query component (unreserved characters stay).
 fn encode(s: &str) -> String {
@@ -118,7 +127,71 @@ fn show(command: &str, status: u16, v: &serde_json::Value) -> String {
     }
 }
 
+/// `check-config` and `envoy-filter`: work on a configuration file, no API call.
+fn offline(args: &[String]) -> ExitCode {
+    let (command, rest) = match args.split_first() {
+        Some((c, rest)) => (c.as_str(), rest),
+        None => return ExitCode::from(2),
+    };
+    let Some(file) = rest.first() else {
+        eprintln!("{command} needs a configuration file\n{USAGE}");
+        return ExitCode::from(2);
+    };
+    let config = match std::fs::read_to_string(file) {
+        Ok(c) => c.trim().to_string(),
+        Err(e) => {
+            eprintln!("{file}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut wasm = "/etc/envoy/dedup_filter.wasm".to_string();
+    let mut vm_id = "proxy_dedup".to_string();
+    let mut indent = 10usize;
+    let mut it = rest[1..].iter();
+    while let Some(flag) = it.next() {
+        let Some(value) = it.next() else {
+            eprintln!("{flag} needs a value");
+            return ExitCode::from(2);
+        };
+        match flag.as_str() {
+            "--wasm" => wasm = value.clone(),
+            "--vm-id" => vm_id = value.clone(),
+            "--indent" => indent = value.parse().unwrap_or(indent),
+            other => {
+                eprintln!("unexpected `{other}`\n{USAGE}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let block = dedup_envoy::envoy_filter::FilterBlock {
+        config: &config,
+        wasm_path: &wasm,
+        vm_id: &vm_id,
+    };
+    match (command, block.render(indent)) {
+        (_, Err(e)) => {
+            eprintln!("{file}: {e}");
+            ExitCode::from(1)
+        }
+        ("check-config", Ok(_)) => {
+            println!("{file}: ok");
+            ExitCode::SUCCESS
+        }
+        (_, Ok(yaml)) => {
+            print!("{yaml}");
+            ExitCode::SUCCESS
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    if matches!(
+        all.first().map(String::as_str),
+        Some("check-config" | "envoy-filter")
+    ) {
+        return offline(&all);
+    }
     let args = match parse(std::env::args().skip(1)) {
         Ok(a) => a,
         Err(e) => {

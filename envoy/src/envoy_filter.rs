@@ -1,0 +1,172 @@
+//! The filter's Envoy block generated from its configuration (`dedupctl envoy-filter`):
+//! the Wasm filter wrapped in Envoy's own matching (`ExtensionWithMatcher`), so a
+//! request whose method no policy deduplicates skips the filter (`SkipFilter`) and
+//! never enters Wasm. The configuration is checked by the filter's own parser first,
+//! so the block and the filter cannot disagree.
+
+use dedup_core::config::Config;
+
+/// Where the generated block's Wasm module and VM come from.
+#[derive(Debug, Clone)]
+pub struct FilterBlock<'a> {
+    /// The filter's JSON configuration, as the plugin's `configuration` carries it.
+    pub config: &'a str,
+    pub wasm_path: &'a str,
+    pub vm_id: &'a str,
+}
+
+/// The methods some policy (top level or a rule that is not bypassed) deduplicates,
+/// sorted and without repeats.
+pub fn deduplicated_methods(config: &Config) -> Vec<String> {
+    let mut methods: Vec<String> = std::iter::once(&config.policy)
+        .chain(config.rules.iter().map(|r| &r.policy))
+        .filter(|p| !p.bypass)
+        .flat_map(|p| p.methods.iter().cloned())
+        .collect();
+    methods.sort();
+    methods.dedup();
+    methods
+}
+
+/// YAML single-quoted scalar.
+fn quoted(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+impl FilterBlock<'_> {
+    /// One `http_filters` entry, indented for a list at `indent` spaces. `Err` names the
+    /// configuration field the filter would refuse, as it would log it.
+    pub fn render(&self, indent: usize) -> Result<String, String> {
+        let config = Config::parse(self.config.as_bytes()).map_err(|e| e.to_string())?;
+        let methods = deduplicated_methods(&config);
+        let pad = " ".repeat(indent);
+        let mut out = String::new();
+        let mut line = |depth: usize, text: &str| {
+            out.push_str(&pad);
+            out.push_str(&"  ".repeat(depth));
+            out.push_str(text);
+            out.push('\n');
+        };
+        line(0, "- name: proxy_dedup");
+        line(1, "typed_config:");
+        line(
+            2,
+            "\"@type\": type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher",
+        );
+        line(2, "extension_config:");
+        line(3, "name: proxy_dedup");
+        line(3, "typed_config:");
+        line(
+            4,
+            "\"@type\": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+        );
+        line(4, "config:");
+        line(5, "name: proxy_dedup");
+        line(5, "root_id: \"\"");
+        line(5, "failure_policy: FAIL_CLOSED");
+        line(5, "allow_on_headers_stop_iteration: true");
+        line(5, "configuration:");
+        line(
+            6,
+            "\"@type\": type.googleapis.com/google.protobuf.StringValue",
+        );
+        line(6, &format!("value: {}", quoted(self.config)));
+        line(5, "vm_config:");
+        line(6, &format!("vm_id: {}", quoted(self.vm_id)));
+        line(6, "runtime: envoy.wasm.runtime.v8");
+        line(6, "code:");
+        line(7, "local:");
+        line(8, &format!("filename: {}", quoted(self.wasm_path)));
+        // Skip the filter when the method is none of those deduplicated.
+        line(2, "xds_matcher:");
+        line(3, "matcher_list:");
+        line(4, "matchers:");
+        line(4, "- predicate:");
+        line(6, "not_matcher:");
+        if methods.len() == 1 {
+            method_predicate(&mut line, 7, &methods[0]);
+        } else {
+            line(7, "or_matcher:");
+            line(8, "predicate:");
+            for m in &methods {
+                line(8, "- single_predicate:");
+                method_input(&mut line, 10, m);
+            }
+        }
+        line(5, "on_match:");
+        line(6, "action:");
+        line(7, "name: skip");
+        line(7, "typed_config:");
+        line(
+            8,
+            "\"@type\": type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter",
+        );
+        Ok(out)
+    }
+}
+
+/// A `single_predicate` on `:method` equal to `method`.
+fn method_predicate(line: &mut impl FnMut(usize, &str), depth: usize, method: &str) {
+    line(depth, "single_predicate:");
+    method_input(line, depth + 1, method);
+}
+
+fn method_input(line: &mut impl FnMut(usize, &str), depth: usize, method: &str) {
+    line(depth, "input:");
+    line(depth + 1, "name: method");
+    line(depth + 1, "typed_config:");
+    line(
+        depth + 2,
+        "\"@type\": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput",
+    );
+    line(depth + 2, "header_name: \":method\"");
+    line(depth, "value_match:");
+    line(depth + 1, &format!("exact: {method}"));
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_methods_are_those_some_policy_deduplicates() {
+        let c = Config::parse(
+            br#"{"methods": ["POST"], "rules": [
+                {"name": "put", "match": {"path_prefix": "/p"}, "methods": ["PUT", "POST"]},
+                {"name": "skip", "match": {"path_prefix": "/s"}, "bypass": true}]}"#,
+        )
+        .unwrap();
+        assert_eq!(deduplicated_methods(&c), ["POST", "PUT"]);
+    }
+
+    #[test]
+    fn a_bad_configuration_is_refused_with_the_field_the_filter_names() {
+        let b = FilterBlock {
+            config: r#"{"ttl_seconds": 0}"#,
+            wasm_path: "/x.wasm",
+            vm_id: "proxy_dedup",
+        };
+        assert!(b.render(0).unwrap_err().contains("ttl_seconds"));
+    }
+
+    #[test]
+    fn the_block_quotes_the_configuration_and_matches_every_method() {
+        let b = FilterBlock {
+            config: r#"{"methods": ["POST", "PATCH"], "replayed_header": "x-it's"}"#,
+            wasm_path: "/w.wasm",
+            vm_id: "proxy_dedup",
+        };
+        let y = b.render(2).unwrap();
+        assert!(
+            y.contains(r#"value: '{"methods": ["POST", "PATCH"], "replayed_header": "x-it''s"}'"#),
+            "{y}"
+        );
+        assert!(
+            y.contains("exact: PATCH") && y.contains("exact: POST"),
+            "{y}"
+        );
+        assert!(y.contains("or_matcher:"), "{y}");
+        assert!(y.lines().all(|l| l.starts_with("  ")), "{y}");
+    }
+}
