@@ -26,6 +26,9 @@ pub(crate) struct DedupHttp {
     orphaned: bool,
     /// The request is paused on a store call: resume it when the store lets it through.
     waiting_on_store: bool,
+    /// Request body bytes Envoy holds for us (the last body callback's size): a
+    /// detached call sends exactly these.
+    request_body_len: usize,
     /// Response body bytes already read while Envoy buffers the body for us.
     response_seen: usize,
     response_buffering: bool,
@@ -104,6 +107,7 @@ impl DedupHttp {
             orphaned: false,
             waiting_on_store: false,
             response_held: false,
+            request_body_len: 0,
             response_seen: 0,
             response_buffering: false,
         }
@@ -138,7 +142,16 @@ impl DedupHttp {
             .into_iter()
             .filter(|(n, _)| forwarded_header(n))
             .collect();
-        let body = abi::buffer(abi::BUFFER_REQUEST_BODY, 0, usize::MAX).unwrap_or_default();
+        // The whole body, or no call at all: a call with a body cut short would run
+        // another request than the client's.
+        let body = match self.request_body_len {
+            0 => Vec::new(),
+            len => match abi::buffer(abi::BUFFER_REQUEST_BODY, 0, len)? {
+                body if body.len() == len => body,
+                // Fewer bytes than Envoy holds: proxy-wasm's ResultMismatch.
+                _ => return Err(9),
+            },
+        };
         let timeout = std::time::Duration::from_millis(call.timeout_ms);
         let token = abi::dispatch_http_call_pairs(&call.cluster, &headers, Some(&body), timeout)?;
         self.pending = Some(token);
@@ -453,6 +466,7 @@ impl HttpContext for DedupHttp {
         if !self.stream.reading_request() {
             return Action::Continue;
         }
+        self.request_body_len = body_size;
         // Envoy buffers the body while we pause; it is read once, when complete.
         let decision = self.with_env(|s, sh, env| {
             s.on_request_body(&sh.plugin, env, body_size, end_of_stream, || {
