@@ -55,7 +55,8 @@ impl Plugin {
                         .unwrap_or(0),
                     policies().map(|p| p.ttl_ms).max().unwrap_or(0),
                 )
-                .keeping_unknown(keeps_unknown(top))
+                // Registered for as long as the longest-lived policy's claims may live.
+                .keeping_unknown(policies().any(keeps_unknown))
                 .isolating_scopes(
                     *eviction == crate::config::Eviction::Oldest,
                     usize::try_from(*scope_claims_per_bucket).unwrap_or(WAYS),

@@ -335,3 +335,28 @@ fn one_tenants_hung_up_claims_hold_at_most_half_a_bucket() {
     assert_eq!(run(&p, &mut env, &victim, ok("paid")), executed("paid"));
     run(&p, &mut env, &victim, ok("twice")).assert_replays(b"paid");
 }
+
+#[test]
+fn a_kept_unknown_outcome_under_a_rule_stays_visible_to_a_pushed_layout() {
+    // The top level holds, a rule keeps: the layout registers for as long as the rule's
+    // kept claims may live (claim + TTL, then the TTL of a late completion), so after a
+    // capacity push the new configuration still sees the kept record.
+    let cfg = |capacity: u32| {
+        format!(
+            r#"{{"capacity": {capacity}, "ttl_seconds": 7200, "in_flight_timeout_seconds": 5,
+                "on_unknown_outcome": "hold",
+                "rules": [{{"name": "pay", "match": {{"path_prefix": "/pay"}}, "on_unknown_outcome": "keep"}}]}}"#
+        )
+    };
+    let (old, new) = (plugin(&cfg(16)), plugin(&cfg(32)));
+    let (_, mut env) = world();
+    let r = req("POST", "/pay").key("k").body("{}");
+    run(&old, &mut env, &r, upstream_reset());
+    // Long past the registry's slack (an hour) and the in-flight timeout.
+    env.now_ms += 2 * 3_600_000 - 1_000;
+    let dup = run(&new, &mut env, &r, ok("twice"));
+    assert_eq!(
+        dup.problem_type(),
+        "urn:proxy-dedup:problem:outcome-unknown"
+    );
+}
