@@ -28,6 +28,20 @@ fn waiting_stack(name: &str, more: &str) -> Stack {
     Stack::start(name, &waiting(more))
 }
 
+/// A stack of its own on `waiting(more)` with one worker, so every waiter shares its
+/// `max_waiters` places.
+fn one_worker_stack(name: &str, more: &str) -> Stack {
+    let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
+    let upstream = dedup_envoy::DemoUpstream::start(0, false).unwrap();
+    let config = EnvoyConfig::single_node(upstream.port(), &wasm, &waiting(more))
+        .unwrap()
+        .with_workers(1, None);
+    Stack {
+        envoy: EnvoyProcess::start(name, config).unwrap(),
+        upstream,
+    }
+}
+
 fn wait_stack() -> &'static Stack {
     static STACK: OnceLock<Stack> = OnceLock::new();
     STACK.get_or_init(|| {
@@ -252,21 +266,10 @@ fn a_waiter_whose_client_hangs_up_leaves_nothing_behind() {
 #[test]
 fn above_max_waiters_a_duplicate_gets_409_at_once() {
     // One worker, two places: the third duplicate of a running request is refused.
-    let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
-    let upstream = dedup_envoy::DemoUpstream::start(0, false).unwrap();
-    let config = EnvoyConfig::single_node(
-        upstream.port(),
-        &wasm,
-        &waiting(
-            r#""wait_timeout_ms": 15000, "max_waiters": 2, "retry_after_seconds": 2, "in_flight_timeout_seconds": 25"#,
-        ),
-    )
-    .unwrap()
-    .with_workers(1, None);
-    let s = Stack {
-        envoy: EnvoyProcess::start("wait-max-waiters", config).unwrap(),
-        upstream,
-    };
+    let s = one_worker_stack(
+        "wait-max-waiters",
+        r#""wait_timeout_ms": 15000, "max_waiters": 2, "retry_after_seconds": 2, "in_flight_timeout_seconds": 25"#,
+    );
     let addr = s.envoy.addr();
     for (round, delay) in [(1u64, "4000"), (2, "2500")] {
         let path = format!("/wait/max/{round}");
@@ -444,22 +447,11 @@ fn the_route_timeout_does_not_count_the_time_a_duplicate_waits() {
 fn one_tenants_waiters_never_take_another_tenants_place() {
     // One worker, four places, two per tenant: the noisy tenant's third duplicate is
     // refused at once, the victim's duplicate still waits and gets the replay.
-    let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
-    let upstream = dedup_envoy::DemoUpstream::start(0, false).unwrap();
-    let config = EnvoyConfig::single_node(
-        upstream.port(),
-        &wasm,
-        &waiting(
-            r#""scope": {"headers": ["x-tenant"]}, "wait_timeout_ms": 15000, "max_waiters": 4,
-               "max_waiters_per_scope": 2, "in_flight_timeout_seconds": 25"#,
-        ),
-    )
-    .unwrap()
-    .with_workers(1, None);
-    let s = Stack {
-        envoy: EnvoyProcess::start("wait-per-scope", config).unwrap(),
-        upstream,
-    };
+    let s = one_worker_stack(
+        "wait-per-scope",
+        r#""scope": {"headers": ["x-tenant"]}, "wait_timeout_ms": 15000, "max_waiters": 4,
+           "max_waiters_per_scope": 2, "in_flight_timeout_seconds": 25"#,
+    );
     let addr = s.envoy.addr();
     let of = |tenant: &str, key: &str| {
         post("/wait/scope", key, &json!({"t": tenant}))

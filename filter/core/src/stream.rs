@@ -468,8 +468,11 @@ impl DedupStream {
                 self.claim_shared(p, env, digest, payload)
             }
             StoreConfig::Etcd(ec) => {
-                // Only waiters are bounded per scope here: no secret is needed.
-                self.scope_tag = crate::key::scope_tag(cfg, &head, &[]);
+                // Only waiters are bounded per scope here (no secret is needed), so the
+                // tag is computed only when some policy waits.
+                if p.waits {
+                    self.scope_tag = crate::key::scope_tag(cfg, &head, &[]);
+                }
                 self.claim_etcd(p, env, ec, digest, payload)
             }
         }

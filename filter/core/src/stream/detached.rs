@@ -144,16 +144,13 @@ impl DedupStream {
         let policy = p.config.policy_at(self.rule);
         let status = answer.status;
         let outcome = classify_call(&answer);
-        let reply = LocalReply {
-            status,
-            headers: kept_headers(answer.headers.clone()),
-            body: answer.body.clone(),
-            details: "proxy_dedup_detached",
-        };
+        // The headers a replay carries, filtered once; the body is copied only into the
+        // capture, then moved into the client's answer.
+        let headers = kept_headers(answer.headers);
         let call = match outcome {
             Outcome::Upstream if policy.stores_status(status) => {
                 let mut capture =
-                    Capture::new(status, answer.headers, policy.max_replay_body_bytes);
+                    Capture::new(status, headers.clone(), policy.max_replay_body_bytes);
                 capture.body(&answer.body);
                 self.phase = Phase::Capturing(owned, capture);
                 self.complete(p, env)
@@ -179,6 +176,12 @@ impl DedupStream {
                 );
                 return self.then_reply(call, reply);
             }
+        };
+        let reply = LocalReply {
+            status,
+            headers,
+            body: answer.body,
+            details: "proxy_dedup_detached",
         };
         self.then_reply(call, reply)
     }
