@@ -200,6 +200,10 @@ impl EnvoyConfig {
             ("UPSTREAM_PORT", self.upstream_port.to_string()),
             ("WASM_PATH", wasm),
             ("FILTER_CONFIG", yaml_single_quoted(&self.filter_config)),
+            (
+                "DEDUP_METHODS",
+                crate::envoy_filter::methods_regex_of(&self.filter_config),
+            ),
         ];
         vars.extend(self.vars.iter().map(|(n, v)| (n.as_str(), v.clone())));
         vars.extend(self.ports.iter().map(|(n, p)| (n.as_str(), p.to_string())));

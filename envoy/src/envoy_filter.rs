@@ -4,7 +4,7 @@
 //! never enters Wasm. The configuration is checked by the filter's own parser first,
 //! so the block and the filter cannot disagree.
 
-use dedup_core::config::Config;
+use dedup_core::config::{Config, Role};
 
 /// Where the generated block's Wasm module and VM come from.
 #[derive(Debug, Clone)]
@@ -28,6 +28,27 @@ pub fn deduplicated_methods(config: &Config) -> Vec<String> {
     methods
 }
 
+/// The value of the templates' `{{DEDUP_METHODS}}`: an RE2 alternation of the methods
+/// the configuration deduplicates (`POST|PATCH`), which Envoy's matcher compares with
+/// the whole `:method`. Methods are upper-case letters only (the parser refuses
+/// others), so nothing needs escaping. The operator API (`"role": "admin"`) answers
+/// every method: `.*`, so the matcher never skips it.
+pub fn methods_regex(config: &Config) -> String {
+    if config.role == Role::Admin {
+        return ".*".to_string();
+    }
+    deduplicated_methods(config).join("|")
+}
+
+/// `methods_regex` of a JSON configuration; one the filter refuses gets the methods
+/// of the defaults (Envoy refuses the configuration anyway).
+pub fn methods_regex_of(config_json: &str) -> String {
+    match Config::parse(config_json.as_bytes()) {
+        Ok(c) => methods_regex(&c),
+        Err(_) => methods_regex(&Config::default()),
+    }
+}
+
 /// YAML single-quoted scalar.
 fn quoted(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
@@ -38,7 +59,6 @@ impl FilterBlock<'_> {
     /// configuration field the filter would refuse, as it would log it.
     pub fn render(&self, indent: usize) -> Result<String, String> {
         let config = Config::parse(self.config.as_bytes()).map_err(|e| e.to_string())?;
-        let methods = deduplicated_methods(&config);
         let pad = " ".repeat(indent);
         let mut out = String::new();
         let mut line = |depth: usize, text: &str| {
@@ -77,22 +97,30 @@ impl FilterBlock<'_> {
         line(6, "code:");
         line(7, "local:");
         line(8, &format!("filename: {}", quoted(self.wasm_path)));
-        // Skip the filter when the method is none of those deduplicated.
+        // Skip the filter when the method is none of those deduplicated (the same
+        // matcher as the shipped templates', with `{{DEDUP_METHODS}}` filled in).
         line(2, "xds_matcher:");
         line(3, "matcher_list:");
         line(4, "matchers:");
         line(4, "- predicate:");
         line(6, "not_matcher:");
-        if methods.len() == 1 {
-            method_predicate(&mut line, 7, &methods[0]);
-        } else {
-            line(7, "or_matcher:");
-            line(8, "predicate:");
-            for m in &methods {
-                line(8, "- single_predicate:");
-                method_input(&mut line, 10, m);
-            }
-        }
+        line(7, "single_predicate:");
+        line(8, "input:");
+        line(9, "name: method");
+        line(9, "typed_config:");
+        line(
+            10,
+            "\"@type\": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput",
+        );
+        line(10, "header_name: \":method\"");
+        line(8, "value_match:");
+        line(
+            9,
+            &format!(
+                "safe_regex: {{ google_re2: {{}}, regex: \"{}\" }}",
+                methods_regex(&config)
+            ),
+        );
         line(5, "on_match:");
         line(6, "action:");
         line(7, "name: skip");
@@ -103,25 +131,6 @@ impl FilterBlock<'_> {
         );
         Ok(out)
     }
-}
-
-/// A `single_predicate` on `:method` equal to `method`.
-fn method_predicate(line: &mut impl FnMut(usize, &str), depth: usize, method: &str) {
-    line(depth, "single_predicate:");
-    method_input(line, depth + 1, method);
-}
-
-fn method_input(line: &mut impl FnMut(usize, &str), depth: usize, method: &str) {
-    line(depth, "input:");
-    line(depth + 1, "name: method");
-    line(depth + 1, "typed_config:");
-    line(
-        depth + 2,
-        "\"@type\": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput",
-    );
-    line(depth + 2, "header_name: \":method\"");
-    line(depth, "value_match:");
-    line(depth + 1, &format!("exact: {method}"));
 }
 
 #[cfg(test)]
@@ -138,6 +147,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(deduplicated_methods(&c), ["POST", "PUT"]);
+        assert_eq!(methods_regex(&c), "POST|PUT");
+        let admin = Config::parse(br#"{"role": "admin"}"#).unwrap();
+        assert_eq!(methods_regex(&admin), ".*");
+        assert_eq!(methods_regex_of("{"), "PATCH|POST");
     }
 
     #[test]
@@ -163,10 +176,9 @@ mod tests {
             "{y}"
         );
         assert!(
-            y.contains("exact: PATCH") && y.contains("exact: POST"),
+            y.contains(r#"safe_regex: { google_re2: {}, regex: "PATCH|POST" }"#),
             "{y}"
         );
-        assert!(y.contains("or_matcher:"), "{y}");
         assert!(y.lines().all(|l| l.starts_with("  ")), "{y}");
     }
 }

@@ -44,6 +44,7 @@ fn every_envoy_config_passes_envoy_validate() {
             ("UPSTREAM_PORT", "8080".into()),
             ("WASM_PATH", wasm.display().to_string()),
             ("FILTER_CONFIG", r#"{"key": {"required": true}}"#.into()),
+            ("DEDUP_METHODS", "POST|PATCH".into()),
             // admin-api.yaml: the operator API listener.
             ("ADMIN_API_PORT", "9902".into()),
             ("ADMIN_FILTER_CONFIG", r#"{"role": "admin"}"#.into()),
@@ -344,6 +345,52 @@ fn the_generated_filter_block_skips_methods_no_policy_deduplicates() {
     let first = envoy.send(&post).unwrap();
     assert_eq!(first.status, 200, "{}", first.summary());
     let again = envoy.send(&post).unwrap();
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(envoy.dedup_counter("requests").unwrap(), 2);
+}
+
+/// The shipped templates wrap the data plane's filter in Envoy's matching
+/// (`ExtensionWithMatcher` + `SkipFilter`): every one with the filter has the matcher.
+#[test]
+fn every_template_with_the_filter_skips_the_methods_it_does_not_deduplicate() {
+    let mut files = config_files();
+    files.push(config_file(LDS_LISTENER));
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        if is_istio(&text) {
+            continue;
+        }
+        let filters = text
+            .lines()
+            .filter(|l| l.trim() == "- name: proxy_dedup")
+            .count();
+        let wrapped = text.matches("action.v3.SkipFilter").count();
+        assert_eq!(
+            wrapped,
+            filters,
+            "{}: {filters} dedup filter(s), {wrapped} wrapped in a SkipFilter matcher",
+            file.display()
+        );
+    }
+}
+
+/// single-node.yaml's matcher takes its methods from the filter's configuration
+/// (`{{DEDUP_METHODS}}`, which the kit fills as `dedupctl methods` prints it): with
+/// `"methods": ["PUT"]`, a GET and a POST never enter Wasm, a PUT is deduplicated.
+#[test]
+fn the_single_node_template_skips_exactly_the_methods_the_config_does_not_deduplicate() {
+    let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
+    let upstream = DemoUpstream::start(0, false).unwrap();
+    let cfg = EnvoyConfig::single_node(upstream.port(), &wasm, r#"{"methods": ["PUT"]}"#).unwrap();
+    let envoy = EnvoyProcess::start("configs-methods", cfg).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(envoy.send(&Request::get("/healthz")).unwrap().status, 200);
+    let post = Request::post("/orders/methods").key("p-1").body("{}");
+    assert_eq!(envoy.send(&post).unwrap().status, 200);
+    assert_eq!(envoy.dedup_counter("requests").unwrap_or(0), 0);
+    let mut put = post.clone();
+    put.method = "PUT".into();
+    assert_eq!(envoy.send(&put).unwrap().status, 200);
+    let again = envoy.send(&put).unwrap();
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     assert_eq!(envoy.dedup_counter("requests").unwrap(), 2);
 }

@@ -445,7 +445,10 @@ fn access_log_lines_show_each_decision_and_the_record() {
         s.send(&post(path, "log-1", &json!({"item": "ink"}))).status,
         422
     );
+    // A GET skips the filter in Envoy (the template's matcher: no policy
+    // deduplicates GET); a POST without a key enters it and is bypassed.
     assert_eq!(s.send(&Request::get(path)).status, 200);
+    assert_eq!(s.send(&Request::post(path).body("{}")).status, 200);
     let twice = post(path, "log-2", &body).header("idempotency-key", "log-3");
     assert_eq!(s.send(&twice).status, 400);
     // A client that gives up while the upstream works: the outcome is unknown.
@@ -484,6 +487,11 @@ fn access_log_lines_show_each_decision_and_the_record() {
     assert_eq!(executed.len(), 12, "{log}");
     assert_eq!(record_of("replayed"), executed);
     assert!(log.contains("dedup=bypassed record=-"), "{log}");
+    let get = log
+        .lines()
+        .find(|l| l.contains(&format!("\"GET {path}\"")))
+        .unwrap_or_default();
+    assert!(get.contains("dedup=- record=- rule=-"), "{log}");
 }
 
 #[test]

@@ -7,11 +7,13 @@
 //!   dedupctl [--addr HOST:PORT] [--json] stats
 //!   dedupctl check-config FILE
 //!   dedupctl envoy-filter FILE [--wasm PATH] [--vm-id ID] [--indent N]
+//!   dedupctl methods FILE
 //!
 //! `check-config` parses FILE (the filter's JSON configuration) with the filter's own
 //! parser and prints the error, naming the field, that Envoy would log. `envoy-filter`
 //! prints the `http_filters` entry for it: the filter wrapped in Envoy's matching, so
-//! requests whose method no policy deduplicates never enter Wasm.
+//! requests whose method no policy deduplicates never enter Wasm. `methods` prints the
+//! value of the shipped templates' `{{DEDUP_METHODS}}` for it (e.g. `POST|PATCH`).
 //!
 //! Exit status: 0 when the API answered 2xx, 1 when it refused (404, 409, 400), 2 on
 //! usage or connection errors.
@@ -24,7 +26,8 @@ use std::time::Duration;
 const USAGE: &str = "usage: dedupctl [--addr HOST:PORT] [--json] get|purge|stats \
 [--key K] [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer] [--rule NAME] [--force]
        dedupctl check-config FILE
-       dedupctl envoy-filter FILE [--wasm PATH] [--vm-id ID] [--indent N]";
+       dedupctl envoy-filter FILE [--wasm PATH] [--vm-id ID] [--indent N]
+       dedupctl methods FILE";
 
 /// Percent-encodes a query component (unreserved characters stay).
 fn encode(s: &str) -> String {
@@ -127,7 +130,7 @@ fn show(command: &str, status: u16, v: &serde_json::Value) -> String {
     }
 }
 
-/// `check-config` and `envoy-filter`: work on a configuration file, no API call.
+/// `check-config`, `envoy-filter` and `methods`: work on a configuration file, no API call.
 fn offline(args: &[String]) -> ExitCode {
     let (command, rest) = match args.split_first() {
         Some((c, rest)) => (c.as_str(), rest),
@@ -177,6 +180,10 @@ fn offline(args: &[String]) -> ExitCode {
             println!("{file}: ok");
             ExitCode::SUCCESS
         }
+        ("methods", Ok(_)) => {
+            println!("{}", dedup_envoy::envoy_filter::methods_regex_of(&config));
+            ExitCode::SUCCESS
+        }
         (_, Ok(yaml)) => {
             print!("{yaml}");
             ExitCode::SUCCESS
@@ -188,7 +195,7 @@ fn main() -> ExitCode {
     let all: Vec<String> = std::env::args().skip(1).collect();
     if matches!(
         all.first().map(String::as_str),
-        Some("check-config" | "envoy-filter")
+        Some("check-config" | "envoy-filter" | "methods")
     ) {
         return offline(&all);
     }
