@@ -2,16 +2,25 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := wasm
 
-# rustup on this kind of machine has no wasm32 std; Debian's rustc-web with
-# build-std does (see README, "Building").
-DEB_CARGO   ?= /usr/bin/cargo
+# The wasm32-wasip1 build, one of two ways (docs/src/getting-started.md,
+# "Building the module"): rustup's target where it is installed (plain cargo),
+# else Debian's rustc-web with build-std, linked by lld-19 against wasi-libc
+# (rustup on this kind of machine has no wasm32 std). Either way into
+# target/wasm, with simd128: Wasm SIMD, which V8 (Envoy) and wasmtime
+# (host-test) run; BLAKE3 body hashing uses it (its `wasm32_simd` feature).
 WASM_TARGET ?= wasm32-wasip1
 WASM_DIR    := target/wasm
-# simd128: Wasm SIMD, which V8 (Envoy) and wasmtime (host-test) run; BLAKE3 body
-# hashing uses it (its `wasm32_simd` feature).
-WASM_ENV    := RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc CARGO_TARGET_DIR=$(WASM_DIR) \
+WASM_RUSTUP ?= $(shell rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) && echo yes)
+ifeq ($(WASM_RUSTUP),yes)
+WASM_BUILD  := CARGO_TARGET_DIR=$(WASM_DIR) RUSTFLAGS="-C target-feature=+simd128" \
+	cargo build --release --locked --target $(WASM_TARGET)
+else
+DEB_CARGO   ?= /usr/bin/cargo
+WASM_BUILD  := RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc CARGO_TARGET_DIR=$(WASM_DIR) \
 	CARGO_TARGET_WASM32_WASIP1_LINKER=/usr/lib/llvm-19/bin/wasm-ld \
-	RUSTFLAGS="-L/usr/lib/wasm32-wasi -C target-feature=+simd128"
+	RUSTFLAGS="-L/usr/lib/wasm32-wasi -C target-feature=+simd128" \
+	$(DEB_CARGO) build --release --locked -Zbuild-std=std,panic_abort --target $(WASM_TARGET)
+endif
 WASM_CRATES := dedup_filter empty_filter shared_data_probe abi_probe
 CARGO       ?= cargo
 
@@ -21,8 +30,7 @@ deps:
 	@bash .ci/install-deps.sh
 
 wasm: deps
-	$(WASM_ENV) $(DEB_CARGO) build --release --locked -Zbuild-std=std,panic_abort --target $(WASM_TARGET) \
-		$(addprefix -p ,$(subst _,-,$(WASM_CRATES)))
+	$(WASM_BUILD) $(addprefix -p ,$(subst _,-,$(WASM_CRATES)))
 	@mkdir -p dist
 	@for c in $(WASM_CRATES); do cp $(WASM_DIR)/$(WASM_TARGET)/release/$$c.wasm dist/; done
 	@ls -l dist/*.wasm
