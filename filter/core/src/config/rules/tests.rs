@@ -1,5 +1,5 @@
 //! Tests of per-route policy configuration (`rules`): errors with the rule's index,
-//! inheritance of top-level fields, and the README's example.
+//! inheritance of top-level fields, and the book's example (docs/src/recipes/rules.md).
 
 use crate::config::{Config, OnInFlight};
 use crate::testing::*;
@@ -239,8 +239,8 @@ fn rules_override_wait_mode_and_their_errors_name_the_rule() {
 
 #[test]
 fn the_readme_example_parses_and_means_what_it_says() {
-    let readme = include_str!("../../../../../README.md");
-    let section = &readme[readme.find("### Per-route policies").unwrap()..];
+    let page = include_str!("../../../../../docs/src/recipes/rules.md");
+    let section = &page[page.find("# Per-route policies").unwrap()..];
     let start = section.find("```json\n").unwrap() + "```json\n".len();
     let json = &section[start..start + section[start..].find("```").unwrap()];
     let c = Config::parse(json.as_bytes()).unwrap_or_else(|e| panic!("{e}\n{json}"));
