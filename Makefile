@@ -21,7 +21,7 @@ WASM_BUILD  := RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc CARGO_TARGET_DIR=$(WASM_DI
 	RUSTFLAGS="-L/usr/lib/wasm32-wasi -C target-feature=+simd128" \
 	$(DEB_CARGO) build --release --locked -Zbuild-std=std,panic_abort --target $(WASM_TARGET)
 endif
-WASM_CRATES := dedup_filter empty_filter shared_data_probe abi_probe
+WASM_CRATES := dedup_filter empty_filter shared_data_probe abi_probe hostcall_probe
 CARGO       ?= cargo
 
 .PHONY: deps wasm oci docs docs-check test test-compat test-native test-host test-envoy lint fmt bench bench-envoy profile chaos mutants demo clean
@@ -44,7 +44,7 @@ oci: wasm
 
 # Everything: the docs' build and links (docs-check), native logic tests, the scenarios of the built module in host-test (filter/scenarios),
 # real-Envoy end-to-end tests (they start Envoy, the demo upstream and etcd).
-TEST_PACKAGES := --locked --workspace --exclude dedup-filter --exclude empty-filter --exclude shared-data-probe --exclude abi-probe
+TEST_PACKAGES := --locked --workspace --exclude dedup-filter --exclude empty-filter --exclude shared-data-probe --exclude abi-probe --exclude hostcall-probe
 test: wasm docs-check
 	$(CARGO) test $(TEST_PACKAGES)
 

@@ -212,6 +212,26 @@ impl Case {
         Ok(())
     }
 
+    /// Fills the store with first executions (unique keys, wrk runs of a few
+    /// seconds) until the filter has executed `records` requests.
+    pub fn fill(&self, records: u64) -> Result<()> {
+        for run in 0.. {
+            let executed = self.envoy.dedup_counter("executed").unwrap_or(0);
+            if executed >= records {
+                eprintln!("  {}: {executed} records stored", self.name);
+                return Ok(());
+            }
+            if run == 200 {
+                fail!(
+                    "{}: only {executed} of {records} records after 200 runs",
+                    self.name
+                );
+            }
+            self.wrk(5, &format!("fill{run}"))?;
+        }
+        Ok(())
+    }
+
     /// A run of wrk whose figures are not kept.
     pub fn warm_up(&self, seconds: u64) -> Result<()> {
         self.wrk(seconds, "warmup")?;
@@ -386,6 +406,10 @@ pub enum BenchFilter {
     Buffer,
     /// A Wasm module with its JSON configuration.
     Wasm { module: PathBuf, config: String },
+    /// The dedup module as the shipped templates mount it: wrapped in Envoy's
+    /// matching (`dedupctl envoy-filter`), so methods it does not deduplicate
+    /// skip it.
+    Matched { module: PathBuf, config: String },
 }
 
 impl BenchFilter {
@@ -416,8 +440,154 @@ impl BenchFilter {
                 config.replace('\'', "''"),
                 module.display()
             ),
+            BenchFilter::Matched { module, config } => {
+                let module = module.display().to_string();
+                let block = crate::envoy_filter::FilterBlock {
+                    config,
+                    wasm_path: &module,
+                    vm_id: "proxy_dedup",
+                };
+                // A configuration the filter refuses: Envoy refuses it too.
+                block.render(10).unwrap_or_else(|e| format!("# {e}\n"))
+            }
         }
     }
+}
+
+/// The probe's host calls (host-test/probes/hostcall-probe), by the name its
+/// configuration takes, with what the per-call table calls them.
+pub const PROBED_CALLS: &[(&str, &str)] = &[
+    ("get_header_map_value", "get_header_map_value (`:path`)"),
+    (
+        "get_header_map_value_absent",
+        "get_header_map_value, absent header",
+    ),
+    (
+        "get_header_map_pairs",
+        "get_header_map_pairs, request (wrk's POST)",
+    ),
+    (
+        "get_header_map_pairs_response",
+        "get_header_map_pairs, response",
+    ),
+    ("get_property", "get_property (`request.path`)"),
+    ("get_shared_data", "get_shared_data (96 B)"),
+    ("get_shared_data_absent", "get_shared_data, absent key"),
+    ("set_shared_data", "set_shared_data (96 B)"),
+    ("get_buffer_bytes", "get_buffer_bytes, request body (43 B)"),
+    ("set_property", "set_property (filter state)"),
+    (
+        "replace_header_map_value",
+        "replace_header_map_value, response",
+    ),
+    ("increment_metric", "increment_metric"),
+    (
+        "get_current_time_nanoseconds",
+        "get_current_time_nanoseconds",
+    ),
+    ("get_log_level", "get_log_level"),
+];
+
+/// The host calls each filter-cost case needs by the contract, in the probe's
+/// names: the floor no implementation of it can go below. A deduplicated request
+/// reads its headers once and its body once; a claim reads its bucket and writes
+/// it; a completion reads the bucket again (its cas changed since the claim, and
+/// `set_shared_data` does not return the new one), writes the response slot and
+/// the bucket, reading the response's headers and body once; a replay reads the
+/// bucket and the response slot. Every request records its decision and its record
+/// in two filter-state keys (the access-log contract), counts itself and its
+/// decision, and reads the time where a record's expiry needs it. The replay's local
+/// reply is not probed (its cost is Envoy's reply path, which the `direct_response`
+/// baseline also pays).
+pub const FLOOR_CALLS: &[(&str, &[(&str, f64)])] = &[
+    (
+        "dedup, GET entering the filter (bypassed)",
+        &[("get_header_map_value", 1.0)],
+    ),
+    (
+        "dedup, first execution, empty store",
+        &[
+            ("get_header_map_pairs", 1.0),
+            ("get_buffer_bytes", 2.0),
+            ("get_shared_data", 2.0),
+            ("set_shared_data", 3.0),
+            ("get_header_map_pairs_response", 1.0),
+            ("set_property", 2.0),
+            ("increment_metric", 2.0),
+            ("get_current_time_nanoseconds", 2.0),
+        ],
+    ),
+    (
+        "dedup, replay",
+        &[
+            ("get_header_map_pairs", 1.0),
+            ("get_buffer_bytes", 1.0),
+            ("get_shared_data", 2.0),
+            ("set_property", 2.0),
+            ("increment_metric", 2.0),
+            ("get_current_time_nanoseconds", 1.0),
+        ],
+    ),
+];
+
+/// The host calls the dedup filter makes per request in these cases, by import, as
+/// host-test counts them (`benches/benches/host_calls.rs`; the test
+/// `filter_calls_match_host_test` in benches/ fails when they drift). Priced with the
+/// probe's table (a header-map read at its request price), they say how much of what
+/// the filter adds is host calls; `send_local_response` is not priced.
+pub const FILTER_CALLS: &[(&str, &[(&str, f64)])] = &[
+    (
+        "dedup, GET entering the filter (bypassed)",
+        &[
+            ("get_header_map_value", 1.0),
+            ("get_log_level", 1.0),
+            ("increment_metric", 2.0),
+            ("set_property", 1.0),
+        ],
+    ),
+    (
+        "dedup, first execution, empty store",
+        &[
+            ("get_buffer_bytes", 2.0),
+            ("get_current_time_nanoseconds", 2.0),
+            ("get_header_map_pairs", 2.0),
+            ("get_header_map_value", 1.0),
+            ("get_log_level", 1.0),
+            ("get_property", 1.0),
+            ("get_shared_data", 3.0),
+            ("increment_metric", 2.0),
+            ("set_property", 2.0),
+            ("set_shared_data", 3.0),
+        ],
+    ),
+    (
+        "dedup, replay",
+        &[
+            ("get_buffer_bytes", 1.0),
+            ("get_current_time_nanoseconds", 1.0),
+            ("get_header_map_pairs", 1.0),
+            ("get_header_map_value", 1.0),
+            ("get_log_level", 1.0),
+            ("get_shared_data", 3.0),
+            ("increment_metric", 2.0),
+            ("send_local_response", 1.0),
+            ("set_property", 2.0),
+        ],
+    ),
+];
+
+/// The µs a list of calls costs at `per_call` (µs per call by the probe's name;
+/// imports the probe does not price are left out).
+pub fn priced(calls: &[(&str, f64)], per_call: &[(String, f64)]) -> f64 {
+    calls
+        .iter()
+        .filter_map(|(name, n)| {
+            per_call
+                .iter()
+                .find(|(probe, _)| probe == name)
+                .map(|(_, us)| n * us)
+        })
+        .sum()
 }
 
 /// The ceiling template with `filters` (in order, before the router) and

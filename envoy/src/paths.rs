@@ -37,6 +37,12 @@ pub fn empty_wasm() -> Result<PathBuf> {
     dist_wasm("empty_filter.wasm")
 }
 
+/// The probe that makes one kind of host call N times per request
+/// (host-test/probes/hostcall-probe; bench-envoy's per-call cost table).
+pub fn hostcall_probe_wasm() -> Result<PathBuf> {
+    dist_wasm("hostcall_probe.wasm")
+}
+
 /// A fresh scratch directory under `target/envoy-runs/` for configs and logs.
 pub fn scratch_dir(name: &str) -> Result<PathBuf> {
     use std::sync::atomic::{AtomicU32, Ordering};

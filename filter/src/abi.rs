@@ -234,19 +234,6 @@ pub fn buffer(buffer_type: u32, start: usize, max_size: usize) -> Result<Vec<u8>
     }
 }
 
-/// The first value of header `name` in a header map (`None`: absent or unreadable).
-pub fn header_value(map_type: u32, name: &str) -> Option<Vec<u8>> {
-    let mut ptr: *mut u8 = std::ptr::null_mut();
-    let mut size = 0usize;
-    // SAFETY: pointer and length of a live str; valid out-pointers; the result buffer is
-    // taken back below.
-    let status = unsafe {
-        proxy_get_header_map_value(map_type, name.as_ptr(), name.len(), &mut ptr, &mut size)
-    };
-    let bytes = take_host_buffer(ptr, size);
-    (status == OK).then_some(bytes)
-}
-
 /// All pairs of a header map, repeated names included, values as bytes.
 pub fn header_pairs(map_type: u32) -> Result<Vec<(String, Vec<u8>)>, u32> {
     let mut ptr: *mut u8 = std::ptr::null_mut();

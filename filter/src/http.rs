@@ -428,19 +428,9 @@ impl HttpContext for DedupHttp {
         let Some(role) = self.shared.as_ref().map(|sh| sh.plugin.config.role) else {
             return Action::Continue;
         };
-        if role == Role::Data {
-            // A method the filter does not deduplicate is decided by `:method` alone
-            // (when no rule could select another policy): the other headers are not read.
-            if let Some(method) = abi::header_value(abi::MAP_REQUEST_HEADERS, ":method") {
-                let method = utf8(method);
-                if let Some(d) = self
-                    .with_env(|s, sh, env| s.on_request_method(&sh.plugin, env, &method))
-                    .flatten()
-                {
-                    return self.drive(d);
-                }
-            }
-        }
+        // One header-map read: the whole head. (Methods no policy deduplicates skip the
+        // filter in Envoy's matcher, in the shipped templates; a pre-read of `:method`
+        // would cost every deduplicated request a second call.)
         let Some(head) = request_head() else {
             abi::log(
                 abi::LOG_WARN,

@@ -8,12 +8,13 @@
 
 use dedup_envoy::bench::{
     added_us, ceiling_config, counters_list, envoy_version, load_average, measure_interleaved,
-    no_write, run_stamp, table_header, table_row, write_load_chart, write_section, BenchFilter,
-    Case, CeilingRoute, ChartRow, Load, Measured, Settings, BIG_BODY_BYTES, BODY, CONNECTIONS,
-    GET_LUA, KEYLESS_64K_LUA, NO_KEY_LUA, REPLAY_LUA, THREADS, UNIQUE_LUA,
+    no_write, priced, run_stamp, table_header, table_row, write_load_chart, write_section,
+    BenchFilter, Case, CeilingRoute, ChartRow, Load, Measured, Settings, BIG_BODY_BYTES, BODY,
+    CONNECTIONS, FILTER_CALLS, FLOOR_CALLS, GET_LUA, KEYLESS_64K_LUA, NO_KEY_LUA, PROBED_CALLS,
+    REPLAY_LUA, THREADS, UNIQUE_LUA,
 };
 use dedup_envoy::envoy::WORKERS;
-use dedup_envoy::paths::{dedup_wasm, empty_wasm};
+use dedup_envoy::paths::{dedup_wasm, empty_wasm, hostcall_probe_wasm};
 use dedup_envoy::{DemoUpstream, EnvoyConfig, Result};
 
 const WARMUP_SECONDS: u64 = 1;
@@ -27,7 +28,7 @@ fn start_case(name: &str, config: EnvoyConfig, script: &str, prime: bool) -> Res
     Ok(case)
 }
 
-/// `BENCH_PART=load` or `BENCH_PART=cost` runs one of the two sections.
+/// `BENCH_PART=load`, `BENCH_PART=cost` or `BENCH_PART=calls` runs one section.
 fn part(name: &str) -> bool {
     std::env::var("BENCH_PART").map_or(true, |p| p.is_empty() || p == name)
 }
@@ -36,8 +37,12 @@ fn run() -> Result<()> {
     if part("load") {
         envoy_load()?;
     }
+    let mut per_call = Vec::new();
+    if part("calls") {
+        per_call = host_call_cost()?;
+    }
     if part("cost") {
-        filter_cost()?;
+        filter_cost(&per_call)?;
     }
     Ok(())
 }
@@ -195,14 +200,54 @@ const COST_LOAD: Load = Load {
     cpus: Some(WRK_CPU),
 };
 
+/// `BENCH_CASES=a,b`: only the cases whose names contain one of these, with their
+/// baselines (indices renumbered). Unset: every case.
+fn wanted_cases(cases: &[CostCase]) -> Vec<CostCase> {
+    let Ok(wanted) = std::env::var("BENCH_CASES") else {
+        return cases.to_vec();
+    };
+    let picked = |c: &CostCase| {
+        wanted
+            .split(',')
+            .any(|w| !w.is_empty() && c.name.contains(w))
+    };
+    let keep: Vec<bool> = (0..cases.len())
+        .map(|i| picked(&cases[i]) || cases.iter().any(|c| picked(c) && c.baseline == i))
+        .collect();
+    let index = |i: usize| keep[..i].iter().filter(|k| **k).count();
+    cases
+        .iter()
+        .zip(&keep)
+        .filter(|(_, k)| **k)
+        .map(|(c, _)| CostCase {
+            baseline: index(c.baseline),
+            ..c.clone()
+        })
+        .collect()
+}
+
+/// The Wasm filter of a filter-cost case, after the buffer filter.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CostWasm {
+    None,
+    Empty,
+    /// The dedup filter with this configuration, always entered.
+    Dedup(&'static str),
+    /// The dedup filter in the shipped templates' matcher (`dedupctl envoy-filter`).
+    Matched(&'static str),
+}
+
 /// One case of the filter-cost section: its filters, the wrk script, the
 /// filter config, whether to prime the replay key, and the index of its
 /// baseline (the empty filter with the same requests).
+#[derive(Clone)]
 struct CostCase {
     name: &'static str,
-    wasm: Option<&'static str>,
+    wasm: CostWasm,
     script: &'static str,
     prime: bool,
+    /// Records stored before the warm-up (the store's fill).
+    fill: u64,
     baseline: usize,
     /// `Direct`: Envoy answers by itself (the baseline of a replay, which
     /// never goes upstream either).
@@ -212,7 +257,7 @@ struct CostCase {
 /// The filter's own µs per request in Envoy: one worker pinned to one core,
 /// wrk pinned to the other, the upstream a `direct_response` listener of the
 /// same Envoy, every body read whole by the buffer filter first.
-fn filter_cost() -> Result<()> {
+fn filter_cost(per_call: &[(String, f64)]) -> Result<()> {
     let Settings { seconds, rounds } = Settings::from_env()?;
     let dedup = dedup_wasm()?;
     let empty = empty_wasm()?;
@@ -220,50 +265,117 @@ fn filter_cost() -> Result<()> {
         "bench-envoy, filter cost: Envoy --concurrency 1 on CPU {ENVOY_CPU}, wrk -t{} -c{} on CPU {WRK_CPU}, {rounds} rounds of {seconds} s",
         COST_LOAD.threads, COST_LOAD.connections
     );
-    const EMPTY: Option<&str> = Some("empty");
-    const DEFAULTS: Option<&str> = Some("{}");
-    const KEYLESS: Option<&str> = Some(r#"{"key": {"fingerprint": ["method", "path", "body"]}}"#);
     use CeilingRoute::{Answer, Direct};
     const BIG: &str = KEYLESS_64K_LUA;
+    const KEYLESS: &str = r#"{"key": {"fingerprint": ["method", "path", "body"]}}"#;
+    // 90% of the default capacity (100000 records).
+    const FULL: u64 = 90_000;
     let case = |name, wasm, script, baseline, route| CostCase {
         name,
         wasm,
         script,
         prime: script == REPLAY_LUA,
+        fill: 0,
         baseline,
         route,
     };
-    // Baselines: 1 the empty filter with the same small POSTs, 2 with GETs,
-    // 3 with 64 KiB POSTs, 9 with small POSTs answered by Envoy itself.
+    // Baselines (indices): 0 no Wasm with small POSTs, 1 no Wasm with GETs,
+    // 2 the empty filter with small POSTs, 3 with GETs, 4 with 64 KiB POSTs,
+    // 5 small POSTs answered by Envoy itself.
     let cases = [
-        case("buffer filter only", None, NO_KEY_LUA, 1, Answer),
-        case("empty filter, POST", EMPTY, NO_KEY_LUA, 1, Answer),
-        case("empty filter, GET", EMPTY, GET_LUA, 2, Answer),
-        case("empty filter, POST 64 KiB", EMPTY, BIG, 3, Answer),
-        case("dedup, GET (bypassed)", DEFAULTS, GET_LUA, 2, Answer),
-        case("dedup, POST without a key", DEFAULTS, NO_KEY_LUA, 1, Answer),
-        case("dedup, first execution", DEFAULTS, UNIQUE_LUA, 1, Answer),
-        case("dedup, replay", DEFAULTS, REPLAY_LUA, 9, Answer),
-        case("dedup, keyless 64 KiB", KEYLESS, BIG, 3, Answer),
+        case(
+            "buffer filter only, POST",
+            CostWasm::None,
+            NO_KEY_LUA,
+            0,
+            Answer,
+        ),
+        case(
+            "buffer filter only, GET",
+            CostWasm::None,
+            GET_LUA,
+            1,
+            Answer,
+        ),
+        case("empty filter, POST", CostWasm::Empty, NO_KEY_LUA, 2, Answer),
+        case("empty filter, GET", CostWasm::Empty, GET_LUA, 3, Answer),
+        case("empty filter, POST 64 KiB", CostWasm::Empty, BIG, 4, Answer),
         case(
             "empty filter, POST, direct_response",
-            EMPTY,
+            CostWasm::Empty,
             NO_KEY_LUA,
-            9,
+            5,
             Direct,
         ),
+        case(
+            "dedup in the template's matcher, GET",
+            CostWasm::Matched("{}"),
+            GET_LUA,
+            1,
+            Answer,
+        ),
+        case(
+            "dedup, GET entering the filter (bypassed)",
+            CostWasm::Dedup("{}"),
+            GET_LUA,
+            3,
+            Answer,
+        ),
+        case(
+            "dedup, POST without a key",
+            CostWasm::Dedup("{}"),
+            NO_KEY_LUA,
+            2,
+            Answer,
+        ),
+        case(
+            "dedup, first execution, empty store",
+            CostWasm::Dedup("{}"),
+            UNIQUE_LUA,
+            2,
+            Answer,
+        ),
+        CostCase {
+            fill: FULL,
+            ..case(
+                "dedup, first execution, store 90% full",
+                CostWasm::Dedup("{}"),
+                UNIQUE_LUA,
+                2,
+                Answer,
+            )
+        },
+        case(
+            "dedup, replay",
+            CostWasm::Dedup("{}"),
+            REPLAY_LUA,
+            5,
+            Answer,
+        ),
+        case(
+            "dedup, keyless 64 KiB",
+            CostWasm::Dedup(KEYLESS),
+            BIG,
+            4,
+            Answer,
+        ),
     ];
+    let cases = wanted_cases(&cases);
     let load_before = load_average();
     let mut started = Vec::new();
     for case in &cases {
         let mut filters = vec![BenchFilter::Buffer];
         match case.wasm {
-            None => {}
-            Some("empty") => filters.push(BenchFilter::Wasm {
+            CostWasm::None => {}
+            CostWasm::Empty => filters.push(BenchFilter::Wasm {
                 module: empty.clone(),
                 config: "{}".into(),
             }),
-            Some(config) => filters.push(BenchFilter::Wasm {
+            CostWasm::Dedup(config) => filters.push(BenchFilter::Wasm {
+                module: dedup.clone(),
+                config: config.into(),
+            }),
+            CostWasm::Matched(config) => filters.push(BenchFilter::Matched {
                 module: dedup.clone(),
                 config: config.into(),
             }),
@@ -273,10 +385,13 @@ fn filter_cost() -> Result<()> {
         if case.prime {
             c.prime_replay_key()?;
         }
+        if case.fill > 0 {
+            c.fill(case.fill)?;
+        }
         c.warm_up(WARMUP_SECONDS)?;
         started.push(c);
     }
-    measure_interleaved(&mut started, seconds, rounds, 26)?;
+    measure_interleaved(&mut started, seconds, rounds, 42)?;
     let mut best: Vec<&Measured> = Vec::new();
     for c in &started {
         best.push(c.best()?);
@@ -284,11 +399,13 @@ fn filter_cost() -> Result<()> {
     let mut table = String::from(
         "| case | req/s | Envoy CPU µs per request | baseline | added CPU µs | CPU: baseline / case | added µs by throughput | req/s vs baseline | non-2xx | CPU µs per request, each round | req/s, each round |\n|---|---:|---:|---|---:|---:|---:|---:|---:|---|---|\n",
     );
+    let mut added = Vec::new();
     for (i, (case, c)) in cases.iter().zip(&started).enumerate() {
         let m = best[i];
         let b = best[case.baseline];
         let cpu = c.cpu_us().unwrap_or(f64::NAN);
         let base_cpu = started[case.baseline].cpu_us().unwrap_or(f64::NAN);
+        added.push((case.name, cpu - base_cpu));
         table.push_str(&format!(
             "| {} | {:.0} | {:.1} | {} | {:+.1} | {:.2} | {:+.1} | {:.2} | {} | {} | {} |\n",
             case.name,
@@ -305,6 +422,19 @@ fn filter_cost() -> Result<()> {
         ));
     }
     println!("\n{table}");
+    let floors = calls_table(per_call, &added);
+    println!("{floors}");
+    let floors = if floors.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "\nWhat the host calls explain (priced with \"Host calls in Envoy\" of the same \
+run): the floor is the calls the contract needs (`FLOOR_CALLS` in envoy/src/bench.rs, \
+with the reason for each), the filter's calls are those host-test counts for it \
+(`FILTER_CALLS`, checked against host-test by a test); the rest of what the filter adds \
+is its own Wasm and Envoy's work around the calls.\n\n{floors}"
+        )
+    };
     let profile = if std::env::var("BENCH_PERF").is_ok_and(|v| v == "1") {
         let t = profile_table(&cases, &started, seconds)?;
         println!("{t}");
@@ -331,7 +461,8 @@ nothing else on the worker's core: Envoy {} with `--concurrency 1` pinned to \
 CPU {ENVOY_CPU}, wrk `-t{} -c{}` pinned to CPU {WRK_CPU}; the config \
 `benches/envoy/ceiling.yaml`: Envoy's buffer filter (so every case reads the \
 whole body before the answer), the Wasm filter under test, and a route to a \
-second listener of the same Envoy that answers with a `direct_response` (the \
+second listener of the same Envoy that reads the whole request (its own buffer \
+filter, so connections are kept alive) and answers with a `direct_response` (the \
 filter sees an upstream answer and stores it, yet no other process runs). The \
 worker does all the work, so 1/throughput is its time per request, and the \
 difference to the empty Wasm filter with the same requests is what the filter \
@@ -342,12 +473,16 @@ requests, the median of the rounds; other work on the machine inflates it less t
 \"CPU: baseline / case\" (the throughput a saturated worker keeps) are the figures to \
 read on a busy machine. Requests: `POST /orders` with a {}-byte JSON body (no key; \
 a unique `Idempotency-Key`; the same key, replayed), `GET /orders` (a method \
-the filter does not deduplicate), and a unique {} KiB JSON body with \
-`key.fingerprint: [method, path, body]`. A replay never goes upstream, so its \
+the filter does not deduplicate: through the shipped templates' matcher, where it \
+never enters Wasm, against no Wasm filter at all; and entering the filter, against \
+the empty filter), and a unique {} KiB JSON body with \
+`key.fingerprint: [method, path, body]`. \"Store 90% full\": the store (default \
+`capacity`, 100000 records) filled with 90000 first executions before the warm-up, \
+and still taking new keys (evicting) while measured. A replay never goes upstream, so its \
 baseline is the empty filter on a route where Envoy answers by itself \
 (`direct_response`): the ceiling no filter can pass. {rounds} rounds of {seconds} s, \
 interleaved, best round per case. Run: {}. Load average before this run: {load_before} \
-(above ~1 means other work competed for the cores).\n\n{table}\n{profile}\n\
+(above ~1 means other work competed for the cores).\n\n{table}{floors}\n{profile}\n\
 Filter counters after each case:\n\n{counters}",
         envoy_version(),
         COST_LOAD.threads,
@@ -358,6 +493,114 @@ Filter counters after each case:\n\n{counters}",
     );
     write_section("## Filter cost in Envoy", &section)?;
     Ok(())
+}
+
+/// Calls the probe makes per request in each per-call case.
+const PROBE_CALLS: u32 = 100;
+
+/// What one host call of each kind costs in this Envoy: the probe making it
+/// `PROBE_CALLS` times per request against the probe making none, both behind the
+/// buffer filter on the answer route, one worker pinned as in the filter-cost
+/// section. Returns µs per call (CPU), by the probe's call name.
+fn host_call_cost() -> Result<Vec<(String, f64)>> {
+    let Settings { seconds, rounds } = Settings::from_env()?;
+    let probe = hostcall_probe_wasm()?;
+    eprintln!(
+        "bench-envoy, host calls: the probe making each call {PROBE_CALLS}× per request, Envoy --concurrency 1 on CPU {ENVOY_CPU}, {rounds} rounds of {seconds} s"
+    );
+    let load_before = load_average();
+    let mut started = Vec::new();
+    let mut names = vec![("none", "no call (baseline)")];
+    names.extend(PROBED_CALLS.iter().copied());
+    for (call, label) in &names {
+        let n = if *call == "none" { 0 } else { PROBE_CALLS };
+        let filters = [
+            BenchFilter::Buffer,
+            BenchFilter::Wasm {
+                module: probe.clone(),
+                config: format!("{call} {n}"),
+            },
+        ];
+        let config = ceiling_config(CeilingRoute::Answer, &filters, 1, Some(ENVOY_CPU))?;
+        let c = Case::start_with("bench-calls", label, config, NO_KEY_LUA, COST_LOAD)?;
+        c.warm_up(WARMUP_SECONDS)?;
+        started.push(c);
+    }
+    measure_interleaved(&mut started, seconds, rounds, 44)?;
+    let base = started[0].best()?.clone();
+    let base_cpu = started[0].cpu_us().unwrap_or(f64::NAN);
+    let mut table = String::from(
+        "| call | µs per call (CPU) | µs per call (by throughput) | probe's CPU µs per request | req/s | CPU µs per request, each round |\n|---|---:|---:|---:|---:|---|\n",
+    );
+    let mut per_call = Vec::new();
+    for ((call, label), c) in names.iter().zip(&started) {
+        let m = c.best()?;
+        let cpu = c.cpu_us().unwrap_or(f64::NAN);
+        let (us_cpu, us_rps) = if *call == "none" {
+            (0.0, 0.0)
+        } else {
+            let n = f64::from(PROBE_CALLS);
+            ((cpu - base_cpu) / n, added_us(m, &base) / n)
+        };
+        if *call != "none" {
+            per_call.push((call.to_string(), us_cpu));
+        }
+        table.push_str(&format!(
+            "| {label} | {us_cpu:.2} | {us_rps:.2} | {cpu:.1} | {:.0} | {} |\n",
+            m.rps,
+            c.cpu_rounds_text()
+        ));
+    }
+    println!("\n{table}");
+    if !no_write() {
+        let section = format!(
+            "## Host calls in Envoy: what each costs\n\n\
+`make bench-envoy` (`BENCH_PART=calls` for this section alone; the filter-cost \
+section's floor needs it in the same run). A probe of our own \
+(`host-test/probes/hostcall-probe`, the ABI without the SDK, as the filter's glue \
+speaks it) makes one kind of host call {PROBE_CALLS} times per request and nothing \
+else; each case's Envoy CPU µs per request over the probe making no call, divided \
+by {PROBE_CALLS}, is one call's cost. Envoy {} with `--concurrency 1` pinned to CPU \
+{ENVOY_CPU}, wrk `-t{} -c{}` pinned to CPU {WRK_CPU}, every request a `POST /orders` \
+with a {}-byte JSON body behind Envoy's buffer filter, routed to a second listener \
+of the same Envoy that reads it and answers (`benches/envoy/ceiling.yaml`). \
+{rounds} rounds of {seconds} s, interleaved, best round per case; CPU figures are \
+the median of the rounds. Run: {}. Load average before this run: {load_before}.\n\n{table}",
+            envoy_version(),
+            COST_LOAD.threads,
+            COST_LOAD.connections,
+            BODY.len(),
+            run_stamp(),
+        );
+        write_section("## Host calls in Envoy: what each costs", &section)?;
+    }
+    Ok(per_call)
+}
+
+/// The floor and the filter's own calls of the cases that have them, priced with
+/// the per-call table of the same run.
+fn calls_table(per_call: &[(String, f64)], added: &[(&str, f64)]) -> String {
+    if per_call.is_empty() {
+        return String::new();
+    }
+    let mut t = String::from(
+        "| case | added CPU µs | floor: the calls the contract needs | the filter's host calls, priced | the rest (the filter's own work and Envoy's around it) |\n|---|---:|---:|---:|---:|\n",
+    );
+    for (name, floor) in FLOOR_CALLS {
+        let Some((_, add)) = added.iter().find(|(n, _)| n == name) else {
+            continue;
+        };
+        let own = FILTER_CALLS
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(f64::NAN, |(_, calls)| priced(calls, per_call));
+        t.push_str(&format!(
+            "| {name} | {add:+.1} | {:.1} | {own:.1} | {:+.1} |\n",
+            priced(floor, per_call),
+            add - own
+        ));
+    }
+    t
 }
 
 /// `BENCH_PERF=1`: one more run of each case under `perf record`, Envoy's CPU

@@ -28,6 +28,8 @@ struct Inner {
     next_cas: u32,
     fail: bool,
     sets: u64,
+    /// Reads by key.
+    gets: HashMap<String, u64>,
 }
 
 impl FakeShared {
@@ -51,6 +53,17 @@ impl FakeShared {
         self.inner.lock().unwrap().fail = fail;
     }
 
+    /// How many times `key` was read.
+    pub fn gets_of(&self, key: &str) -> u64 {
+        self.inner
+            .lock()
+            .unwrap()
+            .gets
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+
     pub fn sets(&self) -> u64 {
         self.inner.lock().unwrap().sets
     }
@@ -62,10 +75,11 @@ impl FakeShared {
 
 impl SharedData for FakeShared {
     fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostFault> {
-        let inner = self.inner.lock().unwrap();
+        let mut inner = self.inner.lock().unwrap();
         if inner.fail {
             return Err(HostFault("injected fault".into()));
         }
+        *inner.gets.entry(key.to_string()).or_default() += 1;
         Ok(inner.map.get(key).cloned())
     }
 

@@ -25,6 +25,9 @@ pub use layout::Layout;
 pub const WAYS: usize = 16;
 /// CAS attempts before a claim gives up and reports contention.
 const MAX_ATTEMPTS: usize = 64;
+/// A completion whose claim owns its way for at least this long writes its response
+/// slot without reading it first (`SharedStore::complete`).
+const SLOT_WRITE_MARGIN_MS: u64 = 1_000;
 /// A failure of the shared-data host calls other than NotFound / CasMismatch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostFault(pub String);
@@ -130,10 +133,6 @@ pub struct Claim {
     pub buckets: u64,
     pub bucket: u64,
     pub way: usize,
-    /// The bucket counted no bytes in this way's response slot when the claim was won:
-    /// the slot is then most likely absent, and completion creates it without reading it
-    /// first (a hint only: a create fails on a slot that exists).
-    pub slot_empty: bool,
 }
 
 /// What a claim attempt found.
@@ -355,7 +354,6 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                         buckets,
                         bucket,
                         way,
-                        slot_empty: b.slots[way] == 0,
                     },
                     evicted_unexpired,
                 });
@@ -399,28 +397,33 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             .map_or(0, |b| u32::try_from(b.len()).unwrap_or(u32::MAX));
         let mut read_bucket = None;
         let mut written = false;
-        if let (Some(encoded), true) = (&bytes, claim.slot_empty) {
-            // A slot the bucket counted no bytes for at claim time is usually absent
-            // (never written): a create with a cas no live key holds then writes it
-            // without reading it first (shared data cannot give a cas without copying
-            // the value). Absent means no owner of this way ever wrote it, so nothing
-            // is clobbered; if it exists (blanked, or written since), the create fails
-            // and the loop below reads its cas as always. Ownership and room are checked
-            // first, as there.
+        let mut decided = false;
+        if let Some(encoded) = &bytes {
+            // The slot is written before the record flips, so a reader that sees
+            // Completed finds the body. Ownership and room are checked on the bucket
+            // first. While this claim owns its way for at least `SLOT_WRITE_MARGIN_MS`
+            // more, no one else can own the way before this write lands (a way changes
+            // owner only when its claim is released by its owner or expires), so the
+            // slot is written unconditionally, without reading it for its cas: shared
+            // data has no call that returns a cas without copying the value, and in a
+            // full store every way's slot holds a response. An earlier owner's late
+            // completion cannot clobber it either: it reads the slot's cas before it
+            // checks ownership (below, or here under the margin) and so fails or finds
+            // itself no longer owner. Closer to expiry, the loop below takes the cas.
             let (b, cas) = self.read(claim.buckets, claim.bucket)?;
             if !owns_at(&b, claim, now_ms) {
                 return Ok(Completion::default());
             }
-            if room_for(&b, claim.way, size, budget, now_ms).is_some() {
-                written = cas_set(self.shared, &slot, encoded, u32::MAX)?;
-            }
-            if written {
+            if owns_at(&b, claim, now_ms.saturating_add(SLOT_WRITE_MARGIN_MS)) {
+                if room_for(&b, claim.way, size, budget, now_ms).is_some() {
+                    written = cas_set(self.shared, &slot, encoded, 0)?;
+                }
                 read_bucket = Some((b, cas));
+                decided = true;
             }
         }
-        if let (Some(encoded), false) = (&bytes, written) {
-            // The slot is written before the record flips, so a reader that sees
-            // Completed finds the body. The slot write is a CAS on the slot's own cas,
+        if let (Some(encoded), false) = (&bytes, decided) {
+            // Near its expiry, the slot write is a CAS on the slot's own cas,
             // taken before ownership is checked: if a later owner of this way wrote its
             // response in between, ours fails and the recheck finds us no longer owner,
             // so a late completion never clobbers its successor's response. The digest

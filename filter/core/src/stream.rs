@@ -34,6 +34,7 @@ use crate::reply::{LocalReply, Problem};
 use crate::response::Capture;
 use crate::response::StoredResponse;
 use crate::store::Claim;
+use answer::bad_key_reply;
 use etcd::{Claiming, EtcdClaim, Settling};
 
 /// What the glue does next with the stream.
@@ -63,6 +64,12 @@ enum Phase {
     Passthrough,
     /// Reading the request body before deciding.
     Reading(Box<Reading>),
+    /// Decided at request headers to answer locally (a bad key or scope), while the
+    /// body is still coming: the reply waits for the body's end, so Envoy keeps the
+    /// connection for the client's next request (a reply before the body is read makes
+    /// it close the connection). A body that grows past `max_body_bytes` is answered at
+    /// once, unread.
+    Draining(Box<LocalReply>),
     /// Waiting for the remote store to answer a claim.
     Claiming(Box<Claiming>),
     /// Wait mode: a duplicate held until the first request's answer (see `on_wake`).
@@ -165,6 +172,7 @@ impl std::fmt::Debug for DedupStream {
             Phase::Start => "start",
             Phase::Passthrough => "passthrough",
             Phase::Reading(_) => "reading",
+            Phase::Draining(_) => "draining",
             Phase::Claiming(_) => "claiming",
             Phase::Waiting(_) => "waiting",
             Phase::Polling(_) => "polling",
@@ -234,33 +242,7 @@ impl DedupStream {
 
     /// True while the request body is wanted (the glue reads it only then).
     pub fn reading_request(&self) -> bool {
-        matches!(self.phase, Phase::Reading(_))
-    }
-
-    /// Request headers arrived, and the method alone may decide: with no rules, a
-    /// method the policy does not deduplicate passes through, whatever the other
-    /// headers say. `Some` is exactly what `on_request_headers` would do for such a
-    /// request (same counters, same decision), so the glue need not read the other
-    /// headers; `None`: call `on_request_headers` with the whole head.
-    pub fn on_request_method<E: Env>(
-        &mut self,
-        p: &Plugin,
-        env: &mut E,
-        method: &str,
-    ) -> Option<Decision> {
-        if !p.config.rules.is_empty() {
-            return None;
-        }
-        let cfg = &p.config.policy;
-        if cfg.bypass {
-            env.count(Counter::Requests);
-            return Some(self.bypass(env, "bypassed by its rule"));
-        }
-        if !cfg.dedups_method(method) {
-            env.count(Counter::Requests);
-            return Some(self.bypass(env, "method not deduplicated"));
-        }
-        None
+        matches!(self.phase, Phase::Reading(_) | Phase::Draining(_))
     }
 
     /// Request headers arrived. `end_of_stream` means there is no body.
@@ -293,11 +275,15 @@ impl DedupStream {
             let detail = format!(
                 "scope header `{name}` is sent more than once; which scope applies is not clear"
             );
-            return self.reply(env, Problem::AmbiguousScope.reply(&detail, Vec::new()));
+            let reply = Problem::AmbiguousScope.reply(&detail, Vec::new());
+            return self.reply_after_body(env, reply, end_of_stream);
         }
         let header_key = match header_key(cfg, &head) {
             Some(Ok(k)) => Some(k),
-            Some(Err(e)) => return self.bad_key(env, e),
+            Some(Err(e)) => {
+                let reply = bad_key_reply(env, e);
+                return self.reply_after_body(env, reply, end_of_stream);
+            }
             None => None,
         };
         if header_key.is_none() && cfg.json_pointer.is_none() && cfg.fingerprint.is_empty() {
@@ -306,7 +292,8 @@ impl DedupStream {
                     "this endpoint requires an idempotency key in header `{}`",
                     cfg.key_headers.join("` or `")
                 );
-                return self.bad_key(env, KeyError::Missing { detail });
+                let reply = bad_key_reply(env, KeyError::Missing { detail });
+                return self.reply_after_body(env, reply, end_of_stream);
             }
             return self.bypass(env, "no key");
         }
@@ -334,10 +321,16 @@ impl DedupStream {
         end_of_stream: bool,
         read_body: impl FnOnce() -> Option<Vec<u8>>,
     ) -> Decision {
+        let max_body_bytes = p.config.policy_at(self.rule).max_body_bytes;
+        if matches!(self.phase, Phase::Draining(_)) {
+            if !end_of_stream && buffered_len <= max_body_bytes {
+                return Decision::Pause;
+            }
+            return self.send_drained_reply(env);
+        }
         if !matches!(self.phase, Phase::Reading(_)) {
             return Decision::Continue;
         }
-        let max_body_bytes = p.config.policy_at(self.rule).max_body_bytes;
         if buffered_len > max_body_bytes {
             env.count(Counter::BodyTooLarge);
             let detail = format!(
@@ -361,6 +354,7 @@ impl DedupStream {
     ) -> Decision {
         match self.phase {
             Phase::Reading(_) => self.read_and_decide(p, env, read_body),
+            Phase::Draining(_) => self.send_drained_reply(env),
             _ => Decision::Continue,
         }
     }

@@ -326,7 +326,7 @@ struct World {
 }
 
 /// What clients saw, to compare with the counters.
-#[derive(Default, Debug, PartialEq, Eq)]
+#[derive(Default, Debug, Clone, PartialEq, Eq)]
 struct Seen {
     requests: u64,
     executed: u64,

@@ -370,7 +370,6 @@ pub(super) fn existing(
             buckets,
             bucket,
             way,
-            slot_empty: false,
         }),
     }
 }

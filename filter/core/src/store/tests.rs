@@ -252,14 +252,49 @@ fn a_late_completion_racing_its_successor_never_clobbers_the_slot() {
 }
 
 #[test]
-fn a_late_completion_creating_a_never_written_slot_never_clobbers_its_successor() {
-    // A's slot was never written, so A creates it without reading it first. Just before
-    // that create, A's claim expires and B takes the way and completes: A's create must
-    // fail (the slot now exists), and A finds it no longer owns the way.
+fn a_late_completion_near_its_expiry_never_clobbers_its_successor() {
+    // A completes within SLOT_WRITE_MARGIN_MS of its claim's expiry, so it takes the
+    // slot's cas first. Just before A's slot write, A's claim expires and B takes the
+    // way and completes: A's write must fail, and A finds it no longer owns the way.
     late_completion_loses_to_its_successor(999);
 }
 
-/// A claims a fresh way (its slot never written) and completes at `a_now`; just before
+#[test]
+fn a_completion_well_before_its_expiry_writes_its_slot_without_reading_it() {
+    // In a full store every way's slot holds an earlier response: a completion that
+    // owns its way for long enough writes over it without copying it out first.
+    let (layout, shared) = (Layout::new("t", 16, 30_000, 60_000), FakeShared::new());
+    let store = SharedStore::new(&*shared, &layout);
+    let d = digest(7);
+    let first = claimed(store.claim(&d, &[0; 32], 0, 0, 1));
+    assert!(
+        store
+            .complete(&first, Some(&stored(200, "old")), 10)
+            .unwrap()
+            .owned
+    );
+    // The record expires; the next claim of the key reuses the way, whose slot holds
+    // the old response.
+    let again = claimed(store.claim(&d, &[0; 32], 0, 70_000, 2));
+    assert_eq!(again.way, first.way);
+    let slot = layout.response_key(again.buckets, again.bucket, again.way);
+    let reads = shared.gets_of(&slot);
+    assert!(
+        store
+            .complete(&again, Some(&stored(201, "new")), 70_010)
+            .unwrap()
+            .owned
+    );
+    assert_eq!(
+        shared.gets_of(&slot),
+        reads,
+        "the slot was read before its write"
+    );
+    let done = completed(store.claim(&d, &[0; 32], 0, 70_020, 3));
+    assert_eq!(store.response(&done).unwrap().unwrap().body, b"new");
+}
+
+/// A claims a fresh way and completes at `a_now`; just before
 /// A's slot write, A's claim expires and B claims the way and completes. A's
 /// completion must fail and the key must answer with B's body.
 fn late_completion_loses_to_its_successor(a_now: u64) {
@@ -267,7 +302,6 @@ fn late_completion_loses_to_its_successor(a_now: u64) {
     let store = SharedStore::new(&*shared, &layout);
     let d = digest(3);
     let a = claimed(store.claim(&d, &[0; 32], 0, 0, 1));
-    assert!(a.slot_empty, "a fresh way's slot holds nothing");
     let (s2, l2) = (shared.clone(), layout.clone());
     let a_way = a.way;
     shared.before_next_set(move || {
@@ -293,12 +327,11 @@ fn late_completion_loses_to_its_successor(a_now: u64) {
 #[test]
 fn a_completion_whose_empty_slot_exists_after_all_still_stores_its_response() {
     // The bucket counted no bytes for the way, but its slot exists (blanked earlier):
-    // the create fails and the completion reads the slot's cas as usual.
+    // the completion writes over it.
     let (layout, shared) = (Layout::new("t", 16, 1_000, 60_000), FakeShared::new());
     let store = SharedStore::new(&*shared, &layout);
     let d = digest(4);
     let claim = claimed(store.claim(&d, &[0; 32], 0, 0, 1));
-    assert!(claim.slot_empty);
     use crate::store::SharedData;
     let slot = layout.response_key(claim.buckets, claim.bucket, claim.way);
     shared.set(&slot, b"", u32::MAX).unwrap();

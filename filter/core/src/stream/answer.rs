@@ -17,13 +17,36 @@ impl DedupStream {
     }
 
     pub(super) fn bad_key<E: Env>(&mut self, env: &mut E, e: KeyError) -> Decision {
-        env.count(Counter::BadKey);
-        let reply = match e {
-            KeyError::Missing { detail } => Problem::MissingKey.reply(&detail, Vec::new()),
-            KeyError::Invalid { detail } => Problem::InvalidKey.reply(&detail, Vec::new()),
-            KeyError::Ambiguous { detail } => Problem::AmbiguousKey.reply(&detail, Vec::new()),
-        };
+        let reply = bad_key_reply(env, e);
         self.reply(env, reply)
+    }
+
+    /// A local reply decided at request headers: sent now when the request has no body
+    /// (more), else once the body has arrived (`Phase::Draining`). The decision is
+    /// recorded now, so the access log names it even if the client goes away first.
+    pub(super) fn reply_after_body<E: Env>(
+        &mut self,
+        env: &mut E,
+        reply: LocalReply,
+        end_of_stream: bool,
+    ) -> Decision {
+        if end_of_stream {
+            return self.reply(env, reply);
+        }
+        self.decided(verdict_of(reply.details));
+        self.phase = Phase::Draining(Box::new(reply));
+        Decision::Pause
+    }
+
+    /// The reply of `Phase::Draining`, now that the body is in (or too large).
+    pub(super) fn send_drained_reply<E: Env>(&mut self, env: &mut E) -> Decision {
+        match std::mem::replace(&mut self.phase, Phase::Finished) {
+            Phase::Draining(reply) => self.reply(env, *reply),
+            other => {
+                self.phase = other;
+                Decision::Continue
+            }
+        }
     }
 
     pub(super) fn reply<E: Env>(&mut self, env: &mut E, reply: LocalReply) -> Decision {
@@ -180,5 +203,15 @@ fn verdict_of(details: &str) -> &'static str {
         "body_too_large" => "body_too_large",
         "store_unavailable" => "store_unavailable",
         _ => "bad_key",
+    }
+}
+
+/// The `400` problem for a bad key, counted.
+pub(super) fn bad_key_reply<E: Env>(env: &mut E, e: KeyError) -> LocalReply {
+    env.count(Counter::BadKey);
+    match e {
+        KeyError::Missing { detail } => Problem::MissingKey.reply(&detail, Vec::new()),
+        KeyError::Invalid { detail } => Problem::InvalidKey.reply(&detail, Vec::new()),
+        KeyError::Ambiguous { detail } => Problem::AmbiguousKey.reply(&detail, Vec::new()),
     }
 }

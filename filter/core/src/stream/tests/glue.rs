@@ -1,7 +1,8 @@
-//! What the glue asks the stream: when it wants bodies, trailers, the method-only fast
-//! path, and what a stream does when Envoy skips a callback.
+//! What the glue asks the stream: when it wants bodies, trailers, when a local reply
+//! decided at request headers is sent, and what a stream does when Envoy skips a
+//! callback.
 
-use crate::fake::{FakeEnv, FakeShared};
+use crate::fake::FakeEnv;
 use crate::metrics::Counter;
 use crate::stream::{Decision, DedupStream, Origin, Plugin};
 use crate::testing::*;
@@ -141,48 +142,65 @@ fn no_input_makes_the_stream_panic() {
     }
 }
 
-/// `on_request_method` decides exactly as `on_request_headers` would (same action,
-/// counters and logged decision) whenever it decides, and leaves to it every request a
-/// rule, the key or another header could matter for.
+/// A bad key seen at request headers is answered once the body has arrived (a reply
+/// before the body makes Envoy close the client's connection), without reading the
+/// body; counted at once, and answered at once when the request has no body or its
+/// body outgrows `max_body_bytes`.
 #[test]
-fn method_fast_path_agrees_with_the_whole_head() {
-    let configs = [
-        r#"{}"#,
-        r#"{"methods": ["POST"]}"#,
-        r#"{"methods": ["GET", "POST"], "key": {"required": true}}"#,
-        r#"{"rules": [{"name": "gets", "match": {"methods": ["GET"]}, "methods": ["GET"]}]}"#,
-    ];
-    for json in configs {
-        let p = plugin(json);
-        for method in ["GET", "HEAD", "POST", "PATCH", "PUT", "DELETE", "post"] {
-            let head = req(method, "/orders").key("k1").head;
-            let shared = FakeShared::new();
-            let mut fast_env = FakeEnv::new(shared.clone(), 1);
-            let mut fast = DedupStream::new(1);
-            let Some(action) = fast.on_request_method(&p, &mut fast_env, method) else {
-                assert!(
-                    fast_env.counters.is_empty() && fast.log_fields().is_none(),
-                    "{json} {method}: undecided but counted"
-                );
-                let must_read = !p.config.rules.is_empty() || p.config.policy.dedups_method(method);
-                assert!(must_read, "{json} {method}: left undecided for no reason");
-                continue;
-            };
-            let mut full_env = FakeEnv::new(FakeShared::new(), 1);
-            let mut full = DedupStream::new(1);
-            let full_action = full.on_request_headers(&p, &mut full_env, head, false);
-            assert_eq!(action, full_action, "{json} {method}");
-            assert_eq!(fast_env.counters, full_env.counters, "{json} {method}");
-            let fast_log = fast
-                .log_fields()
-                .map(|(v, r)| (v, r.map(|r| r.to_string())));
-            let full_log = full
-                .log_fields()
-                .map(|(v, r)| (v, r.map(|r| r.to_string())));
-            assert_eq!(fast_log, full_log, "{json} {method}");
-            assert!(fast_log.is_some(), "{json} {method}: no decision logged");
-            assert_eq!(fast.rule(&p), full.rule(&p), "{json} {method}");
-            assert!(!fast.reading_request() && !fast.holds_claim());
-        }
-    }
+fn a_reply_decided_at_request_headers_waits_for_the_body() {
+    let (p, mut env) = one_worker(r#"{"key": {"required": true}, "max_body_bytes": 8}"#);
+    let bad = || req("POST", "/o").head;
+    let mut s = DedupStream::new(1);
+    assert_eq!(
+        s.on_request_headers(&p, &mut env, bad(), false),
+        Decision::Pause
+    );
+    assert_eq!(env.count_of(Counter::BadKey), 1);
+    assert!(
+        s.reading_request(),
+        "the body callbacks must reach the stream"
+    );
+    let unread = || -> Option<Vec<u8>> { panic!("the body of a rejected request was read") };
+    assert_eq!(
+        s.on_request_body(&p, &mut env, 4, false, unread),
+        Decision::Pause
+    );
+    let Decision::Reply(r) = s.on_request_body(&p, &mut env, 6, true, unread) else {
+        panic!("no reply at the body's end");
+    };
+    assert_eq!(r.status, 400);
+    assert!(!s.reading_request());
+    assert_eq!(env.count_of(Counter::BadKey), 1, "counted once");
+    // Trailers end the body too.
+    let mut s = DedupStream::new(2);
+    assert_eq!(
+        s.on_request_headers(&p, &mut env, bad(), false),
+        Decision::Pause
+    );
+    assert!(
+        matches!(s.on_request_trailers(&p, &mut env, unread), Decision::Reply(r) if r.status == 400)
+    );
+    // Past max_body_bytes: at once, unread.
+    let mut s = DedupStream::new(3);
+    assert_eq!(
+        s.on_request_headers(&p, &mut env, bad(), false),
+        Decision::Pause
+    );
+    assert!(
+        matches!(s.on_request_body(&p, &mut env, 9, false, unread), Decision::Reply(r) if r.status == 400)
+    );
+    // No body: at once.
+    let mut s = DedupStream::new(4);
+    assert!(
+        matches!(s.on_request_headers(&p, &mut env, bad(), true), Decision::Reply(r) if r.status == 400)
+    );
+    assert_eq!(env.count_of(Counter::BadKey), 4);
+    // The decision is recorded at the headers, for a client that leaves before the body.
+    let mut s = DedupStream::new(5);
+    assert_eq!(
+        s.on_request_headers(&p, &mut env, bad(), false),
+        Decision::Pause
+    );
+    assert_eq!(s.log_fields().map(|(v, _)| v), Some("bad_key"));
+    assert_eq!(s.on_stream_end(&p, &mut env, &Origin::upstream()), None);
 }
