@@ -373,6 +373,31 @@ pub fn field(name: &str) -> Option<&'static Field> {
     FIELDS.iter().find(|f| f.name == name)
 }
 
+/// The fields directly inside the object `parent` (`""`: the top level, `"rules[]"`: a
+/// rule, which also takes the policy fields).
+pub fn children(parent: &str) -> Vec<&'static Field> {
+    let direct = |f: &&Field| match parent {
+        "" => !f.name.contains('.'),
+        p => f
+            .name
+            .strip_prefix(p)
+            .and_then(|rest| rest.strip_prefix('.'))
+            .is_some_and(|rest| !rest.contains('.')),
+    };
+    let mut out: Vec<&Field> = FIELDS.iter().filter(direct).collect();
+    if parent.is_empty() {
+        out.retain(|f| f.applies != Applies::Rule);
+    }
+    if parent == "rules[]" {
+        out.extend(
+            FIELDS
+                .iter()
+                .filter(|f| f.applies == Applies::Policy && !f.name.contains('.')),
+        );
+    }
+    out
+}
+
 /// Every configuration field, in the reference's order.
 pub const FIELDS: &[Field] = &[
     Field {

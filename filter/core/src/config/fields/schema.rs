@@ -4,33 +4,8 @@
 //! (`wait_timeout_ms`, `upstream.timeout_ms`, …) are in the descriptions only; the
 //! filter's parser (`dedupctl check-config`) is the last word.
 
-use super::{Applies, Field, Item, Len, Type, FIELDS, PARTS};
+use super::{children, Applies, Field, Item, Len, Type, PARTS};
 use serde_json::{json, Map, Value};
-
-/// The fields directly inside the object `parent` (`""`: the top level, `"rules[]"`: a
-/// rule, which also takes the policy fields).
-fn children(parent: &str) -> Vec<&'static Field> {
-    let direct = |f: &&Field| match parent {
-        "" => !f.name.contains('.'),
-        p => f
-            .name
-            .strip_prefix(p)
-            .and_then(|rest| rest.strip_prefix('.'))
-            .is_some_and(|rest| !rest.contains('.')),
-    };
-    let mut out: Vec<&Field> = FIELDS.iter().filter(direct).collect();
-    if parent.is_empty() {
-        out.retain(|f| f.applies != Applies::Rule);
-    }
-    if parent == "rules[]" {
-        out.extend(
-            FIELDS
-                .iter()
-                .filter(|f| f.applies == Applies::Policy && !f.name.contains('.')),
-        );
-    }
-    out
-}
 
 fn lengths(schema: &mut Map<String, Value>, len: &Len, min_key: &str, max_key: &str) {
     if len.min > 0 {
