@@ -14,6 +14,10 @@
 use dedup_core::config::Config;
 use std::path::{Path, PathBuf};
 
+mod support {
+    pub mod schema_check;
+}
+
 const NOT_A_CONFIG: &str = "<!-- not-a-config -->";
 
 fn root() -> PathBuf {
@@ -125,6 +129,7 @@ fn every_json_block_in_the_docs_parses() {
     let root = root();
     let mut files = vec![root.join("README.md")];
     markdown_files(&root.join("docs"), &mut files);
+    let schema = dedup_core::config::fields::json_schema();
     let (mut configs, mut others, mut failures) = (0, 0, Vec::new());
     for file in &files {
         let md =
@@ -149,6 +154,11 @@ fn every_json_block_in_the_docs_parses() {
                     failures.push(format!(
                         "{at}: {e} (not a filter configuration? put {NOT_A_CONFIG} on the line before the fence)"
                     ));
+                } else if let Ok(v) = serde_json::from_str(&text) {
+                    let errors = support::schema_check::validate(&schema, &v);
+                    if !errors.is_empty() {
+                        failures.push(format!("{at}: the filter takes it, docs/config.schema.json does not: {errors:?}"));
+                    }
                 }
             } else {
                 others += 1;

@@ -8,6 +8,29 @@ use super::*;
 use crate::config::Config;
 use serde_json::{json, Value as Json};
 
+#[path = "../../../tests/support/schema_check.rs"]
+mod schema_check;
+
+/// Whether the generated schema accepts `doc`.
+fn schema_accepts(doc: &Json) -> Result<(), Vec<String>> {
+    let errors = schema_check::validate(&json_schema(), doc);
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
+}
+
+/// Whether the schema can say that `value` at `path` is wrong: all but the bounds one
+/// field sets on another (`wait_timeout_ms` ≤ `in_flight_timeout_seconds` × 1000, …),
+/// which only the parser checks.
+fn schema_can_tell(path: &str, value: &Json) -> bool {
+    match field(&table_name(path)).map(|f| f.ty) {
+        Some(Type::IntegerUpTo(u)) => value.as_u64().is_none_or(|v| v < u.min),
+        _ => true,
+    }
+}
+
 /// The error path of a field written at the top level (`key.headers`) or in the first
 /// rule (`rules[0].key.headers`): every place it may be written.
 fn paths(f: &Field) -> Vec<String> {
@@ -142,13 +165,23 @@ fn accepted(path: &str, value: Json) {
     if let Err(e) = parse(&doc) {
         panic!("{doc} should parse: {e}");
     }
+    if let Err(e) = schema_accepts(&doc) {
+        panic!("the schema refuses {doc}, which the parser accepts: {e:?}");
+    }
 }
 
 fn refused(path: &str, value: Json) {
+    let tell = schema_can_tell(path, &value);
     let doc = doc_with(path, value);
     match parse(&doc) {
         Ok(_) => panic!("{doc} should be refused naming `{path}`"),
         Err(e) => assert_eq!(e.field, path, "{doc}: {e}"),
+    }
+    if tell {
+        assert!(
+            schema_accepts(&doc).is_err(),
+            "the schema accepts {doc}, which the parser refuses"
+        );
     }
 }
 
@@ -296,6 +329,7 @@ fn the_top_level_fields_are_refused_in_a_rule_naming_the_field() {
             json!({"rules": [{"name": "r", "match": {"path_prefix": "/r"}, f.name: sample(f)}]});
         let e = parse(&doc).unwrap_err();
         assert_eq!(e.field, format!("rules[0].{}", f.name), "{doc}: {e}");
+        assert!(schema_accepts(&doc).is_err(), "the schema accepts {doc}");
     }
 }
 
@@ -316,6 +350,7 @@ fn a_store_field_of_the_other_kind_is_refused_naming_it() {
         let e = parse(&doc).unwrap_err();
         assert_eq!(e.field, f.name, "{doc}: {e}");
         assert!(e.reason.contains("only applies to store.kind"), "{e}");
+        assert!(schema_accepts(&doc).is_err(), "the schema accepts {doc}");
         checked += 1;
     }
     assert_eq!(checked, 10);
@@ -590,4 +625,98 @@ fn the_committed_reference_and_schema_are_the_generated_ones() {
         "reference",
     );
     committed_matches("docs/config.schema.json", &schema_text(), "schema");
+}
+
+#[test]
+fn the_schema_refuses_every_catalogued_config_refused_for_its_shape() {
+    // Refusals of shape: what a JSON Schema can say. The others (header names, pointers,
+    // rule names that clash, bounds between fields) only the parser checks.
+    let shape = [
+        "unknown field",
+        "unknown variant",
+        "invalid type",
+        "invalid value",
+        "expected value",
+        "out of range",
+        "at least one",
+        "required",
+        "only applies",
+        "JSON object",
+    ];
+    let mut checked = 0;
+    for line in include_str!("../../../testdata/refused-configs.txt").lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let parts: Vec<&str> = line.splitn(3, '|').map(str::trim).collect();
+        let (field, reason, config) = (parts[0], parts[1], parts[2]);
+        let Ok(doc) = serde_json::from_str::<Json>(config) else {
+            continue; // Not JSON at all.
+        };
+        let relative = field.ends_with("wait_timeout_ms")
+            || field.ends_with("upstream.timeout_ms")
+            || field.ends_with("max_replay_body_bytes");
+        if shape.iter().any(|s| reason.contains(s)) && !relative {
+            assert!(
+                schema_accepts(&doc).is_err(),
+                "the schema accepts {config}, which the parser refuses naming `{field}`"
+            );
+            checked += 1;
+        } else {
+            // The schema may accept it; it never refuses what the parser accepts, and
+            // this the parser refuses, so nothing to compare.
+        }
+    }
+    assert!(checked >= 40, "{checked}");
+}
+
+#[test]
+fn the_schema_has_every_field_of_the_table_where_it_applies() {
+    let schema = json_schema();
+    assert_eq!(
+        schema["$schema"],
+        "https://json-schema.org/draft/2020-12/schema"
+    );
+    let at = |path: &str| -> Json {
+        let mut s = &schema;
+        for seg in path.split('.') {
+            s = match seg {
+                "rules[]" => &s["properties"]["rules"]["items"],
+                name => &s["properties"][name],
+            };
+        }
+        s.clone()
+    };
+    for f in FIELDS {
+        let s = at(f.name);
+        assert!(s.is_object(), "`{}` is not in the schema", f.name);
+        assert_eq!(
+            s["default"],
+            f.default.json().unwrap_or(Json::Null),
+            "{}",
+            f.name
+        );
+        match &f.ty {
+            Type::Object => assert_eq!(s["additionalProperties"], json!(false), "{}", f.name),
+            Type::Integer(r) => {
+                assert_eq!(
+                    (s["minimum"].as_u64(), s["maximum"].as_u64()),
+                    (Some(r.min), Some(r.max)),
+                    "{}",
+                    f.name
+                )
+            }
+            Type::Enum(values) => assert_eq!(s["enum"], json!(values), "{}", f.name),
+            _ => {}
+        }
+        if f.applies == Applies::Policy && !f.name.contains('.') {
+            assert_eq!(
+                at(&format!("rules[].{}", f.name)),
+                s,
+                "{} in a rule",
+                f.name
+            );
+        }
+    }
+    assert_eq!(schema["additionalProperties"], json!(false));
 }
