@@ -462,7 +462,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Json(Value::List(&[])),
         applies: Applies::Policy,
         group: Group::Configuration,
-        meaning: r#"header values that namespace every key (tenant, user, API key); `:authority`, `:path` and `:method` may be named too. Two scopes never see each other's records; a missing scope header is a scope of its own, distinct from an empty one. A scope header sent on more than one line gets `400 ambiguous-scope`. Scope values are the bytes Envoy delivers, UTF-8 or not (`acme\xff` and `acme\xfe` are two tenants). Put only headers here that your auth layer sets or verifies (see [Where the filter sits](#where-the-filter-sits)); {range} names."#,
+        meaning: r#"header values that namespace every key (tenant, user, API key); `:authority`, `:path` and `:method` may be named too. Two scopes never see each other's records; a missing scope header is a scope of its own, distinct from an empty one. A scope header sent on more than one line gets `400 ambiguous-scope`. Scope values are the bytes Envoy delivers, UTF-8 or not (`acme\xff` and `acme\xfe` are two tenants). Put only headers here that your auth layer sets or verifies (see [Where the filter sits](../recipes/jwt-tenants.md)); {range} names."#,
     },
     Field {
         name: "scope.authority",
@@ -494,7 +494,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Json(Value::Str("bypass")),
         applies: Applies::Policy,
         group: Group::Configuration,
-        meaning: r#"what real gRPC requests get (HTTP/2 or HTTP/3 with a `content-type` of `application/grpc`, `+proto`, `-web`…): `"bypass"` passes them untouched (counted in `proxy_dedup_bypassed`, decision `bypassed`), even under `key.required`, because the operator chose to let gRPC by; `"deduplicate"` treats them like any other request (see [Bodies, limits](#bodies-limits-and-the-envoy-settings-they-need) for what a gRPC client then gets). A gRPC content type over HTTP/1.1 is not gRPC: it is deduplicated, and `key.required` holds."#,
+        meaning: r#"what real gRPC requests get (HTTP/2 or HTTP/3 with a `content-type` of `application/grpc`, `+proto`, `-web`…): `"bypass"` passes them untouched (counted in `proxy_dedup_bypassed`, decision `bypassed`), even under `key.required`, because the operator chose to let gRPC by; `"deduplicate"` treats them like any other request (see [Bodies, limits](bodies-and-limits.md) for what a gRPC client then gets). A gRPC content type over HTTP/1.1 is not gRPC: it is deduplicated, and `key.required` holds."#,
     },
     Field {
         name: "on_in_flight",
@@ -502,7 +502,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Json(Value::Str("reject")),
         applies: Applies::Policy,
         group: Group::Configuration,
-        meaning: r#"what a duplicate of a request still in flight gets: `"reject"` answers `409 in-flight` at once; `"wait"` holds it (nothing reaches the upstream) until the first request's answer, on any worker and, with etcd, any proxy (see [Wait mode](#wait-mode))."#,
+        meaning: r#"what a duplicate of a request still in flight gets: `"reject"` answers `409 in-flight` at once; `"wait"` holds it (nothing reaches the upstream) until the first request's answer, on any worker and, with etcd, any proxy (see [Wait mode](../semantics/wait-mode.md))."#,
     },
     Field {
         name: "wait_timeout_ms",
@@ -548,7 +548,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Json(Value::Int(DEFAULT_IN_FLIGHT_TIMEOUT_MS / 1000)),
         applies: Applies::Policy,
         group: Group::Configuration,
-        meaning: r#"how long a claim counts as running ({range}): its duplicates get `409 in-flight` meanwhile. A claim still unsettled after it (its response never came) answers `409 outcome-unknown` and, with the default `on_unknown_outcome: "keep"`, is kept until `ttl_seconds`; under `"hold"` it expires then and the key can run again. Keep the route timeout below it (see [When the outcome is unknown](#when-the-outcome-is-unknown))."#,
+        meaning: r#"how long a claim counts as running ({range}): its duplicates get `409 in-flight` meanwhile. A claim still unsettled after it (its response never came) answers `409 outcome-unknown` and, with the default `on_unknown_outcome: "keep"`, is kept until `ttl_seconds`; under `"hold"` it expires then and the key can run again. Keep the route timeout below it (see [When the outcome is unknown](../semantics/unknown-outcomes.md))."#,
     },
     Field {
         name: "on_unknown_outcome",
@@ -596,7 +596,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Json(Value::Int(DEFAULT_MAX_REPLAY_BODY_BYTES)),
         applies: Applies::Policy,
         group: Group::Configuration,
-        meaning: r#"largest response body stored ({range}; with the etcd store at most `store.max_record_bytes` − 16384). Above it the record is kept as completed without a body and duplicates get `409` (`response-not-stored`), so the operation still never runs twice. With shared data a response is also not stored when it is larger than its bucket's share of `store.max_store_bytes` (see [Memory](#memory-the-byte-budget))."#,
+        meaning: r#"largest response body stored ({range}; with the etcd store at most `store.max_record_bytes` − 16384). Above it the record is kept as completed without a body and duplicates get `409` (`response-not-stored`), so the operation still never runs twice. With shared data a response is also not stored when it is larger than its bucket's share of `store.max_store_bytes` (see [Memory](../operations/sizing.md))."#,
     },
     Field {
         name: "store_statuses",
@@ -646,7 +646,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Text(r#"none"#),
         applies: Applies::Policy,
         group: Group::Configuration,
-        meaning: r#"compare only these fields of a JSON body (RFC 6901 pointers, {range}; a missing field differs from `null`), in canonical form (see [The canonical JSON form](#the-canonical-json-form)): member order, whitespace, number spelling and string escapes do not matter, values do, exactly. Needs `"body"` among the parts. A body that is not JSON is compared as sent. A body naming a member twice in one object, anywhere, gets `400 ambiguous-payload`."#,
+        meaning: r#"compare only these fields of a JSON body (RFC 6901 pointers, {range}; a missing field differs from `null`), in canonical form (see [The canonical JSON form](../semantics/canonical-json.md)): member order, whitespace, number spelling and string escapes do not matter, values do, exactly. Needs `"body"` among the parts. A body that is not JSON is compared as sent. A body naming a member twice in one object, anywhere, gets `400 ambiguous-payload`."#,
     },
     Field {
         name: "payload.ignore_json_pointers",
@@ -670,7 +670,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Json(Value::Str("shared_data")),
         applies: Applies::Store,
         group: Group::Configuration,
-        meaning: r#"`"shared_data"`: Envoy shared data, one node; `"etcd"`: many proxies, see [Many proxies](#many-proxies-the-etcd-store) for its fields."#,
+        meaning: r#"`"shared_data"`: Envoy shared data, one node; `"etcd"`: many proxies, see [Many proxies](../deployment/etcd.md) for its fields."#,
     },
     Field {
         name: "store.namespace",
@@ -694,7 +694,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Json(Value::Bool(false)),
         applies: Applies::Policy,
         group: Group::Configuration,
-        meaning: r#"`true`: the filter sends a key's first execution upstream **itself** (a call that outlives the client's stream), so its answer is recorded even when the client has gone, and the client's retry gets the replay. See [Detached execution](#detached-execution-the-answer-outlives-the-client) for what this mode gives up. Top level and per rule."#,
+        meaning: r#"`true`: the filter sends a key's first execution upstream **itself** (a call that outlives the client's stream), so its answer is recorded even when the client has gone, and the client's retry gets the replay. See [Detached execution](../semantics/detached.md) for what this mode gives up. Top level and per rule."#,
     },
     Field {
         name: "upstream.cluster",
@@ -726,7 +726,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Json(Value::List(&[])),
         applies: Applies::TopLevel,
         group: Group::Configuration,
-        meaning: r#"per-route policies: an ordered list ({range}); the first rule whose `match` holds gives the request its policy, the fields above are the policy of requests no rule matches. See [Per-route policies](#per-route-policies-rules)."#,
+        meaning: r#"per-route policies: an ordered list ({range}); the first rule whose `match` holds gives the request its policy, the fields above are the policy of requests no rule matches. See [Per-route policies](../recipes/rules.md)."#,
     },
     Field {
         name: "role",
@@ -734,7 +734,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Json(Value::Str("data")),
         applies: Applies::TopLevel,
         group: Group::Configuration,
-        meaning: r#"`"data"` deduplicates requests; `"admin"` makes the instance answer the [operator API](#operator-api) and nothing else (mount it only on an admin-only listener)."#,
+        meaning: r#"`"data"` deduplicates requests; `"admin"` makes the instance answer the [operator API](../operations/operator-api.md) and nothing else (mount it only on an admin-only listener)."#,
     },
     Field {
         name: "store.max_store_bytes",
@@ -742,7 +742,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Computed(max_store_bytes_default),
         applies: Applies::SharedData,
         group: Group::Configuration,
-        meaning: r#"(shared data) most bytes of stored responses held in shared data, whatever the traffic ({range}). Each of the `capacity / 16` buckets gets an equal share, which must be at least 4096 bytes; a response larger than its bucket's share is not kept (`409 response-not-stored` for its duplicates). When a bucket's share is reached, the oldest stored responses are dropped (counted in `proxy_dedup_bodies_dropped`); their keys answer `409 response-not-stored` and never run again. See [Memory](#memory-the-byte-budget). Not for the etcd store (its per-worker tier has its own bound)."#,
+        meaning: r#"(shared data) most bytes of stored responses held in shared data, whatever the traffic ({range}). Each of the `capacity / 16` buckets gets an equal share, which must be at least 4096 bytes; a response larger than its bucket's share is not kept (`409 response-not-stored` for its duplicates). When a bucket's share is reached, the oldest stored responses are dropped (counted in `proxy_dedup_bodies_dropped`); their keys answer `409 response-not-stored` and never run again. See [Memory](../operations/sizing.md). Not for the etcd store (its per-worker tier has its own bound)."#,
     },
     Field {
         name: "store.eviction",
@@ -766,7 +766,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Text(r#"required"#),
         applies: Applies::Rule,
         group: Group::Rules,
-        meaning: r#"the rule's stable identity: {range} characters of `A-Z a-z 0-9 _ - .`, unique, not `default`. It is part of every record the rule writes (see below), so **renaming a rule starts a new key space**; reordering or inserting rules does not."#,
+        meaning: r#"the rule's stable identity: {range} characters of `A-Z a-z 0-9 _ - .`, unique, not `default`. It is part of every record the rule writes (see [Rules](configuration.md#rules)), so **renaming a rule starts a new key space**; reordering or inserting rules does not."#,
     },
     Field {
         name: "rules[].match",

@@ -1,32 +1,16 @@
-//! The markdown reference (`docs/src/reference/fields.md`): one table per group, rows
-//! in the table's order, columns field | default | meaning.
+//! The markdown reference (`docs/src/reference/fields.md`, included by the book's
+//! configuration page): one table per group, rows in the table's order, columns
+//! field | default | meaning.
 
 use super::{Applies, Field, Group, Type, FIELDS};
 
-/// The groups in the order the reference lists them, with their headings and the text
-/// before each table.
-const GROUPS: [(Group, &str, &str); 3] = [
-    (
-        Group::Configuration,
-        "## Configuration",
-        "JSON in the Wasm plugin's `configuration`. Every field is optional. An unknown\n\
-         field, a wrong type or an out-of-range value makes `on_configure` fail with one\n\
-         log line naming the field (Envoy then refuses the configuration).\n\
-         `dedupctl check-config FILE` runs the same parser and prints the same line.",
-    ),
-    (
-        Group::Rules,
-        "## Per-route policies: `rules`",
-        "Each entry of `rules` has a stable `name`, a `match`, and the policy fields it\n\
-         overrides; the first rule whose match holds decides the request's policy. Errors\n\
-         name the rule by index: `rules[2].match.path_prefix`.",
-    ),
-    (
-        Group::Etcd,
-        "## The etcd store",
-        "With `\"store\": {\"kind\": \"etcd\", …}` these fields apply (and the shared-data\n\
-         ones above do not: setting one is an error naming it).",
-    ),
+/// The groups in the order the reference lists them, with their headings. The prose
+/// around the tables lives in the book (docs/src/reference/configuration.md includes
+/// this file).
+const GROUPS: [(Group, &str); 3] = [
+    (Group::Configuration, "## Top-level fields"),
+    (Group::Etcd, "## The etcd store (`store.kind: \"etcd\"`)"),
+    (Group::Rules, "## Rules (`rules[]`)"),
 ];
 
 fn row(out: &mut String, field: &str, default: &str, meaning: &str) {
@@ -52,13 +36,12 @@ fn rule_names(fields: &[&Field]) -> String {
 /// The reference tables, generated from `FIELDS`.
 pub fn reference_markdown() -> String {
     let mut out = String::from(
-        "# Configuration reference\n\n\
-         <!-- Generated from dedup-core's field table (filter/core/src/config/fields.rs) by\n\
-         `dedupctl reference` (`make docs-ref`): edit the table, not this file. -->\n\n\
-         The JSON Schema of the same fields is `docs/config.schema.json` (`dedupctl schema`).\n",
+        "<!-- Generated from dedup-core's field table (filter/core/src/config/fields.rs) by \
+         `dedupctl reference` (`make docs-ref`): edit the table, not this file. The JSON \
+         Schema of the same fields: docs/config.schema.json (`dedupctl schema`). -->\n",
     );
-    for (group, heading, intro) in GROUPS {
-        out.push_str(&format!("\n{heading}\n\n{intro}\n\n"));
+    for (group, heading) in GROUPS {
+        out.push_str(&format!("\n{heading}\n\n"));
         out.push_str("| field | default | meaning |\n|---|---|---|\n");
         for f in FIELDS.iter().filter(|f| f.group == group) {
             let name = format!("`{}`", f.name);
