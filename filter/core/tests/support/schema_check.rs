@@ -1,7 +1,7 @@
 //! A validator of the JSON Schema keywords `docs/config.schema.json` uses, for tests
 //! (a full validator crate is a heavy build for this): `type`, `properties`,
 //! `additionalProperties`, `required`, `enum`, `const`, `minimum`, `maximum`,
-//! `minLength`, `maxLength`, `minItems`, `maxItems`, `items`, `anyOf`,
+//! `minLength`, `maxLength`, `minItems`, `maxItems`, `minProperties`, `items`, `anyOf`,
 //! `if`/`then`/`else`, boolean schemas, and the two `pattern`s it writes. A keyword it
 //! does not know fails the test, so the schema cannot say more than is checked.
 
@@ -75,6 +75,13 @@ fn check(schema: &Value, v: &Value, at: &str, errors: &mut Vec<String>) {
                     let (n, bound) = (s.chars().count() as u64, rule.as_u64().unwrap());
                     if (key == "minLength" && n < bound) || (key == "maxLength" && n > bound) {
                         fail(format!("{n} characters, beyond its {key} {bound}"));
+                    }
+                }
+            }
+            "minProperties" => {
+                if let Some(o) = v.as_object() {
+                    if (o.len() as u64) < rule.as_u64().unwrap() {
+                        fail(format!("fewer than {rule} properties"));
                     }
                 }
             }

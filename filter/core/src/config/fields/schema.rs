@@ -105,6 +105,8 @@ fn object_schema(parent: &str) -> Value {
         s["required"] = json!(required);
     }
     match parent {
+        // An empty match is refused: it would be every request.
+        "rules[].match" => s["minProperties"] = json!(1),
         "store" => {
             let only = |a: Applies| fields.clone().into_iter().filter(move |f| f.applies == a);
             let mut then = forbidden(only(Applies::SharedData));

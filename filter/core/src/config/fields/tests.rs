@@ -720,3 +720,79 @@ fn the_schema_has_every_field_of_the_table_where_it_applies() {
     }
     assert_eq!(schema["additionalProperties"], json!(false));
 }
+
+#[test]
+fn every_default_that_is_no_value_says_what_the_parser_does() {
+    use crate::config::StoreConfig;
+    let rule = |extra: Json| {
+        let mut r = json!({"name": "r", "match": {"path_prefix": "/r"}});
+        for (k, v) in extra.as_object().unwrap() {
+            r[k] = v.clone();
+        }
+        parse(&json!({"rules": [r]})).unwrap().rules.remove(0)
+    };
+    let mut checked = 0;
+    for f in FIELDS {
+        let Shown::Text(text) = f.default else {
+            continue;
+        };
+        if text == "required" {
+            let path = paths(f).remove(0);
+            let mut doc = doc_with(&path, sample(f));
+            let (parent, last) = path.rsplit_once('.').unwrap_or(("", &path));
+            let pointer = format!("/{}", parent.replace('.', "/").replace("[0]", "/0"));
+            let parent_value = doc.pointer_mut(&pointer).unwrap();
+            parent_value.as_object_mut().unwrap().remove(last);
+            let e = parse(&doc).unwrap_err();
+            // serde names the object a required field is missing from, and the field.
+            let missing = e.field == parent && e.reason == format!("missing field `{last}`");
+            assert!(e.field == path || missing, "{doc}: {e}");
+            checked += 1;
+            continue;
+        }
+        let c = parse(&json!({})).unwrap();
+        let p = &c.policy;
+        match f.name {
+            "key" | "scope" | "payload" | "upstream" | "store" => {}
+            "key.json_pointer" => assert_eq!(p.json_pointer, None),
+            "key.fingerprint" => assert!(p.fingerprint.is_empty()),
+            "payload.parts" => assert_eq!(p.payload.parts, None),
+            "payload.json_pointers" | "payload.ignore_json_pointers" => {
+                assert_eq!(p.payload, crate::payload::PayloadConfig::default())
+            }
+            "upstream.cluster" => assert_eq!(p.detached, None, "no cluster: not detached"),
+            "upstream.client_timeout_ms" => {
+                let c = parse(&json!({"upstream": {"detached": true, "cluster": "c"}})).unwrap();
+                assert_eq!(c.policy.detached.unwrap().client_timeout_ms, None);
+            }
+            "store.authority" => {
+                let c = parse(&json!({"store": {"kind": "etcd", "cluster": "etcd-c"}})).unwrap();
+                let StoreConfig::Etcd(e) = c.store else {
+                    panic!("{:?}", c.store)
+                };
+                assert_eq!(e.authority, "etcd-c", "{text}");
+            }
+            "rules[].match.path_prefix" | "rules[].match.path_exact" => {
+                let r = rule(json!({"match": {"methods": ["POST"]}}));
+                assert_eq!((r.matcher.path_prefix, r.matcher.path_exact), (None, None));
+            }
+            "rules[].match.methods" => assert_eq!(rule(json!({})).matcher.methods, None),
+            "rules[].match.authority" => assert_eq!(rule(json!({})).matcher.authority, None),
+            "rules[].match.header" => assert_eq!(rule(json!({})).matcher.header, None),
+            "rules[].match.header.equals" => {
+                let r = rule(json!({"match": {"header": {"name": "x"}}}));
+                assert_eq!(r.matcher.header.unwrap().equals, None);
+            }
+            "rules[].records_of" => {
+                assert_eq!(
+                    rule(json!({})).policy.records.as_deref(),
+                    Some("r"),
+                    "its own"
+                )
+            }
+            other => panic!("`{other}`: say what its default {text:?} means here"),
+        }
+        checked += 1;
+    }
+    assert!(checked >= 20, "{checked}");
+}
