@@ -24,7 +24,7 @@ endif
 WASM_CRATES := dedup_filter empty_filter shared_data_probe abi_probe hostcall_probe
 CARGO       ?= cargo
 
-.PHONY: deps wasm oci docs docs-check test test-compat test-native test-host test-envoy lint fmt bench bench-envoy profile chaos mutants demo clean
+.PHONY: deps wasm oci docs docs-check docs-ref test test-compat test-native test-host test-envoy lint fmt bench bench-envoy profile chaos mutants demo clean
 
 deps:
 	@bash .ci/install-deps.sh
@@ -41,6 +41,13 @@ wasm: deps
 OCI_TAG ?= 0.1.0
 oci: wasm
 	$(CARGO) run --locked -q -p dedup-envoy --bin oci-image -- --out dist/oci --tag $(OCI_TAG)
+
+# The configuration reference and JSON Schema, generated from the filter's field table
+# (filter/core/src/config/fields.rs); a dedup-core test fails when the committed files
+# differ from what this writes.
+docs-ref:
+	$(CARGO) run --locked -q -p dedup-envoy --bin dedupctl -- reference > docs/src/reference/fields.md
+	$(CARGO) run --locked -q -p dedup-envoy --bin dedupctl -- schema > docs/config.schema.json
 
 # Everything: the docs' build and links (docs-check), native logic tests, the scenarios of the built module in host-test (filter/scenarios),
 # real-Envoy end-to-end tests (they start Envoy, the demo upstream and etcd).

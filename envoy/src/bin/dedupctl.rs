@@ -8,12 +8,17 @@
 //!   dedupctl check-config FILE
 //!   dedupctl envoy-filter FILE [--wasm PATH] [--vm-id ID] [--indent N]
 //!   dedupctl methods FILE
+//!   dedupctl schema
+//!   dedupctl reference
 //!
 //! `check-config` parses FILE (the filter's JSON configuration) with the filter's own
 //! parser and prints the error, naming the field, that Envoy would log. `envoy-filter`
 //! prints the `http_filters` entry for it: the filter wrapped in Envoy's matching, so
 //! requests whose method no policy deduplicates never enter Wasm. `methods` prints the
 //! value of the shipped templates' `{{DEDUP_METHODS}}` for it (e.g. `POST|PATCH`).
+//! `schema` prints the configuration's JSON Schema and `reference` its markdown
+//! reference, both generated from the filter's field table (`dedup_core::config::fields`);
+//! `make docs-ref` writes them to docs/config.schema.json and docs/src/reference/fields.md.
 //!
 //! Exit status: 0 when the API answered 2xx, 1 when it refused (404, 409, 400), 2 on
 //! usage or connection errors.
@@ -27,7 +32,8 @@ const USAGE: &str = "usage: dedupctl [--addr HOST:PORT] [--json] get|purge|stats
 [--key K] [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer] [--rule NAME] [--force]
        dedupctl check-config FILE
        dedupctl envoy-filter FILE [--wasm PATH] [--vm-id ID] [--indent N]
-       dedupctl methods FILE";
+       dedupctl methods FILE
+       dedupctl schema | reference";
 
 /// Percent-encodes a query component (unreserved characters stay).
 fn encode(s: &str) -> String {
@@ -193,6 +199,17 @@ fn offline(args: &[String]) -> ExitCode {
 
 fn main() -> ExitCode {
     let all: Vec<String> = std::env::args().skip(1).collect();
+    match all.first().map(String::as_str) {
+        Some("schema") if all.len() == 1 => {
+            print!("{}", dedup_core::config::fields::schema_text());
+            return ExitCode::SUCCESS;
+        }
+        Some("reference") if all.len() == 1 => {
+            print!("{}", dedup_core::config::fields::reference_markdown());
+            return ExitCode::SUCCESS;
+        }
+        _ => {}
+    }
     if matches!(
         all.first().map(String::as_str),
         Some("check-config" | "envoy-filter" | "methods")

@@ -1,6 +1,7 @@
 //! Plugin configuration: the JSON contract, parsed strictly and checked once at `on_configure`.
 
 mod defaults;
+pub mod fields;
 mod policy;
 mod raw;
 mod rules;
@@ -538,28 +539,22 @@ impl TryFrom<RawConfig> for Config {
     fn try_from(mut raw: RawConfig) -> Result<Self, ConfigError> {
         let d = Config::default();
         let policy = parse_policy("", &Policy::default(), raw.take_policy())?;
-        let retry_after_seconds = in_range(
+        let retry_after_seconds = fields::RETRY_AFTER_SECONDS.check(
             "retry_after_seconds",
             raw.retry_after_seconds,
             DEFAULT_RETRY_AFTER_SECONDS,
-            0,
-            3600,
         )?;
-        let max_waiters = in_range(
-            "max_waiters",
-            raw.max_waiters,
-            DEFAULT_MAX_WAITERS,
-            1,
-            100_000,
-        )? as usize;
+        let max_waiters =
+            fields::MAX_WAITERS.check("max_waiters", raw.max_waiters, DEFAULT_MAX_WAITERS)?
+                as usize;
         let max_waiters_per_scope = in_range(
             "max_waiters_per_scope",
             raw.max_waiters_per_scope,
             DEFAULT_MAX_WAITERS_PER_SCOPE.min(max_waiters as u64),
-            1,
-            max_waiters as u64,
+            fields::MAX_WAITERS_PER_SCOPE.min,
+            fields::MAX_WAITERS_PER_SCOPE.max(max_waiters as u64),
         )? as usize;
-        let capacity = in_range("capacity", raw.capacity, DEFAULT_CAPACITY, 16, 10_000_000)?;
+        let capacity = fields::CAPACITY.check("capacity", raw.capacity, DEFAULT_CAPACITY)?;
         let replayed_header = match raw.replayed_header {
             Some(h) => header_names("replayed_header", vec![h], false)?.remove(0),
             None => d.replayed_header,

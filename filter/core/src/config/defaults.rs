@@ -46,12 +46,18 @@ pub const DEFAULT_ETCD_TIMEOUT_MS: u64 = 3000;
 /// Statuses stored by default: 2xx, 3xx and 4xx except those that tell the client to
 /// come back later (408 Request Timeout, 425 Too Early, 429 Too Many Requests): a retry
 /// of those must be able to execute.
-pub const DEFAULT_STORE_STATUSES: [StatusRange; 4] = [
-    StatusRange::new(200, 499, false),
+/// `DEFAULT_STORE_STATUSES_WRITTEN` parsed, entry for entry (a test checks it).
+pub const DEFAULT_STORE_STATUSES: [StatusRange; 6] = [
+    StatusRange::new(200, 299, false),
+    StatusRange::new(300, 399, false),
+    StatusRange::new(400, 499, false),
     StatusRange::new(408, 408, true),
     StatusRange::new(425, 425, true),
     StatusRange::new(429, 429, true),
 ];
+
+/// Default `store_statuses` as written in a configuration.
+pub const DEFAULT_STORE_STATUSES_WRITTEN: [&str; 6] = ["2xx", "3xx", "4xx", "!408", "!425", "!429"];
 
 /// Default `max_waiters`: duplicates one worker holds at once in wait mode.
 pub const DEFAULT_MAX_WAITERS: u64 = 1024;

@@ -29,12 +29,10 @@ pub(super) fn parse_policy(
             None => Vec::new(),
         };
         out.key_required = key.required.unwrap_or(DEFAULT_KEY_REQUIRED);
-        out.key_max_length = in_range(
+        out.key_max_length = fields::KEY_MAX_LENGTH.check(
             &f("key.max_length"),
             key.max_length,
             DEFAULT_KEY_MAX_LENGTH,
-            1,
-            4096,
         )? as usize;
     }
     if let Some(payload) = raw.payload {
@@ -73,48 +71,41 @@ pub(super) fn parse_policy(
     if let Some(g) = raw.grpc {
         out.grpc = g;
     }
-    out.ttl_ms = in_range(
-        &f("ttl_seconds"),
-        raw.ttl_seconds,
-        base.ttl_ms / 1000,
-        1,
-        31_536_000,
-    )? * 1000;
-    out.in_flight_timeout_ms = in_range(
+    out.ttl_ms =
+        fields::TTL_SECONDS.check(&f("ttl_seconds"), raw.ttl_seconds, base.ttl_ms / 1000)? * 1000;
+    out.in_flight_timeout_ms = fields::IN_FLIGHT_TIMEOUT_SECONDS.check(
         &f("in_flight_timeout_seconds"),
         raw.in_flight_timeout_seconds,
         base.in_flight_timeout_ms / 1000,
-        1,
-        86_400,
     )? * 1000;
     // A waiter never outlasts the claim it waits for: a wait timeout given here must
     // fit this policy's in-flight timeout; one inherited follows a shorter one down.
     let in_flight_ms = out.in_flight_timeout_ms;
+    let (least, most) = (
+        fields::WAIT_TIMEOUT_MS.min,
+        fields::WAIT_TIMEOUT_MS.max(in_flight_ms / 1000),
+    );
     out.wait_timeout_ms = match raw.wait_timeout_ms {
-        Some(ms) if ms == 0 || ms > in_flight_ms => {
+        Some(ms) if ms < least || ms > most => {
             return Err(err(
                 &f("wait_timeout_ms"),
                 format!(
-                    "{ms} is out of range 1..={in_flight_ms} (at most in_flight_timeout_seconds)"
+                    "{ms} is out of range {least}..={most} (at most in_flight_timeout_seconds)"
                 ),
             ))
         }
         Some(ms) => ms,
         None => base.wait_timeout_ms.min(in_flight_ms),
     };
-    out.max_body_bytes = in_range(
+    out.max_body_bytes = fields::MAX_BODY_BYTES.check(
         &f("max_body_bytes"),
         raw.max_body_bytes,
         base.max_body_bytes as u64,
-        0,
-        64 << 20,
     )? as usize;
-    out.max_replay_body_bytes = in_range(
+    out.max_replay_body_bytes = fields::MAX_REPLAY_BODY_BYTES.check(
         &f("max_replay_body_bytes"),
         raw.max_replay_body_bytes,
         base.max_replay_body_bytes as u64,
-        0,
-        16 << 20,
     )? as usize;
     if let Some(list) = raw.store_statuses {
         let field = f("store_statuses");
@@ -164,7 +155,13 @@ fn parse_upstream(
         return Ok(None);
     }
     let cluster = match up.cluster {
-        Some(c) if !c.is_empty() && c.len() <= 256 && !c.bytes().any(|b| b.is_ascii_control()) => c,
+        Some(c)
+            if !c.is_empty()
+                && c.len() <= fields::MAX_CLUSTER_BYTES
+                && !c.bytes().any(|b| b.is_ascii_control()) =>
+        {
+            c
+        }
         Some(_) => {
             return Err(err(
                 &f("cluster"),
@@ -179,19 +176,21 @@ fn parse_upstream(
         }
     };
     let timeout_ms = up.timeout_ms.unwrap_or(DEFAULT_DETACHED_TIMEOUT_MS);
-    if timeout_ms == 0 || timeout_ms >= in_flight_ms {
+    let least = fields::UPSTREAM_TIMEOUT_MS.min;
+    if timeout_ms < least || timeout_ms > fields::UPSTREAM_TIMEOUT_MS.max(in_flight_ms / 1000) {
         return Err(err(
             &f("timeout_ms"),
             format!(
-                "{timeout_ms} is out of range 1..{in_flight_ms} (below in_flight_timeout_seconds, so no claim ends while its call runs)"
+                "{timeout_ms} is out of range {least}..{in_flight_ms} (below in_flight_timeout_seconds, so no claim ends while its call runs)"
             ),
         ));
     }
+    let least = fields::UPSTREAM_CLIENT_TIMEOUT_MS.min;
     let client_timeout_ms = match up.client_timeout_ms {
-        Some(ms) if ms == 0 || ms >= timeout_ms => {
+        Some(ms) if ms < least || ms > fields::UPSTREAM_CLIENT_TIMEOUT_MS.max(timeout_ms) => {
             return Err(err(
                 &f("client_timeout_ms"),
-                format!("{ms} is out of range 1..{timeout_ms} (below upstream.timeout_ms)"),
+                format!("{ms} is out of range {least}..{timeout_ms} (below upstream.timeout_ms)"),
             ))
         }
         other => other,
@@ -271,7 +270,7 @@ pub(super) fn parse_parts(
 pub(super) fn parse_payload(prefix: &str, raw: RawPayload) -> Result<PayloadConfig, ConfigError> {
     let f = |name: &str| format!("{prefix}{name}");
     let pointers = |field: &str, list: Vec<String>| -> Result<Vec<String>, ConfigError> {
-        if list.is_empty() || list.len() > 32 {
+        if list.is_empty() || list.len() > fields::MAX_PAYLOAD_POINTERS {
             return Err(err(field, "must list 1 to 32 pointers"));
         }
         list.into_iter().map(|p| json_pointer(field, p)).collect()

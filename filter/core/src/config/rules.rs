@@ -13,7 +13,7 @@ pub const DEFAULT_RECORDS: &str = "default";
 /// A rule name: 1-64 of `A-Z a-z 0-9 _ - .`; `default` is reserved for `records_of`.
 pub(super) fn rule_name_ok(name: &str) -> bool {
     !name.is_empty()
-        && name.len() <= 64
+        && name.len() <= super::fields::MAX_RULE_NAME_BYTES
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))

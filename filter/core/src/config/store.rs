@@ -20,7 +20,7 @@ pub(super) fn store_budget(
         let one_response = buckets.saturating_mul(largest_replay + STORED_HEADERS_ALLOWANCE);
         return Ok(DEFAULT_MAX_STORE_BYTES.max(least).max(one_response));
     };
-    let v = in_range("store.max_store_bytes", Some(v), 0, 1 << 20, 1 << 40)?;
+    let v = fields::MAX_STORE_BYTES.check("store.max_store_bytes", Some(v), 0)?;
     if v < least {
         return Err(err(
             "store.max_store_bytes",
@@ -81,7 +81,7 @@ pub(super) fn parse_store(
             let namespace = match st.namespace {
                 Some(ns) => {
                     if ns.is_empty()
-                        || ns.len() > 64
+                        || ns.len() > fields::MAX_NAMESPACE_BYTES
                         || !ns.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
                     {
                         return Err(err(
@@ -104,12 +104,10 @@ pub(super) fn parse_store(
                     ))
                 }
             };
-            let scope_claims_per_bucket = in_range(
+            let scope_claims_per_bucket = fields::SCOPE_CLAIMS_PER_BUCKET.check(
                 "store.scope_claims_per_bucket",
                 st.scope_claims_per_bucket,
                 DEFAULT_SCOPE_CLAIMS_PER_BUCKET,
-                1,
-                crate::store::WAYS as u64,
             )?;
             Ok(StoreConfig::SharedData {
                 namespace,
@@ -156,25 +154,24 @@ pub(super) fn parse_store(
                 return Err(err("store.authority", "must be a host name"));
             }
             let prefix = st.prefix.unwrap_or_else(|| DEFAULT_ETCD_PREFIX.to_string());
-            if prefix.is_empty() || prefix.len() > 128 || prefix.chars().any(char::is_control) {
+            if prefix.is_empty()
+                || prefix.len() > fields::MAX_ETCD_PREFIX_BYTES
+                || prefix.chars().any(char::is_control)
+            {
                 return Err(err(
                     "store.prefix",
                     "1-128 characters, no control characters",
                 ));
             }
-            let timeout_ms = in_range(
+            let timeout_ms = fields::ETCD_TIMEOUT_MS.check(
                 "store.timeout_ms",
                 st.timeout_ms,
                 DEFAULT_ETCD_TIMEOUT_MS,
-                10,
-                60_000,
             )?;
-            let max_record_bytes = in_range(
+            let max_record_bytes = fields::MAX_RECORD_BYTES.check(
                 "store.max_record_bytes",
                 st.max_record_bytes,
                 DEFAULT_MAX_RECORD_BYTES,
-                4096,
-                64 << 20,
             )? as usize;
             let protocol = match st.protocol.as_deref() {
                 None | Some("grpc") => crate::etcd::Protocol::Grpc,

@@ -29,7 +29,7 @@ pub(super) fn header_names_with(
     if !allow_empty && names.is_empty() {
         return Err(err(field, "must list at least one header"));
     }
-    if names.len() > 16 {
+    if names.len() > super::fields::MAX_HEADERS {
         return Err(err(field, "at most 16 headers"));
     }
     names

@@ -678,31 +678,5 @@ fn a_push_redelivery_with_a_new_attempt_count_is_replayed_not_422() {
         changed.problem_type(),
         "urn:proxy-dedup:problem:payload-mismatch"
     );
-    // Config errors name the field.
-    for (json, field) in [
-        (
-            r#"{"payload": {"json_pointers": ["a"]}}"#,
-            "payload.json_pointers",
-        ),
-        (
-            r#"{"payload": {"ignore_json_pointers": ["/~2"]}}"#,
-            "payload.ignore_json_pointers",
-        ),
-        (
-            r#"{"payload": {"json_pointers": ["/a"], "ignore_json_pointers": ["/b"]}}"#,
-            "payload.ignore_json_pointers",
-        ),
-        (
-            r#"{"payload": {"parts": ["method", "body", "method"]}}"#,
-            "payload.parts",
-        ),
-        (
-            r#"{"payload": {"parts": ["path"], "json_pointers": ["/a"]}}"#,
-            "payload.parts",
-        ),
-        (r#"{"payload": {"parts": []}}"#, "payload.parts"),
-        (r#"{"payload": {"what": 1}}"#, "payload.what"),
-    ] {
-        assert_eq!(cfg_err(json).0, field, "{json}");
-    }
+    // Its configuration errors: testdata/refused-configs.txt.
 }
