@@ -72,8 +72,9 @@ fn grow(name: &str, config: &str) -> (Stack, [u64; 3]) {
 
 #[test]
 fn envoy_memory_stays_within_the_budget_plus_a_fixed_overhead() {
-    let config =
-        |budget: u64| json!({"capacity": 2048, "store": {"max_store_bytes": budget}}).to_string();
+    let config = |budget: u64| {
+        json!({"capacity": 2048, "max_replay_body_bytes": 65536, "store": {"max_store_bytes": budget}}).to_string()
+    };
     let (s, [base, warm, end]) = grow("budget-8m", &config(BUDGET));
     // Past the budget, more responses cost (almost) nothing: each new one replaces an
     // old one in its bucket (unbounded, they would add about 15 MB). The slack covers
@@ -125,6 +126,41 @@ fn envoy_memory_stays_within_the_budget_plus_a_fixed_overhead() {
         end >= warm + (MORE * PAD / 2) as u64,
         "without a reachable budget Envoy grew only from {warm} to {end} bytes"
     );
+}
+
+/// With every default, the stored responses fit 128 MiB: `max_replay_body_bytes` is
+/// 16 KiB, so 60 KB responses are not kept (Envoy's memory does not grow with them)
+/// and their duplicates get `409 response-not-stored` without running again, while a
+/// response within the limit is replayed.
+#[test]
+fn by_default_large_responses_are_not_kept_and_never_run_twice() {
+    let s = Stack::start("budget-defaults", "{}");
+    unique(&s, 0, 20);
+    let base = allocated(&s);
+    unique(&s, 20, 20 + MORE);
+    let end = allocated(&s);
+    eprintln!("defaults: allocated {base} -> {end} bytes after {MORE} unique 60 KB responses");
+    assert!(
+        end <= base + (4 << 20),
+        "{MORE} unkept 60 KB responses grew Envoy from {base} to {end} bytes"
+    );
+    assert!(s.counter("response_not_stored") as usize >= MORE);
+    let executed = s.executions("/budget");
+    let again = s.send(
+        &Request::post("/budget")
+            .key("budget-30")
+            .header("x-demo-pad-bytes", &PAD.to_string())
+            .json(&json!({"i": 30})),
+    );
+    assert_problem(&again, 409, "response-not-stored");
+    assert_eq!(s.executions("/budget"), executed, "the key ran again");
+    // 16 KiB and below: stored and replayed.
+    let small = Request::post("/budget")
+        .key("budget-small")
+        .header("x-demo-pad-bytes", "15000")
+        .json(&json!({"i": "small"}));
+    assert_eq!(s.send(&small).status, 200);
+    assert!(is_replayed(&s.send(&small)));
 }
 
 /// A JSON array of `n` numbers: about 8 bytes each.

@@ -20,8 +20,10 @@ pub const DEFAULT_TTL_MS: u64 = 86_400_000;
 pub const DEFAULT_IN_FLIGHT_TIMEOUT_MS: u64 = 30_000;
 /// Default `max_body_bytes` (1 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 1_048_576;
-/// Default `max_replay_body_bytes` (64 KiB).
-pub const DEFAULT_MAX_REPLAY_BODY_BYTES: u64 = 65_536;
+/// Default `max_replay_body_bytes` (16 KiB): with the default `capacity`, every bucket's
+/// share of the default 128 MiB budget then holds one such response with its headers
+/// (6250 × 20 KiB), so the defaults' stored responses fit 128 MiB, a sidecar's size.
+pub const DEFAULT_MAX_REPLAY_BODY_BYTES: u64 = 16_384;
 /// Default `retry_after_seconds` of a 409 for a request in flight.
 pub const DEFAULT_RETRY_AFTER_SECONDS: u64 = 1;
 /// Default `capacity`: records in shared data.

@@ -3,10 +3,10 @@
 use super::raw::RawStore;
 use super::*;
 
-/// `store.max_store_bytes`. By default 128 MiB, raised so that every bucket's share
-/// holds one response of the largest `max_replay_body_bytes` with its headers (with the
-/// defaults: 6250 buckets × 68 KiB ≈ 415 MiB), so the default never refuses a response
-/// the size limits allow; and never below 4 KiB per bucket. A set value must leave every
+/// `store.max_store_bytes`. By default 128 MiB, raised when needed so that every bucket's
+/// share holds one response of the largest `max_replay_body_bytes` with its headers
+/// (the defaults need 6250 buckets × 20 KiB, within 128 MiB), so the default never
+/// refuses a response the size limits allow; and never below 4 KiB per bucket. A set value must leave every
 /// bucket at least 4 KiB; below the default, responses larger than a bucket's share
 /// (`max_store_bytes / (capacity / 16)`) are not kept.
 pub(super) fn store_budget(

@@ -23,7 +23,7 @@ fn empty_config_gives_documented_defaults() {
             c.policy.max_replay_body_bytes,
             c.policy.key_max_length
         ),
-        (1_048_576, 65_536, 255)
+        (1_048_576, 16_384, 255)
     );
     assert_eq!(
         (c.policy.on_duplicate, c.failure_mode),
@@ -267,9 +267,13 @@ fn payload_pointer_lists_hold_1_to_32() {
 #[test]
 fn max_store_bytes_defaults_and_bounds() {
     // By default every bucket's share holds one response of max_replay_body_bytes with
-    // 4 KiB of headers: 6,250 buckets × 68 KiB with the defaults.
+    // 4 KiB of headers: 6,250 buckets × 20 KiB with the defaults, within 128 MiB.
     let d = Config::parse(b"{}").unwrap();
-    assert_eq!(d.max_store_bytes().unwrap(), 6_250 * (65_536 + 4_096));
+    assert_eq!(d.max_store_bytes().unwrap(), 128 << 20);
+    assert!(6_250 * (16_384 + 4_096) <= 128 << 20);
+    // 64 KiB responses raise it to 6,250 × 68 KiB.
+    let big = Config::parse(br#"{"max_replay_body_bytes": 65536}"#).unwrap();
+    assert_eq!(big.max_store_bytes().unwrap(), 6_250 * (65_536 + 4_096));
     assert_eq!(
         d.max_store_bytes().unwrap(),
         Config::default().max_store_bytes().unwrap()
