@@ -5,37 +5,12 @@
 //! times: the same on any machine, so a change in the hot path shows here as
 //! an exact difference.
 
-use dedup_benches::{Case, BASELINE, BASELINE_64K, DEDUP};
+use dedup_benches::{host_calls_of, BASELINE, BASELINE_64K, DEDUP};
 use dedup_envoy::bench::{no_write, write_section};
-use host_test::{HostCalls, SimEnvoy};
 
 /// Requests counted per case (after one that is not: it loads the module's
 /// lazily built state and, for the replay case, stores the response).
 const REQUESTS: u64 = 50;
-
-fn profile(case: &Case) -> Result<HostCalls, String> {
-    let mut envoy: SimEnvoy = case
-        .builder()
-        .count_host_calls(true)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let first = envoy
-        .request(0, (case.request)(u64::MAX))
-        .map_err(|e| e.to_string())?;
-    if first.status >= 500 {
-        return Err(format!("first request answered {}", first.status));
-    }
-    envoy.reset_host_calls();
-    for i in 0..REQUESTS {
-        let r = envoy
-            .request(0, (case.request)(i))
-            .map_err(|e| e.to_string())?;
-        if r.status >= 500 {
-            return Err(format!("request {i} answered {}", r.status));
-        }
-    }
-    Ok(envoy.host_calls())
-}
 
 fn per_request(n: u64) -> f64 {
     n as f64 / REQUESTS as f64
@@ -44,7 +19,7 @@ fn per_request(n: u64) -> f64 {
 fn main() {
     let mut rows = Vec::new();
     for case in [&BASELINE, &BASELINE_64K].into_iter().chain(DEDUP) {
-        match profile(case) {
+        match host_calls_of(case, REQUESTS) {
             Ok(h) => rows.push((case, h)),
             Err(e) => println!("skipping {}: {e}", case.name),
         }

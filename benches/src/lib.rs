@@ -2,7 +2,7 @@
 //! request stream to send. `benches/per_request.rs` runs each in host-test
 //! and reports its cost as a ratio to the empty filter.
 
-use host_test::{EnvoyBuilder, Error, LogLevel, Reply, Request, SimEnvoy};
+use host_test::{EnvoyBuilder, Error, HostCalls, LogLevel, Reply, Request, SimEnvoy};
 use std::path::PathBuf;
 
 /// One benchmark case.
@@ -139,3 +139,30 @@ pub const DEDUP: &[Case] = &[
         request: |i| Request::post("/events").body(sized_body(i, 64 * 1024)),
     },
 ];
+
+/// The host calls of `requests` requests of `case`, every import counted, after a first
+/// request that is not counted (it loads the module's lazily built state and, for the
+/// replay case, stores the response).
+pub fn host_calls_of(case: &Case, requests: u64) -> Result<HostCalls, String> {
+    let mut envoy: SimEnvoy = case
+        .builder()
+        .count_host_calls(true)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let first = envoy
+        .request(0, (case.request)(u64::MAX))
+        .map_err(|e| e.to_string())?;
+    if first.status >= 500 {
+        return Err(format!("first request answered {}", first.status));
+    }
+    envoy.reset_host_calls();
+    for i in 0..requests {
+        let r = envoy
+            .request(0, (case.request)(i))
+            .map_err(|e| e.to_string())?;
+        if r.status >= 500 {
+            return Err(format!("request {i} answered {}", r.status));
+        }
+    }
+    Ok(envoy.host_calls())
+}

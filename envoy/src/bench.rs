@@ -493,7 +493,8 @@ pub const PROBED_CALLS: &[(&str, &str)] = &[
 /// reads its headers once and its body once; a claim reads its bucket and writes
 /// it; a completion reads the bucket again (its cas changed since the claim, and
 /// `set_shared_data` does not return the new one), writes the response slot and
-/// the bucket, reading the response's headers and body once; a replay reads the
+/// the bucket, reading the response's headers and body once and asking Envoy whether
+/// the answer is the upstream's (`response.code_details`); a replay reads the
 /// bucket and the response slot. Every request records its decision and its record
 /// in two filter-state keys (the access-log contract), counts itself and its
 /// decision, and reads the time where a record's expiry needs it. The replay's local
@@ -512,6 +513,7 @@ pub const FLOOR_CALLS: &[(&str, &[(&str, f64)])] = &[
             ("get_shared_data", 2.0),
             ("set_shared_data", 3.0),
             ("get_header_map_pairs_response", 1.0),
+            ("get_property", 1.0),
             ("set_property", 2.0),
             ("increment_metric", 2.0),
             ("get_current_time_nanoseconds", 2.0),
@@ -539,7 +541,7 @@ pub const FILTER_CALLS: &[(&str, &[(&str, f64)])] = &[
     (
         "dedup, GET entering the filter (bypassed)",
         &[
-            ("get_header_map_value", 1.0),
+            ("get_header_map_pairs", 1.0),
             ("get_log_level", 1.0),
             ("increment_metric", 2.0),
             ("set_property", 1.0),
@@ -551,7 +553,6 @@ pub const FILTER_CALLS: &[(&str, &[(&str, f64)])] = &[
             ("get_buffer_bytes", 2.0),
             ("get_current_time_nanoseconds", 2.0),
             ("get_header_map_pairs", 2.0),
-            ("get_header_map_value", 1.0),
             ("get_log_level", 1.0),
             ("get_property", 1.0),
             ("get_shared_data", 3.0),
@@ -566,9 +567,8 @@ pub const FILTER_CALLS: &[(&str, &[(&str, f64)])] = &[
             ("get_buffer_bytes", 1.0),
             ("get_current_time_nanoseconds", 1.0),
             ("get_header_map_pairs", 1.0),
-            ("get_header_map_value", 1.0),
             ("get_log_level", 1.0),
-            ("get_shared_data", 3.0),
+            ("get_shared_data", 2.0),
             ("increment_metric", 2.0),
             ("send_local_response", 1.0),
             ("set_property", 2.0),
