@@ -126,10 +126,22 @@ impl SharedInner {
             }
         }
         let new_cas = self.next_cas();
-        self.data
-            .entry(vm_id.to_string())
-            .or_default()
-            .insert(key.to_string(), (value.to_vec(), new_cas));
+        // Envoy copies the value once, from the VM's memory: so does this (a key and a
+        // vm_id are copied only when new).
+        let map = match self.data.get_mut(vm_id) {
+            Some(m) => m,
+            None => self.data.entry(vm_id.to_string()).or_default(),
+        };
+        match map.get_mut(key) {
+            Some(entry) => {
+                entry.0.clear();
+                entry.0.extend_from_slice(value);
+                entry.1 = new_cas;
+            }
+            None => {
+                map.insert(key.to_string(), (value.to_vec(), new_cas));
+            }
+        }
         Status::Ok
     }
 

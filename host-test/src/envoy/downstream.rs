@@ -186,14 +186,20 @@ impl SimEnvoy {
         loop {
             self.pump();
             let s = self.stream(id)?;
-            if let Some(r) = &s.outcome {
-                let r = r.clone();
+            if s.outcome.is_some() {
+                let r = self.streams.get_mut(&id.0).and_then(|s| s.outcome.take());
                 self.forget(id);
-                return Ok(r);
+                if let Some(r) = r {
+                    return Ok(r);
+                }
+                continue;
             }
-            if let Upstream::Awaiting(req) = &s.upstream {
-                let req = req.clone();
-                let reply = (self.upstream)(&req);
+            // The default upstream reads the request where it waits (no copy).
+            let reply = match self.streams.get(&id.0).map(|s| &s.upstream) {
+                Some(Upstream::Awaiting(req)) => Some((self.upstream)(req)),
+                _ => None,
+            };
+            if let Some(reply) = reply {
                 self.respond(id, reply)?;
                 continue;
             }

@@ -56,7 +56,9 @@ impl SimEnvoy {
                 if s.upstream == Upstream::NotYet {
                     let req = UpstreamRequest {
                         headers: s.req.out_headers.clone().unwrap_or_default(),
-                        body: s.req.out_body.clone(),
+                        // The request is whole: its bytes move on (Envoy copies
+                        // nothing here either).
+                        body: std::mem::take(&mut s.req.out_body),
                         trailers: s.req.out_trailers.clone(),
                     };
                     s.upstream_request = Some(req.clone());
@@ -182,7 +184,9 @@ impl SimEnvoy {
         };
         let origin = self.origin(sid).map(|o| o.clone()).unwrap_or_default();
         let outcome = {
-            let s = &self.streams[&sid];
+            let Some(s) = self.streams.get_mut(&sid) else {
+                return;
+            };
             let headers = s.resp.out_headers.clone().unwrap_or_default();
             let status = header_get(&headers, ":status")
                 .and_then(|v| v.parse().ok())
@@ -197,7 +201,7 @@ impl SimEnvoy {
                     .into_iter()
                     .filter(|(k, _)| k != ":status")
                     .collect(),
-                body: s.resp.out_body.clone(),
+                body: std::mem::take(&mut s.resp.out_body),
                 upstream_called: s.upstream_request.is_some(),
                 upstream_headers_sent: s.upstream_headers_sent,
                 local_reply: s.local_reply,

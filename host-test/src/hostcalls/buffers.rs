@@ -20,21 +20,23 @@ enum BufView {
     Missing,
 }
 
-fn buffer(s: &VmState, kind: i32) -> BufView {
+/// The stream body a buffer kind names, if it is one that is live.
+fn body_mut(s: &mut VmState, kind: i32) -> Option<&mut Vec<u8>> {
+    let st = s.stream_mut()?;
+    let dir = if kind == BUF_REQUEST_BODY {
+        &mut st.req
+    } else {
+        &mut st.resp
+    };
+    dir.body_live.then_some(&mut dir.body)
+}
+
+/// Buffer `kind`'s bytes. A stream body is moved out of the state (no copy) and must be
+/// put back with [`put_back`]; the others (callout answers, configurations) are copied.
+fn take(s: &mut VmState, kind: i32) -> BufView {
     match kind {
-        BUF_REQUEST_BODY | BUF_RESPONSE_BODY => match s.stream() {
-            Some(st) => {
-                let dir = if kind == BUF_REQUEST_BODY {
-                    &st.req
-                } else {
-                    &st.resp
-                };
-                if dir.body_live {
-                    BufView::Data(dir.body.clone())
-                } else {
-                    BufView::Null
-                }
-            }
+        BUF_REQUEST_BODY | BUF_RESPONSE_BODY => match body_mut(s, kind) {
+            Some(body) => BufView::Data(std::mem::take(body)),
             None => BufView::Null,
         },
         BUF_CALL_RESPONSE_BODY => match &s.callout_response {
@@ -51,6 +53,38 @@ fn buffer(s: &VmState, kind: i32) -> BufView {
     }
 }
 
+/// Returns a stream body [`take`] moved out.
+fn put_back(s: &mut VmState, kind: i32, data: Vec<u8>) {
+    if matches!(kind, BUF_REQUEST_BODY | BUF_RESPONSE_BODY) {
+        if let Some(body) = body_mut(s, kind) {
+            *body = data;
+        }
+    }
+}
+
+/// Buffer `kind`'s length, without copying it (`None`: no such buffer).
+fn buffer_len(s: &VmState, kind: i32) -> Option<usize> {
+    Some(match kind {
+        BUF_REQUEST_BODY | BUF_RESPONSE_BODY => s.stream().map_or(0, |st| {
+            let dir = if kind == BUF_REQUEST_BODY {
+                &st.req
+            } else {
+                &st.resp
+            };
+            if dir.body_live {
+                dir.body.len()
+            } else {
+                0
+            }
+        }),
+        BUF_CALL_RESPONSE_BODY => s.callout_response.as_ref()?.body.len(),
+        BUF_GRPC_RECEIVE => s.grpc.message.as_ref().map_or(0, Vec::len),
+        BUF_VM_CONFIGURATION => s.plugin.vm_config.len(),
+        BUF_PLUGIN_CONFIGURATION if s.in_configure => s.plugin.plugin_config.len(),
+        _ => return None,
+    })
+}
+
 fn get_buffer_bytes(
     mut c: C,
     kind: i32,
@@ -62,32 +96,33 @@ fn get_buffer_bytes(
     if !(0..=BUF_MAX).contains(&kind) {
         return Ok(BAD_ARGUMENT);
     }
-    let data = match buffer(c.data(), kind) {
+    let data = match take(c.data_mut(), kind) {
         BufView::Data(d) => d,
         BufView::Null => Vec::new(),
         BufView::Missing => return Ok(NOT_FOUND),
     };
     let start = start as u32 as usize;
     let length = length as u32 as usize;
-    if start.checked_add(length).is_none() {
+    let Some(end) = start.checked_add(length) else {
+        put_back(c.data_mut(), kind, data);
         return Ok(BAD_ARGUMENT);
-    }
+    };
     let slice = if start > data.len() {
         &[][..]
     } else {
-        &data[start..(start + length).min(data.len())]
+        &data[start..end.min(data.len())]
     };
-    copy_out(&mut c, slice, ptr_ptr, size_ptr)
+    let copied = copy_out(&mut c, slice, ptr_ptr, size_ptr);
+    put_back(c.data_mut(), kind, data);
+    copied
 }
 
 fn get_buffer_status(mut c: C, kind: i32, length_ptr: i32, flags_ptr: i32) -> R {
     if !(0..=BUF_MAX).contains(&kind) {
         return Ok(BAD_ARGUMENT);
     }
-    let len = match buffer(c.data(), kind) {
-        BufView::Data(d) => d.len(),
-        BufView::Null => 0,
-        BufView::Missing => return Ok(NOT_FOUND),
+    let Some(len) = buffer_len(c.data(), kind) else {
+        return Ok(NOT_FOUND);
     };
     Ok(written(
         write_u32(&mut c, length_ptr, len as u32) && write_u32(&mut c, flags_ptr, 0),
@@ -106,9 +141,9 @@ fn set_buffer_bytes(mut c: C, kind: i32, start: i32, length: i32, ptr: i32, size
     let (start, length) = (start as u32 as usize, length as u32 as usize);
     let s = c.data_mut();
     if kind != BUF_REQUEST_BODY && kind != BUF_RESPONSE_BODY {
-        return Ok(match buffer(s, kind) {
-            BufView::Missing => NOT_FOUND,
-            _ => BAD_ARGUMENT,
+        return Ok(match buffer_len(s, kind) {
+            None => NOT_FOUND,
+            Some(_) => BAD_ARGUMENT,
         });
     }
     let Some(st) = s.stream_mut() else {

@@ -78,13 +78,25 @@ impl<'a> Imports<'a> {
 }
 
 pub(super) fn read(c: &mut C, ptr: i32, len: i32) -> Option<Vec<u8>> {
+    count_in(c, len);
+    borrow(c, ptr, len).map(<[u8]>::to_vec)
+}
+
+/// Counts `len` bytes as copied in from the guest.
+pub(super) fn count_in(c: &mut C, len: i32) {
     if let Some(h) = c.data_mut().host_calls.as_mut() {
         h.bytes_in += len as u32 as u64;
     }
+}
+
+/// The guest's bytes at `ptr..ptr + len`, without a copy: for a host call whose host
+/// side copies them itself (shared data), as Envoy's does. (Count them with
+/// [`count_in`].)
+pub(super) fn borrow<'a>(c: &'a C, ptr: i32, len: i32) -> Option<&'a [u8]> {
     let mem = c.data().memory?;
     let start = ptr as u32 as usize;
     let end = start.checked_add(len as u32 as usize)?;
-    mem.data(&*c).get(start..end).map(<[u8]>::to_vec)
+    mem.data(c).get(start..end)
 }
 
 pub(super) fn read_str(c: &mut C, ptr: i32, len: i32) -> Option<String> {

@@ -31,11 +31,16 @@ pub(super) fn add_to_linker(i: &mut Imports) -> wasmtime::Result<()> {
     i.func(
         "proxy_set_shared_data",
         |mut c: C, kp: i32, kl: i32, vp: i32, vl: i32, cas: i32| -> i32 {
-            let (Some(key), Some(value)) = (read_str(&mut c, kp, kl), read(&mut c, vp, vl)) else {
+            let Some(key) = read_str(&mut c, kp, kl) else {
                 return INVALID_MEMORY;
             };
+            count_in(&mut c, vl);
+            let Some(value) = borrow(&c, vp, vl) else {
+                return INVALID_MEMORY;
+            };
+            // The value is copied once, into the store, as Envoy does.
             let s = c.data();
-            status(lock(&s.shared).set(&s.plugin.vm_id, &key, &value, cas as u32))
+            status(lock(&s.shared).set(&s.plugin.vm_id, &key, value, cas as u32))
         },
     )?;
     Ok(())
