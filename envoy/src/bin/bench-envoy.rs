@@ -28,9 +28,11 @@ fn start_case(name: &str, config: EnvoyConfig, script: &str, prime: bool) -> Res
     Ok(case)
 }
 
-/// `BENCH_PART=load`, `BENCH_PART=cost` or `BENCH_PART=calls` runs one section.
+/// `BENCH_PART=load`, `cost` or `calls` (or a comma list, e.g. `calls,cost`: the
+/// filter-cost section prices host calls only when `calls` ran first in the same run)
+/// runs only those sections.
 fn part(name: &str) -> bool {
-    std::env::var("BENCH_PART").map_or(true, |p| p.is_empty() || p == name)
+    std::env::var("BENCH_PART").map_or(true, |p| p.is_empty() || p.split(',').any(|x| x == name))
 }
 
 fn run() -> Result<()> {
