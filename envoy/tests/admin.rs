@@ -73,11 +73,11 @@ fn records_are_looked_up_purged_and_then_run_again() {
     let (status, v) = api(admin, "GET", "/stats");
     assert_eq!(status, 200);
     assert_eq!(v["completed"], 1, "{v}");
-    // The one stored response, within the default budget: every one of the 6,250
-    // buckets can keep one 64 KiB response with 4 KiB of headers.
+    // The one stored response, within the default budget: 128 MiB, in which every one
+    // of the 6,250 buckets can keep one 16 KiB response with 4 KiB of headers.
     let stored = v["stored_bytes"].as_u64().unwrap();
     assert!(stored > first.body.len() as u64, "{v}");
-    assert_eq!(v["max_store_bytes"], 6_250 * (65_536 + 4_096), "{v}");
+    assert_eq!(v["max_store_bytes"], 128 << 20, "{v}");
 }
 
 #[test]
