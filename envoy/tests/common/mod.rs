@@ -133,17 +133,19 @@ pub fn counter_of(proxy: &EnvoyProcess, short: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// `dedupctl --addr <admin> <args>`: its exit code and standard output.
+/// `dedupctl --addr <admin> <args>`: its exit code and standard output. The command
+/// runs in this process (`dedup_tools::ctl::run`, all of the binary but its three-line
+/// `main`): a test here cannot name another crate's binary, and one that looked for a
+/// built `target/*/dedupctl` could run a stale one. The binary itself is run by
+/// dedup-tools' own tests (envoy/tools/tests/).
 pub fn dedupctl(admin: SocketAddr, args: &[&str]) -> (Option<i32>, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dedupctl"))
-        .arg("--addr")
-        .arg(admin.to_string())
-        .args(args)
-        .output()
-        .unwrap();
+    let mut argv = vec!["--addr".to_string(), admin.to_string()];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = dedup_tools::ctl::run(&argv, &mut out, &mut err);
     (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
+        Some(i32::from(code)),
+        String::from_utf8_lossy(&out).into_owned(),
     )
 }
 
