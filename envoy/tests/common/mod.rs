@@ -313,23 +313,12 @@ pub fn assert_runs_again_then_replays(s: &Stack, req: &Request) -> Response {
 
 // --- HS256 JWTs for envoy/configs/jwt-scope.yaml ------------------------------
 
-/// HMAC-SHA256 (RFC 2104).
+/// HMAC-SHA256 (RFC 2104), by the RustCrypto `hmac` crate.
 pub fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
-    use sha2::{Digest, Sha256};
-    let mut k = [0u8; 64];
-    if key.len() > 64 {
-        k[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        k[..key.len()].copy_from_slice(key);
-    }
-    let mut inner = Sha256::new();
-    inner.update(k.map(|b| b ^ 0x36));
-    inner.update(msg);
-    let inner = inner.finalize();
-    let mut outer = Sha256::new();
-    outer.update(k.map(|b| b ^ 0x5c));
-    outer.update(inner);
-    outer.finalize().into()
+    use hmac::{Hmac, Mac};
+    // Any key length is valid for HMAC: this cannot fail.
+    let mac = Hmac::<sha2::Sha256>::new_from_slice(key).unwrap();
+    mac.chain_update(msg).finalize().into_bytes().into()
 }
 
 /// An HS256 JWT over `claims`.
