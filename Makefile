@@ -40,14 +40,14 @@ wasm: deps
 # the OCI image"). `make oci OCI_TAG=1.2.3` for another tag.
 OCI_TAG ?= 0.1.0
 oci: wasm
-	$(CARGO) run --locked -q -p dedup-envoy --bin oci-image -- --out dist/oci --tag $(OCI_TAG)
+	$(CARGO) run --locked -q -p dedup-tools --bin oci-image -- --out dist/oci --tag $(OCI_TAG)
 
 # The configuration reference and JSON Schema, generated from the filter's field table
 # (filter/core/src/config/fields.rs); a dedup-core test fails when the committed files
 # differ from what this writes.
 docs-ref:
-	$(CARGO) run --locked -q -p dedup-envoy --bin dedupctl -- reference > docs/src/reference/fields.md
-	$(CARGO) run --locked -q -p dedup-envoy --bin dedupctl -- schema > docs/config.schema.json
+	$(CARGO) run --locked -q -p dedup-tools --bin dedupctl -- reference > docs/src/reference/fields.md
+	$(CARGO) run --locked -q -p dedup-tools --bin dedupctl -- schema > docs/config.schema.json
 
 # Everything: the docs' build and links (docs-check), native logic tests, the scenarios of the built module in host-test (filter/scenarios),
 # real-Envoy end-to-end tests (they start Envoy, the demo upstream and etcd).

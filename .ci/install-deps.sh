@@ -20,7 +20,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -q >/dev/null
   apt-get install -y -q "${need_apt[@]}" >/dev/null
 fi
-# The OCI image test (envoy/tests/oci.rs): a registry the test runs on
+# The OCI image test (envoy/tools/tests/oci.rs): a registry the test runs on
 # loopback, and a client that pushes and pulls. Without recommends: skopeo's
 # pull in container networking and firewall tools nothing here uses. (The
 # package's own registry service is not started: this image's policy-rc.d

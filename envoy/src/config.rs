@@ -6,6 +6,12 @@ use crate::ports::free_port;
 use crate::{fail, Result};
 use std::path::{Path, PathBuf};
 
+/// Worker threads (Envoy's `--concurrency`) of a config unless it says otherwise: the
+/// machine has 2 cores, and 2 workers exercise the cross-worker claim (two VMs sharing
+/// one shared-data store). Here, not in `envoy.rs`, which starts configs: a config
+/// needs nothing from the process that runs it.
+pub const WORKERS: u32 = 2;
+
 /// The main template: listener -> dedup Wasm filter -> router -> upstream.
 pub const SINGLE_NODE: &str = "single-node.yaml";
 /// The same listener and cluster without any Wasm filter (benchmark baseline).
@@ -70,7 +76,7 @@ pub struct EnvoyConfig {
     /// (`{{LDS_DIR}}` / `{{LDS_PATH}}` in the bootstrap template); it gets the
     /// same placeholders as the bootstrap.
     pub lds_template: Option<PathBuf>,
-    /// Envoy's `--concurrency` (default `envoy::WORKERS`).
+    /// Envoy's `--concurrency` (default `WORKERS`).
     pub workers: u32,
     /// CPUs Envoy is pinned to (`taskset -c`), e.g. "0"; `None`: not pinned.
     pub cpus: Option<String>,
@@ -89,7 +95,7 @@ impl EnvoyConfig {
             vars: Vec::new(),
             ports: Vec::new(),
             lds_template: None,
-            workers: crate::envoy::WORKERS,
+            workers: WORKERS,
             cpus: None,
         })
     }
@@ -157,7 +163,7 @@ impl EnvoyConfig {
             vars: Vec::new(),
             ports: Vec::new(),
             lds_template: None,
-            workers: crate::envoy::WORKERS,
+            workers: WORKERS,
             cpus: None,
         })
     }

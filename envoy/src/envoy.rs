@@ -2,7 +2,7 @@
 //! `/ready`, talk to its listener and admin, stop (kill) on drop.
 
 use crate::client::{self, Request, Response};
-use crate::config::EnvoyConfig;
+use crate::config::{EnvoyConfig, WORKERS};
 use crate::paths::scratch_dir;
 use crate::process::{log_tail, spawn, ChildGuard};
 use crate::{fail, Result};
@@ -15,9 +15,6 @@ use std::time::{Duration, Instant};
 
 /// How long Envoy may take to become ready (V8 compiles the module per worker).
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
-/// Worker threads: the machine has 2 cores, and 2 workers exercise the
-/// cross-worker claim (two VMs sharing one shared-data store).
-pub const WORKERS: u32 = 2;
 
 /// The Envoy binary every harness start uses: `ENVOY_BIN` (how `make
 /// test-compat` runs the suites on an older Envoy), else `envoy` on PATH.

@@ -1,9 +1,9 @@
-//! etcd's own txn rate over its gRPC API, for `bench-etcd`: a small blocking HTTP/2
-//! client (cleartext, prior knowledge) that sends unary gRPC calls and reads their
-//! answers, one call at a time per connection. Just enough HTTP/2 for that: the preface,
-//! SETTINGS and PING acknowledgements, connection window updates, HPACK literals without
-//! indexing for the request headers; response headers are not decoded (the call's
-//! message is the answer; a call without one failed).
+//! etcd's own txn rate over its gRPC API, for `bench-etcd`: blocking unary gRPC calls,
+//! one at a time per connection, in the test kit's HTTP/2 frames (`loopback-h2`, shared
+//! with host-test). No reader thread: the calling thread reads its own answer, answering
+//! SETTINGS and PING and giving back the connection's window on the way; response
+//! headers are not decoded (the call's message is the answer; a call without one
+//! failed).
 //!
 //! The txns are the filter's own claim txns (`dedup_core::etcdpb::claim_txn`): a
 //! create-if-absent put with a lease of a fresh key, the failure branch reading it.
@@ -11,84 +11,36 @@
 use crate::error::Result;
 use crate::fail;
 use dedup_core::etcdpb;
-use std::io::{self, Read, Write};
+use loopback_h2 as h2;
+use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const DATA: u8 = 0;
-const HEADERS: u8 = 1;
-const RST_STREAM: u8 = 3;
-const SETTINGS: u8 = 4;
-const PING: u8 = 6;
-const GOAWAY: u8 = 7;
-const WINDOW_UPDATE: u8 = 8;
-const END_STREAM: u8 = 0x1;
-const ACK: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-const PADDED: u8 = 0x8;
-const PRIORITY: u8 = 0x20;
-
 /// One HTTP/2 connection to an etcd member.
 pub struct GrpcConn {
-    sock: TcpStream,
+    reader: TcpStream,
+    writer: h2::Writer,
     authority: String,
     next_stream: u32,
 }
 
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len() as u32;
-    let mut f = Vec::with_capacity(9 + payload.len());
-    f.extend_from_slice(&len.to_be_bytes()[1..]);
-    f.push(kind);
-    f.push(flags);
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
-
-/// An HPACK string (no Huffman) with a 7-bit prefix length.
-fn hpack_string(out: &mut Vec<u8>, s: &str) {
-    let mut len = s.len();
-    if len < 127 {
-        out.push(len as u8);
-    } else {
-        out.push(127);
-        len -= 127;
-        while len >= 128 {
-            out.push((len as u8 & 0x7f) | 0x80);
-            len >>= 7;
-        }
-        out.push(len as u8);
-    }
-    out.extend_from_slice(s.as_bytes());
-}
-
 impl GrpcConn {
     pub fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<GrpcConn> {
-        let mut sock = TcpStream::connect_timeout(&addr, timeout)?;
+        let sock = TcpStream::connect_timeout(&addr, timeout)?;
         sock.set_nodelay(true)?;
         sock.set_read_timeout(Some(timeout))?;
-        let mut hello = PREFACE.to_vec();
-        hello.extend(frame(SETTINGS, 0, 0, &[]));
-        sock.write_all(&hello)?;
+        let mut hello = h2::PREFACE.to_vec();
+        h2::write_frame(&mut hello, h2::SETTINGS, 0, 0, &[])?;
+        let mut writer = h2::Writer::new(sock.try_clone()?);
+        writer.stream.write_all(&hello)?;
         Ok(GrpcConn {
-            sock,
+            reader: sock,
+            writer,
             authority: addr.to_string(),
             next_stream: 1,
         })
-    }
-
-    fn read_frame(&mut self) -> io::Result<(u8, u8, u32, Vec<u8>)> {
-        let mut head = [0u8; 9];
-        self.sock.read_exact(&mut head)?;
-        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
-        let mut payload = vec![0u8; len];
-        self.sock.read_exact(&mut payload)?;
-        Ok((head[3], head[4], stream, payload))
     }
 
     /// One unary call: `Ok(Some(message))` when the call answered a message, `Ok(None)`
@@ -96,68 +48,57 @@ impl GrpcConn {
     pub fn unary(&mut self, path: &str, message: &[u8]) -> io::Result<Option<Vec<u8>>> {
         let id = self.next_stream;
         self.next_stream += 2;
-        let mut block = Vec::with_capacity(160);
-        for (name, value) in [
+        let headers: h2::Headers = [
             (":method", "POST"),
             (":scheme", "http"),
             (":path", path),
             (":authority", self.authority.as_str()),
             ("content-type", "application/grpc"),
             ("te", "trailers"),
-        ] {
-            block.push(0); // literal without indexing, new name
-            hpack_string(&mut block, name);
-            hpack_string(&mut block, value);
-        }
-        let mut body = Vec::with_capacity(5 + message.len());
-        body.push(0);
-        body.extend_from_slice(&(message.len() as u32).to_be_bytes());
-        body.extend_from_slice(message);
-        let mut out = frame(HEADERS, END_HEADERS, id, &block);
-        out.extend(frame(DATA, END_STREAM, id, &body));
-        self.sock.write_all(&out)?;
+        ]
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+        // Both frames in one write, as one segment on loopback.
+        let block = h2::encode_headers(&mut self.writer.encoder, &headers);
+        let mut out = Vec::with_capacity(32 + block.len() + message.len());
+        h2::write_frame(&mut out, h2::HEADERS, h2::END_HEADERS, id, &block)?;
+        h2::write_frame(
+            &mut out,
+            h2::DATA,
+            h2::END_STREAM,
+            id,
+            &h2::frame_message(message),
+        )?;
+        self.writer.stream.write_all(&out)?;
         let mut data = Vec::new();
         loop {
-            let (kind, flags, stream, mut payload) = self.read_frame()?;
-            match kind {
-                SETTINGS if flags & ACK == 0 => {
-                    self.sock.write_all(&frame(SETTINGS, ACK, 0, &[]))?;
+            let frame = h2::read_frame(&mut self.reader)?;
+            let eos = frame.flags & h2::END_STREAM != 0;
+            match frame.kind {
+                h2::SETTINGS if frame.flags & h2::ACK == 0 => {
+                    h2::write_frame(&mut self.writer.stream, h2::SETTINGS, h2::ACK, 0, &[])?;
                 }
-                PING if flags & ACK == 0 => {
-                    self.sock.write_all(&frame(PING, ACK, 0, &payload))?;
+                h2::PING if frame.flags & h2::ACK == 0 => {
+                    let payload = &frame.payload;
+                    h2::write_frame(&mut self.writer.stream, h2::PING, h2::ACK, 0, payload)?;
                 }
-                GOAWAY => return Err(io::Error::other("GOAWAY")),
-                RST_STREAM if stream == id => return Ok(None),
-                DATA if stream == id => {
-                    let n = payload.len() as u32;
-                    if flags & PADDED != 0 && !payload.is_empty() {
-                        let pad = payload[0] as usize;
-                        let end = payload.len().saturating_sub(pad);
-                        payload = payload.get(1..end).unwrap_or_default().to_vec();
+                h2::GOAWAY => return Err(io::Error::other("GOAWAY")),
+                h2::RST_STREAM if frame.stream == id => return Ok(None),
+                h2::DATA if frame.stream == id => {
+                    data.extend_from_slice(h2::data_payload(&frame));
+                    if !frame.payload.is_empty() {
+                        self.writer.window_update(0, frame.payload.len())?;
                     }
-                    data.extend_from_slice(&payload);
-                    if n > 0 {
-                        self.sock
-                            .write_all(&frame(WINDOW_UPDATE, 0, 0, &n.to_be_bytes()))?;
-                    }
-                    if flags & END_STREAM != 0 {
+                    if eos {
                         break;
                     }
                 }
-                HEADERS if stream == id => {
-                    let _ = flags & PRIORITY;
-                    if flags & END_STREAM != 0 {
-                        break;
-                    }
-                }
+                h2::HEADERS if frame.stream == id && eos => break,
                 _ => {}
             }
         }
-        if data.len() < 5 {
-            return Ok(None);
-        }
-        let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
-        Ok(data.get(5..5 + len).map(<[u8]>::to_vec))
+        Ok(h2::take_messages(&mut data).into_iter().next())
     }
 }
 
@@ -259,4 +200,32 @@ pub fn txn_rate(
         txns: all.len() as u64,
         failed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd::EtcdCluster;
+
+    #[test]
+    fn claim_txns_answer_and_an_unknown_method_ends_without_a_message_on_a_real_etcd() {
+        let etcd = EtcdCluster::start("etcd-grpc", 1).unwrap();
+        etcd.wait_healthy(Duration::from_secs(20)).unwrap();
+        let members: Vec<SocketAddr> = etcd
+            .client_ports()
+            .iter()
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+            .collect();
+        let r = txn_rate(&members, 2, 1, 64, 0).unwrap();
+        assert!(r.txns > 0 && r.failed == 0, "{r:?}");
+        // A gRPC error (UNIMPLEMENTED) is a trailers-only answer: no message.
+        let mut conn = GrpcConn::connect(members[0], Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            conn.unary("/etcdserverpb.KV/NoSuchMethod", b"").unwrap(),
+            None
+        );
+        // The connection carries on after it.
+        let grant = conn.unary(etcdpb::LEASE_GRANT, &etcdpb::lease_grant(60));
+        assert!(matches!(grant, Ok(Some(_))), "{grant:?}");
+    }
 }

@@ -8,16 +8,11 @@ pub mod accept;
 pub mod bench;
 pub mod chaos;
 pub mod chart;
-pub mod client;
 pub mod config;
 pub mod envoy;
-pub mod envoy_filter;
-pub mod error;
 pub mod etcd;
 pub mod etcd_grpc;
 pub mod files;
-pub mod http;
-pub mod oci;
 pub mod paths;
 pub mod ports;
 pub mod process;
@@ -26,8 +21,13 @@ pub mod relay;
 pub mod signals;
 pub mod upstream;
 
+// Shared with the user-facing tools (envoy/tools, `dedup-tools`): the loopback
+// HTTP/1.1 client and its framing, the error type, the filter's Envoy block and the
+// OCI image, under the paths the test kit has always used.
+pub use dedup_tools::{client, envoy_filter, error, fail, http, oci};
+
 pub use client::{problem_type, Request, Response};
 pub use config::EnvoyConfig;
+pub use dedup_tools::{Error, Result};
 pub use envoy::EnvoyProcess;
-pub use error::{Error, Result};
 pub use upstream::DemoUpstream;

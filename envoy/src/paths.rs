@@ -1,36 +1,14 @@
-//! Where the workspace, the built Wasm modules and the config templates are.
+//! Where the workspace, the built Wasm modules and the config templates are
+//! (the first two shared with the tools, `dedup_tools::paths`).
 
-use crate::{fail, Result};
+use crate::Result;
 use std::path::PathBuf;
 
-/// The workspace root (`PROXY_DEDUP_ROOT` overrides, for a moved binary).
-pub fn workspace_root() -> PathBuf {
-    if let Some(root) = std::env::var_os("PROXY_DEDUP_ROOT") {
-        return PathBuf::from(root);
-    }
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().map(PathBuf::from).unwrap_or(manifest)
-}
+pub use dedup_tools::paths::{dedup_wasm, dist_wasm, workspace_root};
 
 /// `envoy/configs/<name>`.
 pub fn config_file(name: &str) -> PathBuf {
     workspace_root().join("envoy").join("configs").join(name)
-}
-
-/// A built module in `dist/`; a missing one is an error that says how to build it.
-pub fn dist_wasm(file: &str) -> Result<PathBuf> {
-    let path = workspace_root().join("dist").join(file);
-    if !path.is_file() {
-        fail!(
-            "{} is missing: run `make wasm` (it builds dist/dedup_filter.wasm and dist/empty_filter.wasm)",
-            path.display()
-        );
-    }
-    Ok(path)
-}
-
-pub fn dedup_wasm() -> Result<PathBuf> {
-    dist_wasm("dedup_filter.wasm")
 }
 
 pub fn empty_wasm() -> Result<PathBuf> {

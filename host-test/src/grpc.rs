@@ -4,7 +4,7 @@
 //! answers with a handler (for tests that point real Envoy and host-test at
 //! the same server).
 
-use crate::h2::{self, Event, Writer};
+use crate::h2::{self, frame_message, take_messages, Event, Writer};
 use crate::http::{header_get, Headers};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -157,29 +157,6 @@ impl GrpcReply {
 /// A gRPC cluster's handler in process.
 pub type GrpcHandler = Box<dyn FnMut(&GrpcRequest) -> GrpcReply>;
 
-/// A length-prefixed gRPC message (uncompressed).
-pub(crate) fn frame_message(message: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(5 + message.len());
-    out.push(0);
-    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    out.extend_from_slice(message);
-    out
-}
-
-/// Splits complete messages off the front of `buf`.
-pub(crate) fn take_messages(buf: &mut Vec<u8>) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    while buf.len() >= 5 {
-        let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-        if buf.len() < 5 + len {
-            break;
-        }
-        out.push(buf[5..5 + len].to_vec());
-        buf.drain(..5 + len);
-    }
-    out
-}
-
 /// `grpc-message` is percent-encoded on the wire (gRPC spec).
 pub(crate) fn percent_encode(message: &str) -> String {
     let mut out = String::new();
@@ -271,10 +248,7 @@ fn serve(
     let mut w = conn.try_clone()?;
     h2::write_frame(&mut w, h2::SETTINGS, 0, 0, &[])?;
     w.flush()?;
-    let writer = Arc::new(Mutex::new(Writer {
-        stream: w,
-        encoder: hpack::Encoder::new(),
-    }));
+    let writer = Arc::new(Mutex::new(Writer::new(w)));
     let (tx, rx) = channel();
     let rw = writer.clone();
     std::thread::spawn(move || h2::read_loop(reader, rw, tx));

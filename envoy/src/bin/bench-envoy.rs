@@ -13,7 +13,7 @@ use dedup_envoy::bench::{
     CONNECTIONS, FILTER_CALLS, FLOOR_CALLS, GET_LUA, KEYLESS_64K_LUA, NO_KEY_LUA, PROBED_CALLS,
     REPLAY_LUA, THREADS, UNIQUE_LUA,
 };
-use dedup_envoy::envoy::WORKERS;
+use dedup_envoy::config::WORKERS;
 use dedup_envoy::paths::{dedup_wasm, empty_wasm, hostcall_probe_wasm};
 use dedup_envoy::{DemoUpstream, EnvoyConfig, Result};
 

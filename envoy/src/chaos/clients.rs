@@ -13,8 +13,8 @@
 
 use super::cluster::Cluster;
 use super::history::{
-    fnv1a, payload_hash, Answer, Attempt, Domain, KeyForm, Outcome, KEY_HEADER, MAX_KEY_LENGTH,
-    REQUEST_ID_HEADER, TENANT_HEADER,
+    fnv1a, payload_hash, Answer, Attempt, Domain, KeyForm, Outcome, DETACHED_PREFIX, KEY_HEADER,
+    MAX_KEY_LENGTH, REQUEST_ID_HEADER, TENANT_HEADER,
 };
 use super::nemesis::{Nemesis, Weather};
 use super::rng::Rng;
@@ -29,9 +29,6 @@ const MAX_ATTEMPTS: u32 = 8;
 const PATIENCE: Duration = Duration::from_secs(8);
 /// Payloads: 3 paths × 6 bodies; the third path is executed detached.
 const PAYLOADS: usize = 18;
-
-/// The path whose requests the filter sends itself (`upstream.detached`, a rule).
-pub const DETACHED_PREFIX: &str = "/detached/";
 
 fn payload(i: usize) -> (&'static str, String) {
     let path = ["/orders", "/orders?express=1", "/detached/orders"][i % 3];

@@ -4,7 +4,7 @@
 //! filter configuration can be pushed. Built on the harness's launchers.
 
 use super::checker::ProxyCounters;
-use super::history::{Domain, TENANT_HEADER};
+use super::history::{Domain, DETACHED_PREFIX, TENANT_HEADER};
 use crate::config::EnvoyConfig;
 use crate::envoy::EnvoyProcess;
 use crate::etcd::{etcd_proxy_config, wait_etcd_hosts_healthy, EtcdCluster};
@@ -72,7 +72,7 @@ pub fn filter_config(domain: Domain, broken: Option<Broken>, variant: u32) -> St
         "ttl_seconds": TTL.as_secs(),
         "retry_after_seconds": if odd { 2 } else { 1 },
         // The third payload path's first executions are sent by the filter itself.
-        "rules": [{"name": "detached", "match": {"path_prefix": super::clients::DETACHED_PREFIX},
+        "rules": [{"name": "detached", "match": {"path_prefix": DETACHED_PREFIX},
                    "upstream": {"detached": true, "cluster": "service", "timeout_ms": 4000}}],
     });
     match domain {

@@ -22,6 +22,10 @@ pub const TENANT_HEADER: &str = "x-tenant";
 pub const KEY_HEADER: &str = "idempotency-key";
 /// The filter's default `key.max_length`.
 pub const MAX_KEY_LENGTH: usize = 255;
+/// The path whose requests the filter sends itself (`upstream.detached`, a rule):
+/// the cluster configures the rule, the clients send there. Here, beside the other
+/// names both share, so that neither imports the other.
+pub const DETACHED_PREFIX: &str = "/detached/";
 
 /// How an attempt's key and scope headers were formed.
 #[derive(Debug, Clone, PartialEq, Eq)]

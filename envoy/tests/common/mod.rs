@@ -133,17 +133,19 @@ pub fn counter_of(proxy: &EnvoyProcess, short: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// `dedupctl --addr <admin> <args>`: its exit code and standard output.
+/// `dedupctl --addr <admin> <args>`: its exit code and standard output. The command
+/// runs in this process (`dedup_tools::ctl::run`, all of the binary but its three-line
+/// `main`): a test here cannot name another crate's binary, and one that looked for a
+/// built `target/*/dedupctl` could run a stale one. The binary itself is run by
+/// dedup-tools' own tests (envoy/tools/tests/).
 pub fn dedupctl(admin: SocketAddr, args: &[&str]) -> (Option<i32>, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dedupctl"))
-        .arg("--addr")
-        .arg(admin.to_string())
-        .args(args)
-        .output()
-        .unwrap();
+    let mut argv = vec!["--addr".to_string(), admin.to_string()];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = dedup_tools::ctl::run(&argv, &mut out, &mut err);
     (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
+        Some(i32::from(code)),
+        String::from_utf8_lossy(&out).into_owned(),
     )
 }
 
@@ -311,23 +313,12 @@ pub fn assert_runs_again_then_replays(s: &Stack, req: &Request) -> Response {
 
 // --- HS256 JWTs for envoy/configs/jwt-scope.yaml ------------------------------
 
-/// HMAC-SHA256 (RFC 2104).
+/// HMAC-SHA256 (RFC 2104), by the RustCrypto `hmac` crate.
 pub fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
-    use sha2::{Digest, Sha256};
-    let mut k = [0u8; 64];
-    if key.len() > 64 {
-        k[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        k[..key.len()].copy_from_slice(key);
-    }
-    let mut inner = Sha256::new();
-    inner.update(k.map(|b| b ^ 0x36));
-    inner.update(msg);
-    let inner = inner.finalize();
-    let mut outer = Sha256::new();
-    outer.update(k.map(|b| b ^ 0x5c));
-    outer.update(inner);
-    outer.finalize().into()
+    use hmac::{Hmac, Mac};
+    // Any key length is valid for HMAC: this cannot fail.
+    let mac = Hmac::<sha2::Sha256>::new_from_slice(key).unwrap();
+    mac.chain_update(msg).finalize().into_bytes().into()
 }
 
 /// An HS256 JWT over `claims`.

@@ -6,9 +6,9 @@
 //! metadata and close (observed with the ABI probe; `host-test/PROBES.md`).
 
 use super::{Event, SimEnvoy};
-use crate::grpc::{frame_message, take_messages, GrpcReply, GrpcReplyKind};
 use crate::grpc::{grpc_status, GrpcHandler, GrpcRequest};
-use crate::h2::{self, Client};
+use crate::grpc::{GrpcReply, GrpcReplyKind};
+use crate::h2::{self, frame_message, take_messages, Client};
 use crate::http::{header_get, Headers};
 use crate::state::GrpcOp;
 use std::net::ToSocketAddrs;

@@ -1,12 +1,12 @@
 //! `make oci`: the built module as an OCI image layout for Istio's WasmPlugin
-//! (see `dedup_envoy::oci`), and the digests a deployment pins.
+//! (see `dedup_tools::oci`), and the digests a deployment pins.
 //!
 //! `oci-image [--module dist/dedup_filter.wasm] [--out dist/oci] [--tag 0.1.0]`
 //! writes the layout and prints the module's SHA-256 and the image digest.
 
-use dedup_envoy::oci::{check_tag, sha256_hex, Image};
-use dedup_envoy::paths::{dedup_wasm, workspace_root};
-use dedup_envoy::{fail, Result};
+use dedup_tools::oci::{check_tag, sha256_hex, Image};
+use dedup_tools::paths::{dedup_wasm, workspace_root};
+use dedup_tools::{fail, Result};
 use std::path::PathBuf;
 
 struct Args {
@@ -46,7 +46,7 @@ fn run() -> Result<()> {
         None => dedup_wasm()?,
     };
     let module = std::fs::read(&module_path)
-        .map_err(|e| dedup_envoy::Error(format!("{}: {e}", module_path.display())))?;
+        .map_err(|e| dedup_tools::Error(format!("{}: {e}", module_path.display())))?;
     let name = module_path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

@@ -1,4 +1,4 @@
-//! A small HTTP/1.1 client for tests and the demo: one connection per request
+//! A small HTTP/1.1 client for dedupctl, the tests and the demo: one connection per request
 //! (or a kept-alive `Connection`), per-request timeouts, chunked bodies sent
 //! by hand, loopback only.
 

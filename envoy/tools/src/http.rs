@@ -1,4 +1,4 @@
-//! Minimal HTTP/1.1 framing shared by the demo upstream and the test client:
+//! Minimal HTTP/1.1 framing shared by the client, the demo upstream and the relays:
 //! a head (start line + headers) and a body by `content-length` or chunked.
 
 use crate::{fail, Result};

@@ -1,43 +1,48 @@
-//! Just enough HTTP/2 (cleartext, prior knowledge) for gRPC on loopback: a
-//! client connection whose reader thread turns frames into per-stream events,
-//! and the server side of [`crate::GrpcServer`]. Flow control is answered
-//! (every DATA frame is given back at once), priorities and server push are
-//! ignored; header blocks use HPACK (the `hpack` crate).
+//! Just enough HTTP/2 (cleartext, prior knowledge) for gRPC on loopback, written once
+//! for the test kit: frames, a client connection whose reader thread turns frames into
+//! per-stream events (host-test's gRPC calls to a real etcd), the pieces of the server
+//! side of host-test's `GrpcServer`, and gRPC's length-prefixed messages; dedup-envoy's
+//! bench-etcd sends its blocking unary calls with the same frames. Flow control is
+//! answered (every DATA frame is given back at once), priorities and server push are
+//! ignored; header blocks use HPACK (the `hpack` crate). Why not the `h2` crate:
+//! ARCHITECTURE.md, "Dependencies of the test kit".
 
-use crate::http::Headers;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub(crate) const DATA: u8 = 0;
-pub(crate) const HEADERS: u8 = 1;
-pub(crate) const RST_STREAM: u8 = 3;
-pub(crate) const SETTINGS: u8 = 4;
-pub(crate) const PING: u8 = 6;
-pub(crate) const GOAWAY: u8 = 7;
-pub(crate) const WINDOW_UPDATE: u8 = 8;
-pub(crate) const CONTINUATION: u8 = 9;
+pub const DATA: u8 = 0;
+pub const HEADERS: u8 = 1;
+pub const RST_STREAM: u8 = 3;
+pub const SETTINGS: u8 = 4;
+pub const PING: u8 = 6;
+pub const GOAWAY: u8 = 7;
+pub const WINDOW_UPDATE: u8 = 8;
+pub const CONTINUATION: u8 = 9;
 
-pub(crate) const END_STREAM: u8 = 0x1;
-pub(crate) const ACK: u8 = 0x1;
-pub(crate) const END_HEADERS: u8 = 0x4;
-const PADDED: u8 = 0x8;
-const PRIORITY: u8 = 0x20;
+pub const END_STREAM: u8 = 0x1;
+pub const ACK: u8 = 0x1;
+pub const END_HEADERS: u8 = 0x4;
+pub const PADDED: u8 = 0x8;
+pub const PRIORITY: u8 = 0x20;
 
-pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// A header list in order, names lower-case (`:path`, `content-type`, …).
+pub type Headers = Vec<(String, String)>;
+
+pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// RST_STREAM error code CANCEL.
-pub(crate) const CANCEL: u32 = 0x8;
+pub const CANCEL: u32 = 0x8;
 
-pub(crate) struct Frame {
+pub struct Frame {
     pub kind: u8,
     pub flags: u8,
     pub stream: u32,
     pub payload: Vec<u8>,
 }
 
-pub(crate) fn read_frame(r: &mut impl Read) -> io::Result<Frame> {
+pub fn read_frame(r: &mut impl Read) -> io::Result<Frame> {
     let mut head = [0u8; 9];
     r.read_exact(&mut head)?;
     let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
@@ -51,7 +56,7 @@ pub(crate) fn read_frame(r: &mut impl Read) -> io::Result<Frame> {
     })
 }
 
-pub(crate) fn write_frame(
+pub fn write_frame(
     w: &mut impl Write,
     kind: u8,
     flags: u8,
@@ -69,7 +74,7 @@ pub(crate) fn write_frame(
 }
 
 /// The header block fragment of a HEADERS frame, without padding and priority.
-pub(crate) fn header_fragment(frame: &Frame) -> &[u8] {
+pub fn header_fragment(frame: &Frame) -> &[u8] {
     let mut p = &frame.payload[..];
     let mut pad = 0;
     if frame.flags & PADDED != 0 && !p.is_empty() {
@@ -83,7 +88,7 @@ pub(crate) fn header_fragment(frame: &Frame) -> &[u8] {
 }
 
 /// DATA payload without padding.
-pub(crate) fn data_payload(frame: &Frame) -> &[u8] {
+pub fn data_payload(frame: &Frame) -> &[u8] {
     let p = &frame.payload[..];
     if frame.flags & PADDED != 0 && !p.is_empty() {
         let pad = p[0] as usize;
@@ -92,10 +97,7 @@ pub(crate) fn data_payload(frame: &Frame) -> &[u8] {
     p
 }
 
-pub(crate) fn decode_headers(
-    decoder: &mut hpack::Decoder<'static>,
-    block: &[u8],
-) -> io::Result<Headers> {
+pub fn decode_headers(decoder: &mut hpack::Decoder<'static>, block: &[u8]) -> io::Result<Headers> {
     let pairs = decoder
         .decode(block)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("hpack: {e:?}")))?;
@@ -110,18 +112,26 @@ pub(crate) fn decode_headers(
         .collect())
 }
 
-pub(crate) fn encode_headers(encoder: &mut hpack::Encoder<'static>, headers: &Headers) -> Vec<u8> {
+pub fn encode_headers(encoder: &mut hpack::Encoder<'static>, headers: &Headers) -> Vec<u8> {
     encoder.encode(headers.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())))
 }
 
 /// The writing half of a connection (shared by the reader, which answers
 /// PINGs and gives back flow-control window).
-pub(crate) struct Writer {
+pub struct Writer {
     pub stream: TcpStream,
     pub encoder: hpack::Encoder<'static>,
 }
 
 impl Writer {
+    /// The writing half of `stream`, with a fresh HPACK encoder.
+    pub fn new(stream: TcpStream) -> Writer {
+        Writer {
+            stream,
+            encoder: hpack::Encoder::new(),
+        }
+    }
+
     pub fn headers(&mut self, stream: u32, headers: &Headers, eos: bool) -> io::Result<()> {
         let block = encode_headers(&mut self.encoder, headers);
         let flags = END_HEADERS | if eos { END_STREAM } else { 0 };
@@ -146,7 +156,7 @@ impl Writer {
         write_frame(&mut self.stream, RST_STREAM, 0, stream, &code.to_be_bytes())
     }
 
-    fn window_update(&mut self, stream: u32, n: usize) -> io::Result<()> {
+    pub fn window_update(&mut self, stream: u32, n: usize) -> io::Result<()> {
         write_frame(
             &mut self.stream,
             WINDOW_UPDATE,
@@ -159,7 +169,7 @@ impl Writer {
 
 /// What the peer did on one stream.
 #[derive(Debug)]
-pub(crate) enum Event {
+pub enum Event {
     Headers(Headers, bool),
     Data(Vec<u8>, bool),
     Reset,
@@ -167,18 +177,14 @@ pub(crate) enum Event {
     Gone,
 }
 
-/// Reads frames until the connection ends; answers SETTINGS and PING, gives
-/// back window for DATA, and reports stream events. Returns when the peer
-/// closes (or on error), after reporting `Gone` on stream 0.
 fn lock(w: &Mutex<Writer>) -> std::sync::MutexGuard<'_, Writer> {
     w.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-pub(crate) fn read_loop(
-    mut reader: TcpStream,
-    writer: Arc<Mutex<Writer>>,
-    events: Sender<(u32, Event)>,
-) {
+/// Reads frames until the connection ends; answers SETTINGS and PING, gives
+/// back window for DATA, and reports stream events. Returns when the peer
+/// closes (or on error), after reporting `Gone` on stream 0.
+pub fn read_loop(mut reader: TcpStream, writer: Arc<Mutex<Writer>>, events: Sender<(u32, Event)>) {
     let mut decoder = hpack::Decoder::new();
     // A header block spread over HEADERS + CONTINUATION frames.
     let mut pending: Option<(u32, bool, Vec<u8>)> = None;
@@ -250,7 +256,7 @@ pub(crate) fn read_loop(
 }
 
 /// A client connection: streams are opened on it, events arrive on `events`.
-pub(crate) struct Client {
+pub struct Client {
     pub writer: Arc<Mutex<Writer>>,
     pub events: Receiver<(u32, Event)>,
     next_stream: u32,
@@ -263,10 +269,7 @@ impl Client {
         let mut w = stream.try_clone()?;
         w.write_all(PREFACE)?;
         write_frame(&mut w, SETTINGS, 0, 0, &[])?;
-        let writer = Arc::new(Mutex::new(Writer {
-            stream: w,
-            encoder: hpack::Encoder::new(),
-        }));
+        let writer = Arc::new(Mutex::new(Writer::new(w)));
         let (tx, rx) = channel();
         let reader_writer = writer.clone();
         std::thread::spawn(move || read_loop(stream, reader_writer, tx));
@@ -302,4 +305,27 @@ impl Drop for Client {
     fn drop(&mut self) {
         let _ = self.lock().stream.shutdown(std::net::Shutdown::Both);
     }
+}
+
+/// A length-prefixed gRPC message (uncompressed).
+pub fn frame_message(message: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + message.len());
+    out.push(0);
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out
+}
+
+/// Splits complete messages off the front of `buf`.
+pub fn take_messages(buf: &mut Vec<u8>) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while buf.len() >= 5 {
+        let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+        if buf.len() < 5 + len {
+            break;
+        }
+        out.push(buf[5..5 + len].to_vec());
+        buf.drain(..5 + len);
+    }
+    out
 }

@@ -8,7 +8,7 @@ use std::process::Command;
 
 const CATALOGUE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../filter/core/testdata/refused-configs.txt"
+    "/../../filter/core/testdata/refused-configs.txt"
 );
 
 /// `(field, configuration)` of each catalogued refused configuration.

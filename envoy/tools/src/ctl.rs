@@ -1,6 +1,8 @@
-//! dedupctl: look up, remove and count proxy-dedup records through the filter's operator
-//! API (a listener where the filter runs with `"role": "admin"`, see
-//! envoy/configs/admin-api.yaml).
+//! dedupctl (`src/bin/dedupctl.rs` runs [`run`]): look up, remove and count proxy-dedup
+//! records through the filter's operator API (a listener where the filter runs with
+//! `"role": "admin"`, see envoy/configs/admin-api.yaml). A library function so that the
+//! test kit's real-Envoy tests run the whole command, from its arguments to its output
+//! and exit status, without a binary of another crate.
 //!
 //!   dedupctl [--addr HOST:PORT] [--json] get   --key K [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer] [--rule NAME]
 //!   dedupctl [--addr HOST:PORT] [--json] purge --key K [--authority H] [--scope NAME=VALUE]... [--rule NAME] [--force]
@@ -23,9 +25,9 @@
 //! Exit status: 0 when the API answered 2xx, 1 when it refused (404, 409, 400), 2 on
 //! usage or connection errors.
 
-use dedup_envoy::client::{send, Request};
+use crate::client::{send, Request};
+use std::io::Write;
 use std::net::ToSocketAddrs;
-use std::process::ExitCode;
 use std::time::Duration;
 
 const USAGE: &str = "usage: dedupctl [--addr HOST:PORT] [--json] get|purge|stats \
@@ -137,20 +139,20 @@ fn show(command: &str, status: u16, v: &serde_json::Value) -> String {
 }
 
 /// `check-config`, `envoy-filter` and `methods`: work on a configuration file, no API call.
-fn offline(args: &[String]) -> ExitCode {
+fn offline(args: &[String], out: &mut dyn Write, err: &mut dyn Write) -> std::io::Result<u8> {
     let (command, rest) = match args.split_first() {
         Some((c, rest)) => (c.as_str(), rest),
-        None => return ExitCode::from(2),
+        None => return Ok(2),
     };
     let Some(file) = rest.first() else {
-        eprintln!("{command} needs a configuration file\n{USAGE}");
-        return ExitCode::from(2);
+        writeln!(err, "{command} needs a configuration file\n{USAGE}")?;
+        return Ok(2);
     };
     let config = match std::fs::read_to_string(file) {
         Ok(c) => c.trim().to_string(),
         Err(e) => {
-            eprintln!("{file}: {e}");
-            return ExitCode::from(2);
+            writeln!(err, "{file}: {e}")?;
+            return Ok(2);
         }
     };
     let mut wasm = "/etc/envoy/dedup_filter.wasm".to_string();
@@ -159,54 +161,59 @@ fn offline(args: &[String]) -> ExitCode {
     let mut it = rest[1..].iter();
     while let Some(flag) = it.next() {
         let Some(value) = it.next() else {
-            eprintln!("{flag} needs a value");
-            return ExitCode::from(2);
+            writeln!(err, "{flag} needs a value")?;
+            return Ok(2);
         };
         match flag.as_str() {
             "--wasm" => wasm = value.clone(),
             "--vm-id" => vm_id = value.clone(),
             "--indent" => indent = value.parse().unwrap_or(indent),
             other => {
-                eprintln!("unexpected `{other}`\n{USAGE}");
-                return ExitCode::from(2);
+                writeln!(err, "unexpected `{other}`\n{USAGE}")?;
+                return Ok(2);
             }
         }
     }
-    let block = dedup_envoy::envoy_filter::FilterBlock {
+    let block = crate::envoy_filter::FilterBlock {
         config: &config,
         wasm_path: &wasm,
         vm_id: &vm_id,
     };
     match (command, block.render(indent)) {
         (_, Err(e)) => {
-            eprintln!("{file}: {e}");
-            ExitCode::from(1)
+            writeln!(err, "{file}: {e}")?;
+            Ok(1)
         }
         ("check-config", Ok(_)) => {
-            println!("{file}: ok");
-            ExitCode::SUCCESS
+            writeln!(out, "{file}: ok")?;
+            Ok(0)
         }
         ("methods", Ok(_)) => {
-            println!("{}", dedup_envoy::envoy_filter::methods_regex_of(&config));
-            ExitCode::SUCCESS
+            writeln!(out, "{}", crate::envoy_filter::methods_regex_of(&config))?;
+            Ok(0)
         }
         (_, Ok(yaml)) => {
-            print!("{yaml}");
-            ExitCode::SUCCESS
+            write!(out, "{yaml}")?;
+            Ok(0)
         }
     }
 }
 
-fn main() -> ExitCode {
-    let all: Vec<String> = std::env::args().skip(1).collect();
+/// dedupctl with `args` (without the program name), writing what it prints to `out` and
+/// `err`; the exit status. An error writing the output is status 2.
+pub fn run(args: &[String], out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    try_run(args, out, err).unwrap_or(2)
+}
+
+fn try_run(all: &[String], out: &mut dyn Write, err: &mut dyn Write) -> std::io::Result<u8> {
     match all.first().map(String::as_str) {
         Some("schema") if all.len() == 1 => {
-            print!("{}", dedup_core::config::fields::schema_text());
-            return ExitCode::SUCCESS;
+            write!(out, "{}", dedup_core::config::fields::schema_text())?;
+            return Ok(0);
         }
         Some("reference") if all.len() == 1 => {
-            print!("{}", dedup_core::config::fields::reference_markdown());
-            return ExitCode::SUCCESS;
+            write!(out, "{}", dedup_core::config::fields::reference_markdown())?;
+            return Ok(0);
         }
         _ => {}
     }
@@ -214,18 +221,18 @@ fn main() -> ExitCode {
         all.first().map(String::as_str),
         Some("check-config" | "envoy-filter" | "methods")
     ) {
-        return offline(&all);
+        return offline(all, out, err);
     }
-    let args = match parse(std::env::args().skip(1)) {
+    let args = match parse(all.iter().cloned()) {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
+            writeln!(err, "{e}")?;
+            return Ok(2);
         }
     };
     let Some(addr) = args.addr.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
-        eprintln!("cannot resolve {}", args.addr);
-        return ExitCode::from(2);
+        writeln!(err, "cannot resolve {}", args.addr)?;
+        return Ok(2);
     };
     let (method, path) = match args.command.as_str() {
         "get" => ("GET", "/records"),
@@ -246,19 +253,73 @@ fn main() -> ExitCode {
     let resp = match send(addr, &req) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("{method} {target} on {addr}: {e}");
-            return ExitCode::from(2);
+            writeln!(err, "{method} {target} on {addr}: {e}")?;
+            return Ok(2);
         }
     };
     let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap_or_default();
     if args.json {
-        println!("{}", String::from_utf8_lossy(&resp.body));
+        writeln!(out, "{}", String::from_utf8_lossy(&resp.body))?;
     } else {
-        println!("{}", show(&args.command, resp.status, &v));
+        writeln!(out, "{}", show(&args.command, resp.status, &v))?;
     }
-    if resp.status < 300 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
+    Ok(if resp.status < 300 { 0 } else { 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `run` with `args`: (status, stdout, stderr).
+    fn ctl(args: &[&str]) -> (u8, String, String) {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code = run(&args, &mut out, &mut err);
+        (
+            code,
+            String::from_utf8(out).unwrap(),
+            String::from_utf8(err).unwrap(),
+        )
+    }
+
+    #[test]
+    fn schema_and_reference_print_the_field_table_s() {
+        let (code, out, _) = ctl(&["schema"]);
+        assert_eq!((code, out), (0, dedup_core::config::fields::schema_text()));
+        let (code, out, _) = ctl(&["reference"]);
+        assert_eq!(
+            (code, out),
+            (0, dedup_core::config::fields::reference_markdown())
+        );
+    }
+
+    #[test]
+    fn usage_errors_are_status_2_on_stderr() {
+        for args in [
+            &[][..],
+            &["frobnicate"],
+            &["get", "--key"],
+            &["check-config"],
+        ] {
+            let (code, out, err) = ctl(args);
+            assert_eq!((code, out.as_str()), (2, ""), "{args:?}");
+            assert!(!err.is_empty(), "{args:?}");
+        }
+        let (_, _, err) = ctl(&["--scope", "novalue", "get"]);
+        assert!(err.contains("expected NAME=VALUE"), "{err}");
+    }
+
+    #[test]
+    fn methods_of_a_config_file() {
+        let file = std::env::temp_dir().join(format!("ctl-methods-{}.json", std::process::id()));
+        std::fs::write(&file, r#"{"methods": ["PUT", "POST"]}"#).unwrap();
+        let (code, out, _) = ctl(&["methods", file.to_str().unwrap()]);
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!((code, out.as_str()), (0, "POST|PUT\n"));
+    }
+
+    #[test]
+    fn query_components_are_percent_encoded() {
+        assert_eq!(encode("a b/c=d~e"), "a%20b%2Fc%3Dd~e");
     }
 }

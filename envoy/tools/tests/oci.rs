@@ -4,9 +4,9 @@
 //! digests. The registry is then read the way Istio's image fetcher reads it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use dedup_envoy::oci::{digest, find_layer, sha256_hex, Image, MODULE_LAYER, REF_NAME};
 use dedup_envoy::paths::{config_file, dedup_wasm, empty_wasm, scratch_dir};
 use dedup_envoy::registry::Registry;
+use dedup_tools::oci::{digest, find_layer, sha256_hex, Image, MODULE_LAYER, REF_NAME};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;

@@ -1,0 +1,13 @@
+//! proxy-dedup's user-facing tools, as a library: `dedupctl` ([`ctl`]) and `oci-image`
+//! (`src/bin/oci-image.rs`, on [`oci`]), and what the test kit (`dedup-envoy`) shares
+//! with them: the loopback HTTP/1.1 client, the error type, the filter's Envoy block.
+
+pub mod client;
+pub mod ctl;
+pub mod envoy_filter;
+pub mod error;
+pub mod http;
+pub mod oci;
+pub mod paths;
+
+pub use error::{Error, Result};
