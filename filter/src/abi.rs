@@ -47,13 +47,6 @@ extern "C" {
         return_buffer_data: *mut *mut u8,
         return_buffer_size: *mut usize,
     ) -> u32;
-    fn proxy_get_header_map_value(
-        map_type: u32,
-        key_data: *const u8,
-        key_size: usize,
-        return_value_data: *mut *mut u8,
-        return_value_size: *mut usize,
-    ) -> u32;
     fn proxy_get_header_map_pairs(
         map_type: u32,
         return_map_data: *mut *mut u8,

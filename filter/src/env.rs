@@ -4,12 +4,11 @@
 
 use crate::abi;
 use crate::WorkerState;
-use dedup_core::config::StoreConfig;
-use dedup_core::etcd::{LeaseCache, Protocol};
+use dedup_core::etcd::LeaseCache;
 use dedup_core::etcdpb;
 use dedup_core::local::LocalTier;
 use dedup_core::store::{HostFault, SetError, SharedData};
-use dedup_core::stream::{CallAnswer, StoreCall};
+use dedup_core::stream::{CallAnswer, StoreCall, Transport};
 use dedup_core::wait::Waiters;
 use dedup_core::{Counter, DedupStream, Env};
 use std::time::Duration;
@@ -115,56 +114,47 @@ pub(crate) fn no_answer() -> CallAnswer {
     }
 }
 
-/// Sends a store call to the configured cluster: a unary gRPC call when its path is a
-/// gRPC method (`/service/method`, `store.protocol: "grpc"`), else an HTTP POST. `Err`
-/// carries the answer to give the stream when the call could not even be dispatched.
-pub(crate) fn dispatch(shared: &WorkerState, call: &StoreCall) -> Result<u32, CallAnswer> {
-    let StoreConfig::Etcd(ec) = &shared.plugin.config.store else {
-        return Err(no_answer());
-    };
+/// Sends a store call the way its route says: a unary gRPC call of the method its path
+/// names (`/service/method`), or an HTTP POST. `Err` carries the answer to give the
+/// stream when the call could not even be dispatched.
+pub(crate) fn dispatch(call: &StoreCall) -> Result<u32, CallAnswer> {
     let timeout = Duration::from_millis(call.timeout_ms);
-    if ec.protocol == Protocol::Grpc {
-        let Some((service, method)) = etcdpb::split_method(call.path) else {
-            return Err(no_answer());
-        };
-        // The cluster by name (`:authority` is then the cluster's name), or a
-        // `GrpcService` carrying `store.authority` when that was set to something else.
-        let upstream = if ec.authority == ec.cluster {
-            ec.cluster.as_bytes().to_vec()
-        } else {
-            etcdpb::grpc_service(&ec.cluster, &ec.authority)
-        };
-        return abi::dispatch_grpc_call(&upstream, service, method, &call.body, timeout).map_err(
-            |status| {
-                abi::log(
-                    abi::LOG_WARN,
-                    &format!(
-                        "proxy-dedup: cannot call cluster `{}` over gRPC: status {status}",
-                        ec.cluster
-                    ),
-                );
-                no_answer()
-            },
-        );
+    let cluster = &call.route.cluster;
+    match &call.route.transport {
+        Transport::Grpc { upstream } => {
+            let Some((service, method)) = etcdpb::split_method(call.path) else {
+                return Err(no_answer());
+            };
+            abi::dispatch_grpc_call(upstream, service, method, &call.body, timeout).map_err(
+                |status| {
+                    abi::log(
+                        abi::LOG_WARN,
+                        &format!(
+                            "proxy-dedup: cannot call cluster `{cluster}` over gRPC: status {status}"
+                        ),
+                    );
+                    no_answer()
+                },
+            )
+        }
+        Transport::Http { authority } => {
+            let headers = [
+                (":method", "POST"),
+                (":path", call.path),
+                (":authority", authority.as_str()),
+                ("content-type", "application/json"),
+            ];
+            abi::dispatch_http_call(cluster, &headers, Some(&call.body), &[], timeout).map_err(
+                |status| {
+                    abi::log(
+                        abi::LOG_WARN,
+                        &format!("proxy-dedup: cannot call cluster `{cluster}`: status {status}"),
+                    );
+                    no_answer()
+                },
+            )
+        }
     }
-    let headers = [
-        (":method", "POST"),
-        (":path", call.path),
-        (":authority", ec.authority.as_str()),
-        ("content-type", "application/json"),
-    ];
-    abi::dispatch_http_call(&ec.cluster, &headers, Some(&call.body), &[], timeout).map_err(
-        |status| {
-            abi::log(
-                abi::LOG_WARN,
-                &format!(
-                    "proxy-dedup: cannot call cluster `{}`: status {status}",
-                    ec.cluster
-                ),
-            );
-            no_answer()
-        },
-    )
 }
 
 /// The answer to a store call, read while `on_http_call_response` runs. Envoy reports a

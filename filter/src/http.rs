@@ -6,7 +6,7 @@ use crate::context::{Action, Context, HttpContext};
 use crate::env::{dispatch, no_answer, with_env, WasmEnv};
 use crate::WorkerState;
 use dedup_core::admin::AdminStream;
-use dedup_core::config::{Role, StoreConfig};
+use dedup_core::config::Role;
 use dedup_core::key::RequestHead;
 use dedup_core::stream::{CallAnswer, Origin, StoreCall, UpstreamCall};
 use dedup_core::{Decision, DedupStream};
@@ -84,7 +84,7 @@ pub(crate) fn orphan_answer(shared: &WorkerState, token: u32, answer: CallAnswer
     });
     // Calls that cannot be dispatched are answered at once, as transport failures.
     while let Some(Decision::Call(call)) = next {
-        match dispatch(shared, &call) {
+        match dispatch(&call) {
             Ok(token) => return adopt_orphan(shared, token, stream),
             Err(answer) => {
                 next = with_env(shared, &mut stream, |s, sh, env| {
@@ -125,10 +125,10 @@ impl DedupHttp {
 
     /// Sends a store call; remembers it as this stream's pending call.
     fn dispatch(&mut self, call: &StoreCall) -> Result<u32, CallAnswer> {
-        let Some(shared) = self.shared.as_ref() else {
+        if self.shared.is_none() {
             return Err(no_answer());
-        };
-        let token = dispatch(shared, call)?;
+        }
+        let token = dispatch(call)?;
         self.pending = Some(token);
         self.pending_since_ms = abi::now_ms();
         Ok(token)
@@ -321,7 +321,7 @@ impl DedupHttp {
         };
         let mut token = self.pending;
         if let Some(call) = call {
-            match dispatch(&shared, &call) {
+            match dispatch(&call) {
                 Ok(t) => token = Some(t),
                 Err(answer) => {
                     // Settled (as a failure) at once; nothing to wait for.
@@ -549,7 +549,7 @@ impl HttpContext for DedupHttp {
         let remote = self
             .shared
             .as_ref()
-            .is_some_and(|sh| matches!(sh.plugin.config.store, StoreConfig::Etcd(_)));
+            .is_some_and(|sh| sh.plugin.store.makes_calls());
         if remote && self.stream.capture_within_cap() {
             self.response_buffering = true;
             Action::Pause

@@ -8,11 +8,11 @@ mod http;
 mod waiting;
 
 use context::{HttpContext, RootContext};
-use dedup_core::config::{Role, StoreConfig};
+use dedup_core::config::Role;
 use dedup_core::etcd::LeaseCache;
 use dedup_core::local::LocalTier;
 use dedup_core::store::{bucket_secret, SharedStore, SECRET_LEN};
-use dedup_core::stream::{CallAnswer, StoreState};
+use dedup_core::stream::CallAnswer;
 use dedup_core::wait::Waiters;
 use dedup_core::{Config, Counter, DedupStream, Plugin};
 use std::cell::{Cell, RefCell};
@@ -121,12 +121,15 @@ impl RootContext for DedupRoot {
                 }
             })
             .collect();
-        let store_call_ms = match &config.store {
-            StoreConfig::Etcd(_) => abi::define_histogram("proxy_dedup_store_call_ms").ok(),
-            StoreConfig::SharedData { .. } => None,
-        };
         let mut plugin = Plugin::new(config);
-        if let StoreState::SharedData(layout) = &mut plugin.store {
+        let store_call_ms = if plugin.store.makes_calls() {
+            abi::define_histogram("proxy_dedup_store_call_ms").ok()
+        } else {
+            None
+        };
+        let namespace = plugin.config.namespace().to_string();
+        let role = plugin.config.role;
+        if let Some(layout) = plugin.store.layout_mut() {
             // One secret per Envoy process keys the bucket choice; every worker must use
             // the same, or a key would be claimed in two buckets.
             let fresh = match abi::random_bytes::<SECRET_LEN>() {
@@ -141,7 +144,7 @@ impl RootContext for DedupRoot {
                     return false;
                 }
             };
-            match bucket_secret(&abi::HostSharedData, plugin.config.namespace(), fresh) {
+            match bucket_secret(&abi::HostSharedData, &namespace, fresh) {
                 Ok(secret) => *layout = layout.clone().with_secret(secret),
                 Err(e) => {
                     abi::log(
@@ -153,7 +156,7 @@ impl RootContext for DedupRoot {
             }
             // Make this layout visible to the configurations already serving (a push).
             // The admin role only reads the layouts the data plane registered.
-            let registered = match plugin.config.role {
+            let registered = match role {
                 Role::Data => SharedStore::new(&abi::HostSharedData, layout)
                     .register(abi::now_ms())
                     .map(|_| ()),
@@ -166,26 +169,7 @@ impl RootContext for DedupRoot {
                 );
             }
         }
-        let store = match (&plugin.store, &plugin.config.store) {
-            (StoreState::SharedData(layout), _) => format!(
-                "shared data, {} buckets, at most {} keys",
-                layout.buckets,
-                layout.max_keys()
-            ),
-            (_, StoreConfig::Etcd(ec)) => {
-                format!(
-                    "etcd via cluster `{}` ({}), prefix `{}`",
-                    ec.cluster,
-                    match ec.protocol {
-                        dedup_core::etcd::Protocol::Grpc => "gRPC",
-                        dedup_core::etcd::Protocol::Json => "JSON gateway",
-                    },
-                    ec.prefix
-                )
-            }
-            // `Plugin::new` builds the shared-data state whenever the store is shared data.
-            (_, StoreConfig::SharedData { .. }) => "shared data".to_string(),
-        };
+        let store = plugin.store.describe();
         abi::log(
             abi::LOG_INFO,
             &format!("proxy-dedup: configured; store: {store}"),

@@ -6,9 +6,10 @@
 //! shared by both stores. The other rooms: `plugin` (what a stream is given: config,
 //! the host seam `Env`, store calls), `completion` (the response side and the end of a
 //! won claim), `answer` (local replies: duplicates, bad keys, failure mode), `waiting`
-//! (wait mode), and each store's side: `shared` (claims in this proxy's shared data,
-//! answered at once) and `etcd` (the claim/settle protocol through store calls, with
-//! `etcd/settle`).
+//! (wait mode), `store` (the one store interface: every store operation goes through
+//! it to the configured store's side), and each store's side: `shared` (claims in this
+//! proxy's shared data, answered at once) and `etcd` (the claim/settle protocol through
+//! store calls, with `etcd/settle`).
 
 mod answer;
 mod completion;
@@ -16,13 +17,17 @@ mod detached;
 mod etcd;
 mod plugin;
 mod shared;
+mod store;
 mod waiting;
 
 pub use detached::{classify_call, UpstreamCall};
-pub use plugin::{keeps_unknown, CallAnswer, Env, Plugin, StoreCall, StoreState};
+pub use etcd::EtcdStore;
+pub use plugin::{keeps_unknown, CallAnswer, Env, Plugin, Route, StoreCall, Transport};
+pub use store::StoreState;
+pub(crate) use store::{admin_answer, admin_request};
 pub use waiting::recheck_interval_ms;
 
-use crate::config::{GrpcPolicy, StoreConfig};
+use crate::config::GrpcPolicy;
 use crate::key::{
     fingerprint_key, header_key, json_key, record_digest, short_hex, BodyHasher, ClientKey,
     JsonKey, KeyError, RequestHead,
@@ -33,9 +38,9 @@ use crate::payload::{payload_digest, AmbiguousPayload};
 use crate::reply::{LocalReply, Problem};
 use crate::response::Capture;
 use crate::response::StoredResponse;
-use crate::store::Claim;
 use answer::bad_key_reply;
-use etcd::{Claiming, EtcdClaim, Settling};
+use etcd::{Claiming, Settling};
+use store::HeldClaim;
 
 /// What the glue does next with the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,12 +101,6 @@ struct Waiting {
     payload: Digest,
     /// Set when the first's outcome is unknown and its claim is held until then (ms).
     held_until: Option<u64>,
-}
-
-/// A claim the stream holds.
-enum HeldClaim {
-    Shared(Claim),
-    Etcd(EtcdClaim),
 }
 
 /// What a claim found when the key was already taken.
@@ -389,14 +388,8 @@ impl DedupStream {
         answer: CallAnswer,
     ) -> Decision {
         let decision = match std::mem::replace(&mut self.phase, Phase::Finished) {
-            Phase::Claiming(c) => self.claim_step(p, env, c, answer),
-            Phase::Settling(st) => self.settled(p, env, st, &answer),
-            Phase::Polling(w) => self.polled(p, env, w, &answer),
             Phase::Detached(owned) => self.upstream_answered(p, env, owned, answer),
-            other => {
-                self.phase = other;
-                Decision::Continue
-            }
+            other => self.store_answered(p, env, other, answer),
         };
         // A request sent detached never goes to the router as well.
         match decision {
@@ -456,20 +449,7 @@ impl DedupStream {
         let digest = record_digest(cfg, &head, &key);
         self.record = Some(digest);
         self.payload = Some(payload);
-        match &p.config.store {
-            StoreConfig::SharedData { .. } => {
-                self.scope_tag = p.layout().map_or(0, |l| l.scope_tag(cfg, &head));
-                self.claim_shared(p, env, digest, payload)
-            }
-            StoreConfig::Etcd(ec) => {
-                // Only waiters are bounded per scope here (no secret is needed), so the
-                // tag is computed only when some policy waits.
-                if p.waits {
-                    self.scope_tag = crate::key::scope_tag(cfg, &head, &[]);
-                }
-                self.claim_etcd(p, env, ec, digest, payload)
-            }
-        }
+        self.claim(p, env, cfg, &head, digest, payload)
     }
 
     fn forward<E: Env>(&mut self, p: &Plugin, env: &mut E, owned: HeldClaim) -> Decision {
@@ -479,14 +459,10 @@ impl DedupStream {
         if let Some(d) = &p.config.policy_at(self.rule).detached {
             return self.send_detached(env, owned, d);
         }
-        let digest = match &owned {
-            HeldClaim::Shared(c) => c.digest,
-            HeldClaim::Etcd(o) => o.digest,
-        };
         env.debug(format_args!(
             "stream {}: record {} claimed; forwarding",
             self.id,
-            short_hex(&digest)
+            short_hex(owned.digest())
         ));
         self.phase = Phase::Forwarded(owned);
         Decision::Continue
