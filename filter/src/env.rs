@@ -1,27 +1,19 @@
-//! The host as `dedup_core` sees it (`WasmEnv`: shared data, clock, counters, logs, the
-//! per-VM lease cache, tier and waiters), and the store calls a stream asks for, sent
-//! through Envoy (`dispatch`) and read back (`read_call_answer`).
+//! The host as `dedup_core`'s worker sees it (`AbiHost`: shared data, clock, logs,
+//! metrics, randomness, tick, queues), and the store calls a stream asks for, sent
+//! through Envoy the way their route says (`dispatch`) and read back
+//! (`read_call_answer`).
 
 use crate::abi;
-use crate::WorkerState;
-use dedup_core::etcd::LeaseCache;
 use dedup_core::etcdpb;
-use dedup_core::local::LocalTier;
-use dedup_core::store::{HostFault, SetError, SharedData};
+use dedup_core::store::{HostFault, SetError, SharedData, SECRET_LEN};
 use dedup_core::stream::{CallAnswer, StoreCall, Transport};
-use dedup_core::wait::Waiters;
-use dedup_core::{Counter, DedupStream, Env};
+use dedup_core::worker::{Host, Level};
 use std::time::Duration;
 
-/// The host as `dedup_core` sees it.
-pub(crate) struct WasmEnv<'a> {
-    pub(crate) shared: &'a WorkerState,
-    pub(crate) leases: &'a mut LeaseCache,
-    pub(crate) local: &'a mut LocalTier,
-    pub(crate) waiters: &'a mut Waiters,
-}
+/// The host as `dedup_core`'s worker sees it: every method one host call (or none).
+pub(crate) struct AbiHost;
 
-impl SharedData for WasmEnv<'_> {
+impl SharedData for AbiHost {
     fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostFault> {
         abi::HostSharedData.get(key)
     }
@@ -30,78 +22,68 @@ impl SharedData for WasmEnv<'_> {
     }
 }
 
-impl Env for WasmEnv<'_> {
+impl Host for AbiHost {
     fn now_ms(&self) -> u64 {
         abi::now_ms()
     }
 
-    fn new_token(&mut self) -> u64 {
-        let n = self.shared.token_counter.get().wrapping_add(1);
-        self.shared.token_counter.set(n);
-        splitmix64(self.shared.token_seed ^ n)
-    }
-
-    fn count(&mut self, counter: Counter) {
-        if let Some(Some(id)) = self.shared.metrics.get(counter.index()) {
-            abi::increment(*id);
-        }
-    }
-
-    fn debug(&self, message: std::fmt::Arguments<'_>) {
-        if abi::log_level() <= abi::LOG_DEBUG {
-            abi::log(abi::LOG_DEBUG, &message.to_string());
-        }
-    }
-
-    fn warn(&self, message: &str) {
-        abi::log(abi::LOG_WARN, message);
-    }
-
-    fn leases(&mut self) -> &mut LeaseCache {
-        self.leases
-    }
-
-    fn local(&mut self) -> &mut LocalTier {
-        self.local
-    }
-
-    fn waiters(&mut self) -> &mut Waiters {
-        self.waiters
-    }
-
-    fn wake_waiters(&mut self, digest: &dedup_core::key::Digest) {
-        crate::waiting::wake_everywhere(self.shared, digest);
-    }
-}
-
-pub(crate) fn splitmix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-/// Runs `f` with the host environment (the per-VM lease cache and tier borrowed for the
-/// duration of the call).
-pub(crate) fn with_env<R>(
-    shared: &WorkerState,
-    stream: &mut DedupStream,
-    f: impl FnOnce(&mut DedupStream, &WorkerState, &mut WasmEnv) -> R,
-) -> Option<R> {
-    let result = {
-        let mut leases = shared.leases.try_borrow_mut().ok()?;
-        let mut local = shared.local.try_borrow_mut().ok()?;
-        let mut waiters = shared.waiters.try_borrow_mut().ok()?;
-        let mut env = WasmEnv {
-            shared,
-            leases: &mut leases,
-            local: &mut local,
-            waiters: &mut waiters,
+    fn log(&self, level: Level, message: &str) {
+        let level = match level {
+            Level::Debug => abi::LOG_DEBUG,
+            Level::Info => abi::LOG_INFO,
+            Level::Warn => abi::LOG_WARN,
+            Level::Error => abi::LOG_ERROR,
         };
-        f(stream, shared, &mut env)
-    };
-    crate::waiting::waiters_changed(shared);
-    Some(result)
+        abi::log(level, message);
+    }
+
+    fn debug_enabled(&self) -> bool {
+        abi::log_level() <= abi::LOG_DEBUG
+    }
+
+    fn define_counter(&self, name: &str) -> Result<u32, u32> {
+        abi::define_counter(name)
+    }
+
+    fn define_histogram(&self, name: &str) -> Result<u32, u32> {
+        abi::define_histogram(name)
+    }
+
+    fn increment(&self, metric: u32) {
+        abi::increment(metric);
+    }
+
+    fn random_bytes(&self) -> Result<[u8; SECRET_LEN], u16> {
+        abi::random_bytes::<SECRET_LEN>()
+    }
+
+    /// A random seed from WASI `random_get` (std's RandomState draws its keys from it).
+    fn random_seed(&self) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(abi::now_ms());
+        h.finish()
+    }
+
+    fn set_tick_period(&self, period_ms: u32) -> Result<(), u32> {
+        abi::set_tick_period(period_ms)
+    }
+
+    fn register_queue(&self, name: &str) -> Result<u32, u32> {
+        abi::register_shared_queue(name)
+    }
+
+    fn enqueue(&self, queue: u32, item: &[u8]) -> Result<(), u32> {
+        abi::enqueue_shared_queue(queue, item)
+    }
+
+    fn dequeue(&self, queue: u32) -> Result<Option<Vec<u8>>, u32> {
+        abi::dequeue_shared_queue(queue)
+    }
+
+    fn dispatch(&self, call: &StoreCall) -> Result<u32, CallAnswer> {
+        dispatch(call)
+    }
 }
 
 /// A call that got no answer (not dispatched, reset): the stream treats it as a

@@ -3,17 +3,17 @@
 
 use crate::abi;
 use crate::context::{Action, Context, HttpContext};
-use crate::env::{dispatch, no_answer, with_env, WasmEnv};
-use crate::WorkerState;
+use crate::env::{dispatch, no_answer, AbiHost};
+use crate::SharedWorker;
 use dedup_core::admin::AdminStream;
 use dedup_core::config::Role;
 use dedup_core::key::RequestHead;
 use dedup_core::stream::{CallAnswer, Origin, StoreCall, UpstreamCall};
-use dedup_core::{Decision, DedupStream};
-use std::rc::Rc;
+use dedup_core::worker::{Worker, WorkerEnv};
+use dedup_core::{Decision, DedupStream, Plugin};
 
 pub(crate) struct DedupHttp {
-    shared: Option<Rc<WorkerState>>,
+    shared: Option<SharedWorker>,
     context_id: u32,
     stream: DedupStream,
     /// Set when the plugin serves the admin API (`"role": "admin"`).
@@ -59,44 +59,8 @@ fn utf8(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
-/// A stream that ended with a store call out keeps living here, keyed by that call's
-/// token, until the store has answered (a completion or release must reach the store
-/// whether or not the client is still there).
-pub(crate) fn adopt_orphan(shared: &WorkerState, token: u32, stream: DedupStream) {
-    if let Ok(mut orphans) = shared.orphans.try_borrow_mut() {
-        orphans.insert(token, stream);
-    }
-}
-
-/// The answer to an orphan's call: drive its stream on, dispatching any retry from the
-/// root; the orphan is forgotten once it needs nothing more.
-pub(crate) fn orphan_answer(shared: &WorkerState, token: u32, answer: CallAnswer) {
-    let Some(mut stream) = shared
-        .orphans
-        .try_borrow_mut()
-        .ok()
-        .and_then(|mut o| o.remove(&token))
-    else {
-        return;
-    };
-    let mut next = with_env(shared, &mut stream, |s, sh, env| {
-        s.on_store_answer(&sh.plugin, env, answer)
-    });
-    // Calls that cannot be dispatched are answered at once, as transport failures.
-    while let Some(Decision::Call(call)) = next {
-        match dispatch(&call) {
-            Ok(token) => return adopt_orphan(shared, token, stream),
-            Err(answer) => {
-                next = with_env(shared, &mut stream, |s, sh, env| {
-                    s.on_store_answer(&sh.plugin, env, answer)
-                });
-            }
-        }
-    }
-}
-
 impl DedupHttp {
-    pub(crate) fn new(context_id: u32, shared: Option<Rc<WorkerState>>) -> Self {
+    pub(crate) fn new(context_id: u32, shared: Option<SharedWorker>) -> Self {
         DedupHttp {
             shared,
             stream: DedupStream::new(context_id),
@@ -113,14 +77,21 @@ impl DedupHttp {
         }
     }
 
-    /// Runs `f` with the host environment (the per-VM lease cache and tier borrowed for
-    /// the duration of the call).
+    /// Runs a stream callback `f` through the worker (`Worker::run`: the plugin and the
+    /// stream's `Env`); `None` when there is no worker or a callback re-enters it.
     fn with_env<R>(
         &mut self,
-        f: impl FnOnce(&mut DedupStream, &WorkerState, &mut WasmEnv) -> R,
+        f: impl FnOnce(&mut DedupStream, &Plugin, &mut WorkerEnv<'_, AbiHost>) -> R,
     ) -> Option<R> {
-        let shared = self.shared.clone()?;
-        with_env(&shared, &mut self.stream, f)
+        let stream = &mut self.stream;
+        let mut w = self.shared.as_ref()?.try_borrow_mut().ok()?;
+        Some(w.run(&AbiHost, |p, env| f(stream, p, env)))
+    }
+
+    /// Runs `f` on the worker, when there is one and it is not running already.
+    fn worker<R>(&self, f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
+        let mut w = self.shared.as_ref()?.try_borrow_mut().ok()?;
+        Some(f(&mut w))
     }
 
     /// Sends a store call; remembers it as this stream's pending call.
@@ -172,12 +143,10 @@ impl DedupHttp {
         if let Some(record) = record {
             failed = failed.or(abi::set_property("proxy_dedup_record", &record.digits()).err());
         }
-        if let Some(rule) = self
-            .shared
-            .as_ref()
-            .and_then(|sh| self.stream.rule(&sh.plugin))
-        {
-            failed = failed.or(abi::set_property("proxy_dedup_rule", rule.as_bytes()).err());
+        if let Some(w) = self.shared.as_ref().and_then(|w| w.try_borrow().ok()) {
+            if let Some(rule) = self.stream.rule(&w.plugin) {
+                failed = failed.or(abi::set_property("proxy_dedup_rule", rule.as_bytes()).err());
+            }
         }
         if let Some(status) = failed {
             if abi::log_level() <= abi::LOG_DEBUG {
@@ -191,46 +160,28 @@ impl DedupHttp {
 
     /// Gives a store answer to whoever waits for it: the admin request, or the stream.
     fn store_answer(&mut self, answer: CallAnswer) -> Option<Decision> {
-        let shared = self.shared.clone()?;
         if let Some(admin) = self.admin.as_mut() {
-            let mut leases = shared.leases.try_borrow_mut().ok()?;
-            let mut local = shared.local.try_borrow_mut().ok()?;
-            let mut waiters = shared.waiters.try_borrow_mut().ok()?;
-            let mut env = WasmEnv {
-                shared: &shared,
-                leases: &mut leases,
-                local: &mut local,
-                waiters: &mut waiters,
-            };
-            return Some(admin.on_store_answer(&shared.plugin, &mut env, answer));
+            let mut w = self.shared.as_ref()?.try_borrow_mut().ok()?;
+            return Some(w.with_env(&AbiHost, |p, env| admin.on_store_answer(p, env, answer)));
         }
-        self.with_env(|s, sh, env| s.on_store_answer(&sh.plugin, env, answer))
+        self.with_env(|s, p, env| s.on_store_answer(p, env, answer))
     }
 
     /// An admin request (`"role": "admin"`): answered from the store, never forwarded.
     fn admin_request(&mut self, head: &RequestHead) -> Action {
-        let Some(shared) = self.shared.clone() else {
+        if self.shared.is_none() {
             return Action::Continue;
-        };
+        }
         let peer = abi::property(&["source", "address"])
             .map(|v| String::from_utf8_lossy(&v).into_owned())
             .unwrap_or_default();
         let mut admin = AdminStream::default();
-        let decision = {
-            let (Ok(mut leases), Ok(mut local), Ok(mut waiters)) = (
-                shared.leases.try_borrow_mut(),
-                shared.local.try_borrow_mut(),
-                shared.waiters.try_borrow_mut(),
-            ) else {
-                return Action::Continue;
-            };
-            let mut env = WasmEnv {
-                shared: &shared,
-                leases: &mut leases,
-                local: &mut local,
-                waiters: &mut waiters,
-            };
-            admin.on_request(&shared.plugin, &mut env, &head.method, &head.path, &peer)
+        let Some(decision) = self.worker(|w| {
+            w.with_env(&AbiHost, |p, env| {
+                admin.on_request(p, env, &head.method, &head.path, &peer)
+            })
+        }) else {
+            return Action::Continue;
         };
         self.admin = Some(admin);
         self.drive(decision)
@@ -264,7 +215,7 @@ impl DedupHttp {
                                 call.cluster
                             ),
                         );
-                        match self.with_env(|s, sh, env| s.on_upstream_unsent(&sh.plugin, env)) {
+                        match self.with_env(|s, p, env| s.on_upstream_unsent(p, env)) {
                             Some(d) => decision = d,
                             None => return Action::Continue,
                         }
@@ -298,7 +249,7 @@ impl DedupHttp {
                 Action::Pause
             }
             Err(answer) => {
-                let _ = self.with_env(|s, sh, env| s.on_store_answer(&sh.plugin, env, answer));
+                let _ = self.with_env(|s, p, env| s.on_store_answer(p, env, answer));
                 self.response_action()
             }
         }
@@ -316,23 +267,23 @@ impl DedupHttp {
     /// The stream ends: a store call still out (or one the end itself needs) is taken
     /// over by the VM's orphans, so its answer and retries are still handled.
     fn hand_over(&mut self, call: Option<StoreCall>) {
-        let Some(shared) = self.shared.clone() else {
+        if self.shared.is_none() {
             return;
-        };
+        }
         let mut token = self.pending;
         if let Some(call) = call {
             match dispatch(&call) {
                 Ok(t) => token = Some(t),
                 Err(answer) => {
                     // Settled (as a failure) at once; nothing to wait for.
-                    let _ = self.with_env(|s, sh, env| s.on_store_answer(&sh.plugin, env, answer));
+                    let _ = self.with_env(|s, p, env| s.on_store_answer(p, env, answer));
                     return;
                 }
             }
         }
         if let Some(token) = token {
             let stream = std::mem::replace(&mut self.stream, DedupStream::new(self.context_id));
-            adopt_orphan(&shared, token, stream);
+            self.worker(|w| w.adopt_orphan(token, stream));
             self.orphaned = true;
         }
     }
@@ -425,7 +376,7 @@ fn request_head() -> Option<RequestHead> {
 
 impl HttpContext for DedupHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some(role) = self.shared.as_ref().map(|sh| sh.plugin.config.role) else {
+        let Some(role) = self.worker(|w| w.plugin.config.role) else {
             return Action::Continue;
         };
         // One header-map read: the whole head. (Methods no policy deduplicates skip the
@@ -441,8 +392,7 @@ impl HttpContext for DedupHttp {
         if role == Role::Admin {
             return self.admin_request(&head);
         }
-        match self.with_env(|s, sh, env| s.on_request_headers(&sh.plugin, env, head, end_of_stream))
-        {
+        match self.with_env(|s, p, env| s.on_request_headers(p, env, head, end_of_stream)) {
             Some(d) => self.drive(d),
             None => Action::Continue,
         }
@@ -458,8 +408,8 @@ impl HttpContext for DedupHttp {
         }
         self.request_body_len = body_size;
         // Envoy buffers the body while we pause; it is read once, when complete.
-        let decision = self.with_env(|s, sh, env| {
-            s.on_request_body(&sh.plugin, env, body_size, end_of_stream, || {
+        let decision = self.with_env(|s, p, env| {
+            s.on_request_body(p, env, body_size, end_of_stream, || {
                 read_request_body(body_size)
             })
         });
@@ -476,9 +426,8 @@ impl HttpContext for DedupHttp {
         if !self.stream.reading_request() {
             return Action::Continue;
         }
-        let decision = self.with_env(|s, sh, env| {
-            s.on_request_trailers(&sh.plugin, env, || read_request_body(usize::MAX))
-        });
+        let decision = self
+            .with_env(|s, p, env| s.on_request_trailers(p, env, || read_request_body(usize::MAX)));
         match decision {
             Some(d) => self.drive(d),
             None => Action::Continue,
@@ -497,15 +446,8 @@ impl HttpContext for DedupHttp {
             .unwrap_or(0);
         let origin = response_origin();
         let call = self
-            .with_env(|s, sh, env| {
-                s.on_response_headers(
-                    &sh.plugin,
-                    env,
-                    status,
-                    &origin,
-                    move || pairs,
-                    end_of_stream,
-                )
+            .with_env(|s, p, env| {
+                s.on_response_headers(p, env, status, &origin, move || pairs, end_of_stream)
             })
             .flatten();
         self.hold_response_for(call)
@@ -523,16 +465,17 @@ impl HttpContext for DedupHttp {
             0
         };
         let call = match abi::buffer(abi::BUFFER_RESPONSE_BODY, start, body_size - start) {
-            Ok(chunk) => self
-                .with_env(|s, sh, env| s.on_response_body(&sh.plugin, env, &chunk, end_of_stream)),
+            Ok(chunk) => {
+                self.with_env(|s, p, env| s.on_response_body(p, env, &chunk, end_of_stream))
+            }
             Err(status) => {
                 abi::log(
                     abi::LOG_WARN,
                     &format!("proxy-dedup: cannot read response body (status {status})"),
                 );
-                self.with_env(|s, sh, env| {
+                self.with_env(|s, p, env| {
                     s.on_response_body_unreadable();
-                    s.on_response_body(&sh.plugin, env, &[], end_of_stream)
+                    s.on_response_body(p, env, &[], end_of_stream)
                 })
             }
         }
@@ -547,9 +490,8 @@ impl HttpContext for DedupHttp {
         // stream, so the body is buffered while it is still small enough to be stored;
         // a larger one flows on (its duplicates get 409 response-not-stored anyway).
         let remote = self
-            .shared
-            .as_ref()
-            .is_some_and(|sh| sh.plugin.store.makes_calls());
+            .worker(|w| w.plugin.store.makes_calls())
+            .unwrap_or(false);
         if remote && self.stream.capture_within_cap() {
             self.response_buffering = true;
             Action::Pause
@@ -561,7 +503,7 @@ impl HttpContext for DedupHttp {
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
         let call = self
-            .with_env(|s, sh, env| s.on_response_trailers(&sh.plugin, env))
+            .with_env(|s, p, env| s.on_response_trailers(p, env))
             .flatten();
         self.hold_response_for(call)
     }
@@ -573,7 +515,7 @@ impl HttpContext for DedupHttp {
         if self.orphaned || !(waiter || self.stream.detached()) {
             return;
         }
-        let Some(decision) = self.with_env(|s, sh, env| s.on_wake(&sh.plugin, env)) else {
+        let Some(decision) = self.with_env(|s, p, env| s.on_wake(p, env)) else {
             return;
         };
         if self.drive(decision) == Action::Continue {
@@ -592,7 +534,7 @@ impl HttpContext for DedupHttp {
             Origin::default()
         };
         let call = self
-            .with_env(|s, sh, env| s.on_stream_end(&sh.plugin, env, &origin))
+            .with_env(|s, p, env| s.on_stream_end(p, env, &origin))
             .flatten();
         self.report();
         self.hand_over(call);
@@ -602,13 +544,11 @@ impl HttpContext for DedupHttp {
 impl Context for DedupHttp {
     fn on_call_answer(&mut self, token_id: u32, answer: CallAnswer) {
         if self.orphaned {
-            if let Some(shared) = self.shared.clone() {
-                orphan_answer(&shared, token_id, answer);
-            }
+            self.worker(|w| w.on_orphan_answer(&AbiHost, token_id, answer));
             return;
         }
         self.pending = None;
-        if let Some(id) = self.shared.as_ref().and_then(|sh| sh.store_call_ms) {
+        if let Some(id) = self.worker(|w| w.store_call_ms()).flatten() {
             abi::record(id, abi::now_ms().saturating_sub(self.pending_since_ms));
         }
         let was_waiting = self.waiting_on_store;
