@@ -8,7 +8,7 @@ use crate::SharedWorker;
 use dedup_core::admin::AdminStream;
 use dedup_core::config::Role;
 use dedup_core::key::RequestHead;
-use dedup_core::stream::{CallAnswer, Origin, StoreCall, UpstreamCall};
+use dedup_core::stream::{CallAnswer, Holds, Origin, StoreCall, UpstreamCall};
 use dedup_core::worker::{Worker, WorkerEnv};
 use dedup_core::{Decision, DedupStream, Plugin};
 
@@ -18,23 +18,9 @@ pub(crate) struct DedupHttp {
     stream: DedupStream,
     /// Set when the plugin serves the admin API (`"role": "admin"`).
     admin: Option<AdminStream>,
-    /// The store call this stream is waiting for, if any, and when it was sent (ms).
-    pending: Option<u32>,
-    pending_since_ms: u64,
-    /// The stream ended with a store call out: its state moved to the VM's orphans,
-    /// where the call's answer (and any retry) is handled.
-    orphaned: bool,
-    /// The request is paused on a store call: resume it when the store lets it through.
-    waiting_on_store: bool,
     /// Request body bytes Envoy holds for us (the last body callback's size): a
     /// detached call sends exactly these.
     request_body_len: usize,
-    /// Response body bytes already read while Envoy buffers the body for us.
-    response_seen: usize,
-    response_buffering: bool,
-    /// The response is held until the store confirms its completion or release, so a
-    /// client that has the response finds the record settled on every proxy.
-    response_held: bool,
 }
 
 /// Where the response came from, as Envoy says: `response.code_details` and
@@ -66,14 +52,7 @@ impl DedupHttp {
             stream: DedupStream::new(context_id),
             context_id,
             admin: None,
-            pending: None,
-            pending_since_ms: 0,
-            orphaned: false,
-            waiting_on_store: false,
-            response_held: false,
             request_body_len: 0,
-            response_seen: 0,
-            response_buffering: false,
         }
     }
 
@@ -94,20 +73,19 @@ impl DedupHttp {
         Some(f(&mut w))
     }
 
-    /// Sends a store call; remembers it as this stream's pending call.
-    fn dispatch(&mut self, call: &StoreCall) -> Result<u32, CallAnswer> {
+    /// Sends a store call; the stream remembers it as its pending call, held by `holds`.
+    fn dispatch(&mut self, call: &StoreCall, holds: Holds) -> Result<u32, CallAnswer> {
         if self.shared.is_none() {
             return Err(no_answer());
         }
         let token = dispatch(call)?;
-        self.pending = Some(token);
-        self.pending_since_ms = abi::now_ms();
+        self.stream.call_sent(token, abi::now_ms(), holds);
         Ok(token)
     }
 
     /// Sends the live request (its headers, hop-by-hop ones dropped, and its buffered
     /// body) to the detached call's cluster, from the root context, so the call outlives
-    /// this stream; remembers it as the pending call.
+    /// this stream; the request waits for it.
     fn dispatch_upstream(&mut self, call: &UpstreamCall) -> Result<u32, u32> {
         let headers: Vec<(String, Vec<u8>)> = abi::header_pairs(abi::MAP_REQUEST_HEADERS)?
             .into_iter()
@@ -125,8 +103,7 @@ impl DedupHttp {
         };
         let timeout = std::time::Duration::from_millis(call.timeout_ms);
         let token = abi::dispatch_http_call_pairs(&call.cluster, &headers, Some(&body), timeout)?;
-        self.pending = Some(token);
-        self.pending_since_ms = abi::now_ms();
+        self.stream.call_sent(token, abi::now_ms(), Holds::Request);
         Ok(token)
     }
 
@@ -192,21 +169,15 @@ impl DedupHttp {
     fn drive(&mut self, mut decision: Decision) -> Action {
         loop {
             match decision {
-                Decision::Call(call) => match self.dispatch(&call) {
-                    Ok(_) => {
-                        self.waiting_on_store = true;
-                        return Action::Pause;
-                    }
+                Decision::Call(call) => match self.dispatch(&call, Holds::Request) {
+                    Ok(_) => return Action::Pause,
                     Err(answer) => match self.store_answer(answer) {
                         Some(d) => decision = d,
                         None => return Action::Continue,
                     },
                 },
                 Decision::Upstream(call) => match self.dispatch_upstream(&call) {
-                    Ok(_) => {
-                        self.waiting_on_store = true;
-                        return Action::Pause;
-                    }
+                    Ok(_) => return Action::Pause,
                     Err(status) => {
                         abi::log(
                             abi::LOG_WARN,
@@ -234,9 +205,8 @@ impl DedupHttp {
         let Some(call) = call else {
             return self.response_action();
         };
-        match self.dispatch(&call) {
+        match self.dispatch(&call, Holds::Response) {
             Ok(_) => {
-                self.response_held = true;
                 if abi::log_level() <= abi::LOG_DEBUG {
                     abi::log(
                         abi::LOG_DEBUG,
@@ -257,7 +227,7 @@ impl DedupHttp {
 
     /// While the response is held, later response callbacks keep it paused (buffered).
     fn response_action(&self) -> Action {
-        if self.response_held {
+        if self.stream.response_held() {
             Action::Pause
         } else {
             Action::Continue
@@ -270,7 +240,7 @@ impl DedupHttp {
         if self.shared.is_none() {
             return;
         }
-        let mut token = self.pending;
+        let mut token = self.stream.pending_call();
         if let Some(call) = call {
             match dispatch(&call) {
                 Ok(t) => token = Some(t),
@@ -282,9 +252,8 @@ impl DedupHttp {
             }
         }
         if let Some(token) = token {
-            let stream = std::mem::replace(&mut self.stream, DedupStream::new(self.context_id));
+            let stream = self.stream.hand_over();
             self.worker(|w| w.adopt_orphan(token, stream));
-            self.orphaned = true;
         }
     }
 
@@ -399,7 +368,7 @@ impl HttpContext for DedupHttp {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if self.waiting_on_store {
+        if self.stream.request_waits_on_call() {
             // Body arriving while a store call is out: Envoy buffers it; keep waiting.
             return Action::Pause;
         }
@@ -420,7 +389,7 @@ impl HttpContext for DedupHttp {
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        if self.waiting_on_store {
+        if self.stream.request_waits_on_call() {
             return Action::Pause;
         }
         if !self.stream.reading_request() {
@@ -457,13 +426,7 @@ impl HttpContext for DedupHttp {
         if !self.stream.wants_response_body() {
             return self.response_action();
         }
-        // While we buffer (Pause), Envoy offers the whole buffered body each time; once we
-        // let it flow (Continue), each callback holds just the new chunk.
-        let start = if self.response_buffering && body_size >= self.response_seen {
-            self.response_seen
-        } else {
-            0
-        };
+        let start = self.stream.response_chunk_start(body_size);
         let call = match abi::buffer(abi::BUFFER_RESPONSE_BODY, start, body_size - start) {
             Ok(chunk) => {
                 self.with_env(|s, p, env| s.on_response_body(p, env, &chunk, end_of_stream))
@@ -480,23 +443,16 @@ impl HttpContext for DedupHttp {
             }
         }
         .flatten();
-        self.response_seen = body_size;
         if end_of_stream {
+            self.stream.response_body_read(body_size);
             return self.hold_response_for(call);
         }
-        // With a remote store the last bytes must not reach the client before the store
-        // has the completed record (a client that has the response would otherwise get
-        // 409 from another proxy). Envoy may deliver the last bytes before the end of the
-        // stream, so the body is buffered while it is still small enough to be stored;
-        // a larger one flows on (its duplicates get 409 response-not-stored anyway).
         let remote = self
             .worker(|w| w.plugin.store.makes_calls())
             .unwrap_or(false);
-        if remote && self.stream.capture_within_cap() {
-            self.response_buffering = true;
+        if self.stream.buffer_response_body(remote, body_size) {
             Action::Pause
         } else {
-            self.response_buffering = false;
             Action::Continue
         }
     }
@@ -509,10 +465,7 @@ impl HttpContext for DedupHttp {
     }
 
     fn on_wake(&mut self) {
-        // A waiter whose read is out hears from the store instead; a detached call's
-        // stream is woken for its client's deadline while its call is out.
-        let waiter = self.stream.waiting() && !self.waiting_on_store;
-        if self.orphaned || !(waiter || self.stream.detached()) {
+        if !self.stream.wants_wake() {
             return;
         }
         let Some(decision) = self.with_env(|s, p, env| s.on_wake(p, env)) else {
@@ -524,7 +477,7 @@ impl HttpContext for DedupHttp {
     }
 
     fn on_log(&mut self) {
-        if self.orphaned {
+        if self.stream.handed_over() {
             return;
         }
         // Envoy's properties are read only when the stream's end is classified by them.
@@ -543,23 +496,24 @@ impl HttpContext for DedupHttp {
 
 impl Context for DedupHttp {
     fn on_call_answer(&mut self, token_id: u32, answer: CallAnswer) {
-        if self.orphaned {
+        if self.stream.handed_over() {
             self.worker(|w| w.on_orphan_answer(&AbiHost, token_id, answer));
             return;
         }
-        self.pending = None;
-        if let Some(id) = self.worker(|w| w.store_call_ms()).flatten() {
-            abi::record(id, abi::now_ms().saturating_sub(self.pending_since_ms));
+        let store_call_ms = self.worker(|w| w.store_call_ms()).flatten();
+        let answered = self.stream.call_answered(match store_call_ms {
+            Some(_) => abi::now_ms(),
+            None => 0,
+        });
+        if let Some(id) = store_call_ms {
+            abi::record(id, answered.elapsed_ms);
         }
-        let was_waiting = self.waiting_on_store;
-        self.waiting_on_store = false;
         let Some(decision) = self.store_answer(answer) else {
             return;
         };
-        if self.response_held {
+        if answered.response_held {
             // A response-path call (completion, release): resent after a transport
             // failure, else settled, and the response goes on.
-            self.response_held = false;
             if let Decision::Call(call) = decision {
                 if self.hold_response_for(Some(call)) == Action::Pause {
                     return;
@@ -568,7 +522,7 @@ impl Context for DedupHttp {
             resume(abi::STREAM_HTTP_RESPONSE);
             return;
         }
-        if !was_waiting {
+        if !answered.request_waited {
             return;
         }
         // Otherwise the stream is paused on the next call, or was answered locally.

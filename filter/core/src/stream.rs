@@ -12,6 +12,7 @@
 //! store calls, with `etcd/settle`).
 
 mod answer;
+mod calls;
 mod completion;
 mod detached;
 mod etcd;
@@ -20,6 +21,7 @@ mod shared;
 mod store;
 mod waiting;
 
+pub use calls::{Answered, Holds};
 pub use detached::{classify_call, UpstreamCall};
 pub use etcd::EtcdStore;
 pub use plugin::{keeps_unknown, CallAnswer, Env, Plugin, Route, StoreCall, Transport};
@@ -163,6 +165,8 @@ pub struct DedupStream {
     /// The request's scope tag: kept beside its shared-data record (eviction and
     /// per-scope bounds), and bounding its scope's waiters; 0 until decided.
     scope_tag: u32,
+    /// What its calls hold back (`calls.rs`).
+    calls: calls::Calls,
 }
 
 impl std::fmt::Debug for DedupStream {
@@ -200,6 +204,7 @@ impl DedupStream {
             client_deadline: None,
             client_answered: false,
             scope_tag: 0,
+            calls: calls::Calls::default(),
         }
     }
 
