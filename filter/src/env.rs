@@ -5,6 +5,7 @@
 
 use crate::abi;
 use dedup_core::etcdpb;
+use dedup_core::response::status_of;
 use dedup_core::store::{HostFault, SetError, SharedData, SECRET_LEN};
 use dedup_core::stream::{CallAnswer, StoreCall, Transport};
 use dedup_core::worker::{Host, Level};
@@ -149,11 +150,7 @@ pub(crate) fn read_call_answer(num_headers: usize, body_size: usize) -> CallAnsw
     } else {
         abi::header_pairs(abi::MAP_HTTP_CALL_RESPONSE_HEADERS).unwrap_or_default()
     };
-    let status = headers
-        .iter()
-        .find(|(n, _)| n == ":status")
-        .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<u16>().ok())
-        .unwrap_or(0);
+    let status = status_of(&headers);
     let body = abi::buffer(abi::BUFFER_HTTP_CALL_RESPONSE_BODY, 0, body_size).unwrap_or_default();
     CallAnswer {
         status,

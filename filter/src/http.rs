@@ -7,8 +7,9 @@ use crate::env::{dispatch, no_answer, AbiHost};
 use crate::SharedWorker;
 use dedup_core::admin::AdminStream;
 use dedup_core::config::Role;
-use dedup_core::key::RequestHead;
-use dedup_core::stream::{CallAnswer, Holds, Origin, StoreCall, UpstreamCall};
+use dedup_core::key::{text, RequestHead};
+use dedup_core::response::status_of;
+use dedup_core::stream::{forwarded_header, CallAnswer, Holds, Origin, StoreCall, UpstreamCall};
 use dedup_core::worker::{Worker, WorkerEnv};
 use dedup_core::{Decision, DedupStream, Plugin};
 
@@ -23,26 +24,12 @@ pub(crate) struct DedupHttp {
     request_body_len: usize,
 }
 
-/// Where the response came from, as Envoy says: `response.code_details` and
-/// `response.flags` (an 8-byte little-endian integer). Missing facts read as unknown.
-/// An upstream answer (`via_upstream`) is classified by its details alone
-/// (`outcome::classify`), so its flags are not read.
+/// Where the response came from, as Envoy says (`Origin::from_properties`).
 fn response_origin() -> Origin {
     let details = abi::property_at("response\0code_details")
-        .map(utf8)
+        .map(text)
         .unwrap_or_default();
-    if details == "via_upstream" {
-        return Origin { details, flags: 0 };
-    }
-    let flags = abi::property_at("response\0flags")
-        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
-        .map_or(0, u64::from_le_bytes);
-    Origin { details, flags }
-}
-
-/// Bytes from the host as text, without a copy when they are valid UTF-8.
-fn utf8(bytes: Vec<u8>) -> String {
-    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    Origin::from_properties(details, || abi::property_at("response\0flags"))
 }
 
 impl DedupHttp {
@@ -281,22 +268,6 @@ impl DedupHttp {
     }
 }
 
-/// Whether a request header goes into a detached call: not the hop-by-hop ones, nor
-/// `content-length` (Envoy frames the call's body itself).
-fn forwarded_header(name: &str) -> bool {
-    !matches!(
-        name.to_ascii_lowercase().as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "transfer-encoding"
-            | "te"
-            | "upgrade"
-            | "content-length"
-            | "expect"
-    )
-}
-
 /// The buffered request body, up to `size` bytes; `None` (logged) when unreadable.
 fn read_request_body(size: usize) -> Option<Vec<u8>> {
     match abi::buffer(abi::BUFFER_REQUEST_BODY, 0, size) {
@@ -311,36 +282,14 @@ fn read_request_body(size: usize) -> Option<Vec<u8>> {
     }
 }
 
-/// The request head from Envoy's header map. Values stay the bytes Envoy delivered:
-/// they enter record digests, where a lossy conversion would let two different values
-/// meet (issue 21). Only `:method` becomes text (a method that is not UTF-8 never equals
-/// a configured method, so it is never deduplicated). Names come lower-cased from Envoy;
-/// one that is not UTF-8 (Envoy's codecs accept only tokens) cannot equal a configured
-/// name however it reads.
+/// The request head from Envoy's header map (`RequestHead::from_pairs`).
 fn request_head() -> Option<RequestHead> {
     let pairs = abi::header_pairs(abi::MAP_REQUEST_HEADERS).ok()?;
-    let mut head = RequestHead::default();
-    for (mut name, value) in pairs {
-        match name.as_str() {
-            ":method" => head.method = utf8(value),
-            ":path" => head.path = value,
-            ":authority" => head.authority = value,
-            n if n.starts_with(':') => {}
-            _ => {
-                // Envoy hands header names in lower case already: this copies nothing.
-                name.make_ascii_lowercase();
-                head.headers.push((name, value));
-            }
-        }
-    }
-    // gRPC is HTTP/2 or HTTP/3 with a gRPC content type; the protocol costs a host call,
-    // so it is read only when the content type says gRPC.
-    if head.grpc_content_type() {
-        head.protocol = abi::property_at("request\0protocol")
-            .map(utf8)
-            .unwrap_or_default();
-    }
-    Some(head)
+    Some(RequestHead::from_pairs(pairs, || {
+        abi::property_at("request\0protocol")
+            .map(text)
+            .unwrap_or_default()
+    }))
 }
 
 impl HttpContext for DedupHttp {
@@ -408,11 +357,7 @@ impl HttpContext for DedupHttp {
             return Action::Continue;
         }
         let pairs = abi::header_pairs(abi::MAP_RESPONSE_HEADERS).unwrap_or_default();
-        let status = pairs
-            .iter()
-            .find(|(n, _)| n == ":status")
-            .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<u16>().ok())
-            .unwrap_or(0);
+        let status = status_of(&pairs);
         let origin = response_origin();
         let call = self
             .with_env(|s, p, env| {

@@ -22,12 +22,11 @@ mod store;
 mod waiting;
 
 pub use calls::{Answered, Holds};
-pub use detached::{classify_call, UpstreamCall};
+pub use detached::{classify_call, forwarded_header, UpstreamCall};
 pub use etcd::EtcdStore;
 pub use plugin::{keeps_unknown, CallAnswer, Env, Plugin, Route, StoreCall, Transport};
 pub use store::StoreState;
 pub(crate) use store::{admin_answer, admin_request};
-pub use waiting::recheck_interval_ms;
 
 use crate::config::GrpcPolicy;
 use crate::key::{
@@ -135,6 +134,20 @@ pub struct Origin {
 }
 
 impl Origin {
+    /// From Envoy's properties: `details` (`response.code_details`), and `flags` read
+    /// only when they matter (`response.flags`, an 8-byte little-endian integer): an
+    /// upstream answer (`via_upstream`) is classified by its details alone
+    /// (`outcome::classify`). Missing facts read as unknown.
+    pub fn from_properties(details: String, flags: impl FnOnce() -> Option<Vec<u8>>) -> Self {
+        if details == "via_upstream" {
+            return Origin { details, flags: 0 };
+        }
+        let flags = flags()
+            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+            .map_or(0, u64::from_le_bytes);
+        Origin { details, flags }
+    }
+
     pub fn upstream() -> Self {
         Origin {
             details: "via_upstream".to_string(),

@@ -110,8 +110,3 @@ impl DedupStream {
         }
     }
 }
-
-/// How often a worker re-checks what its waiters wait for without a wake-up.
-pub fn recheck_interval_ms(p: &Plugin) -> u64 {
-    p.store.recheck_interval_ms()
-}
