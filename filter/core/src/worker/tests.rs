@@ -257,3 +257,119 @@ fn an_orphan_whose_retries_cannot_be_sent_gives_up() {
     assert_eq!(host.count(Counter::StoreErrors), 1);
     assert!(host.logged(Level::Warn, "completion failed (status 0)"));
 }
+
+/// A stream's clock is the host's: a record past its TTL on the host's clock runs again.
+#[test]
+fn streams_see_the_hosts_clock() {
+    let host = FakeHost::new(FakeVm::new(), 1);
+    let mut w = worker(&host, r#"{"ttl_seconds": 1}"#);
+    let run_once = |w: &mut Worker| {
+        let mut s = DedupStream::new(1);
+        let d = w.run(&host, |p, env| {
+            s.on_request_headers(p, env, head("k"), true)
+        });
+        if d == Decision::Continue {
+            w.run(&host, |p, env| {
+                s.on_response_headers(p, env, 201, &Origin::upstream(), Vec::new, true)
+            });
+        }
+        d
+    };
+    assert_eq!(run_once(&mut w), Decision::Continue);
+    assert!(
+        matches!(run_once(&mut w), Decision::Reply(r) if r.status == 201),
+        "replayed"
+    );
+    host.now_ms.set(host.now_ms.get() + 1_001);
+    assert_eq!(run_once(&mut w), Decision::Continue, "expired: runs again");
+}
+
+/// A stream's debug lines reach the host only when it logs at debug level.
+#[test]
+fn debug_lines_are_logged_only_at_debug_level() {
+    let mut host = FakeHost::new(FakeVm::new(), 1);
+    let mut w = worker(&host, "{}");
+    let mut s = DedupStream::new(1);
+    w.run(&host, |p, env| {
+        s.on_request_headers(p, env, head("k"), true)
+    });
+    assert!(!host.logged(Level::Debug, "claimed; forwarding"));
+    host.debug = true;
+    let mut s = DedupStream::new(2);
+    w.run(&host, |p, env| {
+        s.on_request_headers(p, env, head("k2"), true)
+    });
+    assert!(host.logged(Level::Debug, "stream 2: record "));
+    assert!(host.logged(Level::Debug, "claimed; forwarding"));
+}
+
+/// SplitMix64's published first outputs (seed 0): the token mix is the real one.
+#[test]
+fn splitmix64_is_splitmix64() {
+    assert_eq!(splitmix64(0), 0xe220_a839_7b1d_cdaf);
+    assert_eq!(splitmix64(0x9e37_79b9_7f4a_7c15), 0x6e78_9e6a_a1b9_65f4);
+    assert_eq!(splitmix64(7 ^ 1), 0xbd64_a5d9_adef_e000);
+}
+
+/// The worker's tier outlives a stream: once etcd confirms a completion, a duplicate
+/// on the same worker is replayed without a store call.
+#[test]
+fn a_confirmed_completion_answers_this_workers_duplicates_from_its_tier() {
+    let etcd: Arc<FakeEtcd> = FakeEtcd::new();
+    let host = FakeHost::new(FakeVm::new(), 1);
+    let mut w = worker(&host, ETCD);
+    let mut s = DedupStream::new(1);
+    let mut d = w.run(&host, |p, env| {
+        s.on_request_headers(p, env, head("k"), true)
+    });
+    while let Decision::Call(c) = d {
+        let a = etcd_answer(&etcd, &host, &c);
+        d = w.run(&host, |p, env| s.on_store_answer(p, env, a));
+    }
+    let mut call = w.run(&host, |p, env| {
+        s.on_response_headers(p, env, 201, &Origin::upstream(), Vec::new, true)
+    });
+    while let Some(c) = call {
+        let a = etcd_answer(&etcd, &host, &c);
+        call = match w.run(&host, |p, env| s.on_store_answer(p, env, a)) {
+            Decision::Call(c) => Some(c),
+            _ => None,
+        };
+    }
+    let mut dup = DedupStream::new(2);
+    let d = w.run(&host, |p, env| {
+        dup.on_request_headers(p, env, head("k"), true)
+    });
+    assert!(matches!(&d, Decision::Reply(r) if r.status == 201), "{d:?}");
+}
+
+/// The worker's leases outlive a stream: a second claim on the worker writes at once,
+/// on the leases the first one was granted.
+#[test]
+fn a_workers_leases_serve_its_next_claims() {
+    let etcd: Arc<FakeEtcd> = FakeEtcd::new();
+    let host = FakeHost::new(FakeVm::new(), 1);
+    let mut w = worker(&host, ETCD);
+    let mut paths = Vec::new();
+    for key in ["k1", "k2"] {
+        let mut s = DedupStream::new(1);
+        let mut d = w.run(&host, |p, env| {
+            s.on_request_headers(p, env, head(key), true)
+        });
+        let mut these = Vec::new();
+        while let Decision::Call(c) = d {
+            assert!(these.len() < 8, "a claim that never ends: {these:?}");
+            these.push(c.path);
+            let a = etcd_answer(&etcd, &host, &c);
+            d = w.run(&host, |p, env| s.on_store_answer(p, env, a));
+        }
+        assert_eq!(d, Decision::Continue);
+        paths.push(these);
+    }
+    assert!(
+        paths[0].len() > 1,
+        "the first claim takes leases: {:?}",
+        paths[0]
+    );
+    assert_eq!(paths[1], ["/etcdserverpb.KV/Txn"]);
+}
