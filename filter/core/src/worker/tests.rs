@@ -373,3 +373,26 @@ fn a_workers_leases_serve_its_next_claims() {
     );
     assert_eq!(paths[1], ["/etcdserverpb.KV/Txn"]);
 }
+
+/// Without a wake-up, a waiter is re-checked at its store's interval (shared data:
+/// every 500 ms), not at every tick.
+#[test]
+fn the_tick_rechecks_a_waiter_at_its_stores_interval() {
+    let vm = FakeVm::new();
+    let (ha, hb) = (FakeHost::new(vm.clone(), 1), FakeHost::new(vm.clone(), 2));
+    let (mut wa, mut wb) = (worker(&ha, WAIT), worker(&hb, WAIT));
+    let mut first = DedupStream::new(1);
+    wa.run(&ha, |p, env| {
+        first.on_request_headers(p, env, head("k"), true)
+    });
+    let mut dup = DedupStream::new(9);
+    wb.run(&hb, |p, env| {
+        dup.on_request_headers(p, env, head("k"), true)
+    });
+    let t0 = hb.now_ms.get();
+    assert_eq!(wb.on_tick(&hb), [9]);
+    hb.now_ms.set(t0 + 100);
+    assert!(wb.on_tick(&hb).is_empty(), "checked 100 ms ago");
+    hb.now_ms.set(t0 + 500);
+    assert_eq!(wb.on_tick(&hb), [9]);
+}
