@@ -1,28 +1,20 @@
-//! The host as `dedup_core` sees it (`WasmEnv`: shared data, clock, counters, logs, the
-//! per-VM lease cache, tier and waiters), and the store calls a stream asks for, sent
-//! through Envoy (`dispatch`) and read back (`read_call_answer`).
+//! The host as `dedup_core`'s worker sees it (`AbiHost`: shared data, clock, logs,
+//! metrics, randomness, tick, queues), and the store calls a stream asks for, sent
+//! through Envoy the way their route says (`dispatch`) and read back
+//! (`read_call_answer`).
 
 use crate::abi;
-use crate::WorkerState;
-use dedup_core::config::StoreConfig;
-use dedup_core::etcd::{LeaseCache, Protocol};
 use dedup_core::etcdpb;
-use dedup_core::local::LocalTier;
-use dedup_core::store::{HostFault, SetError, SharedData};
-use dedup_core::stream::{CallAnswer, StoreCall};
-use dedup_core::wait::Waiters;
-use dedup_core::{Counter, DedupStream, Env};
+use dedup_core::response::status_of;
+use dedup_core::store::{HostFault, SetError, SharedData, SECRET_LEN};
+use dedup_core::stream::{CallAnswer, StoreCall, Transport};
+use dedup_core::worker::{Host, Level};
 use std::time::Duration;
 
-/// The host as `dedup_core` sees it.
-pub(crate) struct WasmEnv<'a> {
-    pub(crate) shared: &'a WorkerState,
-    pub(crate) leases: &'a mut LeaseCache,
-    pub(crate) local: &'a mut LocalTier,
-    pub(crate) waiters: &'a mut Waiters,
-}
+/// The host as `dedup_core`'s worker sees it: every method one host call (or none).
+pub(crate) struct AbiHost;
 
-impl SharedData for WasmEnv<'_> {
+impl SharedData for AbiHost {
     fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostFault> {
         abi::HostSharedData.get(key)
     }
@@ -31,78 +23,68 @@ impl SharedData for WasmEnv<'_> {
     }
 }
 
-impl Env for WasmEnv<'_> {
+impl Host for AbiHost {
     fn now_ms(&self) -> u64 {
         abi::now_ms()
     }
 
-    fn new_token(&mut self) -> u64 {
-        let n = self.shared.token_counter.get().wrapping_add(1);
-        self.shared.token_counter.set(n);
-        splitmix64(self.shared.token_seed ^ n)
-    }
-
-    fn count(&mut self, counter: Counter) {
-        if let Some(Some(id)) = self.shared.metrics.get(counter.index()) {
-            abi::increment(*id);
-        }
-    }
-
-    fn debug(&self, message: std::fmt::Arguments<'_>) {
-        if abi::log_level() <= abi::LOG_DEBUG {
-            abi::log(abi::LOG_DEBUG, &message.to_string());
-        }
-    }
-
-    fn warn(&self, message: &str) {
-        abi::log(abi::LOG_WARN, message);
-    }
-
-    fn leases(&mut self) -> &mut LeaseCache {
-        self.leases
-    }
-
-    fn local(&mut self) -> &mut LocalTier {
-        self.local
-    }
-
-    fn waiters(&mut self) -> &mut Waiters {
-        self.waiters
-    }
-
-    fn wake_waiters(&mut self, digest: &dedup_core::key::Digest) {
-        crate::waiting::wake_everywhere(self.shared, digest);
-    }
-}
-
-pub(crate) fn splitmix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-/// Runs `f` with the host environment (the per-VM lease cache and tier borrowed for the
-/// duration of the call).
-pub(crate) fn with_env<R>(
-    shared: &WorkerState,
-    stream: &mut DedupStream,
-    f: impl FnOnce(&mut DedupStream, &WorkerState, &mut WasmEnv) -> R,
-) -> Option<R> {
-    let result = {
-        let mut leases = shared.leases.try_borrow_mut().ok()?;
-        let mut local = shared.local.try_borrow_mut().ok()?;
-        let mut waiters = shared.waiters.try_borrow_mut().ok()?;
-        let mut env = WasmEnv {
-            shared,
-            leases: &mut leases,
-            local: &mut local,
-            waiters: &mut waiters,
+    fn log(&self, level: Level, message: &str) {
+        let level = match level {
+            Level::Debug => abi::LOG_DEBUG,
+            Level::Info => abi::LOG_INFO,
+            Level::Warn => abi::LOG_WARN,
+            Level::Error => abi::LOG_ERROR,
         };
-        f(stream, shared, &mut env)
-    };
-    crate::waiting::waiters_changed(shared);
-    Some(result)
+        abi::log(level, message);
+    }
+
+    fn debug_enabled(&self) -> bool {
+        abi::log_level() <= abi::LOG_DEBUG
+    }
+
+    fn define_counter(&self, name: &str) -> Result<u32, u32> {
+        abi::define_counter(name)
+    }
+
+    fn define_histogram(&self, name: &str) -> Result<u32, u32> {
+        abi::define_histogram(name)
+    }
+
+    fn increment(&self, metric: u32) {
+        abi::increment(metric);
+    }
+
+    fn random_bytes(&self) -> Result<[u8; SECRET_LEN], u16> {
+        abi::random_bytes::<SECRET_LEN>()
+    }
+
+    /// A random seed from WASI `random_get` (std's RandomState draws its keys from it).
+    fn random_seed(&self) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(abi::now_ms());
+        h.finish()
+    }
+
+    fn set_tick_period(&self, period_ms: u32) -> Result<(), u32> {
+        abi::set_tick_period(period_ms)
+    }
+
+    fn register_queue(&self, name: &str) -> Result<u32, u32> {
+        abi::register_shared_queue(name)
+    }
+
+    fn enqueue(&self, queue: u32, item: &[u8]) -> Result<(), u32> {
+        abi::enqueue_shared_queue(queue, item)
+    }
+
+    fn dequeue(&self, queue: u32) -> Result<Option<Vec<u8>>, u32> {
+        abi::dequeue_shared_queue(queue)
+    }
+
+    fn dispatch(&self, call: &StoreCall) -> Result<u32, CallAnswer> {
+        dispatch(call)
+    }
 }
 
 /// A call that got no answer (not dispatched, reset): the stream treats it as a
@@ -115,56 +97,47 @@ pub(crate) fn no_answer() -> CallAnswer {
     }
 }
 
-/// Sends a store call to the configured cluster: a unary gRPC call when its path is a
-/// gRPC method (`/service/method`, `store.protocol: "grpc"`), else an HTTP POST. `Err`
-/// carries the answer to give the stream when the call could not even be dispatched.
-pub(crate) fn dispatch(shared: &WorkerState, call: &StoreCall) -> Result<u32, CallAnswer> {
-    let StoreConfig::Etcd(ec) = &shared.plugin.config.store else {
-        return Err(no_answer());
-    };
+/// Sends a store call the way its route says: a unary gRPC call of the method its path
+/// names (`/service/method`), or an HTTP POST. `Err` carries the answer to give the
+/// stream when the call could not even be dispatched.
+pub(crate) fn dispatch(call: &StoreCall) -> Result<u32, CallAnswer> {
     let timeout = Duration::from_millis(call.timeout_ms);
-    if ec.protocol == Protocol::Grpc {
-        let Some((service, method)) = etcdpb::split_method(call.path) else {
-            return Err(no_answer());
-        };
-        // The cluster by name (`:authority` is then the cluster's name), or a
-        // `GrpcService` carrying `store.authority` when that was set to something else.
-        let upstream = if ec.authority == ec.cluster {
-            ec.cluster.as_bytes().to_vec()
-        } else {
-            etcdpb::grpc_service(&ec.cluster, &ec.authority)
-        };
-        return abi::dispatch_grpc_call(&upstream, service, method, &call.body, timeout).map_err(
-            |status| {
-                abi::log(
-                    abi::LOG_WARN,
-                    &format!(
-                        "proxy-dedup: cannot call cluster `{}` over gRPC: status {status}",
-                        ec.cluster
-                    ),
-                );
-                no_answer()
-            },
-        );
+    let cluster = &call.route.cluster;
+    match &call.route.transport {
+        Transport::Grpc { upstream } => {
+            let Some((service, method)) = etcdpb::split_method(call.path) else {
+                return Err(no_answer());
+            };
+            abi::dispatch_grpc_call(upstream, service, method, &call.body, timeout).map_err(
+                |status| {
+                    abi::log(
+                        abi::LOG_WARN,
+                        &format!(
+                            "proxy-dedup: cannot call cluster `{cluster}` over gRPC: status {status}"
+                        ),
+                    );
+                    no_answer()
+                },
+            )
+        }
+        Transport::Http { authority } => {
+            let headers = [
+                (":method", "POST"),
+                (":path", call.path),
+                (":authority", authority.as_str()),
+                ("content-type", "application/json"),
+            ];
+            abi::dispatch_http_call(cluster, &headers, Some(&call.body), &[], timeout).map_err(
+                |status| {
+                    abi::log(
+                        abi::LOG_WARN,
+                        &format!("proxy-dedup: cannot call cluster `{cluster}`: status {status}"),
+                    );
+                    no_answer()
+                },
+            )
+        }
     }
-    let headers = [
-        (":method", "POST"),
-        (":path", call.path),
-        (":authority", ec.authority.as_str()),
-        ("content-type", "application/json"),
-    ];
-    abi::dispatch_http_call(&ec.cluster, &headers, Some(&call.body), &[], timeout).map_err(
-        |status| {
-            abi::log(
-                abi::LOG_WARN,
-                &format!(
-                    "proxy-dedup: cannot call cluster `{}`: status {status}",
-                    ec.cluster
-                ),
-            );
-            no_answer()
-        },
-    )
 }
 
 /// The answer to a store call, read while `on_http_call_response` runs. Envoy reports a
@@ -177,11 +150,7 @@ pub(crate) fn read_call_answer(num_headers: usize, body_size: usize) -> CallAnsw
     } else {
         abi::header_pairs(abi::MAP_HTTP_CALL_RESPONSE_HEADERS).unwrap_or_default()
     };
-    let status = headers
-        .iter()
-        .find(|(n, _)| n == ":status")
-        .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<u16>().ok())
-        .unwrap_or(0);
+    let status = status_of(&headers);
     let body = abi::buffer(abi::BUFFER_HTTP_CALL_RESPONSE_BODY, 0, body_size).unwrap_or_default();
     CallAnswer {
         status,

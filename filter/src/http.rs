@@ -3,140 +3,76 @@
 
 use crate::abi;
 use crate::context::{Action, Context, HttpContext};
-use crate::env::{dispatch, no_answer, with_env, WasmEnv};
-use crate::WorkerState;
+use crate::env::{dispatch, no_answer, AbiHost};
+use crate::SharedWorker;
 use dedup_core::admin::AdminStream;
-use dedup_core::config::{Role, StoreConfig};
-use dedup_core::key::RequestHead;
-use dedup_core::stream::{CallAnswer, Origin, StoreCall, UpstreamCall};
-use dedup_core::{Decision, DedupStream};
-use std::rc::Rc;
+use dedup_core::config::Role;
+use dedup_core::key::{text, RequestHead};
+use dedup_core::response::status_of;
+use dedup_core::stream::{forwarded_header, CallAnswer, Holds, Origin, StoreCall, UpstreamCall};
+use dedup_core::worker::{Worker, WorkerEnv};
+use dedup_core::{Decision, DedupStream, Plugin};
 
 pub(crate) struct DedupHttp {
-    shared: Option<Rc<WorkerState>>,
+    shared: Option<SharedWorker>,
     context_id: u32,
     stream: DedupStream,
     /// Set when the plugin serves the admin API (`"role": "admin"`).
     admin: Option<AdminStream>,
-    /// The store call this stream is waiting for, if any, and when it was sent (ms).
-    pending: Option<u32>,
-    pending_since_ms: u64,
-    /// The stream ended with a store call out: its state moved to the VM's orphans,
-    /// where the call's answer (and any retry) is handled.
-    orphaned: bool,
-    /// The request is paused on a store call: resume it when the store lets it through.
-    waiting_on_store: bool,
     /// Request body bytes Envoy holds for us (the last body callback's size): a
     /// detached call sends exactly these.
     request_body_len: usize,
-    /// Response body bytes already read while Envoy buffers the body for us.
-    response_seen: usize,
-    response_buffering: bool,
-    /// The response is held until the store confirms its completion or release, so a
-    /// client that has the response finds the record settled on every proxy.
-    response_held: bool,
 }
 
-/// Where the response came from, as Envoy says: `response.code_details` and
-/// `response.flags` (an 8-byte little-endian integer). Missing facts read as unknown.
-/// An upstream answer (`via_upstream`) is classified by its details alone
-/// (`outcome::classify`), so its flags are not read.
+/// Where the response came from, as Envoy says (`Origin::from_properties`).
 fn response_origin() -> Origin {
     let details = abi::property_at("response\0code_details")
-        .map(utf8)
+        .map(text)
         .unwrap_or_default();
-    if details == "via_upstream" {
-        return Origin { details, flags: 0 };
-    }
-    let flags = abi::property_at("response\0flags")
-        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
-        .map_or(0, u64::from_le_bytes);
-    Origin { details, flags }
-}
-
-/// Bytes from the host as text, without a copy when they are valid UTF-8.
-fn utf8(bytes: Vec<u8>) -> String {
-    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-}
-
-/// A stream that ended with a store call out keeps living here, keyed by that call's
-/// token, until the store has answered (a completion or release must reach the store
-/// whether or not the client is still there).
-pub(crate) fn adopt_orphan(shared: &WorkerState, token: u32, stream: DedupStream) {
-    if let Ok(mut orphans) = shared.orphans.try_borrow_mut() {
-        orphans.insert(token, stream);
-    }
-}
-
-/// The answer to an orphan's call: drive its stream on, dispatching any retry from the
-/// root; the orphan is forgotten once it needs nothing more.
-pub(crate) fn orphan_answer(shared: &WorkerState, token: u32, answer: CallAnswer) {
-    let Some(mut stream) = shared
-        .orphans
-        .try_borrow_mut()
-        .ok()
-        .and_then(|mut o| o.remove(&token))
-    else {
-        return;
-    };
-    let mut next = with_env(shared, &mut stream, |s, sh, env| {
-        s.on_store_answer(&sh.plugin, env, answer)
-    });
-    // Calls that cannot be dispatched are answered at once, as transport failures.
-    while let Some(Decision::Call(call)) = next {
-        match dispatch(shared, &call) {
-            Ok(token) => return adopt_orphan(shared, token, stream),
-            Err(answer) => {
-                next = with_env(shared, &mut stream, |s, sh, env| {
-                    s.on_store_answer(&sh.plugin, env, answer)
-                });
-            }
-        }
-    }
+    Origin::from_properties(details, || abi::property_at("response\0flags"))
 }
 
 impl DedupHttp {
-    pub(crate) fn new(context_id: u32, shared: Option<Rc<WorkerState>>) -> Self {
+    pub(crate) fn new(context_id: u32, shared: Option<SharedWorker>) -> Self {
         DedupHttp {
             shared,
             stream: DedupStream::new(context_id),
             context_id,
             admin: None,
-            pending: None,
-            pending_since_ms: 0,
-            orphaned: false,
-            waiting_on_store: false,
-            response_held: false,
             request_body_len: 0,
-            response_seen: 0,
-            response_buffering: false,
         }
     }
 
-    /// Runs `f` with the host environment (the per-VM lease cache and tier borrowed for
-    /// the duration of the call).
+    /// Runs a stream callback `f` through the worker (`Worker::run`: the plugin and the
+    /// stream's `Env`); `None` when there is no worker or a callback re-enters it.
     fn with_env<R>(
         &mut self,
-        f: impl FnOnce(&mut DedupStream, &WorkerState, &mut WasmEnv) -> R,
+        f: impl FnOnce(&mut DedupStream, &Plugin, &mut WorkerEnv<'_, AbiHost>) -> R,
     ) -> Option<R> {
-        let shared = self.shared.clone()?;
-        with_env(&shared, &mut self.stream, f)
+        let stream = &mut self.stream;
+        let mut w = self.shared.as_ref()?.try_borrow_mut().ok()?;
+        Some(w.run(&AbiHost, |p, env| f(stream, p, env)))
     }
 
-    /// Sends a store call; remembers it as this stream's pending call.
-    fn dispatch(&mut self, call: &StoreCall) -> Result<u32, CallAnswer> {
-        let Some(shared) = self.shared.as_ref() else {
+    /// Runs `f` on the worker, when there is one and it is not running already.
+    fn worker<R>(&self, f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
+        let mut w = self.shared.as_ref()?.try_borrow_mut().ok()?;
+        Some(f(&mut w))
+    }
+
+    /// Sends a store call; the stream remembers it as its pending call, held by `holds`.
+    fn dispatch(&mut self, call: &StoreCall, holds: Holds) -> Result<u32, CallAnswer> {
+        if self.shared.is_none() {
             return Err(no_answer());
-        };
-        let token = dispatch(shared, call)?;
-        self.pending = Some(token);
-        self.pending_since_ms = abi::now_ms();
+        }
+        let token = dispatch(call)?;
+        self.stream.call_sent(token, abi::now_ms(), holds);
         Ok(token)
     }
 
     /// Sends the live request (its headers, hop-by-hop ones dropped, and its buffered
     /// body) to the detached call's cluster, from the root context, so the call outlives
-    /// this stream; remembers it as the pending call.
+    /// this stream; the request waits for it.
     fn dispatch_upstream(&mut self, call: &UpstreamCall) -> Result<u32, u32> {
         let headers: Vec<(String, Vec<u8>)> = abi::header_pairs(abi::MAP_REQUEST_HEADERS)?
             .into_iter()
@@ -154,8 +90,7 @@ impl DedupHttp {
         };
         let timeout = std::time::Duration::from_millis(call.timeout_ms);
         let token = abi::dispatch_http_call_pairs(&call.cluster, &headers, Some(&body), timeout)?;
-        self.pending = Some(token);
-        self.pending_since_ms = abi::now_ms();
+        self.stream.call_sent(token, abi::now_ms(), Holds::Request);
         Ok(token)
     }
 
@@ -172,12 +107,10 @@ impl DedupHttp {
         if let Some(record) = record {
             failed = failed.or(abi::set_property("proxy_dedup_record", &record.digits()).err());
         }
-        if let Some(rule) = self
-            .shared
-            .as_ref()
-            .and_then(|sh| self.stream.rule(&sh.plugin))
-        {
-            failed = failed.or(abi::set_property("proxy_dedup_rule", rule.as_bytes()).err());
+        if let Some(w) = self.shared.as_ref().and_then(|w| w.try_borrow().ok()) {
+            if let Some(rule) = self.stream.rule(&w.plugin) {
+                failed = failed.or(abi::set_property("proxy_dedup_rule", rule.as_bytes()).err());
+            }
         }
         if let Some(status) = failed {
             if abi::log_level() <= abi::LOG_DEBUG {
@@ -191,46 +124,28 @@ impl DedupHttp {
 
     /// Gives a store answer to whoever waits for it: the admin request, or the stream.
     fn store_answer(&mut self, answer: CallAnswer) -> Option<Decision> {
-        let shared = self.shared.clone()?;
         if let Some(admin) = self.admin.as_mut() {
-            let mut leases = shared.leases.try_borrow_mut().ok()?;
-            let mut local = shared.local.try_borrow_mut().ok()?;
-            let mut waiters = shared.waiters.try_borrow_mut().ok()?;
-            let mut env = WasmEnv {
-                shared: &shared,
-                leases: &mut leases,
-                local: &mut local,
-                waiters: &mut waiters,
-            };
-            return Some(admin.on_store_answer(&shared.plugin, &mut env, answer));
+            let mut w = self.shared.as_ref()?.try_borrow_mut().ok()?;
+            return Some(w.with_env(&AbiHost, |p, env| admin.on_store_answer(p, env, answer)));
         }
-        self.with_env(|s, sh, env| s.on_store_answer(&sh.plugin, env, answer))
+        self.with_env(|s, p, env| s.on_store_answer(p, env, answer))
     }
 
     /// An admin request (`"role": "admin"`): answered from the store, never forwarded.
     fn admin_request(&mut self, head: &RequestHead) -> Action {
-        let Some(shared) = self.shared.clone() else {
+        if self.shared.is_none() {
             return Action::Continue;
-        };
+        }
         let peer = abi::property(&["source", "address"])
             .map(|v| String::from_utf8_lossy(&v).into_owned())
             .unwrap_or_default();
         let mut admin = AdminStream::default();
-        let decision = {
-            let (Ok(mut leases), Ok(mut local), Ok(mut waiters)) = (
-                shared.leases.try_borrow_mut(),
-                shared.local.try_borrow_mut(),
-                shared.waiters.try_borrow_mut(),
-            ) else {
-                return Action::Continue;
-            };
-            let mut env = WasmEnv {
-                shared: &shared,
-                leases: &mut leases,
-                local: &mut local,
-                waiters: &mut waiters,
-            };
-            admin.on_request(&shared.plugin, &mut env, &head.method, &head.path, &peer)
+        let Some(decision) = self.worker(|w| {
+            w.with_env(&AbiHost, |p, env| {
+                admin.on_request(p, env, &head.method, &head.path, &peer)
+            })
+        }) else {
+            return Action::Continue;
         };
         self.admin = Some(admin);
         self.drive(decision)
@@ -241,21 +156,15 @@ impl DedupHttp {
     fn drive(&mut self, mut decision: Decision) -> Action {
         loop {
             match decision {
-                Decision::Call(call) => match self.dispatch(&call) {
-                    Ok(_) => {
-                        self.waiting_on_store = true;
-                        return Action::Pause;
-                    }
+                Decision::Call(call) => match self.dispatch(&call, Holds::Request) {
+                    Ok(_) => return Action::Pause,
                     Err(answer) => match self.store_answer(answer) {
                         Some(d) => decision = d,
                         None => return Action::Continue,
                     },
                 },
                 Decision::Upstream(call) => match self.dispatch_upstream(&call) {
-                    Ok(_) => {
-                        self.waiting_on_store = true;
-                        return Action::Pause;
-                    }
+                    Ok(_) => return Action::Pause,
                     Err(status) => {
                         abi::log(
                             abi::LOG_WARN,
@@ -264,7 +173,7 @@ impl DedupHttp {
                                 call.cluster
                             ),
                         );
-                        match self.with_env(|s, sh, env| s.on_upstream_unsent(&sh.plugin, env)) {
+                        match self.with_env(|s, p, env| s.on_upstream_unsent(p, env)) {
                             Some(d) => decision = d,
                             None => return Action::Continue,
                         }
@@ -283,9 +192,8 @@ impl DedupHttp {
         let Some(call) = call else {
             return self.response_action();
         };
-        match self.dispatch(&call) {
+        match self.dispatch(&call, Holds::Response) {
             Ok(_) => {
-                self.response_held = true;
                 if abi::log_level() <= abi::LOG_DEBUG {
                     abi::log(
                         abi::LOG_DEBUG,
@@ -298,7 +206,7 @@ impl DedupHttp {
                 Action::Pause
             }
             Err(answer) => {
-                let _ = self.with_env(|s, sh, env| s.on_store_answer(&sh.plugin, env, answer));
+                let _ = self.with_env(|s, p, env| s.on_store_answer(p, env, answer));
                 self.response_action()
             }
         }
@@ -306,7 +214,7 @@ impl DedupHttp {
 
     /// While the response is held, later response callbacks keep it paused (buffered).
     fn response_action(&self) -> Action {
-        if self.response_held {
+        if self.stream.response_held() {
             Action::Pause
         } else {
             Action::Continue
@@ -316,24 +224,23 @@ impl DedupHttp {
     /// The stream ends: a store call still out (or one the end itself needs) is taken
     /// over by the VM's orphans, so its answer and retries are still handled.
     fn hand_over(&mut self, call: Option<StoreCall>) {
-        let Some(shared) = self.shared.clone() else {
+        if self.shared.is_none() {
             return;
-        };
-        let mut token = self.pending;
+        }
+        let mut token = self.stream.pending_call();
         if let Some(call) = call {
-            match dispatch(&shared, &call) {
+            match dispatch(&call) {
                 Ok(t) => token = Some(t),
                 Err(answer) => {
                     // Settled (as a failure) at once; nothing to wait for.
-                    let _ = self.with_env(|s, sh, env| s.on_store_answer(&sh.plugin, env, answer));
+                    let _ = self.with_env(|s, p, env| s.on_store_answer(p, env, answer));
                     return;
                 }
             }
         }
         if let Some(token) = token {
-            let stream = std::mem::replace(&mut self.stream, DedupStream::new(self.context_id));
-            adopt_orphan(&shared, token, stream);
-            self.orphaned = true;
+            let stream = self.stream.hand_over();
+            self.worker(|w| w.adopt_orphan(token, stream));
         }
     }
 
@@ -361,22 +268,6 @@ impl DedupHttp {
     }
 }
 
-/// Whether a request header goes into a detached call: not the hop-by-hop ones, nor
-/// `content-length` (Envoy frames the call's body itself).
-fn forwarded_header(name: &str) -> bool {
-    !matches!(
-        name.to_ascii_lowercase().as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "transfer-encoding"
-            | "te"
-            | "upgrade"
-            | "content-length"
-            | "expect"
-    )
-}
-
 /// The buffered request body, up to `size` bytes; `None` (logged) when unreadable.
 fn read_request_body(size: usize) -> Option<Vec<u8>> {
     match abi::buffer(abi::BUFFER_REQUEST_BODY, 0, size) {
@@ -391,41 +282,19 @@ fn read_request_body(size: usize) -> Option<Vec<u8>> {
     }
 }
 
-/// The request head from Envoy's header map. Values stay the bytes Envoy delivered:
-/// they enter record digests, where a lossy conversion would let two different values
-/// meet (issue 21). Only `:method` becomes text (a method that is not UTF-8 never equals
-/// a configured method, so it is never deduplicated). Names come lower-cased from Envoy;
-/// one that is not UTF-8 (Envoy's codecs accept only tokens) cannot equal a configured
-/// name however it reads.
+/// The request head from Envoy's header map (`RequestHead::from_pairs`).
 fn request_head() -> Option<RequestHead> {
     let pairs = abi::header_pairs(abi::MAP_REQUEST_HEADERS).ok()?;
-    let mut head = RequestHead::default();
-    for (mut name, value) in pairs {
-        match name.as_str() {
-            ":method" => head.method = utf8(value),
-            ":path" => head.path = value,
-            ":authority" => head.authority = value,
-            n if n.starts_with(':') => {}
-            _ => {
-                // Envoy hands header names in lower case already: this copies nothing.
-                name.make_ascii_lowercase();
-                head.headers.push((name, value));
-            }
-        }
-    }
-    // gRPC is HTTP/2 or HTTP/3 with a gRPC content type; the protocol costs a host call,
-    // so it is read only when the content type says gRPC.
-    if head.grpc_content_type() {
-        head.protocol = abi::property_at("request\0protocol")
-            .map(utf8)
-            .unwrap_or_default();
-    }
-    Some(head)
+    Some(RequestHead::from_pairs(pairs, || {
+        abi::property_at("request\0protocol")
+            .map(text)
+            .unwrap_or_default()
+    }))
 }
 
 impl HttpContext for DedupHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some(role) = self.shared.as_ref().map(|sh| sh.plugin.config.role) else {
+        let Some(role) = self.worker(|w| w.plugin.config.role) else {
             return Action::Continue;
         };
         // One header-map read: the whole head. (Methods no policy deduplicates skip the
@@ -441,15 +310,14 @@ impl HttpContext for DedupHttp {
         if role == Role::Admin {
             return self.admin_request(&head);
         }
-        match self.with_env(|s, sh, env| s.on_request_headers(&sh.plugin, env, head, end_of_stream))
-        {
+        match self.with_env(|s, p, env| s.on_request_headers(p, env, head, end_of_stream)) {
             Some(d) => self.drive(d),
             None => Action::Continue,
         }
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if self.waiting_on_store {
+        if self.stream.request_waits_on_call() {
             // Body arriving while a store call is out: Envoy buffers it; keep waiting.
             return Action::Pause;
         }
@@ -458,8 +326,8 @@ impl HttpContext for DedupHttp {
         }
         self.request_body_len = body_size;
         // Envoy buffers the body while we pause; it is read once, when complete.
-        let decision = self.with_env(|s, sh, env| {
-            s.on_request_body(&sh.plugin, env, body_size, end_of_stream, || {
+        let decision = self.with_env(|s, p, env| {
+            s.on_request_body(p, env, body_size, end_of_stream, || {
                 read_request_body(body_size)
             })
         });
@@ -470,15 +338,14 @@ impl HttpContext for DedupHttp {
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        if self.waiting_on_store {
+        if self.stream.request_waits_on_call() {
             return Action::Pause;
         }
         if !self.stream.reading_request() {
             return Action::Continue;
         }
-        let decision = self.with_env(|s, sh, env| {
-            s.on_request_trailers(&sh.plugin, env, || read_request_body(usize::MAX))
-        });
+        let decision = self
+            .with_env(|s, p, env| s.on_request_trailers(p, env, || read_request_body(usize::MAX)));
         match decision {
             Some(d) => self.drive(d),
             None => Action::Continue,
@@ -490,22 +357,11 @@ impl HttpContext for DedupHttp {
             return Action::Continue;
         }
         let pairs = abi::header_pairs(abi::MAP_RESPONSE_HEADERS).unwrap_or_default();
-        let status = pairs
-            .iter()
-            .find(|(n, _)| n == ":status")
-            .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<u16>().ok())
-            .unwrap_or(0);
+        let status = status_of(&pairs);
         let origin = response_origin();
         let call = self
-            .with_env(|s, sh, env| {
-                s.on_response_headers(
-                    &sh.plugin,
-                    env,
-                    status,
-                    &origin,
-                    move || pairs,
-                    end_of_stream,
-                )
+            .with_env(|s, p, env| {
+                s.on_response_headers(p, env, status, &origin, move || pairs, end_of_stream)
             })
             .flatten();
         self.hold_response_for(call)
@@ -515,65 +371,49 @@ impl HttpContext for DedupHttp {
         if !self.stream.wants_response_body() {
             return self.response_action();
         }
-        // While we buffer (Pause), Envoy offers the whole buffered body each time; once we
-        // let it flow (Continue), each callback holds just the new chunk.
-        let start = if self.response_buffering && body_size >= self.response_seen {
-            self.response_seen
-        } else {
-            0
-        };
+        let start = self.stream.response_chunk_start(body_size);
         let call = match abi::buffer(abi::BUFFER_RESPONSE_BODY, start, body_size - start) {
-            Ok(chunk) => self
-                .with_env(|s, sh, env| s.on_response_body(&sh.plugin, env, &chunk, end_of_stream)),
+            Ok(chunk) => {
+                self.with_env(|s, p, env| s.on_response_body(p, env, &chunk, end_of_stream))
+            }
             Err(status) => {
                 abi::log(
                     abi::LOG_WARN,
                     &format!("proxy-dedup: cannot read response body (status {status})"),
                 );
-                self.with_env(|s, sh, env| {
+                self.with_env(|s, p, env| {
                     s.on_response_body_unreadable();
-                    s.on_response_body(&sh.plugin, env, &[], end_of_stream)
+                    s.on_response_body(p, env, &[], end_of_stream)
                 })
             }
         }
         .flatten();
-        self.response_seen = body_size;
         if end_of_stream {
+            self.stream.response_body_read(body_size);
             return self.hold_response_for(call);
         }
-        // With a remote store the last bytes must not reach the client before the store
-        // has the completed record (a client that has the response would otherwise get
-        // 409 from another proxy). Envoy may deliver the last bytes before the end of the
-        // stream, so the body is buffered while it is still small enough to be stored;
-        // a larger one flows on (its duplicates get 409 response-not-stored anyway).
         let remote = self
-            .shared
-            .as_ref()
-            .is_some_and(|sh| matches!(sh.plugin.config.store, StoreConfig::Etcd(_)));
-        if remote && self.stream.capture_within_cap() {
-            self.response_buffering = true;
+            .worker(|w| w.plugin.store.makes_calls())
+            .unwrap_or(false);
+        if self.stream.buffer_response_body(remote, body_size) {
             Action::Pause
         } else {
-            self.response_buffering = false;
             Action::Continue
         }
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
         let call = self
-            .with_env(|s, sh, env| s.on_response_trailers(&sh.plugin, env))
+            .with_env(|s, p, env| s.on_response_trailers(p, env))
             .flatten();
         self.hold_response_for(call)
     }
 
     fn on_wake(&mut self) {
-        // A waiter whose read is out hears from the store instead; a detached call's
-        // stream is woken for its client's deadline while its call is out.
-        let waiter = self.stream.waiting() && !self.waiting_on_store;
-        if self.orphaned || !(waiter || self.stream.detached()) {
+        if !self.stream.wants_wake() {
             return;
         }
-        let Some(decision) = self.with_env(|s, sh, env| s.on_wake(&sh.plugin, env)) else {
+        let Some(decision) = self.with_env(|s, p, env| s.on_wake(p, env)) else {
             return;
         };
         if self.drive(decision) == Action::Continue {
@@ -582,7 +422,7 @@ impl HttpContext for DedupHttp {
     }
 
     fn on_log(&mut self) {
-        if self.orphaned {
+        if self.stream.handed_over() {
             return;
         }
         // Envoy's properties are read only when the stream's end is classified by them.
@@ -592,7 +432,7 @@ impl HttpContext for DedupHttp {
             Origin::default()
         };
         let call = self
-            .with_env(|s, sh, env| s.on_stream_end(&sh.plugin, env, &origin))
+            .with_env(|s, p, env| s.on_stream_end(p, env, &origin))
             .flatten();
         self.report();
         self.hand_over(call);
@@ -601,25 +441,24 @@ impl HttpContext for DedupHttp {
 
 impl Context for DedupHttp {
     fn on_call_answer(&mut self, token_id: u32, answer: CallAnswer) {
-        if self.orphaned {
-            if let Some(shared) = self.shared.clone() {
-                orphan_answer(&shared, token_id, answer);
-            }
+        if self.stream.handed_over() {
+            self.worker(|w| w.on_orphan_answer(&AbiHost, token_id, answer));
             return;
         }
-        self.pending = None;
-        if let Some(id) = self.shared.as_ref().and_then(|sh| sh.store_call_ms) {
-            abi::record(id, abi::now_ms().saturating_sub(self.pending_since_ms));
+        let store_call_ms = self.worker(|w| w.store_call_ms()).flatten();
+        let answered = self.stream.call_answered(match store_call_ms {
+            Some(_) => abi::now_ms(),
+            None => 0,
+        });
+        if let Some(id) = store_call_ms {
+            abi::record(id, answered.elapsed_ms);
         }
-        let was_waiting = self.waiting_on_store;
-        self.waiting_on_store = false;
         let Some(decision) = self.store_answer(answer) else {
             return;
         };
-        if self.response_held {
+        if answered.response_held {
             // A response-path call (completion, release): resent after a transport
             // failure, else settled, and the response goes on.
-            self.response_held = false;
             if let Decision::Call(call) = decision {
                 if self.hold_response_for(Some(call)) == Action::Pause {
                     return;
@@ -628,7 +467,7 @@ impl Context for DedupHttp {
             resume(abi::STREAM_HTTP_RESPONSE);
             return;
         }
-        if !was_waiting {
+        if !answered.request_waited {
             return;
         }
         // Otherwise the stream is paused on the next call, or was answered locally.

@@ -2,13 +2,13 @@
 //! admin-only listener with the same `vm_id` and store settings as the data plane, it
 //! answers `GET /records?…`, `DELETE /records?…` and `GET /stats`, and nothing else.
 
-use crate::config::{Config, Policy, StoreConfig};
+use crate::config::{Config, Policy};
 use crate::etcd::{self, EtcdAnswer, EtcdRecord};
 use crate::key::{record_digest, ClientKey, Digest, KeySource, RequestHead};
 use crate::metrics::Counter;
 use crate::reply::{LocalReply, Problem};
-use crate::store::{Purge, RecordView, SharedStore};
-use crate::stream::{CallAnswer, Decision, Env, Plugin, StoreCall};
+use crate::store::{Layout, Purge, RecordView, SharedStore};
+use crate::stream::{CallAnswer, Decision, Env, EtcdStore, Plugin, StoreCall};
 use serde_json::{json, Value};
 
 /// One admin operation, parsed from the request. `rule` is the index of the rule named
@@ -320,35 +320,44 @@ impl AdminStream {
             Err(reply) => return Decision::Reply(reply),
         };
         let now = env.now_ms();
-        match &p.config.store {
-            StoreConfig::SharedData { .. } => Decision::Reply(self.shared(p, env, op, now, peer)),
-            StoreConfig::Etcd(ec) => {
-                let call = match &op {
-                    AdminOp::Stats => StoreCall {
-                        path: ec.protocol.range_path(),
-                        body: ec.protocol.count_prefix(&ec.prefix),
-                        timeout_ms: ec.timeout_ms,
-                    },
-                    AdminOp::Get { digest: d, .. } | AdminOp::Delete { digest: d, .. } => {
-                        self.key = etcd::record_key(&ec.prefix, d);
-                        read_call(ec.protocol, &self.key, ec.timeout_ms)
-                    }
-                };
-                if matches!(op, AdminOp::Delete { .. }) {
-                    env.warn(&format!(
-                        "proxy-dedup admin: DELETE {} from {peer}",
-                        String::from_utf8_lossy(path)
-                    ));
-                }
-                self.op = Some(op);
-                Decision::Call(call)
-            }
-        }
+        crate::stream::admin_request(self, p, env, op, now, path, peer)
     }
 
-    fn shared<E: Env>(
+    /// An operation on etcd: the record (or the count) is read first.
+    pub(crate) fn etcd_request<E: Env>(
+        &mut self,
+        ec: &EtcdStore,
+        env: &mut E,
+        op: AdminOp,
+        path: &[u8],
+        peer: &str,
+    ) -> Decision {
+        let call = match &op {
+            AdminOp::Stats => ec.call(
+                ec.config.protocol.range_path(),
+                ec.config.protocol.count_prefix(&ec.config.prefix),
+                ec.config.timeout_ms,
+            ),
+            AdminOp::Get { digest: d, .. } | AdminOp::Delete { digest: d, .. } => {
+                self.key = etcd::record_key(&ec.config.prefix, d);
+                read_call(ec, &self.key)
+            }
+        };
+        if matches!(op, AdminOp::Delete { .. }) {
+            env.warn(&format!(
+                "proxy-dedup admin: DELETE {} from {peer}",
+                String::from_utf8_lossy(path)
+            ));
+        }
+        self.op = Some(op);
+        Decision::Call(call)
+    }
+
+    /// An operation on shared data, answered at once.
+    pub(crate) fn shared<E: Env>(
         &self,
         p: &Plugin,
+        layout: &Layout,
         env: &mut E,
         op: AdminOp,
         now: u64,
@@ -357,10 +366,7 @@ impl AdminStream {
         let failed = |e: crate::store::StoreError| {
             Problem::StoreUnavailable.reply(&format!("shared data failed: {e}"), Vec::new())
         };
-        let store = match p.layout() {
-            Ok(layout) => SharedStore::new(&*env, layout),
-            Err(e) => return failed(e),
-        };
+        let store = SharedStore::new(&*env, layout);
         match op {
             AdminOp::Stats => match store.stats(now) {
                 Ok(st) => json_reply(
@@ -427,6 +433,17 @@ impl AdminStream {
         env: &mut impl Env,
         answer: CallAnswer,
     ) -> Decision {
+        crate::stream::admin_answer(self, p, env, answer)
+    }
+
+    /// The answer to `etcd_request`'s read (or a delete that followed it).
+    pub(crate) fn etcd_answer<E: Env>(
+        &mut self,
+        p: &Plugin,
+        ec: &EtcdStore,
+        env: &mut E,
+        answer: CallAnswer,
+    ) -> Decision {
         let now = env.now_ms();
         let Some(op) = self.op.clone() else {
             return Decision::Continue;
@@ -434,19 +451,16 @@ impl AdminStream {
         let unavailable =
             |why: String| Decision::Reply(Problem::StoreUnavailable.reply(&why, Vec::new()));
         if op == AdminOp::Stats {
-            let path = match &p.config.store {
-                StoreConfig::Etcd(ec) => ec.protocol.range_path(),
-                StoreConfig::SharedData { .. } => etcd::RANGE_PATH,
-            };
-            return match etcd::read_count(path, answer.status, &answer.body) {
+            return match etcd::read_count(
+                ec.config.protocol.range_path(),
+                answer.status,
+                &answer.body,
+            ) {
                 Some(n) => Decision::Reply(json_reply(200, json!({"store": "etcd", "records": n}))),
                 None => unavailable(format!("etcd answered {} without a count", answer.status)),
             };
         }
-        let proto = match &p.config.store {
-            StoreConfig::Etcd(ec) => ec.protocol,
-            StoreConfig::SharedData { .. } => etcd::Protocol::default(),
-        };
+        let proto = ec.config.protocol;
         let parsed = etcd::read_answer(proto.txn_path(), answer.status, &answer.body);
         let (digest, delete, force, rule) = match op {
             AdminOp::Get { digest, rule } => (digest, false, false, rule),
@@ -497,15 +511,11 @@ impl AdminStream {
                 if self.rounds > 4 {
                     return unavailable("the record keeps changing; try again".to_string());
                 }
-                let timeout_ms = match &p.config.store {
-                    StoreConfig::Etcd(ec) => ec.timeout_ms,
-                    StoreConfig::SharedData { .. } => 1000,
-                };
-                Decision::Call(StoreCall {
-                    path: proto.txn_path(),
-                    body: proto.delete_txn(&self.key, mod_revision),
-                    timeout_ms,
-                })
+                Decision::Call(ec.call(
+                    proto.txn_path(),
+                    proto.delete_txn(&self.key, mod_revision),
+                    ec.config.timeout_ms,
+                ))
             }
             Some(EtcdAnswer::Error { code, message }) => {
                 unavailable(format!("etcd error {code}: {message}"))
@@ -516,12 +526,13 @@ impl AdminStream {
 }
 
 /// Reads a record: a delete whose compare never holds returns the current value.
-fn read_call(proto: etcd::Protocol, key: &str, timeout_ms: u64) -> StoreCall {
-    StoreCall {
-        path: proto.txn_path(),
-        body: proto.delete_txn(key, -1),
-        timeout_ms,
-    }
+fn read_call(ec: &EtcdStore, key: &str) -> StoreCall {
+    let proto = ec.config.protocol;
+    ec.call(
+        proto.txn_path(),
+        proto.delete_txn(key, -1),
+        ec.config.timeout_ms,
+    )
 }
 
 #[cfg(test)]

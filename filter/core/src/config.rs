@@ -15,7 +15,7 @@ pub use values::PSEUDO_HEADERS;
 use policy::parse_policy;
 use raw::RawConfig;
 use rules::parse_rules;
-use store::{check_record_room, parse_store, store_budget};
+use store::parse_store;
 use values::{header_name_ok, header_names, header_names_with, in_range, parse_status};
 
 use crate::key::RequestHead;
@@ -391,17 +391,7 @@ impl Default for Config {
             failure_mode: DEFAULT_FAILURE_MODE,
             on_store_full: DEFAULT_ON_STORE_FULL,
             role: DEFAULT_ROLE,
-            store: StoreConfig::SharedData {
-                eviction: Eviction::OwnScope,
-                scope_claims_per_bucket: DEFAULT_SCOPE_CLAIMS_PER_BUCKET,
-                namespace: DEFAULT_NAMESPACE.to_string(),
-                max_store_bytes: store_budget(
-                    None,
-                    DEFAULT_CAPACITY,
-                    DEFAULT_MAX_REPLAY_BODY_BYTES,
-                )
-                .unwrap_or(DEFAULT_MAX_STORE_BYTES),
-            },
+            store: StoreConfig::default(),
         }
     }
 }
@@ -426,20 +416,12 @@ impl Config {
     /// the wake-up board of wait mode, which lives in shared data whatever the store
     /// (with etcd, under the default namespace).
     pub fn namespace(&self) -> &str {
-        match &self.store {
-            StoreConfig::SharedData { namespace, .. } => namespace,
-            StoreConfig::Etcd(_) => DEFAULT_NAMESPACE,
-        }
+        self.store.namespace()
     }
 
     /// The shared-data store's byte budget (`None` with etcd).
     pub fn max_store_bytes(&self) -> Option<u64> {
-        match &self.store {
-            StoreConfig::SharedData {
-                max_store_bytes, ..
-            } => Some(*max_store_bytes),
-            StoreConfig::Etcd(_) => None,
-        }
+        self.store.max_store_bytes()
     }
 
     /// Whether an upstream status's response is stored under the top-level policy.
@@ -569,12 +551,7 @@ impl TryFrom<RawConfig> for Config {
             capacity,
             largest_replay as u64,
         )?;
-        if let StoreConfig::Etcd(ec) = &store {
-            check_record_room("", &policy, ec)?;
-            for (i, r) in rules.iter().enumerate() {
-                check_record_room(&format!("rules[{i}]."), &r.policy, ec)?;
-            }
-        }
+        store.check_record_room(&policy, &rules)?;
         Ok(Config {
             policy,
             rules,

@@ -543,3 +543,153 @@ fn json_answer_as_grpc(path: &str, status: u16, body: &[u8]) -> (u16, Vec<u8>) {
     };
     (200, out)
 }
+
+/// One Envoy process as a worker's `Host` sees it: shared data and shared queues (one
+/// per process, so two hosts over the same `FakeVm` are two workers of one Envoy), and
+/// this worker's own metrics, logs, tick and store calls.
+pub struct FakeHost {
+    pub vm: Arc<FakeVm>,
+    pub now_ms: std::cell::Cell<u64>,
+    pub seed: u64,
+    pub debug: bool,
+    /// Log lines, in order.
+    pub logs: std::cell::RefCell<Vec<(crate::worker::Level, String)>>,
+    /// Metrics defined, by id (counters and histograms), and their increments.
+    pub metrics: std::cell::RefCell<Vec<String>>,
+    pub increments: std::cell::RefCell<HashMap<u32, u64>>,
+    /// Every tick period set, in order.
+    pub ticks: std::cell::RefCell<Vec<u32>>,
+    /// Store calls dispatched, by token; `refuse_calls` makes dispatch fail.
+    pub calls: std::cell::RefCell<Vec<(u32, crate::stream::StoreCall)>>,
+    pub refuse_calls: std::cell::Cell<bool>,
+    pub random: Result<[u8; crate::store::SECRET_LEN], u16>,
+}
+
+/// Shared data and the shared queues of one Envoy process.
+#[derive(Default)]
+pub struct FakeVm {
+    pub shared: Arc<FakeShared>,
+    /// Queue token -> (name, items).
+    pub queues: Mutex<Vec<(String, std::collections::VecDeque<Vec<u8>>)>>,
+    next_call: Mutex<u32>,
+}
+
+impl FakeVm {
+    pub fn new() -> Arc<Self> {
+        Arc::new(FakeVm::default())
+    }
+}
+
+impl FakeHost {
+    pub fn new(vm: Arc<FakeVm>, seed: u64) -> Self {
+        FakeHost {
+            vm,
+            now_ms: std::cell::Cell::new(1_700_000_000_000),
+            seed,
+            debug: false,
+            logs: Default::default(),
+            metrics: Default::default(),
+            increments: Default::default(),
+            ticks: Default::default(),
+            calls: Default::default(),
+            refuse_calls: Default::default(),
+            random: Ok([seed as u8; crate::store::SECRET_LEN]),
+        }
+    }
+
+    /// How often the counter `c` was incremented.
+    pub fn count(&self, c: Counter) -> u64 {
+        let metrics = self.metrics.borrow();
+        let Some(id) = metrics.iter().position(|m| m == c.name()) else {
+            return 0;
+        };
+        self.increments
+            .borrow()
+            .get(&(id as u32))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn logged(&self, level: crate::worker::Level, part: &str) -> bool {
+        self.logs
+            .borrow()
+            .iter()
+            .any(|(l, m)| *l == level && m.contains(part))
+    }
+}
+
+impl SharedData for FakeHost {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostFault> {
+        self.vm.shared.get(key)
+    }
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), SetError> {
+        self.vm.shared.set(key, value, cas)
+    }
+}
+
+impl crate::worker::Host for FakeHost {
+    fn now_ms(&self) -> u64 {
+        self.now_ms.get()
+    }
+    fn log(&self, level: crate::worker::Level, message: &str) {
+        self.logs.borrow_mut().push((level, message.to_string()));
+    }
+    fn debug_enabled(&self) -> bool {
+        self.debug
+    }
+    fn define_counter(&self, name: &str) -> Result<u32, u32> {
+        let mut m = self.metrics.borrow_mut();
+        m.push(name.to_string());
+        Ok(m.len() as u32 - 1)
+    }
+    fn define_histogram(&self, name: &str) -> Result<u32, u32> {
+        self.define_counter(name)
+    }
+    fn increment(&self, metric: u32) {
+        *self.increments.borrow_mut().entry(metric).or_default() += 1;
+    }
+    fn random_bytes(&self) -> Result<[u8; crate::store::SECRET_LEN], u16> {
+        self.random
+    }
+    fn random_seed(&self) -> u64 {
+        self.seed
+    }
+    fn set_tick_period(&self, period_ms: u32) -> Result<(), u32> {
+        self.ticks.borrow_mut().push(period_ms);
+        Ok(())
+    }
+    fn register_queue(&self, name: &str) -> Result<u32, u32> {
+        let mut q = self.vm.queues.lock().unwrap();
+        if let Some(i) = q.iter().position(|(n, _)| n == name) {
+            return Ok(i as u32 + 1);
+        }
+        q.push((name.to_string(), Default::default()));
+        Ok(q.len() as u32)
+    }
+    fn enqueue(&self, queue: u32, item: &[u8]) -> Result<(), u32> {
+        let mut q = self.vm.queues.lock().unwrap();
+        match q.get_mut((queue as usize).wrapping_sub(1)) {
+            Some((_, items)) => {
+                items.push_back(item.to_vec());
+                Ok(())
+            }
+            None => Err(1),
+        }
+    }
+    fn dequeue(&self, queue: u32) -> Result<Option<Vec<u8>>, u32> {
+        let mut q = self.vm.queues.lock().unwrap();
+        match q.get_mut((queue as usize).wrapping_sub(1)) {
+            Some((_, items)) => Ok(items.pop_front()),
+            None => Err(1),
+        }
+    }
+    fn dispatch(&self, call: &crate::stream::StoreCall) -> Result<u32, crate::stream::CallAnswer> {
+        if self.refuse_calls.get() {
+            return Err(crate::stream::CallAnswer::default());
+        }
+        let mut next = self.vm.next_call.lock().unwrap();
+        *next += 1;
+        self.calls.borrow_mut().push((*next, call.clone()));
+        Ok(*next)
+    }
+}

@@ -28,7 +28,45 @@ pub struct RequestHead {
     pub protocol: String,
 }
 
+/// Bytes from the host as text, without a copy when they are valid UTF-8.
+pub fn text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
 impl RequestHead {
+    /// The request head from Envoy's header map `pairs`. Values stay the bytes Envoy
+    /// delivered: they enter record digests, where a lossy conversion would let two
+    /// different values meet (issue 21). Only `:method` becomes text (a method that is
+    /// not UTF-8 never equals a configured method, so it is never deduplicated). Names
+    /// come lower-cased from Envoy; one that is not UTF-8 (Envoy's codecs accept only
+    /// tokens) cannot equal a configured name however it reads. `protocol` (Envoy's
+    /// `request.protocol`, a host call) is asked only for a gRPC content type.
+    pub fn from_pairs(
+        pairs: Vec<(String, Vec<u8>)>,
+        protocol: impl FnOnce() -> String,
+    ) -> RequestHead {
+        let mut head = RequestHead::default();
+        for (mut name, value) in pairs {
+            match name.as_str() {
+                ":method" => head.method = text(value),
+                ":path" => head.path = value,
+                ":authority" => head.authority = value,
+                n if n.starts_with(':') => {}
+                _ => {
+                    // Envoy hands header names in lower case already: this copies nothing.
+                    name.make_ascii_lowercase();
+                    head.headers.push((name, value));
+                }
+            }
+        }
+        // gRPC is HTTP/2 or HTTP/3 with a gRPC content type; the protocol costs a host
+        // call, so it is read only when the content type says gRPC.
+        if head.grpc_content_type() {
+            head.protocol = protocol();
+        }
+        head
+    }
+
     /// First value of a header (names compare case-insensitively); `:authority`,
     /// `:path` and `:method` name the pseudo-headers.
     pub fn header(&self, name: &str) -> Option<&[u8]> {

@@ -22,6 +22,7 @@ pub mod store;
 pub mod stream;
 pub mod wait;
 pub mod wire;
+pub mod worker;
 
 #[cfg(test)]
 mod fake;

@@ -129,6 +129,15 @@ pub struct Capture {
 /// The response headers a replay carries (lower-cased): all pairs but hop-by-hop ones
 /// (including those the response's `Connection` header lists), framing, `x-envoy-*`
 /// and `set-cookie`.
+/// The `:status` of a header map (0 when it has none, or not a number).
+pub fn status_of(pairs: &[(String, Vec<u8>)]) -> u16 {
+    pairs
+        .iter()
+        .find(|(n, _)| n == ":status")
+        .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<u16>().ok())
+        .unwrap_or(0)
+}
+
 pub fn kept_headers(pairs: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
     let tokens: Vec<String> = pairs
         .iter()

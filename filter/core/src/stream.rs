@@ -6,23 +6,29 @@
 //! shared by both stores. The other rooms: `plugin` (what a stream is given: config,
 //! the host seam `Env`, store calls), `completion` (the response side and the end of a
 //! won claim), `answer` (local replies: duplicates, bad keys, failure mode), `waiting`
-//! (wait mode), and each store's side: `shared` (claims in this proxy's shared data,
-//! answered at once) and `etcd` (the claim/settle protocol through store calls, with
-//! `etcd/settle`).
+//! (wait mode), `store` (the one store interface: every store operation goes through
+//! it to the configured store's side), and each store's side: `shared` (claims in this
+//! proxy's shared data, answered at once) and `etcd` (the claim/settle protocol through
+//! store calls, with `etcd/settle`).
 
 mod answer;
+mod calls;
 mod completion;
 mod detached;
 mod etcd;
 mod plugin;
 mod shared;
+mod store;
 mod waiting;
 
-pub use detached::{classify_call, UpstreamCall};
-pub use plugin::{keeps_unknown, CallAnswer, Env, Plugin, StoreCall, StoreState};
-pub use waiting::recheck_interval_ms;
+pub use calls::{Answered, Holds};
+pub use detached::{classify_call, forwarded_header, UpstreamCall};
+pub use etcd::EtcdStore;
+pub use plugin::{keeps_unknown, CallAnswer, Env, Plugin, Route, StoreCall, Transport};
+pub use store::StoreState;
+pub(crate) use store::{admin_answer, admin_request};
 
-use crate::config::{GrpcPolicy, StoreConfig};
+use crate::config::GrpcPolicy;
 use crate::key::{
     fingerprint_key, header_key, json_key, record_digest, short_hex, BodyHasher, ClientKey,
     JsonKey, KeyError, RequestHead,
@@ -33,9 +39,9 @@ use crate::payload::{payload_digest, AmbiguousPayload};
 use crate::reply::{LocalReply, Problem};
 use crate::response::Capture;
 use crate::response::StoredResponse;
-use crate::store::Claim;
 use answer::bad_key_reply;
-use etcd::{Claiming, EtcdClaim, Settling};
+use etcd::{Claiming, Settling};
+use store::HeldClaim;
 
 /// What the glue does next with the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,12 +104,6 @@ struct Waiting {
     held_until: Option<u64>,
 }
 
-/// A claim the stream holds.
-enum HeldClaim {
-    Shared(Claim),
-    Etcd(EtcdClaim),
-}
-
 /// What a claim found when the key was already taken.
 enum Duplicate {
     /// In flight; `held_until` is set when its outcome is unknown and it is held until
@@ -134,6 +134,20 @@ pub struct Origin {
 }
 
 impl Origin {
+    /// From Envoy's properties: `details` (`response.code_details`), and `flags` read
+    /// only when they matter (`response.flags`, an 8-byte little-endian integer): an
+    /// upstream answer (`via_upstream`) is classified by its details alone
+    /// (`outcome::classify`). Missing facts read as unknown.
+    pub fn from_properties(details: String, flags: impl FnOnce() -> Option<Vec<u8>>) -> Self {
+        if details == "via_upstream" {
+            return Origin { details, flags: 0 };
+        }
+        let flags = flags()
+            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+            .map_or(0, u64::from_le_bytes);
+        Origin { details, flags }
+    }
+
     pub fn upstream() -> Self {
         Origin {
             details: "via_upstream".to_string(),
@@ -164,6 +178,8 @@ pub struct DedupStream {
     /// The request's scope tag: kept beside its shared-data record (eviction and
     /// per-scope bounds), and bounding its scope's waiters; 0 until decided.
     scope_tag: u32,
+    /// What its calls hold back (`calls.rs`).
+    calls: calls::Calls,
 }
 
 impl std::fmt::Debug for DedupStream {
@@ -201,6 +217,7 @@ impl DedupStream {
             client_deadline: None,
             client_answered: false,
             scope_tag: 0,
+            calls: calls::Calls::default(),
         }
     }
 
@@ -389,14 +406,8 @@ impl DedupStream {
         answer: CallAnswer,
     ) -> Decision {
         let decision = match std::mem::replace(&mut self.phase, Phase::Finished) {
-            Phase::Claiming(c) => self.claim_step(p, env, c, answer),
-            Phase::Settling(st) => self.settled(p, env, st, &answer),
-            Phase::Polling(w) => self.polled(p, env, w, &answer),
             Phase::Detached(owned) => self.upstream_answered(p, env, owned, answer),
-            other => {
-                self.phase = other;
-                Decision::Continue
-            }
+            other => self.store_answered(p, env, other, answer),
         };
         // A request sent detached never goes to the router as well.
         match decision {
@@ -456,20 +467,7 @@ impl DedupStream {
         let digest = record_digest(cfg, &head, &key);
         self.record = Some(digest);
         self.payload = Some(payload);
-        match &p.config.store {
-            StoreConfig::SharedData { .. } => {
-                self.scope_tag = p.layout().map_or(0, |l| l.scope_tag(cfg, &head));
-                self.claim_shared(p, env, digest, payload)
-            }
-            StoreConfig::Etcd(ec) => {
-                // Only waiters are bounded per scope here (no secret is needed), so the
-                // tag is computed only when some policy waits.
-                if p.waits {
-                    self.scope_tag = crate::key::scope_tag(cfg, &head, &[]);
-                }
-                self.claim_etcd(p, env, ec, digest, payload)
-            }
-        }
+        self.claim(p, env, cfg, &head, digest, payload)
     }
 
     fn forward<E: Env>(&mut self, p: &Plugin, env: &mut E, owned: HeldClaim) -> Decision {
@@ -479,14 +477,10 @@ impl DedupStream {
         if let Some(d) = &p.config.policy_at(self.rule).detached {
             return self.send_detached(env, owned, d);
         }
-        let digest = match &owned {
-            HeldClaim::Shared(c) => c.digest,
-            HeldClaim::Etcd(o) => o.digest,
-        };
         env.debug(format_args!(
             "stream {}: record {} claimed; forwarding",
             self.id,
-            short_hex(&digest)
+            short_hex(owned.digest())
         ));
         self.phase = Phase::Forwarded(owned);
         Decision::Continue

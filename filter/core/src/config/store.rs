@@ -35,12 +35,58 @@ pub(super) fn store_budget(
     Ok(v)
 }
 
+impl StoreConfig {
+    /// The prefix of this proxy's shared-data keys: the shared-data store's records, and
+    /// the wake-up board of wait mode, which lives in shared data whatever the store
+    /// (with etcd, under the default namespace).
+    pub fn namespace(&self) -> &str {
+        match self {
+            StoreConfig::SharedData { namespace, .. } => namespace,
+            StoreConfig::Etcd(_) => DEFAULT_NAMESPACE,
+        }
+    }
+
+    /// The shared-data store's byte budget (`None` with etcd).
+    pub fn max_store_bytes(&self) -> Option<u64> {
+        match self {
+            StoreConfig::SharedData {
+                max_store_bytes, ..
+            } => Some(*max_store_bytes),
+            StoreConfig::Etcd(_) => None,
+        }
+    }
+
+    /// etcd: every policy's replay cap must fit a record (shared data has no such cap).
+    pub(super) fn check_record_room(
+        &self,
+        policy: &Policy,
+        rules: &[Rule],
+    ) -> Result<(), ConfigError> {
+        if let StoreConfig::Etcd(ec) = self {
+            check_record_room("", policy, ec)?;
+            for (i, r) in rules.iter().enumerate() {
+                check_record_room(&format!("rules[{i}]."), &r.policy, ec)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The defaults: shared data, sized for the default capacity and replay cap.
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig::SharedData {
+            eviction: Eviction::OwnScope,
+            scope_claims_per_bucket: DEFAULT_SCOPE_CLAIMS_PER_BUCKET,
+            namespace: DEFAULT_NAMESPACE.to_string(),
+            max_store_bytes: store_budget(None, DEFAULT_CAPACITY, DEFAULT_MAX_REPLAY_BODY_BYTES)
+                .unwrap_or(DEFAULT_MAX_STORE_BYTES),
+        }
+    }
+}
+
 /// The record carries the response plus its own header: leave room for both.
-pub(super) fn check_record_room(
-    prefix: &str,
-    policy: &Policy,
-    ec: &EtcdConfig,
-) -> Result<(), ConfigError> {
+fn check_record_room(prefix: &str, policy: &Policy, ec: &EtcdConfig) -> Result<(), ConfigError> {
     let room = ec.max_record_bytes.saturating_sub(RECORD_OVERHEAD_BYTES);
     let max_replay_body_bytes = policy.max_replay_body_bytes;
     if max_replay_body_bytes > room {

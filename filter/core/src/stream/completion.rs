@@ -1,6 +1,6 @@
 //! The response side of a stream that won its claim: capturing the response, and the
 //! end of the claim, completed, released (never executed), or held when the outcome is
-//! unknown. Each store writes its own record (`shared`, `etcd`).
+//! unknown. Each store writes its own record (through `store`, to `shared` or `etcd`).
 
 use super::{DedupStream, Env, HeldClaim, Origin, Phase, Plugin, StoreCall};
 use crate::config::OnUnknownOutcome;
@@ -206,13 +206,7 @@ impl DedupStream {
             }
         ));
         self.phase = Phase::Finished;
-        match owned {
-            HeldClaim::Shared(claim) => {
-                self.hold_shared(p, env, &claim, until_ms);
-                None
-            }
-            HeldClaim::Etcd(o) => Some(self.hold_etcd(p, env, &o, until_ms)),
-        }
+        self.hold_claim(p, env, owned, until_ms)
     }
 
     pub(super) fn complete<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Option<StoreCall> {
@@ -225,13 +219,7 @@ impl DedupStream {
             env.count(Counter::ResponseNotStored);
         }
         let now = env.now_ms();
-        match owned {
-            HeldClaim::Shared(claim) => {
-                self.complete_shared(p, env, &claim, response.as_ref(), now);
-                None
-            }
-            HeldClaim::Etcd(o) => Some(self.complete_etcd(p, env, o, response, now)),
-        }
+        self.complete_claim(p, env, owned, response, now)
     }
 
     pub(super) fn release<E: Env>(
@@ -244,12 +232,6 @@ impl DedupStream {
         if self.verdict != Some("outcome_unknown") {
             self.decided("released");
         }
-        match owned {
-            HeldClaim::Shared(claim) => {
-                self.release_shared(p, env, &claim);
-                None
-            }
-            HeldClaim::Etcd(o) => Some(self.release_etcd(p, env, &o)),
-        }
+        self.release_claim(p, env, owned)
     }
 }

@@ -49,6 +49,22 @@ pub fn classify_call(answer: &CallAnswer) -> Outcome {
     Outcome::Upstream
 }
 
+/// Whether a request header goes into a detached call: not the hop-by-hop ones, nor
+/// `content-length` (Envoy frames the call's body itself).
+pub fn forwarded_header(name: &str) -> bool {
+    !matches!(
+        name.to_ascii_lowercase().as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "te"
+            | "upgrade"
+            | "content-length"
+            | "expect"
+    )
+}
+
 impl DedupStream {
     /// A won claim under detached execution: ask the glue to send the request itself.
     pub(super) fn send_detached<E: Env>(

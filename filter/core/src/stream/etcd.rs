@@ -6,17 +6,63 @@
 mod settle;
 
 use super::plugin::keeps_unknown;
+use super::store::HeldClaim;
 use super::{
-    CallAnswer, Decision, DedupStream, Duplicate, Env, HeldClaim, Phase, Plugin, StoreCall, Waiting,
+    CallAnswer, Decision, DedupStream, Duplicate, Env, Phase, Plugin, Route, StoreCall, Transport,
+    Waiting,
 };
-use crate::config::{EtcdConfig, Policy, StoreConfig};
-use crate::etcd::{self, EtcdAnswer, EtcdRecord, LeaseCache, LeasePurpose};
+use crate::config::{EtcdConfig, Policy};
+use crate::etcd::{self, EtcdAnswer, EtcdRecord, LeaseCache, LeasePlan, LeasePurpose};
+use crate::etcdpb;
 use crate::key::{short_hex, Digest};
 use crate::local::LocalEntry;
 use crate::metrics::Counter;
 use crate::record::RecordState;
 use crate::wait::POLL_ETCD_MS;
 pub(super) use settle::Settling;
+use std::sync::Arc;
+
+/// The etcd store: its settings, and where its calls go (resolved once, carried by
+/// every `StoreCall`).
+#[derive(Debug, Clone)]
+pub struct EtcdStore {
+    pub config: EtcdConfig,
+    route: Arc<Route>,
+}
+
+impl EtcdStore {
+    pub fn new(config: EtcdConfig) -> Self {
+        let transport = match config.protocol {
+            // The cluster by name (`:authority` is then the cluster's name), or a
+            // `GrpcService` carrying `store.authority` when that was set to something else.
+            etcd::Protocol::Grpc => Transport::Grpc {
+                upstream: if config.authority == config.cluster {
+                    config.cluster.as_bytes().to_vec()
+                } else {
+                    etcdpb::grpc_service(&config.cluster, &config.authority)
+                },
+            },
+            etcd::Protocol::Json => Transport::Http {
+                authority: config.authority.clone(),
+            },
+        };
+        let route = Arc::new(Route {
+            cluster: config.cluster.clone(),
+            transport,
+        });
+        EtcdStore { config, route }
+    }
+
+    /// A call of `path` with `body` to this store, giving up after `timeout_ms`.
+    pub(crate) fn call(&self, path: &'static str, body: Vec<u8>, timeout_ms: u64) -> StoreCall {
+        StoreCall {
+            path,
+            body,
+            timeout_ms,
+            route: Arc::clone(&self.route),
+        }
+    }
+}
 
 pub(super) struct EtcdClaim {
     pub(super) key: String,
@@ -90,15 +136,13 @@ impl DedupStream {
     pub(super) fn polled<E: Env>(
         &mut self,
         p: &Plugin,
+        ec: &EtcdStore,
         env: &mut E,
         mut w: Box<Waiting>,
         answer: &CallAnswer,
     ) -> Decision {
-        let StoreConfig::Etcd(ec) = &p.config.store else {
-            return Decision::Continue;
-        };
         let now = env.now_ms();
-        match poll_answer(ec.protocol.range_path(), answer, &w.digest) {
+        match poll_answer(ec.config.protocol.range_path(), answer, &w.digest) {
             Polled::Claimed { held_until } => {
                 w.held_until = held_until;
                 self.wait_on(p, env, w)
@@ -106,9 +150,9 @@ impl DedupStream {
             Polled::Completed(entry) => {
                 env.local().insert(w.digest, entry, now);
                 env.waiters().wake(&w.digest);
-                self.claim_etcd(p, env, ec, w.digest, w.payload)
+                self.claim_etcd(p, ec, env, w.digest, w.payload)
             }
-            Polled::Free => self.claim_etcd(p, env, ec, w.digest, w.payload),
+            Polled::Free => self.claim_etcd(p, ec, env, w.digest, w.payload),
             Polled::Failed => {
                 env.count(Counter::StoreErrors);
                 env.debug(format_args!(
@@ -125,8 +169,8 @@ impl DedupStream {
     pub(super) fn claim_etcd<E: Env>(
         &mut self,
         p: &Plugin,
+        ec: &EtcdStore,
         env: &mut E,
-        ec: &EtcdConfig,
         digest: Digest,
         payload: Digest,
     ) -> Decision {
@@ -149,26 +193,26 @@ impl DedupStream {
         }
         let token = env.new_token();
         let c = Claiming {
-            key: etcd::record_key(&ec.prefix, &digest),
+            key: etcd::record_key(&ec.config.prefix, &digest),
             digest,
             payload,
             token,
             step: ClaimStep::Txn,
             rounds: 0,
             retries: 0,
-            deadline_ms: now.saturating_add(ec.timeout_ms),
-            call: StoreCall {
-                path: ec.protocol.txn_path(),
-                body: Vec::new(),
-                timeout_ms: ec.timeout_ms,
-            },
+            deadline_ms: now.saturating_add(ec.config.timeout_ms),
+            call: ec.call(
+                ec.config.protocol.txn_path(),
+                Vec::new(),
+                ec.config.timeout_ms,
+            ),
             sent_ms: now,
             completed_lease: None,
             in_flight_lease: 0,
             expires_ms: 0,
             abandoned: false,
         };
-        self.next_claim_call(p, env, Box::new(c))
+        self.next_claim_call(p, ec, env, Box::new(c))
     }
 
     /// A won etcd claim goes on, unless its client left meanwhile: then nothing was
@@ -198,15 +242,16 @@ impl DedupStream {
     fn next_claim_call<E: Env>(
         &mut self,
         p: &Plugin,
+        ec: &EtcdStore,
         env: &mut E,
         mut c: Box<Claiming>,
     ) -> Decision {
         let now = env.now_ms();
-        let timeout_ms = attempt_timeout(p, c.deadline_ms, now);
-        let plan = p.leases_for(p.config.policy_at(self.rule));
+        let timeout_ms = attempt_timeout(ec, c.deadline_ms, now);
+        let plan = lease_plan(ec, p.config.policy_at(self.rule));
         let in_flight = env.leases().get(LeasePurpose::InFlight, &plan, now);
         let completed = env.leases().get(LeasePurpose::Completed, &plan, now);
-        let proto = protocol(p);
+        let proto = ec.config.protocol;
         let (step, path, body) = match (in_flight, completed) {
             (None, _) => (
                 ClaimStep::Grant(LeasePurpose::InFlight),
@@ -234,11 +279,7 @@ impl DedupStream {
         c.step = step;
         c.retries = 0;
         c.sent_ms = now;
-        c.call = StoreCall {
-            path,
-            body,
-            timeout_ms,
-        };
+        c.call = ec.call(path, body, timeout_ms);
         let call = c.call.clone();
         self.phase = Phase::Claiming(c);
         Decision::Call(call)
@@ -247,6 +288,7 @@ impl DedupStream {
     pub(super) fn claim_step<E: Env>(
         &mut self,
         p: &Plugin,
+        ec: &EtcdStore,
         env: &mut E,
         mut c: Box<Claiming>,
         answer: CallAnswer,
@@ -258,7 +300,7 @@ impl DedupStream {
             // may answer. Retry within the budget.
             if c.retries < MAX_RETRIES && now < c.deadline_ms {
                 c.retries += 1;
-                c.call.timeout_ms = attempt_timeout(p, c.deadline_ms, now);
+                c.call.timeout_ms = attempt_timeout(ec, c.deadline_ms, now);
                 c.sent_ms = now;
                 let call = c.call.clone();
                 self.phase = Phase::Claiming(c);
@@ -279,9 +321,9 @@ impl DedupStream {
         };
         match (c.step, parsed) {
             (ClaimStep::Grant(purpose), EtcdAnswer::Lease { id }) => {
-                let plan = p.leases_for(p.config.policy_at(self.rule));
+                let plan = lease_plan(ec, p.config.policy_at(self.rule));
                 env.leases().put(purpose, &plan, id, c.sent_ms);
-                self.next_claim_call(p, env, c)
+                self.next_claim_call(p, ec, env, c)
             }
             (ClaimStep::Txn, EtcdAnswer::Error { code, message }) if lease_lost(code, &message) => {
                 // A lease we cached is gone (revoked, or etcd lost it): take fresh ones.
@@ -290,7 +332,7 @@ impl DedupStream {
                 if c.rounds > MAX_ROUNDS {
                     return self.store_failed(p, env, "etcd keeps losing leases");
                 }
-                self.next_claim_call(p, env, c)
+                self.next_claim_call(p, ec, env, c)
             }
             (_, EtcdAnswer::Error { code, message }) => {
                 self.store_failed(p, env, &format!("etcd error {code}: {message}"))
@@ -324,7 +366,7 @@ impl DedupStream {
                 }
                 let Some((mod_revision, value)) = existing else {
                     // Deleted between the compare and the read: claim again.
-                    return self.next_claim_call(p, env, c);
+                    return self.next_claim_call(p, ec, env, c);
                 };
                 let current = EtcdRecord::decode(&value, &c.digest);
                 match current {
@@ -407,24 +449,24 @@ impl DedupStream {
                     // read it. A clock running ahead by D takes it over D early.
                     Some(_) => {
                         let policy = p.config.policy_at(self.rule);
-                        let plan = p.leases_for(policy);
+                        let plan = lease_plan(ec, policy);
                         let Some(lease) = env.leases().get(LeasePurpose::InFlight, &plan, now)
                         else {
-                            return self.next_claim_call(p, env, c);
+                            return self.next_claim_call(p, ec, env, c);
                         };
                         let rec = in_flight_record(policy, &c, now);
                         c.in_flight_lease = lease;
                         c.expires_ms = rec.expires_ms;
-                        c.call = StoreCall {
-                            path: protocol(p).txn_path(),
-                            body: protocol(p).replace_txn(
+                        c.call = ec.call(
+                            ec.config.protocol.txn_path(),
+                            ec.config.protocol.replace_txn(
                                 &c.key,
                                 mod_revision,
                                 &rec.encode(&c.digest),
                                 claim_lease(policy, &c),
                             ),
-                            timeout_ms: attempt_timeout(p, c.deadline_ms, now),
-                        };
+                            attempt_timeout(ec, c.deadline_ms, now),
+                        );
                         c.retries = 0;
                         c.sent_ms = now;
                         let call = c.call.clone();
@@ -467,12 +509,14 @@ pub(super) enum Polled {
 }
 
 /// The store call that reads a waiter's record (etcd store).
-pub(super) fn poll_call(ec: &EtcdConfig, digest: &Digest) -> StoreCall {
-    StoreCall {
-        path: ec.protocol.range_path(),
-        body: ec.protocol.read_key(&etcd::record_key(&ec.prefix, digest)),
-        timeout_ms: ec.timeout_ms.min(POLL_ETCD_MS.max(1000)),
-    }
+pub(super) fn poll_call(ec: &EtcdStore, digest: &Digest) -> StoreCall {
+    ec.call(
+        ec.config.protocol.range_path(),
+        ec.config
+            .protocol
+            .read_key(&etcd::record_key(&ec.config.prefix, digest)),
+        ec.config.timeout_ms.min(POLL_ETCD_MS.max(1000)),
+    )
 }
 
 /// Interprets the answer to `poll_call`. The time in a completed record is not compared
@@ -504,32 +548,20 @@ fn poll_answer(path: &str, answer: &CallAnswer, digest: &Digest) -> Polled {
     }
 }
 
-fn etcd_timeout(p: &Plugin) -> u64 {
-    match &p.config.store {
-        StoreConfig::Etcd(ec) => ec.timeout_ms,
-        StoreConfig::SharedData { .. } => 1000,
-    }
-}
-
-fn protocol(p: &Plugin) -> etcd::Protocol {
-    match &p.config.store {
-        StoreConfig::Etcd(ec) => ec.protocol,
-        StoreConfig::SharedData { .. } => etcd::Protocol::default(),
-    }
-}
-
-fn max_record_bytes(p: &Plugin) -> usize {
-    match &p.config.store {
-        StoreConfig::Etcd(ec) => ec.max_record_bytes,
-        StoreConfig::SharedData { .. } => usize::MAX,
-    }
+/// The etcd lease timing of a policy: its TTLs and the budget of one store operation.
+fn lease_plan(ec: &EtcdStore, policy: &Policy) -> LeasePlan {
+    LeasePlan::new(
+        policy.ttl_ms,
+        policy.in_flight_timeout_ms,
+        ec.config.timeout_ms,
+    )
 }
 
 /// The timeout of one attempt: a third of the budget (at least 100 ms), never past the
 /// deadline. A request stuck on a member that lost its leader (etcd drops the proposal
 /// and the client waits) is abandoned in time to retry on the new leader.
-fn attempt_timeout(p: &Plugin, deadline_ms: u64, now_ms: u64) -> u64 {
-    let slice = (etcd_timeout(p) / 3).max(100);
+fn attempt_timeout(ec: &EtcdStore, deadline_ms: u64, now_ms: u64) -> u64 {
+    let slice = (ec.config.timeout_ms / 3).max(100);
     deadline_ms.saturating_sub(now_ms).min(slice).max(1)
 }
 

@@ -1,116 +1,45 @@
 //! What a stream is given: the configured plugin (config and the per-store state derived
 //! from it), the host seam (`Env`), and the store calls a stream asks the glue to make.
 
-use crate::config::{Config, Policy, StoreConfig};
-use crate::etcd::{LeaseCache, LeasePlan};
+use super::store::{layout_timed, StoreState};
+use crate::config::{Config, Policy};
+use crate::etcd::LeaseCache;
 use crate::key::Digest;
 use crate::local::LocalTier;
 use crate::metrics::Counter;
-use crate::store::{HostFault, Layout, SharedData, StoreError, WAYS};
+use crate::store::{Layout, SharedData, StoreError};
 use crate::wait::Waiters;
 use std::borrow::Cow;
+use std::sync::Arc;
 
 /// A configured plugin: immutable config and what its store needs derived from it.
 #[derive(Debug, Clone)]
 pub struct Plugin {
     pub config: Config,
-    /// Built for the configured store only.
+    /// The configured store (`store.rs`: the one place that tells the two apart).
     pub store: StoreState,
     /// Whether any policy waits (`Config::waits`), so a completion knows at once
     /// whether to wake waiters.
     pub waits: bool,
 }
 
-/// What the configured store needs, derived once from the config.
-#[derive(Debug, Clone)]
-pub enum StoreState {
-    /// The buckets every policy shares, timed for the longest-lived policy (what the
-    /// layout registry needs); a stream uses `layout_for` its policy.
-    SharedData(Layout),
-    /// etcd: a policy's lease timing (`leases_for`) follows from its TTLs and the
-    /// budget of one store operation (`store.timeout_ms`).
-    Etcd { budget_ms: u64 },
-}
-
 impl Plugin {
     pub fn new(config: Config) -> Self {
-        let store = match &config.store {
-            StoreConfig::SharedData {
-                namespace,
-                max_store_bytes,
-                eviction,
-                scope_claims_per_bucket,
-            } => {
-                // Every policy shares the buckets; the layout registers itself for as
-                // long as the longest-lived policy's records may live.
-                let top = &config.policy;
-                let policies =
-                    || std::iter::once(top).chain(config.rules.iter().map(|r| &r.policy));
-                let layout = Layout::new(
-                    namespace,
-                    config.capacity,
-                    policies()
-                        .map(|p| p.in_flight_timeout_ms)
-                        .max()
-                        .unwrap_or(0),
-                    policies().map(|p| p.ttl_ms).max().unwrap_or(0),
-                )
-                // Registered for as long as the longest-lived policy's claims may live.
-                .keeping_unknown(policies().any(keeps_unknown))
-                .isolating_scopes(
-                    *eviction == crate::config::Eviction::Oldest,
-                    usize::try_from(*scope_claims_per_bucket).unwrap_or(WAYS),
-                )
-                .with_max_store_bytes(*max_store_bytes);
-                StoreState::SharedData(layout)
-            }
-            StoreConfig::Etcd(ec) => StoreState::Etcd {
-                budget_ms: ec.timeout_ms,
-            },
-        };
         Plugin {
             waits: config.waits(),
+            store: StoreState::new(&config),
             config,
-            store,
         }
     }
 
     /// The shared-data layout (an error when the store is etcd: no layout exists).
     pub fn layout(&self) -> Result<&Layout, StoreError> {
-        match &self.store {
-            StoreState::SharedData(layout) => Ok(layout),
-            StoreState::Etcd { .. } => Err(StoreError::Host(HostFault(
-                "the store is etcd: no shared-data layout".into(),
-            ))),
-        }
+        self.store.layout()
     }
 
     /// The shared-data layout with a policy's timing (borrowed when it is the layout's).
     pub fn layout_for(&self, policy: &Policy) -> Result<Cow<'_, Layout>, StoreError> {
-        let layout = self.layout()?;
-        Ok(
-            if policy.in_flight_timeout_ms == layout.in_flight_ms
-                && policy.ttl_ms == layout.ttl_ms
-                && keeps_unknown(policy) == layout.keep_unknown
-            {
-                Cow::Borrowed(layout)
-            } else {
-                Cow::Owned(layout.timed(
-                    policy.in_flight_timeout_ms,
-                    policy.ttl_ms,
-                    keeps_unknown(policy),
-                ))
-            },
-        )
-    }
-
-    /// The etcd lease timing of a policy.
-    pub fn leases_for(&self, policy: &Policy) -> LeasePlan {
-        let budget_ms = match self.store {
-            StoreState::Etcd { budget_ms } => budget_ms,
-            StoreState::SharedData(_) => 0,
-        };
-        LeasePlan::new(policy.ttl_ms, policy.in_flight_timeout_ms, budget_ms)
+        Ok(layout_timed(self.store.layout()?, policy))
     }
 }
 
@@ -142,6 +71,26 @@ pub struct StoreCall {
     pub path: &'static str,
     pub body: Vec<u8>,
     pub timeout_ms: u64,
+    /// Where it goes: the store's cluster, over gRPC or HTTP (resolved once per config).
+    pub route: Arc<Route>,
+}
+
+/// Where a store's calls go: an Envoy cluster, and how it is called.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub cluster: String,
+    pub transport: Transport,
+}
+
+/// How a store call is sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    /// A unary gRPC call of the method `StoreCall::path` names (`/service/method`) to
+    /// `upstream`: the cluster's name, or a serialised `GrpcService` naming the cluster
+    /// and carrying `store.authority`.
+    Grpc { upstream: Vec<u8> },
+    /// An HTTP POST of `path` with a JSON body and this `:authority`.
+    Http { authority: String },
 }
 
 /// The answer to a `StoreCall`: the HTTP status (0 when the call failed without a

@@ -1,35 +1,29 @@
 //! The shared-data store's side of a stream: the claim in this proxy's shared data,
 //! and its completion, release or hold. Every call answers at once (no store call).
 
-use super::{wake, DedupStream, Duplicate, Env, HeldClaim, Plugin};
+use super::store::{layout_timed, HeldClaim};
+use super::{wake, DedupStream, Duplicate, Env, Plugin};
 use crate::config::OnDuplicate;
 use crate::key::{short_hex, Digest};
 use crate::metrics::Counter;
 use crate::response::StoredResponse;
-use crate::store::{Claim, ClaimOutcome, SharedStore, StoreError};
+use crate::store::{Claim, ClaimOutcome, Layout, SharedStore, StoreError};
 use crate::stream::Decision;
 
 impl DedupStream {
     pub(super) fn claim_shared<E: Env>(
         &mut self,
         p: &Plugin,
+        layout: &Layout,
         env: &mut E,
         digest: Digest,
         payload: Digest,
     ) -> Decision {
         let token = env.new_token();
         let now = env.now_ms();
-        let outcome = p
-            .layout_for(p.config.policy_at(self.rule))
-            .and_then(|layout| {
-                SharedStore::new(&*env, &layout).claim(
-                    &digest,
-                    &payload,
-                    self.scope_tag,
-                    now,
-                    token,
-                )
-            });
+        let timed = layout_timed(layout, p.config.policy_at(self.rule));
+        let outcome =
+            SharedStore::new(&*env, &timed).claim(&digest, &payload, self.scope_tag, now, token);
         match outcome {
             Ok(ClaimOutcome::Claimed {
                 claim,
@@ -51,10 +45,7 @@ impl DedupStream {
                 self.duplicate(p, env, Duplicate::Completed(None))
             }
             Ok(ClaimOutcome::Completed(done)) => {
-                match p
-                    .layout()
-                    .and_then(|l| SharedStore::new(&*env, l).response(&done))
-                {
+                match SharedStore::new(&*env, layout).response(&done) {
                     Ok(Some(resp)) => self.duplicate(p, env, Duplicate::Completed(Some(resp))),
                     Ok(None) => self.duplicate(p, env, Duplicate::NotStored),
                     Err(e) => self.store_failed(p, env, &e.to_string()),
@@ -74,20 +65,20 @@ impl DedupStream {
     pub(super) fn hold_shared<E: Env>(
         &mut self,
         p: &Plugin,
+        layout: &Layout,
         env: &mut E,
         claim: &Claim,
         until_ms: Option<u64>,
     ) {
         let now = env.now_ms();
-        let held = p
-            .layout_for(p.config.policy_at(self.rule))
-            .and_then(|layout| {
-                let store = SharedStore::new(&*env, &layout);
-                if until_ms.is_some() {
-                    store.register(now)?;
-                }
-                store.hold(claim, until_ms)
-            });
+        let timed = layout_timed(layout, p.config.policy_at(self.rule));
+        let store = SharedStore::new(&*env, &timed);
+        let held = (if until_ms.is_some() {
+            store.register(now).map(|_| ())
+        } else {
+            Ok(())
+        })
+        .and_then(|()| store.hold(claim, until_ms));
         match held {
             // Waiters of a record kept until its TTL are answered now, not at their
             // timeout.
@@ -108,14 +99,14 @@ impl DedupStream {
     pub(super) fn complete_shared<E: Env>(
         &mut self,
         p: &Plugin,
+        layout: &Layout,
         env: &mut E,
         claim: &Claim,
         response: Option<&StoredResponse>,
         now: u64,
     ) {
-        let completed = p
-            .layout_for(p.config.policy_at(self.rule))
-            .and_then(|layout| SharedStore::new(&*env, &layout).complete(claim, response, now));
+        let timed = layout_timed(layout, p.config.policy_at(self.rule));
+        let completed = SharedStore::new(&*env, &timed).complete(claim, response, now);
         match completed {
             Ok(done) if done.owned => {
                 if response.is_some() && !done.stored {
@@ -152,11 +143,14 @@ impl DedupStream {
         }
     }
 
-    pub(super) fn release_shared<E: Env>(&mut self, p: &Plugin, env: &mut E, claim: &Claim) {
-        match p
-            .layout()
-            .and_then(|l| SharedStore::new(&*env, l).release(claim))
-        {
+    pub(super) fn release_shared<E: Env>(
+        &mut self,
+        p: &Plugin,
+        layout: &Layout,
+        env: &mut E,
+        claim: &Claim,
+    ) {
+        match SharedStore::new(&*env, layout).release(claim) {
             Ok(true) => {
                 env.count(Counter::Released);
                 wake(p, env, &claim.digest);

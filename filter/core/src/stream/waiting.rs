@@ -1,12 +1,9 @@
 //! Wait mode: a duplicate held until the first request's answer, woken by the glue,
 //! re-checking its record, answering 409 once its wait is over.
 
-use super::etcd::poll_call;
 use super::{Decision, DedupStream, Duplicate, Env, Phase, Plugin, Waiting};
-use crate::config::StoreConfig;
 use crate::key::short_hex;
 use crate::metrics::Counter;
-use crate::wait::{POLL_ETCD_MS, RECHECK_SHARED_MS};
 
 impl DedupStream {
     /// Wait mode: the glue woke this waiting duplicate (its record changed, its periodic
@@ -35,17 +32,7 @@ impl DedupStream {
                 },
             );
         }
-        match &p.config.store {
-            StoreConfig::SharedData { .. } => self.claim_shared(p, env, w.digest, w.payload),
-            StoreConfig::Etcd(ec) => {
-                if env.local().get(&w.digest, now).is_some() {
-                    return self.claim_etcd(p, env, ec, w.digest, w.payload);
-                }
-                let call = poll_call(ec, &w.digest);
-                self.phase = Phase::Polling(w);
-                Decision::Call(call)
-            }
-        }
+        self.recheck(p, env, w, now)
     }
 
     /// Keeps a waiter waiting, or answers 409 once its deadline has passed.
@@ -121,13 +108,5 @@ impl DedupStream {
         if self.wait_deadline.is_some() {
             env.waiters().remove(self.id);
         }
-    }
-}
-
-/// How often a worker re-checks what its waiters wait for without a wake-up.
-pub fn recheck_interval_ms(p: &Plugin) -> u64 {
-    match p.config.store {
-        StoreConfig::SharedData { .. } => RECHECK_SHARED_MS,
-        StoreConfig::Etcd(_) => POLL_ETCD_MS,
     }
 }

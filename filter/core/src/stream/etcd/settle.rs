@@ -3,10 +3,8 @@
 //! when its compare fails, and written again with a fresh lease when etcd lost the
 //! completed one.
 
-use super::{
-    attempt_timeout, etcd_timeout, lease_lost, max_record_bytes, protocol, retryable, EtcdClaim,
-    MAX_RETRIES,
-};
+use super::EtcdStore;
+use super::{attempt_timeout, lease_lost, lease_plan, retryable, EtcdClaim, MAX_RETRIES};
 use crate::etcd::{self, EtcdAnswer, EtcdRecord, LeaseCache, LeasePurpose};
 use crate::key::Digest;
 use crate::local::LocalEntry;
@@ -66,6 +64,7 @@ impl DedupStream {
     pub(in crate::stream) fn settled<E: Env>(
         &mut self,
         p: &Plugin,
+        ec: &EtcdStore,
         env: &mut E,
         mut st: Box<Settling>,
         answer: &CallAnswer,
@@ -74,14 +73,14 @@ impl DedupStream {
         let retryable = retryable(answer, &parsed);
         let now = env.now_ms();
         if !retryable {
-            if let Some(next) = self.regranted(p, env, &mut st, &parsed, now) {
+            if let Some(next) = self.regranted(p, ec, env, &mut st, &parsed, now) {
                 self.phase = Phase::Settling(st);
                 return Decision::Call(next);
             }
         }
         if retryable && st.retries < MAX_RETRIES && now < st.deadline_ms {
             st.retries += 1;
-            st.call.timeout_ms = attempt_timeout(p, st.deadline_ms, now);
+            st.call.timeout_ms = attempt_timeout(ec, st.deadline_ms, now);
             let call = st.call.clone();
             self.phase = Phase::Settling(st);
             return Decision::Call(call);
@@ -156,19 +155,20 @@ impl DedupStream {
     pub(in crate::stream) fn regranted<E: Env>(
         &mut self,
         p: &Plugin,
+        ec: &EtcdStore,
         env: &mut E,
         st: &mut Settling,
         parsed: &Option<EtcdAnswer>,
         now: u64,
     ) -> Option<StoreCall> {
-        let proto = protocol(p);
+        let proto = ec.config.protocol;
         let r = st.regrant.as_mut()?;
         if let Some(sent_ms) = r.granting {
             let Some(EtcdAnswer::Lease { id }) = parsed else {
                 return None;
             };
             r.granting = None;
-            let plan = p.leases_for(p.config.policy_at(self.rule));
+            let plan = lease_plan(ec, p.config.policy_at(self.rule));
             env.leases()
                 .put(LeasePurpose::Completed, &plan, *id, sent_ms);
             let (_, entry) = st.learned.as_ref()?;
@@ -183,11 +183,11 @@ impl DedupStream {
                 payload: entry.payload,
                 response: entry.response.clone(),
             };
-            st.call = StoreCall {
-                path: proto.txn_path(),
-                body: proto.replace_txn(&r.key, r.mod_revision, &record.encode(&st.digest), *id),
-                timeout_ms: attempt_timeout(p, st.deadline_ms, now),
-            };
+            st.call = ec.call(
+                proto.txn_path(),
+                proto.replace_txn(&r.key, r.mod_revision, &record.encode(&st.digest), *id),
+                attempt_timeout(ec, st.deadline_ms, now),
+            );
             st.retries = 0;
             return Some(st.call.clone());
         }
@@ -203,14 +203,13 @@ impl DedupStream {
         *env.leases() = LeaseCache::default();
         r.rounds += 1;
         r.granting = Some(now);
-        st.call = StoreCall {
-            path: proto.lease_grant_path(),
-            body: proto.lease_grant(
-                p.leases_for(p.config.policy_at(self.rule))
-                    .ttl_s(LeasePurpose::Completed),
+        st.call = ec.call(
+            proto.lease_grant_path(),
+            proto.lease_grant(
+                lease_plan(ec, p.config.policy_at(self.rule)).ttl_s(LeasePurpose::Completed),
             ),
-            timeout_ms: attempt_timeout(p, st.deadline_ms, now),
-        };
+            attempt_timeout(ec, st.deadline_ms, now),
+        );
         st.retries = 0;
         Some(st.call.clone())
     }
@@ -218,19 +217,19 @@ impl DedupStream {
     /// Sends a completion or release txn and waits for it in `Settling`.
     pub(in crate::stream) fn settle(
         &mut self,
-        p: &Plugin,
+        ec: &EtcdStore,
         now: u64,
         o: &EtcdClaim,
         kind: Settle,
         body: Vec<u8>,
         learned: Option<LocalEntry>,
     ) -> StoreCall {
-        let deadline_ms = now.saturating_add(etcd_timeout(p));
-        let call = StoreCall {
-            path: protocol(p).txn_path(),
+        let deadline_ms = now.saturating_add(ec.config.timeout_ms);
+        let call = ec.call(
+            ec.config.protocol.txn_path(),
             body,
-            timeout_ms: attempt_timeout(p, deadline_ms, now),
-        };
+            attempt_timeout(ec, deadline_ms, now),
+        );
         self.phase = Phase::Settling(Box::new(Settling {
             kind,
             learned: learned.map(|l| (o.digest, l)),
@@ -250,7 +249,7 @@ impl DedupStream {
     /// TTL), it moves to the completed lease, as a completion would.
     pub(in crate::stream) fn hold_etcd<E: Env>(
         &mut self,
-        p: &Plugin,
+        ec: &EtcdStore,
         env: &mut E,
         o: &EtcdClaim,
         until_ms: Option<u64>,
@@ -266,20 +265,24 @@ impl DedupStream {
             payload: o.payload,
             response: None,
         };
-        let body =
-            protocol(p).replace_txn(&o.key, o.mod_revision, &record.encode(&o.digest), lease);
-        self.settle(p, env.now_ms(), o, Settle::Hold, body, None)
+        let body = ec.config.protocol.replace_txn(
+            &o.key,
+            o.mod_revision,
+            &record.encode(&o.digest),
+            lease,
+        );
+        self.settle(ec, env.now_ms(), o, Settle::Hold, body, None)
     }
 
     pub(in crate::stream) fn release_etcd<E: Env>(
         &mut self,
-        p: &Plugin,
+        ec: &EtcdStore,
         env: &mut E,
         o: &EtcdClaim,
     ) -> StoreCall {
         env.count(Counter::Released);
-        let body = protocol(p).delete_txn(&o.key, o.mod_revision);
-        self.settle(p, env.now_ms(), o, Settle::Release, body, None)
+        let body = ec.config.protocol.delete_txn(&o.key, o.mod_revision);
+        self.settle(ec, env.now_ms(), o, Settle::Release, body, None)
     }
 
     /// Writes the completed record on the completed lease (without the response when
@@ -287,6 +290,7 @@ impl DedupStream {
     pub(in crate::stream) fn complete_etcd<E: Env>(
         &mut self,
         p: &Plugin,
+        ec: &EtcdStore,
         env: &mut E,
         o: EtcdClaim,
         response: Option<StoredResponse>,
@@ -305,7 +309,7 @@ impl DedupStream {
             response,
         };
         let mut value = record.encode(&o.digest);
-        if record.response.is_some() && value.len() > max_record_bytes(p) {
+        if record.response.is_some() && value.len() > ec.config.max_record_bytes {
             // etcd would refuse it and the key would stay in flight: keep the
             // completion without the response instead.
             env.count(Counter::ResponseNotStored);
@@ -313,13 +317,16 @@ impl DedupStream {
             record.response = None;
             value = record.encode(&o.digest);
         }
-        let body = protocol(p).replace_txn(&o.key, o.mod_revision, &value, o.completed_lease);
+        let body =
+            ec.config
+                .protocol
+                .replace_txn(&o.key, o.mod_revision, &value, o.completed_lease);
         let learned = LocalEntry {
             payload: o.payload,
             expires_ms,
             response: record.response,
         };
-        let call = self.settle(p, now, &o, Settle::Complete, body, Some(learned));
+        let call = self.settle(ec, now, &o, Settle::Complete, body, Some(learned));
         if let Phase::Settling(st) = &mut self.phase {
             st.regrant = Some(Regrant {
                 key: o.key,

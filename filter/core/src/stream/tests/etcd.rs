@@ -437,7 +437,8 @@ fn etcd_a_completed_record_is_taken_over_at_its_expiry_while_its_lease_lives() {
 fn a_plugin_builds_the_state_of_its_own_store_only() {
     use crate::stream::StoreState;
     let etcd = etcd_plugin(r#""ttl_seconds": 60"#);
-    assert!(matches!(etcd.store, StoreState::Etcd { budget_ms: 500 }));
+    assert!(matches!(&etcd.store, StoreState::Etcd(ec) if ec.config.timeout_ms == 500));
+    assert!(etcd.store.makes_calls() && !plugin("{}").store.makes_calls());
     assert!(etcd.layout().is_err(), "etcd has no shared-data layout");
     assert!(etcd.layout_for(&etcd.config.policy).is_err());
     let shared = plugin("{}");
@@ -445,5 +446,50 @@ fn a_plugin_builds_the_state_of_its_own_store_only() {
     assert_eq!(
         shared.layout().unwrap().namespace(),
         shared.config.namespace()
+    );
+}
+
+/// Every store call carries where it goes, resolved once from the config: the cluster
+/// by name over gRPC (or a `GrpcService` carrying `store.authority` when that differs),
+/// or an HTTP POST with `store.authority` (the JSON gateway).
+#[test]
+fn store_calls_carry_the_route_of_their_store() {
+    use crate::stream::{Route, Transport};
+    let first_call = |p: &crate::stream::Plugin| {
+        let (_, mut env) = world();
+        let r = req("POST", "/orders").key("k1");
+        match DedupStream::new(1).on_request_headers(p, &mut env, r.head, true) {
+            Decision::Call(c) => c,
+            d => panic!("{d:?}"),
+        }
+    };
+    let grpc = first_call(&etcd_plugin(""));
+    assert_eq!(
+        *grpc.route,
+        Route {
+            cluster: "etcd".into(),
+            transport: Transport::Grpc {
+                upstream: b"etcd".to_vec()
+            }
+        }
+    );
+    let p = plugin(
+        r#"{"store": {"kind": "etcd", "cluster": "etcd", "authority": "etcd.internal", "timeout_ms": 500}}"#,
+    );
+    assert_eq!(
+        first_call(&p).route.transport,
+        Transport::Grpc {
+            upstream: crate::etcdpb::grpc_service("etcd", "etcd.internal")
+        }
+    );
+    let json = first_call(&etcd_json_plugin(""));
+    assert_eq!(
+        *json.route,
+        Route {
+            cluster: "etcd".into(),
+            transport: Transport::Http {
+                authority: "etcd".into()
+            }
+        }
     );
 }

@@ -204,3 +204,101 @@ fn a_reply_decided_at_request_headers_waits_for_the_body() {
     assert_eq!(s.log_fields().map(|(v, _)| v), Some("bad_key"));
     assert_eq!(s.on_stream_end(&p, &mut env, &Origin::upstream()), None);
 }
+
+/// The request head from Envoy's pairs: pseudo-headers to their fields (others
+/// dropped), values as bytes, names lower-cased, and the protocol asked for only when
+/// the content type says gRPC.
+#[test]
+fn the_request_head_comes_from_envoys_pairs_and_asks_the_protocol_only_for_grpc() {
+    use crate::key::RequestHead;
+    let pair = |n: &str, v: &[u8]| (n.to_string(), v.to_vec());
+    let pairs = vec![
+        pair(":method", b"POST"),
+        pair(":path", b"/o?x=\xff"),
+        pair(":authority", b"api"),
+        pair(":scheme", b"https"),
+        pair("Idempotency-Key", b"k\xfe"),
+        pair("x-a", b"1"),
+        pair("x-a", b"2"),
+    ];
+    let head = RequestHead::from_pairs(pairs, || panic!("not gRPC: the protocol is not read"));
+    assert_eq!(head.method, "POST");
+    assert_eq!(head.path, b"/o?x=\xff");
+    assert_eq!(head.authority, b"api");
+    assert_eq!(
+        head.headers,
+        vec![
+            pair("idempotency-key", b"k\xfe"),
+            pair("x-a", b"1"),
+            pair("x-a", b"2")
+        ]
+    );
+    assert_eq!(head.protocol, "");
+    let grpc = RequestHead::from_pairs(
+        vec![
+            pair(":method", b"\xffPOST"),
+            pair("content-type", b"application/grpc+proto"),
+        ],
+        || "HTTP/2".to_string(),
+    );
+    assert_eq!(grpc.protocol, "HTTP/2");
+    assert!(grpc.is_grpc());
+    assert_eq!(
+        grpc.method, "\u{fffd}POST",
+        "a method that is not UTF-8 never matches"
+    );
+}
+
+/// Envoy's response flags are read only when the details are not `via_upstream`, as an
+/// 8-byte little-endian integer (anything else reads as none).
+#[test]
+fn the_origin_reads_flags_only_when_they_matter() {
+    let upstream = Origin::from_properties("via_upstream".into(), || panic!("not read"));
+    assert_eq!(upstream, Origin::upstream());
+    let reset = Origin::from_properties("upstream_reset_before_response_started".into(), || {
+        Some(0x40u64.to_le_bytes().to_vec())
+    });
+    assert_eq!(reset.flags, 0x40);
+    let odd = Origin::from_properties("x".into(), || Some(vec![1, 2, 3]));
+    assert_eq!(odd.flags, 0);
+    assert_eq!(Origin::from_properties(String::new(), || None).flags, 0);
+}
+
+#[test]
+fn a_status_is_read_from_the_header_map() {
+    let pairs = |v: &[u8]| {
+        vec![
+            ("x".to_string(), b"1".to_vec()),
+            (":status".to_string(), v.to_vec()),
+        ]
+    };
+    assert_eq!(crate::response::status_of(&pairs(b"201")), 201);
+    assert_eq!(crate::response::status_of(&pairs(b"2x1")), 0);
+    assert_eq!(crate::response::status_of(&[]), 0);
+}
+
+#[test]
+fn a_detached_call_forwards_every_header_but_the_hop_by_hop_ones() {
+    use crate::stream::forwarded_header;
+    for h in [
+        "Connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "te",
+        "upgrade",
+        "content-length",
+        "expect",
+    ] {
+        assert!(!forwarded_header(h), "{h}");
+    }
+    for h in [
+        ":method",
+        ":path",
+        "content-type",
+        "idempotency-key",
+        "tenant",
+    ] {
+        assert!(forwarded_header(h), "{h}");
+    }
+}

@@ -1,0 +1,319 @@
+//! The one store interface a stream talks to: the configured store (`StoreState`, built
+//! once from the config) and the claim a stream holds in it (`HeldClaim`). Each
+//! operation (claim, complete, release, hold, the answer to a store call, a waiter's
+//! re-check, the operator API) goes to that store's own module: `shared` answers at once,
+//! `etcd` returns the store call to make and carries its own config. This file is the
+//! only place in `stream` that chooses between the two.
+
+use super::etcd::{EtcdClaim, EtcdStore};
+use super::plugin::keeps_unknown;
+use super::{CallAnswer, Decision, DedupStream, Env, Phase, Plugin, StoreCall, Waiting};
+use crate::admin::{AdminOp, AdminStream};
+use crate::config::{Config, Eviction, Policy, StoreConfig};
+use crate::key::{Digest, RequestHead};
+use crate::response::StoredResponse;
+use crate::store::{Claim, HostFault, Layout, StoreError, WAYS};
+use crate::wait::{POLL_ETCD_MS, RECHECK_SHARED_MS};
+use std::borrow::Cow;
+
+/// The configured store, with what it needs derived once from the config.
+#[derive(Debug, Clone)]
+pub enum StoreState {
+    /// The buckets every policy shares, timed for the longest-lived policy (what the
+    /// layout registry needs); a stream uses `layout_for` its policy.
+    SharedData(Layout),
+    /// etcd, with its settings (a policy's lease timing follows from its TTLs and the
+    /// budget of one store operation, `timeout_ms`) and where its calls go.
+    Etcd(EtcdStore),
+}
+
+/// A claim the stream holds.
+pub(super) enum HeldClaim {
+    Shared(Claim),
+    Etcd(EtcdClaim),
+}
+
+impl HeldClaim {
+    /// The record claimed.
+    pub(super) fn digest(&self) -> &Digest {
+        match self {
+            HeldClaim::Shared(c) => &c.digest,
+            HeldClaim::Etcd(o) => &o.digest,
+        }
+    }
+}
+
+impl StoreState {
+    /// The store `config` asks for.
+    pub fn new(config: &Config) -> Self {
+        match &config.store {
+            StoreConfig::SharedData {
+                namespace,
+                max_store_bytes,
+                eviction,
+                scope_claims_per_bucket,
+            } => {
+                // Every policy shares the buckets; the layout registers itself for as
+                // long as the longest-lived policy's records may live.
+                let top = &config.policy;
+                let policies =
+                    || std::iter::once(top).chain(config.rules.iter().map(|r| &r.policy));
+                let layout = Layout::new(
+                    namespace,
+                    config.capacity,
+                    policies()
+                        .map(|p| p.in_flight_timeout_ms)
+                        .max()
+                        .unwrap_or(0),
+                    policies().map(|p| p.ttl_ms).max().unwrap_or(0),
+                )
+                // Registered for as long as the longest-lived policy's claims may live.
+                .keeping_unknown(policies().any(keeps_unknown))
+                .isolating_scopes(
+                    *eviction == Eviction::Oldest,
+                    usize::try_from(*scope_claims_per_bucket).unwrap_or(WAYS),
+                )
+                .with_max_store_bytes(*max_store_bytes);
+                StoreState::SharedData(layout)
+            }
+            StoreConfig::Etcd(ec) => StoreState::Etcd(EtcdStore::new(ec.clone())),
+        }
+    }
+
+    /// The shared-data layout (an error when the store is etcd: no layout exists).
+    pub fn layout(&self) -> Result<&Layout, StoreError> {
+        match self {
+            StoreState::SharedData(layout) => Ok(layout),
+            StoreState::Etcd(_) => Err(StoreError::Host(HostFault(
+                "the store is etcd: no shared-data layout".into(),
+            ))),
+        }
+    }
+
+    /// The shared-data layout, to set up its bucket secret and register it at
+    /// configuration (`None` with etcd: nothing to set up).
+    pub fn layout_mut(&mut self) -> Option<&mut Layout> {
+        match self {
+            StoreState::SharedData(layout) => Some(layout),
+            StoreState::Etcd(_) => None,
+        }
+    }
+
+    /// Whether the store is reached by store calls (etcd): their round trips are timed,
+    /// and settling a won claim is one, so the glue holds the response (and buffers a
+    /// storable body) until the store has the record.
+    pub fn makes_calls(&self) -> bool {
+        matches!(self, StoreState::Etcd(_))
+    }
+
+    /// How often a worker re-checks what its waiters wait for without a wake-up.
+    pub fn recheck_interval_ms(&self) -> u64 {
+        match self {
+            StoreState::SharedData(_) => RECHECK_SHARED_MS,
+            StoreState::Etcd(_) => POLL_ETCD_MS,
+        }
+    }
+
+    /// The store in one line, for the configuration log.
+    pub fn describe(&self) -> String {
+        match self {
+            StoreState::SharedData(layout) => format!(
+                "shared data, {} buckets, at most {} keys",
+                layout.buckets,
+                layout.max_keys()
+            ),
+            StoreState::Etcd(ec) => format!(
+                "etcd via cluster `{}` ({}), prefix `{}`",
+                ec.config.cluster,
+                match ec.config.protocol {
+                    crate::etcd::Protocol::Grpc => "gRPC",
+                    crate::etcd::Protocol::Json => "JSON gateway",
+                },
+                ec.config.prefix
+            ),
+        }
+    }
+}
+
+/// An operator request, decided: shared data answers at once, etcd reads first.
+pub(crate) fn admin_request<E: Env>(
+    admin: &mut AdminStream,
+    p: &Plugin,
+    env: &mut E,
+    op: AdminOp,
+    now: u64,
+    path: &[u8],
+    peer: &str,
+) -> Decision {
+    match &p.store {
+        StoreState::SharedData(layout) => {
+            Decision::Reply(admin.shared(p, layout, env, op, now, peer))
+        }
+        StoreState::Etcd(ec) => admin.etcd_request(ec, env, op, path, peer),
+    }
+}
+
+/// The answer to an operator request's store call (only etcd makes them).
+pub(crate) fn admin_answer<E: Env>(
+    admin: &mut AdminStream,
+    p: &Plugin,
+    env: &mut E,
+    answer: CallAnswer,
+) -> Decision {
+    match &p.store {
+        StoreState::Etcd(ec) => admin.etcd_answer(p, ec, env, answer),
+        StoreState::SharedData(_) => Decision::Continue,
+    }
+}
+
+/// The shared-data layout with a policy's timing (borrowed when it is the layout's).
+pub(super) fn layout_timed<'l>(layout: &'l Layout, policy: &Policy) -> Cow<'l, Layout> {
+    if policy.in_flight_timeout_ms == layout.in_flight_ms
+        && policy.ttl_ms == layout.ttl_ms
+        && keeps_unknown(policy) == layout.keep_unknown
+    {
+        Cow::Borrowed(layout)
+    } else {
+        Cow::Owned(layout.timed(
+            policy.in_flight_timeout_ms,
+            policy.ttl_ms,
+            keeps_unknown(policy),
+        ))
+    }
+}
+
+impl DedupStream {
+    /// Claims the record `digest` for this request, in the configured store.
+    pub(super) fn claim<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        policy: &Policy,
+        head: &RequestHead,
+        digest: Digest,
+        payload: Digest,
+    ) -> Decision {
+        match &p.store {
+            StoreState::SharedData(layout) => {
+                self.scope_tag = layout.scope_tag(policy, head);
+                self.claim_shared(p, layout, env, digest, payload)
+            }
+            StoreState::Etcd(ec) => {
+                // Only waiters are bounded per scope here (no secret is needed), so the
+                // tag is computed only when some policy waits.
+                if p.waits {
+                    self.scope_tag = crate::key::scope_tag(policy, head, &[]);
+                }
+                self.claim_etcd(p, ec, env, digest, payload)
+            }
+        }
+    }
+
+    /// A woken waiter re-checks its record: shared data claims again at once; etcd
+    /// claims when this worker's tier knows the record, else reads it (`Polling`).
+    pub(super) fn recheck<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        w: Box<Waiting>,
+        now: u64,
+    ) -> Decision {
+        match &p.store {
+            StoreState::SharedData(layout) => {
+                self.claim_shared(p, layout, env, w.digest, w.payload)
+            }
+            StoreState::Etcd(ec) => {
+                if env.local().get(&w.digest, now).is_some() {
+                    return self.claim_etcd(p, ec, env, w.digest, w.payload);
+                }
+                let call = super::etcd::poll_call(ec, &w.digest);
+                self.phase = Phase::Polling(w);
+                Decision::Call(call)
+            }
+        }
+    }
+
+    /// The answer to a store call of `phase` (only etcd makes them; any other phase is
+    /// kept as it is).
+    pub(super) fn store_answered<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        phase: Phase,
+        answer: CallAnswer,
+    ) -> Decision {
+        let StoreState::Etcd(ec) = &p.store else {
+            self.phase = phase;
+            return Decision::Continue;
+        };
+        match phase {
+            Phase::Claiming(c) => self.claim_step(p, ec, env, c, answer),
+            Phase::Settling(st) => self.settled(p, ec, env, st, &answer),
+            Phase::Polling(w) => self.polled(p, ec, env, w, &answer),
+            other => {
+                self.phase = other;
+                Decision::Continue
+            }
+        }
+    }
+
+    /// Writes the completed record (with `response` when the store keeps it).
+    pub(super) fn complete_claim<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        owned: HeldClaim,
+        response: Option<StoredResponse>,
+        now: u64,
+    ) -> Option<StoreCall> {
+        match (owned, &p.store) {
+            (HeldClaim::Shared(claim), StoreState::SharedData(layout)) => {
+                self.complete_shared(p, layout, env, &claim, response.as_ref(), now);
+                None
+            }
+            (HeldClaim::Etcd(o), StoreState::Etcd(ec)) => {
+                Some(self.complete_etcd(p, ec, env, o, response, now))
+            }
+            // A claim is made in the configured store only.
+            _ => None,
+        }
+    }
+
+    /// Removes the claim: the request certainly did not run.
+    pub(super) fn release_claim<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        owned: HeldClaim,
+    ) -> Option<StoreCall> {
+        match (owned, &p.store) {
+            (HeldClaim::Shared(claim), StoreState::SharedData(layout)) => {
+                self.release_shared(p, layout, env, &claim);
+                None
+            }
+            (HeldClaim::Etcd(o), StoreState::Etcd(ec)) => Some(self.release_etcd(ec, env, &o)),
+            _ => None,
+        }
+    }
+
+    /// Marks the claim held (an unknown outcome): until `until_ms` when given, else
+    /// until its in-flight expiry.
+    pub(super) fn hold_claim<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        owned: HeldClaim,
+        until_ms: Option<u64>,
+    ) -> Option<StoreCall> {
+        match (owned, &p.store) {
+            (HeldClaim::Shared(claim), StoreState::SharedData(layout)) => {
+                self.hold_shared(p, layout, env, &claim, until_ms);
+                None
+            }
+            (HeldClaim::Etcd(o), StoreState::Etcd(ec)) => {
+                Some(self.hold_etcd(ec, env, &o, until_ms))
+            }
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,451 @@
+//! One worker (one VM per Envoy worker thread): the configured plugin and the state its
+//! streams share (etcd leases, the tier of completed records, wait mode's waiters, its
+//! wake-up queue and tick, claim tokens, streams that ended with a store call out).
+//! The glue maps its root callbacks here (`configure`, `on_tick`, `on_queue_ready`,
+//! `on_orphan_answer`) and runs every stream callback through `run`, which gives the
+//! stream its `Env`. The host is the `Host` seam: the glue's host calls, or the fake.
+//!
+//! Wait mode across workers: a worker that completes or releases a record enqueues its
+//! digest to every queue on the shared board (`wake_everywhere`); Envoy runs
+//! `on_queue_ready` on each queue's worker, which wakes its waiters of that record. The
+//! tick re-checks the rest: deadlines, and a periodic re-read (shared data) or poll
+//! (etcd) for what no queue reports.
+
+use crate::config::{Config, Role};
+use crate::etcd::LeaseCache;
+use crate::key::Digest;
+use crate::local::LocalTier;
+use crate::metrics::Counter;
+use crate::store::{bucket_secret, SharedData, SharedStore, SECRET_LEN};
+use crate::stream::{CallAnswer, Decision, DedupStream, Env, Plugin, StoreCall};
+use crate::wait::{announce, listeners, Waiters, TICK_MS};
+use std::collections::HashMap;
+
+/// How long past its waiters' deadlines a worker stays on the board.
+const BOARD_MARGIN_MS: u64 = 5_000;
+/// Most items taken from the queue in one callback.
+const MAX_DEQUEUE: usize = 4096;
+
+/// A log level of the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// What a worker needs of the host, besides shared data. Errors are the host's status
+/// codes (only logged).
+pub trait Host: SharedData {
+    /// Wall-clock time in milliseconds since the Unix epoch (Envoy's clock).
+    fn now_ms(&self) -> u64;
+    fn log(&self, level: Level, message: &str);
+    /// Whether the host logs at debug level (asked before a debug line is formatted).
+    fn debug_enabled(&self) -> bool;
+    fn define_counter(&self, name: &str) -> Result<u32, u32>;
+    fn define_histogram(&self, name: &str) -> Result<u32, u32>;
+    fn increment(&self, metric: u32);
+    /// Fresh random bytes (WASI `random_get`; `Err`: its errno).
+    fn random_bytes(&self) -> Result<[u8; SECRET_LEN], u16>;
+    /// A random per-VM seed for claim tokens.
+    fn random_seed(&self) -> u64;
+    fn set_tick_period(&self, period_ms: u32) -> Result<(), u32>;
+    fn register_queue(&self, name: &str) -> Result<u32, u32>;
+    fn enqueue(&self, queue: u32, item: &[u8]) -> Result<(), u32>;
+    fn dequeue(&self, queue: u32) -> Result<Option<Vec<u8>>, u32>;
+    /// Sends a store call; its token, or the answer to give the stream at once when it
+    /// could not be dispatched.
+    fn dispatch(&self, call: &StoreCall) -> Result<u32, CallAnswer>;
+}
+
+/// A configured worker.
+pub struct Worker {
+    pub plugin: Plugin,
+    state: State,
+}
+
+/// What a worker's streams share, apart from the plugin (so a stream callback can have
+/// the plugin and this at once).
+struct State {
+    /// Metric ids indexed by `Counter::index`; `None` if the host refused to define one.
+    metrics: Vec<Option<u32>>,
+    /// Histogram of store-call round trips in ms (a store reached by calls).
+    store_call_ms: Option<u32>,
+    /// Claim tokens: a random per-VM seed mixed with a counter.
+    token_seed: u64,
+    token_counter: u64,
+    /// etcd leases of this worker, reused across requests.
+    leases: LeaseCache,
+    /// Completed records this worker has seen (etcd store).
+    local: LocalTier,
+    /// Streams that ended with a store call out, by the call's token. Bounded by the
+    /// calls in flight: every call has a timeout, and Envoy answers or cancels it.
+    orphans: HashMap<u32, DedupStream>,
+    /// Wait mode: the duplicates this worker holds.
+    waiters: Waiters,
+    /// This VM's wake-up queue, once registered.
+    queue: Option<u32>,
+    /// Until when this worker's queue is on the shared board (ms).
+    announced_until: u64,
+    /// Whether this worker's tick is on (only while it holds waiters).
+    ticking: bool,
+}
+
+impl Worker {
+    /// Configures a worker from the plugin configuration `bytes`: the metrics, and for
+    /// shared data the bucket secret every worker of the process shares and the layout's
+    /// registration. `None` (logged) when the configuration is refused.
+    pub fn configure<H: Host>(host: &H, bytes: &[u8]) -> Option<Worker> {
+        let config = match Config::parse(bytes) {
+            Ok(c) => c,
+            Err(e) => {
+                host.log(Level::Error, &format!("proxy-dedup: {e}"));
+                return None;
+            }
+        };
+        let metrics = Counter::ALL
+            .iter()
+            .map(|c| match host.define_counter(c.name()) {
+                Ok(id) => Some(id),
+                Err(status) => {
+                    host.log(
+                        Level::Warn,
+                        &format!(
+                            "proxy-dedup: cannot define metric {} (status {status})",
+                            c.name()
+                        ),
+                    );
+                    None
+                }
+            })
+            .collect();
+        let mut plugin = Plugin::new(config);
+        let store_call_ms = if plugin.store.makes_calls() {
+            host.define_histogram("proxy_dedup_store_call_ms").ok()
+        } else {
+            None
+        };
+        let namespace = plugin.config.namespace().to_string();
+        let role = plugin.config.role;
+        if let Some(layout) = plugin.store.layout_mut() {
+            // One secret per Envoy process keys the bucket choice; every worker must use
+            // the same, or a key would be claimed in two buckets.
+            let fresh = match host.random_bytes() {
+                Ok(b) => b,
+                Err(errno) => {
+                    host.log(
+                        Level::Error,
+                        &format!(
+                            "proxy-dedup: no random bytes for the bucket secret (errno {errno})"
+                        ),
+                    );
+                    return None;
+                }
+            };
+            match bucket_secret(host, &namespace, fresh) {
+                Ok(secret) => *layout = layout.clone().with_secret(secret),
+                Err(e) => {
+                    host.log(
+                        Level::Error,
+                        &format!("proxy-dedup: cannot set up the bucket secret: {e}"),
+                    );
+                    return None;
+                }
+            }
+            // Make this layout visible to the configurations already serving (a push).
+            // The admin role only reads the layouts the data plane registered.
+            let registered = match role {
+                Role::Data => SharedStore::new(host, layout)
+                    .register(host.now_ms())
+                    .map(|_| ()),
+                Role::Admin => Ok(()),
+            };
+            if let Err(e) = registered {
+                host.log(
+                    Level::Warn,
+                    &format!("proxy-dedup: cannot register the store layout yet: {e}"),
+                );
+            }
+        }
+        host.log(
+            Level::Info,
+            &format!(
+                "proxy-dedup: configured; store: {}",
+                plugin.store.describe()
+            ),
+        );
+        Some(Worker {
+            plugin,
+            state: State {
+                metrics,
+                store_call_ms,
+                token_seed: host.random_seed(),
+                token_counter: 0,
+                leases: LeaseCache::default(),
+                local: LocalTier::default(),
+                orphans: HashMap::new(),
+                waiters: Waiters::default(),
+                queue: None,
+                announced_until: 0,
+                ticking: false,
+            },
+        })
+    }
+
+    /// The histogram of store-call round trips, when the store makes calls.
+    pub fn store_call_ms(&self) -> Option<u32> {
+        self.state.store_call_ms
+    }
+
+    /// Runs `f` (a stream callback) with the plugin and this worker's `Env`, without
+    /// anything after it (the operator API, which never waits).
+    pub fn with_env<H: Host, R>(
+        &mut self,
+        host: &H,
+        f: impl FnOnce(&Plugin, &mut WorkerEnv<'_, H>) -> R,
+    ) -> R {
+        let mut env = WorkerEnv {
+            host,
+            namespace: self.plugin.config.namespace(),
+            state: &mut self.state,
+        };
+        f(&self.plugin, &mut env)
+    }
+
+    /// Runs a stream callback (`with_env`); then a worker that holds waiters ticks and is
+    /// on the board (`waiters_changed`).
+    pub fn run<H: Host, R>(
+        &mut self,
+        host: &H,
+        f: impl FnOnce(&Plugin, &mut WorkerEnv<'_, H>) -> R,
+    ) -> R {
+        let r = self.with_env(host, f);
+        self.waiters_changed(host);
+        r
+    }
+
+    /// After a stream callback: a worker that holds waiters ticks and is on the board,
+    /// long enough for its longest wait.
+    fn waiters_changed<H: Host>(&mut self, host: &H) {
+        let st = &mut self.state;
+        if st.waiters.is_empty() {
+            return;
+        }
+        if !st.ticking {
+            match host.set_tick_period(TICK_MS as u32) {
+                Ok(()) => st.ticking = true,
+                Err(status) => host.log(
+                    Level::Warn,
+                    &format!("proxy-dedup: cannot start the wait tick (status {status})"),
+                ),
+            }
+        }
+        let now = host.now_ms();
+        let wait_ms = self.plugin.config.longest_wait_ms();
+        if st.announced_until >= now.saturating_add(wait_ms) {
+            return;
+        }
+        let namespace = self.plugin.config.namespace();
+        let token = match st.queue {
+            Some(t) => t,
+            None => {
+                let name = format!("{namespace}/wake/{:016x}", st.token_seed);
+                match host.register_queue(&name) {
+                    Ok(t) => {
+                        st.queue = Some(t);
+                        t
+                    }
+                    Err(status) => {
+                        host.log(
+                            Level::Warn,
+                            &format!(
+                                "proxy-dedup: cannot register the wake-up queue (status {status}); \
+                                 waiters re-check on the tick only"
+                            ),
+                        );
+                        return;
+                    }
+                }
+            }
+        };
+        let until = now.saturating_add(wait_ms).saturating_add(BOARD_MARGIN_MS);
+        match announce(host, namespace, token, until, now) {
+            Ok(()) => st.announced_until = until,
+            Err(e) => host.log(
+                Level::Warn,
+                &format!("proxy-dedup: cannot put the wake-up queue on the board: {e}"),
+            ),
+        }
+    }
+
+    /// The tick (or a wake-up): the waiting streams due now, for the glue to wake
+    /// (`forget_waiter` those that are gone). The tick stops when no waiter is left.
+    pub fn on_tick<H: Host>(&mut self, host: &H) -> Vec<u32> {
+        let now = host.now_ms();
+        let st = &mut self.state;
+        if st.waiters.is_empty() {
+            if st.ticking && host.set_tick_period(0).is_ok() {
+                st.ticking = false;
+            }
+            return Vec::new();
+        }
+        st.waiters
+            .take_due(now, self.plugin.store.recheck_interval_ms())
+    }
+
+    /// A stream the tick woke is gone without telling us: forget it.
+    pub fn forget_waiter(&mut self, stream: u32) {
+        self.state.waiters.remove(stream);
+    }
+
+    /// This worker's queue has digests of records that changed: wakes their waiters and
+    /// returns the streams due now (as `on_tick`), or none when nobody was woken.
+    pub fn on_queue_ready<H: Host>(&mut self, host: &H, queue: u32) -> Vec<u32> {
+        let mut woken = 0;
+        for _ in 0..MAX_DEQUEUE {
+            match host.dequeue(queue) {
+                Ok(Some(item)) => woken += self.on_queue_item(&item),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        if woken > 0 {
+            self.on_tick(host)
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// One item of the queue: the digest of a record that changed. Returns how many of
+    /// its waiters were woken (anything not a digest wakes nobody).
+    pub fn on_queue_item(&mut self, item: &[u8]) -> usize {
+        <Digest>::try_from(item).map_or(0, |digest| self.state.waiters.wake(&digest))
+    }
+
+    /// A stream that ended with a store call out keeps living here, keyed by that call's
+    /// token, until the store has answered (a completion or release must reach the store
+    /// whether or not the client is still there).
+    pub fn adopt_orphan(&mut self, token: u32, stream: DedupStream) {
+        self.state.orphans.insert(token, stream);
+    }
+
+    /// The number of orphans waiting for their call's answer.
+    pub fn orphans(&self) -> usize {
+        self.state.orphans.len()
+    }
+
+    /// The answer to an orphan's call: drives its stream on, dispatching any retry; the
+    /// orphan is forgotten once it needs nothing more. Calls that cannot be dispatched
+    /// are answered at once, as transport failures.
+    pub fn on_orphan_answer<H: Host>(&mut self, host: &H, token: u32, answer: CallAnswer) {
+        let Some(mut stream) = self.state.orphans.remove(&token) else {
+            return;
+        };
+        let mut next = self.run(host, |p, env| stream.on_store_answer(p, env, answer));
+        while let Decision::Call(call) = next {
+            match host.dispatch(&call) {
+                Ok(token) => return self.adopt_orphan(token, stream),
+                Err(answer) => {
+                    next = self.run(host, |p, env| stream.on_store_answer(p, env, answer));
+                }
+            }
+        }
+    }
+}
+
+/// A record changed: every worker holding waiters hears of it (this one too).
+pub fn wake_everywhere<H: Host + ?Sized>(host: &H, namespace: &str, digest: &Digest) {
+    let now = host.now_ms();
+    let tokens = match listeners(host, namespace, now) {
+        Ok(t) => t,
+        Err(e) => {
+            host.log(
+                Level::Warn,
+                &format!("proxy-dedup: cannot read the wake-up board: {}", e.0),
+            );
+            return;
+        }
+    };
+    for token in tokens {
+        if let Err(status) = host.enqueue(token, digest) {
+            if host.debug_enabled() {
+                host.log(
+                    Level::Debug,
+                    &format!("proxy-dedup: wake-up queue {token}: status {status}"),
+                );
+            }
+        }
+    }
+}
+
+/// A stream's `Env`: the host's services and this worker's shared state.
+pub struct WorkerEnv<'a, H> {
+    host: &'a H,
+    namespace: &'a str,
+    state: &'a mut State,
+}
+
+impl<H: Host> SharedData for WorkerEnv<'_, H> {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, crate::store::HostFault> {
+        self.host.get(key)
+    }
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), crate::store::SetError> {
+        self.host.set(key, value, cas)
+    }
+}
+
+impl<H: Host> Env for WorkerEnv<'_, H> {
+    fn now_ms(&self) -> u64 {
+        self.host.now_ms()
+    }
+
+    fn new_token(&mut self) -> u64 {
+        let n = self.state.token_counter.wrapping_add(1);
+        self.state.token_counter = n;
+        splitmix64(self.state.token_seed ^ n)
+    }
+
+    fn count(&mut self, counter: Counter) {
+        if let Some(Some(id)) = self.state.metrics.get(counter.index()) {
+            self.host.increment(*id);
+        }
+    }
+
+    fn debug(&self, message: std::fmt::Arguments<'_>) {
+        if self.host.debug_enabled() {
+            self.host.log(Level::Debug, &message.to_string());
+        }
+    }
+
+    fn warn(&self, message: &str) {
+        self.host.log(Level::Warn, message);
+    }
+
+    fn leases(&mut self) -> &mut LeaseCache {
+        &mut self.state.leases
+    }
+
+    fn local(&mut self) -> &mut LocalTier {
+        &mut self.state.local
+    }
+
+    fn waiters(&mut self) -> &mut Waiters {
+        &mut self.state.waiters
+    }
+
+    fn wake_waiters(&mut self, digest: &Digest) {
+        wake_everywhere(self.host, self.namespace, digest);
+    }
+}
+
+/// Claim tokens from the seed and a counter: distinct per claim, unpredictable across
+/// VMs.
+pub fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+#[cfg(test)]
+mod tests;
