@@ -7,7 +7,9 @@
 
 #![allow(clashing_extern_declarations)]
 
+use dedup_core::response::status_of;
 use dedup_core::store::{HostFault, SetError, SharedData};
+use dedup_core::stream::CallAnswer;
 use dedup_core::wire::{decode_pairs, encode_pairs};
 use std::time::Duration;
 
@@ -271,10 +273,10 @@ pub fn resume(stream: u32) -> Result<(), u32> {
 }
 
 /// Sends an HTTP call to `cluster` (`headers` must hold `:method`, `:path` and
-/// `:authority`) and records its token as owned by the HTTP context whose callback is
-/// running (the root's, outside a stream callback), so the answer finds its way back even
-/// after that stream has ended. `Err` carries the host's status (BadArgument for an unknown
-/// cluster or missing pseudo-headers): then no call exists and nothing is recorded.
+/// `:authority`) and returns its token, which the caller records as owned by the running
+/// context (`context::dispatched`), so the answer finds its way back even after that
+/// stream has ended. `Err` carries the host's status (BadArgument for an unknown cluster
+/// or missing pseudo-headers): then no call exists.
 pub fn dispatch_http_call(
     cluster: &str,
     headers: &[(&str, &str)],
@@ -338,8 +340,9 @@ fn http_call_encoded(
 }
 
 /// Sends a unary gRPC call (`service`/`method`, `message` already serialized) to the
-/// HTTP/2 `cluster` (its name, or a serialized `GrpcService`) and records its token like `dispatch_http_call`. `Err` carries the
-/// host's status (ParseFailure for an unknown cluster): then no call exists.
+/// HTTP/2 `cluster` (its name, or a serialized `GrpcService`) and returns its token, to
+/// be recorded like `dispatch_http_call`'s. `Err` carries the host's status
+/// (ParseFailure for an unknown cluster): then no call exists.
 pub fn dispatch_grpc_call(
     cluster: &[u8],
     service: &str,
@@ -552,10 +555,27 @@ fn checked(status: u32) -> Result<(), u32> {
     }
 }
 
-/// A dispatched call's token, recorded as owned by the running context (see
-/// `context::register_callout`); the host's status if it refused the call.
+/// A dispatched call's token; the host's status if it refused the call.
 fn registered(status: u32, token: u32) -> Result<u32, u32> {
     checked(status)?;
-    crate::context::register_callout(token);
     Ok(token)
+}
+
+/// The answer to a store call, read while `on_http_call_response` runs. Envoy reports a
+/// failed call (reset, no healthy member) as a response with no headers; a timeout as
+/// :status 504.
+pub fn read_call_answer(num_headers: usize, body_size: usize) -> CallAnswer {
+    // The pairs are read anyway for `:status`; a detached call's answer needs them all.
+    let headers = if num_headers == 0 {
+        Vec::new()
+    } else {
+        header_pairs(MAP_HTTP_CALL_RESPONSE_HEADERS).unwrap_or_default()
+    };
+    let status = status_of(&headers);
+    let body = buffer(BUFFER_HTTP_CALL_RESPONSE_BODY, 0, body_size).unwrap_or_default();
+    CallAnswer {
+        status,
+        body,
+        headers,
+    }
 }

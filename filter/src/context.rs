@@ -57,10 +57,16 @@ pub fn set_root_context(new_root: NewRootContext) {
     let _ = with_vm(|vm| vm.new_root.set(Some(new_root)));
 }
 
-/// Records a call just dispatched as owned by the running HTTP context (or by the root,
-/// outside a stream callback). Called by `abi::dispatch_http_call` and
-/// `abi::dispatch_grpc_call`.
-pub(crate) fn register_callout(token: u32) {
+/// A call just dispatched (`abi::dispatch_*`), its token recorded as owned by the running
+/// HTTP context (or by the root, outside a stream callback), so its answer reaches it.
+pub(crate) fn dispatched(r: Result<u32, u32>) -> Result<u32, u32> {
+    if let Ok(token) = r {
+        register_callout(token);
+    }
+    r
+}
+
+fn register_callout(token: u32) {
     let replaced = with_vm(|vm| {
         let active = vm.active.get();
         let mut callouts = vm.callouts.try_borrow_mut().ok()?;
@@ -493,7 +499,7 @@ pub extern "C" fn proxy_on_http_call_response(
 ) {
     // Read while the context Envoy answered on (the root) is effective: the answer's
     // headers and body belong to it.
-    let answer = crate::env::read_call_answer(num_headers, body_size);
+    let answer = abi::read_call_answer(num_headers, body_size);
     route_answer(context_id, token, answer, "proxy_on_http_call_response");
 }
 

@@ -5,7 +5,6 @@
 
 use crate::abi;
 use dedup_core::etcdpb;
-use dedup_core::response::status_of;
 use dedup_core::store::{HostFault, SetError, SharedData, SECRET_LEN};
 use dedup_core::stream::{CallAnswer, StoreCall, Transport};
 use dedup_core::worker::{Host, Level};
@@ -108,17 +107,18 @@ pub(crate) fn dispatch(call: &StoreCall) -> Result<u32, CallAnswer> {
             let Some((service, method)) = etcdpb::split_method(call.path) else {
                 return Err(no_answer());
             };
-            abi::dispatch_grpc_call(upstream, service, method, &call.body, timeout).map_err(
-                |status| {
-                    abi::log(
-                        abi::LOG_WARN,
-                        &format!(
-                            "proxy-dedup: cannot call cluster `{cluster}` over gRPC: status {status}"
-                        ),
-                    );
-                    no_answer()
-                },
-            )
+            crate::context::dispatched(abi::dispatch_grpc_call(
+                upstream, service, method, &call.body, timeout,
+            ))
+            .map_err(|status| {
+                abi::log(
+                    abi::LOG_WARN,
+                    &format!(
+                        "proxy-dedup: cannot call cluster `{cluster}` over gRPC: status {status}"
+                    ),
+                );
+                no_answer()
+            })
         }
         Transport::Http { authority } => {
             let headers = [
@@ -127,34 +127,20 @@ pub(crate) fn dispatch(call: &StoreCall) -> Result<u32, CallAnswer> {
                 (":authority", authority.as_str()),
                 ("content-type", "application/json"),
             ];
-            abi::dispatch_http_call(cluster, &headers, Some(&call.body), &[], timeout).map_err(
-                |status| {
-                    abi::log(
-                        abi::LOG_WARN,
-                        &format!("proxy-dedup: cannot call cluster `{cluster}`: status {status}"),
-                    );
-                    no_answer()
-                },
-            )
+            crate::context::dispatched(abi::dispatch_http_call(
+                cluster,
+                &headers,
+                Some(&call.body),
+                &[],
+                timeout,
+            ))
+            .map_err(|status| {
+                abi::log(
+                    abi::LOG_WARN,
+                    &format!("proxy-dedup: cannot call cluster `{cluster}`: status {status}"),
+                );
+                no_answer()
+            })
         }
-    }
-}
-
-/// The answer to a store call, read while `on_http_call_response` runs. Envoy reports a
-/// failed call (reset, no healthy member) as a response with no headers; a timeout as
-/// :status 504.
-pub(crate) fn read_call_answer(num_headers: usize, body_size: usize) -> CallAnswer {
-    // The pairs are read anyway for `:status`; a detached call's answer needs them all.
-    let headers = if num_headers == 0 {
-        Vec::new()
-    } else {
-        abi::header_pairs(abi::MAP_HTTP_CALL_RESPONSE_HEADERS).unwrap_or_default()
-    };
-    let status = status_of(&headers);
-    let body = abi::buffer(abi::BUFFER_HTTP_CALL_RESPONSE_BODY, 0, body_size).unwrap_or_default();
-    CallAnswer {
-        status,
-        body,
-        headers,
     }
 }

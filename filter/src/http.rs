@@ -89,7 +89,12 @@ impl DedupHttp {
             },
         };
         let timeout = std::time::Duration::from_millis(call.timeout_ms);
-        let token = abi::dispatch_http_call_pairs(&call.cluster, &headers, Some(&body), timeout)?;
+        let token = crate::context::dispatched(abi::dispatch_http_call_pairs(
+            &call.cluster,
+            &headers,
+            Some(&body),
+            timeout,
+        ))?;
         self.stream.call_sent(token, abi::now_ms(), Holds::Request);
         Ok(token)
     }

@@ -8,7 +8,7 @@ use crate::key::{record_digest, ClientKey, Digest, KeySource, RequestHead};
 use crate::metrics::Counter;
 use crate::reply::{LocalReply, Problem};
 use crate::store::{Layout, Purge, RecordView, SharedStore};
-use crate::stream::{CallAnswer, Decision, Env, EtcdStore, Plugin, StoreCall};
+use crate::stream::{CallAnswer, Decision, Env, EtcdStore, Plugin, StoreCall, StoreVisit};
 use serde_json::{json, Value};
 
 /// One admin operation, parsed from the request. `rule` is the index of the rule named
@@ -296,6 +296,49 @@ fn refused(detail: &str) -> LocalReply {
 const CLAIM_REFUSED: &str =
     "the record is a claim (in flight or held): its request may be running; add force=true to remove it anyway";
 
+/// An operator request, decided: shared data answers at once, etcd reads first.
+struct OnRequest<'a, E> {
+    admin: &'a mut AdminStream,
+    p: &'a Plugin,
+    env: &'a mut E,
+    op: AdminOp,
+    now: u64,
+    path: &'a [u8],
+    peer: &'a str,
+}
+
+impl<E: Env> StoreVisit for OnRequest<'_, E> {
+    type Out = Decision;
+    fn shared_data(self, layout: &Layout) -> Decision {
+        let r = self
+            .admin
+            .shared(self.p, layout, self.env, self.op, self.now, self.peer);
+        Decision::Reply(r)
+    }
+    fn etcd(self, ec: &EtcdStore) -> Decision {
+        self.admin
+            .etcd_request(ec, self.env, self.op, self.path, self.peer)
+    }
+}
+
+/// The answer to an operator request's store call (only etcd makes them).
+struct OnAnswer<'a, E> {
+    admin: &'a mut AdminStream,
+    p: &'a Plugin,
+    env: &'a mut E,
+    answer: CallAnswer,
+}
+
+impl<E: Env> StoreVisit for OnAnswer<'_, E> {
+    type Out = Decision;
+    fn shared_data(self, _layout: &Layout) -> Decision {
+        Decision::Continue
+    }
+    fn etcd(self, ec: &EtcdStore) -> Decision {
+        self.admin.etcd_answer(self.p, ec, self.env, self.answer)
+    }
+}
+
 /// An admin request on its way: shared data answers at once, etcd after calls.
 #[derive(Debug, Default)]
 pub struct AdminStream {
@@ -320,7 +363,15 @@ impl AdminStream {
             Err(reply) => return Decision::Reply(reply),
         };
         let now = env.now_ms();
-        crate::stream::admin_request(self, p, env, op, now, path, peer)
+        p.store.visit(OnRequest {
+            admin: self,
+            p,
+            env,
+            op,
+            now,
+            path,
+            peer,
+        })
     }
 
     /// An operation on etcd: the record (or the count) is read first.
@@ -433,7 +484,12 @@ impl AdminStream {
         env: &mut impl Env,
         answer: CallAnswer,
     ) -> Decision {
-        crate::stream::admin_answer(self, p, env, answer)
+        p.store.visit(OnAnswer {
+            admin: self,
+            p,
+            env,
+            answer,
+        })
     }
 
     /// The answer to `etcd_request`'s read (or a delete that followed it).

@@ -18,8 +18,7 @@ use rules::parse_rules;
 use store::parse_store;
 use values::{header_name_ok, header_names, header_names_with, in_range, parse_status};
 
-use crate::key::RequestHead;
-use crate::payload::{JsonSelection, PayloadConfig};
+use crate::head::RequestHead;
 use serde::Deserialize;
 use std::fmt;
 
@@ -83,7 +82,7 @@ pub struct EtcdConfig {
     /// Largest record value written (etcd refuses requests above `--max-request-bytes`).
     pub max_record_bytes: usize,
     /// etcd's gRPC API (an HTTP/2 cluster) or its JSON gateway.
-    pub protocol: crate::etcd::Protocol,
+    pub protocol: Protocol,
 }
 
 /// What a completed duplicate gets.
@@ -566,6 +565,44 @@ impl TryFrom<RawConfig> for Config {
             store,
         })
     }
+}
+
+/// Which JSON fields of the body count.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum JsonSelection {
+    /// The body as sent, byte for byte.
+    #[default]
+    Raw,
+    /// Only these pointers' values (absent ones count as absent).
+    Only(Vec<String>),
+    /// The whole document without these pointers' values.
+    Ignore(Vec<String>),
+}
+
+/// The payload check's settings; the default is the check of v1 (method, path with
+/// query, raw body).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PayloadConfig {
+    /// `None`: the default parts.
+    pub parts: Option<Vec<FingerprintPart>>,
+    pub json: JsonSelection,
+}
+
+impl PayloadConfig {
+    /// Whether the raw body is all the check needs (then it is hashed as it is).
+    pub fn is_default(&self) -> bool {
+        self.parts.is_none() && self.json == JsonSelection::Raw
+    }
+}
+
+/// How the filter talks to etcd (`store.protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    /// etcd's v3 gRPC API through `proxy_grpc_call` (an HTTP/2 cluster).
+    #[default]
+    Grpc,
+    /// etcd's v3 JSON gateway through `proxy_http_call`.
+    Json,
 }
 
 #[cfg(test)]

@@ -26,15 +26,7 @@ pub const TXN_PATH: &str = "/v3/kv/txn";
 pub const LEASE_GRANT_PATH: &str = "/v3/lease/grant";
 pub const RANGE_PATH: &str = "/v3/kv/range";
 
-/// How the filter talks to etcd (`store.protocol`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Protocol {
-    /// etcd's v3 gRPC API through `proxy_grpc_call` (an HTTP/2 cluster).
-    #[default]
-    Grpc,
-    /// etcd's v3 JSON gateway through `proxy_http_call`.
-    Json,
-}
+pub use crate::config::Protocol;
 
 impl Protocol {
     pub fn txn_path(self) -> &'static str {

@@ -9,6 +9,8 @@ pub mod callouts;
 pub mod config;
 pub mod etcd;
 pub mod etcdpb;
+pub mod geometry;
+pub mod head;
 pub mod jsonptr;
 pub mod key;
 pub mod local;

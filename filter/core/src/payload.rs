@@ -13,33 +13,7 @@ use crate::key::{BodyDigest, Digest, RequestHead};
 use canon::Canonical;
 use sha2::{Digest as _, Sha256};
 
-/// Which JSON fields of the body count.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum JsonSelection {
-    /// The body as sent, byte for byte.
-    #[default]
-    Raw,
-    /// Only these pointers' values (absent ones count as absent).
-    Only(Vec<String>),
-    /// The whole document without these pointers' values.
-    Ignore(Vec<String>),
-}
-
-/// The payload check's settings; the default is the check of v1 (method, path with
-/// query, raw body).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct PayloadConfig {
-    /// `None`: the default parts.
-    pub parts: Option<Vec<FingerprintPart>>,
-    pub json: JsonSelection,
-}
-
-impl PayloadConfig {
-    /// Whether the raw body is all the check needs (then it is hashed as it is).
-    pub fn is_default(&self) -> bool {
-        self.parts.is_none() && self.json == JsonSelection::Raw
-    }
-}
+pub use crate::config::{JsonSelection, PayloadConfig};
 
 fn feed(h: &mut Sha256, bytes: &[u8]) {
     h.update((bytes.len() as u64).to_be_bytes());

@@ -21,8 +21,7 @@ use bucket::{
 };
 pub use layout::Layout;
 
-/// Records per bucket.
-pub const WAYS: usize = 16;
+pub use crate::geometry::WAYS;
 /// CAS attempts before a claim gives up and reports contention.
 const MAX_ATTEMPTS: usize = 64;
 /// A completion whose claim owns its way for at least this long writes its response

@@ -25,8 +25,7 @@ pub use calls::{Answered, Holds};
 pub use detached::{classify_call, forwarded_header, UpstreamCall};
 pub use etcd::EtcdStore;
 pub use plugin::{keeps_unknown, CallAnswer, Env, Plugin, Route, StoreCall, Transport};
-pub use store::StoreState;
-pub(crate) use store::{admin_answer, admin_request};
+pub use store::{StoreState, StoreVisit};
 
 use crate::config::GrpcPolicy;
 use crate::key::{

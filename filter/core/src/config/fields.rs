@@ -257,7 +257,7 @@ pub const MAX_STORE_BYTES: Range = Range {
 };
 pub const SCOPE_CLAIMS_PER_BUCKET: Range = Range {
     min: 1,
-    max: crate::store::WAYS as u64,
+    max: crate::geometry::WAYS as u64,
 };
 pub const ETCD_TIMEOUT_MS: Range = Range {
     min: 10,
@@ -302,7 +302,7 @@ fn max_store_bytes_default() -> String {
          {STORED_HEADERS_ALLOWANCE}))`, about {} MiB with the defaults",
         DEFAULT_MAX_STORE_BYTES >> 20,
         (with_defaults + (1 << 19)) >> 20,
-        ways = crate::store::WAYS,
+        ways = crate::geometry::WAYS,
     )
 }
 

@@ -14,7 +14,7 @@ pub(super) fn store_budget(
     capacity: u64,
     largest_replay: u64,
 ) -> Result<u64, ConfigError> {
-    let buckets = (capacity / crate::store::WAYS as u64).max(1);
+    let buckets = (capacity / crate::geometry::WAYS as u64).max(1);
     let least = buckets * MIN_BUCKET_STORE_BYTES;
     let Some(v) = set else {
         let one_response = buckets.saturating_mul(largest_replay + STORED_HEADERS_ALLOWANCE);
@@ -220,8 +220,8 @@ pub(super) fn parse_store(
                 DEFAULT_MAX_RECORD_BYTES,
             )? as usize;
             let protocol = match st.protocol.as_deref() {
-                None | Some("grpc") => crate::etcd::Protocol::Grpc,
-                Some("json") => crate::etcd::Protocol::Json,
+                None | Some("grpc") => Protocol::Grpc,
+                Some("json") => Protocol::Json,
                 Some(other) => {
                     return Err(err(
                         "store.protocol",

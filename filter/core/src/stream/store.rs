@@ -8,7 +8,6 @@
 use super::etcd::{EtcdClaim, EtcdStore};
 use super::plugin::keeps_unknown;
 use super::{CallAnswer, Decision, DedupStream, Env, Phase, Plugin, StoreCall, Waiting};
-use crate::admin::{AdminOp, AdminStream};
 use crate::config::{Config, Eviction, Policy, StoreConfig};
 use crate::key::{Digest, RequestHead};
 use crate::response::StoredResponse;
@@ -135,34 +134,21 @@ impl StoreState {
     }
 }
 
-/// An operator request, decided: shared data answers at once, etcd reads first.
-pub(crate) fn admin_request<E: Env>(
-    admin: &mut AdminStream,
-    p: &Plugin,
-    env: &mut E,
-    op: AdminOp,
-    now: u64,
-    path: &[u8],
-    peer: &str,
-) -> Decision {
-    match &p.store {
-        StoreState::SharedData(layout) => {
-            Decision::Reply(admin.shared(p, layout, env, op, now, peer))
-        }
-        StoreState::Etcd(ec) => admin.etcd_request(ec, env, op, path, peer),
-    }
+/// Work that differs by store, done by someone outside the store modules (the operator
+/// API): the store picks the method, so the choice of store stays here.
+pub trait StoreVisit {
+    type Out;
+    fn shared_data(self, layout: &Layout) -> Self::Out;
+    fn etcd(self, store: &EtcdStore) -> Self::Out;
 }
 
-/// The answer to an operator request's store call (only etcd makes them).
-pub(crate) fn admin_answer<E: Env>(
-    admin: &mut AdminStream,
-    p: &Plugin,
-    env: &mut E,
-    answer: CallAnswer,
-) -> Decision {
-    match &p.store {
-        StoreState::Etcd(ec) => admin.etcd_answer(p, ec, env, answer),
-        StoreState::SharedData(_) => Decision::Continue,
+impl StoreState {
+    /// Runs the visitor's method for this store.
+    pub fn visit<V: StoreVisit>(&self, v: V) -> V::Out {
+        match self {
+            StoreState::SharedData(layout) => v.shared_data(layout),
+            StoreState::Etcd(ec) => v.etcd(ec),
+        }
     }
 }
 
