@@ -71,23 +71,30 @@ fn every_envoy_config_passes_envoy_validate() {
     }
 }
 
+/// Every shipped Envoy config (the LDS listener too, not the Istio example, which is
+/// no Envoy config), with its text and how many data-plane dedup filters it has (the
+/// admin role's is `proxy_dedup_admin` and answers the operator API only).
+fn envoy_templates() -> Vec<(std::path::PathBuf, String, usize)> {
+    let mut files = config_files();
+    files.push(config_file(LDS_LISTENER));
+    files
+        .into_iter()
+        .map(|file| {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let filters = text
+                .lines()
+                .filter(|l| l.trim() == "- name: proxy_dedup")
+                .count();
+            (file, text, filters)
+        })
+        .filter(|(_, text, _)| !is_istio(text))
+        .collect()
+}
+
 #[test]
 fn every_template_with_the_filter_logs_decision_record_and_rule() {
     // README "Access logs": every shipped template logs the three per request.
-    let mut files = config_files();
-    files.push(config_file(LDS_LISTENER));
-    for file in files {
-        let text = std::fs::read_to_string(&file).unwrap();
-        // The Istio example is no Envoy config (Istio's Telemetry API logs).
-        if is_istio(&text) {
-            continue;
-        }
-        // The data plane's filters (the admin role's is `proxy_dedup_admin` and
-        // answers the operator API only).
-        let filters = text
-            .lines()
-            .filter(|l| l.trim() == "- name: proxy_dedup")
-            .count();
+    for (file, text, filters) in envoy_templates() {
         for field in ["decision", "record", "rule"] {
             let wanted = format!("%FILTER_STATE(wasm.proxy_dedup_{field}:PLAIN)%");
             let logged = text.matches(&wanted).count();
@@ -353,17 +360,7 @@ fn the_generated_filter_block_skips_methods_no_policy_deduplicates() {
 /// (`ExtensionWithMatcher` + `SkipFilter`): every one with the filter has the matcher.
 #[test]
 fn every_template_with_the_filter_skips_the_methods_it_does_not_deduplicate() {
-    let mut files = config_files();
-    files.push(config_file(LDS_LISTENER));
-    for file in files {
-        let text = std::fs::read_to_string(&file).unwrap();
-        if is_istio(&text) {
-            continue;
-        }
-        let filters = text
-            .lines()
-            .filter(|l| l.trim() == "- name: proxy_dedup")
-            .count();
+    for (file, text, filters) in envoy_templates() {
         let wrapped = text.matches("action.v3.SkipFilter").count();
         assert_eq!(
             wrapped,

@@ -56,6 +56,12 @@ impl SimEnvoy {
             .ok_or_else(|| Error::Usage(format!("unknown stream {id:?}")))
     }
 
+    fn stream_mut(&mut self, id: StreamId) -> Result<&mut StreamDriver, Error> {
+        self.streams
+            .get_mut(&id.0)
+            .ok_or_else(|| Error::Usage(format!("unknown stream {id:?}")))
+    }
+
     pub(super) fn open(&self, sid: u64) -> bool {
         self.streams.get(&sid).is_some_and(|s| s.outcome.is_none())
     }
@@ -185,14 +191,9 @@ impl SimEnvoy {
         let mut waited = Duration::ZERO;
         loop {
             self.pump();
-            let s = self.stream(id)?;
-            if s.outcome.is_some() {
-                let r = self.streams.get_mut(&id.0).and_then(|s| s.outcome.take());
+            if let Some(r) = self.stream_mut(id)?.outcome.take() {
                 self.forget(id);
-                if let Some(r) = r {
-                    return Ok(r);
-                }
-                continue;
+                return Ok(r);
             }
             // The default upstream reads the request where it waits (no copy).
             let reply = match self.streams.get(&id.0).map(|s| &s.upstream) {

@@ -21,6 +21,14 @@ fn head(key: &str) -> crate::key::RequestHead {
     req("POST", "/orders").key(key).head
 }
 
+/// A new stream `id` on worker `w` sends `POST /orders` with key `key` and no body:
+/// the stream and what its request headers decided.
+fn send(w: &mut Worker, host: &FakeHost, id: u32, key: &str) -> (DedupStream, Decision) {
+    let mut s = DedupStream::new(id);
+    let d = w.run(host, |p, env| s.on_request_headers(p, env, head(key), true));
+    (s, d)
+}
+
 #[test]
 fn configure_defines_every_counter_and_times_store_calls_only_for_etcd() {
     let host = FakeHost::new(FakeVm::new(), 1);
@@ -79,15 +87,9 @@ fn workers_of_one_process_share_the_bucket_secret_and_the_data_plane_registers_i
         Some(vec![1; 32])
     );
     assert!(vm.shared.raw("proxy-dedup/layouts").is_some());
-    let mut first = DedupStream::new(1);
-    let d = wa.run(&ha, |p, env| {
-        first.on_request_headers(p, env, head("k"), true)
-    });
+    let (_first, d) = send(&mut wa, &ha, 1, "k");
     assert_eq!(d, Decision::Continue);
-    let mut dup = DedupStream::new(2);
-    let d = wb.run(&hb, |p, env| {
-        dup.on_request_headers(p, env, head("k"), true)
-    });
+    let (_dup, d) = send(&mut wb, &hb, 2, "k");
     assert!(
         matches!(d, Decision::Reply(r) if r.status == 409),
         "in flight on the other worker"
@@ -118,17 +120,11 @@ fn a_waiter_is_woken_through_its_workers_queue_and_the_tick_stops_after() {
     let vm = FakeVm::new();
     let (ha, hb) = (FakeHost::new(vm.clone(), 1), FakeHost::new(vm.clone(), 2));
     let (mut wa, mut wb) = (worker(&ha, WAIT), worker(&hb, WAIT));
-    let mut first = DedupStream::new(1);
-    let d = wa.run(&ha, |p, env| {
-        first.on_request_headers(p, env, head("k"), true)
-    });
+    let (mut first, d) = send(&mut wa, &ha, 1, "k");
     assert_eq!(d, Decision::Continue);
     assert!(ha.ticks.borrow().is_empty(), "no waiter on A: no tick");
 
-    let mut dup = DedupStream::new(2);
-    let d = wb.run(&hb, |p, env| {
-        dup.on_request_headers(p, env, head("k"), true)
-    });
+    let (mut dup, d) = send(&mut wb, &hb, 2, "k");
     assert_eq!(d, Decision::Pause);
     assert_eq!(*hb.ticks.borrow(), [100]);
     let queue = {
@@ -167,14 +163,8 @@ fn the_tick_hands_out_due_waiters_and_forgets_the_gone() {
     let vm = FakeVm::new();
     let (ha, hb) = (FakeHost::new(vm.clone(), 1), FakeHost::new(vm.clone(), 2));
     let (mut wa, mut wb) = (worker(&ha, WAIT), worker(&hb, WAIT));
-    let mut first = DedupStream::new(1);
-    wa.run(&ha, |p, env| {
-        first.on_request_headers(p, env, head("k"), true)
-    });
-    let mut dup = DedupStream::new(9);
-    wb.run(&hb, |p, env| {
-        dup.on_request_headers(p, env, head("k"), true)
-    });
+    let (_first, _) = send(&mut wa, &ha, 1, "k");
+    let (_dup, _) = send(&mut wb, &hb, 9, "k");
     assert_eq!(wb.on_queue_item(b"not a digest"), 0);
     // The first check comes at the next tick.
     assert_eq!(wb.on_tick(&hb), [9]);
@@ -193,6 +183,17 @@ fn etcd_answer(etcd: &FakeEtcd, host: &FakeHost, c: &StoreCall) -> CallAnswer {
     }
 }
 
+/// A stream on worker `w` whose key `k` is claimed in etcd (its calls answered).
+fn claimed_on_etcd(w: &mut Worker, host: &FakeHost, etcd: &FakeEtcd) -> DedupStream {
+    let (mut s, mut d) = send(w, host, 1, "k");
+    while let Decision::Call(c) = d {
+        let a = etcd_answer(etcd, host, &c);
+        d = w.run(host, |p, env| s.on_store_answer(p, env, a));
+    }
+    assert_eq!(d, Decision::Continue, "claimed");
+    s
+}
+
 /// A stream that ended with its completion out is adopted; its call's answer drives it
 /// on from the worker, a retry dispatched from there, until etcd confirms it.
 #[test]
@@ -200,15 +201,7 @@ fn an_orphan_finishes_its_store_call_with_retries() {
     let etcd: Arc<FakeEtcd> = FakeEtcd::new();
     let host = FakeHost::new(FakeVm::new(), 1);
     let mut w = worker(&host, ETCD);
-    let mut s = DedupStream::new(1);
-    let mut d = w.run(&host, |p, env| {
-        s.on_request_headers(p, env, head("k"), true)
-    });
-    while let Decision::Call(c) = d {
-        let a = etcd_answer(&etcd, &host, &c);
-        d = w.run(&host, |p, env| s.on_store_answer(p, env, a));
-    }
-    assert_eq!(d, Decision::Continue, "claimed");
+    let mut s = claimed_on_etcd(&mut w, &host, &etcd);
     let completion = w
         .run(&host, |p, env| {
             s.on_response_headers(p, env, 201, &Origin::upstream(), Vec::new, true)
@@ -238,14 +231,7 @@ fn an_orphan_whose_retries_cannot_be_sent_gives_up() {
     let etcd: Arc<FakeEtcd> = FakeEtcd::new();
     let host = FakeHost::new(FakeVm::new(), 1);
     let mut w = worker(&host, ETCD);
-    let mut s = DedupStream::new(1);
-    let mut d = w.run(&host, |p, env| {
-        s.on_request_headers(p, env, head("k"), true)
-    });
-    while let Decision::Call(c) = d {
-        let a = etcd_answer(&etcd, &host, &c);
-        d = w.run(&host, |p, env| s.on_store_answer(p, env, a));
-    }
+    let mut s = claimed_on_etcd(&mut w, &host, &etcd);
     w.run(&host, |p, env| {
         s.on_response_headers(p, env, 201, &Origin::upstream(), Vec::new, true)
     });
@@ -264,10 +250,7 @@ fn streams_see_the_hosts_clock() {
     let host = FakeHost::new(FakeVm::new(), 1);
     let mut w = worker(&host, r#"{"ttl_seconds": 1}"#);
     let run_once = |w: &mut Worker| {
-        let mut s = DedupStream::new(1);
-        let d = w.run(&host, |p, env| {
-            s.on_request_headers(p, env, head("k"), true)
-        });
+        let (mut s, d) = send(w, &host, 1, "k");
         if d == Decision::Continue {
             w.run(&host, |p, env| {
                 s.on_response_headers(p, env, 201, &Origin::upstream(), Vec::new, true)
@@ -289,16 +272,10 @@ fn streams_see_the_hosts_clock() {
 fn debug_lines_are_logged_only_at_debug_level() {
     let mut host = FakeHost::new(FakeVm::new(), 1);
     let mut w = worker(&host, "{}");
-    let mut s = DedupStream::new(1);
-    w.run(&host, |p, env| {
-        s.on_request_headers(p, env, head("k"), true)
-    });
+    let (_s, _) = send(&mut w, &host, 1, "k");
     assert!(!host.logged(Level::Debug, "claimed; forwarding"));
     host.debug = true;
-    let mut s = DedupStream::new(2);
-    w.run(&host, |p, env| {
-        s.on_request_headers(p, env, head("k2"), true)
-    });
+    let (_s, _) = send(&mut w, &host, 2, "k2");
     assert!(host.logged(Level::Debug, "stream 2: record "));
     assert!(host.logged(Level::Debug, "claimed; forwarding"));
 }
@@ -318,14 +295,7 @@ fn a_confirmed_completion_answers_this_workers_duplicates_from_its_tier() {
     let etcd: Arc<FakeEtcd> = FakeEtcd::new();
     let host = FakeHost::new(FakeVm::new(), 1);
     let mut w = worker(&host, ETCD);
-    let mut s = DedupStream::new(1);
-    let mut d = w.run(&host, |p, env| {
-        s.on_request_headers(p, env, head("k"), true)
-    });
-    while let Decision::Call(c) = d {
-        let a = etcd_answer(&etcd, &host, &c);
-        d = w.run(&host, |p, env| s.on_store_answer(p, env, a));
-    }
+    let mut s = claimed_on_etcd(&mut w, &host, &etcd);
     let mut call = w.run(&host, |p, env| {
         s.on_response_headers(p, env, 201, &Origin::upstream(), Vec::new, true)
     });
@@ -336,10 +306,7 @@ fn a_confirmed_completion_answers_this_workers_duplicates_from_its_tier() {
             _ => None,
         };
     }
-    let mut dup = DedupStream::new(2);
-    let d = w.run(&host, |p, env| {
-        dup.on_request_headers(p, env, head("k"), true)
-    });
+    let (_dup, d) = send(&mut w, &host, 2, "k");
     assert!(matches!(&d, Decision::Reply(r) if r.status == 201), "{d:?}");
 }
 
@@ -381,14 +348,8 @@ fn the_tick_rechecks_a_waiter_at_its_stores_interval() {
     let vm = FakeVm::new();
     let (ha, hb) = (FakeHost::new(vm.clone(), 1), FakeHost::new(vm.clone(), 2));
     let (mut wa, mut wb) = (worker(&ha, WAIT), worker(&hb, WAIT));
-    let mut first = DedupStream::new(1);
-    wa.run(&ha, |p, env| {
-        first.on_request_headers(p, env, head("k"), true)
-    });
-    let mut dup = DedupStream::new(9);
-    wb.run(&hb, |p, env| {
-        dup.on_request_headers(p, env, head("k"), true)
-    });
+    let (_first, _) = send(&mut wa, &ha, 1, "k");
+    let (_dup, _) = send(&mut wb, &hb, 9, "k");
     let t0 = hb.now_ms.get();
     assert_eq!(wb.on_tick(&hb), [9]);
     hb.now_ms.set(t0 + 100);

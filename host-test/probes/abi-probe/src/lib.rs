@@ -23,6 +23,8 @@ use std::collections::HashMap;
 
 #[path = "../../common/abi.rs"]
 mod abi;
+#[path = "../../common/exports.rs"]
+mod exports;
 mod host;
 
 use host::*;
@@ -83,17 +85,6 @@ fn parse_pairs(text: &str) -> Vec<(String, String)> {
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect()
-}
-
-#[no_mangle]
-pub extern "C" fn proxy_abi_version_0_2_1() {}
-
-#[no_mangle]
-pub extern "C" fn proxy_on_memory_allocate(size: usize) -> *mut u8 {
-    let mut v: Vec<u8> = Vec::with_capacity(size);
-    let p = v.as_mut_ptr();
-    std::mem::forget(v);
-    p
 }
 
 #[no_mangle]

@@ -16,6 +16,8 @@ use std::cell::Cell;
 
 #[path = "../../common/abi.rs"]
 mod abi;
+#[path = "../../common/exports.rs"]
+mod exports;
 
 type Ptr = *const u8;
 type Out = *mut *mut u8;
@@ -105,17 +107,6 @@ fn repeat(call: Call, f: impl Fn()) {
             f();
         }
     }
-}
-
-#[no_mangle]
-pub extern "C" fn proxy_abi_version_0_2_1() {}
-
-#[no_mangle]
-pub extern "C" fn proxy_on_memory_allocate(size: usize) -> *mut u8 {
-    let mut v: Vec<u8> = Vec::with_capacity(size);
-    let p = v.as_mut_ptr();
-    std::mem::forget(v);
-    p
 }
 
 #[no_mangle]
