@@ -2,6 +2,7 @@
 
 mod defaults;
 pub mod fields;
+mod ordering;
 mod policy;
 mod raw;
 mod rules;
@@ -9,6 +10,10 @@ mod store;
 mod values;
 
 pub use defaults::*;
+pub use ordering::{
+    EntitySource, OnStale, Ordering, VersionSource, VersionType, MAX_ENTITY_BYTES,
+    MAX_VERSION_BYTES,
+};
 pub use rules::{DEFAULT_RECORDS, MAX_RULES};
 pub use values::PSEUDO_HEADERS;
 
@@ -64,6 +69,8 @@ pub enum StoreConfig {
         /// Most unexpired claims (in flight or held) of one scope in one bucket
         /// (`store.scope_claims_per_bucket`).
         scope_claims_per_bucket: u64,
+        /// Most entities the ordering guard keeps (`store.max_entities`).
+        max_entities: u64,
     },
     /// etcd through an Envoy cluster: many nodes.
     Etcd(EtcdConfig),
@@ -242,6 +249,8 @@ pub struct Policy {
     /// `upstream.detached`: the first execution is sent by the filter itself (see
     /// `Detached`); `None`: the router forwards it.
     pub detached: Option<Detached>,
+    /// `ordering`: the per-entity version guard (`None`: none).
+    pub ordering: Option<Ordering>,
 }
 
 /// Detached execution: the filter sends a key's first execution to `cluster` with
@@ -283,6 +292,7 @@ impl Default for Policy {
             store_statuses: DEFAULT_STORE_STATUSES.to_vec(),
             payload: PayloadConfig::default(),
             detached: None,
+            ordering: None,
         }
     }
 }
@@ -551,6 +561,7 @@ impl TryFrom<RawConfig> for Config {
             largest_replay as u64,
         )?;
         store.check_record_room(&policy, &rules)?;
+        store.check_ordering(&policy, &rules)?;
         Ok(Config {
             policy,
             rules,

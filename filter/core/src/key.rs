@@ -90,6 +90,17 @@ pub enum KeyError {
     },
 }
 
+impl KeyError {
+    /// What is wrong, in words.
+    pub fn detail(&self) -> &str {
+        match self {
+            KeyError::Missing { detail }
+            | KeyError::Invalid { detail }
+            | KeyError::Ambiguous { detail } => detail,
+        }
+    }
+}
+
 /// A validated key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientKey {
@@ -249,9 +260,28 @@ impl BodyHasher {
 /// The keyless fingerprint of the configured parts (the body enters as its BLAKE3 digest;
 /// v1 had its SHA-256).
 pub fn fingerprint_key(cfg: &Policy, head: &RequestHead, body: &BodyDigest) -> ClientKey {
+    ClientKey {
+        source: KeySource::Fingerprint,
+        value: parts_digest(
+            b"proxy-dedup fingerprint v2\0",
+            &cfg.fingerprint,
+            head,
+            body,
+        ),
+    }
+}
+
+/// SHA-256 of request `parts` after `domain` (the fingerprint's, or the ordering
+/// guard's entity parts).
+pub fn parts_digest(
+    domain: &[u8],
+    parts: &[FingerprintPart],
+    head: &RequestHead,
+    body: &BodyDigest,
+) -> Vec<u8> {
     let mut h = Sha256::new();
-    h.update(b"proxy-dedup fingerprint v2\0");
-    for part in &cfg.fingerprint {
+    h.update(domain);
+    for part in parts {
         match part {
             FingerprintPart::Method => feed(&mut h, head.method.as_bytes()),
             FingerprintPart::Path => feed(&mut h, head.path_only()),
@@ -265,10 +295,7 @@ pub fn fingerprint_key(cfg: &Policy, head: &RequestHead, body: &BodyDigest) -> C
             }
         }
     }
-    ClientKey {
-        source: KeySource::Fingerprint,
-        value: h.finalize().to_vec(),
-    }
+    h.finalize().to_vec()
 }
 
 /// The version of the record format, first in every record digest: v3 records carry
@@ -293,6 +320,25 @@ pub fn record_digest(cfg: &Policy, head: &RequestHead, key: &ClientKey) -> Diges
         KeySource::Fingerprint => 3,
     }]);
     feed(&mut h, &key.value);
+    h.finalize().into()
+}
+
+/// The digest of an entity of the ordering guard: scoped like a record (rule group,
+/// authority, scope headers), then the version type and where the id came from, so an
+/// entity never shares a digest with a record, nor with itself under another version
+/// type (whose versions would not compare).
+pub fn entity_digest(
+    cfg: &Policy,
+    head: &RequestHead,
+    version_type: u8,
+    source: u8,
+    value: &[u8],
+) -> Digest {
+    let mut h = Sha256::new();
+    h.update(b"proxy-dedup entity v1\0");
+    feed_scope(&mut h, cfg, head);
+    h.update([version_type, source]);
+    feed(&mut h, value);
     h.finalize().into()
 }
 

@@ -15,6 +15,7 @@ pub mod jsonptr;
 pub mod key;
 pub mod local;
 pub mod metrics;
+pub mod ordering;
 pub mod outcome;
 pub mod payload;
 pub mod record;

@@ -60,10 +60,16 @@ pub enum Counter {
     /// Detached executions whose client left before the answer: the call went on and
     /// its answer completed the record.
     DetachedClientGone,
+    /// Ordering: requests at or below their entity's applied version, not forwarded
+    /// (`409 stale-version`, or acknowledged under `on_stale: "acknowledge"`).
+    Stale,
+    /// Ordering: entities whose applied version was dropped before its TTL to make room
+    /// in a full entity bucket (an older version of them could then run).
+    EntitiesEvicted,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 25] = [
+    pub const ALL: [Counter; 27] = [
         Counter::Requests,
         Counter::Executed,
         Counter::Replayed,
@@ -89,6 +95,8 @@ impl Counter {
         Counter::StoreFull,
         Counter::Detached,
         Counter::DetachedClientGone,
+        Counter::Stale,
+        Counter::EntitiesEvicted,
     ];
 
     pub fn name(self) -> &'static str {
@@ -118,6 +126,8 @@ impl Counter {
             Counter::StoreFull => "proxy_dedup_store_full",
             Counter::Detached => "proxy_dedup_detached",
             Counter::DetachedClientGone => "proxy_dedup_detached_client_gone",
+            Counter::Stale => "proxy_dedup_stale",
+            Counter::EntitiesEvicted => "proxy_dedup_entities_evicted",
         }
     }
 

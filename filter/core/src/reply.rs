@@ -31,6 +31,14 @@ pub enum Problem {
     /// A canonicalised JSON body names a member twice in one object.
     AmbiguousPayload,
     InFlight,
+    /// Ordering: the version is at or below its entity's applied version.
+    StaleVersion,
+    /// Ordering: the request has no entity id, or one that cannot be used.
+    MissingEntity,
+    InvalidEntity,
+    /// Ordering: the request has no version, or one that is not of the configured type.
+    MissingVersion,
+    InvalidVersion,
     /// The first request's outcome is unknown (it may have run); kept until its TTL.
     OutcomeUnknown,
     AlreadyCompleted,
@@ -63,8 +71,13 @@ impl Problem {
             | Problem::InvalidKey
             | Problem::AmbiguousKey
             | Problem::AmbiguousScope
-            | Problem::AmbiguousPayload => 400,
+            | Problem::AmbiguousPayload
+            | Problem::MissingEntity
+            | Problem::InvalidEntity
+            | Problem::MissingVersion
+            | Problem::InvalidVersion => 400,
             Problem::InFlight
+            | Problem::StaleVersion
             | Problem::OutcomeUnknown
             | Problem::AlreadyCompleted
             | Problem::ResponseNotStored => 409,
@@ -87,6 +100,11 @@ impl Problem {
             Problem::AmbiguousScope => "ambiguous-scope",
             Problem::AmbiguousPayload => "ambiguous-payload",
             Problem::InFlight => "in-flight",
+            Problem::StaleVersion => "stale-version",
+            Problem::MissingEntity => "missing-entity",
+            Problem::InvalidEntity => "invalid-entity",
+            Problem::MissingVersion => "missing-version",
+            Problem::InvalidVersion => "invalid-version",
             Problem::OutcomeUnknown => "outcome-unknown",
             Problem::AlreadyCompleted => "already-completed",
             Problem::ResponseNotStored => "response-not-stored",
@@ -112,6 +130,11 @@ impl Problem {
             Problem::AmbiguousScope => "Request scope ambiguous",
             Problem::AmbiguousPayload => "Request payload ambiguous",
             Problem::InFlight => "A request with this idempotency key is in progress",
+            Problem::StaleVersion => "A newer version of this entity has already been applied",
+            Problem::MissingEntity => "Entity id missing",
+            Problem::InvalidEntity => "Entity id invalid",
+            Problem::MissingVersion => "Version missing",
+            Problem::InvalidVersion => "Version invalid",
             Problem::OutcomeUnknown => {
                 "A request with this idempotency key may have run; its outcome is unknown"
             }
@@ -141,6 +164,11 @@ impl Problem {
             Problem::AmbiguousScope => "proxy_dedup_ambiguous_scope",
             Problem::AmbiguousPayload => "proxy_dedup_ambiguous_payload",
             Problem::InFlight => "proxy_dedup_in_flight",
+            Problem::StaleVersion => "proxy_dedup_stale",
+            Problem::MissingEntity
+            | Problem::InvalidEntity
+            | Problem::MissingVersion
+            | Problem::InvalidVersion => "proxy_dedup_bad_version",
             Problem::OutcomeUnknown => "proxy_dedup_outcome_unknown",
             Problem::AlreadyCompleted => "proxy_dedup_already_completed",
             Problem::ResponseNotStored => "proxy_dedup_response_not_stored",

@@ -16,6 +16,7 @@ mod calls;
 mod completion;
 mod detached;
 mod etcd;
+mod ordering;
 mod plugin;
 mod shared;
 mod store;
@@ -24,6 +25,7 @@ mod waiting;
 pub use calls::{Answered, Holds};
 pub use detached::{classify_call, forwarded_header, UpstreamCall};
 pub use etcd::EtcdStore;
+pub use ordering::{APPLIED_VERSION_HEADER, STALE_HEADER};
 pub use plugin::{keeps_unknown, CallAnswer, Env, Plugin, Route, StoreCall, Transport};
 pub use store::{StoreState, StoreVisit};
 
@@ -179,6 +181,9 @@ pub struct DedupStream {
     scope_tag: u32,
     /// What its calls hold back (`calls.rs`).
     calls: calls::Calls,
+    /// The ordering guard: the request's entity and version, and its flight once
+    /// claimed (`ordering.rs`).
+    order: Option<Box<ordering::OrderState>>,
 }
 
 impl std::fmt::Debug for DedupStream {
@@ -217,6 +222,7 @@ impl DedupStream {
             client_answered: false,
             scope_tag: 0,
             calls: calls::Calls::default(),
+            order: None,
         }
     }
 
@@ -463,6 +469,12 @@ impl DedupStream {
                 return self.reply(env, Problem::AmbiguousPayload.reply(&detail, Vec::new()));
             }
         };
+        if let Some(o) = &cfg.ordering {
+            match crate::ordering::ordered(cfg, o, &head, raw_body, &body) {
+                Ok(ordered) => self.order = Some(Box::new(ordering::OrderState::new(ordered))),
+                Err(e) => return self.bad_order(env, e),
+            }
+        }
         let digest = record_digest(cfg, &head, &key);
         self.record = Some(digest);
         self.payload = Some(payload);
@@ -470,6 +482,10 @@ impl DedupStream {
     }
 
     fn forward<E: Env>(&mut self, p: &Plugin, env: &mut E, owned: HeldClaim) -> Decision {
+        let owned = match self.claim_entity(p, env, owned) {
+            Ok(owned) => owned,
+            Err(answer) => return answer,
+        };
         self.stop_waiting(env);
         self.decided("executed");
         env.count(Counter::Executed);

@@ -99,3 +99,10 @@ pub const DEFAULT_SCOPE_CLAIMS_PER_BUCKET: u64 = 8;
 /// Default `max_waiters_per_scope`: a quarter of the default pool (and never more than
 /// `max_waiters`).
 pub const DEFAULT_MAX_WAITERS_PER_SCOPE: u64 = 256;
+
+/// Default `ordering.ttl_seconds` (7 days): how long an entity's applied version is kept.
+pub const DEFAULT_ORDERING_TTL_SECONDS: u64 = 604_800;
+/// Default `ordering.acknowledge_status`.
+pub const DEFAULT_ACKNOWLEDGE_STATUS: u64 = 200;
+/// Default `store.max_entities` (shared data): entities the ordering guard keeps.
+pub const DEFAULT_MAX_ENTITIES: u64 = 16_384;

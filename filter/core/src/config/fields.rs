@@ -210,6 +210,8 @@ pub enum Group {
     Rules,
     /// The etcd store's fields.
     Etcd,
+    /// The ordering guard's fields (`ordering.*`).
+    Ordering,
 }
 
 /// Most names in a header list (`key.headers`, `scope.headers`).
@@ -266,6 +268,15 @@ pub const ETCD_TIMEOUT_MS: Range = Range {
 pub const MAX_RECORD_BYTES: Range = Range {
     min: 4096,
     max: 64 << 20,
+};
+pub const ORDERING_TTL_SECONDS: Range = Range {
+    min: 1,
+    max: 31_536_000,
+};
+pub const ACKNOWLEDGE_STATUS: Range = Range { min: 200, max: 299 };
+pub const MAX_ENTITIES: Range = Range {
+    min: 16,
+    max: 4_000_000,
 };
 pub const WAIT_TIMEOUT_MS: UpTo = UpTo {
     min: 1,
@@ -721,6 +732,110 @@ pub const FIELDS: &[Field] = &[
         meaning: r#"the client-facing deadline of a detached execution, {range}: if the call has not answered by then, the client gets `504 still-running` and the call goes on; its answer completes the record, and the client's retry with the same key gets it. 504 rather than 202: clients and SDKs retry a 5xx (Stripe's does), while a 202 would be taken for the operation's answer. Met to within the worker's 100 ms tick."#,
     },
     Field {
+        name: "ordering",
+        ty: Type::Object,
+        default: Shown::Text(r#"none (no ordering guard)"#),
+        applies: Applies::Policy,
+        group: Group::Ordering,
+        meaning: r#"the ordering guard (the `ordering.*` fields): per entity, the highest version that completed is kept, and a request whose version is at or below it is **stale**: never forwarded, answered `409 stale-version` (or acknowledged, `ordering.on_stale`). One version of an entity is in flight at a time. Needs `store.kind: "shared_data"` for now. See [Ordering](../semantics/ordering.md)."#,
+    },
+    Field {
+        name: "ordering.enabled",
+        ty: Type::Bool,
+        default: Shown::Json(Value::Bool(true)),
+        applies: Applies::Policy,
+        group: Group::Ordering,
+        meaning: r#"`false` turns the guard off (a rule's `"ordering": {"enabled": false}` turns an inherited one off; its other fields are then not needed)."#,
+    },
+    Field {
+        name: "ordering.entity",
+        ty: Type::Object,
+        default: Shown::Text(r#"required"#),
+        applies: Applies::Policy,
+        group: Group::Ordering,
+        meaning: r#"where the entity id is: exactly one of `header`, `json_pointer`, `parts`. Entities are scoped like records (`scope.*`, the rule's records): tenant A's entity `o1` is not tenant B's."#,
+    },
+    Field {
+        name: "ordering.entity.header",
+        ty: Type::String(Len::new(1, None)),
+        default: Shown::Text(r#"none"#),
+        applies: Applies::Policy,
+        group: Group::Ordering,
+        meaning: r#"a request header whose value is the entity id (1–255 bytes of UTF-8 without control characters; missing: `400 missing-entity`; sent twice or invalid: `400 invalid-entity`)."#,
+    },
+    Field {
+        name: "ordering.entity.json_pointer",
+        ty: Type::String(Len::new(1, None)),
+        default: Shown::Text(r#"none"#),
+        applies: Applies::Policy,
+        group: Group::Ordering,
+        meaning: r#"an RFC 6901 pointer into the JSON body (e.g. `/data/object/id`): a string or an integer there is the entity id (`123` and `"123"` are one entity)."#,
+    },
+    Field {
+        name: "ordering.entity.parts",
+        ty: Type::List(Item::Part, Len::new(1, None)),
+        default: Shown::Text(r#"none"#),
+        applies: Applies::Policy,
+        group: Group::Ordering,
+        meaning: r#"request parts whose hash is the entity, like `key.fingerprint` (`["path"]`: one entity per resource path, e.g. `PUT /devices/42`)."#,
+    },
+    Field {
+        name: "ordering.version",
+        ty: Type::Object,
+        default: Shown::Text(r#"required"#),
+        applies: Applies::Policy,
+        group: Group::Ordering,
+        meaning: r#"where the version is: exactly one of `header`, `json_pointer`; and its `type`. Missing: `400 missing-version`; not of the type: `400 invalid-version`."#,
+    },
+    Field {
+        name: "ordering.version.header",
+        ty: Type::String(Len::new(1, None)),
+        default: Shown::Text(r#"none"#),
+        applies: Applies::Policy,
+        group: Group::Ordering,
+        meaning: r#"a request header whose value is the version (sent twice: `400 invalid-version`)."#,
+    },
+    Field {
+        name: "ordering.version.json_pointer",
+        ty: Type::String(Len::new(1, None)),
+        default: Shown::Text(r#"none"#),
+        applies: Applies::Policy,
+        group: Group::Ordering,
+        meaning: r#"an RFC 6901 pointer into the JSON body (e.g. `/created`). An `integer` version may be a JSON integer or a string of one; `timestamp` and `string` versions are JSON strings."#,
+    },
+    Field {
+        name: "ordering.version.type",
+        ty: Type::Enum(&["integer", "timestamp", "string"]),
+        default: Shown::Json(Value::Str("integer")),
+        applies: Applies::Policy,
+        group: Group::Ordering,
+        meaning: r#"how versions compare: `"integer"`: signed 64-bit decimal (`-5`, `0042`; no `+`, no fraction, no exponent); `"timestamp"`: RFC 3339 date-time with an offset (`2026-12-02T10:00:00.25+01:00`), compared as the instant it names (up to nanoseconds; `:60` counts as the next second); `"string"`: byte by byte (UTF-8 code point order, so `"10"` < `"9"`), 1–128 bytes. Changing the type starts a new history for every entity."#,
+    },
+    Field {
+        name: "ordering.ttl_seconds",
+        ty: Type::Integer(ORDERING_TTL_SECONDS),
+        default: Shown::Json(Value::Int(DEFAULT_ORDERING_TTL_SECONDS)),
+        applies: Applies::Policy,
+        group: Group::Ordering,
+        meaning: r#"how long an entity's applied version is kept after the completion that set it ({range}); past it any version of the entity runs again. Independent of `ttl_seconds` (how long a key is deduplicated)."#,
+    },
+    Field {
+        name: "ordering.on_stale",
+        ty: Type::Enum(&["reject", "acknowledge"]),
+        default: Shown::Json(Value::Str("reject")),
+        applies: Applies::Policy,
+        group: Group::Ordering,
+        meaning: r#"what a stale request gets: `"reject"`: `409` problem+json `stale-version` naming the applied version; `"acknowledge"`: `ordering.acknowledge_status` with `idempotent-stale: true` (and, but for 204, a JSON body `{"stale": true, "version": …, "applied_version": …}`), for senders that retry until they get a 2xx. Both carry `idempotent-applied-version`, log `dedup=stale` and count in `proxy_dedup_stale`."#,
+    },
+    Field {
+        name: "ordering.acknowledge_status",
+        ty: Type::Integer(ACKNOWLEDGE_STATUS),
+        default: Shown::Json(Value::Int(DEFAULT_ACKNOWLEDGE_STATUS)),
+        applies: Applies::Policy,
+        group: Group::Ordering,
+        meaning: r#"the status of an acknowledged stale request ({range}); only with `on_stale: "acknowledge"`."#,
+    },
+    Field {
         name: "rules",
         ty: Type::List(Item::Rule, Len::new(0, Some(MAX_RULES))),
         default: Shown::Json(Value::List(&[])),
@@ -759,6 +874,14 @@ pub const FIELDS: &[Field] = &[
         applies: Applies::SharedData,
         group: Group::Configuration,
         meaning: r#"(shared data) most unexpired claims (in flight, or kept as an unknown outcome) of one scope in one bucket ({range}, the bucket's ways): above it that scope's new key in that bucket gets `503 store-full`, so one tenant's hung-up or slow requests never fill a bucket another tenant needs."#,
+    },
+    Field {
+        name: "store.max_entities",
+        ty: Type::Integer(MAX_ENTITIES),
+        default: Shown::Json(Value::Int(DEFAULT_MAX_ENTITIES)),
+        applies: Applies::SharedData,
+        group: Group::Configuration,
+        meaning: r#"(shared data) most entities the ordering guard keeps ({range}), in `max_entities / 16` shared-data keys written only when some policy has `ordering`. A new entity in a full bucket takes the slot of one whose state expired, else of the one whose applied version expires first (counted in `proxy_dedup_entities_evicted`: an older version of that entity could then run), never of one with a version in flight (`503 store-full`). Changing it starts a new history for every entity."#,
     },
     Field {
         name: "rules[].name",

@@ -121,6 +121,9 @@ pub(super) fn parse_policy(
         }
         out.store_statuses = ranges;
     }
+    if let Some(o) = raw.ordering {
+        out.ordering = super::ordering::parse_ordering(prefix, o)?;
+    }
     if let Some(up) = raw.upstream {
         out.detached = parse_upstream(prefix, up, out.in_flight_timeout_ms)?;
     } else if let Some(d) = &mut out.detached {

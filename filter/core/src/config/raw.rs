@@ -25,6 +25,7 @@ macro_rules! with_policy_fields {
                 payload: RawPayload,
                 upstream: RawUpstream,
                 grpc: GrpcPolicy,
+                ordering: RawOrdering,
             ]
             $($input)*
         }
@@ -132,6 +133,33 @@ pub(super) struct RawUpstream {
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
+pub(super) struct RawOrdering {
+    pub(super) enabled: Option<bool>,
+    pub(super) entity: Option<RawEntity>,
+    pub(super) version: Option<RawVersion>,
+    pub(super) ttl_seconds: Option<u64>,
+    pub(super) on_stale: Option<super::ordering::RawOnStale>,
+    pub(super) acknowledge_status: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEntity {
+    pub(super) header: Option<String>,
+    pub(super) json_pointer: Option<String>,
+    pub(super) parts: Option<Vec<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawVersion {
+    pub(super) header: Option<String>,
+    pub(super) json_pointer: Option<String>,
+    pub(super) r#type: Option<VersionType>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 pub(super) struct RawPayload {
     pub(super) parts: Option<Vec<String>>,
     pub(super) json_pointers: Option<Vec<String>>,
@@ -169,4 +197,5 @@ pub(super) struct RawStore {
     pub(super) max_store_bytes: Option<u64>,
     pub(super) eviction: Option<String>,
     pub(super) scope_claims_per_bucket: Option<u64>,
+    pub(super) max_entities: Option<u64>,
 }

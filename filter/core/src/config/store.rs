@@ -72,6 +72,34 @@ impl StoreConfig {
     }
 }
 
+impl StoreConfig {
+    /// The ordering guard keeps its entities in shared data only, for now: with etcd a
+    /// policy with `ordering` is refused, naming it.
+    pub(super) fn check_ordering(
+        &self,
+        policy: &Policy,
+        rules: &[Rule],
+    ) -> Result<(), ConfigError> {
+        if !matches!(self, StoreConfig::Etcd(_)) {
+            return Ok(());
+        }
+        let top = policy.ordering.is_some().then(|| "ordering".to_string());
+        let field = top.or_else(|| {
+            rules
+                .iter()
+                .position(|r| r.policy.ordering.is_some())
+                .map(|i| format!("rules[{i}].ordering"))
+        });
+        match field {
+            Some(f) => Err(err(
+                &f,
+                "needs store.kind \"shared_data\": the etcd store does not keep entities yet",
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The defaults: shared data, sized for the default capacity and replay cap.
 impl Default for StoreConfig {
     fn default() -> Self {
@@ -79,6 +107,7 @@ impl Default for StoreConfig {
             eviction: Eviction::OwnScope,
             scope_claims_per_bucket: DEFAULT_SCOPE_CLAIMS_PER_BUCKET,
             namespace: DEFAULT_NAMESPACE.to_string(),
+            max_entities: DEFAULT_MAX_ENTITIES,
             max_store_bytes: store_budget(None, DEFAULT_CAPACITY, DEFAULT_MAX_REPLAY_BODY_BYTES)
                 .unwrap_or(DEFAULT_MAX_STORE_BYTES),
         }
@@ -155,11 +184,17 @@ pub(super) fn parse_store(
                 st.scope_claims_per_bucket,
                 DEFAULT_SCOPE_CLAIMS_PER_BUCKET,
             )?;
+            let max_entities = fields::MAX_ENTITIES.check(
+                "store.max_entities",
+                st.max_entities,
+                DEFAULT_MAX_ENTITIES,
+            )?;
             Ok(StoreConfig::SharedData {
                 namespace,
                 max_store_bytes,
                 eviction,
                 scope_claims_per_bucket,
+                max_entities,
             })
         }
         "etcd" => {
@@ -169,6 +204,7 @@ pub(super) fn parse_store(
                     "store.scope_claims_per_bucket",
                     st.scope_claims_per_bucket.is_some(),
                 ),
+                ("store.max_entities", st.max_entities.is_some()),
             ] {
                 if set {
                     return Err(err(field, "only applies to store.kind \"shared_data\""));

@@ -26,6 +26,9 @@ pub struct Layout {
     pub scope_claims: usize,
     /// Bytes of response slots one bucket may hold (`max_store_bytes / buckets`).
     pub bucket_budget: u64,
+    /// Buckets of the ordering guard's entities (`store.max_entities / WAYS`); 0 when no
+    /// policy orders.
+    pub entity_buckets: u64,
     /// Until when (ms) this VM knows the layouts registry holds this layout: a claim
     /// registers only past it, so a claim costs one registry read, made after its
     /// record is written.
@@ -77,6 +80,7 @@ impl Layout {
             evict_any_scope: false,
             scope_claims: WAYS,
             bucket_budget: u64::MAX,
+            entity_buckets: 0,
             registered_until: RegisteredUntil::default(),
         }
     }
@@ -134,6 +138,17 @@ impl Layout {
     pub fn with_max_store_bytes(mut self, max_store_bytes: u64) -> Self {
         self.bucket_budget = max_store_bytes / self.buckets.max(1);
         self
+    }
+
+    /// Room for `max_entities` entities of the ordering guard.
+    pub fn with_entities(mut self, max_entities: u64) -> Self {
+        self.entity_buckets = (max_entities / WAYS as u64).max(1);
+        self
+    }
+
+    /// `<namespace>/<entity_buckets>/o/<bucket>`: an entity bucket of the ordering guard.
+    pub fn entity_key(&self, bucket: u64) -> String {
+        self.key_of(self.entity_buckets, "/o/", bucket)
     }
 
     pub fn with_secret(mut self, secret: [u8; SECRET_LEN]) -> Self {
@@ -197,7 +212,7 @@ impl Layout {
     /// Upper bound of shared-data keys this layout ever writes: its buckets and
     /// response slots, plus the namespace's secret and layout registry.
     pub fn max_keys(&self) -> u64 {
-        self.buckets * (1 + WAYS as u64) + 2
+        self.buckets * (1 + WAYS as u64) + 2 + self.entity_buckets
     }
 }
 

@@ -202,6 +202,8 @@ fn verdict_of(details: &str) -> &'static str {
         "response_not_stored" => "not_stored",
         "body_too_large" => "body_too_large",
         "store_unavailable" => "store_unavailable",
+        "stale" => "stale",
+        "bad_version" => "bad_version",
         _ => "bad_key",
     }
 }

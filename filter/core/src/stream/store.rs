@@ -10,8 +10,11 @@ use super::plugin::keeps_unknown;
 use super::{CallAnswer, Decision, DedupStream, Env, Phase, Plugin, StoreCall, Waiting};
 use crate::config::{Config, Eviction, Policy, StoreConfig};
 use crate::key::{Digest, RequestHead};
+use crate::metrics::Counter;
+use crate::ordering::entities::{EntityClaim, Settle, SharedEntities};
+use crate::ordering::Ordered;
 use crate::response::StoredResponse;
-use crate::store::{Claim, HostFault, Layout, StoreError, WAYS};
+use crate::store::{Claim, HostFault, Layout, SharedStore, StoreError, WAYS};
 use crate::wait::{POLL_ETCD_MS, RECHECK_SHARED_MS};
 use std::borrow::Cow;
 
@@ -51,6 +54,7 @@ impl StoreState {
                 max_store_bytes,
                 eviction,
                 scope_claims_per_bucket,
+                max_entities,
             } => {
                 // Every policy shares the buckets; the layout registers itself for as
                 // long as the longest-lived policy's records may live.
@@ -73,6 +77,11 @@ impl StoreState {
                     usize::try_from(*scope_claims_per_bucket).unwrap_or(WAYS),
                 )
                 .with_max_store_bytes(*max_store_bytes);
+                let layout = if policies().any(|p| p.ordering.is_some()) {
+                    layout.with_entities(*max_entities)
+                } else {
+                    layout
+                };
                 StoreState::SharedData(layout)
             }
             StoreConfig::Etcd(ec) => StoreState::Etcd(EtcdStore::new(ec.clone())),
@@ -132,6 +141,51 @@ impl StoreState {
             ),
         }
     }
+}
+
+impl StoreState {
+    /// Claims `o`'s entity for its version (the ordering guard), its flight living as
+    /// long as a claim of `policy`.
+    pub(super) fn claim_entity<E: Env>(
+        &self,
+        env: &E,
+        policy: &Policy,
+        o: &Ordered,
+        token: u64,
+        now_ms: u64,
+    ) -> Result<EntityClaim, StoreError> {
+        match self {
+            StoreState::SharedData(layout) => {
+                let until = now_ms.saturating_add(layout_timed(layout, policy).claim_ms());
+                SharedEntities::new(env, layout).claim(&o.entity, &o.version, token, now_ms, until)
+            }
+            StoreState::Etcd(_) => Err(no_entities()),
+        }
+    }
+
+    /// Ends the flight of `token` on `o`'s entity.
+    pub(super) fn settle_entity<E: Env>(
+        &self,
+        env: &E,
+        o: &Ordered,
+        token: u64,
+        how: &Settle,
+        now_ms: u64,
+    ) -> Result<bool, StoreError> {
+        match self {
+            StoreState::SharedData(layout) => {
+                SharedEntities::new(env, layout).settle(&o.entity, token, how, now_ms)
+            }
+            StoreState::Etcd(_) => Err(no_entities()),
+        }
+    }
+}
+
+/// The etcd store keeps no entities: the configuration refuses `ordering` with it.
+fn no_entities() -> StoreError {
+    StoreError::Host(HostFault(
+        "the etcd store keeps no entities (ordering needs shared data)".into(),
+    ))
 }
 
 /// Work that differs by store, done by someone outside the store modules (the operator
@@ -255,6 +309,8 @@ impl DedupStream {
         match (owned, &p.store) {
             (HeldClaim::Shared(claim), StoreState::SharedData(layout)) => {
                 self.complete_shared(p, layout, env, &claim, response.as_ref(), now);
+                let how = self.completed_entity(p);
+                self.settle_entity(p, env, how);
                 None
             }
             (HeldClaim::Etcd(o), StoreState::Etcd(ec)) => {
@@ -275,6 +331,7 @@ impl DedupStream {
         match (owned, &p.store) {
             (HeldClaim::Shared(claim), StoreState::SharedData(layout)) => {
                 self.release_shared(p, layout, env, &claim);
+                self.settle_entity(p, env, Settle::Release);
                 None
             }
             (HeldClaim::Etcd(o), StoreState::Etcd(ec)) => Some(self.release_etcd(ec, env, &o)),
@@ -294,12 +351,31 @@ impl DedupStream {
         match (owned, &p.store) {
             (HeldClaim::Shared(claim), StoreState::SharedData(layout)) => {
                 self.hold_shared(p, layout, env, &claim, until_ms);
+                self.settle_entity(p, env, Settle::Hold { until_ms });
                 None
             }
             (HeldClaim::Etcd(o), StoreState::Etcd(ec)) => {
                 Some(self.hold_etcd(ec, env, &o, until_ms))
             }
             _ => None,
+        }
+    }
+}
+
+impl DedupStream {
+    /// Releases a won claim that was never forwarded (its entity said no): not counted
+    /// as a release, its waiters woken.
+    pub(super) fn release_unrun<E: Env>(&mut self, p: &Plugin, env: &mut E, owned: HeldClaim) {
+        // The etcd store orders nothing (the configuration refuses it).
+        if let (HeldClaim::Shared(claim), StoreState::SharedData(layout)) = (owned, &p.store) {
+            if let Err(e) = SharedStore::new(&*env, layout).release(&claim) {
+                env.count(Counter::StoreErrors);
+                env.warn(&format!(
+                    "stream {}: releasing the claim failed: {e}",
+                    self.id
+                ));
+            }
+            super::wake(p, env, &claim.digest);
         }
     }
 }

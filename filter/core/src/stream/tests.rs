@@ -8,6 +8,7 @@ mod etcd;
 mod etcd_retries;
 mod glue;
 mod identity;
+mod ordering;
 mod rules;
 mod shared;
 mod wait;

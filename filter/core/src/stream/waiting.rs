@@ -59,6 +59,19 @@ impl DedupStream {
         env: &mut E,
         held_until: Option<u64>,
     ) -> Option<Decision> {
+        let record = self.record?;
+        self.start_or_keep_waiting_on(p, env, held_until, record)
+    }
+
+    /// The same, woken when `watch` changes: its record, or (ordering) the entity whose
+    /// other version is in flight. A waiter always re-checks its own record first.
+    pub(super) fn start_or_keep_waiting_on<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        held_until: Option<u64>,
+        watch: crate::key::Digest,
+    ) -> Option<Decision> {
         let (digest, payload) = (self.record?, self.payload?);
         let now = env.now_ms();
         let wait_timeout_ms = p.config.policy_at(self.rule).wait_timeout_ms;
@@ -73,7 +86,7 @@ impl DedupStream {
                     p.config.max_waiters,
                     p.config.max_waiters_per_scope,
                 );
-                if !env.waiters().add_for_scope(self.id, digest, d, now, limits) {
+                if !env.waiters().add_for_scope(self.id, watch, d, now, limits) {
                     env.debug(format_args!(
                         "stream {}: {} duplicates (or {} of its scope) already wait on this worker \
                          (max_waiters, max_waiters_per_scope); 409",

@@ -7,8 +7,9 @@ use super::{Applies, Field, Group, Type, FIELDS};
 /// The groups in the order the reference lists them, with their headings. The prose
 /// around the tables lives in the book (docs/src/reference/configuration.md includes
 /// this file).
-const GROUPS: [(Group, &str); 3] = [
+const GROUPS: [(Group, &str); 4] = [
     (Group::Configuration, "## Top-level fields"),
+    (Group::Ordering, "## The ordering guard (`ordering`)"),
     (Group::Etcd, "## The etcd store (`store.kind: \"etcd\"`)"),
     (Group::Rules, "## Rules (`rules[]`)"),
 ];

@@ -125,6 +125,20 @@ fn context(path: &str) -> Json {
             json!({"detached": true, "cluster": "c"}),
         );
     }
+    if let Some(rest) = inner.strip_prefix("ordering.") {
+        // A guard that parses; the field under test fills its own part.
+        let mut o = json!({"entity": {"header": "x-e"}, "version": {"header": "x-v"}});
+        match rest {
+            "entity.header" | "entity.json_pointer" | "entity.parts" => o["entity"] = json!({}),
+            "version.header" | "version.json_pointer" => o["version"] = json!({}),
+            "acknowledge_status" => o["on_stale"] = json!("acknowledge"),
+            _ => {}
+        }
+        if rest == "entity" || rest == "version" {
+            o.as_object_mut().unwrap().remove(rest);
+        }
+        set(&mut doc, &format!("{prefix}ordering"), o);
+    }
     match field(&table_name(path)).map(|f| f.applies) {
         Some(Applies::Etcd) => set(&mut doc, "store", json!({"kind": "etcd", "cluster": "e"})),
         _ if path == "store.max_store_bytes" => set(&mut doc, "capacity", json!(16)),
@@ -240,6 +254,8 @@ fn sample(f: &Field) -> Json {
             "rules[].match.header.name" => "x",
             "rules[].match.header.equals" => "v",
             "rules[].records_of" => "default",
+            "ordering.entity.header" | "ordering.version.header" => "x",
+            "ordering.entity.json_pointer" | "ordering.version.json_pointer" => "/i",
             other => panic!("no sample string for `{other}`: add one"),
         }),
     }
@@ -278,6 +294,9 @@ fn the_table_names_exactly_the_fields_the_parser_accepts() {
         ("scope", "scope"),
         ("payload", "payload"),
         ("upstream", "upstream"),
+        ("ordering", "ordering"),
+        ("ordering.entity", "ordering.entity"),
+        ("ordering.version", "ordering.version"),
         ("store", "store"),
         ("rules[0]", "rules[]"),
         ("rules[0].match", "rules[].match"),
@@ -286,6 +305,7 @@ fn the_table_names_exactly_the_fields_the_parser_accepts() {
         ("rules[0].scope", "scope"),
         ("rules[0].payload", "payload"),
         ("rules[0].upstream", "upstream"),
+        ("rules[0].ordering", "ordering"),
     ];
     for (at, table) in &objects {
         let mut parser = accepted_names(at);
@@ -353,7 +373,7 @@ fn a_store_field_of_the_other_kind_is_refused_naming_it() {
         assert!(schema_accepts(&doc).is_err(), "the schema accepts {doc}");
         checked += 1;
     }
-    assert_eq!(checked, 10);
+    assert_eq!(checked, 11);
 }
 
 /// The bound of an `UpTo` field at `path`, with its bounding field at `bound` (or, with
@@ -754,6 +774,20 @@ fn every_default_that_is_no_value_says_what_the_parser_does() {
         let p = &c.policy;
         match f.name {
             "key" | "scope" | "payload" | "upstream" | "store" => {}
+            "ordering" => assert_eq!(p.ordering, None),
+            "ordering.entity.header"
+            | "ordering.entity.json_pointer"
+            | "ordering.entity.parts"
+            | "ordering.version.header"
+            | "ordering.version.json_pointer" => {
+                // One of them is needed; which one is the user's choice.
+                let c = parse(
+                    &json!({"ordering": {"entity": {"header": "e"}, "version": {"header": "v"}}}),
+                )
+                .unwrap();
+                let o = c.policy.ordering.unwrap();
+                assert_eq!(o.entity, crate::config::EntitySource::Header("e".into()));
+            }
             "key.json_pointer" => assert_eq!(p.json_pointer, None),
             "key.fingerprint" => assert!(p.fingerprint.is_empty()),
             "payload.parts" => assert_eq!(p.payload.parts, None),

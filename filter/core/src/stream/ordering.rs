@@ -1,0 +1,238 @@
+//! The ordering guard in a stream: after its record is claimed, a request claims its
+//! entity for its version (stale, another version in flight, or its turn), and when its
+//! record is completed, released or held, its entity's flight ends the same way. The
+//! store side is `StoreState::claim_entity` / `settle_entity` (`store.rs`).
+
+use super::store::HeldClaim;
+use super::{wake, Decision, DedupStream, Env, Plugin};
+use crate::config::{FailureMode, OnInFlight, OnStale};
+use crate::key::short_hex;
+use crate::metrics::Counter;
+use crate::ordering::entities::{EntityClaim, Settle};
+use crate::ordering::{Ordered, OrderingError, Version};
+use crate::reply::{LocalReply, Problem};
+use crate::store::StoreError;
+
+/// A stream's place in its entity's order.
+pub(super) struct OrderState {
+    pub(super) ordered: Ordered,
+    /// The flight's token, once the entity is claimed (`claimed`).
+    token: u64,
+    claimed: bool,
+}
+
+impl OrderState {
+    pub(super) fn new(ordered: Ordered) -> Self {
+        OrderState {
+            ordered,
+            token: 0,
+            claimed: false,
+        }
+    }
+}
+
+/// Header on acknowledged stale requests (`on_stale: "acknowledge"`).
+pub const STALE_HEADER: &str = "idempotent-stale";
+/// Header naming the entity's applied version on every stale answer.
+pub const APPLIED_VERSION_HEADER: &str = "idempotent-applied-version";
+
+impl DedupStream {
+    /// A `400` for an entity or version that cannot be read.
+    pub(super) fn bad_order<E: Env>(&mut self, env: &mut E, e: OrderingError) -> Decision {
+        env.count(Counter::BadKey);
+        let reply = match e {
+            OrderingError::MissingEntity(d) => Problem::MissingEntity.reply(&d, Vec::new()),
+            OrderingError::InvalidEntity(d) => Problem::InvalidEntity.reply(&d, Vec::new()),
+            OrderingError::MissingVersion(d) => Problem::MissingVersion.reply(&d, Vec::new()),
+            OrderingError::InvalidVersion(d) => Problem::InvalidVersion.reply(&d, Vec::new()),
+        };
+        self.reply(env, reply)
+    }
+
+    /// Before a won claim is forwarded: the entity's turn. `Ok`: forward (the entity is
+    /// claimed, or the policy does not order, or the store failed open). `Err`: the
+    /// answer instead, the record's claim released (the request did not run).
+    pub(super) fn claim_entity<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        owned: HeldClaim,
+    ) -> Result<HeldClaim, Decision> {
+        let Some(order) = self.order.as_mut().filter(|o| !o.claimed) else {
+            return Ok(owned);
+        };
+        let policy = p.config.policy_at(self.rule);
+        let token = env.new_token();
+        let now = env.now_ms();
+        let outcome = p
+            .store
+            .claim_entity(&*env, policy, &order.ordered, token, now);
+        let entity = order.ordered.entity;
+        let version = order.ordered.version.clone();
+        match outcome {
+            Ok(EntityClaim::Claimed { evicted_unexpired }) => {
+                if evicted_unexpired {
+                    env.count(Counter::EntitiesEvicted);
+                }
+                order.token = token;
+                order.claimed = true;
+                Ok(owned)
+            }
+            Ok(EntityClaim::Stale { applied }) => {
+                self.release_unrun(p, env, owned);
+                Err(self.stale(p, env, &version, &applied))
+            }
+            Ok(EntityClaim::Busy {
+                version: running,
+                held_until,
+            }) => {
+                self.release_unrun(p, env, owned);
+                if policy.on_in_flight == OnInFlight::Wait {
+                    if let Some(d) = self.start_or_keep_waiting_on(p, env, held_until, entity) {
+                        return Err(d);
+                    }
+                    if self.wait_deadline.is_some() {
+                        env.count(Counter::WaitTimeout);
+                    }
+                }
+                Err(self.entity_busy(p, env, &running, held_until))
+            }
+            Err(e @ (StoreError::BucketFull | StoreError::ScopeFull)) => {
+                self.release_unrun(p, env, owned);
+                Err(self.store_full(p, env, &format!("entity {}: {e}", short_hex(&entity))))
+            }
+            Err(e) if p.config.failure_mode == FailureMode::Open => {
+                // The record's claim stands: the request runs once, unordered.
+                env.count(Counter::StoreErrors);
+                env.count(Counter::FailedOpen);
+                env.warn(&format!(
+                    "stream {}: ordering store error: {e}; forwarding unordered (failure_mode open)",
+                    self.id
+                ));
+                self.order = None;
+                Ok(owned)
+            }
+            Err(e) => {
+                self.release_unrun(p, env, owned);
+                Err(self.store_failed(p, env, &e.to_string()))
+            }
+        }
+    }
+
+    /// Ends the entity's flight as the record's claim ended (no-op when the stream
+    /// holds no entity).
+    pub(super) fn settle_entity<E: Env>(&mut self, p: &Plugin, env: &mut E, how: Settle) {
+        let Some(order) = self.order.take().filter(|o| o.claimed) else {
+            return;
+        };
+        let now = env.now_ms();
+        match p
+            .store
+            .settle_entity(&*env, &order.ordered, order.token, &how, now)
+        {
+            Ok(true) => {}
+            Ok(false) => env.count(Counter::ClaimsLost),
+            Err(e) => {
+                env.count(Counter::StoreErrors);
+                env.warn(&format!(
+                    "stream {}: settling entity {} failed: {e}",
+                    self.id,
+                    short_hex(&order.ordered.entity)
+                ));
+            }
+        }
+        // Waiters for the entity (another version, wait mode) try again.
+        wake(p, env, &order.ordered.entity);
+    }
+
+    /// The settle of a completion: the applied version rises to this request's.
+    pub(super) fn completed_entity(&self, p: &Plugin) -> Settle {
+        let ttl_ms = p
+            .config
+            .policy_at(self.rule)
+            .ordering
+            .as_ref()
+            .map_or(0, |o| o.ttl_ms);
+        match &self.order {
+            Some(o) => Settle::Complete {
+                version: o.ordered.version.clone(),
+                ttl_ms,
+            },
+            None => Settle::Release,
+        }
+    }
+
+    fn stale<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        version: &Version,
+        applied: &Version,
+    ) -> Decision {
+        env.count(Counter::Stale);
+        let (v, a) = (version.show(), applied.show());
+        let on_stale = p
+            .config
+            .policy_at(self.rule)
+            .ordering
+            .as_ref()
+            .map_or(OnStale::Reject, |o| o.on_stale);
+        let applied_header = (APPLIED_VERSION_HEADER.to_string(), a.clone().into_bytes());
+        let reply = match on_stale {
+            OnStale::Reject => {
+                let detail = format!(
+                    "version {v} of this entity is not above its applied version {a}; it was not forwarded"
+                );
+                Problem::StaleVersion.reply(&detail, vec![applied_header])
+            }
+            OnStale::Acknowledge { status } => {
+                let mut headers =
+                    vec![(STALE_HEADER.to_string(), b"true".to_vec()), applied_header];
+                let body = if status == 204 {
+                    Vec::new()
+                } else {
+                    headers.push(("content-type".to_string(), b"application/json".to_vec()));
+                    serde_json::json!({"stale": true, "version": v, "applied_version": a})
+                        .to_string()
+                        .into_bytes()
+                };
+                LocalReply {
+                    status,
+                    headers,
+                    body,
+                    details: "proxy_dedup_stale",
+                }
+            }
+        };
+        self.reply(env, reply)
+    }
+
+    fn entity_busy<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        running: &Version,
+        held_until: Option<u64>,
+    ) -> Decision {
+        env.count(Counter::RejectedInFlight);
+        let (seconds, detail) = match held_until {
+            Some(until) => (
+                until.saturating_sub(env.now_ms()).div_ceil(1000).max(1),
+                format!(
+                    "version {} of this entity ended without a known outcome (it may have run); \
+                     the entity is held until then",
+                    running.show()
+                ),
+            ),
+            None => (
+                p.config.retry_after_seconds,
+                format!(
+                    "version {} of this entity is in flight; one version of an entity runs at a time; retry later",
+                    running.show()
+                ),
+            ),
+        };
+        let retry = vec![("retry-after".to_string(), seconds.to_string().into_bytes())];
+        self.reply(env, Problem::InFlight.reply(&detail, retry))
+    }
+}
