@@ -561,7 +561,6 @@ impl TryFrom<RawConfig> for Config {
             largest_replay as u64,
         )?;
         store.check_record_room(&policy, &rules)?;
-        store.check_ordering(&policy, &rules)?;
         Ok(Config {
             policy,
             rules,

@@ -79,6 +79,9 @@ enum Phase {
     Draining(Box<LocalReply>),
     /// Waiting for the remote store to answer a claim.
     Claiming(Box<Claiming>),
+    /// An entity call (ordering, etcd) is out: its claim, or its settle before the
+    /// record's (`etcd/entity.rs`).
+    Ordering(Box<etcd::EntityCall>),
     /// Wait mode: a duplicate held until the first request's answer (see `on_wake`).
     Waiting(Box<Waiting>),
     /// Wait mode, etcd: a read of the record is out.
@@ -194,6 +197,7 @@ impl std::fmt::Debug for DedupStream {
             Phase::Reading(_) => "reading",
             Phase::Draining(_) => "draining",
             Phase::Claiming(_) => "claiming",
+            Phase::Ordering(_) => "ordering",
             Phase::Waiting(_) => "waiting",
             Phase::Polling(_) => "polling",
             Phase::Forwarded(_) => "forwarded",

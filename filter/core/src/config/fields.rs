@@ -737,7 +737,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Text(r#"none (no ordering guard)"#),
         applies: Applies::Policy,
         group: Group::Ordering,
-        meaning: r#"the ordering guard (the `ordering.*` fields): per entity, the highest version that completed is kept, and a request whose version is at or below it is **stale**: never forwarded, answered `409 stale-version` (or acknowledged, `ordering.on_stale`). One version of an entity is in flight at a time. Needs `store.kind: "shared_data"` for now. See [Ordering](../semantics/ordering.md)."#,
+        meaning: r#"the ordering guard (the `ordering.*` fields): per entity, the highest version that completed is kept, and a request whose version is at or below it is **stale**: never forwarded, answered `409 stale-version` (or acknowledged, `ordering.on_stale`). One version of an entity is in flight at a time. Both stores: shared data (`store.max_entities`) and etcd (one key per entity under `store.prefix` + `o/`). See [Ordering](../semantics/ordering.md)."#,
     },
     Field {
         name: "ordering.enabled",

@@ -72,34 +72,6 @@ impl StoreConfig {
     }
 }
 
-impl StoreConfig {
-    /// The ordering guard keeps its entities in shared data only, for now: with etcd a
-    /// policy with `ordering` is refused, naming it.
-    pub(super) fn check_ordering(
-        &self,
-        policy: &Policy,
-        rules: &[Rule],
-    ) -> Result<(), ConfigError> {
-        if !matches!(self, StoreConfig::Etcd(_)) {
-            return Ok(());
-        }
-        let top = policy.ordering.is_some().then(|| "ordering".to_string());
-        let field = top.or_else(|| {
-            rules
-                .iter()
-                .position(|r| r.policy.ordering.is_some())
-                .map(|i| format!("rules[{i}].ordering"))
-        });
-        match field {
-            Some(f) => Err(err(
-                &f,
-                "needs store.kind \"shared_data\": the etcd store does not keep entities yet",
-            )),
-            None => Ok(()),
-        }
-    }
-}
-
 /// The defaults: shared data, sized for the default capacity and replay cap.
 impl Default for StoreConfig {
     fn default() -> Self {

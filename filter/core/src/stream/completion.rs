@@ -155,6 +155,12 @@ impl DedupStream {
                 self.phase = Phase::Detached(owned);
                 None
             }
+            Phase::Ordering(mut e) if matches!(e.op, super::etcd::EntityOp::Claim { .. }) => {
+                // As for a claim: a won entity claim is then released at once.
+                e.abandoned = true;
+                self.phase = Phase::Ordering(e);
+                None
+            }
             Phase::Claiming(mut c) => {
                 // The client left while the claim was being decided: its answer still
                 // comes (the glue keeps the stream for it), and a claim won then is

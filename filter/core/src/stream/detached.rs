@@ -213,9 +213,7 @@ impl DedupStream {
                 reply.map_or(Decision::Pause, Decision::Reply)
             }
             Some(call) => {
-                if let Phase::Settling(st) = &mut self.phase {
-                    st.then_reply = reply;
-                }
+                self.reply_once_settled(reply);
                 Decision::Call(call)
             }
         }

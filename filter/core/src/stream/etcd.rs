@@ -3,6 +3,7 @@
 //! (completion, release, hold) with retries and a lease regrant, and the wait-mode
 //! read of a record. One classifier (`retryable`) decides what is retried.
 
+mod entity;
 mod settle;
 
 use super::plugin::keeps_unknown;
@@ -19,6 +20,7 @@ use crate::local::LocalEntry;
 use crate::metrics::Counter;
 use crate::record::RecordState;
 use crate::wait::POLL_ETCD_MS;
+pub(super) use entity::{EntityCall, EntityOp, EtcdEntity, Turn};
 pub(super) use settle::Settling;
 use std::sync::Arc;
 

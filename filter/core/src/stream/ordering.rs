@@ -3,30 +3,38 @@
 //! record is completed, released or held, its entity's flight ends the same way. The
 //! store side is `StoreState::claim_entity` / `settle_entity` (`store.rs`).
 
+use super::etcd::EtcdEntity;
 use super::store::HeldClaim;
-use super::{wake, Decision, DedupStream, Env, Plugin};
+use super::{wake, Decision, DedupStream, Env, Phase, Plugin};
 use crate::config::{FailureMode, OnInFlight, OnStale};
 use crate::key::short_hex;
 use crate::metrics::Counter;
-use crate::ordering::entities::{EntityClaim, Settle};
+use crate::ordering::entities::{EntityClaim, Settle, SharedEntities};
 use crate::ordering::{Ordered, OrderingError, Version};
 use crate::reply::{LocalReply, Problem};
-use crate::store::StoreError;
+use crate::store::{Layout, StoreError};
 
 /// A stream's place in its entity's order.
 pub(super) struct OrderState {
-    pub(super) ordered: Ordered,
+    ordered: Ordered,
     /// The flight's token, once the entity is claimed (`claimed`).
     token: u64,
     claimed: bool,
+    /// etcd: the claimed entity's lease and value, for the settle.
+    etcd: Option<EtcdEntity>,
 }
 
 impl OrderState {
+    pub(super) fn ordered(&self) -> &Ordered {
+        &self.ordered
+    }
+
     pub(super) fn new(ordered: Ordered) -> Self {
         OrderState {
             ordered,
             token: 0,
             claimed: false,
+            etcd: None,
         }
     }
 }
@@ -50,8 +58,9 @@ impl DedupStream {
     }
 
     /// Before a won claim is forwarded: the entity's turn. `Ok`: forward (the entity is
-    /// claimed, or the policy does not order, or the store failed open). `Err`: the
-    /// answer instead, the record's claim released (the request did not run).
+    /// claimed, or the policy does not order, or the store failed open). `Err`: what the
+    /// stream does instead (a store call out for the entity, or an answer, the record's
+    /// claim released: the request did not run).
     pub(super) fn claim_entity<E: Env>(
         &mut self,
         p: &Plugin,
@@ -61,12 +70,24 @@ impl DedupStream {
         let Some(order) = self.order.as_mut().filter(|o| !o.claimed) else {
             return Ok(owned);
         };
-        let policy = p.config.policy_at(self.rule);
         let token = env.new_token();
+        order.token = token;
         let now = env.now_ms();
-        let outcome = p
-            .store
-            .claim_entity(&*env, policy, &order.ordered, token, now);
+        self.claim_entity_in_store(p, env, owned, token, now)
+    }
+
+    /// What a claim of the entity found, for the won record claim `owned`.
+    pub(super) fn entity_decided<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        owned: HeldClaim,
+        outcome: Result<EntityClaim, StoreError>,
+    ) -> Result<HeldClaim, Decision> {
+        let policy = p.config.policy_at(self.rule);
+        let Some(order) = self.order.as_mut() else {
+            return Ok(owned);
+        };
         let entity = order.ordered.entity;
         let version = order.ordered.version.clone();
         match outcome {
@@ -74,32 +95,34 @@ impl DedupStream {
                 if evicted_unexpired {
                     env.count(Counter::EntitiesEvicted);
                 }
-                order.token = token;
                 order.claimed = true;
                 Ok(owned)
             }
             Ok(EntityClaim::Stale { applied }) => {
-                self.release_unrun(p, env, owned);
-                Err(self.stale(p, env, &version, &applied))
+                let d = self.stale(p, env, &version, &applied);
+                Err(self.refuse(p, env, owned, d))
             }
             Ok(EntityClaim::Busy {
                 version: running,
                 held_until,
             }) => {
-                self.release_unrun(p, env, owned);
-                if policy.on_in_flight == OnInFlight::Wait {
+                // Waiting needs the record released first, at once: shared data only.
+                if policy.on_in_flight == OnInFlight::Wait && !p.store.makes_calls() {
+                    self.release_unrun(p, env, owned);
                     if let Some(d) = self.start_or_keep_waiting_on(p, env, held_until, entity) {
                         return Err(d);
                     }
                     if self.wait_deadline.is_some() {
                         env.count(Counter::WaitTimeout);
                     }
+                    return Err(self.entity_busy(p, env, &running, held_until));
                 }
-                Err(self.entity_busy(p, env, &running, held_until))
+                let d = self.entity_busy(p, env, &running, held_until);
+                Err(self.refuse(p, env, owned, d))
             }
             Err(e @ (StoreError::BucketFull | StoreError::ScopeFull)) => {
-                self.release_unrun(p, env, owned);
-                Err(self.store_full(p, env, &format!("entity {}: {e}", short_hex(&entity))))
+                let d = self.store_full(p, env, &format!("entity {}: {e}", short_hex(&entity)));
+                Err(self.refuse(p, env, owned, d))
             }
             Err(e) if p.config.failure_mode == FailureMode::Open => {
                 // The record's claim stands: the request runs once, unordered.
@@ -113,23 +136,76 @@ impl DedupStream {
                 Ok(owned)
             }
             Err(e) => {
-                self.release_unrun(p, env, owned);
-                Err(self.store_failed(p, env, &e.to_string()))
+                let d = self.store_failed(p, env, &e.to_string());
+                Err(self.refuse(p, env, owned, d))
             }
         }
     }
 
-    /// Ends the entity's flight as the record's claim ended (no-op when the stream
-    /// holds no entity).
-    pub(super) fn settle_entity<E: Env>(&mut self, p: &Plugin, env: &mut E, how: Settle) {
-        let Some(order) = self.order.take().filter(|o| o.claimed) else {
+    /// Answers `d` (decided: its verdict and counters are in) and releases the won
+    /// claim `owned`, never forwarded; with etcd the answer follows the release call.
+    pub(super) fn refuse<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        owned: HeldClaim,
+        d: Decision,
+    ) -> Decision {
+        match self.release_unrun(p, env, owned) {
+            None => d,
+            Some(call) => {
+                if let Decision::Reply(r) = d {
+                    self.reply_once_settled(Some(r));
+                }
+                Decision::Call(call)
+            }
+        }
+    }
+
+    /// The client's answer, sent once the settle calls out (etcd: the entity's, then the
+    /// record's) are done.
+    pub(super) fn reply_once_settled(&mut self, reply: Option<LocalReply>) {
+        match &mut self.phase {
+            Phase::Settling(st) => st.then_reply = reply,
+            Phase::Ordering(e) => e.reply_once_settled(reply),
+            _ => {}
+        }
+    }
+
+    /// Keeps what the etcd store needs to settle the claimed entity.
+    pub(super) fn entity_on_etcd(&mut self, held: EtcdEntity) {
+        if let Some(o) = self.order.as_mut() {
+            o.etcd = Some(held);
+            o.claimed = true;
+        }
+    }
+
+    /// The entity claimed by this stream, taken for its settle: (state, token, etcd).
+    pub(super) fn take_claimed_entity(&mut self) -> Option<(Ordered, u64, Option<EtcdEntity>)> {
+        let o = self.order.take().filter(|o| o.claimed)?;
+        let OrderState {
+            ordered,
+            token,
+            etcd,
+            ..
+        } = *o;
+        Some((ordered, token, etcd))
+    }
+
+    /// Ends the entity's flight in shared data as the record's claim ended (no-op when
+    /// the stream holds no entity).
+    pub(super) fn settle_entity_shared<E: Env>(
+        &mut self,
+        p: &Plugin,
+        layout: &Layout,
+        env: &mut E,
+        how: Settle,
+    ) {
+        let Some((ordered, token, _)) = self.take_claimed_entity() else {
             return;
         };
         let now = env.now_ms();
-        match p
-            .store
-            .settle_entity(&*env, &order.ordered, order.token, &how, now)
-        {
+        match SharedEntities::new(&*env, layout).settle(&ordered.entity, token, &how, now) {
             Ok(true) => {}
             Ok(false) => env.count(Counter::ClaimsLost),
             Err(e) => {
@@ -137,12 +213,12 @@ impl DedupStream {
                 env.warn(&format!(
                     "stream {}: settling entity {} failed: {e}",
                     self.id,
-                    short_hex(&order.ordered.entity)
+                    short_hex(&ordered.entity)
                 ));
             }
         }
         // Waiters for the entity (another version, wait mode) try again.
-        wake(p, env, &order.ordered.entity);
+        wake(p, env, &ordered.entity);
     }
 
     /// The settle of a completion: the applied version rises to this request's.

@@ -5,13 +5,13 @@
 //! `etcd` returns the store call to make and carries its own config. This file is the
 //! only place in `stream` that chooses between the two.
 
-use super::etcd::{EtcdClaim, EtcdStore};
+use super::etcd::{EntityOp, EtcdClaim, EtcdStore, Turn};
 use super::plugin::keeps_unknown;
 use super::{CallAnswer, Decision, DedupStream, Env, Phase, Plugin, StoreCall, Waiting};
 use crate::config::{Config, Eviction, Policy, StoreConfig};
 use crate::key::{Digest, RequestHead};
 use crate::metrics::Counter;
-use crate::ordering::entities::{EntityClaim, Settle, SharedEntities};
+use crate::ordering::entities::{Settle as EntitySettle, SharedEntities};
 use crate::ordering::Ordered;
 use crate::response::StoredResponse;
 use crate::store::{Claim, HostFault, Layout, SharedStore, StoreError, WAYS};
@@ -143,51 +143,6 @@ impl StoreState {
     }
 }
 
-impl StoreState {
-    /// Claims `o`'s entity for its version (the ordering guard), its flight living as
-    /// long as a claim of `policy`.
-    pub(super) fn claim_entity<E: Env>(
-        &self,
-        env: &E,
-        policy: &Policy,
-        o: &Ordered,
-        token: u64,
-        now_ms: u64,
-    ) -> Result<EntityClaim, StoreError> {
-        match self {
-            StoreState::SharedData(layout) => {
-                let until = now_ms.saturating_add(layout_timed(layout, policy).claim_ms());
-                SharedEntities::new(env, layout).claim(&o.entity, &o.version, token, now_ms, until)
-            }
-            StoreState::Etcd(_) => Err(no_entities()),
-        }
-    }
-
-    /// Ends the flight of `token` on `o`'s entity.
-    pub(super) fn settle_entity<E: Env>(
-        &self,
-        env: &E,
-        o: &Ordered,
-        token: u64,
-        how: &Settle,
-        now_ms: u64,
-    ) -> Result<bool, StoreError> {
-        match self {
-            StoreState::SharedData(layout) => {
-                SharedEntities::new(env, layout).settle(&o.entity, token, how, now_ms)
-            }
-            StoreState::Etcd(_) => Err(no_entities()),
-        }
-    }
-}
-
-/// The etcd store keeps no entities: the configuration refuses `ordering` with it.
-fn no_entities() -> StoreError {
-    StoreError::Host(HostFault(
-        "the etcd store keeps no entities (ordering needs shared data)".into(),
-    ))
-}
-
 /// Work that differs by store, done by someone outside the store modules (the operator
 /// API): the store picks the method, so the choice of store stays here.
 pub trait StoreVisit {
@@ -288,6 +243,7 @@ impl DedupStream {
         };
         match phase {
             Phase::Claiming(c) => self.claim_step(p, ec, env, c, answer),
+            Phase::Ordering(e) => self.entity_answered(p, ec, env, e, &answer),
             Phase::Settling(st) => self.settled(p, ec, env, st, &answer),
             Phase::Polling(w) => self.polled(p, ec, env, w, &answer),
             other => {
@@ -310,11 +266,13 @@ impl DedupStream {
             (HeldClaim::Shared(claim), StoreState::SharedData(layout)) => {
                 self.complete_shared(p, layout, env, &claim, response.as_ref(), now);
                 let how = self.completed_entity(p);
-                self.settle_entity(p, env, how);
+                self.settle_entity_shared(p, layout, env, how);
                 None
             }
             (HeldClaim::Etcd(o), StoreState::Etcd(ec)) => {
-                Some(self.complete_etcd(p, ec, env, o, response, now))
+                let call = self.complete_etcd(p, ec, env, o, response, now);
+                let how = self.completed_entity(p);
+                Some(self.entity_first(p, ec, env, how).unwrap_or(call))
             }
             // A claim is made in the configured store only.
             _ => None,
@@ -331,10 +289,16 @@ impl DedupStream {
         match (owned, &p.store) {
             (HeldClaim::Shared(claim), StoreState::SharedData(layout)) => {
                 self.release_shared(p, layout, env, &claim);
-                self.settle_entity(p, env, Settle::Release);
+                self.settle_entity_shared(p, layout, env, EntitySettle::Release);
                 None
             }
-            (HeldClaim::Etcd(o), StoreState::Etcd(ec)) => Some(self.release_etcd(ec, env, &o)),
+            (HeldClaim::Etcd(o), StoreState::Etcd(ec)) => {
+                let call = self.release_etcd(ec, env, &o);
+                Some(
+                    self.entity_first(p, ec, env, EntitySettle::Release)
+                        .unwrap_or(call),
+                )
+            }
             _ => None,
         }
     }
@@ -351,11 +315,15 @@ impl DedupStream {
         match (owned, &p.store) {
             (HeldClaim::Shared(claim), StoreState::SharedData(layout)) => {
                 self.hold_shared(p, layout, env, &claim, until_ms);
-                self.settle_entity(p, env, Settle::Hold { until_ms });
+                self.settle_entity_shared(p, layout, env, EntitySettle::Hold { until_ms });
                 None
             }
             (HeldClaim::Etcd(o), StoreState::Etcd(ec)) => {
-                Some(self.hold_etcd(ec, env, &o, until_ms))
+                let call = self.hold_etcd(ec, env, &o, until_ms);
+                Some(
+                    self.entity_first(p, ec, env, EntitySettle::Hold { until_ms })
+                        .unwrap_or(call),
+                )
             }
             _ => None,
         }
@@ -364,18 +332,97 @@ impl DedupStream {
 
 impl DedupStream {
     /// Releases a won claim that was never forwarded (its entity said no): not counted
-    /// as a release, its waiters woken.
-    pub(super) fn release_unrun<E: Env>(&mut self, p: &Plugin, env: &mut E, owned: HeldClaim) {
-        // The etcd store orders nothing (the configuration refuses it).
-        if let (HeldClaim::Shared(claim), StoreState::SharedData(layout)) = (owned, &p.store) {
-            if let Err(e) = SharedStore::new(&*env, layout).release(&claim) {
-                env.count(Counter::StoreErrors);
-                env.warn(&format!(
-                    "stream {}: releasing the claim failed: {e}",
-                    self.id
-                ));
+    /// as a release, its waiters woken. With etcd, the release call to make (the stream
+    /// is then `Settling`).
+    pub(super) fn release_unrun<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        owned: HeldClaim,
+    ) -> Option<StoreCall> {
+        match (owned, &p.store) {
+            (HeldClaim::Shared(claim), StoreState::SharedData(layout)) => {
+                if let Err(e) = SharedStore::new(&*env, layout).release(&claim) {
+                    env.count(Counter::StoreErrors);
+                    env.warn(&format!(
+                        "stream {}: releasing the claim failed: {e}",
+                        self.id
+                    ));
+                }
+                super::wake(p, env, &claim.digest);
+                None
             }
-            super::wake(p, env, &claim.digest);
+            (HeldClaim::Etcd(o), StoreState::Etcd(ec)) => Some(self.unwind_etcd(ec, env, &o)),
+            _ => None,
+        }
+    }
+
+    /// Claims the stream's entity for its version in the configured store, for the won
+    /// record claim `owned` (see `claim_entity`).
+    pub(super) fn claim_entity_in_store<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        owned: HeldClaim,
+        token: u64,
+        now: u64,
+    ) -> Result<HeldClaim, Decision> {
+        let Some(order) = self.order.as_ref() else {
+            return Ok(owned);
+        };
+        let (entity, version) = (order.ordered().entity, order.ordered().version.clone());
+        let policy = p.config.policy_at(self.rule);
+        match &p.store {
+            StoreState::SharedData(layout) => {
+                let until = now.saturating_add(layout_timed(layout, policy).claim_ms());
+                let outcome =
+                    SharedEntities::new(&*env, layout).claim(&entity, &version, token, now, until);
+                self.entity_decided(p, env, owned, outcome)
+            }
+            StoreState::Etcd(ec) => {
+                let life = if keeps_unknown(policy) {
+                    policy.ttl_ms.max(policy.in_flight_timeout_ms)
+                } else {
+                    policy.in_flight_timeout_ms
+                };
+                let turn = Turn {
+                    ordered: Ordered { entity, version },
+                    token,
+                    until_ms: now.saturating_add(life),
+                };
+                Err(self.claim_entity_etcd(p, ec, env, owned, turn))
+            }
+        }
+    }
+
+    /// etcd: when the stream holds a claimed entity, its settle goes first and the
+    /// record's (the `Settling` just built) follows: the call to send first.
+    fn entity_first<E: Env>(
+        &mut self,
+        p: &Plugin,
+        ec: &EtcdStore,
+        env: &mut E,
+        how: EntitySettle,
+    ) -> Option<StoreCall> {
+        let (ordered, token, Some(held)) = self.take_claimed_entity()? else {
+            return None;
+        };
+        let then = match std::mem::replace(&mut self.phase, Phase::Finished) {
+            Phase::Settling(st) => Some(st),
+            other => {
+                self.phase = other;
+                None
+            }
+        };
+        let turn = Turn {
+            ordered,
+            token,
+            until_ms: 0,
+        };
+        let op = EntityOp::Settle { how, then };
+        match self.settle_entity_etcd(p, ec, env, held, turn, op) {
+            Decision::Call(call) => Some(call),
+            _ => None,
         }
     }
 }

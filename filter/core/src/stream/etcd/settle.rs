@@ -274,6 +274,17 @@ impl DedupStream {
         self.settle(ec, env.now_ms(), o, Settle::Hold, body, None)
     }
 
+    /// Releases a won claim never forwarded (its entity refused it): not counted.
+    pub(in crate::stream) fn unwind_etcd<E: Env>(
+        &mut self,
+        ec: &EtcdStore,
+        env: &mut E,
+        o: &EtcdClaim,
+    ) -> StoreCall {
+        let body = ec.config.protocol.delete_txn(&o.key, o.mod_revision);
+        self.settle(ec, env.now_ms(), o, Settle::Release, body, None)
+    }
+
     pub(in crate::stream) fn release_etcd<E: Env>(
         &mut self,
         ec: &EtcdStore,

@@ -353,14 +353,7 @@ fn two_workers_share_the_entities() {
 }
 
 #[test]
-fn ordering_is_refused_with_the_etcd_store_naming_the_field() {
-    let (field, reason) = cfg_err(
-        r#"{"store": {"kind": "etcd", "cluster": "etcd"},
-            "rules": [{"name": "r", "match": {"path_prefix": "/"},
-                       "ordering": {"entity": {"header": "x-e"}, "version": {"header": "x-v"}}}]}"#,
-    );
-    assert_eq!(field, "rules[0].ordering");
-    assert!(reason.contains("shared_data"), "{reason}");
+fn bad_ordering_configs_name_the_field_and_a_rule_can_turn_it_off() {
     let (field, _) = cfg_err(r#"{"ordering": {"entity": {"header": "x-e"}}}"#);
     assert_eq!(field, "ordering.version");
     let (field, _) = cfg_err(
@@ -374,4 +367,156 @@ fn ordering_is_refused_with_the_etcd_store_naming_the_field() {
     );
     assert!(p.config.policy.ordering.is_some());
     assert!(p.config.rules[0].policy.ordering.is_none());
+}
+
+/// The guard on etcd: `extra` config fields besides the store and the header guard.
+fn etcd_ordered(extra: &str) -> crate::stream::Plugin {
+    let guard =
+        r#""ordering": {"entity": {"header": "x-entity"}, "version": {"header": "x-version"}}"#;
+    let sep = if extra.is_empty() { "" } else { ", " };
+    etcd_plugin(&format!("{guard}{sep}{extra}"))
+}
+
+#[test]
+fn etcd_two_proxies_share_entities_stale_and_busy_as_on_shared_data() {
+    for p in [etcd_ordered(""), {
+        let guard =
+            r#""ordering": {"entity": {"header": "x-entity"}, "version": {"header": "x-version"}}"#;
+        etcd_json_plugin(guard)
+    }] {
+        let (mut a, mut b) = two_proxies();
+        let (_, v2) = sent(&p, &mut a, delivery("o", "2", "b"));
+        // Version 3 on the other proxy while 2 runs: 409 in-flight (no wait on etcd).
+        let busy = send(&p, &mut b, &delivery("o", "3", "c")).unwrap_err();
+        assert_eq!(busy.problem_type(), "urn:proxy-dedup:problem:in-flight");
+        assert_eq!(respond(&p, &mut a, v2, ok("two")), executed("two"));
+        // Stale on B after A's completion, the record of the refused key released.
+        let stale = run(&p, &mut b, &delivery("o", "1", "a"), ok("never"));
+        assert_eq!(
+            stale.problem_type(),
+            "urn:proxy-dedup:problem:stale-version"
+        );
+        assert_eq!(
+            run(&p, &mut b, &delivery("o", "1", "a"), ok("never")).status(),
+            409
+        );
+        assert_eq!(
+            run(&p, &mut b, &delivery("o", "3", "c"), ok("three")),
+            executed("three")
+        );
+        // The same delivery again: replayed (dedup first), on either proxy.
+        run(&p, &mut a, &delivery("o", "2", "b"), ok("never")).assert_replays(b"two");
+        assert_eq!(
+            run(&p, &mut a, &delivery("o", "3", "x"), ok("never")).status(),
+            409
+        );
+        let runs = a.count_of(Counter::Executed) + b.count_of(Counter::Executed);
+        assert_eq!(runs, 2);
+        assert_eq!(
+            a.count_of(Counter::Released) + b.count_of(Counter::Released),
+            0
+        );
+    }
+}
+
+#[test]
+fn etcd_a_released_version_raises_nothing_and_a_held_one_holds_the_entity() {
+    let p = etcd_ordered(r#""on_unknown_outcome": "hold", "in_flight_timeout_seconds": 5"#);
+    let (mut a, mut b) = two_proxies();
+    assert_eq!(
+        run(&p, &mut a, &delivery("o", "3", "c"), ok("3")),
+        executed("3")
+    );
+    assert_eq!(
+        run(&p, &mut a, &delivery("o", "5", "e"), answer(503, "x")).status(),
+        503
+    );
+    assert_eq!(
+        run(&p, &mut b, &delivery("o", "4", "d"), ok("4")),
+        executed("4")
+    );
+    // 6 resets: held until the in-flight timeout, on both proxies.
+    let s = send(&p, &mut a, &delivery("o", "6", "f")).unwrap();
+    assert_eq!(respond(&p, &mut a, s, upstream_reset()), Outcome::Reset);
+    let busy = send(&p, &mut b, &delivery("o", "7", "g")).unwrap_err();
+    assert_eq!(busy.problem_type(), "urn:proxy-dedup:problem:in-flight");
+    a.now_ms += 5_001;
+    b.now_ms += 5_001;
+    assert_eq!(
+        run(&p, &mut b, &delivery("o", "7", "g"), ok("7")),
+        executed("7")
+    );
+    assert_eq!(
+        run(&p, &mut a, &delivery("o", "5", "e2"), ok("x")).status(),
+        409
+    );
+}
+
+#[test]
+fn etcd_a_client_gone_during_the_entity_claim_leaves_nothing_held() {
+    let p = etcd_ordered("");
+    let (mut a, mut b) = two_proxies();
+    let mut s = crate::stream::DedupStream::new(4);
+    let mut d = s.on_request_headers(&p, &mut a, delivery("o", "1", "a").head, true);
+    // Run the record claim, then stop with the entity's call out.
+    loop {
+        let Decision::Call(c) = d else {
+            panic!("{d:?}")
+        };
+        if format!("{s:?}").contains("phase: ordering") {
+            let gone = s.on_stream_end(&p, &mut a, &origin("client_disconnected", 0));
+            assert_eq!(gone, None);
+            let ans = call(&a, &c);
+            d = s.on_store_answer(&p, &mut a, ans);
+            break;
+        }
+        let ans = call(&a, &c);
+        d = s.on_store_answer(&p, &mut a, ans);
+    }
+    let d = settle(&p, &mut a, &mut s, d);
+    assert!(!matches!(d, Decision::Reply(_)), "{d:?}");
+    // Nothing ran: the next version and the same key run on the other proxy.
+    assert_eq!(
+        run(&p, &mut b, &delivery("o", "1", "a"), ok("1")),
+        executed("1")
+    );
+    assert_eq!(a.count_of(Counter::Executed), 0, "never forwarded");
+}
+
+#[test]
+fn etcd_failure_closed_refuses_and_releases_failure_open_runs_unordered() {
+    let p = etcd_ordered(r#""failure_mode": "closed""#);
+    let (mut a, mut b) = two_proxies();
+    assert_eq!(
+        run(&p, &mut a, &delivery("o", "2", "b"), ok("2")),
+        executed("2")
+    );
+    // etcd fails every call from here: the record claim fails first (503).
+    a.etcd.fail_next(100);
+    assert_eq!(
+        run(&p, &mut a, &delivery("o", "1", "a"), ok("x")).status(),
+        503
+    );
+    a.etcd.fail_next(0);
+    assert_eq!(
+        run(&p, &mut b, &delivery("o", "1", "a"), ok("x")).status(),
+        409
+    );
+}
+
+#[test]
+fn detached_executions_are_ordered_on_both_stores_and_the_client_gets_its_answer() {
+    let detached = r#""upstream": {"detached": true, "cluster": "api", "timeout_ms": 5000}"#;
+    let guard = r#""ordering": {"entity": {"header": "x-entity"}, "version": {"header": "x-version"}}"#;
+    let shared = plugin(&format!("{{{detached}, {guard}}}"));
+    let etcd = etcd_plugin(&format!("{detached}, {guard}"));
+    for (p, mut env) in [(shared, world().1), (etcd, two_proxies().0)] {
+        let mut s = send(&p, &mut env, &delivery("o", "2", "b")).unwrap();
+        assert!(s.detached());
+        let d = detached_answer(&p, &mut env, &mut s, call_answer(200, "done"));
+        let Decision::Reply(r) = d else { panic!("{d:?}") };
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"done"[..]));
+        let stale = send(&p, &mut env, &delivery("o", "1", "a")).unwrap_err();
+        assert_eq!(stale.problem_type(), "urn:proxy-dedup:problem:stale-version");
+    }
 }

@@ -1,0 +1,455 @@
+//! The ordering guard on etcd: one key per entity, `<prefix>o/<hex digest>`, whose value
+//! is the entity (`ordering::entities`' format, one entry) and which is written only by a
+//! txn comparing its revision: created with `CREATE == 0`, replaced with `MOD == seen`,
+//! each failure branch returning the current value, so a claim or settle is one round
+//! trip unless another proxy changed the entity meanwhile. The decisions are the same
+//! as shared data's (`Entity::claim`, `Entity::settle`).
+//!
+//! The key carries a lease that outlives every state written in it: taken (or reused)
+//! when the entity is claimed, with the completed records' timing for the longer of the
+//! policy's TTL and `ordering.ttl_seconds`, so a completion written up to the end of the
+//! flight still answers for the whole ordering TTL. A flight ends at its expiry by the
+//! proxies' clocks (the value holds it); the applied version at its own.
+
+use super::settle::Settling;
+use super::{attempt_timeout, lease_lost, retryable, EtcdStore, MAX_RETRIES, MAX_ROUNDS};
+use crate::config::Policy;
+use crate::etcd::{self, EtcdAnswer, LeaseCache, LeasePlan, LeasePurpose};
+use crate::key::Digest;
+use crate::metrics::Counter;
+use crate::ordering::entities::{decode, encode, Entity, EntityClaim, Settle};
+use crate::ordering::{Ordered, Version};
+use crate::store::{HostFault, StoreError};
+use crate::stream::store::HeldClaim;
+use crate::stream::{CallAnswer, Decision, DedupStream, Env, Phase, Plugin, StoreCall};
+
+/// What an entity call is for.
+pub(in crate::stream) enum EntityOp {
+    /// Claiming the entity for the won record claim `owned`.
+    Claim { owned: HeldClaim },
+    /// Ending the flight, then the record's own settle (`then`, sent once this is done).
+    Settle {
+        how: Settle,
+        then: Option<Box<Settling>>,
+    },
+}
+
+/// An entity call in progress (`Phase::Ordering`).
+pub(in crate::stream) struct EntityCall {
+    pub(in crate::stream) op: EntityOp,
+    key: String,
+    entity: Digest,
+    version: Version,
+    token: u64,
+    flight_until_ms: u64,
+    lease: Option<i64>,
+    /// The entity as last read: its mod revision and state (`None`: absent).
+    seen: Option<(i64, Entity)>,
+    /// The state the txn out writes, `seen` once it succeeds.
+    writing: Option<Entity>,
+    /// A lease grant is out, sent at this time.
+    granting: Option<u64>,
+    rounds: u32,
+    retries: u32,
+    deadline_ms: u64,
+    call: StoreCall,
+    /// The client left while the claim was out: a won claim is released at once.
+    pub(in crate::stream) abandoned: bool,
+}
+
+impl EntityCall {
+    /// The reply sent once the record's settle after this one is done.
+    pub(in crate::stream) fn reply_once_settled(
+        &mut self,
+        reply: Option<crate::reply::LocalReply>,
+    ) {
+        if let EntityOp::Settle {
+            then: Some(then), ..
+        } = &mut self.op
+        {
+            then.then_reply = reply;
+        }
+    }
+}
+
+/// What a stream keeps of its entity on etcd once claimed, for the settle.
+#[derive(Debug, Clone)]
+pub(in crate::stream) struct EtcdEntity {
+    lease: i64,
+    seen: Option<(i64, Entity)>,
+}
+
+/// Whose turn an entity call is: the entity and version, the flight's token, and
+/// (claims) when the flight ends.
+pub(in crate::stream) struct Turn {
+    pub(in crate::stream) ordered: Ordered,
+    pub(in crate::stream) token: u64,
+    pub(in crate::stream) until_ms: u64,
+}
+
+/// The etcd key of an entity.
+pub(in crate::stream) fn entity_key(prefix: &str, digest: &Digest) -> String {
+    let mut k = String::with_capacity(prefix.len() + 66);
+    k.push_str(prefix);
+    k.push_str("o/");
+    crate::key::push_hex(&mut k, digest);
+    k
+}
+
+/// The lease timing of an entity key (see the module's text).
+fn entity_plan(ec: &EtcdStore, policy: &Policy) -> LeasePlan {
+    let ordering_ttl = policy.ordering.as_ref().map_or(0, |o| o.ttl_ms);
+    LeasePlan::new(
+        policy.ttl_ms.max(ordering_ttl),
+        policy.in_flight_timeout_ms,
+        ec.config.timeout_ms,
+    )
+}
+
+fn one(entity: &Entity) -> Vec<u8> {
+    encode(std::slice::from_ref(entity))
+}
+
+/// The entity in a value read back: `Err` for a value this version cannot read (left
+/// alone: it may be a newer version's).
+fn entity_of(value: &[u8], digest: &Digest) -> Result<Entity, StoreError> {
+    match decode(value) {
+        Ok(list) => Ok(list
+            .into_iter()
+            .find(|e| e.digest == *digest)
+            .unwrap_or(Entity {
+                digest: *digest,
+                applied: None,
+                flight: None,
+            })),
+        Err(_) => Err(StoreError::Host(HostFault(
+            "an etcd entity is in a format this version cannot read".into(),
+        ))),
+    }
+}
+
+impl DedupStream {
+    /// Starts the claim of the stream's entity on etcd for the won record claim `owned`.
+    pub(in crate::stream) fn claim_entity_etcd<E: Env>(
+        &mut self,
+        p: &Plugin,
+        ec: &EtcdStore,
+        env: &mut E,
+        owned: HeldClaim,
+        turn: Turn,
+    ) -> Decision {
+        let now = env.now_ms();
+        let deadline_ms = now.saturating_add(ec.config.timeout_ms);
+        let e = EntityCall {
+            op: EntityOp::Claim { owned },
+            key: entity_key(&ec.config.prefix, &turn.ordered.entity),
+            entity: turn.ordered.entity,
+            version: turn.ordered.version,
+            token: turn.token,
+            flight_until_ms: turn.until_ms,
+            lease: None,
+            seen: None,
+            writing: None,
+            granting: None,
+            rounds: 0,
+            retries: 0,
+            deadline_ms,
+            call: ec.call(ec.config.protocol.txn_path(), Vec::new(), 1),
+            abandoned: false,
+        };
+        self.next_entity_call(p, ec, env, Box::new(e))
+    }
+
+    /// Ends the entity's flight on etcd (`op`: `EntityOp::Settle`, how, and the record's
+    /// own settle to send after it): the call to send first.
+    pub(in crate::stream) fn settle_entity_etcd<E: Env>(
+        &mut self,
+        p: &Plugin,
+        ec: &EtcdStore,
+        env: &mut E,
+        held: EtcdEntity,
+        turn: Turn,
+        op: EntityOp,
+    ) -> Decision {
+        let now = env.now_ms();
+        let e = EntityCall {
+            op,
+            key: entity_key(&ec.config.prefix, &turn.ordered.entity),
+            entity: turn.ordered.entity,
+            version: turn.ordered.version,
+            token: turn.token,
+            flight_until_ms: 0,
+            lease: Some(held.lease),
+            seen: held.seen,
+            writing: None,
+            granting: None,
+            rounds: 0,
+            retries: 0,
+            deadline_ms: now.saturating_add(ec.config.timeout_ms),
+            call: ec.call(ec.config.protocol.txn_path(), Vec::new(), 1),
+            abandoned: false,
+        };
+        self.next_entity_call(p, ec, env, Box::new(e))
+    }
+
+    /// The next call of an entity operation: a lease grant if none is usable, else the
+    /// txn writing what the operation makes of the entity as last seen; or, when it
+    /// needs no write (stale, busy, nothing to settle), its end.
+    fn next_entity_call<E: Env>(
+        &mut self,
+        p: &Plugin,
+        ec: &EtcdStore,
+        env: &mut E,
+        mut e: Box<EntityCall>,
+    ) -> Decision {
+        let now = env.now_ms();
+        let policy = p.config.policy_at(self.rule);
+        let proto = ec.config.protocol;
+        let timeout = attempt_timeout(ec, e.deadline_ms, now);
+        let lease = match e.lease {
+            Some(l) => l,
+            None => match env
+                .leases()
+                .get(LeasePurpose::Completed, &entity_plan(ec, policy), now)
+            {
+                Some(l) => {
+                    e.lease = Some(l);
+                    l
+                }
+                None => {
+                    e.granting = Some(now);
+                    e.call = ec.call(
+                        proto.lease_grant_path(),
+                        proto.lease_grant(entity_plan(ec, policy).ttl_s(LeasePurpose::Completed)),
+                        timeout,
+                    );
+                    e.retries = 0;
+                    let call = e.call.clone();
+                    self.phase = Phase::Ordering(e);
+                    return Decision::Call(call);
+                }
+            },
+        };
+        let mut state = e.seen.as_ref().map_or(
+            Entity {
+                digest: e.entity,
+                applied: None,
+                flight: None,
+            },
+            |(_, s)| s.clone(),
+        );
+        let before = state.clone();
+        match &e.op {
+            EntityOp::Claim { .. } => {
+                let outcome = state.claim(e.token, &e.version, now, e.flight_until_ms);
+                if !matches!(outcome, EntityClaim::Claimed { .. }) {
+                    return self.entity_claim_decided(p, env, e, Ok(outcome));
+                }
+            }
+            EntityOp::Settle { how, .. } => {
+                state.settle(e.token, how, now);
+                if state == before && e.seen.is_some() {
+                    return self.entity_settled(p, env, e, true);
+                }
+                if e.seen.is_none() && !matches!(how, Settle::Complete { .. }) {
+                    // Gone (its lease ended): no flight left to end.
+                    return self.entity_settled(p, env, e, false);
+                }
+            }
+        }
+        let value = one(&state);
+        let body = match &e.seen {
+            Some((rev, _)) => proto.replace_txn(&e.key, *rev, &value, lease),
+            None => proto.claim_txn(&e.key, &value, lease),
+        };
+        e.call = ec.call(proto.txn_path(), body, timeout);
+        e.retries = 0;
+        e.writing = Some(state);
+        let call = e.call.clone();
+        self.phase = Phase::Ordering(e);
+        Decision::Call(call)
+    }
+
+    /// The answer to an entity call.
+    pub(in crate::stream) fn entity_answered<E: Env>(
+        &mut self,
+        p: &Plugin,
+        ec: &EtcdStore,
+        env: &mut E,
+        mut e: Box<EntityCall>,
+        answer: &CallAnswer,
+    ) -> Decision {
+        let now = env.now_ms();
+        let parsed = etcd::read_answer(e.call.path, answer.status, &answer.body);
+        if retryable(answer, &parsed) {
+            if e.retries < MAX_RETRIES && now < e.deadline_ms {
+                e.retries += 1;
+                e.call.timeout_ms = attempt_timeout(ec, e.deadline_ms, now);
+                let call = e.call.clone();
+                self.phase = Phase::Ordering(e);
+                return Decision::Call(call);
+            }
+            return self.entity_failed(
+                p,
+                env,
+                e,
+                format!("etcd unreachable (status {})", answer.status),
+            );
+        }
+        if let Some(sent_ms) = e.granting.take() {
+            return match parsed {
+                Some(EtcdAnswer::Lease { id }) => {
+                    let plan = entity_plan(ec, p.config.policy_at(self.rule));
+                    env.leases()
+                        .put(LeasePurpose::Completed, &plan, id, sent_ms);
+                    e.lease = Some(id);
+                    // The last write was not sent: what was seen is read again.
+                    self.next_entity_call(p, ec, env, e)
+                }
+                other => self.entity_failed(p, env, e, format!("lease grant failed: {other:?}")),
+            };
+        }
+        match parsed {
+            Some(EtcdAnswer::Txn {
+                succeeded: true,
+                revision,
+                ..
+            }) => {
+                e.seen = e.writing.take().map(|s| (revision, s));
+                match e.op {
+                    EntityOp::Claim { .. } => self.entity_claim_decided(
+                        p,
+                        env,
+                        e,
+                        Ok(EntityClaim::Claimed {
+                            evicted_unexpired: false,
+                        }),
+                    ),
+                    EntityOp::Settle { .. } => self.entity_settled(p, env, e, true),
+                }
+            }
+            Some(EtcdAnswer::Txn {
+                succeeded: false,
+                existing,
+                ..
+            }) => {
+                e.rounds += 1;
+                if e.rounds > MAX_ROUNDS {
+                    return self.entity_failed(p, env, e, "etcd CAS contention".into());
+                }
+                e.seen = match existing {
+                    Some((rev, value)) => match entity_of(&value, &e.entity) {
+                        Ok(state) => Some((rev, state)),
+                        Err(err) => return self.entity_failed(p, env, e, err.to_string()),
+                    },
+                    None => None,
+                };
+                self.next_entity_call(p, ec, env, e)
+            }
+            Some(EtcdAnswer::Error { code, message }) if lease_lost(code, &message) => {
+                // The lease we wrote with is gone: take a fresh one.
+                *env.leases() = LeaseCache::default();
+                e.lease = None;
+                e.rounds += 1;
+                if e.rounds > MAX_ROUNDS {
+                    return self.entity_failed(p, env, e, "etcd keeps losing leases".into());
+                }
+                // The write was refused: the entity is as last read.
+                e.writing = None;
+                self.next_entity_call(p, ec, env, e)
+            }
+            other => self.entity_failed(p, env, e, format!("unexpected etcd answer {other:?}")),
+        }
+    }
+
+    fn entity_failed<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        e: Box<EntityCall>,
+        why: String,
+    ) -> Decision {
+        match e.op {
+            EntityOp::Claim { .. } => {
+                self.entity_claim_decided(p, env, e, Err(StoreError::Host(HostFault(why))))
+            }
+            EntityOp::Settle { .. } => {
+                env.count(Counter::StoreErrors);
+                env.warn(&format!(
+                    "stream {}: settling the entity on etcd failed: {why}",
+                    self.id
+                ));
+                self.entity_settled(p, env, e, true)
+            }
+        }
+    }
+
+    /// A claim decided: its stream goes on (forwarded, refused, or released at once if
+    /// its client left).
+    fn entity_claim_decided<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        e: Box<EntityCall>,
+        outcome: Result<EntityClaim, StoreError>,
+    ) -> Decision {
+        let EntityCall {
+            op,
+            lease,
+            seen,
+            abandoned,
+            ..
+        } = *e;
+        let EntityOp::Claim { owned } = op else {
+            return Decision::Continue;
+        };
+        let claimed = matches!(outcome, Ok(EntityClaim::Claimed { .. }));
+        if claimed {
+            if let Some(lease) = lease {
+                self.entity_on_etcd(EtcdEntity { lease, seen });
+            }
+        }
+        if abandoned {
+            self.phase = crate::stream::Phase::Finished;
+            return match claimed {
+                // Nothing was forwarded: the entity's flight and the record's claim end.
+                true => match self.release(p, env, owned) {
+                    Some(call) => Decision::Call(call),
+                    None => Decision::Continue,
+                },
+                false => self.refuse(p, env, owned, Decision::Continue),
+            };
+        }
+        match self.entity_decided(p, env, owned, outcome) {
+            Ok(owned) => self.forward(p, env, owned),
+            Err(d) => d,
+        }
+    }
+
+    /// A settle done (`ok`: confirmed or nothing to do): the record's own settle follows.
+    fn entity_settled<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        e: Box<EntityCall>,
+        ok: bool,
+    ) -> Decision {
+        if !ok {
+            env.count(Counter::ClaimsLost);
+        }
+        crate::stream::wake(p, env, &e.entity);
+        match e.op {
+            EntityOp::Settle {
+                then: Some(then), ..
+            } => {
+                let call = then.call.clone();
+                self.phase = Phase::Settling(then);
+                Decision::Call(call)
+            }
+            _ => {
+                self.phase = Phase::Finished;
+                Decision::Continue
+            }
+        }
+    }
+}
