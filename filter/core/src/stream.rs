@@ -243,7 +243,8 @@ impl DedupStream {
     /// `executed`, `replayed`, `in_flight`, `mismatch`, `bad_key`, `bypassed`,
     /// `failed_open`, `store_unavailable`, `body_too_large`, `not_stored`,
     /// `rejected_completed`, `released`, `outcome_unknown`, `waited` (a duplicate that
-    /// waited in wait mode and got the first request's response).
+    /// waited in wait mode and got the first request's response), `stale` and
+    /// `bad_version` (the ordering guard).
     pub fn log_fields(&mut self) -> Option<(&'static str, Option<ShortHex<'_>>)> {
         if !std::mem::take(&mut self.log_changed) {
             return None;
