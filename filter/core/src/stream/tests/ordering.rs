@@ -507,16 +507,22 @@ fn etcd_failure_closed_refuses_and_releases_failure_open_runs_unordered() {
 #[test]
 fn detached_executions_are_ordered_on_both_stores_and_the_client_gets_its_answer() {
     let detached = r#""upstream": {"detached": true, "cluster": "api", "timeout_ms": 5000}"#;
-    let guard = r#""ordering": {"entity": {"header": "x-entity"}, "version": {"header": "x-version"}}"#;
+    let guard =
+        r#""ordering": {"entity": {"header": "x-entity"}, "version": {"header": "x-version"}}"#;
     let shared = plugin(&format!("{{{detached}, {guard}}}"));
     let etcd = etcd_plugin(&format!("{detached}, {guard}"));
     for (p, mut env) in [(shared, world().1), (etcd, two_proxies().0)] {
         let mut s = send(&p, &mut env, &delivery("o", "2", "b")).unwrap();
         assert!(s.detached());
         let d = detached_answer(&p, &mut env, &mut s, call_answer(200, "done"));
-        let Decision::Reply(r) = d else { panic!("{d:?}") };
+        let Decision::Reply(r) = d else {
+            panic!("{d:?}")
+        };
         assert_eq!((r.status, r.body.as_slice()), (200, &b"done"[..]));
         let stale = send(&p, &mut env, &delivery("o", "1", "a")).unwrap_err();
-        assert_eq!(stale.problem_type(), "urn:proxy-dedup:problem:stale-version");
+        assert_eq!(
+            stale.problem_type(),
+            "urn:proxy-dedup:problem:stale-version"
+        );
     }
 }
