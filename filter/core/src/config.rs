@@ -242,6 +242,9 @@ pub struct Policy {
     /// `upstream.detached`: the first execution is sent by the filter itself (see
     /// `Detached`); `None`: the router forwards it.
     pub detached: Option<Detached>,
+    /// `advertise_expiry`: replays and 409s carry `idempotency-expires` (and replays
+    /// `age`) when their record knows the time.
+    pub advertise_expiry: bool,
 }
 
 /// Detached execution: the filter sends a key's first execution to `cluster` with
@@ -283,6 +286,7 @@ impl Default for Policy {
             store_statuses: DEFAULT_STORE_STATUSES.to_vec(),
             payload: PayloadConfig::default(),
             detached: None,
+            advertise_expiry: DEFAULT_ADVERTISE_EXPIRY,
         }
     }
 }

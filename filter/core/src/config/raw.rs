@@ -25,6 +25,7 @@ macro_rules! with_policy_fields {
                 payload: RawPayload,
                 upstream: RawUpstream,
                 grpc: GrpcPolicy,
+                advertise_expiry: bool,
             ]
             $($input)*
         }
