@@ -4,6 +4,7 @@
 use super::{Decision, DedupStream, Duplicate, Env, Phase, Plugin, Waiting};
 use crate::key::short_hex;
 use crate::metrics::Counter;
+use crate::record::RecordTimes;
 
 impl DedupStream {
     /// Wait mode: the glue woke this waiting duplicate (its record changed, its periodic
@@ -30,6 +31,7 @@ impl DedupStream {
                 Duplicate::InFlight {
                     held_until: w.held_until,
                 },
+                w.times,
             );
         }
         self.recheck(p, env, w, now)
@@ -47,6 +49,7 @@ impl DedupStream {
             Duplicate::InFlight {
                 held_until: w.held_until,
             },
+            w.times,
         )
     }
 
@@ -58,6 +61,7 @@ impl DedupStream {
         p: &Plugin,
         env: &mut E,
         held_until: Option<u64>,
+        times: RecordTimes,
     ) -> Option<Decision> {
         let (digest, payload) = (self.record?, self.payload?);
         let now = env.now_ms();
@@ -99,6 +103,7 @@ impl DedupStream {
             digest,
             payload,
             held_until,
+            times,
         }));
         Some(Decision::Pause)
     }
