@@ -44,7 +44,11 @@ pub struct LocalTier {
 
 impl LocalTier {
     pub fn get(&mut self, digest: &Digest, now_ms: u64) -> Option<&LocalEntry> {
-        if self.map.get(digest).is_some_and(|(until, _)| *until <= now_ms) {
+        if self
+            .map
+            .get(digest)
+            .is_some_and(|(until, _)| *until <= now_ms)
+        {
             self.remove(digest);
         }
         self.map.get(digest).map(|(_, e)| e)

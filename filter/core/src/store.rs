@@ -14,11 +14,12 @@ mod admin;
 mod bucket;
 mod layout;
 pub use crate::record::RecordState;
-pub use admin::{Purge, RecordView, StoreStats};
 use crate::record::RecordTimes;
+pub use admin::{Purge, RecordView, StoreStats};
 use bucket::{
-    completed_ttl_of, decode_bucket, encode_bucket, existing, free_way, live_claims_of, oldest_completed, owns,
-    owns_at, records_of, room_for, Bucket, Record, Registry, REGISTRY_SLACK_MS,
+    completed_ttl_of, decode_bucket, encode_bucket, existing, free_way, live_claims_of,
+    oldest_completed, owns, owns_at, records_of, room_for, Bucket, Record, Registry,
+    REGISTRY_SLACK_MS,
 };
 pub use layout::Layout;
 

@@ -35,9 +35,9 @@ use crate::key::{
 use crate::key::{Digest, ShortHex};
 use crate::metrics::Counter;
 use crate::payload::{payload_digest, AmbiguousPayload};
+use crate::record::RecordTimes;
 use crate::reply::{LocalReply, Problem};
 use crate::response::Capture;
-use crate::record::RecordTimes;
 use crate::response::StoredResponse;
 use answer::bad_key_reply;
 use etcd::{Claiming, Settling};

@@ -391,9 +391,15 @@ fn advertise_expiry_defaults_on_and_a_rule_inherits_or_overrides_it() {
     assert!(!c.policy.advertise_expiry);
     assert!(!c.rules[0].policy.advertise_expiry, "inherited");
     assert!(c.rules[1].policy.advertise_expiry);
-    assert_eq!(cfg_err(r#"{"advertise_expiry": "yes"}"#).0, "advertise_expiry");
     assert_eq!(
-        cfg_err(r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"}, "advertise_expiry": 1}]}"#).0,
+        cfg_err(r#"{"advertise_expiry": "yes"}"#).0,
+        "advertise_expiry"
+    );
+    assert_eq!(
+        cfg_err(
+            r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"}, "advertise_expiry": 1}]}"#
+        )
+        .0,
         "rules[0].advertise_expiry"
     );
 }

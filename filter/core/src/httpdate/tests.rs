@@ -14,9 +14,18 @@ fn known_dates() {
 
 #[test]
 fn milliseconds_round_up_to_the_second() {
-    assert_eq!(imf_fixdate_ceil_ms(1_796_187_600_000), "Wed, 02 Dec 2026 05:00:00 GMT");
-    assert_eq!(imf_fixdate_ceil_ms(1_796_187_599_001), "Wed, 02 Dec 2026 05:00:00 GMT");
-    assert_eq!(imf_fixdate_ceil_ms(1_796_187_600_001), "Wed, 02 Dec 2026 05:00:01 GMT");
+    assert_eq!(
+        imf_fixdate_ceil_ms(1_796_187_600_000),
+        "Wed, 02 Dec 2026 05:00:00 GMT"
+    );
+    assert_eq!(
+        imf_fixdate_ceil_ms(1_796_187_599_001),
+        "Wed, 02 Dec 2026 05:00:00 GMT"
+    );
+    assert_eq!(
+        imf_fixdate_ceil_ms(1_796_187_600_001),
+        "Wed, 02 Dec 2026 05:00:01 GMT"
+    );
 }
 
 /// Every day for 1000 years against a plain day-by-day walk of the calendar.

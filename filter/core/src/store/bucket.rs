@@ -406,7 +406,10 @@ pub(super) fn existing(
             completed_ms: completed_at(r, ttl_s),
         },
     };
-    (outcome_of(r, payload, buckets, bucket, way, layout, now_ms), times)
+    (
+        outcome_of(r, payload, buckets, bucket, way, layout, now_ms),
+        times,
+    )
 }
 
 fn outcome_of(
@@ -557,7 +560,10 @@ mod format_tests {
         let found: Vec<_> = records_of(&bytes, &[0x33; 32]).collect();
         assert_eq!(found, vec![(5, completed())]);
         // Known: expiry minus the TTL; an in-flight way never has a completion time.
-        assert_eq!(completed_at(&completed(), 60), Some(1_700_000_000_000 - 60_000));
+        assert_eq!(
+            completed_at(&completed(), 60),
+            Some(1_700_000_000_000 - 60_000)
+        );
         assert_eq!(completed_at(timed[0].as_ref().unwrap(), 60), None);
     }
 

@@ -487,7 +487,9 @@ fn a_duplicate_learns_the_times_of_the_record_it_found() {
     let (outcome, times) = store.claim_timed(&d, &digest(101), 0, t0 + 5, 2).unwrap();
     assert_eq!(outcome, ClaimOutcome::PayloadMismatch);
     assert_eq!(times, RecordTimes::expiring(t0 + 30_000));
-    store.complete(&c, Some(&stored(201, "made")), t0 + 700).unwrap();
+    store
+        .complete(&c, Some(&stored(201, "made")), t0 + 700)
+        .unwrap();
     let (outcome, times) = store.claim_timed(&d, &p, 0, t0 + 9_000, 3).unwrap();
     assert!(matches!(outcome, ClaimOutcome::Completed(_)), "{outcome:?}");
     let done = t0 + 700;

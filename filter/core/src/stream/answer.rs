@@ -2,9 +2,7 @@
 //! key, a bypass, or a store that could not answer (failure mode).
 
 use super::{Decision, DedupStream, Duplicate, Env, Phase, Plugin};
-use crate::config::{
-    FailureMode, OnDuplicate, OnInFlight, OnStoreFull, OnUnknownOutcome, Policy,
-};
+use crate::config::{FailureMode, OnDuplicate, OnInFlight, OnStoreFull, OnUnknownOutcome, Policy};
 use crate::httpdate::imf_fixdate_ceil_ms;
 use crate::key::KeyError;
 use crate::metrics::Counter;
@@ -97,8 +95,7 @@ impl DedupStream {
             }
             Duplicate::InFlight { held_until } => {
                 if policy.on_in_flight == OnInFlight::Wait {
-                    if let Some(action) = self.start_or_keep_waiting(p, env, held_until, times)
-                    {
+                    if let Some(action) = self.start_or_keep_waiting(p, env, held_until, times) {
                         return action;
                     }
                     if self.wait_deadline.is_some() {
@@ -124,7 +121,8 @@ impl DedupStream {
                         "the first request with this key has not been answered yet; retry later",
                     ),
                 };
-                let mut headers = vec![("retry-after".to_string(), seconds.to_string().into_bytes())];
+                let mut headers =
+                    vec![("retry-after".to_string(), seconds.to_string().into_bytes())];
                 headers.extend(advertised.expires());
                 self.reply(env, Problem::InFlight.reply(detail, headers))
             }
