@@ -572,7 +572,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Json(Value::Int(DEFAULT_RETRY_AFTER_SECONDS)),
         applies: Applies::TopLevel,
         group: Group::Configuration,
-        meaning: r#"value of `retry-after` on the in-flight `409` while the first request is still running ({range}). A held claim (outcome unknown) answers with the seconds left until it expires instead."#,
+        meaning: r#"value of `retry-after` on the in-flight `409` while the first request is still running ({range}), but never more than the seconds left until the claim's in-flight end (its `idempotency-expires`). A held claim (outcome unknown) answers with the seconds left until it expires instead."#,
     },
     Field {
         name: "advertise_expiry",
