@@ -18,7 +18,7 @@ use crate::record::RecordTimes;
 pub use admin::{Purge, RecordView, StoreStats};
 use bucket::{
     completed_ttl_of, decode_bucket, encode_bucket, existing, free_way, live_claims_of,
-    oldest_completed, owns, owns_at, records_of, room_for, Bucket, Record, Registry,
+    oldest_completed, owns, owns_at, records_of, room_for, times_of, Bucket, Record, Registry,
     REGISTRY_SLACK_MS,
 };
 pub use layout::Layout;
@@ -316,17 +316,9 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         let (bytes, _) = self.read_bytes(buckets, bucket)?;
         let live = records_of(&bytes, digest).find(|(_, r)| r.expires_ms > now_ms);
         Ok(live.map(|(way, r)| {
-            let ttl_s = completed_ttl_of(&bytes, way);
-            existing(
-                &r,
-                ttl_s,
-                payload,
-                buckets,
-                bucket,
-                way,
-                self.layout,
-                now_ms,
-            )
+            let times = times_of(&r, completed_ttl_of(&bytes, way), self.layout, now_ms);
+            let outcome = existing(&r, payload, buckets, bucket, way, self.layout, now_ms);
+            (outcome, times)
         }))
     }
 
@@ -347,16 +339,10 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             let mine = records_of(&bytes, digest).next();
             if let Some((way, r)) = &mine {
                 if r.expires_ms > now_ms {
-                    return Ok(existing(
-                        r,
-                        completed_ttl_of(&bytes, *way),
-                        payload,
-                        buckets,
-                        bucket,
-                        *way,
-                        self.layout,
-                        now_ms,
-                    ));
+                    let ttl_s = completed_ttl_of(&bytes, *way);
+                    let times = times_of(r, ttl_s, self.layout, now_ms);
+                    let outcome = existing(r, payload, buckets, bucket, *way, self.layout, now_ms);
+                    return Ok((outcome, times));
                 }
             }
             let mine = mine.map(|(way, _)| way);

@@ -381,21 +381,11 @@ pub(super) fn live_claims_of(b: &Bucket, tag: u32, now_ms: u64) -> usize {
         .count()
 }
 
-/// What a claim answers for an unexpired record of its digest, and the record's times
-/// (`ttl_s`: the TTL its completion was written with, 0: unknown): a claim's is when it
-/// stops counting as in flight, or its hold's end.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn existing(
-    r: &Record,
-    ttl_s: u32,
-    payload: &Digest,
-    buckets: u64,
-    bucket: u64,
-    way: usize,
-    layout: &Layout,
-    now_ms: u64,
-) -> (ClaimOutcome, RecordTimes) {
-    let times = match r.state {
+/// The times a duplicate is told of an unexpired record (`ttl_s`: the TTL its completion
+/// was written with, 0: unknown): a claim's is when it stops counting as in flight, a
+/// held one's its hold's end, a completed one's its expiry and completion.
+pub(super) fn times_of(r: &Record, ttl_s: u32, layout: &Layout, now_ms: u64) -> RecordTimes {
+    match r.state {
         // A kept claim lives until its TTL, but is in flight only for the in-flight time.
         RecordState::InFlight if !layout.claim_overdue(r.expires_ms, now_ms) => {
             RecordTimes::expiring(layout.in_flight_end(r.expires_ms))
@@ -405,14 +395,11 @@ pub(super) fn existing(
             expires_ms: Some(r.expires_ms),
             completed_ms: completed_at(r, ttl_s),
         },
-    };
-    (
-        outcome_of(r, payload, buckets, bucket, way, layout, now_ms),
-        times,
-    )
+    }
 }
 
-fn outcome_of(
+/// What a claim answers for an unexpired record of its digest.
+pub(super) fn existing(
     r: &Record,
     payload: &Digest,
     buckets: u64,

@@ -67,7 +67,7 @@ impl DedupStream {
     }
 
     /// Answers a request whose key is already taken; `times` are its record's, as the
-    /// store knows them (what the answer advertises, see `expiry_headers`).
+    /// store knows them (what the answer advertises, see `Advertised`).
     pub(super) fn duplicate<E: Env>(
         &mut self,
         p: &Plugin,
