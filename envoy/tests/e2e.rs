@@ -546,3 +546,65 @@ fn a_log_level_changed_at_runtime_applies_to_the_next_request() {
         "no debug line after the level changed:\n{log}"
     );
 }
+
+/// Expiry advertised (shared data): a 409 in flight names the claim's in-flight end, a
+/// replay its record's expiry (TTL after completion) and its age, each against the wall
+/// clock within a second; `advertise_expiry: false` sends neither.
+#[test]
+fn replays_and_409s_say_when_the_record_stops_answering() {
+    let s = main_stack();
+    let path = "/orders/expiry";
+    let req = post(path, "expiry-1", &json!({"item": "clock"}));
+    let slow = req.clone().header("x-demo-delay-ms", "2000");
+    let claimed_at = unix_now();
+    let first = s.send_in_background(slow, 1);
+    let dup = s.send(&req);
+    assert_problem(&dup, 409, "in-flight");
+    // The default in_flight_timeout_seconds: 30, from the claim.
+    assert_expires_near(&dup, claimed_at + 30.0, "409 in-flight");
+    assert_eq!(dup.header("age"), None, "a 409 has no age");
+    assert_eq!(dup.header("retry-after"), Some("2"));
+    let first = first.join().unwrap();
+    let completed_at = unix_now();
+    assert_executed(&first);
+    assert_eq!(
+        first.header("idempotency-expires"),
+        None,
+        "not on an execution"
+    );
+    std::thread::sleep(Duration::from_millis(2100));
+    let replay = s.send(&req);
+    assert_replay_of(&replay, &first);
+    // The default ttl_seconds: 86400, from the completion.
+    assert_expires_near(&replay, completed_at + 86_400.0, "replay");
+    let age: f64 = replay
+        .header("age")
+        .expect("age on a replay")
+        .parse()
+        .unwrap();
+    let elapsed = unix_now() - completed_at;
+    assert!(
+        (age - elapsed).abs() <= 1.0,
+        "age {age} s, {elapsed:.2} s after the completion"
+    );
+    let other = s.send(&post(path, "expiry-1", &json!({"item": "other"})));
+    assert_problem(&other, 422, "payload-mismatch");
+    assert_expires_near(&other, completed_at + 86_400.0, "422");
+    assert_eq!(s.executions(path), 1);
+
+    let quiet = Stack::start("e2e-no-expiry", r#"{"advertise_expiry": false}"#);
+    let first = quiet.send_in_background(slow_copy(&req), 1);
+    let dup = quiet.send(&req);
+    assert_problem(&dup, 409, "in-flight");
+    assert_eq!(dup.header("idempotency-expires"), None);
+    assert!(dup.header("retry-after").is_some());
+    let first = first.join().unwrap();
+    let replay = quiet.send(&req);
+    assert_replay_of(&replay, &first);
+    assert_eq!(replay.header("idempotency-expires"), None);
+    assert_eq!(replay.header("age"), None);
+}
+
+fn slow_copy(req: &Request) -> Request {
+    req.clone().header("x-demo-delay-ms", "2000")
+}

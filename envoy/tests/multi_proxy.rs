@@ -875,3 +875,66 @@ fn detached_a_client_that_times_out_on_a_gets_the_one_execution_from_b() {
     assert!(is_replayed(&again));
     assert_eq!(again.body, replay.body);
 }
+
+/// Expiry advertised on etcd: proxy A (the default) tells a client when the record it
+/// found stops answering, a claim's in-flight end or a completed record's TTL end,
+/// within a second of the wall clock, and no age (etcd values keep no completion
+/// time); proxy B (`advertise_expiry: false`) tells neither.
+#[test]
+fn etcd_replays_and_409s_say_when_the_record_stops_answering() {
+    let on = etcd_filter_config(json!({"ttl_seconds": 600, "in_flight_timeout_seconds": 20}));
+    let off = etcd_filter_config(json!({
+        "ttl_seconds": 600, "in_flight_timeout_seconds": 20, "advertise_expiry": false
+    }));
+    let m = Multi::start("mp-expiry", [&on, &off]);
+    let path = "/orders/expiry";
+    let body = json!({"item": "clock"});
+    let req = keyed(HOST, path, "expiry-1", &body);
+    let claimed_at = common::unix_now();
+    let first = {
+        let (addr, slow) = (
+            m.proxies[1].addr(),
+            req.clone().header("x-demo-delay-ms", "2000"),
+        );
+        std::thread::spawn(move || client::send(addr, &slow).unwrap())
+    };
+    let end = Instant::now() + Duration::from_secs(5);
+    while m.upstream.executions_for_key("expiry-1") == 0 {
+        assert!(Instant::now() < end, "the first never reached the upstream");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dup = m.send(0, &req);
+    assert_problem(&dup, 409, "in-flight");
+    common::assert_expires_near(&dup, claimed_at + 20.0, "409 in-flight on A");
+    let dup = m.send(1, &req);
+    assert_problem(&dup, 409, "in-flight");
+    assert_eq!(
+        dup.header("idempotency-expires"),
+        None,
+        "B: {}",
+        dup.summary()
+    );
+    let first = first.join().unwrap();
+    let completed_at = common::unix_now();
+    assert_executed(&first);
+    let replay = m.send(0, &req);
+    assert_replay_of(&replay, &first);
+    common::assert_expires_near(&replay, completed_at + 600.0, "replay on A");
+    assert_eq!(replay.header("age"), None, "etcd keeps no completion time");
+    // Answered again from A's worker tier: still the record's expiry.
+    let again = m.send(0, &req);
+    common::assert_expires_near(&again, completed_at + 600.0, "second replay on A");
+    let other = m.send(0, &keyed(HOST, path, "expiry-1", &json!({"item": "other"})));
+    assert_problem(&other, 422, "payload-mismatch");
+    common::assert_expires_near(&other, completed_at + 600.0, "422 on A");
+    let replay = m.send(1, &req);
+    assert_replay_of(&replay, &first);
+    assert_eq!(replay.header("idempotency-expires"), None);
+    assert_eq!(replay.header("age"), None);
+    assert_eq!(
+        m.upstream.executions_for_path(path),
+        1,
+        "{}",
+        m.diagnostics()
+    );
+}

@@ -428,3 +428,49 @@ pub fn h2_post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &[u
         body,
     }
 }
+
+/// The Unix time (s) of an IMF-fixdate (`Wed, 02 Dec 2026 05:00:00 GMT`), parsed here
+/// on its own (days from the civil date) so it checks the filter's formatting rather
+/// than repeating it.
+pub fn http_date_secs(date: &str) -> u64 {
+    let parts: Vec<&str> = date.split([' ', ':']).collect();
+    let [_, day, month, year, h, m, s, "GMT"] = parts[..] else {
+        panic!("not an IMF-fixdate: {date:?}");
+    };
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let month = MONTHS.iter().position(|x| *x == month).unwrap() as i64 + 1;
+    let num = |v: &str| v.parse::<i64>().unwrap();
+    let (year, day) = (num(year), num(day));
+    // Hinnant's days_from_civil.
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    (days * 86_400 + num(h) * 3600 + num(m) * 60 + num(s)) as u64
+}
+
+/// The wall clock, in Unix seconds.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// Asserts a response's `idempotency-expires` names `expected` (Unix s, from the wall
+/// clock) within one second; `what` says which answer it is.
+pub fn assert_expires_near(r: &Response, expected: f64, what: &str) {
+    let date = r
+        .header("idempotency-expires")
+        .unwrap_or_else(|| panic!("{what}: no idempotency-expires: {}", r.summary()));
+    let got = http_date_secs(date) as f64;
+    assert!(
+        (got - expected).abs() <= 1.0,
+        "{what}: idempotency-expires {date} ({got}) is not within 1 s of {expected}"
+    );
+}

@@ -251,6 +251,9 @@ pub struct Policy {
     pub detached: Option<Detached>,
     /// `ordering`: the per-entity version guard (`None`: none).
     pub ordering: Option<Ordering>,
+    /// `advertise_expiry`: replays and 409s carry `idempotency-expires` (and replays
+    /// `age`) when their record knows the time.
+    pub advertise_expiry: bool,
 }
 
 /// Detached execution: the filter sends a key's first execution to `cluster` with
@@ -293,6 +296,7 @@ impl Default for Policy {
             payload: PayloadConfig::default(),
             detached: None,
             ordering: None,
+            advertise_expiry: DEFAULT_ADVERTISE_EXPIRY,
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod etcd;
 pub mod etcdpb;
 pub mod geometry;
 pub mod head;
+pub mod httpdate;
 pub mod jsonptr;
 pub mod key;
 pub mod local;

@@ -16,6 +16,8 @@ pub const MAX_AGE_MS: u64 = 5_000;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalEntry {
     pub payload: Digest,
+    /// The record's own expiry (what a duplicate is told); the tier answers it for at
+    /// most `MAX_AGE_MS` of it.
     pub expires_ms: u64,
     /// `None`: completed, response not kept.
     pub response: Option<StoredResponse>,
@@ -35,20 +37,25 @@ impl LocalEntry {
 
 #[derive(Debug, Default)]
 pub struct LocalTier {
-    map: HashMap<Digest, LocalEntry>,
+    /// Each entry with until when (ms) the tier answers it.
+    map: HashMap<Digest, (u64, LocalEntry)>,
     bytes: usize,
 }
 
 impl LocalTier {
     pub fn get(&mut self, digest: &Digest, now_ms: u64) -> Option<&LocalEntry> {
-        if self.map.get(digest).is_some_and(|e| e.expires_ms <= now_ms) {
+        if self
+            .map
+            .get(digest)
+            .is_some_and(|(until, _)| *until <= now_ms)
+        {
             self.remove(digest);
         }
-        self.map.get(digest)
+        self.map.get(digest).map(|(_, e)| e)
     }
 
-    pub fn insert(&mut self, digest: Digest, mut entry: LocalEntry, now_ms: u64) {
-        entry.expires_ms = entry.expires_ms.min(now_ms.saturating_add(MAX_AGE_MS));
+    pub fn insert(&mut self, digest: Digest, entry: LocalEntry, now_ms: u64) {
+        let until = entry.expires_ms.min(now_ms.saturating_add(MAX_AGE_MS));
         let size = entry.size();
         if size > MAX_BYTES / 16 {
             return;
@@ -58,7 +65,7 @@ impl LocalTier {
             let expired: Vec<Digest> = self
                 .map
                 .iter()
-                .filter(|(_, e)| e.expires_ms <= now_ms)
+                .filter(|(_, (until, _))| *until <= now_ms)
                 .map(|(d, _)| *d)
                 .collect();
             for d in expired {
@@ -73,11 +80,11 @@ impl LocalTier {
             self.remove(&victim);
         }
         self.bytes += size;
-        self.map.insert(digest, entry);
+        self.map.insert(digest, (until, entry));
     }
 
     fn remove(&mut self, digest: &Digest) {
-        if let Some(e) = self.map.remove(digest) {
+        if let Some((_, e)) = self.map.remove(digest) {
             self.bytes -= e.size();
         }
     }

@@ -50,3 +50,24 @@ impl RecordState {
         }
     }
 }
+
+/// What a duplicate's answer can tell about its record's times (Unix ms), as far as the
+/// store knows them; `None`: not known.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordTimes {
+    /// When the answer stops holding: a completed record's expiry (its TTL), a claim's
+    /// in-flight expiry, a held claim's end.
+    pub expires_ms: Option<u64>,
+    /// When a completed record completed.
+    pub completed_ms: Option<u64>,
+}
+
+impl RecordTimes {
+    /// Times with an expiry only.
+    pub fn expiring(expires_ms: u64) -> Self {
+        RecordTimes {
+            expires_ms: Some(expires_ms),
+            completed_ms: None,
+        }
+    }
+}

@@ -2,6 +2,10 @@
 
 use crate::response::StoredResponse;
 
+/// The header that tells a client when the record behind an answer stops answering
+/// (`advertise_expiry`).
+pub const EXPIRES_HEADER: &str = "idempotency-expires";
+
 /// A response the filter sends itself instead of forwarding the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalReply {

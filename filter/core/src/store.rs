@@ -14,10 +14,12 @@ mod admin;
 mod bucket;
 mod layout;
 pub use crate::record::RecordState;
+use crate::record::RecordTimes;
 pub use admin::{Purge, RecordView, StoreStats};
 use bucket::{
-    decode_bucket, encode_bucket, existing, free_way, live_claims_of, oldest_completed, owns,
-    owns_at, records_of, room_for, Bucket, Record, Registry, REGISTRY_SLACK_MS,
+    completed_ttl_of, decode_bucket, encode_bucket, existing, free_way, live_claims_of,
+    oldest_completed, owns, owns_at, records_of, room_for, times_of, Bucket, Record, Registry,
+    REGISTRY_SLACK_MS,
 };
 pub use layout::Layout;
 
@@ -212,6 +214,20 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         now_ms: u64,
         token: u64,
     ) -> Result<ClaimOutcome, StoreError> {
+        self.claim_timed(digest, payload, scope, now_ms, token)
+            .map(|(outcome, _)| outcome)
+    }
+
+    /// `claim`, with the times of the record a duplicate found (what its answer
+    /// advertises; none for a won claim).
+    pub fn claim_timed(
+        &self,
+        digest: &Digest,
+        payload: &Digest,
+        scope: u32,
+        now_ms: u64,
+        token: u64,
+    ) -> Result<(ClaimOutcome, RecordTimes), StoreError> {
         // This layout is in the registry before its claim is written...
         if self.layout.registered_until.get() < self.registration_needed(now_ms) {
             self.register(now_ms)?;
@@ -223,9 +239,9 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             expires_ms: now_ms.saturating_add(self.layout.claim_ms()),
             payload: *payload,
         };
-        let outcome = self.claim_in_own(&fresh, scope, now_ms)?;
+        let (outcome, times) = self.claim_in_own(&fresh, scope, now_ms)?;
         let ClaimOutcome::Claimed { claim, .. } = &outcome else {
-            return Ok(outcome);
+            return Ok((outcome, times));
         };
         // ...and the registry is read after it. A claimer under another layout does the
         // same: of two concurrent claims, the later registry read sees the other's
@@ -237,7 +253,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                 return Ok(found);
             }
         }
-        Ok(outcome)
+        Ok((outcome, times))
     }
 
     /// How long the registry must keep this layout for a claim made at `now_ms`.
@@ -295,11 +311,15 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         digest: &Digest,
         payload: &Digest,
         now_ms: u64,
-    ) -> Result<Option<ClaimOutcome>, StoreError> {
+    ) -> Result<Option<(ClaimOutcome, RecordTimes)>, StoreError> {
         let bucket = self.layout.bucket_in(buckets, digest);
         let (bytes, _) = self.read_bytes(buckets, bucket)?;
         let live = records_of(&bytes, digest).find(|(_, r)| r.expires_ms > now_ms);
-        Ok(live.map(|(way, r)| existing(&r, payload, buckets, bucket, way, self.layout, now_ms)))
+        Ok(live.map(|(way, r)| {
+            let times = times_of(&r, completed_ttl_of(&bytes, way), self.layout, now_ms);
+            let outcome = existing(&r, payload, buckets, bucket, way, self.layout, now_ms);
+            (outcome, times)
+        }))
     }
 
     /// Claims in the current layout by writing `fresh`, the in-flight record.
@@ -308,7 +328,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         fresh: &Record,
         scope: u32,
         now_ms: u64,
-    ) -> Result<ClaimOutcome, StoreError> {
+    ) -> Result<(ClaimOutcome, RecordTimes), StoreError> {
         let (digest, payload) = (&fresh.digest, &fresh.payload);
         let buckets = self.layout.buckets;
         let bucket = self.layout.bucket_of(digest);
@@ -319,15 +339,10 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             let mine = records_of(&bytes, digest).next();
             if let Some((way, r)) = &mine {
                 if r.expires_ms > now_ms {
-                    return Ok(existing(
-                        r,
-                        payload,
-                        buckets,
-                        bucket,
-                        *way,
-                        self.layout,
-                        now_ms,
-                    ));
+                    let ttl_s = completed_ttl_of(&bytes, *way);
+                    let times = times_of(r, ttl_s, self.layout, now_ms);
+                    let outcome = existing(r, payload, buckets, bucket, *way, self.layout, now_ms);
+                    return Ok((outcome, times));
                 }
             }
             let mine = mine.map(|(way, _)| way);
@@ -345,8 +360,9 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
             };
             b[way] = Some(fresh.clone());
             b.scopes[way] = scope;
+            b.completed_ttl_s[way] = 0;
             if self.write(buckets, bucket, &b, cas)? {
-                return Ok(ClaimOutcome::Claimed {
+                let claimed = ClaimOutcome::Claimed {
                     claim: Claim {
                         digest: *digest,
                         token: fresh.token,
@@ -355,7 +371,8 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                         way,
                     },
                     evicted_unexpired,
-                });
+                };
+                return Ok((claimed, RecordTimes::default()));
             }
         }
         Err(StoreError::Contention)
@@ -514,6 +531,12 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                 };
                 r.expires_ms = now_ms.saturating_add(self.layout.ttl_ms);
             }
+            // The TTL the record is written with, so readers know when it completed (a
+            // TTL not in whole seconds, which no configuration gives, reads as unknown).
+            b.completed_ttl_s[claim.way] = match self.layout.ttl_ms % 1000 {
+                0 => u32::try_from(self.layout.ttl_ms / 1000).unwrap_or(0),
+                _ => 0,
+            };
             if !self.write(claim.buckets, claim.bucket, &b, cas)? {
                 continue;
             }

@@ -37,6 +37,7 @@ use crate::key::{
 use crate::key::{Digest, ShortHex};
 use crate::metrics::Counter;
 use crate::payload::{payload_digest, AmbiguousPayload};
+use crate::record::RecordTimes;
 use crate::reply::{LocalReply, Problem};
 use crate::response::Capture;
 use crate::response::StoredResponse;
@@ -106,6 +107,8 @@ struct Waiting {
     payload: Digest,
     /// Set when the first's outcome is unknown and its claim is held until then (ms).
     held_until: Option<u64>,
+    /// The claim's times as last read (what its 409 advertises).
+    times: RecordTimes,
 }
 
 /// What a claim found when the key was already taken.

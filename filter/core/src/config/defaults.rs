@@ -28,6 +28,8 @@ pub const DEFAULT_MAX_REPLAY_BODY_BYTES: u64 = 16_384;
 pub const DEFAULT_RETRY_AFTER_SECONDS: u64 = 1;
 /// Default `capacity`: records in shared data.
 pub const DEFAULT_CAPACITY: u64 = 100_000;
+/// Default `advertise_expiry`: replays and 409s say when their record stops answering.
+pub const DEFAULT_ADVERTISE_EXPIRY: bool = true;
 /// Default `replayed_header`, set on a replayed response.
 pub const DEFAULT_REPLAYED_HEADER: &str = "idempotent-replayed";
 /// Default `failure_mode`.

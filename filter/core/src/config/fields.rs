@@ -583,7 +583,15 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Json(Value::Int(DEFAULT_RETRY_AFTER_SECONDS)),
         applies: Applies::TopLevel,
         group: Group::Configuration,
-        meaning: r#"value of `retry-after` on the in-flight `409` while the first request is still running ({range}). A held claim (outcome unknown) answers with the seconds left until it expires instead."#,
+        meaning: r#"value of `retry-after` on the in-flight `409` while the first request is still running ({range}), but never more than the seconds left until the claim's in-flight end (its `idempotency-expires`). A held claim (outcome unknown) answers with the seconds left until it expires instead."#,
+    },
+    Field {
+        name: "advertise_expiry",
+        ty: Type::Bool,
+        default: Shown::Json(Value::Bool(DEFAULT_ADVERTISE_EXPIRY)),
+        applies: Applies::Policy,
+        group: Group::Configuration,
+        meaning: r#"whether replays and `409`/`422` answers tell the client when their record stops answering: `idempotency-expires` (an HTTP date, rounded up to the second), and on a replay `age` (whole seconds since the record completed, shared data only). A header is left out when the record does not know the time. `false` sends neither (a replay then carries the stored response's own headers of those names). Top level and per rule (see [Outcomes](../semantics/outcomes.md#when-a-record-stops-answering))."#,
     },
     Field {
         name: "capacity",

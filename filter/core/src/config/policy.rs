@@ -71,6 +71,9 @@ pub(super) fn parse_policy(
     if let Some(g) = raw.grpc {
         out.grpc = g;
     }
+    if let Some(a) = raw.advertise_expiry {
+        out.advertise_expiry = a;
+    }
     out.ttl_ms =
         fields::TTL_SECONDS.check(&f("ttl_seconds"), raw.ttl_seconds, base.ttl_ms / 1000)? * 1000;
     out.in_flight_timeout_ms = fields::IN_FLIGHT_TIMEOUT_SECONDS.check(

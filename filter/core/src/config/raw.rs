@@ -26,6 +26,7 @@ macro_rules! with_policy_fields {
                 upstream: RawUpstream,
                 grpc: GrpcPolicy,
                 ordering: RawOrdering,
+                advertise_expiry: bool,
             ]
             $($input)*
         }

@@ -376,3 +376,30 @@ fn grpc_defaults_to_bypass_and_a_rule_overrides_it() {
     assert_eq!(field, "rules[0].bypass");
     assert!(reason.contains("grpc"), "{reason}");
 }
+
+#[test]
+fn advertise_expiry_defaults_on_and_a_rule_inherits_or_overrides_it() {
+    let c = Config::parse(b"{}").unwrap();
+    assert!(c.policy.advertise_expiry);
+    let c = Config::parse(
+        br#"{"advertise_expiry": false, "rules": [
+            {"name": "a", "match": {"path_prefix": "/a"}},
+            {"name": "b", "match": {"path_prefix": "/b"}, "advertise_expiry": true}
+        ]}"#,
+    )
+    .unwrap();
+    assert!(!c.policy.advertise_expiry);
+    assert!(!c.rules[0].policy.advertise_expiry, "inherited");
+    assert!(c.rules[1].policy.advertise_expiry);
+    assert_eq!(
+        cfg_err(r#"{"advertise_expiry": "yes"}"#).0,
+        "advertise_expiry"
+    );
+    assert_eq!(
+        cfg_err(
+            r#"{"rules": [{"name": "a", "match": {"path_prefix": "/a"}, "advertise_expiry": 1}]}"#
+        )
+        .0,
+        "rules[0].advertise_expiry"
+    );
+}

@@ -47,6 +47,11 @@ fn entries_are_answered_until_they_expire_or_age_out() {
     // A long TTL is answered for MAX_AGE_MS at most.
     t.insert(d(2), entry(0, 0, NOW + 3_600_000), NOW);
     assert!(t.get(&d(2), NOW + MAX_AGE_MS - 1).is_some());
+    // ...and keeps the record's own expiry, which a duplicate is told.
+    assert_eq!(
+        t.get(&d(2), NOW).map(|e| e.expires_ms),
+        Some(NOW + 3_600_000)
+    );
     assert!(t.get(&d(2), NOW + MAX_AGE_MS).is_none());
     // Completed without a response: the fixed cost only.
     let bare = LocalEntry {

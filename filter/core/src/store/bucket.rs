@@ -4,7 +4,7 @@
 
 use super::{Claim, ClaimOutcome, Layout, WAYS};
 use crate::key::Digest;
-use crate::record::RecordState;
+use crate::record::{RecordState, RecordTimes};
 use crate::wire::{Reader, WireError, Writer};
 
 pub(super) const BUCKET_VERSION: u8 = 1;
@@ -19,6 +19,13 @@ pub(super) const SLOTS_WAY: u8 = 0xFF;
 /// bucket the previous version wrote). A reader without scope tags skips it as it skips
 /// `SLOTS_WAY`, so buckets stay readable both ways.
 pub(super) const SCOPES_WAY: u8 = 0xFE;
+
+/// The way byte of the bucket's completion entry: each way's TTL in seconds as its
+/// completed record was written (`WAYS` u32; 0: unknown, as in a bucket the previous
+/// version wrote), so the record's completion time is its expiry minus that TTL. A
+/// reader without it skips it like `SCOPES_WAY`, and a writer without it drops it:
+/// every way then reads as completed at an unknown time, never at a wrong one.
+pub(super) const TTLS_WAY: u8 = 0xFD;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Record {
@@ -85,6 +92,9 @@ pub(super) struct Bucket {
     pub(super) slots: [u32; WAYS],
     /// Each way's scope tag (`key::scope_tag`), set when a claim takes the way.
     pub(super) scopes: [u32; WAYS],
+    /// Each way's TTL (seconds) its completed record was written with; 0: unknown.
+    /// Set by a completion, cleared when a claim takes the way.
+    pub(super) completed_ttl_s: [u32; WAYS],
 }
 
 impl std::ops::Index<usize> for Bucket {
@@ -134,6 +144,7 @@ enum Entry {
     Record(usize, Record),
     Slots([u32; WAYS]),
     Scopes([u32; WAYS]),
+    CompletedTtls([u32; WAYS]),
     /// An unknown way or state: skipped.
     Unknown,
 }
@@ -141,15 +152,15 @@ enum Entry {
 fn read_entry(entry: &[u8]) -> Result<Entry, WireError> {
     let mut r = Reader::new(entry);
     let way = r.u8()?;
-    if way == SLOTS_WAY || way == SCOPES_WAY {
+    if way == SLOTS_WAY || way == SCOPES_WAY || way == TTLS_WAY {
         let mut values = [0u32; WAYS];
         for n in &mut values {
             *n = r.u32()?;
         }
-        return Ok(if way == SLOTS_WAY {
-            Entry::Slots(values)
-        } else {
-            Entry::Scopes(values)
+        return Ok(match way {
+            SLOTS_WAY => Entry::Slots(values),
+            SCOPES_WAY => Entry::Scopes(values),
+            _ => Entry::CompletedTtls(values),
         });
     }
     let way = usize::from(way);
@@ -183,6 +194,7 @@ pub(super) fn decode_bucket(bytes: &[u8]) -> Bucket {
             }
             Ok(Entry::Slots(slots)) => out.slots = slots,
             Ok(Entry::Scopes(scopes)) => out.scopes = scopes,
+            Ok(Entry::CompletedTtls(ttls)) => out.completed_ttl_s = ttls,
             Ok(Entry::Unknown) | Err(_) => {}
         }
     }
@@ -218,8 +230,30 @@ pub(super) fn records_of<'a>(
         })
 }
 
+/// The TTL (seconds) the completed record in `way` was written with, read from a bucket
+/// value without decoding it (0: unknown), as `decode_bucket` would give it.
+pub(super) fn completed_ttl_of(bytes: &[u8], way: usize) -> u32 {
+    let mut ttl = 0;
+    for entry in entries(bytes).filter(|e| e.first() == Some(&TTLS_WAY)) {
+        if let Ok(Entry::CompletedTtls(ttls)) = read_entry(entry) {
+            ttl = ttls.get(way).copied().unwrap_or(0);
+        }
+    }
+    ttl
+}
+
+/// When a completed record completed (ms), given the TTL it was written with (0:
+/// unknown).
+pub(super) fn completed_at(r: &Record, ttl_s: u32) -> Option<u64> {
+    let completed = matches!(
+        r.state,
+        RecordState::Completed | RecordState::CompletedNotStored
+    );
+    (completed && ttl_s > 0).then(|| r.expires_ms.saturating_sub(u64::from(ttl_s) * 1000))
+}
+
 pub(super) fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
-    let mut w = Writer::with_capacity(1 + (WAYS + 1) * (1 + RECORD_LEN));
+    let mut w = Writer::with_capacity(1 + (WAYS + 3) * (1 + RECORD_LEN));
     w.u8(BUCKET_VERSION);
     for (way, rec) in bucket.iter().enumerate() {
         if let Some(r) = rec {
@@ -243,6 +277,14 @@ pub(super) fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
     if bucket.scopes.iter().any(|&t| t > 0) {
         w.u8(SCOPES_WAY);
         for t in bucket.scopes {
+            w.u32(t);
+        }
+        w.zeros(RECORD_LEN - 4 * WAYS);
+    }
+    // Completion TTLs likewise, once a completion has written one.
+    if bucket.completed_ttl_s.iter().any(|&t| t > 0) {
+        w.u8(TTLS_WAY);
+        for t in bucket.completed_ttl_s {
             w.u32(t);
         }
         w.zeros(RECORD_LEN - 4 * WAYS);
@@ -337,6 +379,23 @@ pub(super) fn live_claims_of(b: &Bucket, tag: u32, now_ms: u64) -> usize {
                     .is_some_and(|r| r.state.is_claim() && r.expires_ms > now_ms)
         })
         .count()
+}
+
+/// The times a duplicate is told of an unexpired record (`ttl_s`: the TTL its completion
+/// was written with, 0: unknown): a claim's is when it stops counting as in flight, a
+/// held one's its hold's end, a completed one's its expiry and completion.
+pub(super) fn times_of(r: &Record, ttl_s: u32, layout: &Layout, now_ms: u64) -> RecordTimes {
+    match r.state {
+        // A kept claim lives until its TTL, but is in flight only for the in-flight time.
+        RecordState::InFlight if !layout.claim_overdue(r.expires_ms, now_ms) => {
+            RecordTimes::expiring(layout.in_flight_end(r.expires_ms))
+        }
+        RecordState::InFlight | RecordState::Held => RecordTimes::expiring(r.expires_ms),
+        RecordState::Completed | RecordState::CompletedNotStored => RecordTimes {
+            expires_ms: Some(r.expires_ms),
+            completed_ms: completed_at(r, ttl_s),
+        },
+    }
 }
 
 /// What a claim answers for an unexpired record of its digest.
@@ -463,6 +522,36 @@ mod format_tests {
         assert_eq!(decode_bucket(&old).scopes, [0; WAYS]);
         let found: Vec<_> = records_of(&bytes, &[0x33; 32]).collect();
         assert_eq!(found, vec![(5, completed())]);
+    }
+
+    #[test]
+    fn completion_ttls_ride_in_an_entry_the_previous_version_skips() {
+        let mut timed = bucket();
+        timed.completed_ttl_s[5] = 0x0102_0304;
+        let bytes = encode_bucket(&timed);
+        // The pinned bucket, then one more entry: way 0xFD and the TTLs.
+        let old = unhex(BUCKET);
+        assert_eq!(&bytes[..old.len()], &old[..]);
+        assert_eq!(bytes.len(), old.len() + 1 + RECORD_LEN);
+        assert_eq!(bytes[old.len()], TTLS_WAY);
+        let at = old.len() + 1 + 4 * 5;
+        assert_eq!(&bytes[at..at + 4], &[0x01, 0x02, 0x03, 0x04]);
+        assert_eq!(decode_bucket(&bytes), timed);
+        assert_eq!(completed_ttl_of(&bytes, 5), 0x0102_0304);
+        assert_eq!(completed_ttl_of(&bytes, 0), 0);
+        // A bucket of the previous version: every completion time unknown.
+        assert_eq!(decode_bucket(&old).completed_ttl_s, [0; WAYS]);
+        assert_eq!(completed_ttl_of(&old, 5), 0);
+        assert_eq!(completed_at(&completed(), 0), None);
+        // The previous version's reader skips the entry: its records read as they were.
+        let found: Vec<_> = records_of(&bytes, &[0x33; 32]).collect();
+        assert_eq!(found, vec![(5, completed())]);
+        // Known: expiry minus the TTL; an in-flight way never has a completion time.
+        assert_eq!(
+            completed_at(&completed(), 60),
+            Some(1_700_000_000_000 - 60_000)
+        );
+        assert_eq!(completed_at(timed[0].as_ref().unwrap(), 60), None);
     }
 
     #[test]

@@ -112,14 +112,18 @@ impl Layout {
         }
     }
 
+    /// When an unsettled claim that expires at `expires_ms` stops counting as in flight
+    /// (a kept claim lives on as an unknown outcome until `expires_ms`).
+    pub fn in_flight_end(&self, expires_ms: u64) -> u64 {
+        expires_ms
+            .saturating_sub(self.claim_ms())
+            .saturating_add(self.in_flight_ms)
+    }
+
     /// Whether an unsettled claim that expires at `expires_ms` is past its in-flight
     /// time at `now_ms`: its stream is gone or its outcome unknown (kept claims only).
     pub fn claim_overdue(&self, expires_ms: u64, now_ms: u64) -> bool {
-        self.keep_unknown
-            && now_ms
-                >= expires_ms
-                    .saturating_sub(self.claim_ms())
-                    .saturating_add(self.in_flight_ms)
+        self.keep_unknown && now_ms >= self.in_flight_end(expires_ms)
     }
 
     /// The same buckets with another policy's timing: records carry their own expiry,

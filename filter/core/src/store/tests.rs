@@ -467,3 +467,51 @@ fn a_claim_racing_a_new_layout_at_the_registry_sees_its_claim() {
     assert!(!a_won, "A must see B's layout and B's claim: {a:?}");
     assert_eq!(a, ClaimOutcome::InFlight { held_until: None });
 }
+
+/// What a duplicate is told about its record's times: a claim's in-flight end (a kept
+/// claim's too, though it lives until its TTL), a hold's end, a completed record's
+/// expiry and completion time, exactly.
+#[test]
+fn a_duplicate_learns_the_times_of_the_record_it_found() {
+    use crate::record::RecordTimes;
+    let shared = FakeShared::new();
+    let layout = Layout::new("t", 64, 30_000, 60_000);
+    let store = SharedStore::new(&*shared, &layout);
+    let (d, p) = (digest(1), digest(100));
+    let t0 = 1_796_187_600_123;
+    let c = claimed(store.claim(&d, &p, 0, t0, 1));
+    let (outcome, times) = store.claim_timed(&d, &p, 0, t0 + 5, 2).unwrap();
+    assert_eq!(outcome, ClaimOutcome::InFlight { held_until: None });
+    assert_eq!(times, RecordTimes::expiring(t0 + 30_000));
+    // A mismatching payload learns the same record's times.
+    let (outcome, times) = store.claim_timed(&d, &digest(101), 0, t0 + 5, 2).unwrap();
+    assert_eq!(outcome, ClaimOutcome::PayloadMismatch);
+    assert_eq!(times, RecordTimes::expiring(t0 + 30_000));
+    store
+        .complete(&c, Some(&stored(201, "made")), t0 + 700)
+        .unwrap();
+    let (outcome, times) = store.claim_timed(&d, &p, 0, t0 + 9_000, 3).unwrap();
+    assert!(matches!(outcome, ClaimOutcome::Completed(_)), "{outcome:?}");
+    let done = t0 + 700;
+    assert_eq!(
+        times,
+        RecordTimes {
+            expires_ms: Some(done + 60_000),
+            completed_ms: Some(done),
+        }
+    );
+    // A kept claim (on_unknown_outcome: keep) is in flight for 30 s, then held to its TTL.
+    let kept = Layout::new("k", 64, 30_000, 60_000).keeping_unknown(true);
+    let store = SharedStore::new(&*shared, &kept);
+    claimed(store.claim(&d, &p, 0, t0, 4));
+    let (_, times) = store.claim_timed(&d, &p, 0, t0 + 1, 5).unwrap();
+    assert_eq!(times, RecordTimes::expiring(t0 + 30_000));
+    let (outcome, times) = store.claim_timed(&d, &p, 0, t0 + 30_000, 5).unwrap();
+    assert_eq!(
+        outcome,
+        ClaimOutcome::InFlight {
+            held_until: Some(t0 + 60_000)
+        }
+    );
+    assert_eq!(times, RecordTimes::expiring(t0 + 60_000));
+}

@@ -2,10 +2,12 @@
 //! key, a bypass, or a store that could not answer (failure mode).
 
 use super::{Decision, DedupStream, Duplicate, Env, Phase, Plugin};
-use crate::config::{FailureMode, OnDuplicate, OnInFlight, OnStoreFull, OnUnknownOutcome};
+use crate::config::{FailureMode, OnDuplicate, OnInFlight, OnStoreFull, OnUnknownOutcome, Policy};
+use crate::httpdate::imf_fixdate_ceil_ms;
 use crate::key::KeyError;
 use crate::metrics::Counter;
-use crate::reply::{replay, LocalReply, Problem};
+use crate::record::RecordTimes;
+use crate::reply::{replay, LocalReply, Problem, EXPIRES_HEADER};
 
 impl DedupStream {
     pub(super) fn bypass<E: Env>(&mut self, env: &mut E, why: &str) -> Decision {
@@ -64,15 +66,19 @@ impl DedupStream {
         Decision::Reply(reply)
     }
 
-    /// Answers a request whose key is already taken.
+    /// Answers a request whose key is already taken; `times` are its record's, as the
+    /// store knows them (what the answer advertises, see `Advertised`).
     pub(super) fn duplicate<E: Env>(
         &mut self,
         p: &Plugin,
         env: &mut E,
         dup: Duplicate,
+        times: RecordTimes,
     ) -> Decision {
         let cfg = &p.config;
         let policy = cfg.policy_at(self.rule);
+        let now = env.now_ms();
+        let advertised = Advertised::new(policy, times, now);
         match dup {
             Duplicate::InFlight {
                 held_until: Some(_),
@@ -84,11 +90,12 @@ impl DedupStream {
                      (the client left, the upstream timed out or reset after the request was sent). \
                      This key will not run again until its record expires; check the operation's result \
                      before sending it again with a new key";
-                self.reply(env, Problem::OutcomeUnknown.reply(detail, Vec::new()))
+                let headers = advertised.expires();
+                self.reply(env, Problem::OutcomeUnknown.reply(detail, headers))
             }
             Duplicate::InFlight { held_until } => {
                 if policy.on_in_flight == OnInFlight::Wait {
-                    if let Some(action) = self.start_or_keep_waiting(p, env, held_until) {
+                    if let Some(action) = self.start_or_keep_waiting(p, env, held_until, times) {
                         return action;
                     }
                     if self.wait_deadline.is_some() {
@@ -98,28 +105,39 @@ impl DedupStream {
                 env.count(Counter::RejectedInFlight);
                 let (seconds, detail) = match held_until {
                     Some(until) => (
-                        until.saturating_sub(env.now_ms()).div_ceil(1000).max(1),
+                        until.saturating_sub(now).div_ceil(1000).max(1),
                         "the first request with this key ended without a known outcome (it may have run); \
                          the key is held until the in-flight timeout ends",
                     ),
+                    // Never later than the claim's in-flight end, which
+                    // `idempotency-expires` names: by then the answer changes.
                     None => (
-                        cfg.retry_after_seconds,
+                        match times.expires_ms {
+                            Some(end) if end > now => cfg
+                                .retry_after_seconds
+                                .min(end.saturating_sub(now).div_ceil(1000)),
+                            _ => cfg.retry_after_seconds,
+                        },
                         "the first request with this key has not been answered yet; retry later",
                     ),
                 };
-                let retry = vec![("retry-after".to_string(), seconds.to_string().into_bytes())];
-                self.reply(env, Problem::InFlight.reply(detail, retry))
+                let mut headers =
+                    vec![("retry-after".to_string(), seconds.to_string().into_bytes())];
+                headers.extend(advertised.expires());
+                self.reply(env, Problem::InFlight.reply(detail, headers))
             }
             Duplicate::PayloadMismatch => {
                 env.count(Counter::PayloadMismatch);
                 let detail = "this key was first used with a different method, path or body";
-                self.reply(env, Problem::PayloadMismatch.reply(detail, Vec::new()))
+                let headers = advertised.expires();
+                self.reply(env, Problem::PayloadMismatch.reply(detail, headers))
             }
-            Duplicate::NotStored => self.not_stored(env),
+            Duplicate::NotStored => self.not_stored(env, advertised.expires()),
             Duplicate::Completed(_) if policy.on_duplicate == OnDuplicate::Reject => {
                 env.count(Counter::RejectedCompleted);
                 let detail = "a request with this key has already completed";
-                self.reply(env, Problem::AlreadyCompleted.reply(detail, Vec::new()))
+                let headers = advertised.expires();
+                self.reply(env, Problem::AlreadyCompleted.reply(detail, headers))
             }
             Duplicate::Completed(Some(resp)) => {
                 env.count(Counter::Replayed);
@@ -130,16 +148,22 @@ impl DedupStream {
                     "stream {}: replaying a stored {}",
                     self.id, resp.status
                 ));
-                self.reply(env, replay(resp, &cfg.replayed_header))
+                let mut reply = replay(resp, &cfg.replayed_header);
+                advertised.replace_in(&mut reply.headers);
+                self.reply(env, reply)
             }
-            Duplicate::Completed(None) => self.not_stored(env),
+            Duplicate::Completed(None) => self.not_stored(env, advertised.expires()),
         }
     }
 
-    pub(super) fn not_stored<E: Env>(&mut self, env: &mut E) -> Decision {
+    pub(super) fn not_stored<E: Env>(
+        &mut self,
+        env: &mut E,
+        headers: Vec<(String, Vec<u8>)>,
+    ) -> Decision {
         env.count(Counter::ResponseNotStored);
         let detail = "a request with this key has completed, but its response was too large to keep for replay";
-        self.reply(env, Problem::ResponseNotStored.reply(detail, Vec::new()))
+        self.reply(env, Problem::ResponseNotStored.reply(detail, headers))
     }
 
     /// No slot for the claim (the bucket is full of live claims): another key's traffic
@@ -187,6 +211,58 @@ impl DedupStream {
         self.decided("failed_open");
         self.phase = Phase::Passthrough;
         Decision::Continue
+    }
+}
+
+/// What an answer tells about its record's times (`advertise_expiry`): when it stops
+/// answering (`idempotency-expires`, an IMF-fixdate rounded up to the second, so from the
+/// second it names on the record no longer answers) and, on a replay, how long ago it
+/// completed (`age`, whole seconds). Each only when the record knows the time and it
+/// makes sense now: an expiry still ahead, a completion already past; else left out,
+/// never a wrong date.
+struct Advertised {
+    expires: Option<String>,
+    age_s: Option<u64>,
+}
+
+impl Advertised {
+    fn new(policy: &Policy, times: RecordTimes, now_ms: u64) -> Self {
+        if !policy.advertise_expiry {
+            return Advertised {
+                expires: None,
+                age_s: None,
+            };
+        }
+        Advertised {
+            expires: times
+                .expires_ms
+                .filter(|&t| t > now_ms)
+                .map(imf_fixdate_ceil_ms),
+            age_s: times
+                .completed_ms
+                .filter(|&t| t <= now_ms)
+                .map(|t| (now_ms - t) / 1000),
+        }
+    }
+
+    /// The `idempotency-expires` header of a problem answer (409, 422).
+    fn expires(&self) -> Vec<(String, Vec<u8>)> {
+        self.expires
+            .iter()
+            .map(|d| (EXPIRES_HEADER.to_string(), d.clone().into_bytes()))
+            .collect()
+    }
+
+    /// A replay's headers: ours replace any of those names the stored response has.
+    fn replace_in(&self, headers: &mut Vec<(String, Vec<u8>)>) {
+        if let Some(d) = &self.expires {
+            headers.retain(|(n, _)| !n.eq_ignore_ascii_case(EXPIRES_HEADER));
+            headers.push((EXPIRES_HEADER.to_string(), d.clone().into_bytes()));
+        }
+        if let Some(age) = self.age_s {
+            headers.retain(|(n, _)| !n.eq_ignore_ascii_case("age"));
+            headers.push(("age".to_string(), age.to_string().into_bytes()));
+        }
     }
 }
 

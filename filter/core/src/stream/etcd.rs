@@ -18,7 +18,7 @@ use crate::etcdpb;
 use crate::key::{short_hex, Digest};
 use crate::local::LocalEntry;
 use crate::metrics::Counter;
-use crate::record::RecordState;
+use crate::record::{RecordState, RecordTimes};
 use crate::wait::POLL_ETCD_MS;
 pub(super) use entity::{EntityCall, EntityOp, EtcdEntity, Turn};
 pub(super) use settle::Settling;
@@ -145,8 +145,9 @@ impl DedupStream {
     ) -> Decision {
         let now = env.now_ms();
         match poll_answer(ec.config.protocol.range_path(), answer, &w.digest) {
-            Polled::Claimed { held_until } => {
+            Polled::Claimed { held_until, times } => {
                 w.held_until = held_until;
+                w.times = times;
                 self.wait_on(p, env, w)
             }
             Polled::Completed(entry) => {
@@ -186,12 +187,13 @@ impl DedupStream {
                     None => Duplicate::NotStored,
                 }
             };
+            let times = RecordTimes::expiring(e.expires_ms);
             env.debug(format_args!(
                 "stream {}: record {} answered by this worker's tier",
                 self.id,
                 short_hex(&digest)
             ));
-            return self.duplicate(p, env, dup);
+            return self.duplicate(p, env, dup, times);
         }
         let token = env.new_token();
         let c = Claiming {
@@ -391,14 +393,18 @@ impl DedupStream {
                             self.id,
                             short_hex(&c.digest)
                         ));
-                        self.duplicate(p, env, Duplicate::InFlight { held_until: None })
+                        let unknown = RecordTimes::default();
+                        self.duplicate(p, env, Duplicate::InFlight { held_until: None }, unknown)
                     }
                     Some(r)
                         if matches!(r.state, RecordState::InFlight | RecordState::Held)
                             || r.expires_ms > now =>
                     {
+                        // etcd values keep an expiry (a claim's in-flight end, a hold's
+                        // end, a completed record's TTL), not a completion time.
+                        let times = RecordTimes::expiring(r.expires_ms);
                         if r.payload != c.payload {
-                            return self.duplicate(p, env, Duplicate::PayloadMismatch);
+                            return self.duplicate(p, env, Duplicate::PayloadMismatch, times);
                         }
                         match r.state {
                             // Kept claims live on the completed lease: past its in-flight
@@ -414,17 +420,22 @@ impl DedupStream {
                                     Duplicate::InFlight {
                                         held_until: Some(r.expires_ms),
                                     },
+                                    times,
                                 )
                             }
-                            RecordState::InFlight => {
-                                self.duplicate(p, env, Duplicate::InFlight { held_until: None })
-                            }
+                            RecordState::InFlight => self.duplicate(
+                                p,
+                                env,
+                                Duplicate::InFlight { held_until: None },
+                                times,
+                            ),
                             RecordState::Held => self.duplicate(
                                 p,
                                 env,
                                 Duplicate::InFlight {
                                     held_until: Some(r.expires_ms),
                                 },
+                                times,
                             ),
                             RecordState::CompletedNotStored => {
                                 let entry = LocalEntry {
@@ -433,7 +444,7 @@ impl DedupStream {
                                     response: None,
                                 };
                                 env.local().insert(c.digest, entry, now);
-                                self.duplicate(p, env, Duplicate::NotStored)
+                                self.duplicate(p, env, Duplicate::NotStored, times)
                             }
                             RecordState::Completed => {
                                 let entry = LocalEntry {
@@ -442,7 +453,7 @@ impl DedupStream {
                                     response: r.response.clone(),
                                 };
                                 env.local().insert(c.digest, entry, now);
-                                self.duplicate(p, env, Duplicate::Completed(r.response))
+                                self.duplicate(p, env, Duplicate::Completed(r.response), times)
                             }
                         }
                     }
@@ -501,7 +512,10 @@ fn lease_lost(code: i64, message: &str) -> bool {
 
 pub(super) enum Polled {
     /// In flight or held (when its outcome is unknown, until then): wait on.
-    Claimed { held_until: Option<u64> },
+    Claimed {
+        held_until: Option<u64>,
+        times: RecordTimes,
+    },
     /// Completed: what a duplicate gets (checked against the payload by the claim).
     Completed(LocalEntry),
     /// Gone (released, or its lease ended), unreadable or past its TTL: claim it.
@@ -532,9 +546,13 @@ fn poll_answer(path: &str, answer: &CallAnswer, digest: &Digest) -> Polled {
     };
     match EtcdRecord::decode(&value, digest) {
         Some(r) => match r.state {
-            RecordState::InFlight => Polled::Claimed { held_until: None },
+            RecordState::InFlight => Polled::Claimed {
+                held_until: None,
+                times: RecordTimes::expiring(r.expires_ms),
+            },
             RecordState::Held => Polled::Claimed {
                 held_until: Some(r.expires_ms),
+                times: RecordTimes::expiring(r.expires_ms),
             },
             RecordState::Completed | RecordState::CompletedNotStored => {
                 Polled::Completed(LocalEntry {

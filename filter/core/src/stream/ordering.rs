@@ -11,6 +11,7 @@ use crate::key::short_hex;
 use crate::metrics::Counter;
 use crate::ordering::entities::{EntityClaim, Settle, SharedEntities};
 use crate::ordering::{Ordered, OrderingError, Version};
+use crate::record::RecordTimes;
 use crate::reply::{LocalReply, Problem};
 use crate::store::{Layout, StoreError};
 
@@ -109,7 +110,13 @@ impl DedupStream {
                 // Waiting needs the record released first, at once: shared data only.
                 if policy.on_in_flight == OnInFlight::Wait && !p.store.makes_calls() {
                     self.release_unrun(p, env, owned);
-                    if let Some(d) = self.start_or_keep_waiting_on(p, env, held_until, entity) {
+                    if let Some(d) = self.start_or_keep_waiting_on(
+                        p,
+                        env,
+                        held_until,
+                        RecordTimes::default(),
+                        entity,
+                    ) {
                         return Err(d);
                     }
                     if self.wait_deadline.is_some() {

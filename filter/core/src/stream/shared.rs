@@ -6,6 +6,7 @@ use super::{wake, DedupStream, Duplicate, Env, Plugin};
 use crate::config::OnDuplicate;
 use crate::key::{short_hex, Digest};
 use crate::metrics::Counter;
+use crate::record::RecordTimes;
 use crate::response::StoredResponse;
 use crate::store::{Claim, ClaimOutcome, Layout, SharedStore, StoreError};
 use crate::stream::Decision;
@@ -22,9 +23,15 @@ impl DedupStream {
         let token = env.new_token();
         let now = env.now_ms();
         let timed = layout_timed(layout, p.config.policy_at(self.rule));
-        let outcome =
-            SharedStore::new(&*env, &timed).claim(&digest, &payload, self.scope_tag, now, token);
-        match outcome {
+        let outcome = SharedStore::new(&*env, &timed).claim_timed(
+            &digest,
+            &payload,
+            self.scope_tag,
+            now,
+            token,
+        );
+        let times = outcome.as_ref().map_or(RecordTimes::default(), |(_, t)| *t);
+        match outcome.map(|(o, _)| o) {
             Ok(ClaimOutcome::Claimed {
                 claim,
                 evicted_unexpired,
@@ -35,19 +42,25 @@ impl DedupStream {
                 self.forward(p, env, HeldClaim::Shared(claim))
             }
             Ok(ClaimOutcome::InFlight { held_until }) => {
-                self.duplicate(p, env, Duplicate::InFlight { held_until })
+                self.duplicate(p, env, Duplicate::InFlight { held_until }, times)
             }
-            Ok(ClaimOutcome::PayloadMismatch) => self.duplicate(p, env, Duplicate::PayloadMismatch),
-            Ok(ClaimOutcome::CompletedNotStored) => self.duplicate(p, env, Duplicate::NotStored),
+            Ok(ClaimOutcome::PayloadMismatch) => {
+                self.duplicate(p, env, Duplicate::PayloadMismatch, times)
+            }
+            Ok(ClaimOutcome::CompletedNotStored) => {
+                self.duplicate(p, env, Duplicate::NotStored, times)
+            }
             Ok(ClaimOutcome::Completed(_))
                 if p.config.policy_at(self.rule).on_duplicate == OnDuplicate::Reject =>
             {
-                self.duplicate(p, env, Duplicate::Completed(None))
+                self.duplicate(p, env, Duplicate::Completed(None), times)
             }
             Ok(ClaimOutcome::Completed(done)) => {
                 match SharedStore::new(&*env, layout).response(&done) {
-                    Ok(Some(resp)) => self.duplicate(p, env, Duplicate::Completed(Some(resp))),
-                    Ok(None) => self.duplicate(p, env, Duplicate::NotStored),
+                    Ok(Some(resp)) => {
+                        self.duplicate(p, env, Duplicate::Completed(Some(resp)), times)
+                    }
+                    Ok(None) => self.duplicate(p, env, Duplicate::NotStored, times),
                     Err(e) => self.store_failed(p, env, &e.to_string()),
                 }
             }

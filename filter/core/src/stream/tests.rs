@@ -6,6 +6,7 @@ mod contract;
 mod detached;
 mod etcd;
 mod etcd_retries;
+mod expiry;
 mod glue;
 mod identity;
 mod ordering;

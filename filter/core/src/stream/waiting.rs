@@ -4,6 +4,7 @@
 use super::{Decision, DedupStream, Duplicate, Env, Phase, Plugin, Waiting};
 use crate::key::short_hex;
 use crate::metrics::Counter;
+use crate::record::RecordTimes;
 
 impl DedupStream {
     /// Wait mode: the glue woke this waiting duplicate (its record changed, its periodic
@@ -30,6 +31,7 @@ impl DedupStream {
                 Duplicate::InFlight {
                     held_until: w.held_until,
                 },
+                w.times,
             );
         }
         self.recheck(p, env, w, now)
@@ -47,6 +49,7 @@ impl DedupStream {
             Duplicate::InFlight {
                 held_until: w.held_until,
             },
+            w.times,
         )
     }
 
@@ -58,9 +61,10 @@ impl DedupStream {
         p: &Plugin,
         env: &mut E,
         held_until: Option<u64>,
+        times: RecordTimes,
     ) -> Option<Decision> {
         let record = self.record?;
-        self.start_or_keep_waiting_on(p, env, held_until, record)
+        self.start_or_keep_waiting_on(p, env, held_until, times, record)
     }
 
     /// The same, woken when `watch` changes: its record, or (ordering) the entity whose
@@ -70,6 +74,7 @@ impl DedupStream {
         p: &Plugin,
         env: &mut E,
         held_until: Option<u64>,
+        times: RecordTimes,
         watch: crate::key::Digest,
     ) -> Option<Decision> {
         let (digest, payload) = (self.record?, self.payload?);
@@ -112,6 +117,7 @@ impl DedupStream {
             digest,
             payload,
             held_until,
+            times,
         }));
         Some(Decision::Pause)
     }

@@ -406,6 +406,42 @@ fn without_allow_on_headers_stop_iteration_a_body_request_stalls() -> R {
     Ok(())
 }
 
+/// The compiled filter advertises its record's expiry on the host's clock, and the
+/// record stops answering at the second it names: host-test's virtual clock starts at
+/// 2026-01-01T00:00:00Z.
+#[test]
+fn replays_and_409s_name_the_second_their_record_stops_answering() -> R {
+    let (mut e, _) = started(r#"{"ttl_seconds": 60, "in_flight_timeout_seconds": 10}"#, 2)?;
+    // A claim whose response never comes.
+    let _stuck = e.send(0, keyed("/o", "slow", "x"))?;
+    e.advance(Duration::from_millis(2_000));
+    let dup = e.request(1, keyed("/o", "slow", "x"))?;
+    assert_eq!(problem_type(&dup.body), "urn:proxy-dedup:problem:in-flight");
+    assert_eq!(
+        dup.header("idempotency-expires"),
+        Some("Thu, 01 Jan 2026 00:00:10 GMT")
+    );
+    assert_eq!(dup.header("age"), None);
+    let first = e.request(0, keyed("/o", "k", "x"))?;
+    assert!(first.upstream_called);
+    assert_eq!(first.header("idempotency-expires"), None);
+    e.advance(Duration::from_millis(59_900));
+    let replay = e.request(1, keyed("/o", "k", "x"))?;
+    assert!(!replay.upstream_called);
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        replay.header("idempotency-expires"),
+        Some("Thu, 01 Jan 2026 00:01:02 GMT")
+    );
+    assert_eq!(replay.header("age"), Some("59"));
+    e.advance(Duration::from_millis(100));
+    assert!(
+        e.request(1, keyed("/o", "k", "x"))?.upstream_called,
+        "runs again at the second idempotency-expires names"
+    );
+    Ok(())
+}
+
 #[test]
 fn under_hold_ttl_and_in_flight_expiry_on_the_virtual_clock() -> R {
     let (mut e, _) = started(

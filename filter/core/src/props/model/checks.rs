@@ -10,7 +10,6 @@ impl World {
             let x = &self.sims[i];
             (x.scope, x.key, x.payload, x.worker, x.faulted)
         };
-        let _ = w;
         let others: Vec<&Attempt> = self
             .attempts
             .iter()
@@ -56,7 +55,11 @@ impl World {
             };
             let mut headers = want.headers.clone();
             headers.push(("idempotent-replayed".into(), b"true".to_vec()));
-            if (r.status, &r.headers, &r.body) != (want.status, &headers, &want.body) {
+            // The record's times (`advertise_expiry`) are the filter's, not the stored
+            // response's: checked below where the model knows them.
+            let mut got = r.headers.clone();
+            got.retain(|(n, _)| n != crate::reply::EXPIRES_HEADER && n != "age");
+            if (r.status, &got, &r.body) != (want.status, &headers, &want.body) {
                 return Err(format!(
                     "stream {i}: replay {} {:?} {:?} differs from execution {n}'s stored {} {:?} {:?}",
                     r.status,
@@ -66,6 +69,35 @@ impl World {
                     headers,
                     String::from_utf8_lossy(&want.body)
                 ));
+            }
+            // Shared data, completed for certain: the record expires TTL_MS after the
+            // completion (by the completing worker's clock), and the replay says so and
+            // how old it is, by the replaying worker's clock; never a date already past,
+            // never a negative age.
+            if let ExecState::Completed {
+                expires,
+                sure: true,
+                ..
+            } = &e.state
+            {
+                if self.knobs.store == StoreKind::Shared {
+                    let now = self.now + self.skew(w);
+                    let want_expires =
+                        (*expires > now).then(|| crate::httpdate::imf_fixdate_ceil_ms(*expires));
+                    let done = expires - TTL_MS;
+                    let want_age = (done <= now).then(|| ((now - done) / 1000).to_string());
+                    let text = |name: &str| {
+                        r.header(name)
+                            .map(|v| String::from_utf8_lossy(v).into_owned())
+                    };
+                    let got = (text(crate::reply::EXPIRES_HEADER), text("age"));
+                    if got != (want_expires.clone(), want_age.clone()) {
+                        return Err(format!(
+                            "stream {i}: replay of execution {n} advertises {got:?}, not {:?}",
+                            (want_expires, want_age)
+                        ));
+                    }
+                }
             }
         } else {
             let slug = problem_slug(r);

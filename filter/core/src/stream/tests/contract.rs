@@ -54,7 +54,14 @@ fn a_replay_keeps_end_to_end_headers_and_drops_hop_by_hop_and_cookies() {
         .collect();
     assert_eq!(
         names,
-        vec!["location", "link", "link", "idempotent-replayed"]
+        vec![
+            "location",
+            "link",
+            "link",
+            "idempotent-replayed",
+            "idempotency-expires",
+            "age"
+        ]
     );
     assert_eq!(replay.status(), 201);
 }

@@ -177,6 +177,12 @@ fn a_waiter_gets_409_when_its_wait_times_out() {
     let got = reply(wake(&p, &mut d.b, &mut d.dup));
     assert_eq!(got.status, 409);
     assert_eq!(got.header("retry-after"), Some(&b"2"[..]));
+    // The claim's in-flight end (30 s after it was made), as a duplicate that never
+    // waited is told.
+    assert_eq!(
+        got.header(crate::reply::EXPIRES_HEADER),
+        Some(&b"Tue, 14 Nov 2023 22:13:50 GMT"[..])
+    );
     d.ended_as(
         "in_flight",
         [Counter::WaitTimeout, Counter::RejectedInFlight],
