@@ -147,17 +147,7 @@ impl World {
                 }
             }
             Fault::Whole => self.shared.set_failing(true),
-            Fault::FromWrite(n) => {
-                let shared = self.shared.clone();
-                let fail = move || shared.set_failing(true);
-                if n <= 1 {
-                    self.shared.before_next_set(fail);
-                } else {
-                    let shared = self.shared.clone();
-                    self.shared
-                        .before_next_set(move || shared.before_next_set(fail.clone()));
-                }
-            }
+            Fault::FromWrite(n) => fail_from(&self.shared, n),
         }
         let out = f(self);
         self.shared.set_failing(false);
@@ -346,4 +336,16 @@ impl World {
         }
         Ok(())
     }
+}
+
+/// Shared data fails from its `n`-th write on (1: the next one).
+fn fail_from(shared: &Arc<FakeShared>, n: u8) {
+    let s = shared.clone();
+    shared.before_next_set(move || {
+        if n <= 1 {
+            s.set_failing(true);
+        } else {
+            fail_from(&s, n - 1);
+        }
+    });
 }
