@@ -21,6 +21,9 @@ pub(super) struct OrderState {
     /// The flight's token, once the entity is claimed (`claimed`).
     token: u64,
     claimed: bool,
+    /// Forwarded without its entity (the store failed under `failure_mode: "open"`):
+    /// a completion still raises the entity's applied version.
+    unordered: bool,
     /// etcd: the claimed entity's lease and value, for the settle.
     etcd: Option<EtcdEntity>,
 }
@@ -35,6 +38,7 @@ impl OrderState {
             ordered,
             token: 0,
             claimed: false,
+            unordered: false,
             etcd: None,
         }
     }
@@ -139,7 +143,7 @@ impl DedupStream {
                     "stream {}: ordering store error: {e}; forwarding unordered (failure_mode open)",
                     self.id
                 ));
-                self.order = None;
+                order.unordered = true;
                 Ok(owned)
             }
             Err(e) => {
@@ -187,9 +191,18 @@ impl DedupStream {
         }
     }
 
-    /// The entity claimed by this stream, taken for its settle: (state, token, etcd).
-    pub(super) fn take_claimed_entity(&mut self) -> Option<(Ordered, u64, Option<EtcdEntity>)> {
-        let o = self.order.take().filter(|o| o.claimed)?;
+    /// The entity this stream settles, taken: (state, token, etcd), when it claimed the
+    /// entity, or, forwarded unordered, when `how` is a completion (which raises the
+    /// applied version whoever's flight stands).
+    pub(super) fn take_claimed_entity(
+        &mut self,
+        how: &Settle,
+    ) -> Option<(Ordered, u64, Option<EtcdEntity>)> {
+        let completes = matches!(how, Settle::Complete { .. });
+        let o = self
+            .order
+            .take()
+            .filter(|o| o.claimed || (o.unordered && completes))?;
         let OrderState {
             ordered,
             token,
@@ -208,7 +221,7 @@ impl DedupStream {
         env: &mut E,
         how: Settle,
     ) {
-        let Some((ordered, token, _)) = self.take_claimed_entity() else {
+        let Some((ordered, token, _)) = self.take_claimed_entity(&how) else {
             return;
         };
         let now = env.now_ms();

@@ -404,9 +404,7 @@ impl DedupStream {
         env: &mut E,
         how: EntitySettle,
     ) -> Option<StoreCall> {
-        let (ordered, token, Some(held)) = self.take_claimed_entity()? else {
-            return None;
-        };
+        let (ordered, token, held) = self.take_claimed_entity(&how)?;
         let then = match std::mem::replace(&mut self.phase, Phase::Finished) {
             Phase::Settling(st) => Some(st),
             other => {

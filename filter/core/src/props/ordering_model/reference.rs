@@ -21,8 +21,9 @@
 //! unknown to the model until everything written then must have expired; meanwhile its
 //! answers are only checked for being possible. Under a fault `failure_mode: "closed"`
 //! may answer `503 store-unavailable`; `"open"` may forward without a record claim, or
-//! with one but unordered: such a request holds no flight and its completion raises no
-//! applied version (it is exempt from the ordering checks, and blocks nothing).
+//! with one but unordered: such a request holds no flight (it is exempt from the
+//! ordering checks, and blocks nothing), and its completion raises the applied version
+//! like any other.
 
 use super::*;
 use crate::ordering::entities::SharedEntities;
@@ -193,7 +194,7 @@ impl World {
             x.d.0 == e
                 && x.d.1 == v
                 && x.completed
-                && self.sims[x.stream].forwarded.is_some_and(|f| f.2)
+                && self.sims[x.stream].forwarded.is_some_and(|f| f.1 || f.2)
         })
     }
 
@@ -481,7 +482,9 @@ impl World {
                 self.set_rec(d, rec);
             }
         }
-        if !ordered {
+        // Forwarded unordered (failed open) with its record's claim: it holds no flight,
+        // but its completion raises the applied version like any other.
+        if !ordered && !(claimed && how == Outcome::Completed) {
             return Ok(());
         }
         let (e, v) = (d.0, d.1);

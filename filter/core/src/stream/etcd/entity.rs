@@ -167,10 +167,16 @@ impl DedupStream {
         p: &Plugin,
         ec: &EtcdStore,
         env: &mut E,
-        held: EtcdEntity,
+        held: Option<EtcdEntity>,
         turn: Turn,
         op: EntityOp,
     ) -> Decision {
+        // Forwarded unordered (no entity claimed): a completion takes a lease and reads
+        // the entity first, like a claim.
+        let (lease, seen) = match held {
+            Some(h) => (Some(h.lease), h.seen),
+            None => (None, None),
+        };
         let now = env.now_ms();
         let e = EntityCall {
             op,
@@ -179,8 +185,8 @@ impl DedupStream {
             version: turn.ordered.version,
             token: turn.token,
             flight_until_ms: 0,
-            lease: Some(held.lease),
-            seen: held.seen,
+            lease,
+            seen,
             writing: None,
             granting: None,
             rounds: 0,
