@@ -484,7 +484,7 @@ impl World {
         }
         // Forwarded unordered (failed open) with its record's claim: it holds no flight,
         // but its completion raises the applied version like any other.
-        if !ordered && !(claimed && how == Outcome::Completed) {
+        if !(ordered || (claimed && how == Outcome::Completed)) {
             return Ok(());
         }
         let (e, v) = (d.0, d.1);
