@@ -53,6 +53,10 @@ impl Host for AbiHost {
         abi::increment(metric);
     }
 
+    fn record(&self, metric: u32, value: u64) {
+        abi::record(metric, value);
+    }
+
     fn random_bytes(&self) -> Result<[u8; SECRET_LEN], u16> {
         abi::random_bytes::<SECRET_LEN>()
     }

@@ -562,6 +562,8 @@ pub struct FakeHost {
     /// Store calls dispatched, by token; `refuse_calls` makes dispatch fail.
     pub calls: std::cell::RefCell<Vec<(u32, crate::stream::StoreCall)>>,
     pub refuse_calls: std::cell::Cell<bool>,
+    /// Histogram values recorded, (metric, value), in order.
+    pub recorded: std::cell::RefCell<Vec<(u32, u64)>>,
     pub random: Result<[u8; crate::store::SECRET_LEN], u16>,
 }
 
@@ -593,6 +595,7 @@ impl FakeHost {
             ticks: Default::default(),
             calls: Default::default(),
             refuse_calls: Default::default(),
+            recorded: Default::default(),
             random: Ok([seed as u8; crate::store::SECRET_LEN]),
         }
     }
@@ -647,6 +650,9 @@ impl crate::worker::Host for FakeHost {
     }
     fn increment(&self, metric: u32) {
         *self.increments.borrow_mut().entry(metric).or_default() += 1;
+    }
+    fn record(&self, metric: u32, value: u64) {
+        self.recorded.borrow_mut().push((metric, value));
     }
     fn random_bytes(&self) -> Result<[u8; crate::store::SECRET_LEN], u16> {
         self.random

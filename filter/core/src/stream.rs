@@ -233,6 +233,11 @@ impl DedupStream {
         }
     }
 
+    /// The stream's context id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
     /// The name of the rule whose policy this stream follows, once the request's
     /// headers chose it (`None`: no rule matched).
     pub fn rule<'p>(&self, p: &'p Plugin) -> Option<&'p str> {

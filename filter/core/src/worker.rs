@@ -21,6 +21,9 @@ use crate::stream::{CallAnswer, Decision, DedupStream, Env, Plugin, StoreCall};
 use crate::wait::{announce, listeners, Waiters, TICK_MS};
 use std::collections::HashMap;
 
+mod carry;
+pub use carry::{response_action, Action, Answerer, Side, StreamIo};
+
 /// How long past its waiters' deadlines a worker stays on the board.
 const BOARD_MARGIN_MS: u64 = 5_000;
 /// Most items taken from the queue in one callback.
@@ -46,6 +49,8 @@ pub trait Host: SharedData {
     fn define_counter(&self, name: &str) -> Result<u32, u32>;
     fn define_histogram(&self, name: &str) -> Result<u32, u32>;
     fn increment(&self, metric: u32);
+    /// Records `value` in histogram `metric`.
+    fn record(&self, metric: u32, value: u64);
     /// Fresh random bytes (WASI `random_get`; `Err`: its errno).
     fn random_bytes(&self) -> Result<[u8; SECRET_LEN], u16>;
     /// A random per-VM seed for claim tokens.
