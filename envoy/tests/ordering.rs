@@ -9,6 +9,8 @@
 //! - a burst of versions while one runs: `409 in-flight` (reject), or they wait and run
 //!   one at a time (wait mode);
 //! - a 5xx of version k: k runs when retried, k−1 stays refused;
+//! - a full entity bucket (`store.max_entities: 16`) evicts the entity whose applied
+//!   version expires first (counted), never one in flight (`503 store-full`);
 //! - timestamps compare as instants whatever their offsets, strings byte by byte,
 //!   integers as numbers, JSON-pointer entities and versions; missing or malformed ones
 //!   get `400` with their problem type and `dedup=bad_version` in the access log.
@@ -610,7 +612,7 @@ fn a_5xx_of_version_k_lets_k_run_again_and_never_lets_k_minus_1_through() {
     assert_eq!(
         refused.header("idempotent-applied-version"),
         Some("1"),
-        "the 5xx lowered nothing"
+        "the 5xx left the applied version at 1"
     );
     assert_replay_of(&s.send(&v1), &v1_first);
     let retried = s.send(&v2);
@@ -656,6 +658,69 @@ fn a_5xx_of_version_k_lets_k_run_again_and_never_lets_k_minus_1_through() {
             ("3".into(), 200)
         ]
     );
+}
+
+#[test]
+fn a_full_entity_bucket_evicts_the_oldest_applied_version_and_never_a_running_one() {
+    // One entity bucket of 16 (`store.max_entities: 16`).
+    let config = json!({
+        "key": {"required": true},
+        "store": {"max_entities": 16},
+        "retry_after_seconds": 3,
+        "ordering": by_headers(json!({})),
+    });
+    let s = ordered_stack("ordering-evict", &config);
+    let path = "/evict";
+    for i in 0..16 {
+        let (e, key) = (format!("ev-{i}"), format!("ev-{i}-v5"));
+        assert_executed(&s.send(&delivery(path, &e, "5", &key)));
+    }
+    assert_eq!(counter_of(&s.envoy, "entities_evicted"), 0);
+    // A 17th entity takes the slot of the one whose applied version expires first.
+    assert_executed(&s.send(&delivery(path, "ev-16", "1", "ev-16-v1")));
+    assert_eq!(counter_of(&s.envoy, "entities_evicted"), 1);
+    // ev-0's history went with it: an older version of it runs (as documented), taking
+    // ev-1's slot; ev-15 kept its own.
+    assert_executed(&s.send(&delivery(path, "ev-0", "1", "ev-0-v1")));
+    assert_eq!(counter_of(&s.envoy, "entities_evicted"), 2);
+    let r = s.send(&delivery(path, "ev-15", "4", "ev-15-v4"));
+    assert_problem(&r, 409, "stale-version");
+    assert_eq!(r.header("idempotent-applied-version"), Some("5"));
+    // Sixteen entities in flight fill the bucket: a new one finds no slot and gets 503
+    // store-full, nothing evicted.
+    let running: Vec<_> = (0..16)
+        .map(|i| {
+            let req = delivery(
+                &format!("{path}/busy-{i}"),
+                &format!("busy-{i}"),
+                "1",
+                &format!("busy-{i}-v1"),
+            )
+            .header("x-demo-delay-ms", "3000");
+            s.send_in_background(req, 1)
+        })
+        .collect();
+    let evicted = counter_of(&s.envoy, "entities_evicted");
+    let full = s.send(&delivery(path, "ev-17", "1", "ev-17-v1"));
+    assert_problem(&full, 503, "store-full");
+    // The answer's detail is the records' one; Envoy's log says it was the entities'.
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while !s.envoy.log().contains("store full: entity ") {
+        assert!(
+            Instant::now() < deadline,
+            "no `store full: entity` warning in Envoy's log:\n{}",
+            s.envoy.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(full.header("retry-after"), Some("3"));
+    assert_eq!(counter_of(&s.envoy, "entities_evicted"), evicted);
+    for r in running {
+        assert_executed(&r.join().unwrap());
+    }
+    assert_eq!(executions_of(&s, "ev-17").len(), 0);
+    // Its key was released: it runs now.
+    assert_executed(&s.send(&delivery(path, "ev-17", "1", "ev-17-v1")));
 }
 
 // --- how versions compare -------------------------------------------------------------
