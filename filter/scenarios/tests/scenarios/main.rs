@@ -24,6 +24,7 @@ macro_rules! over_grpc_and_json {
 mod detached;
 mod etcd;
 mod hardening;
+mod ordering;
 mod rules;
 mod wait;
 
