@@ -178,11 +178,22 @@ impl DedupStream {
             ));
             return self.fail_open(env);
         }
+        let detail =
+            "no room to record this request (too many requests in flight); it was not forwarded";
+        self.refuse_full(p, env, why, detail)
+    }
+
+    /// `503 store-full` with `detail` (its cause counted and logged as `why`).
+    pub(super) fn refuse_full<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        why: &str,
+        detail: &str,
+    ) -> Decision {
         env.count(Counter::StoreErrors);
         env.count(Counter::StoreFull);
         env.warn(&format!("stream {}: store full: {why}", self.id));
-        let detail =
-            "no room to record this request (too many requests in flight); it was not forwarded";
         let retry = vec![(
             "retry-after".to_string(),
             p.config.retry_after_seconds.to_string().into_bytes(),

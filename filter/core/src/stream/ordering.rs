@@ -6,7 +6,7 @@
 use super::etcd::EtcdEntity;
 use super::store::HeldClaim;
 use super::{wake, Decision, DedupStream, Env, Phase, Plugin};
-use crate::config::{FailureMode, OnInFlight, OnStale};
+use crate::config::{FailureMode, OnInFlight, OnStale, OnStoreFull};
 use crate::key::short_hex;
 use crate::metrics::Counter;
 use crate::ordering::entities::{EntityClaim, Settle, SharedEntities};
@@ -132,7 +132,22 @@ impl DedupStream {
                 Err(self.refuse(p, env, owned, d))
             }
             Err(e @ (StoreError::BucketFull | StoreError::ScopeFull)) => {
-                let d = self.store_full(p, env, &format!("entity {}: {e}", short_hex(&entity)));
+                let why = format!("entity {}: {e}", short_hex(&entity));
+                if p.config.on_store_full == OnStoreFull::Open {
+                    // As for a failed store: the record's claim stands, the request runs
+                    // once, unordered.
+                    env.count(Counter::StoreErrors);
+                    env.count(Counter::FailedOpen);
+                    env.warn(&format!(
+                        "stream {}: store full: {why}; forwarding unordered (on_store_full open)",
+                        self.id
+                    ));
+                    order.unordered = true;
+                    return Ok(owned);
+                }
+                let detail = "no room to keep this request's entity (its entity bucket holds only \
+                     versions in flight); it was not forwarded";
+                let d = self.refuse_full(p, env, &why, detail);
                 Err(self.refuse(p, env, owned, d))
             }
             Err(e) if p.config.failure_mode == FailureMode::Open => {

@@ -526,3 +526,46 @@ fn detached_executions_are_ordered_on_both_stores_and_the_client_gets_its_answer
         );
     }
 }
+
+#[test]
+fn a_full_entity_bucket_refuses_or_under_on_store_full_open_runs_unordered_once() {
+    for open in [false, true] {
+        let extra = if open {
+            r#""on_store_full": "open", "#
+        } else {
+            ""
+        };
+        let (p, mut env) = one_worker(&format!(
+            r#"{{{extra}"store": {{"max_entities": 16}},
+                "ordering": {{"entity": {{"header": "x-entity"}}, "version": {{"header": "x-version"}}}}}}"#
+        ));
+        // 16 entities in flight fill the one entity bucket.
+        let flying: Vec<_> = (0..16)
+            .map(|i| {
+                sent(
+                    &p,
+                    &mut env,
+                    delivery(&format!("e{i}"), "1", &format!("k{i}")),
+                )
+                .1
+            })
+            .collect();
+        let r = delivery("new", "1", "kn");
+        if open {
+            let s = send(&p, &mut env, &r).unwrap();
+            // Its record is claimed: the same key again is in flight, not run twice.
+            assert_eq!(send(&p, &mut env, &r).unwrap_err().status(), 409);
+            assert_eq!(respond(&p, &mut env, s, ok("n")), executed("n"));
+            assert_eq!(counts(&env, [Counter::FailedOpen]), [1]);
+        } else {
+            let full = send(&p, &mut env, &r).unwrap_err();
+            assert_eq!(full.problem_type(), "urn:proxy-dedup:problem:store-full");
+            assert!(detail(full.local()).contains("entity"), "{full:?}");
+            // Nothing was claimed for it: its retry after the others settle runs.
+            for s in flying {
+                respond(&p, &mut env, s, ok("x"));
+            }
+            assert_eq!(run(&p, &mut env, &r, ok("n")), executed("n"));
+        }
+    }
+}
