@@ -112,6 +112,16 @@ impl Shared {
             r.lock().unwrap_or_else(|e| e.into_inner()).push(e);
         }
     }
+
+    /// The answer of execution `order_id` could not be written whole.
+    fn undelivered(&self, order_id: u64) {
+        if let Some(r) = &self.record {
+            let mut r = r.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(e) = r.iter_mut().rev().find(|e| e.order_id == order_id) {
+                e.delivered = false;
+            }
+        }
+    }
 }
 
 /// A running demo upstream; stops accepting when dropped.
@@ -272,8 +282,19 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> Result<()> {
             response_body: text.clone().into_bytes(),
             fault,
         });
-        // Taken before writing: the proxy cannot have the head any earlier.
+        // Taken before writing: the proxy cannot have the head any earlier. Kept before
+        // writing too, so whoever has the answer finds its execution recorded; a write
+        // that fails (the proxy gone) marks it undelivered after.
         let head_at = Instant::now();
+        if let Some(e) = execution.as_mut() {
+            if fault != Some(UpstreamFault::Reset) {
+                e.head_sent = Some(head_at);
+            }
+            e.delivered = fault.is_none();
+        }
+        if let Some(e) = execution {
+            shared.keep(e);
+        }
         let sent = match fault {
             None => out.write_all(resp.as_bytes()).and_then(|_| out.flush()),
             Some(UpstreamFault::Reset) => Ok(()),
@@ -281,14 +302,8 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> Result<()> {
                 .write_all(&resp.as_bytes()[..head_len + text.len() / 2])
                 .and_then(|_| out.flush()),
         };
-        if let Some(e) = execution.as_mut() {
-            if fault != Some(UpstreamFault::Reset) {
-                e.head_sent = Some(head_at);
-            }
-            e.delivered = fault.is_none() && sent.is_ok();
-        }
-        if let Some(e) = execution {
-            shared.keep(e);
+        if let (Some(id), Err(_)) = (order_id, &sent) {
+            shared.undelivered(id);
         }
         shared.running.fetch_sub(1, Ordering::SeqCst);
         if fault.is_some() {
