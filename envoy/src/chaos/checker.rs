@@ -33,7 +33,8 @@
 //!   attempts whose client left or failed (counted by the proxy, not seen by
 //!   the client), requests forwarded and answered by Envoy itself (a local
 //!   5xx: counted as executed, maybe never at the upstream), and counts lost
-//!   when a proxy was killed after its last snapshot. `failed_open` must be 0 (the soak runs `failure_mode: closed`).
+//!   when a proxy was killed after its last snapshot; `stale` against the stale
+//!   answers. `failed_open` must be 0 (the soak runs `failure_mode: closed`).
 //! - (e) bad keys: requests with a missing, too long or repeated key, or a
 //!   repeated tenant header, are answered 400 and never executed.
 //! - (f) no stale version: an entity's identity is (store, tenant, entity id), its

@@ -44,6 +44,9 @@ pub enum Broken {
     HoldOnUnknown,
     /// No `scope.headers`: tenants share records.
     NoTenantScope,
+    /// The ordered rule's guard off (`"ordering": {"enabled": false}`): stale versions
+    /// reach the upstream, and versions of one entity run at once.
+    NoOrdering,
 }
 
 impl Broken {
@@ -52,6 +55,7 @@ impl Broken {
             "release" | "release-on-unknown" => Some(Broken::ReleaseOnUnknown),
             "hold" | "hold-on-unknown" => Some(Broken::HoldOnUnknown),
             "no-scope" | "no-tenant-scope" => Some(Broken::NoTenantScope),
+            "no-ordering" => Some(Broken::NoOrdering),
             _ => None,
         }
     }
@@ -61,6 +65,7 @@ impl Broken {
             Broken::ReleaseOnUnknown => "release (on_unknown_outcome: \"release\")",
             Broken::HoldOnUnknown => "hold (on_unknown_outcome: \"hold\")",
             Broken::NoTenantScope => "no-scope (no scope.headers)",
+            Broken::NoOrdering => "no-ordering (the ordered rule's guard off)",
         }
     }
 }
@@ -107,6 +112,7 @@ pub fn filter_config(domain: Domain, broken: Option<Broken>, variant: u32) -> St
         Some(Broken::ReleaseOnUnknown) => cfg["on_unknown_outcome"] = json!("release"),
         Some(Broken::HoldOnUnknown) => cfg["on_unknown_outcome"] = json!("hold"),
         Some(Broken::NoTenantScope) => cfg["scope"] = json!({"headers": Value::Array(Vec::new())}),
+        Some(Broken::NoOrdering) => cfg["rules"][1]["ordering"] = json!({"enabled": false}),
         None => {}
     }
     cfg.to_string()

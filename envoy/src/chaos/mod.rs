@@ -2,7 +2,8 @@
 //! against two Envoys on a 3-member etcd and one Envoy on shared data, while
 //! a nemesis kills, freezes and partitions etcd members, restarts proxies,
 //! pushes their configuration and makes the upstream slow, failing or
-//! resetting; then a checker reads the whole history (see `checker` for the
+//! resetting (a share of the requests are ordered deliveries, through an
+//! `ordering` rule); then a checker reads the whole history (see `checker` for the
 //! rules) and prints the figures.
 //!
 //! The seed fixes the fault schedule and every client's choices; thread
@@ -289,6 +290,7 @@ impl Report {
                 Some(Broken::ReleaseOnUnknown) => " BROKEN=release",
                 Some(Broken::HoldOnUnknown) => " BROKEN=hold",
                 Some(Broken::NoTenantScope) => " BROKEN=no-scope",
+                Some(Broken::NoOrdering) => " BROKEN=no-ordering",
                 None => "",
             }
         );
@@ -319,8 +321,24 @@ impl Report {
         let rejected = count(&|r| r.problem.as_deref() == Some("stale-version"));
         let acknowledged = count(&|r| r.stale);
         let busy = count(&|r| r.problem.as_deref() == Some("in-flight"));
+        let by_id: std::collections::HashMap<&str, Domain> = ordered
+            .iter()
+            .map(|a| (a.request_id.as_str(), a.domain))
+            .collect();
+        let on_etcd = self
+            .execs
+            .iter()
+            .filter(|e| e.request_id.as_deref().and_then(|r| by_id.get(r)) == Some(&Domain::Etcd))
+            .count();
+        let on_shared = self
+            .execs
+            .iter()
+            .filter(|e| {
+                e.request_id.as_deref().and_then(|r| by_id.get(r)) == Some(&Domain::SharedData)
+            })
+            .count();
         format!(
-            "ordered: {} deliveries ({} attempts) of {} versions of {} entities; {} executions; stale: {} refused 409 stale-version (etcd), {} acknowledged (shared data); {} 409 in-flight; rules (f) and (g) checked them against {} completions",
+            "ordered: {} deliveries ({} attempts) of {} versions of {} entities; {} executions ({on_etcd} etcd store, {on_shared} shared data); stale: {} refused 409 stale-version (etcd), {} acknowledged (shared data); {} 409 in-flight; rules (f) and (g) checked them against {} completions",
             ops.len(),
             ordered.len(),
             versions.len(),
