@@ -116,7 +116,7 @@ profile: wasm
 
 # The chaos soak (README, "How we test"): 2 Envoys on a 3-member etcd and 1 on
 # shared data under seeded clients and faults, then the at-most-once checker.
-# `make chaos SECONDS=600 SEED=42`; BROKEN=release, BROKEN=hold or BROKEN=no-scope runs a
+# `make chaos SECONDS=600 SEED=42`; BROKEN=release, BROKEN=hold, BROKEN=no-scope or BROKEN=no-ordering runs a
 # deliberately broken configuration that the checker must catch. Its short
 # variant runs in `make test` (envoy/tests/chaos.rs).
 SECONDS ?= 60

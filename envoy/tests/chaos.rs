@@ -2,7 +2,9 @@
 //! on a 3-member etcd and one on shared data under many clients, while etcd
 //! members are killed, frozen and partitioned, proxies restarted and
 //! reconfigured, and the upstream slow, failing and resetting; the checker
-//! must find nothing. Then the same soak with a deliberately broken
+//! must find nothing, and the ordered deliveries must have met the ordering
+//! guard on both stores (stale versions refused on etcd, acknowledged on shared
+//! data). Then the same soak with a deliberately broken
 //! configuration (`on_unknown_outcome: "release"`, and `"hold"`, which lets a
 //! key whose outcome is unknown run again after the in-flight timeout), which
 //! the checker must catch: a checker that finds nothing there proves nothing.
@@ -91,6 +93,26 @@ fn short_soak_under_every_fault_finds_no_violation() {
     for status in [400, 409, 422] {
         assert!(statuses(&|s, _| s == status) > 0, "no {status}");
     }
+    // The ordering guard decided on both stores: ordered versions ran, and stale ones
+    // were refused (etcd) and acknowledged (shared data).
+    assert!(
+        report.findings.ordered_execs >= 50 && report.findings.completions > 0,
+        "{} ordered executions, {} completions",
+        report.findings.ordered_execs,
+        report.findings.completions
+    );
+    let answered = |pred: &dyn Fn(&dedup_envoy::chaos::history::Answer) -> bool| {
+        report
+            .attempts
+            .iter()
+            .filter(|a| a.ordered.is_some() && a.answer().is_some_and(pred))
+            .count()
+    };
+    assert!(
+        answered(&|r| r.problem.as_deref() == Some("stale-version")) > 0,
+        "no 409 stale-version"
+    );
+    assert!(answered(&|r| r.stale) > 0, "no acknowledged stale delivery");
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! `make chaos`: the fault-injection soak with an at-most-once checker.
-//! `chaos [--seconds N] [--seed N] [--clients N] [--broken release|hold|no-scope]`
+//! `chaos [--seconds N] [--seed N] [--clients N] [--broken release|hold|no-scope|no-ordering]`
 //! (defaults 60 s, seed from the clock, 24 clients, the correct configuration).
 //! Exits 1 when the checker finds a violation, 2 when the run itself failed.
 
@@ -7,7 +7,7 @@ use dedup_envoy::chaos::{self, Broken, Options};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: chaos [--seconds N] [--seed N] [--clients N] [--broken release|hold|no-scope]"
+        "usage: chaos [--seconds N] [--seed N] [--clients N] [--broken release|hold|no-scope|no-ordering]"
     );
     std::process::exit(2);
 }

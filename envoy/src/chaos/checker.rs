@@ -33,9 +33,37 @@
 //!   attempts whose client left or failed (counted by the proxy, not seen by
 //!   the client), requests forwarded and answered by Envoy itself (a local
 //!   5xx: counted as executed, maybe never at the upstream), and counts lost
-//!   when a proxy was killed after its last snapshot. `failed_open` must be 0 (the soak runs `failure_mode: closed`).
+//!   when a proxy was killed after its last snapshot; `stale` against the stale
+//!   answers. `failed_open` must be 0 (the soak runs `failure_mode: closed`).
 //! - (e) bad keys: requests with a missing, too long or repeated key, or a
 //!   repeated tenant header, are answered 400 and never executed.
+//! - (f) no stale version: an entity's identity is (store, tenant, entity id), its
+//!   executions' entity and version those the upstream got (`x-entity`, `x-version`).
+//!   No execution of version u of an entity may reach the upstream after the history
+//!   proves that a version v ≥ u had completed, by one of:
+//!   1. an answer naming the applied version (`idempotent-applied-version: v`, on every
+//!      stale answer): the applied version was v or more when the client got it;
+//!   2. (under `on_unknown_outcome: "keep"`, the soak's) a client answered from the
+//!      execution of version v with a stored status, fresh or replayed, or `409
+//!      response-not-stored`, by the time its answer ended;
+//!   3. (under "keep") an execution of version v wrote a stored status line, by then.
+//!
+//!   2 and 3 prove "completed, or the entity held": under "keep" the filter either
+//!   raised the applied version to v, or (the outcome unknown: client gone, route
+//!   timeout, body cut; or the settle never landed: a proxy killed, etcd down) holds the
+//!   entity in flight for the TTL, which refuses every version; either way nothing at
+//!   or below v starts after. As one version is in flight at a time, an execution that
+//!   arrives after such a point was claimed after it (its flight, from its claim until
+//!   its answer or outcome, would otherwise overlap v's). Under "release" and "hold" a
+//!   flight ends while its request may still be on its way or running, so only 1
+//!   counts, and only against requests begun after it. Applied versions never fall
+//!   within `ordering.ttl_seconds` (longer than a run); a store that counted evicted
+//!   entities (`entities_evicted`, shared data) is not checked. The same version again
+//!   (the same key) is rule (a)'s: at most once per (entity, version, key).
+//! - (g) one version in flight (under "keep" only): no execution of an entity reaches
+//!   the upstream while an execution of another version of it is still running there
+//!   (arrived, its status line not yet written), nor within the TTL after one that
+//!   reset without an answer (an unknown outcome: the entity held).
 
 use super::history::{proxy_name, Attempt, Domain, Exec, KeyForm, Outcome, MAX_KEY_LENGTH};
 use crate::upstream::UpstreamFault;
@@ -50,6 +78,8 @@ pub enum Rule {
     Replay,
     Counters,
     BadKey,
+    StaleVersion,
+    OneVersionInFlight,
 }
 
 impl fmt::Display for Rule {
@@ -60,6 +90,8 @@ impl fmt::Display for Rule {
             Rule::Replay => "(c) replay equals the execution",
             Rule::Counters => "(d) counters agree",
             Rule::BadKey => "(e) bad keys refused",
+            Rule::StaleVersion => "(f) no stale version after a newer one completed",
+            Rule::OneVersionInFlight => "(g) one version of an entity in flight",
         })
     }
 }
@@ -77,6 +109,11 @@ pub struct Violation {
 #[derive(Debug, Clone)]
 pub struct Params {
     pub ttl: Duration,
+    /// `ordering.ttl_seconds` of the ordered rule.
+    pub ordering_ttl: Duration,
+    /// `on_unknown_outcome` is `"keep"` (the default): an unknown outcome holds its key
+    /// and its entity for the TTL.
+    pub keeps_unknown: bool,
     /// The store of each proxy, by index.
     pub domains: Vec<Domain>,
 }
@@ -102,6 +139,10 @@ pub struct Findings {
     /// Second and later executions of one identity, by the rule that allowed them.
     pub again_after_release: u64,
     pub again_after_expiry: u64,
+    /// Ordered deliveries: executions checked by (f) and (g), and the completions
+    /// (proofs that a version completed) they were checked against.
+    pub ordered_execs: u64,
+    pub completions: u64,
     /// One line per counter comparison.
     pub counter_lines: Vec<String>,
 }
@@ -376,8 +417,228 @@ pub fn check(
     }
 
     check_counters(params, attempts, execs, counters, &by_request, &mut f);
+    check_ordering(params, attempts, execs, counters, &by_request, &mut f);
     f.violations.sort_by_key(|v| (v.rule, v.at));
     f
+}
+
+/// An ordered entity: store, tenant, entity id.
+type EntityId = (Domain, String, String);
+
+/// A point after which the history proves no version at or below `version` of an
+/// entity may start (see (f)).
+struct Completion {
+    at: Duration,
+    version: i64,
+    /// Proof 1 (an applied version named to a client): sound under every
+    /// `on_unknown_outcome`.
+    applied: bool,
+    line: String,
+}
+
+/// (f) and (g): the ordering guard, per entity.
+fn check_ordering(
+    params: &Params,
+    attempts: &[Attempt],
+    execs: &[Exec],
+    counters: &[ProxyCounters],
+    by_request: &HashMap<&str, &Attempt>,
+    f: &mut Findings,
+) {
+    let evicting: Vec<Domain> = params
+        .domains
+        .iter()
+        .zip(counters)
+        .filter(|(_, c)| c.get("entities_evicted") > 0)
+        .map(|(d, _)| *d)
+        .collect();
+    let by_order: HashMap<u64, &Exec> = execs.iter().map(|e| (e.order_id, e)).collect();
+    // Executions of each entity (with the attempt that caused each), in arrival order.
+    let mut runs: BTreeMap<EntityId, Vec<(&Exec, &Attempt, i64)>> = BTreeMap::new();
+    for e in execs {
+        let (Some(entity), Some(version), [tenant]) =
+            (e.entity.as_ref(), e.version, e.tenants.as_slice())
+        else {
+            continue;
+        };
+        let Some(a) = e.request_id.as_deref().and_then(|r| by_request.get(r)) else {
+            continue;
+        };
+        runs.entry((a.domain, tenant.clone(), entity.clone()))
+            .or_default()
+            .push((e, a, version));
+    }
+    let mut proofs: BTreeMap<EntityId, Vec<Completion>> = BTreeMap::new();
+    let mut tried: BTreeMap<EntityId, Vec<&Attempt>> = BTreeMap::new();
+    for a in attempts {
+        let (Some((entity, version)), KeyForm::Good) = (&a.ordered, &a.form) else {
+            continue;
+        };
+        let id = (a.domain, a.tenant.clone(), entity.clone());
+        tried.entry(id.clone()).or_default().push(a);
+        let Some(ans) = a.answer() else { continue };
+        if let Some(applied) = ans.applied_version {
+            proofs.entry(id.clone()).or_default().push(Completion {
+                at: a.end,
+                version: applied,
+                applied: true,
+                line: format!("answer naming applied version {applied}: {}", a.describe()),
+            });
+        }
+        let own_or_replayed = ans
+            .order_id
+            .and_then(|o| by_order.get(&o))
+            .is_some_and(|e| {
+                ans.replayed || e.request_id.as_deref() == Some(a.request_id.as_str())
+            });
+        let completed = (stored_status(ans.status) && own_or_replayed)
+            || ans.problem.as_deref() == Some("response-not-stored");
+        if params.keeps_unknown && completed {
+            proofs.entry(id).or_default().push(Completion {
+                at: a.end,
+                version: *version,
+                applied: false,
+                line: format!("client answered from a completed version: {}", a.describe()),
+            });
+        }
+    }
+    if params.keeps_unknown {
+        for (id, list) in &runs {
+            for (e, _, version) in list {
+                if let (Some(h), true, false) = (
+                    e.head_sent,
+                    stored_status(e.status),
+                    e.fault == Some(UpstreamFault::Reset),
+                ) {
+                    proofs.entry(id.clone()).or_default().push(Completion {
+                        at: h,
+                        version: *version,
+                        applied: false,
+                        line: format!("execution answered a stored status: {}", e.describe()),
+                    });
+                }
+            }
+        }
+    }
+    for (id, list) in runs.iter_mut() {
+        list.sort_by_key(|(e, _, _)| e.arrived);
+        f.ordered_execs += list.len() as u64;
+        let mut none = Vec::new();
+        let done = proofs.get_mut(id).unwrap_or(&mut none);
+        done.sort_by_key(|c| c.at);
+        f.completions += done.len() as u64;
+        if evicting.contains(&id.0) {
+            continue;
+        }
+        let around = |from: Duration, to: Duration| -> Vec<String> {
+            let mut out = Vec::new();
+            for (e, _, _) in list
+                .iter()
+                .filter(|(e, _, _)| e.arrived + Duration::from_secs(1) >= from && e.arrived <= to)
+            {
+                out.push(format!("  execution: {}", e.describe()));
+            }
+            let mut atts: Vec<&&Attempt> = tried
+                .get(id)
+                .map(|v| {
+                    v.iter()
+                        .filter(|a| a.end + Duration::from_secs(1) >= from && a.start <= to)
+                        .collect()
+                })
+                .unwrap_or_default();
+            atts.sort_by_key(|a| a.start);
+            for a in atts.iter().take(16) {
+                out.push(format!("  attempt: {}", a.describe()));
+            }
+            out
+        };
+        // (f) nothing at or below a completed version after it completed.
+        for (e, a, version) in list.iter() {
+            if e.arrived >= params.ordering_ttl {
+                continue;
+            }
+            let proof = done.iter().find(|c| {
+                c.version >= *version
+                    && if params.keeps_unknown {
+                        e.arrived > c.at
+                    } else {
+                        c.applied && a.start > c.at
+                    }
+            });
+            let Some(c) = proof else { continue };
+            let mut excerpt = vec![
+                format!("completed: {}", c.line),
+                format!("later execution: {}", e.describe()),
+                format!("  by: {}", a.describe()),
+            ];
+            excerpt.extend(around(c.at, e.arrived));
+            f.violations.push(Violation {
+                rule: Rule::StaleVersion,
+                at: e.arrived,
+                what: format!(
+                    "{}: version {version} reached the upstream {:.3}s after version {} had completed",
+                    entity_text(id),
+                    e.arrived.saturating_sub(c.at).as_secs_f64(),
+                    c.version
+                ),
+                excerpt,
+            });
+        }
+        // (g) no execution while another version's runs, or after one reset unanswered.
+        if !params.keeps_unknown {
+            continue;
+        }
+        for (i, (e, a, version)) in list.iter().enumerate() {
+            let before = list[..i].iter().find(|(x, xa, xv)| {
+                xv != version
+                    && match x.head_sent {
+                        None => {
+                            x.fault == Some(UpstreamFault::Reset)
+                                && e.arrived < xa.start + params.ttl
+                        }
+                        Some(h) => e.arrived < h,
+                    }
+            });
+            let Some((x, xa, xv)) = before else { continue };
+            let mut excerpt = vec![
+                format!("execution: {}", x.describe()),
+                format!("  by: {}", xa.describe()),
+                format!("execution: {}", e.describe()),
+                format!("  by: {}", a.describe()),
+            ];
+            excerpt.extend(around(x.arrived, e.arrived));
+            f.violations.push(Violation {
+                rule: Rule::OneVersionInFlight,
+                at: e.arrived,
+                what: format!(
+                    "{}: version {version} reached the upstream {:.3}s after version {xv}, {}",
+                    entity_text(id),
+                    e.arrived.saturating_sub(x.arrived).as_secs_f64(),
+                    match x.head_sent {
+                        None => "which reset without an answer (its outcome unknown: the entity is held)"
+                            .to_string(),
+                        Some(h) => format!(
+                            "still running there (its status line {:.3}s later)",
+                            h.saturating_sub(e.arrived).as_secs_f64()
+                        ),
+                    }
+                ),
+                excerpt,
+            });
+        }
+    }
+}
+
+fn entity_text(id: &EntityId) -> String {
+    format!(
+        "{} tenant {} entity {}",
+        match id.0 {
+            Domain::Etcd => "etcd store",
+            Domain::SharedData => "shared-data store",
+        },
+        id.1,
+        id.2
+    )
 }
 
 /// (d): the filter's counters against the history, per proxy.
@@ -471,6 +732,15 @@ fn check_counters(
                 0,
             ),
             ("bad_key", bad_keys, c.get("bad_key"), 0),
+            (
+                "stale",
+                count(&|a| {
+                    a.answer()
+                        .is_some_and(|r| r.stale || problem_is(r, "stale-version"))
+                }),
+                c.get("stale"),
+                0,
+            ),
         ];
         let name = proxy_name(p);
         for (what, seen, counted, local) in rows {
@@ -563,6 +833,10 @@ fn excerpt(
     out
 }
 
+fn problem_is(r: &super::history::Answer, slug: &str) -> bool {
+    r.problem.as_deref() == Some(slug)
+}
+
 /// Outcome counts for the figures.
 pub fn tally(attempts: &[Attempt]) -> BTreeMap<String, u64> {
     let mut t = BTreeMap::new();
@@ -571,6 +845,7 @@ pub fn tally(attempts: &[Attempt]) -> BTreeMap<String, u64> {
         match &a.outcome {
             Outcome::Answered(r) => {
                 let what = match (r.status, r.replayed, r.problem.as_deref(), r.order_id) {
+                    (s, false, None, None) if r.stale => format!("{s} stale (acknowledged)"),
                     (s, true, _, _) => format!("{s} replayed"),
                     (s, false, _, Some(_)) if s < 300 => format!("{s} executed"),
                     (s, false, _, Some(_)) => format!("{s} from the upstream"),

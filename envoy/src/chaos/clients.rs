@@ -6,19 +6,25 @@
 //! payloads repeat across keys and tenants, and key names repeat across
 //! tenants); a late duplicate of an earlier key; an earlier key with another
 //! payload; the same request sent to two proxies at once; a bad key (missing,
-//! too long, repeated, or a repeated tenant header). Each attempt may stop
+//! too long, repeated, or a repeated tenant header); an ordered delivery (a version of
+//! one of a few entities, through the filter's `ordering` rule: new versions, with
+//! gaps, and again the recent ones, so versions arrive shuffled, late and duplicated).
+//! Each attempt may stop
 //! waiting early (a client timeout that closes, or a hang-up that resets),
 //! and may ask the upstream to be slow, fail or reset (per the nemesis's
 //! upstream weather).
 
 use super::cluster::Cluster;
 use super::history::{
-    fnv1a, payload_hash, Answer, Attempt, Domain, KeyForm, Outcome, DETACHED_PREFIX, KEY_HEADER,
-    MAX_KEY_LENGTH, REQUEST_ID_HEADER, TENANT_HEADER,
+    fnv1a, payload_hash, Answer, Attempt, Domain, KeyForm, Outcome, DETACHED_PREFIX, ENTITY_HEADER,
+    KEY_HEADER, MAX_KEY_LENGTH, ORDERED_PREFIX, ORDERED_TENANT, REQUEST_ID_HEADER, TENANT_HEADER,
+    VERSION_HEADER,
 };
 use super::nemesis::{Nemesis, Weather};
 use super::rng::Rng;
 use crate::client::{problem_type, send_or_give_up, GiveUp, Leave, Request};
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The host every client sends to every proxy (one service behind a load balancer).
@@ -36,6 +42,47 @@ fn payload(i: usize) -> (&'static str, String) {
     (path, format!(r#"{{"item":{},"qty":{}}}"#, v % 3, 1 + v / 3))
 }
 
+/// Entities of ordered deliveries per store at a time.
+const ORDERED_ENTITIES: usize = 3;
+/// Every this many seconds the ordered deliveries move to new entities (`e<n>-g<gen>`):
+/// an entity whose version's outcome is unknown is held for the TTL (longer than the
+/// run), and fresh entities keep the ordering guard deciding.
+const ORDERED_GENERATION_SECS: u64 = 10;
+/// Ordered deliveries pick again one of the newest this many versions (a late delivery,
+/// or the same delivery again) instead of a new one.
+const ORDERED_WINDOW: u64 = 6;
+
+/// What an operation sends: a payload of the pool, or an ordered delivery.
+#[derive(Debug, Clone)]
+enum Body {
+    Pool(usize),
+    Ordered { entity: String, version: i64 },
+}
+
+/// The versions the senders of ordered deliveries have produced so far, per store and
+/// entity: shared by the clients of a store, so that they deliver versions of the same
+/// entities concurrently, through either proxy.
+#[derive(Default)]
+pub struct OrderedFeed {
+    newest: Mutex<HashMap<(Domain, String), i64>>,
+}
+
+impl OrderedFeed {
+    /// The version to deliver next for `entity`: a new one (above the newest, sometimes
+    /// skipping one, delivered later), or one of the newest `ORDERED_WINDOW` again.
+    fn pick(&self, domain: Domain, entity: &str, rng: &mut Rng) -> i64 {
+        let mut m = self.newest.lock().unwrap_or_else(|e| e.into_inner());
+        let newest = m.entry((domain, entity.to_string())).or_insert(0);
+        if *newest == 0 || rng.percent(45) {
+            *newest += 1 + i64::from(rng.percent(30));
+            *newest
+        } else {
+            let back = rng.below((*newest as u64).min(ORDERED_WINDOW)) as i64;
+            *newest - back
+        }
+    }
+}
+
 pub struct Client<'a> {
     pub id: usize,
     pub domain: Domain,
@@ -45,6 +92,7 @@ pub struct Client<'a> {
     rng: Rng,
     cluster: &'a Cluster,
     nemesis: &'a Nemesis,
+    feed: &'a OrderedFeed,
     next_op: u64,
     /// Earlier operations with a good key: (key, payload).
     done: Vec<(String, usize)>,
@@ -75,6 +123,7 @@ impl<'a> Client<'a> {
         seed: u64,
         cluster: &'a Cluster,
         nemesis: &'a Nemesis,
+        feed: &'a OrderedFeed,
     ) -> Client<'a> {
         Client {
             id,
@@ -84,6 +133,7 @@ impl<'a> Client<'a> {
             rng: Rng::fork(seed, id as u64),
             cluster,
             nemesis,
+            feed,
             next_op: 0,
             done: Vec::new(),
             history: Vec::new(),
@@ -101,7 +151,8 @@ impl<'a> Client<'a> {
             let have_old = !self.done.is_empty();
             if self.noisy {
                 let p = self.rng.index(PAYLOADS);
-                let prepared = self.prepare(op, 0, KeyForm::Good, &format!("op-{op}"), p);
+                let prepared =
+                    self.prepare(op, 0, KeyForm::Good, &format!("op-{op}"), &Body::Pool(p));
                 let r = self.send(prepared);
                 self.history.push(r);
                 continue;
@@ -109,37 +160,52 @@ impl<'a> Client<'a> {
             match roll {
                 0..=7 if have_old => {
                     let (key, p) = self.done[self.rng.index(self.done.len())].clone();
-                    self.operation(op, &key, p, deadline, false);
+                    self.operation(op, &key, &Body::Pool(p), deadline, false);
                 }
                 8..=12 if have_old => {
                     let (key, p) = self.done[self.rng.index(self.done.len())].clone();
                     // Another payload on a path of the same rule: the detached route's
                     // records are a key space of their own (rules never share records).
                     let other = (p + 3 * (1 + self.rng.index(PAYLOADS / 3 - 1))) % PAYLOADS;
-                    self.operation(op, &key, other, deadline, false);
+                    self.operation(op, &key, &Body::Pool(other), deadline, false);
                 }
                 13..=18 => {
                     let p = self.rng.index(PAYLOADS);
-                    self.operation(op, &format!("op-{op}"), p, deadline, true);
+                    self.operation(op, &format!("op-{op}"), &Body::Pool(p), deadline, true);
                 }
                 19..=25 => self.bad_key(op),
+                26..=40 => self.ordered(op, deadline),
                 _ => {
                     let p = self.rng.index(PAYLOADS);
-                    self.operation(op, &format!("op-{op}"), p, deadline, false);
+                    self.operation(op, &format!("op-{op}"), &Body::Pool(p), deadline, false);
                 }
             }
         }
         self.history
     }
 
-    /// Send `key` with payload `p` until a final answer, `MAX_ATTEMPTS` or the
+    /// An ordered delivery: a version of one of the store's current entities, keyed by
+    /// entity and version (the same delivery again is the same key); on etcd sometimes
+    /// to both proxies at once.
+    fn ordered(&mut self, op: u64, deadline: Instant) {
+        let generation = self.cluster.now().as_secs() / ORDERED_GENERATION_SECS;
+        let entity = format!("e{}-g{generation}", self.rng.index(ORDERED_ENTITIES));
+        let version = self.feed.pick(self.domain, &entity, &mut self.rng);
+        let key = format!("ord-{entity}-v{version}");
+        let race = self.proxies.len() > 1 && self.rng.percent(15);
+        self.operation(op, &key, &Body::Ordered { entity, version }, deadline, race);
+    }
+
+    /// Send `key` with body `b` until a final answer, `MAX_ATTEMPTS` or the
     /// deadline; `race`: the first attempt goes to two proxies at once.
-    fn operation(&mut self, op: u64, key: &str, p: usize, deadline: Instant, race: bool) {
-        self.done.push((key.to_string(), p));
+    fn operation(&mut self, op: u64, key: &str, b: &Body, deadline: Instant, race: bool) {
+        if let Body::Pool(p) = b {
+            self.done.push((key.to_string(), *p));
+        }
         let mut n = 0u32;
         if race {
-            let a = self.prepare(op, n, KeyForm::Good, key, p);
-            let b = self.prepare(op, n + 1, KeyForm::Good, key, p);
+            let a = self.prepare(op, n, KeyForm::Good, key, b);
+            let b = self.prepare(op, n + 1, KeyForm::Good, key, b);
             n += 2;
             let (a, b) = std::thread::scope(|s| {
                 let ha = s.spawn(|| self.send(a));
@@ -156,7 +222,7 @@ impl<'a> Client<'a> {
             }
         }
         while n < MAX_ATTEMPTS && Instant::now() < deadline {
-            let prepared = self.prepare(op, n, KeyForm::Good, key, p);
+            let prepared = self.prepare(op, n, KeyForm::Good, key, b);
             n += 1;
             let r = self.send(prepared);
             let next = self.next(&r);
@@ -180,21 +246,40 @@ impl<'a> Client<'a> {
             _ => format!("op-{op}"),
         };
         let p = self.rng.index(PAYLOADS);
-        let prepared = self.prepare(op, 0, form, &key, p);
+        let prepared = self.prepare(op, 0, form, &key, &Body::Pool(p));
         let r = self.send(prepared);
         self.history.push(r);
     }
 
-    fn prepare(&mut self, op: u64, n: u32, form: KeyForm, key: &str, p: usize) -> Prepared {
+    fn prepare(&mut self, op: u64, n: u32, form: KeyForm, key: &str, b: &Body) -> Prepared {
         let proxy = self.proxies[self.rng.index(self.proxies.len())];
-        let (path, body) = payload(p);
+        let (path, body, ordered) = match b {
+            Body::Pool(p) => {
+                let (path, body) = payload(*p);
+                (path.to_string(), body, None)
+            }
+            Body::Ordered { entity, version } => (
+                format!("{ORDERED_PREFIX}{entity}"),
+                format!(r#"{{"entity":"{entity}","version":{version}}}"#),
+                Some((entity.clone(), *version)),
+            ),
+        };
+        let tenant = match ordered {
+            Some(_) => ORDERED_TENANT.to_string(),
+            None => self.tenant.clone(),
+        };
         let request_id = format!("c{}-o{op}-a{n}", self.id);
-        let mut req = Request::post(path)
+        let mut req = Request::post(&path)
             .host(HOST)
             .header("content-type", "application/json")
             .header(REQUEST_ID_HEADER, &request_id)
-            .header(TENANT_HEADER, &self.tenant)
+            .header(TENANT_HEADER, &tenant)
             .timeout(Duration::from_secs(10));
+        if let Some((entity, version)) = &ordered {
+            req = req
+                .header(ENTITY_HEADER, entity)
+                .header(VERSION_HEADER, &version.to_string());
+        }
         match form {
             KeyForm::Missing => {}
             KeyForm::RepeatedKey => {
@@ -205,7 +290,7 @@ impl<'a> Client<'a> {
             KeyForm::RepeatedTenant => {
                 req = req
                     .header(KEY_HEADER, key)
-                    .header(TENANT_HEADER, &format!("{}-2", self.tenant));
+                    .header(TENANT_HEADER, &format!("{tenant}-2"));
             }
             KeyForm::Good | KeyForm::TooLong => req = req.header(KEY_HEADER, key),
         }
@@ -242,14 +327,15 @@ impl<'a> Client<'a> {
                 proxy,
                 domain: self.domain,
                 request_id,
-                tenant: self.tenant.clone(),
+                tenant,
                 key: (form != KeyForm::Missing).then(|| key.to_string()),
                 form,
-                payload: payload_hash("POST", path, body.as_bytes()),
+                payload: payload_hash("POST", &path, body.as_bytes()),
                 start: Duration::ZERO,
                 end: Duration::ZERO,
                 asked,
                 detached: path.starts_with(DETACHED_PREFIX),
+                ordered,
                 outcome: Outcome::Failed("not sent".into()),
             },
         }
@@ -321,6 +407,10 @@ impl<'a> Client<'a> {
                     body_hash: fnv1a(&r.body),
                     problem,
                     retry_after: r.header("retry-after").and_then(|v| v.trim().parse().ok()),
+                    stale: r.header("idempotent-stale") == Some("true"),
+                    applied_version: r
+                        .header("idempotent-applied-version")
+                        .and_then(|v| v.trim().parse().ok()),
                 })
             }
             Ok(GiveUp::GaveUp) => Outcome::GaveUp {
@@ -337,6 +427,15 @@ impl<'a> Client<'a> {
             Duration::from_millis((50u64 << n.min(4)).min(1000) + rng.below(100))
         };
         match &a.outcome {
+            Outcome::Answered(r)
+                if a.ordered.is_some()
+                    && r.status == 409
+                    && r.problem.as_deref() == Some("in-flight") =>
+            {
+                // Another version of the entity is in flight, usually for milliseconds (or
+                // held for the TTL: then the attempts run out soon, as a sender's would).
+                Next::Wait(Duration::from_millis(100 + self.rng.below(300)))
+            }
             Outcome::Answered(r)
                 if r.status == 409 && r.problem.as_deref() == Some("in-flight") =>
             {

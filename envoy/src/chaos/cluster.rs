@@ -4,7 +4,9 @@
 //! filter configuration can be pushed. Built on the harness's launchers.
 
 use super::checker::ProxyCounters;
-use super::history::{Domain, DETACHED_PREFIX, TENANT_HEADER};
+use super::history::{
+    Domain, DETACHED_PREFIX, ENTITY_HEADER, ORDERED_PREFIX, TENANT_HEADER, VERSION_HEADER,
+};
 use crate::config::EnvoyConfig;
 use crate::envoy::EnvoyProcess;
 use crate::etcd::{etcd_proxy_config, wait_etcd_hosts_healthy, EtcdCluster};
@@ -24,6 +26,9 @@ use std::time::{Duration, Instant};
 pub const IN_FLIGHT_TIMEOUT: Duration = Duration::from_secs(5);
 /// `ttl_seconds`: longer than any run, so a completed record never expires in it.
 pub const TTL: Duration = Duration::from_secs(3600);
+/// `ordering.ttl_seconds` of the ordered rule: longer than any run, so an applied
+/// version never expires in it.
+pub const ORDERING_TTL: Duration = Duration::from_secs(3600);
 /// `store.timeout_ms` (pushes alternate it with 2500): above etcd's failover
 /// (about 1 s with the harness's election timeout).
 pub const STORE_TIMEOUT_MS: u64 = 2000;
@@ -39,6 +44,9 @@ pub enum Broken {
     HoldOnUnknown,
     /// No `scope.headers`: tenants share records.
     NoTenantScope,
+    /// The ordered rule's guard off (`"ordering": {"enabled": false}`): stale versions
+    /// reach the upstream, and versions of one entity run at once.
+    NoOrdering,
 }
 
 impl Broken {
@@ -47,6 +55,7 @@ impl Broken {
             "release" | "release-on-unknown" => Some(Broken::ReleaseOnUnknown),
             "hold" | "hold-on-unknown" => Some(Broken::HoldOnUnknown),
             "no-scope" | "no-tenant-scope" => Some(Broken::NoTenantScope),
+            "no-ordering" => Some(Broken::NoOrdering),
             _ => None,
         }
     }
@@ -56,6 +65,7 @@ impl Broken {
             Broken::ReleaseOnUnknown => "release (on_unknown_outcome: \"release\")",
             Broken::HoldOnUnknown => "hold (on_unknown_outcome: \"hold\")",
             Broken::NoTenantScope => "no-scope (no scope.headers)",
+            Broken::NoOrdering => "no-ordering (the ordered rule's guard off)",
         }
     }
 }
@@ -73,7 +83,17 @@ pub fn filter_config(domain: Domain, broken: Option<Broken>, variant: u32) -> St
         "retry_after_seconds": if odd { 2 } else { 1 },
         // The third payload path's first executions are sent by the filter itself.
         "rules": [{"name": "detached", "match": {"path_prefix": DETACHED_PREFIX},
-                   "upstream": {"detached": true, "cluster": "service", "timeout_ms": 4000}}],
+                   "upstream": {"detached": true, "cluster": "service", "timeout_ms": 4000}},
+                  // Ordered deliveries: entity and version in headers; stale ones are
+                  // refused on etcd and acknowledged on shared data.
+                  {"name": "ordered", "match": {"path_prefix": ORDERED_PREFIX},
+                   "ordering": {"entity": {"header": ENTITY_HEADER},
+                                "version": {"header": VERSION_HEADER},
+                                "ttl_seconds": ORDERING_TTL.as_secs(),
+                                "on_stale": match domain {
+                                    Domain::Etcd => "reject",
+                                    Domain::SharedData => "acknowledge",
+                                }}}],
     });
     match domain {
         Domain::Etcd => {
@@ -92,6 +112,7 @@ pub fn filter_config(domain: Domain, broken: Option<Broken>, variant: u32) -> St
         Some(Broken::ReleaseOnUnknown) => cfg["on_unknown_outcome"] = json!("release"),
         Some(Broken::HoldOnUnknown) => cfg["on_unknown_outcome"] = json!("hold"),
         Some(Broken::NoTenantScope) => cfg["scope"] = json!({"headers": Value::Array(Vec::new())}),
+        Some(Broken::NoOrdering) => cfg["rules"][1]["ordering"] = json!({"enabled": false}),
         None => {}
     }
     cfg.to_string()

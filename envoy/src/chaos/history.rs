@@ -26,6 +26,15 @@ pub const MAX_KEY_LENGTH: usize = 255;
 /// the cluster configures the rule, the clients send there. Here, beside the other
 /// names both share, so that neither imports the other.
 pub const DETACHED_PREFIX: &str = "/detached/";
+/// The path of ordered deliveries: the cluster configures an `ordering` rule on it, with
+/// the entity and the version in these two request headers; the clients send there.
+pub const ORDERED_PREFIX: &str = "/ordered/";
+pub const ENTITY_HEADER: &str = "x-entity";
+pub const VERSION_HEADER: &str = "x-version";
+/// The tenant every client of a store sends its ordered deliveries as, so that the
+/// clients of one store deliver versions of the same entities (entities are scoped
+/// like records).
+pub const ORDERED_TENANT: &str = "tenant-ordered";
 
 /// How an attempt's key and scope headers were formed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +74,10 @@ pub struct Answer {
     /// The problem type's slug for a problem+json answer.
     pub problem: Option<String>,
     pub retry_after: Option<u64>,
+    /// `idempotent-stale: true`: a stale request acknowledged (`on_stale: "acknowledge"`).
+    pub stale: bool,
+    /// `idempotent-applied-version`: the entity's applied version, on stale answers.
+    pub applied_version: Option<i64>,
 }
 
 /// One request attempt.
@@ -89,6 +102,8 @@ pub struct Attempt {
     pub asked: Option<&'static str>,
     /// Sent to the route the filter executes detached (`upstream.detached`).
     pub detached: bool,
+    /// An ordered delivery: the entity and version it carries.
+    pub ordered: Option<(String, i64)>,
     pub outcome: Outcome,
 }
 
@@ -104,7 +119,7 @@ impl Attempt {
     pub fn describe(&self) -> String {
         let outcome = match &self.outcome {
             Outcome::Answered(a) => format!(
-                "{}{}{}{}",
+                "{}{}{}{}{}",
                 a.status,
                 if a.replayed { " replayed" } else { "" },
                 a.order_id
@@ -113,7 +128,13 @@ impl Attempt {
                 a.problem
                     .as_deref()
                     .map(|p| format!(" {p}"))
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                match (a.stale, a.applied_version) {
+                    (true, Some(v)) => format!(" stale (applied {v})"),
+                    (true, None) => " stale".to_string(),
+                    (false, Some(v)) => format!(" (applied {v})"),
+                    (false, None) => String::new(),
+                }
             ),
             Outcome::GaveUp { reset } => {
                 format!("gave up ({})", if *reset { "reset" } else { "close" })
@@ -121,11 +142,15 @@ impl Attempt {
             Outcome::Failed(e) => format!("failed: {e}"),
         };
         format!(
-            "{} proxy {} tenant {} key {:?} payload {:016x} {:.3}s..{:.3}s{} -> {outcome}",
+            "{} proxy {} tenant {} key {:?}{} payload {:016x} {:.3}s..{:.3}s{} -> {outcome}",
             self.request_id,
             proxy_name(self.proxy),
             self.tenant,
             self.key.as_deref().map(short),
+            self.ordered
+                .as_ref()
+                .map(|(e, v)| format!(" entity {e} version {v}"))
+                .unwrap_or_default(),
             self.payload,
             self.start.as_secs_f64(),
             self.end.as_secs_f64(),
@@ -162,6 +187,10 @@ pub struct Exec {
     pub status: u16,
     pub body_hash: u64,
     pub fault: Option<UpstreamFault>,
+    /// The `x-entity` and `x-version` request headers, each sent once (the version an
+    /// integer): an ordered delivery's entity and version as the upstream got them.
+    pub entity: Option<String>,
+    pub version: Option<i64>,
 }
 
 impl Exec {
@@ -189,16 +218,29 @@ impl Exec {
             status: e.status,
             body_hash: fnv1a(&e.response_body),
             fault: e.fault,
+            entity: match e.header_values(ENTITY_HEADER).as_slice() {
+                [one] => Some(one.to_string()),
+                _ => None,
+            },
+            version: match e.header_values(VERSION_HEADER).as_slice() {
+                [one] => one.trim().parse().ok(),
+                _ => None,
+            },
         }
     }
 
     pub fn describe(&self) -> String {
         format!(
-            "order {} for {} tenant {:?} key {:?} payload {:016x} arrived {:.3}s, {} {}",
+            "order {} for {} tenant {:?} key {:?}{} payload {:016x} arrived {:.3}s, {} {}",
             self.order_id,
             self.request_id.as_deref().unwrap_or("?"),
             self.tenants,
             self.keys.iter().map(|k| short(k)).collect::<Vec<_>>(),
+            match (&self.entity, self.version) {
+                (Some(e), Some(v)) => format!(" entity {e} version {v}"),
+                (Some(e), None) => format!(" entity {e} version ?"),
+                _ => String::new(),
+            },
             self.payload,
             self.arrived.as_secs_f64(),
             match self.fault {

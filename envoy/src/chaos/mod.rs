@@ -2,7 +2,8 @@
 //! against two Envoys on a 3-member etcd and one Envoy on shared data, while
 //! a nemesis kills, freezes and partitions etcd members, restarts proxies,
 //! pushes their configuration and makes the upstream slow, failing or
-//! resetting; then a checker reads the whole history (see `checker` for the
+//! resetting (a share of the requests are ordered deliveries, through an
+//! `ordering` rule); then a checker reads the whole history (see `checker` for the
 //! rules) and prints the figures.
 //!
 //! The seed fixes the fault schedule and every client's choices; thread
@@ -19,7 +20,7 @@ pub mod rng;
 use crate::Result;
 use checker::{Findings, Params, ProxyCounters, Rule};
 pub use cluster::Broken;
-use cluster::{Cluster, TTL};
+use cluster::{Cluster, ORDERING_TTL, TTL};
 use history::{Attempt, Domain, Exec, Outcome};
 use nemesis::{FaultEvent, Nemesis};
 use std::collections::BTreeMap;
@@ -56,6 +57,7 @@ pub fn run(options: &Options) -> Result<Report> {
     let soak_start = Instant::now();
     let deadline = soak_start + Duration::from_secs(options.seconds);
     let on_etcd = (options.clients * 3 / 4).max(1);
+    let feed = clients::OrderedFeed::default();
     let attempts: Vec<Attempt> = std::thread::scope(|s| {
         let nem = s.spawn(|| nemesis.run(&cluster, options.seed, deadline));
         let handles: Vec<_> = (0..options.clients.max(2))
@@ -65,8 +67,15 @@ pub fn run(options: &Options) -> Result<Report> {
                 } else {
                     (Domain::SharedData, vec![2])
                 };
-                let client =
-                    clients::Client::new(id, domain, proxies, options.seed, &cluster, &nemesis);
+                let client = clients::Client::new(
+                    id,
+                    domain,
+                    proxies,
+                    options.seed,
+                    &cluster,
+                    &nemesis,
+                    &feed,
+                );
                 s.spawn(move || client.run(deadline))
             })
             .collect();
@@ -95,6 +104,11 @@ pub fn run(options: &Options) -> Result<Report> {
         .collect();
     let params = Params {
         ttl: TTL,
+        ordering_ttl: ORDERING_TTL,
+        keeps_unknown: !matches!(
+            options.broken,
+            Some(Broken::ReleaseOnUnknown | Broken::HoldOnUnknown)
+        ),
         domains: cluster.proxies.iter().map(|p| p.domain).collect(),
     };
     let findings = checker::check(&params, &attempts, &execs, &counters);
@@ -215,6 +229,7 @@ impl Report {
             s,
             "detached: {gave_up} operations on the detached route whose client gave up were retried; {got_replay} of them got the replay of their one execution"
         );
+        let _ = writeln!(s, "{}", self.ordered_line());
         let _ = writeln!(
             s,
             "answers: {} replays, 409: {}, 422: {}, 400: {}, 5xx: {}",
@@ -275,10 +290,65 @@ impl Report {
                 Some(Broken::ReleaseOnUnknown) => " BROKEN=release",
                 Some(Broken::HoldOnUnknown) => " BROKEN=hold",
                 Some(Broken::NoTenantScope) => " BROKEN=no-scope",
+                Some(Broken::NoOrdering) => " BROKEN=no-ordering",
                 None => "",
             }
         );
         s
+    }
+
+    /// The ordered deliveries' figures, one line.
+    pub fn ordered_line(&self) -> String {
+        let ordered: Vec<&Attempt> = self
+            .attempts
+            .iter()
+            .filter(|a| a.ordered.is_some())
+            .collect();
+        let ops: std::collections::HashSet<(usize, u64)> =
+            ordered.iter().map(|a| (a.client, a.op)).collect();
+        let versions: std::collections::HashSet<(Domain, &str, i64)> = ordered
+            .iter()
+            .filter_map(|a| a.ordered.as_ref().map(|(e, v)| (a.domain, e.as_str(), *v)))
+            .collect();
+        let entities: std::collections::HashSet<(Domain, &str)> =
+            versions.iter().map(|(d, e, _)| (*d, *e)).collect();
+        let count = |pred: &dyn Fn(&history::Answer) -> bool| {
+            ordered
+                .iter()
+                .filter(|a| a.answer().is_some_and(pred))
+                .count()
+        };
+        let rejected = count(&|r| r.problem.as_deref() == Some("stale-version"));
+        let acknowledged = count(&|r| r.stale);
+        let busy = count(&|r| r.problem.as_deref() == Some("in-flight"));
+        let by_id: std::collections::HashMap<&str, Domain> = ordered
+            .iter()
+            .map(|a| (a.request_id.as_str(), a.domain))
+            .collect();
+        let on_etcd = self
+            .execs
+            .iter()
+            .filter(|e| e.request_id.as_deref().and_then(|r| by_id.get(r)) == Some(&Domain::Etcd))
+            .count();
+        let on_shared = self
+            .execs
+            .iter()
+            .filter(|e| {
+                e.request_id.as_deref().and_then(|r| by_id.get(r)) == Some(&Domain::SharedData)
+            })
+            .count();
+        format!(
+            "ordered: {} deliveries ({} attempts) of {} versions of {} entities; {} executions ({on_etcd} etcd store, {on_shared} shared data); stale: {} refused 409 stale-version (etcd), {} acknowledged (shared data); {} 409 in-flight; rules (f) and (g) checked them against {} completions",
+            ops.len(),
+            ordered.len(),
+            versions.len(),
+            entities.len(),
+            self.findings.ordered_execs,
+            rejected,
+            acknowledged,
+            busy,
+            self.findings.completions
+        )
     }
 
     /// Operations on the detached route whose client gave up on an attempt and tried

@@ -7,6 +7,8 @@ const TTL: Duration = Duration::from_secs(60);
 fn params() -> Params {
     Params {
         ttl: TTL,
+        ordering_ttl: TTL,
+        keeps_unknown: true,
         domains: vec![Domain::Etcd, Domain::Etcd, Domain::SharedData],
     }
 }
@@ -39,6 +41,7 @@ fn attempt(
         end: ms(end),
         asked: None,
         detached: false,
+        ordered: None,
         outcome,
     }
 }
@@ -51,6 +54,8 @@ fn answered(status: u16, replayed: bool, order: Option<u64>, body: u64) -> Outco
         body_hash: body,
         problem: None,
         retry_after: None,
+        stale: false,
+        applied_version: None,
     })
 }
 
@@ -74,6 +79,8 @@ fn exec(
         status,
         body_hash: order * 100,
         fault,
+        entity: None,
+        version: None,
     }
 }
 
@@ -316,4 +323,239 @@ fn counters_must_agree_within_what_the_history_cannot_see() {
     assert_eq!(rules(&f), vec![Rule::Counters], "{:#?}", f.violations);
     let f = check(&params(), &atts, &execs, &counters(1, 0, 1));
     assert_eq!(rules(&f), vec![Rule::Counters; 2], "{:#?}", f.violations);
+}
+
+/// An ordered delivery of `version` of entity `e` (key `e-v<version>`).
+fn delivery(
+    id: &str,
+    proxy: usize,
+    e: &str,
+    version: i64,
+    start: u64,
+    end: u64,
+    outcome: Outcome,
+) -> Attempt {
+    let mut a = attempt(
+        id,
+        proxy,
+        "ord",
+        &format!("{e}-v{version}"),
+        start,
+        end,
+        outcome,
+    );
+    a.ordered = Some((e.into(), version));
+    a
+}
+
+/// Its execution, arrived at `arrived`, its status line 10 ms later.
+fn ordered_exec(order: u64, id: &str, e: &str, version: i64, arrived: u64, status: u16) -> Exec {
+    let mut x = exec(
+        order,
+        id,
+        "ord",
+        &format!("{e}-v{version}"),
+        arrived,
+        status,
+        None,
+    );
+    x.entity = Some(e.into());
+    x.version = Some(version);
+    x
+}
+
+/// A stale answer naming the applied version (`409 stale-version`, or acknowledged).
+fn stale(applied: i64, acknowledged: bool) -> Outcome {
+    Outcome::Answered(Answer {
+        status: if acknowledged { 200 } else { 409 },
+        replayed: false,
+        order_id: None,
+        body_hash: 0,
+        problem: (!acknowledged).then(|| "stale-version".into()),
+        retry_after: None,
+        stale: acknowledged,
+        applied_version: Some(applied),
+    })
+}
+
+fn keeping(keeps_unknown: bool) -> Params {
+    Params {
+        keeps_unknown,
+        ..params()
+    }
+}
+
+#[test]
+fn ordered_versions_in_order_with_stale_ones_refused_and_releases_pass() {
+    // v1 runs; v3 runs; v2 arrives late: refused stale (applied 3), on etcd and
+    // acknowledged on shared data; v5 gets a 503 (released), then v4 runs below it, then
+    // v5 again; another entity and another store are separate histories.
+    let atts = vec![
+        delivery("r1", 0, "e", 1, 0, 50, fresh(200, 1)),
+        delivery("r2", 1, "e", 3, 100, 150, fresh(201, 2)),
+        delivery("r3", 0, "e", 2, 200, 210, stale(3, false)),
+        delivery("r4", 1, "e", 2, 220, 230, stale(3, false)),
+        delivery("r5", 0, "e", 5, 300, 350, fresh(503, 3)),
+        delivery("r6", 1, "e", 4, 400, 450, fresh(200, 4)),
+        delivery("r7", 0, "e", 5, 500, 550, fresh(200, 5)),
+        delivery("r8", 0, "f", 1, 600, 650, fresh(200, 6)),
+        delivery("r9", 2, "e", 1, 600, 650, fresh(200, 7)),
+        delivery("r10", 2, "e", 1, 700, 710, stale(1, true)),
+        delivery("r11", 1, "e", 5, 800, 810, replay(200, 5)),
+    ];
+    let execs = vec![
+        ordered_exec(1, "r1", "e", 1, 10, 200),
+        ordered_exec(2, "r2", "e", 3, 110, 201),
+        ordered_exec(3, "r5", "e", 5, 310, 503),
+        ordered_exec(4, "r6", "e", 4, 410, 200),
+        ordered_exec(5, "r7", "e", 5, 510, 200),
+        ordered_exec(6, "r8", "f", 1, 610, 200),
+        ordered_exec(7, "r9", "e", 1, 610, 200),
+    ];
+    for keep in [true, false] {
+        let f = check(&keeping(keep), &atts, &execs, &no_counters());
+        assert!(f.violations.is_empty(), "{:#?}", f.violations);
+        assert_eq!(f.ordered_execs, 7);
+    }
+    // The stale answers are counted against the proxies' `stale` counters.
+    let f = check(&params(), &atts, &execs, &no_counters());
+    assert!(f.completions >= 4, "{}", f.completions);
+}
+
+#[test]
+fn a_stale_version_executed_after_a_newer_one_completed_is_flagged() {
+    // v2 completed (its client got 200), then v1 reached the upstream.
+    let atts = vec![
+        delivery("r1", 0, "e", 2, 0, 50, fresh(200, 1)),
+        delivery("r2", 1, "e", 1, 100, 150, fresh(200, 2)),
+    ];
+    let execs = vec![
+        ordered_exec(1, "r1", "e", 2, 10, 200),
+        ordered_exec(2, "r2", "e", 1, 110, 200),
+    ];
+    let f = check(&params(), &atts, &execs, &no_counters());
+    assert_eq!(rules(&f), vec![Rule::StaleVersion], "{:#?}", f.violations);
+    let v = &f.violations[0];
+    assert!(
+        v.what.contains("entity e: version 1") && v.what.contains("after version 2"),
+        "{}",
+        v.what
+    );
+    assert!(
+        v.excerpt.iter().any(|l| l.contains("r1")) && v.excerpt.iter().any(|l| l.contains("r2"))
+    );
+
+    // The same version again under another key: at or above counts.
+    let mut again = ordered_exec(2, "r2", "e", 2, 110, 200);
+    again.keys = vec!["other".into()];
+    let mut r2 = delivery("r2", 1, "e", 2, 100, 150, fresh(200, 2));
+    r2.key = Some("other".into());
+    let f = check(
+        &params(),
+        &[atts[0].clone(), r2],
+        &[execs[0].clone(), again],
+        &no_counters(),
+    );
+    assert_eq!(rules(&f), vec![Rule::StaleVersion], "{:#?}", f.violations);
+}
+
+#[test]
+fn what_proves_a_completion_depends_on_on_unknown_outcome() {
+    // v2 ran and the upstream answered 200, but its client hung up (outcome unknown);
+    // v1 ran later. Under "keep" the entity is held for the TTL after an unknown
+    // outcome, so v1 cannot run: flagged. Under "release" or "hold" the flight may
+    // end without v2's completion: legal.
+    let atts = vec![
+        delivery("r1", 0, "e", 2, 0, 5, Outcome::GaveUp { reset: true }),
+        delivery("r2", 1, "e", 1, 100, 150, fresh(200, 2)),
+    ];
+    let execs = vec![
+        ordered_exec(1, "r1", "e", 2, 3, 200),
+        ordered_exec(2, "r2", "e", 1, 110, 200),
+    ];
+    let f = check(&keeping(true), &atts, &execs, &no_counters());
+    assert_eq!(rules(&f), vec![Rule::StaleVersion], "{:#?}", f.violations);
+    assert!(f.violations[0].excerpt[0].contains("execution answered a stored status"));
+    let f = check(&keeping(false), &atts, &execs, &no_counters());
+    assert!(f.violations.is_empty(), "{:#?}", f.violations);
+
+    // A client told applied version 2 proves it under any setting, against requests
+    // begun after that answer; one begun before it may still have been on its way.
+    let mut told = atts.clone();
+    told.push(delivery("r3", 2, "e", 1, 60, 70, stale(2, false)));
+    for r in told.iter_mut().filter(|a| a.request_id != "r1") {
+        r.proxy = 0;
+        r.domain = Domain::Etcd;
+    }
+    let f = check(&keeping(false), &told, &execs, &no_counters());
+    assert_eq!(rules(&f), vec![Rule::StaleVersion], "{:#?}", f.violations);
+    assert!(f.violations[0].excerpt[0].contains("applied version 2"));
+    told[1].start = ms(50);
+    let f = check(&keeping(false), &told, &execs, &no_counters());
+    assert!(f.violations.is_empty(), "{:#?}", f.violations);
+
+    // A store that evicted entities may legally forget an applied version.
+    let mut evicted = ProxyCounters::default();
+    evicted.totals.insert("entities_evicted".into(), 1);
+    let counters = vec![evicted, ProxyCounters::default(), ProxyCounters::default()];
+    let f = check(&keeping(true), &atts, &execs, &counters);
+    assert!(
+        !rules(&f).contains(&Rule::StaleVersion),
+        "{:#?}",
+        f.violations
+    );
+}
+
+#[test]
+fn two_versions_of_an_entity_at_the_upstream_at_once_are_flagged() {
+    // v1 is still running (its status line at 1.01 s) when v2 arrives.
+    let mut slow = ordered_exec(1, "r1", "e", 1, 10, 503);
+    slow.head_sent = Some(ms(1010));
+    let atts = vec![
+        delivery("r1", 0, "e", 1, 0, 1050, fresh(503, 1)),
+        delivery("r2", 1, "e", 2, 400, 450, fresh(200, 2)),
+    ];
+    let execs = vec![slow.clone(), ordered_exec(2, "r2", "e", 2, 410, 200)];
+    let f = check(&params(), &atts, &execs, &no_counters());
+    assert_eq!(
+        rules(&f),
+        vec![Rule::OneVersionInFlight],
+        "{:#?}",
+        f.violations
+    );
+    assert!(f.violations[0].what.contains("still running"));
+    // Under "release" the flight may end while the upstream still runs it.
+    let f = check(&keeping(false), &atts, &execs, &no_counters());
+    assert!(f.violations.is_empty(), "{:#?}", f.violations);
+
+    // After a reset without an answer (outcome unknown) the entity is held: v2 later.
+    let mut reset = ordered_exec(1, "r1", "e", 1, 10, 200);
+    reset.fault = Some(UpstreamFault::Reset);
+    reset.head_sent = None;
+    let atts = vec![
+        delivery("r1", 0, "e", 1, 0, 50, answered(503, false, None, 0)),
+        delivery("r2", 1, "e", 2, 4000, 4050, fresh(200, 2)),
+    ];
+    let execs = vec![reset, ordered_exec(2, "r2", "e", 2, 4010, 200)];
+    let f = check(&params(), &atts, &execs, &no_counters());
+    assert_eq!(
+        rules(&f),
+        vec![Rule::OneVersionInFlight],
+        "{:#?}",
+        f.violations
+    );
+    assert!(f.violations[0].what.contains("reset without an answer"));
+    // Once its 503 was written, v1's flight is released: v2 may run.
+    slow.head_sent = Some(ms(300));
+    let atts = vec![
+        delivery("r1", 0, "e", 1, 0, 350, fresh(503, 1)),
+        delivery("r2", 1, "e", 2, 400, 450, fresh(200, 2)),
+    ];
+    let f = check(
+        &params(),
+        &atts,
+        &[slow, ordered_exec(2, "r2", "e", 2, 410, 200)],
+        &no_counters(),
+    );
+    assert!(f.violations.is_empty(), "{:#?}", f.violations);
 }
