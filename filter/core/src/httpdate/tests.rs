@@ -31,10 +31,11 @@ fn milliseconds_round_up_to_the_second() {
 /// Every day for 1000 years against a plain day-by-day walk of the calendar.
 #[test]
 fn civil_from_days_walks_the_calendar() {
-    let leap = |y: u64| (y.is_multiple_of(4) && !y.is_multiple_of(100)) || y.is_multiple_of(400);
+    let leap = |y: i64| (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
     let (mut y, mut m, mut d) = (1970, 1, 1);
     for days in 0..365_250 {
         assert_eq!(civil_from_days(days), (y, m, d), "day {days}");
+        assert_eq!(days_from_civil(y, m, d), days, "{y}-{m}-{d}");
         let len = match m {
             2 if leap(y) => 29,
             2 => 28,

@@ -79,6 +79,15 @@ pub enum Settle {
 }
 
 impl Entity {
+    /// An entity the store has not seen: no applied version, nothing in flight.
+    pub fn fresh(digest: Digest) -> Entity {
+        Entity {
+            digest,
+            applied: None,
+            flight: None,
+        }
+    }
+
     fn live_flight(&self, now_ms: u64) -> Option<&Flight> {
         self.flight.as_ref().filter(|f| f.expires_ms > now_ms)
     }
@@ -248,6 +257,18 @@ pub fn encode(entities: &[Entity]) -> Vec<u8> {
     w.finish()
 }
 
+/// A slot for a new entity `digest` in a bucket's `entities`: a free one, else that of
+/// an entity whose state has expired (`None`: every slot holds a live entity).
+fn free_slot(entities: &mut Vec<Entity>, digest: &Digest, now_ms: u64) -> Option<usize> {
+    if entities.len() < WAYS {
+        entities.push(Entity::fresh(*digest));
+        return Some(entities.len() - 1);
+    }
+    let i = entities.iter().position(|e| e.is_dead(now_ms))?;
+    entities[i] = Entity::fresh(*digest);
+    Some(i)
+}
+
 /// The shared-data entities of one layout (its `entity_buckets`, keyed by its secret).
 pub struct SharedEntities<'a, S: SharedData + ?Sized> {
     shared: &'a S,
@@ -304,19 +325,9 @@ impl<'a, S: SharedData + ?Sized> SharedEntities<'a, S> {
             let mut evicted_unexpired = false;
             let at = match entities.iter().position(|e| e.digest == *digest) {
                 Some(i) => i,
-                None => {
-                    let fresh = Entity {
-                        digest: *digest,
-                        applied: None,
-                        flight: None,
-                    };
-                    if entities.len() < WAYS {
-                        entities.push(fresh);
-                        entities.len() - 1
-                    } else if let Some(i) = entities.iter().position(|e| e.is_dead(now_ms)) {
-                        entities[i] = fresh;
-                        i
-                    } else {
+                None => match free_slot(&mut entities, digest, now_ms) {
+                    Some(i) => i,
+                    None => {
                         let victim = entities
                             .iter()
                             .enumerate()
@@ -326,11 +337,11 @@ impl<'a, S: SharedData + ?Sized> SharedEntities<'a, S> {
                         let Some(i) = victim else {
                             return Err(StoreError::BucketFull);
                         };
-                        entities[i] = fresh;
+                        entities[i] = Entity::fresh(*digest);
                         evicted_unexpired = true;
                         i
                     }
-                }
+                },
             };
             let Some(entity) = entities.get_mut(at) else {
                 return Err(StoreError::Contention);
@@ -363,19 +374,9 @@ impl<'a, S: SharedData + ?Sized> SharedEntities<'a, S> {
             let at = match entities.iter().position(|e| e.digest == *digest) {
                 Some(i) => i,
                 None if matches!(how, Settle::Complete { .. }) => {
-                    let fresh = Entity {
-                        digest: *digest,
-                        applied: None,
-                        flight: None,
-                    };
-                    if entities.len() < WAYS {
-                        entities.push(fresh);
-                        entities.len() - 1
-                    } else if let Some(i) = entities.iter().position(|e| e.is_dead(now_ms)) {
-                        entities[i] = fresh;
-                        i
-                    } else {
-                        return Ok(false);
+                    match free_slot(&mut entities, digest, now_ms) {
+                        Some(i) => i,
+                        None => return Ok(false),
                     }
                 }
                 None => return Ok(false),

@@ -156,16 +156,20 @@ impl DedupStream {
         }
     }
 
+    /// Removes the claim (`counted`: as a release; a claim never forwarded is not).
     pub(super) fn release_shared<E: Env>(
         &mut self,
         p: &Plugin,
         layout: &Layout,
         env: &mut E,
         claim: &Claim,
+        counted: bool,
     ) {
         match SharedStore::new(&*env, layout).release(claim) {
             Ok(true) => {
-                env.count(Counter::Released);
+                if counted {
+                    env.count(Counter::Released);
+                }
                 wake(p, env, &claim.digest);
             }
             Ok(false) => env.count(Counter::ClaimsLost),

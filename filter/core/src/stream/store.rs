@@ -10,11 +10,10 @@ use super::plugin::keeps_unknown;
 use super::{CallAnswer, Decision, DedupStream, Env, Phase, Plugin, StoreCall, Waiting};
 use crate::config::{Config, Eviction, Policy, StoreConfig};
 use crate::key::{Digest, RequestHead};
-use crate::metrics::Counter;
 use crate::ordering::entities::{Settle as EntitySettle, SharedEntities};
 use crate::ordering::Ordered;
 use crate::response::StoredResponse;
-use crate::store::{Claim, HostFault, Layout, SharedStore, StoreError, WAYS};
+use crate::store::{Claim, HostFault, Layout, StoreError, WAYS};
 use crate::wait::{POLL_ETCD_MS, RECHECK_SHARED_MS};
 use std::borrow::Cow;
 
@@ -288,7 +287,7 @@ impl DedupStream {
     ) -> Option<StoreCall> {
         match (owned, &p.store) {
             (HeldClaim::Shared(claim), StoreState::SharedData(layout)) => {
-                self.release_shared(p, layout, env, &claim);
+                self.release_shared(p, layout, env, &claim, true);
                 self.settle_entity_shared(p, layout, env, EntitySettle::Release);
                 None
             }
@@ -342,14 +341,7 @@ impl DedupStream {
     ) -> Option<StoreCall> {
         match (owned, &p.store) {
             (HeldClaim::Shared(claim), StoreState::SharedData(layout)) => {
-                if let Err(e) = SharedStore::new(&*env, layout).release(&claim) {
-                    env.count(Counter::StoreErrors);
-                    env.warn(&format!(
-                        "stream {}: releasing the claim failed: {e}",
-                        self.id
-                    ));
-                }
-                super::wake(p, env, &claim.digest);
+                self.release_shared(p, layout, env, &claim, false);
                 None
             }
             (HeldClaim::Etcd(o), StoreState::Etcd(ec)) => Some(self.unwind_etcd(ec, env, &o)),

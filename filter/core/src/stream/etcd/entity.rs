@@ -117,11 +117,7 @@ fn entity_of(value: &[u8], digest: &Digest) -> Result<Entity, StoreError> {
         Ok(list) => Ok(list
             .into_iter()
             .find(|e| e.digest == *digest)
-            .unwrap_or(Entity {
-                digest: *digest,
-                applied: None,
-                flight: None,
-            })),
+            .unwrap_or(Entity::fresh(*digest))),
         Err(_) => Err(StoreError::Host(HostFault(
             "an etcd entity is in a format this version cannot read".into(),
         ))),
@@ -236,14 +232,10 @@ impl DedupStream {
                 }
             },
         };
-        let mut state = e.seen.as_ref().map_or(
-            Entity {
-                digest: e.entity,
-                applied: None,
-                flight: None,
-            },
-            |(_, s)| s.clone(),
-        );
+        let mut state = e
+            .seen
+            .as_ref()
+            .map_or(Entity::fresh(e.entity), |(_, s)| s.clone());
         let before = state.clone();
         match &e.op {
             EntityOp::Claim { .. } => {
