@@ -214,6 +214,7 @@ impl Worker {
             host,
             namespace: self.plugin.config.namespace(),
             state: &mut self.state,
+            now_ms: std::cell::Cell::new(None),
         };
         f(&self.plugin, &mut env)
     }
@@ -388,6 +389,10 @@ pub struct WorkerEnv<'a, H> {
     host: &'a H,
     namespace: &'a str,
     state: &'a mut State,
+    /// The host's clock, read once per callback: one instant decides a callback (a
+    /// claim and the expiry its duplicate's answer advertises), and a clock read is a
+    /// host call.
+    now_ms: std::cell::Cell<Option<u64>>,
 }
 
 impl<H: Host> SharedData for WorkerEnv<'_, H> {
@@ -401,7 +406,14 @@ impl<H: Host> SharedData for WorkerEnv<'_, H> {
 
 impl<H: Host> Env for WorkerEnv<'_, H> {
     fn now_ms(&self) -> u64 {
-        self.host.now_ms()
+        match self.now_ms.get() {
+            Some(now) => now,
+            None => {
+                let now = self.host.now_ms();
+                self.now_ms.set(Some(now));
+                now
+            }
+        }
     }
 
     fn new_token(&mut self) -> u64 {
