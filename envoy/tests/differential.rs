@@ -8,7 +8,7 @@ mod common;
 #[path = "common/host.rs"]
 mod host;
 
-use common::Stack;
+use common::{counter_of, Stack};
 use dedup_envoy::client::Body;
 use dedup_envoy::{problem_type, Request, Response};
 use host_test::{Reply, SimEnvoy};
@@ -393,8 +393,23 @@ fn run_in_envoy(s: &Scenario) -> Vec<Seen> {
             Step::GiveUp(c) => {
                 let slow = c.clone().header("x-demo-delay-ms", "1000");
                 let before = stack.executions(&path);
+                let ended = || {
+                    counter_of(&stack.envoy, "outcome_unknown")
+                        + counter_of(&stack.envoy, "detached_client_gone")
+                };
+                let ended_before = ended();
                 stack.hang_up(&slow, Duration::from_millis(300));
                 stack.wait_executions(&path, before + 1, Duration::from_secs(5));
+                // The next step comes after Envoy ended the stream the client left (on
+                // another worker, maybe): host-test ends it at once.
+                let end = std::time::Instant::now() + Duration::from_secs(5);
+                while ended() == ended_before {
+                    assert!(
+                        std::time::Instant::now() < end,
+                        "Envoy never ended the stream the client left"
+                    );
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 out.push(Seen::gave_up(stack.executions(&path)));
             }
         }
