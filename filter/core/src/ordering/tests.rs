@@ -279,3 +279,84 @@ fn a_full_entity_bucket_evicts_the_earliest_expiring_never_a_flight() {
         Err(crate::store::StoreError::BucketFull)
     );
 }
+
+#[test]
+fn an_applied_version_ends_at_its_expiry_to_the_millisecond() {
+    let i = |s| v(VersionType::Integer, s);
+    let mut e = entity(2);
+    assert!(matches!(
+        e.claim(1, &i("5"), 0, 100),
+        EntityClaim::Claimed { .. }
+    ));
+    assert!(e.settle(
+        1,
+        &Settle::Complete {
+            version: i("5"),
+            ttl_ms: 1000
+        },
+        10
+    ));
+    // Live until 1010 (exclusive): at 1009 a lower version is stale, at 1010 it runs.
+    assert_eq!(
+        e.claim(2, &i("4"), 1009, 1100),
+        EntityClaim::Stale { applied: i("5") }
+    );
+    assert!(matches!(
+        e.claim(2, &i("4"), 1010, 1100),
+        EntityClaim::Claimed { .. }
+    ));
+}
+
+#[test]
+fn the_same_version_completing_again_keeps_the_expiry_of_the_completion_that_set_it() {
+    let i = |s| v(VersionType::Integer, s);
+    let mut e = entity(3);
+    assert!(matches!(
+        e.claim(1, &i("5"), 0, 100),
+        EntityClaim::Claimed { .. }
+    ));
+    assert!(e.settle(
+        1,
+        &Settle::Complete {
+            version: i("5"),
+            ttl_ms: 1000
+        },
+        0
+    ));
+    // A completion of version 5 that holds no flight (forwarded unordered).
+    assert!(!e.settle(
+        9,
+        &Settle::Complete {
+            version: i("5"),
+            ttl_ms: 1000
+        },
+        500
+    ));
+    assert_eq!(e.applied.as_ref().map(|a| a.expires_ms), Some(1000));
+}
+
+#[test]
+fn a_new_entity_takes_an_expired_slot_without_counting_an_eviction() {
+    use crate::fake::FakeShared;
+    use crate::store::Layout;
+    let shared = FakeShared::new();
+    let layout = Layout::new("t", 16, 1000, 1000).with_entities(16);
+    let store = entities::SharedEntities::new(&*shared, &layout);
+    let i = |s| v(VersionType::Integer, s);
+    for k in 0..16u8 {
+        let d = [k; 32];
+        store.claim(&d, &i("1"), u64::from(k), 0, 100).unwrap();
+        let done = Settle::Complete {
+            version: i("1"),
+            ttl_ms: 100,
+        };
+        store.settle(&d, u64::from(k), &done, 0).unwrap();
+    }
+    // At 200 every entity has expired: a new one reuses a slot, evicting nothing live.
+    assert_eq!(
+        store.claim(&[77; 32], &i("1"), 77, 200, 300),
+        Ok(EntityClaim::Claimed {
+            evicted_unexpired: false
+        })
+    );
+}
