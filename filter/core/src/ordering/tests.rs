@@ -360,3 +360,29 @@ fn a_new_entity_takes_an_expired_slot_without_counting_an_eviction() {
         })
     );
 }
+
+#[test]
+fn entities_live_in_their_buckets_keys_and_ending_an_unknown_flight_writes_nothing() {
+    use crate::fake::FakeShared;
+    use crate::store::Layout;
+    let shared = FakeShared::new();
+    let layout = Layout::new("ns", 16, 1000, 1000).with_entities(64);
+    let store = entities::SharedEntities::new(&*shared, &layout);
+    let i = |s| v(VersionType::Integer, s);
+    let d = [5; 32];
+    store.claim(&d, &i("1"), 1, 0, 100).unwrap();
+    let bucket = layout.bucket_in(layout.entity_buckets, &d);
+    assert_eq!(shared.keys(), vec![format!("ns/4/o/{bucket}")]);
+    // A release or hold of an entity the bucket does not hold: nothing to end.
+    let sets = shared.sets();
+    for how in [
+        Settle::Release,
+        Settle::Hold {
+            until_ms: Some(500),
+        },
+    ] {
+        assert_eq!(store.settle(&[6; 32], 2, &how, 10), Ok(false));
+    }
+    assert_eq!(shared.sets(), sets);
+    assert_eq!(store.get(&[6; 32]).unwrap(), None);
+}
