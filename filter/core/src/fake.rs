@@ -242,6 +242,18 @@ impl FakeEtcd {
         i.kv.len()
     }
 
+    /// The live keys, sorted (as text).
+    pub fn keys(&self, now_ms: u64) -> Vec<String> {
+        let mut i = self.inner.lock().unwrap();
+        i.expire(now_ms);
+        let mut keys: Vec<String> =
+            i.kv.keys()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+                .collect();
+        keys.sort();
+        keys
+    }
+
     /// Replaces every value with bytes no version of the record format reads.
     pub fn corrupt_all(&self) {
         let mut inner = self.inner.lock().unwrap();

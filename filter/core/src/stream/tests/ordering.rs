@@ -569,3 +569,111 @@ fn a_full_entity_bucket_refuses_or_under_on_store_full_open_runs_unordered_once(
         }
     }
 }
+
+/// Runs `r`'s request-path calls on `env`'s etcd until the entity's claim is out; then
+/// `before_entity` (a fault), and the rest: the stream and what it decided.
+fn at_entity_claim(
+    p: &crate::stream::Plugin,
+    env: &mut FakeEnv,
+    r: &Req,
+    before_entity: impl FnOnce(&FakeEnv),
+) -> (crate::stream::DedupStream, Decision) {
+    let mut s = crate::stream::DedupStream::new(11);
+    let mut d = s.on_request_headers(p, env, r.head.clone(), true);
+    let mut fault = Some(before_entity);
+    while let Decision::Call(c) = d {
+        if format!("{s:?}").contains("phase: ordering") {
+            if let Some(f) = fault.take() {
+                f(env);
+            }
+        }
+        let a = call(env, &c);
+        d = s.on_store_answer(p, env, a);
+    }
+    (s, d)
+}
+
+#[test]
+fn etcd_an_entity_claim_is_retried_four_times_then_fails_as_failure_mode_says() {
+    // Four transport failures: retried, claimed, forwarded.
+    let p = etcd_ordered("");
+    let (mut a, _) = two_proxies();
+    let (s, d) = at_entity_claim(&p, &mut a, &delivery("o", "2", "b"), |e| {
+        e.etcd.fail_next(4)
+    });
+    assert_eq!(d, Decision::Continue);
+    assert_eq!(respond(&p, &mut a, s, ok("two")), executed("two"));
+    assert_eq!(
+        run(&p, &mut a, &delivery("o", "1", "a"), ok("x")).status(),
+        409
+    );
+    // Five: closed refuses (and releases the record: the key runs later).
+    let p = etcd_ordered(r#""failure_mode": "closed""#);
+    let (mut a, _) = two_proxies();
+    let (_, d) = at_entity_claim(&p, &mut a, &delivery("o", "2", "b"), |e| {
+        e.etcd.fail_next(5)
+    });
+    assert!(matches!(&d, Decision::Reply(r) if r.status == 503), "{d:?}");
+    assert_eq!(
+        run(&p, &mut a, &delivery("o", "2", "b"), ok("two")),
+        executed("two")
+    );
+    // Five under open: forwarded unordered, once; its completion still raises the
+    // applied version (the entity is created by the settle).
+    let p = etcd_ordered("");
+    let (mut a, _) = two_proxies();
+    let (s, d) = at_entity_claim(&p, &mut a, &delivery("o", "2", "b"), |e| {
+        e.etcd.fail_next(5)
+    });
+    assert_eq!(d, Decision::Continue);
+    assert_eq!(counts(&a, [Counter::FailedOpen]), [1]);
+    assert_eq!(respond(&p, &mut a, s, ok("two")), executed("two"));
+    let stale = run(&p, &mut a, &delivery("o", "1", "a"), ok("x"));
+    assert_eq!(
+        stale.problem_type(),
+        "urn:proxy-dedup:problem:stale-version"
+    );
+}
+
+#[test]
+fn etcd_an_entity_claim_whose_lease_is_gone_takes_a_fresh_one() {
+    let p = etcd_ordered("");
+    let (mut a, mut b) = two_proxies();
+    let grants = a.etcd.grants();
+    let (s, d) = at_entity_claim(&p, &mut a, &delivery("o", "2", "b"), |e| {
+        e.etcd.revoke_all_leases()
+    });
+    // The record's claim went with its lease too; the entity took a fresh lease and
+    // was claimed.
+    assert_eq!(d, Decision::Continue);
+    assert!(a.etcd.grants() > grants + 1, "a fresh grant for the entity");
+    respond(&p, &mut a, s, ok("two"));
+    assert_eq!(
+        run(&p, &mut b, &delivery("o", "1", "a"), ok("x")).status(),
+        409
+    );
+}
+
+#[test]
+fn etcd_entities_are_keys_under_the_prefix_and_a_vanished_one_is_a_lost_claim() {
+    let p = etcd_ordered("");
+    let (mut a, _) = two_proxies();
+    let s = send(&p, &mut a, &delivery("o", "1", "a")).unwrap();
+    let now = a.now_ms;
+    let keys = a.etcd.keys(now);
+    let entities: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.starts_with("proxy-dedup/o/"))
+        .collect();
+    assert_eq!(entities.len(), 1, "{keys:?}");
+    assert_eq!(entities[0].len(), "proxy-dedup/o/".len() + 64, "{keys:?}");
+    // Its lease is revoked while version 1 runs: the release finds nothing to end.
+    a.etcd.revoke_all_leases();
+    let lost = a.count_of(Counter::ClaimsLost);
+    assert_eq!(respond(&p, &mut a, s, answer(503, "x")).status(), 503);
+    assert_eq!(
+        a.count_of(Counter::ClaimsLost),
+        lost + 1,
+        "the entity's flight was gone"
+    );
+}

@@ -223,3 +223,71 @@ fn a_local_reply_is_sent_and_reported_and_a_pass_through_continues() {
     );
     assert_eq!(io.reports[0].0, "bypassed");
 }
+
+#[test]
+fn a_woken_waiter_is_driven_on_and_its_request_resumed() {
+    let host = FakeHost::new(FakeVm::new(), 1);
+    let mut w = worker(
+        &host,
+        r#"{"on_in_flight": "wait", "wait_timeout_ms": 5000}"#,
+    );
+    let (mut first, mut io) = (DedupStream::new(3), FakeIo::default());
+    let d = headers(&mut w, &host, &mut first, "k");
+    assert_eq!(
+        w.drive(&host, &mut io, &mut first, Answerer::Stream, d),
+        Action::Continue
+    );
+    let mut dup = DedupStream::new(4);
+    let d = headers(&mut w, &host, &mut dup, "k");
+    assert_eq!(
+        w.drive(&host, &mut io, &mut dup, Answerer::Stream, d),
+        Action::Pause
+    );
+    // Not woken while the first runs: nothing happens.
+    w.woken(&host, &mut io, &mut first);
+    assert!(io.resumed.is_empty());
+    // The first is released (a 503): the waiter claims the key, and goes on.
+    let c = w.run(&host, |p, env| {
+        first.on_response_headers(p, env, 503, &Origin::upstream(), Vec::new, true)
+    });
+    assert_eq!(c, None);
+    w.woken(&host, &mut io, &mut dup);
+    assert_eq!(io.resumed, [Side::Request]);
+    assert_eq!(io.reports.last().map(|r| r.0.as_str()), Some("executed"));
+}
+
+#[test]
+fn a_completion_whose_call_fails_is_resent_with_the_response_still_held() {
+    let (etcd, host) = (FakeEtcd::new(), FakeHost::new(FakeVm::new(), 1));
+    let mut w = worker(&host, ETCD);
+    let (mut s, mut io) = (DedupStream::new(3), FakeIo::default());
+    let d = headers(&mut w, &host, &mut s, "k");
+    w.drive(&host, &mut io, &mut s, Answerer::Stream, d);
+    while s.pending_call().is_some() {
+        let (token, a) = answer_last(&etcd, &host);
+        w.call_answered(&host, &mut io, &mut s, Answerer::Stream, token, a);
+    }
+    let call = w.run(&host, |p, env| {
+        s.on_response_headers(p, env, 201, &Origin::upstream(), Vec::new, true)
+    });
+    assert_eq!(
+        w.hold_response_for(&host, &mut io, &mut s, call),
+        Action::Pause
+    );
+    let resumed = io.resumed.len();
+    // A transport failure: resent, the response still held.
+    let token = s.pending_call().unwrap();
+    w.call_answered(
+        &host,
+        &mut io,
+        &mut s,
+        Answerer::Stream,
+        token,
+        CallAnswer::default(),
+    );
+    assert_eq!(io.resumed.len(), resumed, "still held");
+    assert!(s.response_held());
+    let (token, a) = answer_last(&etcd, &host);
+    w.call_answered(&host, &mut io, &mut s, Answerer::Stream, token, a);
+    assert_eq!(io.resumed.last(), Some(&Side::Response));
+}
