@@ -258,6 +258,30 @@ fn scenarios() -> Vec<Scenario> {
             ],
         },
         Scenario {
+            name: "ordering",
+            config: r#"{"ordering": {"entity": {"header": "x-entity"}, "version": {"header": "x-version"}}}"#,
+            steps: {
+                let v = |key: &str, version: &str| {
+                    call("ordering", Some(key), "x")
+                        .header("x-entity", "e1")
+                        .header("x-version", version)
+                };
+                vec![
+                    Step::Send(v("v2", "2")),
+                    // Stale (not forwarded), stale again, a duplicate replayed.
+                    Step::Send(v("v1", "1")),
+                    Step::Send(v("v1", "1")),
+                    Step::Send(v("v2", "2")),
+                    // A 5xx of version 3 raises nothing; its retry runs.
+                    Step::Send(v("v3", "3").header("x-demo-status", "503")),
+                    Step::Send(v("v3", "3")),
+                    Step::Send(v("v2b", "2")),
+                    Step::Send(v("bad", "two")),
+                    while_in_flight(v("v4", "4"), v("v5", "5")),
+                ]
+            },
+        },
+        Scenario {
             name: "gave-up",
             config: r#"{"in_flight_timeout_seconds": 2}"#,
             steps: vec![

@@ -11,7 +11,7 @@ use dedup_envoy::{
 use serde_json::json;
 use std::time::{Duration, Instant};
 
-const FILTER_CONFIG: &str = r#"{"key": {"required": true}, "retry_after_seconds": 1}"#;
+const FILTER_CONFIG: &str = r#"{"key": {"required": true}, "retry_after_seconds": 1, "rules": [{"name": "hooks", "match": {"path_prefix": "/hooks/"}, "ordering": {"entity": {"header": "x-entity"}, "version": {"header": "x-version"}}}]}"#;
 
 struct Walk<'a> {
     envoy: &'a EnvoyProcess,
@@ -169,12 +169,30 @@ fn run() -> Result<i32> {
         "400 invalid-key (longer than key.max_length 255)",
     );
 
+    w.title("Ordering (the `hooks` rule): version 2 of an entity runs; version 1 after it is stale, never forwarded.");
+    let hook = |key: &str, version: &str| {
+        Request::post("/hooks/orders")
+            .key(key)
+            .header("x-entity", "order-7")
+            .header("x-version", version)
+            .json(&json!({"status": "shipped"}))
+    };
+    let v2 = w.show(&hook("hook-2", "2"))?;
+    w.expect(v2.status == 200, "version 2 executes");
+    let v1 = w.show(&hook("hook-1", "1"))?;
+    w.expect(
+        v1.status == 409
+            && problem_type(&v1.body).ends_with(":stale-version")
+            && v1.header("idempotent-applied-version") == Some("2"),
+        "409 stale-version, idempotent-applied-version: 2",
+    );
+
     w.title("How often the service really executed each key:");
     let execs = w.show(&Request::get("/__executions"))?;
     let by_key = execs.json().ok().map(|v| v["by_key"].clone());
     w.expect(
-        by_key == Some(json!({"demo-1": 1, "demo-2": 1})),
-        "demo-1 and demo-2 executed exactly once each",
+        by_key == Some(json!({"demo-1": 1, "demo-2": 1, "hook-2": 1})),
+        "demo-1, demo-2 and hook-2 executed exactly once each (hook-1 never)",
     );
 
     w.title("The filter's counters in Envoy's stats:");
@@ -188,12 +206,13 @@ fn run() -> Result<i32> {
     }
     let c = |n: &str| counters.get(n).copied().unwrap_or(0);
     w.expect(
-        c("executed") == 2
+        c("executed") == 3
             && c("replayed") == 1
             && c("rejected_in_flight") == 1
             && c("payload_mismatch") == 1
-            && c("bad_key") == 2,
-        "executed 2, replayed 1, rejected_in_flight 1, payload_mismatch 1, bad_key 2",
+            && c("bad_key") == 2
+            && c("stale") == 1,
+        "executed 3, replayed 1, rejected_in_flight 1, payload_mismatch 1, bad_key 2, stale 1",
     );
 
     let failures = std::mem::take(&mut w.failures);
