@@ -105,7 +105,7 @@ impl DedupStream {
                 env.count(Counter::RejectedInFlight);
                 let (seconds, detail) = match held_until {
                     Some(until) => (
-                        until.saturating_sub(now).div_ceil(1000).max(1),
+                        retry_after_held(until, now),
                         "the first request with this key ended without a known outcome (it may have run); \
                          the key is held until the in-flight timeout ends",
                     ),
@@ -275,6 +275,11 @@ impl Advertised {
             headers.push(("age".to_string(), age.to_string().into_bytes()));
         }
     }
+}
+
+/// `retry-after` for a key or entity held until `until_ms`: the seconds left, at least 1.
+pub(super) fn retry_after_held(until_ms: u64, now_ms: u64) -> u64 {
+    until_ms.saturating_sub(now_ms).div_ceil(1000).max(1)
 }
 
 /// The access-log decision of a local reply, from its response code details.

@@ -328,7 +328,7 @@ impl DedupStream {
         env.count(Counter::RejectedInFlight);
         let (seconds, detail) = match held_until {
             Some(until) => (
-                until.saturating_sub(env.now_ms()).div_ceil(1000).max(1),
+                super::answer::retry_after_held(until, env.now_ms()),
                 format!(
                     "version {} of this entity ended without a known outcome (it may have run); \
                      the entity is held until then",
