@@ -889,7 +889,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Json(Value::Int(DEFAULT_MAX_ENTITIES)),
         applies: Applies::SharedData,
         group: Group::Configuration,
-        meaning: r#"(shared data) most entities the ordering guard keeps ({range}), in `max_entities / 16` shared-data keys written only when some policy has `ordering`. A new entity in a full bucket takes the slot of one whose state expired, else of the one whose applied version expires first (counted in `proxy_dedup_entities_evicted`: an older version of that entity could then run), never of one with a version in flight (`503 store-full`). Changing it starts a new history for every entity."#,
+        meaning: r#"(shared data) most entities the ordering guard keeps ({range}), in `max_entities / 16` shared-data keys written only when some policy has `ordering`. A new entity in a full bucket takes the slot of one whose state expired, else of the one of its own scope whose applied version expires first (counted in `proxy_dedup_entities_evicted`: an older version of that entity could then run), never of one with a version in flight, nor, under the default `store.eviction: "own_scope"`, of another scope's (`503 store-full`). Changing it starts a new history for every entity."#,
     },
     Field {
         name: "rules[].name",

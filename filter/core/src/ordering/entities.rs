@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! u8 format (0xE1) · u8 entries · entries
-//! entry: [u8; 32] digest · u8 flags (1 applied, 2 flight, 4 held)
+//! entry: [u8; 32] digest · u8 flags (1 applied, 2 flight, 4 held) · u32 scope tag
 //!        applied: u64 expires_ms · u8 len · version bytes
 //!        flight:  u64 token · u64 expires_ms · u8 len · version bytes
 //! ```
@@ -47,6 +47,9 @@ pub struct Flight {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entity {
     pub digest: Digest,
+    /// Its scope's tag (`key::scope_tag`; 0: unknown): a full bucket evicts only its
+    /// own scope's entities (unless `store.eviction: "oldest"`).
+    pub scope: u32,
     pub applied: Option<Applied>,
     pub flight: Option<Flight>,
 }
@@ -83,6 +86,7 @@ impl Entity {
     pub fn fresh(digest: Digest) -> Entity {
         Entity {
             digest,
+            scope: 0,
             applied: None,
             flight: None,
         }
@@ -194,6 +198,7 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Entity>, WireError> {
     for _ in 0..n {
         let digest = r.array::<32>()?;
         let flags = r.u8()?;
+        let scope = r.u32()?;
         let applied = if flags & APPLIED != 0 {
             let expires_ms = r.u64()?;
             Some(Applied {
@@ -217,6 +222,7 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Entity>, WireError> {
         };
         out.push(Entity {
             digest,
+            scope,
             applied,
             flight,
         });
@@ -244,7 +250,7 @@ pub fn encode(entities: &[Entity]) -> Vec<u8> {
                 flags |= HELD;
             }
         }
-        w.bytes(&e.digest).u8(flags);
+        w.bytes(&e.digest).u8(flags).u32(e.scope);
         if let Some(a) = &e.applied {
             w.u64(a.expires_ms);
             version(&mut w, &a.version);
@@ -259,13 +265,13 @@ pub fn encode(entities: &[Entity]) -> Vec<u8> {
 
 /// A slot for a new entity `digest` in a bucket's `entities`: a free one, else that of
 /// an entity whose state has expired (`None`: every slot holds a live entity).
-fn free_slot(entities: &mut Vec<Entity>, digest: &Digest, now_ms: u64) -> Option<usize> {
+fn free_slot(entities: &mut Vec<Entity>, fresh: Entity, now_ms: u64) -> Option<usize> {
     if entities.len() < WAYS {
-        entities.push(Entity::fresh(*digest));
+        entities.push(fresh);
         return Some(entities.len() - 1);
     }
     let i = entities.iter().position(|e| e.is_dead(now_ms))?;
-    entities[i] = Entity::fresh(*digest);
+    entities[i] = fresh;
     Some(i)
 }
 
@@ -273,11 +279,32 @@ fn free_slot(entities: &mut Vec<Entity>, digest: &Digest, now_ms: u64) -> Option
 pub struct SharedEntities<'a, S: SharedData + ?Sized> {
     shared: &'a S,
     layout: &'a Layout,
+    /// The scope tag of the request at hand (0: unknown).
+    scope: u32,
 }
 
 impl<'a, S: SharedData + ?Sized> SharedEntities<'a, S> {
     pub fn new(shared: &'a S, layout: &'a Layout) -> Self {
-        SharedEntities { shared, layout }
+        SharedEntities {
+            shared,
+            layout,
+            scope: 0,
+        }
+    }
+
+    /// For a request of the scope tagged `scope`: a new entity carries it, and a full
+    /// bucket evicts only that scope's entities (or untagged ones), unless the layout
+    /// evicts any scope's (`store.eviction: "oldest"`).
+    pub fn scoped(mut self, scope: u32) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    fn fresh(&self, digest: &Digest) -> Entity {
+        Entity {
+            scope: self.scope,
+            ..Entity::fresh(*digest)
+        }
     }
 
     fn key_of(&self, digest: &Digest) -> String {
@@ -325,19 +352,24 @@ impl<'a, S: SharedData + ?Sized> SharedEntities<'a, S> {
             let mut evicted_unexpired = false;
             let at = match entities.iter().position(|e| e.digest == *digest) {
                 Some(i) => i,
-                None => match free_slot(&mut entities, digest, now_ms) {
+                None => match free_slot(&mut entities, self.fresh(digest), now_ms) {
                     Some(i) => i,
                     None => {
                         let victim = entities
                             .iter()
                             .enumerate()
-                            .filter(|(_, e)| e.live_flight(now_ms).is_none())
+                            .filter(|(_, e)| {
+                                e.live_flight(now_ms).is_none()
+                                    && (self.layout.evict_any_scope
+                                        || e.scope == self.scope
+                                        || e.scope == 0)
+                            })
                             .min_by_key(|(_, e)| e.applied.as_ref().map_or(0, |a| a.expires_ms))
                             .map(|(i, _)| i);
                         let Some(i) = victim else {
                             return Err(StoreError::BucketFull);
                         };
-                        entities[i] = Entity::fresh(*digest);
+                        entities[i] = self.fresh(digest);
                         evicted_unexpired = true;
                         i
                     }
@@ -374,7 +406,7 @@ impl<'a, S: SharedData + ?Sized> SharedEntities<'a, S> {
             let at = match entities.iter().position(|e| e.digest == *digest) {
                 Some(i) => i,
                 None if matches!(how, Settle::Complete { .. }) => {
-                    match free_slot(&mut entities, digest, now_ms) {
+                    match free_slot(&mut entities, self.fresh(digest), now_ms) {
                         Some(i) => i,
                         None => return Ok(false),
                     }

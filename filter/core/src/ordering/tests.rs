@@ -113,6 +113,7 @@ fn a_stored_version_reads_back_and_garbage_does_not() {
 fn entity(d: u8) -> Entity {
     Entity {
         digest: [d; 32],
+        scope: 0,
         applied: None,
         flight: None,
     }
@@ -128,6 +129,7 @@ fn the_entity_bucket_format_is_pinned() {
         expires_ms: 0x0102,
     });
     let mut b = entity(0xBB);
+    b.scope = 12345;
     b.flight = Some(Flight {
         token: 7,
         version: two,
@@ -137,11 +139,15 @@ fn the_entity_bucket_format_is_pinned() {
     let bytes = encode(&[a.clone(), b.clone()]);
     let mut want = vec![0xE1, 2];
     want.extend([0xAA; 32]);
+    // flags 1 (applied), scope 0, then the applied version's expiry and bytes.
+    want.extend([1, 0, 0, 0, 0]);
     want.extend([
-        1, 0, 0, 0, 0, 0, 0, 0x01, 0x02, 9, 1, 0x80, 0, 0, 0, 0, 0, 0, 1,
+        0, 0, 0, 0, 0, 0, 0x01, 0x02, 9, 1, 0x80, 0, 0, 0, 0, 0, 0, 1,
     ]);
     want.extend([0xBB; 32]);
-    want.extend([6, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0x03, 0x04]);
+    // flags 6 (flight, held), scope 12345, then the flight's token and expiry.
+    want.extend([6, 0, 0, 0x30, 0x39]);
+    want.extend([0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0x03, 0x04]);
     want.extend([9, 1, 0x80, 0, 0, 0, 0, 0, 0, 2]);
     assert_eq!(bytes, want);
     assert_eq!(decode(&bytes).unwrap(), vec![a, b]);
@@ -385,4 +391,49 @@ fn entities_live_in_their_buckets_keys_and_ending_an_unknown_flight_writes_nothi
     }
     assert_eq!(shared.sets(), sets);
     assert_eq!(store.get(&[6; 32]).unwrap(), None);
+}
+
+#[test]
+fn a_full_entity_bucket_evicts_only_its_own_scopes_entities_unless_told_otherwise() {
+    use crate::fake::FakeShared;
+    use crate::store::Layout;
+    let i = |s| v(VersionType::Integer, s);
+    for any in [false, true] {
+        let shared = FakeShared::new();
+        let layout = Layout::new("t", 16, 1000, 1000)
+            .with_entities(16)
+            .isolating_scopes(any, 16);
+        // Tenant 7 fills the one bucket with applied versions.
+        let tenant = entities::SharedEntities::new(&*shared, &layout).scoped(7);
+        for k in 0..16u8 {
+            let d = [k; 32];
+            tenant.claim(&d, &i("1"), u64::from(k), 0, 100).unwrap();
+            let done = Settle::Complete {
+                version: i("1"),
+                ttl_ms: 10_000,
+            };
+            tenant.settle(&d, u64::from(k), &done, 0).unwrap();
+        }
+        // Tenant 9's new entity may not take tenant 7's slot, unless any scope's may go.
+        let other = entities::SharedEntities::new(&*shared, &layout).scoped(9);
+        let got = other.claim(&[99; 32], &i("1"), 99, 10, 200);
+        if any {
+            assert_eq!(
+                got,
+                Ok(EntityClaim::Claimed {
+                    evicted_unexpired: true
+                })
+            );
+        } else {
+            assert_eq!(got, Err(crate::store::StoreError::BucketFull));
+            // Tenant 7's own new entity evicts its own oldest.
+            let own = tenant.claim(&[98; 32], &i("1"), 98, 10, 200);
+            assert_eq!(
+                own,
+                Ok(EntityClaim::Claimed {
+                    evicted_unexpired: true
+                })
+            );
+        }
+    }
 }

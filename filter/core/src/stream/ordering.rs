@@ -240,7 +240,8 @@ impl DedupStream {
             return;
         };
         let now = env.now_ms();
-        match SharedEntities::new(&*env, layout).settle(&ordered.entity, token, &how, now) {
+        let store = SharedEntities::new(&*env, layout).scoped(self.scope_tag);
+        match store.settle(&ordered.entity, token, &how, now) {
             Ok(true) => {}
             Ok(false) => env.count(Counter::ClaimsLost),
             Err(e) => {

@@ -367,8 +367,9 @@ impl DedupStream {
         match &p.store {
             StoreState::SharedData(layout) => {
                 let until = now.saturating_add(layout_timed(layout, policy).claim_ms());
-                let outcome =
-                    SharedEntities::new(&*env, layout).claim(&entity, &version, token, now, until);
+                let outcome = SharedEntities::new(&*env, layout)
+                    .scoped(self.scope_tag)
+                    .claim(&entity, &version, token, now, until);
                 self.entity_decided(p, env, owned, outcome)
             }
             StoreState::Etcd(ec) => {
