@@ -8,7 +8,8 @@ use crate::key::{record_digest, ClientKey, Digest, KeySource, RequestHead};
 use crate::metrics::Counter;
 use crate::reply::{LocalReply, Problem};
 use crate::store::{Layout, Purge, RecordView, SharedStore};
-use crate::stream::{CallAnswer, Decision, Env, EtcdStore, Plugin, StoreCall, StoreVisit};
+use crate::stream::{CallAnswer, Decision, Env, EtcdStore, Plugin, Route, StoreCall, StoreVisit};
+use std::sync::Arc;
 use serde_json::{json, Value};
 
 /// One admin operation, parsed from the request. `rule` is the index of the rule named
@@ -346,6 +347,12 @@ pub struct AdminStream {
     key: String,
     /// Removal attempts (a record that changed between read and delete is read again).
     rounds: u32,
+    /// etcd: the shard the call out goes to, and whether it is the key's shard under the
+    /// other map of a resharding (read when its own shard has no live record).
+    shard: Option<Arc<Route>>,
+    on_check: bool,
+    /// `GET /stats` on etcd: each shard's count so far, in the map's order.
+    counts: Vec<(String, u64)>,
 }
 
 impl AdminStream {
@@ -384,14 +391,19 @@ impl AdminStream {
         peer: &str,
     ) -> Decision {
         let call = match &op {
-            AdminOp::Stats => ec.call(
-                ec.config.protocol.range_path(),
-                ec.config.protocol.count_prefix(&ec.config.prefix),
-                ec.config.timeout_ms,
-            ),
+            AdminOp::Stats => {
+                self.counts.clear();
+                match ec.routes().first() {
+                    Some(first) => count_call(ec, first),
+                    None => return Decision::Reply(stats_reply(&self.counts)),
+                }
+            }
             AdminOp::Get { digest: d, .. } | AdminOp::Delete { digest: d, .. } => {
                 self.key = etcd::record_key(&ec.config.prefix, d);
-                read_call(ec, &self.key)
+                let route = Arc::clone(ec.route_of(d));
+                let call = read_call(ec, &route, &self.key);
+                self.shard = Some(route);
+                call
             }
         };
         if matches!(op, AdminOp::Delete { .. }) {
@@ -507,15 +519,29 @@ impl AdminStream {
         let unavailable =
             |why: String| Decision::Reply(Problem::StoreUnavailable.reply(&why, Vec::new()));
         if op == AdminOp::Stats {
+            let routes = ec.routes();
+            let Some(route) = routes.get(self.counts.len()) else {
+                return Decision::Reply(stats_reply(&self.counts));
+            };
             return match etcd::read_count(
                 ec.config.protocol.range_path(),
                 answer.status,
                 &answer.body,
             ) {
-                Some(n) => Decision::Reply(json_reply(200, json!({"store": "etcd", "records": n}))),
-                None => unavailable(format!("etcd answered {} without a count", answer.status)),
+                Some(n) => {
+                    self.counts.push((route.shard.clone(), n));
+                    match routes.get(self.counts.len()) {
+                        Some(next) => Decision::Call(count_call(ec, next)),
+                        None => Decision::Reply(stats_reply(&self.counts)),
+                    }
+                }
+                None => unavailable(format!(
+                    "etcd shard `{}` answered {} without a count",
+                    route.shard, answer.status
+                )),
             };
         }
+        let shard = self.shard.as_ref().map_or(String::new(), |r| r.shard.clone());
         let proto = ec.config.protocol;
         let parsed = etcd::read_answer(proto.txn_path(), answer.status, &answer.body);
         let (digest, delete, force, rule) = match op {
@@ -533,9 +559,9 @@ impl AdminStream {
                 succeeded: true, ..
             }) => Decision::Reply(json_reply(
                 200,
-                json!({"removed": {"record": hex(&digest)}}),
+                json!({"removed": {"record": hex(&digest), "shard": shard}}),
             )),
-            Some(EtcdAnswer::Txn { existing: None, .. }) => Decision::Reply(not_found(&digest)),
+            Some(EtcdAnswer::Txn { existing: None, .. }) => self.not_here(ec, &digest),
             Some(EtcdAnswer::Txn {
                 existing: Some((mod_revision, value)),
                 ..
@@ -545,7 +571,7 @@ impl AdminStream {
                 };
                 let claim = r.state.is_claim();
                 if !claim && r.expires_ms <= now {
-                    return Decision::Reply(not_found(&digest));
+                    return self.not_here(ec, &digest);
                 }
                 let view = RecordView {
                     state: r.state.name(),
@@ -555,10 +581,9 @@ impl AdminStream {
                     buckets: 0,
                 };
                 if !delete {
-                    return Decision::Reply(json_reply(
-                        200,
-                        record_json(p.config.policy_at(rule), false, &digest, &view, now),
-                    ));
+                    let mut found = record_json(p.config.policy_at(rule), false, &digest, &view, now);
+                    found["shard"] = json!(shard);
+                    return Decision::Reply(json_reply(200, found));
                 }
                 if claim && !force {
                     return Decision::Reply(refused(CLAIM_REFUSED));
@@ -567,7 +592,11 @@ impl AdminStream {
                 if self.rounds > 4 {
                     return unavailable("the record keeps changing; try again".to_string());
                 }
+                let Some(route) = self.shard.clone() else {
+                    return Decision::Continue;
+                };
                 Decision::Call(ec.call(
+                    &route,
                     proto.txn_path(),
                     proto.delete_txn(&self.key, mod_revision),
                     ec.config.timeout_ms,
@@ -581,10 +610,52 @@ impl AdminStream {
     }
 }
 
+impl AdminStream {
+    /// No live record on the shard read: during a resharding, the key's shard under the
+    /// other map is read next (a record written there still answers for the key).
+    fn not_here(&mut self, ec: &EtcdStore, digest: &Digest) -> Decision {
+        if !self.on_check {
+            if let Some(other) = ec.check_route_of(digest) {
+                let other = Arc::clone(other);
+                self.on_check = true;
+                self.rounds = 0;
+                let call = read_call(ec, &other, &self.key);
+                self.shard = Some(other);
+                return Decision::Call(call);
+            }
+        }
+        Decision::Reply(not_found(digest))
+    }
+}
+
+/// `GET /stats` on etcd: the records of each shard, and their sum.
+fn stats_reply(counts: &[(String, u64)]) -> LocalReply {
+    let shards: Vec<Value> = counts
+        .iter()
+        .map(|(name, n)| json!({"name": name, "records": n}))
+        .collect();
+    let total: u64 = counts.iter().map(|(_, n)| n).sum();
+    json_reply(
+        200,
+        json!({"store": "etcd", "records": total, "shards": shards}),
+    )
+}
+
+/// Counts the keys under the prefix on one shard (records and ordering entities).
+fn count_call(ec: &EtcdStore, route: &Arc<Route>) -> StoreCall {
+    ec.call(
+        route,
+        ec.config.protocol.range_path(),
+        ec.config.protocol.count_prefix(&ec.config.prefix),
+        ec.config.timeout_ms,
+    )
+}
+
 /// Reads a record: a delete whose compare never holds returns the current value.
-fn read_call(ec: &EtcdStore, key: &str) -> StoreCall {
+fn read_call(ec: &EtcdStore, route: &Arc<Route>, key: &str) -> StoreCall {
     let proto = ec.config.protocol;
     ec.call(
+        route,
         proto.txn_path(),
         proto.delete_txn(key, -1),
         ec.config.timeout_ms,

@@ -78,10 +78,14 @@ pub enum StoreConfig {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdConfig {
-    /// Envoy cluster with the etcd members.
-    pub cluster: String,
-    /// `:authority` of the calls.
-    pub authority: String,
+    /// The etcd clusters records are placed on (`store.shards`, or the one
+    /// `store.cluster`): each record on one, by rendezvous hashing of its digest over
+    /// the shards' names.
+    pub shards: Vec<ShardConfig>,
+    /// The other shard map of a resharding (`store.previous_shards` or
+    /// `store.next_shards`): a claim won on its shard also reads the key's shard under
+    /// that map, and yields to a live record there.
+    pub check: Option<ShardCheck>,
     /// Key prefix of the records.
     pub prefix: String,
     /// Budget of one store operation, retries included.
@@ -90,6 +94,42 @@ pub struct EtcdConfig {
     pub max_record_bytes: usize,
     /// etcd's gRPC API (an HTTP/2 cluster) or its JSON gateway.
     pub protocol: Protocol,
+}
+
+/// One etcd cluster of the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardConfig {
+    /// What records are placed by (a shard keeps its records while its name stays).
+    pub name: String,
+    /// The Envoy cluster of its members.
+    pub cluster: String,
+    /// `:authority` of the calls.
+    pub authority: String,
+}
+
+/// The shard map checked besides `store.shards` while records move between maps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardCheck {
+    pub role: CheckRole,
+    pub shards: Vec<ShardConfig>,
+}
+
+/// Which step of a resharding the checked map stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckRole {
+    /// `store.next_shards`: the map being moved to (step 1).
+    Next,
+    /// `store.previous_shards`: the map being moved from (step 2).
+    Previous,
+}
+
+impl CheckRole {
+    pub fn field(self) -> &'static str {
+        match self {
+            CheckRole::Next => "store.next_shards",
+            CheckRole::Previous => "store.previous_shards",
+        }
+    }
 }
 
 /// What a completed duplicate gets.

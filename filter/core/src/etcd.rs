@@ -421,17 +421,25 @@ pub enum LeasePurpose {
 /// hence their own leases: a lease is only reused for records of the same life.
 #[derive(Debug, Default, Clone)]
 pub struct LeaseCache {
-    /// (purpose, lease TTL s, window ms) → (lease id, usable until ms).
+    /// (shard, purpose, lease TTL s, window ms) → (lease id, usable until ms). A lease
+    /// is an etcd cluster's own: each shard has its own.
     slots: Vec<(LeaseSlot, (i64, u64))>,
 }
 
-/// Which records a cached lease is for: a purpose under one lease plan.
-type LeaseSlot = (LeasePurpose, u64, u64);
+/// Which records a cached lease is for: a shard's records of a purpose under one plan.
+type LeaseSlot = (u64, LeasePurpose, u64, u64);
 
 impl LeaseCache {
-    /// A lease usable now for a record of `purpose` under `plan`, if one is cached.
-    pub fn get(&self, purpose: LeasePurpose, plan: &LeasePlan, now_ms: u64) -> Option<i64> {
-        let slot = (purpose, plan.ttl_s(purpose), plan.window(purpose));
+    /// A lease of `shard` (its `Route::shard_id`) usable now for a record of `purpose`
+    /// under `plan`, if one is cached.
+    pub fn get(
+        &self,
+        shard: u64,
+        purpose: LeasePurpose,
+        plan: &LeasePlan,
+        now_ms: u64,
+    ) -> Option<i64> {
+        let slot = (shard, purpose, plan.ttl_s(purpose), plan.window(purpose));
         self.slots
             .iter()
             .find(|(s, _)| *s == slot)
@@ -440,14 +448,27 @@ impl LeaseCache {
             .map(|(id, _)| id)
     }
 
-    /// Caches lease `id` for `plan`'s window after `sent_ms`, when its grant was sent
-    /// (not when the answer came: etcd's TTL started before that). Leases whose window
-    /// has passed are dropped, so the cache holds at most two per plan in use.
-    pub fn put(&mut self, purpose: LeasePurpose, plan: &LeasePlan, id: i64, sent_ms: u64) {
-        let slot = (purpose, plan.ttl_s(purpose), plan.window(purpose));
+    /// Caches lease `id` of `shard` for `plan`'s window after `sent_ms`, when its grant
+    /// was sent (not when the answer came: etcd's TTL started before that). Leases whose
+    /// window has passed are dropped, so the cache holds at most two per shard and plan
+    /// in use.
+    pub fn put(
+        &mut self,
+        shard: u64,
+        purpose: LeasePurpose,
+        plan: &LeasePlan,
+        id: i64,
+        sent_ms: u64,
+    ) {
+        let slot = (shard, purpose, plan.ttl_s(purpose), plan.window(purpose));
         let until = sent_ms.saturating_add(plan.window(purpose));
         self.slots.retain(|(s, (_, u))| *s != slot && *u > sent_ms);
         self.slots.push((slot, (id, until)));
+    }
+
+    /// Drops every lease of `shard` (etcd said one of them is gone: take fresh ones).
+    pub fn forget(&mut self, shard: u64) {
+        self.slots.retain(|((s, ..), _)| *s != shard);
     }
 }
 

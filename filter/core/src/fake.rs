@@ -125,6 +125,9 @@ pub struct FakeEnv {
     pub waiters: Waiters,
     /// Records whose waiters this worker notified (every worker's, in the glue).
     pub wake_calls: Vec<crate::key::Digest>,
+    /// A sharded store: the etcd of each Envoy cluster by name (a call to a cluster not
+    /// listed goes to `etcd`).
+    pub etcd_clusters: HashMap<String, Arc<FakeEtcd>>,
 }
 
 impl FakeEnv {
@@ -141,7 +144,13 @@ impl FakeEnv {
             warnings: Default::default(),
             waiters: Waiters::default(),
             wake_calls: Vec::new(),
+            etcd_clusters: HashMap::new(),
         }
+    }
+
+    /// The fake etcd a call to `cluster` reaches.
+    pub fn etcd_of(&self, cluster: &str) -> &Arc<FakeEtcd> {
+        self.etcd_clusters.get(cluster).unwrap_or(&self.etcd)
     }
 
     pub fn count_of(&self, c: Counter) -> u64 {
@@ -218,6 +227,14 @@ struct EtcdInner {
 impl FakeEtcd {
     pub fn new() -> Arc<Self> {
         Arc::new(FakeEtcd::default())
+    }
+
+    /// An etcd whose lease ids start past `base` (clusters of a sharded store grant
+    /// different ids, so a lease used on the wrong shard is "not found").
+    pub fn with_lease_ids_from(base: i64) -> Arc<Self> {
+        let e = FakeEtcd::default();
+        e.inner.lock().unwrap().next_lease = base;
+        Arc::new(e)
     }
 
     pub fn set_down(&self, down: bool) {

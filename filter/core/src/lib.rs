@@ -21,6 +21,7 @@ pub mod outcome;
 pub mod payload;
 pub mod record;
 pub mod reply;
+pub mod shards;
 pub mod response;
 pub mod store;
 pub mod stream;

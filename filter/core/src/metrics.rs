@@ -66,10 +66,16 @@ pub enum Counter {
     /// Ordering: entities whose applied version was dropped before its TTL to make room
     /// in a full entity bucket (an older version of them could then run).
     EntitiesEvicted,
+    /// Resharding: won claims that read their key on its shard under the other map
+    /// (`store.previous_shards` or `store.next_shards`) before going on.
+    ReshardChecks,
+    /// Resharding: of those, claims that found a live record there and yielded to it
+    /// (released unforwarded, answered as its duplicate).
+    ReshardYielded,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 27] = [
+    pub const ALL: [Counter; 29] = [
         Counter::Requests,
         Counter::Executed,
         Counter::Replayed,
@@ -97,6 +103,8 @@ impl Counter {
         Counter::DetachedClientGone,
         Counter::Stale,
         Counter::EntitiesEvicted,
+        Counter::ReshardChecks,
+        Counter::ReshardYielded,
     ];
 
     pub fn name(self) -> &'static str {
@@ -128,6 +136,8 @@ impl Counter {
             Counter::DetachedClientGone => "proxy_dedup_detached_client_gone",
             Counter::Stale => "proxy_dedup_stale",
             Counter::EntitiesEvicted => "proxy_dedup_entities_evicted",
+            Counter::ReshardChecks => "proxy_dedup_reshard_checks",
+            Counter::ReshardYielded => "proxy_dedup_reshard_yielded",
         }
     }
 

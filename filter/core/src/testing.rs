@@ -165,7 +165,7 @@ pub(crate) fn answer(status: u16, body: &str) -> Answer {
 /// Makes a store call against the environment's fake etcd, as Envoy's http call would.
 pub(crate) fn call(env: &FakeEnv, c: &StoreCall) -> CallAnswer {
     let (status, body) = env
-        .etcd
+        .etcd_of(&c.route.cluster)
         .handle(c.path, &c.body, env.now_ms - env.clock_ahead_ms);
     CallAnswer {
         status,

@@ -67,6 +67,8 @@ pub enum Item {
     String,
     /// A rule: an object with the `rules[].*` fields and the policy fields.
     Rule,
+    /// An etcd shard: `{"name", "cluster", "authority"}` (its rules in the field's meaning).
+    Shard,
 }
 
 /// The parts a `Item::Part` list may name besides `header:<name>`.
@@ -222,6 +224,10 @@ pub const MAX_PAYLOAD_POINTERS: usize = 32;
 pub const MAX_NAMESPACE_BYTES: usize = 64;
 /// Longest `store.prefix`.
 pub const MAX_ETCD_PREFIX_BYTES: usize = 128;
+/// Most shards in one map (`store.shards`, `store.previous_shards`, `store.next_shards`).
+pub const MAX_SHARDS: usize = 16;
+/// Longest shard name.
+pub const MAX_SHARD_NAME_BYTES: usize = 64;
 /// Longest `upstream.cluster`.
 pub const MAX_CLUSTER_BYTES: usize = 256;
 /// Longest rule name.
@@ -982,10 +988,34 @@ pub const FIELDS: &[Field] = &[
     Field {
         name: "store.cluster",
         ty: Type::String(Len::new(1, None)),
-        default: Shown::Text(r#"required"#),
+        default: Shown::Text(r#"required, unless `store.shards` is set"#),
         applies: Applies::Etcd,
         group: Group::Etcd,
-        meaning: r#"name of the Envoy cluster with the etcd members."#,
+        meaning: r#"name of the Envoy cluster with the etcd members: the store is that one etcd cluster (a map of one shard named after the cluster). Set it or `store.shards`, not both."#,
+    },
+    Field {
+        name: "store.shards",
+        ty: Type::List(Item::Shard, Len::new(1, Some(MAX_SHARDS))),
+        default: Shown::Text(r#"one shard, `store.cluster`"#),
+        applies: Applies::Etcd,
+        group: Group::Etcd,
+        meaning: r#"the etcd clusters records are spread over ({range}), each an independent etcd cluster: `{"name": "a", "cluster": "etcd_a", "authority": "etcd_a"}` (`cluster` required; `name` defaults to the cluster, 1-64 visible ASCII characters; `authority` as `store.authority`, defaulting to the cluster). A record (and an ordering entity) lives on the shard its digest ranks highest by rendezvous hashing over the names, so adding or removing one shard moves only the keys that must move; names and clusters are unique in a map, and a shard keeps its records while its name stays. Changing the map of a live deployment needs the [resharding procedure](../deployment/sharding.md)."#,
+    },
+    Field {
+        name: "store.next_shards",
+        ty: Type::List(Item::Shard, Len::new(1, Some(MAX_SHARDS))),
+        default: Shown::Text(r#"none"#),
+        applies: Applies::Etcd,
+        group: Group::Etcd,
+        meaning: r#"step 1 of a resharding: the map being moved to ({range}). Claims are still written under `store.shards`; one won on its shard also reads the key's shard under this map and yields to a live record there (a replay, `409` or `422`, as a duplicate there gets). A shard named in both maps must be the same cluster. Not with `store.previous_shards`."#,
+    },
+    Field {
+        name: "store.previous_shards",
+        ty: Type::List(Item::Shard, Len::new(1, Some(MAX_SHARDS))),
+        default: Shown::Text(r#"none"#),
+        applies: Applies::Etcd,
+        group: Group::Etcd,
+        meaning: r#"step 2 of a resharding: the map being moved from ({range}), kept until every record written under it has expired (the longest TTL, plus `ordering.ttl_seconds` when ordering is on, plus a minute). Checked like `store.next_shards`: a claim won under `store.shards` yields to a live record on the key's previous shard, so a key completed before the move is replayed, never run again."#,
     },
     Field {
         name: "store.protocol",

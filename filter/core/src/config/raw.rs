@@ -199,4 +199,16 @@ pub(super) struct RawStore {
     pub(super) eviction: Option<String>,
     pub(super) scope_claims_per_bucket: Option<u64>,
     pub(super) max_entities: Option<u64>,
+    pub(super) shards: Option<Vec<RawShard>>,
+    pub(super) previous_shards: Option<Vec<RawShard>>,
+    pub(super) next_shards: Option<Vec<RawShard>>,
+}
+
+/// An entry of `store.shards` (and of the previous or next map).
+#[derive(Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawShard {
+    pub(super) name: Option<String>,
+    pub(super) cluster: Option<String>,
+    pub(super) authority: Option<String>,
 }

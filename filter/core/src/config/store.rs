@@ -1,6 +1,6 @@
 //! The `store` object: shared data or etcd, and the budgets each store needs checked.
 
-use super::raw::RawStore;
+use super::raw::{RawShard, RawStore};
 use super::*;
 
 /// `store.max_store_bytes`. By default 128 MiB, raised when needed so that every bucket's
@@ -119,6 +119,9 @@ pub(super) fn parse_store(
         ("store.timeout_ms", st.timeout_ms.is_some()),
         ("store.max_record_bytes", st.max_record_bytes.is_some()),
         ("store.protocol", st.protocol.is_some()),
+        ("store.shards", st.shards.is_some()),
+        ("store.previous_shards", st.previous_shards.is_some()),
+        ("store.next_shards", st.next_shards.is_some()),
     ];
     match kind {
         "shared_data" => {
@@ -194,19 +197,57 @@ pub(super) fn parse_store(
                     "only applies to store.kind \"shared_data\" (etcd uses store.prefix)",
                 ));
             }
-            let cluster =
-                match st.cluster {
-                    Some(c) if !c.is_empty() => c,
-                    Some(_) => return Err(err("store.cluster", "must not be empty")),
-                    None => return Err(err(
-                        "store.cluster",
-                        "required for store.kind \"etcd\": the Envoy cluster of the etcd members",
-                    )),
-                };
-            let authority = st.authority.unwrap_or_else(|| cluster.clone());
-            if authority.is_empty() || authority.chars().any(|c| c.is_control() || c == ' ') {
-                return Err(err("store.authority", "must be a host name"));
-            }
+            let shards = match (st.cluster, st.shards) {
+                (Some(_), Some(_)) => {
+                    return Err(err(
+                        "store.shards",
+                        "set store.cluster (one etcd cluster) or store.shards, not both",
+                    ))
+                }
+                (None, Some(list)) => {
+                    if st.authority.is_some() {
+                        return Err(err(
+                            "store.authority",
+                            "with store.shards, each shard has its own `authority`",
+                        ));
+                    }
+                    parse_shards("store.shards", list)?
+                }
+                (Some(cluster), None) => {
+                    let one = RawShard {
+                        name: None,
+                        cluster: Some(cluster),
+                        authority: st.authority,
+                    };
+                    parse_shards("store", vec![one])?
+                }
+                (None, None) => return Err(err(
+                    "store.cluster",
+                    "required for store.kind \"etcd\": the Envoy cluster of the etcd members (or store.shards)",
+                )),
+            };
+            let check = match (st.previous_shards, st.next_shards) {
+                (Some(_), Some(_)) => {
+                    return Err(err(
+                        "store.next_shards",
+                        "set store.previous_shards or store.next_shards, not both: one resharding at a time",
+                    ))
+                }
+                (Some(list), None) => Some((CheckRole::Previous, list)),
+                (None, Some(list)) => Some((CheckRole::Next, list)),
+                (None, None) => None,
+            };
+            let check = match check {
+                Some((role, list)) => {
+                    let checked = parse_shards(role.field(), list)?;
+                    same_names_same_clusters(role.field(), &checked, &shards)?;
+                    Some(ShardCheck {
+                        role,
+                        shards: checked,
+                    })
+                }
+                None => None,
+            };
             let prefix = st.prefix.unwrap_or_else(|| DEFAULT_ETCD_PREFIX.to_string());
             if prefix.is_empty()
                 || prefix.len() > fields::MAX_ETCD_PREFIX_BYTES
@@ -240,8 +281,8 @@ pub(super) fn parse_store(
                 }
             };
             Ok(StoreConfig::Etcd(EtcdConfig {
-                cluster,
-                authority,
+                shards,
+                check,
                 prefix,
                 timeout_ms,
                 max_record_bytes,
@@ -253,4 +294,104 @@ pub(super) fn parse_store(
             format!("`{other}` is not a known store (expected \"shared_data\" or \"etcd\")"),
         )),
     }
+}
+
+/// A shard map (`field`: `store.shards`, `store.previous_shards`, `store.next_shards`, or
+/// `store` for the one `store.cluster`): 1 to `MAX_SHARDS` shards, names and clusters
+/// unique.
+fn parse_shards(field: &str, list: Vec<RawShard>) -> Result<Vec<ShardConfig>, ConfigError> {
+    let one = field == "store";
+    if list.is_empty() || list.len() > fields::MAX_SHARDS {
+        return Err(err(
+            field,
+            format!("1 to {} shards (found {})", fields::MAX_SHARDS, list.len()),
+        ));
+    }
+    let mut out: Vec<ShardConfig> = Vec::with_capacity(list.len());
+    for (i, raw) in list.into_iter().enumerate() {
+        let at = |name: &str| {
+            if one {
+                format!("store.{name}")
+            } else {
+                format!("{field}[{i}].{name}")
+            }
+        };
+        let cluster = match raw.cluster {
+            Some(c) if !c.is_empty() => c,
+            Some(_) => return Err(err(&at("cluster"), "must not be empty")),
+            None => {
+                return Err(err(
+                    &at("cluster"),
+                    "required: the Envoy cluster of this shard's etcd members",
+                ))
+            }
+        };
+        let name = raw.name.unwrap_or_else(|| cluster.clone());
+        if name.is_empty()
+            || name.len() > fields::MAX_SHARD_NAME_BYTES
+            || !name.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err(err(
+                &at("name"),
+                format!(
+                    "1-{} visible ASCII characters",
+                    fields::MAX_SHARD_NAME_BYTES
+                ),
+            ));
+        }
+        let authority = raw.authority.unwrap_or_else(|| cluster.clone());
+        if authority.is_empty() || authority.chars().any(|c| c.is_control() || c == ' ') {
+            return Err(err(&at("authority"), "must be a host name"));
+        }
+        if out.iter().any(|s| s.name == name) {
+            return Err(err(
+                &at("name"),
+                format!("`{name}` names two shards of one map"),
+            ));
+        }
+        if out.iter().any(|s| s.cluster == cluster) {
+            return Err(err(
+                &at("cluster"),
+                format!("`{cluster}` is the cluster of two shards of one map"),
+            ));
+        }
+        out.push(ShardConfig {
+            name,
+            cluster,
+            authority,
+        });
+    }
+    Ok(out)
+}
+
+/// A shard named in both maps is the same etcd cluster in both (its records stay put),
+/// and one cluster keeps one name (else its records would be placed by two names).
+fn same_names_same_clusters(
+    field: &str,
+    checked: &[ShardConfig],
+    current: &[ShardConfig],
+) -> Result<(), ConfigError> {
+    for (i, s) in checked.iter().enumerate() {
+        for c in current {
+            if c.name == s.name && (c.cluster != s.cluster || c.authority != s.authority) {
+                return Err(err(
+                    &format!("{field}[{i}].cluster"),
+                    format!(
+                        "shard `{}` is cluster `{}` in store.shards: a shard in both maps must be the same cluster",
+                        s.name, c.cluster
+                    ),
+                ));
+            }
+            if c.cluster == s.cluster && c.name != s.name {
+                return Err(err(
+                    &format!("{field}[{i}].name"),
+                    format!(
+                        "cluster `{}` is shard `{}` in store.shards: one cluster keeps one name in both maps",
+                        s.cluster, c.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }

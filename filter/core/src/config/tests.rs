@@ -109,8 +109,8 @@ fn etcd_config() {
         crate::config::StoreConfig::Etcd(e) => {
             assert_eq!(
                 (
-                    e.cluster.as_str(),
-                    e.authority.as_str(),
+                    e.shards[0].cluster.as_str(),
+                    e.shards[0].authority.as_str(),
                     e.prefix.as_str(),
                     e.timeout_ms
                 ),
@@ -401,5 +401,94 @@ fn advertise_expiry_defaults_on_and_a_rule_inherits_or_overrides_it() {
         )
         .0,
         "rules[0].advertise_expiry"
+    );
+}
+
+#[test]
+fn shard_maps() {
+    let etcd = |store: &str| {
+        let c = Config::parse(format!(r#"{{"store": {{"kind": "etcd", {store}}}}}"#).as_bytes())
+            .unwrap();
+        match c.store {
+            crate::config::StoreConfig::Etcd(e) => e,
+            other => panic!("{other:?}"),
+        }
+    };
+    // One cluster is a map of one shard named after it.
+    let one = etcd(r#""cluster": "etcd""#);
+    assert_eq!(
+        (one.shards.len(), one.shards[0].name.as_str(), one.check.is_none()),
+        (1, "etcd", true)
+    );
+    let two = etcd(
+        r#""shards": [{"name": "a", "cluster": "etcd_a"}, {"cluster": "etcd_b", "authority": "b.internal"}]"#,
+    );
+    let names: Vec<(&str, &str, &str)> = two
+        .shards
+        .iter()
+        .map(|s| (s.name.as_str(), s.cluster.as_str(), s.authority.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [("a", "etcd_a", "etcd_a"), ("etcd_b", "etcd_b", "b.internal")]
+    );
+    let moving = etcd(
+        r#""shards": [{"name": "a", "cluster": "etcd_a"}, {"name": "b", "cluster": "etcd_b"}],
+           "previous_shards": [{"name": "a", "cluster": "etcd_a"}]"#,
+    );
+    let check = moving.check.unwrap();
+    assert_eq!(
+        (check.role, check.shards.len()),
+        (crate::config::CheckRole::Previous, 1)
+    );
+    let next = etcd(r#""cluster": "etcd_a", "next_shards": [{"name": "etcd_a", "cluster": "etcd_a"}, {"cluster": "etcd_b"}]"#);
+    assert_eq!(next.check.unwrap().role, crate::config::CheckRole::Next);
+
+    // Each mistake is named.
+    for (store, field) in [
+        (r#""cluster": "e", "shards": [{"cluster": "a"}]"#, "store.shards"),
+        (r#""shards": []"#, "store.shards"),
+        (r#""shards": [{"name": "a"}]"#, "store.shards[0].cluster"),
+        (r#""shards": [{"cluster": ""}]"#, "store.shards[0].cluster"),
+        (r#""shards": [{"cluster": "a", "name": ""}]"#, "store.shards[0].name"),
+        (r#""shards": [{"cluster": "a", "name": "a b"}]"#, "store.shards[0].name"),
+        (
+            r#""shards": [{"cluster": "a", "name": "x"}, {"cluster": "b", "name": "x"}]"#,
+            "store.shards[1].name",
+        ),
+        (
+            r#""shards": [{"cluster": "a", "name": "x"}, {"cluster": "a", "name": "y"}]"#,
+            "store.shards[1].cluster",
+        ),
+        (r#""shards": [{"cluster": "a", "port": 1}]"#, "store.shards[0].port"),
+        (r#""shards": [{"cluster": "a"}], "authority": "x""#, "store.authority"),
+        (
+            r#""cluster": "a", "previous_shards": [{"cluster": "b"}], "next_shards": [{"cluster": "b"}]"#,
+            "store.next_shards",
+        ),
+        // A shard in both maps is one cluster, and a cluster keeps its name.
+        (
+            r#""shards": [{"name": "a", "cluster": "etcd_a"}], "previous_shards": [{"name": "a", "cluster": "etcd_x"}]"#,
+            "store.previous_shards[0].cluster",
+        ),
+        (
+            r#""shards": [{"name": "a", "cluster": "etcd_a"}], "next_shards": [{"name": "b", "cluster": "etcd_a"}]"#,
+            "store.next_shards[0].name",
+        ),
+        (r#""cluster": "a", "previous_shards": []"#, "store.previous_shards"),
+    ] {
+        let doc = format!(r#"{{"store": {{"kind": "etcd", {store}}}}}"#);
+        assert_eq!(cfg_err(&doc).0, field, "{doc}");
+    }
+    let many: Vec<String> = (0..17).map(|i| format!(r#"{{"cluster": "c{i}"}}"#)).collect();
+    let doc = format!(
+        r#"{{"store": {{"kind": "etcd", "shards": [{}]}}}}"#,
+        many.join(",")
+    );
+    assert_eq!(cfg_err(&doc).0, "store.shards");
+    // Shards are etcd's.
+    assert_eq!(
+        cfg_err(r#"{"store": {"shards": [{"cluster": "a"}]}}"#).0,
+        "store.shards"
     );
 }

@@ -35,18 +35,26 @@ fn a_cached_lease_serves_its_window_and_not_a_millisecond_more() {
         ..plan
     };
     let mut c = LeaseCache::default();
-    assert_eq!(c.get(LeasePurpose::InFlight, &plan, 0), None);
-    c.put(LeasePurpose::InFlight, &plan, 7, 1_000);
-    c.put(LeasePurpose::Completed, &plan, 8, 1_000);
-    assert_eq!(c.get(LeasePurpose::InFlight, &plan, 1_499), Some(7));
-    assert_eq!(c.get(LeasePurpose::InFlight, &other, 1_499), None);
-    assert_eq!(c.get(LeasePurpose::InFlight, &plan, 1_500), None);
-    assert_eq!(c.get(LeasePurpose::Completed, &plan, 2_999), Some(8));
-    assert_eq!(c.get(LeasePurpose::Completed, &other, 2_999), None);
-    assert_eq!(c.get(LeasePurpose::Completed, &plan, 3_000), None);
-    c.put(LeasePurpose::InFlight, &other, 9, 1_200);
-    assert_eq!(c.get(LeasePurpose::InFlight, &other, 1_300), Some(9));
-    assert_eq!(c.get(LeasePurpose::InFlight, &plan, 1_300), Some(7));
+    assert_eq!(c.get(1, LeasePurpose::InFlight, &plan, 0), None);
+    c.put(1, LeasePurpose::InFlight, &plan, 7, 1_000);
+    c.put(1, LeasePurpose::Completed, &plan, 8, 1_000);
+    assert_eq!(c.get(1, LeasePurpose::InFlight, &plan, 1_499), Some(7));
+    assert_eq!(c.get(1, LeasePurpose::InFlight, &other, 1_499), None);
+    assert_eq!(c.get(1, LeasePurpose::InFlight, &plan, 1_500), None);
+    assert_eq!(c.get(1, LeasePurpose::Completed, &plan, 2_999), Some(8));
+    assert_eq!(c.get(1, LeasePurpose::Completed, &other, 2_999), None);
+    assert_eq!(c.get(1, LeasePurpose::Completed, &plan, 3_000), None);
+    c.put(1, LeasePurpose::InFlight, &other, 9, 1_200);
+    assert_eq!(c.get(1, LeasePurpose::InFlight, &other, 1_300), Some(9));
+    assert_eq!(c.get(1, LeasePurpose::InFlight, &plan, 1_300), Some(7));
+    // Another shard (another etcd cluster) never gets these leases, and forgetting
+    // one shard's leaves the others'.
+    assert_eq!(c.get(2, LeasePurpose::InFlight, &plan, 1_300), None);
+    c.put(2, LeasePurpose::InFlight, &plan, 70, 1_200);
+    assert_eq!(c.get(2, LeasePurpose::InFlight, &plan, 1_300), Some(70));
+    c.forget(1);
+    assert_eq!(c.get(1, LeasePurpose::InFlight, &plan, 1_300), None);
+    assert_eq!(c.get(2, LeasePurpose::InFlight, &plan, 1_300), Some(70));
 }
 
 /// The byte formats, pinned: a format change fails here, and values written before it

@@ -12,8 +12,9 @@ use super::{
     CallAnswer, Decision, DedupStream, Duplicate, Env, Phase, Plugin, Route, StoreCall, Transport,
     Waiting,
 };
-use crate::config::{EtcdConfig, Policy};
-use crate::etcd::{self, EtcdAnswer, EtcdRecord, LeaseCache, LeasePlan, LeasePurpose};
+use crate::config::{EtcdConfig, Policy, ShardConfig};
+use crate::shards;
+use crate::etcd::{self, EtcdAnswer, EtcdRecord, LeasePlan, LeasePurpose};
 use crate::etcdpb;
 use crate::key::{short_hex, Digest};
 use crate::local::LocalEntry;
@@ -24,49 +25,116 @@ pub(super) use entity::{EntityCall, EntityOp, EtcdEntity, Turn};
 pub(super) use settle::Settling;
 use std::sync::Arc;
 
-/// The etcd store: its settings, and where its calls go (resolved once, carried by
-/// every `StoreCall`).
+/// The etcd store: its settings, and where its calls go: one route per shard (resolved
+/// once, carried by every `StoreCall`), with each shard's placement seed.
 #[derive(Debug, Clone)]
 pub struct EtcdStore {
     pub config: EtcdConfig,
-    route: Arc<Route>,
+    shards: Vec<Arc<Route>>,
+    seeds: Vec<u64>,
+    /// The other map of a resharding (empty without one).
+    check: Vec<Arc<Route>>,
+    check_seeds: Vec<u64>,
+    /// The first shard: what `route_of` gives should the map be empty (the config
+    /// refuses that; a store call to no cluster then fails as a store error).
+    first: Arc<Route>,
+}
+
+fn route(config: &EtcdConfig, shard: &ShardConfig) -> Arc<Route> {
+    let transport = match config.protocol {
+        // The cluster by name (`:authority` is then the cluster's name), or a
+        // `GrpcService` carrying the shard's authority when that was set to something
+        // else.
+        etcd::Protocol::Grpc => Transport::Grpc {
+            upstream: if shard.authority == shard.cluster {
+                shard.cluster.as_bytes().to_vec()
+            } else {
+                etcdpb::grpc_service(&shard.cluster, &shard.authority)
+            },
+        },
+        etcd::Protocol::Json => Transport::Http {
+            authority: shard.authority.clone(),
+        },
+    };
+    Arc::new(Route {
+        cluster: shard.cluster.clone(),
+        shard: shard.name.clone(),
+        shard_id: shards::shard_id(&shard.name, &shard.cluster, &shard.authority),
+        transport,
+    })
 }
 
 impl EtcdStore {
     pub fn new(config: EtcdConfig) -> Self {
-        let transport = match config.protocol {
-            // The cluster by name (`:authority` is then the cluster's name), or a
-            // `GrpcService` carrying `store.authority` when that was set to something else.
-            etcd::Protocol::Grpc => Transport::Grpc {
-                upstream: if config.authority == config.cluster {
-                    config.cluster.as_bytes().to_vec()
-                } else {
-                    etcdpb::grpc_service(&config.cluster, &config.authority)
-                },
-            },
-            etcd::Protocol::Json => Transport::Http {
-                authority: config.authority.clone(),
-            },
+        let routes = |list: &[ShardConfig]| -> (Vec<Arc<Route>>, Vec<u64>) {
+            (
+                list.iter().map(|s| route(&config, s)).collect(),
+                list.iter().map(|s| shards::name_seed(&s.name)).collect(),
+            )
         };
-        let route = Arc::new(Route {
-            cluster: config.cluster.clone(),
-            transport,
+        let (shards, seeds) = routes(&config.shards);
+        let (check, check_seeds) = match &config.check {
+            Some(c) => routes(&c.shards),
+            None => (Vec::new(), Vec::new()),
+        };
+        let first = shards.first().cloned().unwrap_or_else(|| {
+            let none = ShardConfig {
+                name: String::new(),
+                cluster: String::new(),
+                authority: String::new(),
+            };
+            route(&config, &none)
         });
-        EtcdStore { config, route }
+        EtcdStore {
+            config,
+            first,
+            shards,
+            seeds,
+            check,
+            check_seeds,
+        }
     }
 
-    /// A call of `path` with `body` to this store, giving up after `timeout_ms`.
-    pub(crate) fn call(&self, path: &'static str, body: Vec<u8>, timeout_ms: u64) -> StoreCall {
+    /// The shard `digest` (a record's or an entity's) lives on.
+    pub(crate) fn route_of(&self, digest: &Digest) -> &Arc<Route> {
+        shards::pick(&self.seeds, digest)
+            .and_then(|i| self.shards.get(i))
+            .unwrap_or(&self.first)
+    }
+
+    /// The shard `digest` lives on under the other map of a resharding, when that is
+    /// another shard than `route_of`'s (`None`: no resharding, or the key stays put).
+    pub(crate) fn check_route_of(&self, digest: &Digest) -> Option<&Arc<Route>> {
+        let i = shards::pick(&self.check_seeds, digest)?;
+        let other = self.check.get(i)?;
+        (other.shard_id != self.route_of(digest).shard_id).then_some(other)
+    }
+
+    /// The shards of the current map, in the configured order.
+    pub(crate) fn routes(&self) -> &[Arc<Route>] {
+        &self.shards
+    }
+
+    /// A call of `path` with `body` to the shard `route`, giving up after `timeout_ms`.
+    pub(crate) fn call(
+        &self,
+        route: &Arc<Route>,
+        path: &'static str,
+        body: Vec<u8>,
+        timeout_ms: u64,
+    ) -> StoreCall {
         StoreCall {
             path,
             body,
             timeout_ms,
-            route: Arc::clone(&self.route),
+            route: Arc::clone(route),
         }
     }
 }
 
 pub(super) struct EtcdClaim {
+    /// The shard the record was claimed on (its settle goes there too).
+    pub(super) route: Arc<Route>,
     pub(super) key: String,
     pub(super) digest: Digest,
     pub(super) payload: Digest,
@@ -80,6 +148,9 @@ pub(super) struct EtcdClaim {
 
 /// An etcd claim in progress.
 pub(super) struct Claiming {
+    /// The record's shard (the claim's calls go there; `call` may be a resharding's
+    /// read of another).
+    pub(super) route: Arc<Route>,
     pub(super) key: String,
     pub(super) digest: Digest,
     pub(super) payload: Digest,
@@ -101,6 +172,9 @@ pub(super) struct Claiming {
     /// The client left before the claim was decided: a claim won now was never
     /// forwarded, so it is released at once (certainly not executed).
     pub(super) abandoned: bool,
+    /// Resharding: the claim won on its shard at this (mod revision, completed lease)
+    /// while its record is read on the key's shard under the other map.
+    pub(super) won: Option<(i64, i64)>,
 }
 
 impl Claiming {
@@ -108,6 +182,7 @@ impl Claiming {
     /// `completed_lease`.
     fn won(self, mod_revision: i64, completed_lease: i64) -> EtcdClaim {
         EtcdClaim {
+            route: self.route,
             key: self.key,
             digest: self.digest,
             payload: self.payload,
@@ -124,6 +199,8 @@ impl Claiming {
 pub(super) enum ClaimStep {
     Grant(LeasePurpose),
     Txn,
+    /// Resharding: reading the key on its shard under the other map.
+    Check,
 }
 
 pub(super) const MAX_ROUNDS: u32 = 8;
@@ -196,7 +273,15 @@ impl DedupStream {
             return self.duplicate(p, env, dup, times);
         }
         let token = env.new_token();
+        let route = Arc::clone(ec.route_of(&digest));
         let c = Claiming {
+            call: ec.call(
+                &route,
+                ec.config.protocol.txn_path(),
+                Vec::new(),
+                ec.config.timeout_ms,
+            ),
+            route,
             key: etcd::record_key(&ec.config.prefix, &digest),
             digest,
             payload,
@@ -205,16 +290,12 @@ impl DedupStream {
             rounds: 0,
             retries: 0,
             deadline_ms: now.saturating_add(ec.config.timeout_ms),
-            call: ec.call(
-                ec.config.protocol.txn_path(),
-                Vec::new(),
-                ec.config.timeout_ms,
-            ),
             sent_ms: now,
             completed_lease: None,
             in_flight_lease: 0,
             expires_ms: 0,
             abandoned: false,
+            won: None,
         };
         self.next_claim_call(p, ec, env, Box::new(c))
     }
@@ -253,8 +334,9 @@ impl DedupStream {
         let now = env.now_ms();
         let timeout_ms = attempt_timeout(ec, c.deadline_ms, now);
         let plan = lease_plan(ec, p.config.policy_at(self.rule));
-        let in_flight = env.leases().get(LeasePurpose::InFlight, &plan, now);
-        let completed = env.leases().get(LeasePurpose::Completed, &plan, now);
+        let shard = c.route.shard_id;
+        let in_flight = env.leases().get(shard, LeasePurpose::InFlight, &plan, now);
+        let completed = env.leases().get(shard, LeasePurpose::Completed, &plan, now);
         let proto = ec.config.protocol;
         let (step, path, body) = match (in_flight, completed) {
             (None, _) => (
@@ -283,7 +365,7 @@ impl DedupStream {
         c.step = step;
         c.retries = 0;
         c.sent_ms = now;
-        c.call = ec.call(path, body, timeout_ms);
+        c.call = ec.call(&c.route, path, body, timeout_ms);
         let call = c.call.clone();
         self.phase = Phase::Claiming(c);
         Decision::Call(call)
@@ -297,6 +379,9 @@ impl DedupStream {
         mut c: Box<Claiming>,
         answer: CallAnswer,
     ) -> Decision {
+        if c.step == ClaimStep::Check {
+            return self.checked(p, env, ec, c, &answer);
+        }
         let now = env.now_ms();
         let parsed = etcd::read_answer(c.call.path, answer.status, &answer.body);
         if retryable(&answer, &parsed) {
@@ -326,12 +411,14 @@ impl DedupStream {
         match (c.step, parsed) {
             (ClaimStep::Grant(purpose), EtcdAnswer::Lease { id }) => {
                 let plan = lease_plan(ec, p.config.policy_at(self.rule));
-                env.leases().put(purpose, &plan, id, c.sent_ms);
+                env.leases()
+                    .put(c.route.shard_id, purpose, &plan, id, c.sent_ms);
                 self.next_claim_call(p, ec, env, c)
             }
             (ClaimStep::Txn, EtcdAnswer::Error { code, message }) if lease_lost(code, &message) => {
-                // A lease we cached is gone (revoked, or etcd lost it): take fresh ones.
-                *env.leases() = LeaseCache::default();
+                // A lease we cached is gone (revoked, or etcd lost it): take fresh ones
+                // (this shard's; the others' are their own clusters').
+                env.leases().forget(c.route.shard_id);
                 c.rounds += 1;
                 if c.rounds > MAX_ROUNDS {
                     return self.store_failed(p, env, "etcd keeps losing leases");
@@ -352,9 +439,7 @@ impl DedupStream {
                 let Some(completed_lease) = c.completed_lease else {
                     return self.store_failed(p, env, "no completion lease");
                 };
-                let abandoned = c.abandoned;
-                let owned = HeldClaim::Etcd(c.won(revision, completed_lease));
-                self.forward_unless_abandoned(p, env, owned, abandoned)
+                self.claim_won(p, ec, env, c, revision, completed_lease)
             }
             (
                 ClaimStep::Txn,
@@ -379,9 +464,7 @@ impl DedupStream {
                         let Some(completed_lease) = c.completed_lease else {
                             return self.store_failed(p, env, "no completion lease");
                         };
-                        let abandoned = c.abandoned;
-                        let owned = HeldClaim::Etcd(c.won(mod_revision, completed_lease));
-                        self.forward_unless_abandoned(p, env, owned, abandoned)
+                        self.claim_won(p, ec, env, c, mod_revision, completed_lease)
                     }
                     // An in-flight record of another claim is never taken over by
                     // comparing our clock with the time its proxy wrote: only etcd ends
@@ -396,101 +479,253 @@ impl DedupStream {
                         let unknown = RecordTimes::default();
                         self.duplicate(p, env, Duplicate::InFlight { held_until: None }, unknown)
                     }
-                    Some(r)
-                        if matches!(r.state, RecordState::InFlight | RecordState::Held)
-                            || r.expires_ms > now =>
-                    {
-                        // etcd values keep an expiry (a claim's in-flight end, a hold's
-                        // end, a completed record's TTL), not a completion time.
-                        let times = RecordTimes::expiring(r.expires_ms);
-                        if r.payload != c.payload {
-                            return self.duplicate(p, env, Duplicate::PayloadMismatch, times);
+                    Some(r) => {
+                        let keeps = keeps_unknown(p.config.policy_at(self.rule));
+                        match classify(r, &c.payload, keeps, now) {
+                            Existing::Duplicate(dup, times, learn) => {
+                                if let Some(entry) = learn {
+                                    env.local().insert(c.digest, entry, now);
+                                }
+                                self.duplicate(p, env, dup, times)
+                            }
+                            Existing::Over => self.take_over(p, ec, env, c, mod_revision, now),
                         }
-                        match r.state {
-                            // Kept claims live on the completed lease: past its in-flight
-                            // time (by this proxy's clock), an unsettled one answers as an
-                            // unknown outcome.
-                            RecordState::InFlight
-                                if keeps_unknown(p.config.policy_at(self.rule))
-                                    && r.expires_ms <= now =>
-                            {
-                                self.duplicate(
-                                    p,
-                                    env,
-                                    Duplicate::InFlight {
-                                        held_until: Some(r.expires_ms),
-                                    },
-                                    times,
-                                )
-                            }
-                            RecordState::InFlight => self.duplicate(
-                                p,
-                                env,
-                                Duplicate::InFlight { held_until: None },
-                                times,
-                            ),
-                            RecordState::Held => self.duplicate(
-                                p,
-                                env,
-                                Duplicate::InFlight {
-                                    held_until: Some(r.expires_ms),
-                                },
-                                times,
-                            ),
-                            RecordState::CompletedNotStored => {
-                                let entry = LocalEntry {
-                                    payload: r.payload,
-                                    expires_ms: r.expires_ms,
-                                    response: None,
-                                };
-                                env.local().insert(c.digest, entry, now);
-                                self.duplicate(p, env, Duplicate::NotStored, times)
-                            }
-                            RecordState::Completed => {
-                                let entry = LocalEntry {
-                                    payload: r.payload,
-                                    expires_ms: r.expires_ms,
-                                    response: r.response.clone(),
-                                };
-                                env.local().insert(c.digest, entry, now);
-                                self.duplicate(p, env, Duplicate::Completed(r.response), times)
-                            }
-                        }
-                    }
-                    // A completed record past its TTL by our clock (its lease has not run
-                    // out yet): take it over, conditional on it being unchanged since we
-                    // read it. A clock running ahead by D takes it over D early.
-                    Some(_) => {
-                        let policy = p.config.policy_at(self.rule);
-                        let plan = lease_plan(ec, policy);
-                        let Some(lease) = env.leases().get(LeasePurpose::InFlight, &plan, now)
-                        else {
-                            return self.next_claim_call(p, ec, env, c);
-                        };
-                        let rec = in_flight_record(policy, &c, now);
-                        c.in_flight_lease = lease;
-                        c.expires_ms = rec.expires_ms;
-                        c.call = ec.call(
-                            ec.config.protocol.txn_path(),
-                            ec.config.protocol.replace_txn(
-                                &c.key,
-                                mod_revision,
-                                &rec.encode(&c.digest),
-                                claim_lease(policy, &c),
-                            ),
-                            attempt_timeout(ec, c.deadline_ms, now),
-                        );
-                        c.retries = 0;
-                        c.sent_ms = now;
-                        let call = c.call.clone();
-                        self.phase = Phase::Claiming(c);
-                        Decision::Call(call)
                     }
                 }
             }
             (_, other) => self.store_failed(p, env, &format!("unexpected etcd answer {other:?}")),
         }
     }
+
+    /// A completed record past its TTL by our clock (its lease has not run out yet):
+    /// take it over, conditional on it being unchanged since we read it. A clock
+    /// running ahead by D takes it over D early.
+    fn take_over<E: Env>(
+        &mut self,
+        p: &Plugin,
+        ec: &EtcdStore,
+        env: &mut E,
+        mut c: Box<Claiming>,
+        mod_revision: i64,
+        now: u64,
+    ) -> Decision {
+        let policy = p.config.policy_at(self.rule);
+        let plan = lease_plan(ec, policy);
+        let shard = c.route.shard_id;
+        let Some(lease) = env.leases().get(shard, LeasePurpose::InFlight, &plan, now) else {
+            return self.next_claim_call(p, ec, env, c);
+        };
+        let rec = in_flight_record(policy, &c, now);
+        c.in_flight_lease = lease;
+        c.expires_ms = rec.expires_ms;
+        c.call = ec.call(
+            &c.route,
+            ec.config.protocol.txn_path(),
+            ec.config.protocol.replace_txn(
+                &c.key,
+                mod_revision,
+                &rec.encode(&c.digest),
+                claim_lease(policy, &c),
+            ),
+            attempt_timeout(ec, c.deadline_ms, now),
+        );
+        c.retries = 0;
+        c.sent_ms = now;
+        let call = c.call.clone();
+        self.phase = Phase::Claiming(c);
+        Decision::Call(call)
+    }
+
+    /// The claim won on its shard at `mod_revision`. During a resharding whose other map
+    /// places the key on another shard, that shard is read before anything is forwarded
+    /// (a fresh budget of `timeout_ms`): a proxy still writing under the other map wrote
+    /// there first, or reads this claim after it, so of two claims on two maps at least
+    /// one sees the other (`checked`).
+    fn claim_won<E: Env>(
+        &mut self,
+        p: &Plugin,
+        ec: &EtcdStore,
+        env: &mut E,
+        mut c: Box<Claiming>,
+        mod_revision: i64,
+        completed_lease: i64,
+    ) -> Decision {
+        if let Some(other) = ec.check_route_of(&c.digest) {
+            let now = env.now_ms();
+            c.won = Some((mod_revision, completed_lease));
+            c.step = ClaimStep::Check;
+            c.retries = 0;
+            c.sent_ms = now;
+            c.deadline_ms = now.saturating_add(ec.config.timeout_ms);
+            let proto = ec.config.protocol;
+            c.call = ec.call(
+                other,
+                proto.range_path(),
+                proto.read_key(&c.key),
+                attempt_timeout(ec, c.deadline_ms, now),
+            );
+            env.count(Counter::ReshardChecks);
+            let call = c.call.clone();
+            self.phase = Phase::Claiming(c);
+            return Decision::Call(call);
+        }
+        let abandoned = c.abandoned;
+        let owned = HeldClaim::Etcd(c.won(mod_revision, completed_lease));
+        self.forward_unless_abandoned(p, env, owned, abandoned)
+    }
+
+    /// The answer to a resharding's read of the key on its other shard: no live record
+    /// there, forward; a live one (written by a proxy still on the other map, or before
+    /// the move), yield to it: the won claim is released, never forwarded, and the
+    /// request is answered as that record's duplicate (a replay, `409`, `422`). A read
+    /// that fails after its retries is a store error (`failure_mode`; open forwards with
+    /// the claim kept).
+    fn checked<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        ec: &EtcdStore,
+        mut c: Box<Claiming>,
+        answer: &CallAnswer,
+    ) -> Decision {
+        let now = env.now_ms();
+        let Some((mod_revision, completed_lease)) = c.won.take() else {
+            return self.store_failed(p, env, "a resharding check without a won claim");
+        };
+        let Some(read) = etcd::read_one(c.call.path, answer.status, &answer.body) else {
+            let parsed = etcd::read_answer(c.call.path, answer.status, &answer.body);
+            if retryable(answer, &parsed) && c.retries < MAX_RETRIES && now < c.deadline_ms {
+                c.retries += 1;
+                c.won = Some((mod_revision, completed_lease));
+                c.call.timeout_ms = attempt_timeout(ec, c.deadline_ms, now);
+                c.sent_ms = now;
+                let call = c.call.clone();
+                self.phase = Phase::Claiming(c);
+                return Decision::Call(call);
+            }
+            let why = format!(
+                "reading the key on shard `{}` of {} failed (status {})",
+                c.call.route.shard,
+                ec.config.check.as_ref().map_or("", |k| k.role.field()),
+                answer.status
+            );
+            let abandoned = c.abandoned;
+            let owned = HeldClaim::Etcd(c.won(mod_revision, completed_lease));
+            return match p.config.failure_mode {
+                crate::config::FailureMode::Open => {
+                    env.count(Counter::StoreErrors);
+                    env.count(Counter::FailedOpen);
+                    env.warn(&format!(
+                        "stream {}: store error: {why}; forwarded unchecked (failure_mode open)",
+                        self.id
+                    ));
+                    self.forward_unless_abandoned(p, env, owned, abandoned)
+                }
+                crate::config::FailureMode::Closed => {
+                    let d = self.store_failed(p, env, &why);
+                    self.refuse(p, env, owned, d)
+                }
+            };
+        };
+        let keeps = keeps_unknown(p.config.policy_at(self.rule));
+        let found = match read {
+            None => Existing::Over,
+            Some((_, value)) => match EtcdRecord::decode(&value, &c.digest) {
+                Some(r) => classify(r, &c.payload, keeps, now),
+                // A record this version cannot read: a claim it must not run beside.
+                None => Existing::Duplicate(
+                    Duplicate::InFlight { held_until: None },
+                    RecordTimes::default(),
+                    None,
+                ),
+            },
+        };
+        let shard = c.call.route.shard.clone();
+        let abandoned = c.abandoned;
+        let digest = c.digest;
+        let owned = HeldClaim::Etcd(c.won(mod_revision, completed_lease));
+        match found {
+            Existing::Over => self.forward_unless_abandoned(p, env, owned, abandoned),
+            Existing::Duplicate(dup, times, learn) => {
+                env.count(Counter::ReshardYielded);
+                env.debug(format_args!(
+                    "stream {}: record {} is live on shard `{shard}` of the other map; yielding",
+                    self.id,
+                    short_hex(&digest)
+                ));
+                if let Some(entry) = learn {
+                    env.local().insert(digest, entry, now);
+                }
+                match self.release_unrun(p, env, owned) {
+                    Some(call) => {
+                        if let Phase::Settling(st) = &mut self.phase {
+                            st.then_duplicate = Some((dup, times));
+                        }
+                        Decision::Call(call)
+                    }
+                    None => self.duplicate(p, env, dup, times),
+                }
+            }
+        }
+    }
+}
+
+/// What a live record found by a claim (on its shard, or on the key's shard under the
+/// other map of a resharding) makes of the request.
+enum Existing {
+    /// A duplicate: its answer, the record's times, and a completed record for this
+    /// worker's tier to learn.
+    Duplicate(Duplicate, RecordTimes, Option<LocalEntry>),
+    /// A completed record past its TTL by this proxy's clock: it may be taken over.
+    Over,
+}
+
+/// Classifies a record read back. etcd values keep an expiry (a claim's in-flight end,
+/// a hold's end, a completed record's TTL), not a completion time. An in-flight record
+/// of another claim is never over by comparing our clock with the time its proxy wrote:
+/// only etcd ends it, when its lease runs out and the key is gone.
+fn classify(r: EtcdRecord, payload: &Digest, keeps: bool, now: u64) -> Existing {
+    if !matches!(r.state, RecordState::InFlight | RecordState::Held) && r.expires_ms <= now {
+        return Existing::Over;
+    }
+    let times = RecordTimes::expiring(r.expires_ms);
+    if r.payload != *payload {
+        return Existing::Duplicate(Duplicate::PayloadMismatch, times, None);
+    }
+    let (dup, learn) = match r.state {
+        // Kept claims live on the completed lease: past its in-flight time (by this
+        // proxy's clock), an unsettled one answers as an unknown outcome.
+        RecordState::InFlight if keeps && r.expires_ms <= now => (
+            Duplicate::InFlight {
+                held_until: Some(r.expires_ms),
+            },
+            None,
+        ),
+        RecordState::InFlight => (Duplicate::InFlight { held_until: None }, None),
+        RecordState::Held => (
+            Duplicate::InFlight {
+                held_until: Some(r.expires_ms),
+            },
+            None,
+        ),
+        RecordState::CompletedNotStored => (
+            Duplicate::NotStored,
+            Some(LocalEntry {
+                payload: r.payload,
+                expires_ms: r.expires_ms,
+                response: None,
+            }),
+        ),
+        RecordState::Completed => {
+            let entry = LocalEntry {
+                payload: r.payload,
+                expires_ms: r.expires_ms,
+                response: r.response.clone(),
+            };
+            (Duplicate::Completed(r.response), Some(entry))
+        }
+    };
+    Existing::Duplicate(dup, times, learn)
 }
 
 /// What a waiter's read of its etcd record found.
@@ -527,6 +762,7 @@ pub(super) enum Polled {
 /// The store call that reads a waiter's record (etcd store).
 pub(super) fn poll_call(ec: &EtcdStore, digest: &Digest) -> StoreCall {
     ec.call(
+        ec.route_of(digest),
         ec.config.protocol.range_path(),
         ec.config
             .protocol

@@ -79,6 +79,10 @@ pub struct StoreCall {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     pub cluster: String,
+    /// The shard's name (for logs and the operator API) and what its leases are cached
+    /// under (`shards::shard_id`).
+    pub shard: String,
+    pub shard_id: u64,
     pub transport: Transport,
 }
 

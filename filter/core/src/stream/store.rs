@@ -130,14 +130,37 @@ impl StoreState {
                 layout.max_keys()
             ),
             StoreState::Etcd(ec) => format!(
-                "etcd via cluster `{}` ({}), prefix `{}`",
-                ec.config.cluster,
+                "etcd via {} ({}), prefix `{}`{}",
+                describe_shards(&ec.config.shards),
                 match ec.config.protocol {
                     crate::etcd::Protocol::Grpc => "gRPC",
                     crate::etcd::Protocol::Json => "JSON gateway",
                 },
-                ec.config.prefix
+                ec.config.prefix,
+                match &ec.config.check {
+                    Some(c) => format!(
+                        "; resharding: also checking {} ({})",
+                        describe_shards(&c.shards),
+                        c.role.field()
+                    ),
+                    None => String::new(),
+                }
             ),
+        }
+    }
+}
+
+/// A shard map in words: `cluster `etcd`` for one shard named after its cluster, else
+/// each shard's name and cluster.
+fn describe_shards(shards: &[crate::config::ShardConfig]) -> String {
+    match shards {
+        [one] if one.name == one.cluster => format!("cluster `{}`", one.cluster),
+        _ => {
+            let list: Vec<String> = shards
+                .iter()
+                .map(|s| format!("`{}` (cluster `{}`)", s.name, s.cluster))
+                .collect();
+            format!("{} shards: {}", shards.len(), list.join(", "))
         }
     }
 }

@@ -11,5 +11,6 @@ mod glue;
 mod identity;
 mod ordering;
 mod rules;
+mod shards;
 mod shared;
 mod wait;

@@ -25,6 +25,16 @@ fn item_schema(item: Item) -> Value {
             {"type": "string", "pattern": "^header:.+$"}
         ]}),
         Item::Rule => object_schema("rules[]"),
+        Item::Shard => json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "minLength": 1, "maxLength": super::MAX_SHARD_NAME_BYTES},
+                "cluster": {"type": "string", "minLength": 1},
+                "authority": {"type": "string", "minLength": 1},
+            },
+            "required": ["cluster"],
+            "additionalProperties": false,
+        }),
     }
 }
 
@@ -99,7 +109,6 @@ fn object_schema(parent: &str) -> Value {
         .iter()
         .filter(|f| matches!(f.default, super::Shown::Text("required")))
         .map(|f| short(f.name))
-        .filter(|n| parent != "store" || *n != "cluster")
         .collect();
     if !required.is_empty() {
         s["required"] = json!(required);
@@ -110,7 +119,11 @@ fn object_schema(parent: &str) -> Value {
         "store" => {
             let only = |a: Applies| fields.clone().into_iter().filter(move |f| f.applies == a);
             let mut then = forbidden(only(Applies::SharedData));
-            then["required"] = json!(["cluster"]);
+            // One etcd cluster, or a map of shards.
+            then["anyOf"] = json!([
+                {"required": ["cluster"], "properties": {"shards": false}},
+                {"required": ["shards"], "properties": {"cluster": false, "authority": false}},
+            ]);
             s["if"] = json!({"properties": {"kind": {"const": "etcd"}}, "required": ["kind"]});
             s["then"] = then;
             s["else"] = forbidden(only(Applies::Etcd));

@@ -140,6 +140,7 @@ fn context(path: &str) -> Json {
         set(&mut doc, &format!("{prefix}ordering"), o);
     }
     match field(&table_name(path)).map(|f| f.applies) {
+        Some(Applies::Etcd) if path == "store.shards" => set(&mut doc, "store", json!({"kind": "etcd"})),
         Some(Applies::Etcd) => set(&mut doc, "store", json!({"kind": "etcd", "cluster": "e"})),
         _ if path == "store.max_store_bytes" => set(&mut doc, "capacity", json!(16)),
         _ => {}
@@ -225,6 +226,7 @@ fn items(item: Item, n: usize) -> Json {
             Item::Rule => {
                 json!({"name": format!("r{i}"), "match": {"path_prefix": format!("/r{i}")}})
             }
+            Item::Shard => json!({"name": format!("s{i}"), "cluster": format!("etcd_s{i}")}),
         })
         .collect();
     Json::Array(list)
@@ -363,7 +365,7 @@ fn a_store_field_of_the_other_kind_is_refused_naming_it() {
             _ => continue,
         };
         let mut doc = json!({"store": other});
-        if f.name == "store.cluster" {
+        if f.name == "store.cluster" || f.name == "store.shards" {
             doc["store"] = json!({});
         }
         set(&mut doc, f.name, sample(f));
@@ -373,7 +375,7 @@ fn a_store_field_of_the_other_kind_is_refused_naming_it() {
         assert!(schema_accepts(&doc).is_err(), "the schema accepts {doc}");
         checked += 1;
     }
-    assert_eq!(checked, 11);
+    assert_eq!(checked, 14);
 }
 
 /// The bound of an `UpTo` field at `path`, with its bounding field at `bound` (or, with
@@ -804,11 +806,33 @@ fn every_default_that_is_no_value_says_what_the_parser_does() {
                 let StoreConfig::Etcd(e) = c.store else {
                     panic!("{:?}", c.store)
                 };
-                assert_eq!(e.authority, "etcd-c", "{text}");
+                assert_eq!(e.shards[0].authority, "etcd-c", "{text}");
             }
             "rules[].match.path_prefix" | "rules[].match.path_exact" => {
                 let r = rule(json!({"match": {"methods": ["POST"]}}));
                 assert_eq!((r.matcher.path_prefix, r.matcher.path_exact), (None, None));
+            }
+            "store.cluster" => {
+                // Required without store.shards (named), and not with it.
+                let e = parse(&json!({"store": {"kind": "etcd"}})).unwrap_err();
+                assert_eq!(e.field, "store.cluster", "{e}");
+                let c = parse(&json!({"store": {"kind": "etcd", "shards": [{"cluster": "a"}]}}));
+                assert!(c.is_ok());
+            }
+            "store.shards" => {
+                let c = parse(&json!({"store": {"kind": "etcd", "cluster": "etcd-c"}})).unwrap();
+                let StoreConfig::Etcd(e) = c.store else {
+                    panic!("{:?}", c.store)
+                };
+                assert_eq!(e.shards.len(), 1);
+                assert_eq!((e.shards[0].name.as_str(), e.shards[0].cluster.as_str()), ("etcd-c", "etcd-c"));
+            }
+            "store.previous_shards" | "store.next_shards" => {
+                let c = parse(&json!({"store": {"kind": "etcd", "cluster": "etcd-c"}})).unwrap();
+                let StoreConfig::Etcd(e) = c.store else {
+                    panic!("{:?}", c.store)
+                };
+                assert_eq!(e.check, None);
             }
             "rules[].match.methods" => assert_eq!(rule(json!({})).matcher.methods, None),
             "rules[].match.authority" => assert_eq!(rule(json!({})).matcher.authority, None),

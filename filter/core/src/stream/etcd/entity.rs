@@ -14,7 +14,8 @@
 use super::settle::Settling;
 use super::{attempt_timeout, lease_lost, retryable, EtcdStore, MAX_RETRIES, MAX_ROUNDS};
 use crate::config::Policy;
-use crate::etcd::{self, EtcdAnswer, LeaseCache, LeasePlan, LeasePurpose};
+use crate::etcd::{self, EtcdAnswer, LeasePlan, LeasePurpose};
+use std::sync::Arc;
 use crate::key::Digest;
 use crate::metrics::Counter;
 use crate::ordering::entities::{decode, encode, Entity, EntityClaim, Settle};
@@ -150,7 +151,12 @@ impl DedupStream {
             rounds: 0,
             retries: 0,
             deadline_ms,
-            call: ec.call(ec.config.protocol.txn_path(), Vec::new(), 1),
+            call: ec.call(
+                ec.route_of(&turn.ordered.entity),
+                ec.config.protocol.txn_path(),
+                Vec::new(),
+                1,
+            ),
             abandoned: false,
         };
         self.next_entity_call(p, ec, env, Box::new(e))
@@ -188,7 +194,12 @@ impl DedupStream {
             rounds: 0,
             retries: 0,
             deadline_ms: now.saturating_add(ec.config.timeout_ms),
-            call: ec.call(ec.config.protocol.txn_path(), Vec::new(), 1),
+            call: ec.call(
+                ec.route_of(&turn.ordered.entity),
+                ec.config.protocol.txn_path(),
+                Vec::new(),
+                1,
+            ),
             abandoned: false,
         };
         self.next_entity_call(p, ec, env, Box::new(e))
@@ -210,10 +221,12 @@ impl DedupStream {
         let timeout = attempt_timeout(ec, e.deadline_ms, now);
         let lease = match e.lease {
             Some(l) => l,
-            None => match env
-                .leases()
-                .get(LeasePurpose::Completed, &entity_plan(ec, policy), now)
-            {
+            None => match env.leases().get(
+                e.call.route.shard_id,
+                LeasePurpose::Completed,
+                &entity_plan(ec, policy),
+                now,
+            ) {
                 Some(l) => {
                     e.lease = Some(l);
                     l
@@ -221,6 +234,7 @@ impl DedupStream {
                 None => {
                     e.granting = Some(now);
                     e.call = ec.call(
+                        &Arc::clone(&e.call.route),
                         proto.lease_grant_path(),
                         proto.lease_grant(entity_plan(ec, policy).ttl_s(LeasePurpose::Completed)),
                         timeout,
@@ -260,7 +274,7 @@ impl DedupStream {
             Some((rev, _)) => proto.replace_txn(&e.key, *rev, &value, lease),
             None => proto.claim_txn(&e.key, &value, lease),
         };
-        e.call = ec.call(proto.txn_path(), body, timeout);
+        e.call = ec.call(&Arc::clone(&e.call.route), proto.txn_path(), body, timeout);
         e.retries = 0;
         e.writing = Some(state);
         let call = e.call.clone();
@@ -298,8 +312,13 @@ impl DedupStream {
             return match parsed {
                 Some(EtcdAnswer::Lease { id }) => {
                     let plan = entity_plan(ec, p.config.policy_at(self.rule));
-                    env.leases()
-                        .put(LeasePurpose::Completed, &plan, id, sent_ms);
+                    env.leases().put(
+                        e.call.route.shard_id,
+                        LeasePurpose::Completed,
+                        &plan,
+                        id,
+                        sent_ms,
+                    );
                     e.lease = Some(id);
                     // The last write was not sent: what was seen is read again.
                     self.next_entity_call(p, ec, env, e)
@@ -346,7 +365,7 @@ impl DedupStream {
             }
             Some(EtcdAnswer::Error { code, message }) if lease_lost(code, &message) => {
                 // The lease we wrote with is gone: take a fresh one.
-                *env.leases() = LeaseCache::default();
+                env.leases().forget(e.call.route.shard_id);
                 e.lease = None;
                 e.rounds += 1;
                 if e.rounds > MAX_ROUNDS {

@@ -5,13 +5,16 @@
 
 use super::EtcdStore;
 use super::{attempt_timeout, lease_lost, lease_plan, retryable, EtcdClaim, MAX_RETRIES};
-use crate::etcd::{self, EtcdAnswer, EtcdRecord, LeaseCache, LeasePurpose};
+use crate::etcd::{self, EtcdAnswer, EtcdRecord, LeasePurpose};
+use std::sync::Arc;
 use crate::key::Digest;
 use crate::local::LocalEntry;
 use crate::metrics::Counter;
-use crate::record::RecordState;
+use crate::record::{RecordState, RecordTimes};
 use crate::response::StoredResponse;
-use crate::stream::{wake, CallAnswer, Decision, DedupStream, Env, Phase, Plugin, StoreCall};
+use crate::stream::{
+    wake, CallAnswer, Decision, DedupStream, Duplicate, Env, Phase, Plugin, StoreCall,
+};
 
 /// What a settling call does to the claim's record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +48,9 @@ pub(in crate::stream) struct Settling {
     pub(in crate::stream) regrant: Option<Regrant>,
     /// Detached execution: the client's answer, sent once the record is settled.
     pub(in crate::stream) then_reply: Option<crate::reply::LocalReply>,
+    /// A claim that yielded to a live record on its other shard (resharding): answered
+    /// as that record's duplicate once the release is done.
+    pub(in crate::stream) then_duplicate: Option<(Duplicate, RecordTimes)>,
 }
 
 /// What a completion needs to be written again with a fresh lease.
@@ -142,6 +148,9 @@ impl DedupStream {
                 ));
             }
         }
+        if let Some((dup, times)) = st.then_duplicate {
+            return self.duplicate(p, env, dup, times);
+        }
         match st.then_reply {
             Some(reply) => Decision::Reply(reply),
             None => Decision::Continue,
@@ -169,8 +178,13 @@ impl DedupStream {
             };
             r.granting = None;
             let plan = lease_plan(ec, p.config.policy_at(self.rule));
-            env.leases()
-                .put(LeasePurpose::Completed, &plan, *id, sent_ms);
+            env.leases().put(
+                st.call.route.shard_id,
+                LeasePurpose::Completed,
+                &plan,
+                *id,
+                sent_ms,
+            );
             let (_, entry) = st.learned.as_ref()?;
             let record = EtcdRecord {
                 state: if entry.response.is_some() {
@@ -184,6 +198,7 @@ impl DedupStream {
                 response: entry.response.clone(),
             };
             st.call = ec.call(
+                &Arc::clone(&st.call.route),
                 proto.txn_path(),
                 proto.replace_txn(&r.key, r.mod_revision, &record.encode(&st.digest), *id),
                 attempt_timeout(ec, st.deadline_ms, now),
@@ -200,10 +215,11 @@ impl DedupStream {
             "stream {}: completion: etcd lost its lease; writing it again with a fresh one",
             self.id
         ));
-        *env.leases() = LeaseCache::default();
+        env.leases().forget(st.call.route.shard_id);
         r.rounds += 1;
         r.granting = Some(now);
         st.call = ec.call(
+            &Arc::clone(&st.call.route),
             proto.lease_grant_path(),
             proto.lease_grant(
                 lease_plan(ec, p.config.policy_at(self.rule)).ttl_s(LeasePurpose::Completed),
@@ -226,6 +242,7 @@ impl DedupStream {
     ) -> StoreCall {
         let deadline_ms = now.saturating_add(ec.config.timeout_ms);
         let call = ec.call(
+            &o.route,
             ec.config.protocol.txn_path(),
             body,
             attempt_timeout(ec, deadline_ms, now),
@@ -240,6 +257,7 @@ impl DedupStream {
             deadline_ms,
             regrant: None,
             then_reply: None,
+            then_duplicate: None,
         }));
         call
     }

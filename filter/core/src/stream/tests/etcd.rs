@@ -468,6 +468,8 @@ fn store_calls_carry_the_route_of_their_store() {
         *grpc.route,
         Route {
             cluster: "etcd".into(),
+            shard: "etcd".into(),
+            shard_id: crate::shards::shard_id("etcd", "etcd", "etcd"),
             transport: Transport::Grpc {
                 upstream: b"etcd".to_vec()
             }
@@ -487,6 +489,8 @@ fn store_calls_carry_the_route_of_their_store() {
         *json.route,
         Route {
             cluster: "etcd".into(),
+            shard: "etcd".into(),
+            shard_id: crate::shards::shard_id("etcd", "etcd", "etcd"),
             transport: Transport::Http {
                 authority: "etcd".into()
             }

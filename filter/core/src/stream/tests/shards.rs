@@ -1,0 +1,339 @@
+//! The sharded etcd store through the plugin: records placed over several etcd clusters
+//! (one fake etcd per Envoy cluster), each shard behaving as the one etcd did, one shard
+//! down failing only its keys, and resharding: a claim won under one map yields to a
+//! live record on the key's shard under the other, on every interleaving of two proxies
+//! pushed to two steps of the procedure.
+
+use crate::fake::{FakeEnv, FakeEtcd, FakeShared};
+use crate::metrics::Counter;
+use crate::stream::{Decision, DedupStream, Plugin, StoreCall};
+use crate::testing::*;
+use std::sync::Arc;
+
+/// Three etcd clusters, `etcd_a`, `etcd_b`, `etcd_c`, each granting its own lease ids.
+struct Fleet {
+    a: Arc<FakeEtcd>,
+    b: Arc<FakeEtcd>,
+    c: Arc<FakeEtcd>,
+}
+
+impl Fleet {
+    fn new() -> Self {
+        Fleet {
+            a: FakeEtcd::with_lease_ids_from(100_000),
+            b: FakeEtcd::with_lease_ids_from(200_000),
+            c: FakeEtcd::with_lease_ids_from(300_000),
+        }
+    }
+
+    /// A proxy (its one worker) reaching the fleet.
+    fn proxy(&self, worker: u64) -> FakeEnv {
+        let mut env = FakeEnv::new(FakeShared::new(), worker);
+        for (name, e) in [("etcd_a", &self.a), ("etcd_b", &self.b), ("etcd_c", &self.c)] {
+            env.etcd_clusters.insert(name.to_string(), Arc::clone(e));
+        }
+        // Nothing may reach a cluster not in the fleet.
+        env.etcd.set_down(true);
+        env
+    }
+
+    fn keys(&self, env: &FakeEnv) -> [usize; 3] {
+        [&self.a, &self.b, &self.c].map(|e| e.key_count(env.now_ms))
+    }
+}
+
+/// A shard map as JSON, `"a,b"`: shards `a` (cluster `etcd_a`) and `b`.
+fn map(names: &str) -> String {
+    let list: Vec<String> = names
+        .split(',')
+        .map(|n| format!(r#"{{"name": "{n}", "cluster": "etcd_{n}"}}"#))
+        .collect();
+    format!("[{}]", list.join(", "))
+}
+
+/// The etcd store on `shards`, with the other map of a resharding when given
+/// (`"previous_shards"` or `"next_shards"`, and its names).
+fn sharded(shards: &str, check: Option<(&str, &str)>, extra: &str) -> Plugin {
+    let check = match check {
+        Some((field, names)) => format!(r#", "{field}": {}"#, map(names)),
+        None => String::new(),
+    };
+    let sep = if extra.is_empty() { "" } else { ", " };
+    plugin(&format!(
+        r#"{{"store": {{"kind": "etcd", "timeout_ms": 500, "shards": {}{check}}}{sep}{extra}}}"#,
+        map(shards)
+    ))
+}
+
+/// The shard a bodiless keyed POST's record is claimed on (its first store call's).
+fn home(p: &Plugin, key: &str) -> String {
+    let mut env = Fleet::new().proxy(9);
+    match DedupStream::new(1).on_request_headers(p, &mut env, keyed(key).head, true) {
+        Decision::Call(c) => c.route.shard.clone(),
+        d => panic!("{d:?}"),
+    }
+}
+
+fn keyed(key: &str) -> Req {
+    req("POST", "/orders").key(key)
+}
+
+/// The first `n` keys (`k0`, `k1`, …) whose records `p` places on `shard`.
+fn keys_on(p: &Plugin, shard: &str, n: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("k{i}"))
+        .filter(|k| home(p, k) == shard)
+        .take(n)
+        .collect()
+}
+
+#[test]
+fn records_spread_over_the_shards_and_each_shard_is_a_whole_etcd() {
+    let p = sharded("a,b,c", None, "");
+    let fleet = Fleet::new();
+    let (mut x, mut y) = (fleet.proxy(1), fleet.proxy(2));
+    for i in 0..60 {
+        let r = keyed(&format!("k{i}"));
+        assert_eq!(run(&p, &mut x, &r, ok("made")), executed("made"));
+        run(&p, &mut y, &r, ok("no")).assert_replays(b"made");
+    }
+    let keys = fleet.keys(&x);
+    assert_eq!(keys.iter().sum::<usize>(), 60, "{keys:?}");
+    assert!(keys.iter().all(|n| *n >= 10), "{keys:?}");
+    assert_eq!(x.count_of(Counter::Executed), 60);
+    assert_eq!(y.count_of(Counter::Executed), 0);
+    // Leases are each cluster's own: every proxy took one per purpose on each shard, and
+    // none was ever used on another shard (the fakes' ids differ: it would be "not
+    // found" and granted again).
+    for e in [&fleet.a, &fleet.b, &fleet.c] {
+        assert_eq!(e.grants(), 4);
+    }
+    assert_eq!(x.count_of(Counter::ReshardChecks), 0);
+}
+
+#[test]
+fn one_shard_down_fails_only_its_keys_as_failure_mode_says() {
+    for (mode, down_status) in [("open", 200), ("closed", 503)] {
+        let p = sharded("a,b", None, &format!(r#""failure_mode": "{mode}""#));
+        let fleet = Fleet::new();
+        let mut x = fleet.proxy(1);
+        fleet.a.set_down(true);
+        let on_b = keys_on(&p, "b", 3);
+        let on_a = keys_on(&p, "a", 3);
+        for k in &on_b {
+            assert_eq!(run(&p, &mut x, &keyed(k), ok("made")), executed("made"));
+            run(&p, &mut x, &keyed(k), ok("no")).assert_replays(b"made");
+        }
+        for k in &on_a {
+            assert_eq!(run(&p, &mut x, &keyed(k), ok("made")).status(), down_status, "{mode}");
+        }
+        assert_eq!(x.count_of(Counter::StoreErrors), 3, "{mode}");
+        assert_eq!(x.count_of(Counter::Executed), 3, "{mode}: only b's keys were claimed");
+    }
+}
+
+#[test]
+fn a_key_completed_before_a_shard_was_added_is_replayed_after_and_never_runs_again() {
+    let old = sharded("a", None, "");
+    let new = sharded("a,b", Some(("previous_shards", "a")), "");
+    let fleet = Fleet::new();
+    let (mut x, mut y) = (fleet.proxy(1), fleet.proxy(2));
+    let moved = keys_on(&new, "b", 2);
+    let stayed = keys_on(&new, "a", 1);
+    for k in moved.iter().chain(&stayed) {
+        assert_eq!(run(&old, &mut x, &keyed(k), ok(k)), executed(k));
+    }
+    assert_eq!(fleet.keys(&x), [3, 0, 0]);
+    for k in moved.iter().chain(&stayed) {
+        run(&new, &mut y, &keyed(k), ok("again")).assert_replays(k.as_bytes());
+    }
+    assert_eq!(y.count_of(Counter::Executed), 0);
+    // Only the moved keys were checked, and each yielded to its record; the claims made
+    // on their new shard were released.
+    assert_eq!(y.count_of(Counter::ReshardChecks), 2);
+    assert_eq!(y.count_of(Counter::ReshardYielded), 2);
+    assert_eq!(fleet.keys(&y), [3, 0, 0]);
+    // New keys on b run once, and are replayed from b.
+    let fresh = &keys_on(&new, "b", 3)[2];
+    assert_eq!(run(&new, &mut y, &keyed(fresh), ok("fresh")), executed("fresh"));
+    let replay = run(&new, &mut x, &keyed(fresh), ok("again"));
+    replay.assert_replays(b"fresh");
+    assert_eq!(fleet.keys(&y), [3, 1, 0]);
+    // A payload that differs from the record on the previous shard gets 422 there too.
+    let other = keyed(&moved[0]).body("other");
+    let mut z = fleet.proxy(3);
+    assert_eq!(run(&new, &mut z, &other, ok("no")).status(), 422);
+
+    // Without the previous map, the moved keys would run again: the check is what
+    // keeps them.
+    let careless = sharded("a,b", None, "");
+    let mut w = fleet.proxy(4);
+    assert_eq!(run(&careless, &mut w, &keyed(&moved[1]), ok("twice")), executed("twice"));
+}
+
+#[test]
+fn a_key_in_flight_on_its_previous_shard_gets_409_and_the_new_claim_is_released() {
+    let old = sharded("a", None, "");
+    let new = sharded("a,b", Some(("previous_shards", "a")), "");
+    let fleet = Fleet::new();
+    let (mut x, mut y) = (fleet.proxy(1), fleet.proxy(2));
+    let k = &keys_on(&new, "b", 1)[0];
+    let first = send(&old, &mut x, &keyed(k)).unwrap();
+    let dup = run(&new, &mut y, &keyed(k), ok("no"));
+    assert_eq!(dup.status(), 409);
+    assert!(dup.local().header("retry-after").is_some());
+    assert_eq!(fleet.keys(&y), [1, 0, 0], "the claim on b was released");
+    assert_eq!(respond(&old, &mut x, first, ok("made")), executed("made"));
+    run(&new, &mut y, &keyed(k), ok("no")).assert_replays(b"made");
+}
+
+#[test]
+fn a_failed_check_fails_as_failure_mode_says_and_closed_releases_the_claim() {
+    for (mode, status) in [("closed", 503), ("open", 200)] {
+        let new = sharded(
+            "a,b",
+            Some(("previous_shards", "a")),
+            &format!(r#""failure_mode": "{mode}""#),
+        );
+        let fleet = Fleet::new();
+        let mut y = fleet.proxy(2);
+        let k = &keys_on(&new, "b", 1)[0];
+        fleet.a.set_down(true);
+        let got = run(&new, &mut y, &keyed(k), ok("made"));
+        assert_eq!(got.status(), status, "{mode}");
+        assert_eq!(y.count_of(Counter::StoreErrors), 1, "{mode}");
+        match mode {
+            // Nothing was forwarded: the claim on b is gone, the key may be sent again.
+            "closed" => assert_eq!(fleet.keys(&y), [0, 0, 0]),
+            // Forwarded with its claim on b: completed there, replayed from there.
+            _ => {
+                assert_eq!(y.count_of(Counter::FailedOpen), 1);
+                assert_eq!(fleet.keys(&y), [0, 1, 0]);
+                fleet.a.set_down(false);
+                run(&new, &mut y, &keyed(k), ok("no")).assert_replays(b"made");
+            }
+        }
+    }
+}
+
+/// One stream driven a call at a time.
+struct Driven {
+    s: DedupStream,
+    next: Option<StoreCall>,
+    end: Option<Decision>,
+}
+
+impl Driven {
+    fn start(p: &Plugin, env: &mut FakeEnv, key: &str) -> Self {
+        let mut s = DedupStream::new(1);
+        let d = s.on_request_headers(p, env, keyed(key).head, true);
+        let mut me = Driven {
+            s,
+            next: None,
+            end: None,
+        };
+        me.take(d);
+        me
+    }
+
+    fn take(&mut self, d: Decision) {
+        match d {
+            Decision::Call(c) => self.next = Some(c),
+            other => self.end = Some(other),
+        }
+    }
+
+    fn step(&mut self, p: &Plugin, env: &mut FakeEnv) {
+        let Some(c) = self.next.take() else { return };
+        let a = call(env, &c);
+        let d = self.s.on_store_answer(p, env, a);
+        self.take(d);
+    }
+}
+
+/// Mid-push, one proxy is still on step 1 (claims under the old map, checks the next)
+/// and another already on step 2 (claims under the new map, checks the previous): on
+/// every interleaving of their store calls, at most one forwards the key, and the one
+/// that yields leaves no claim behind. Both may yield (each saw the other's claim), a
+/// `409` the client retries; never both forward.
+#[test]
+fn two_proxies_on_two_steps_of_a_push_never_both_forward_a_key() {
+    let step1 = sharded("a", Some(("next_shards", "a,b")), "");
+    let step2 = sharded("a,b", Some(("previous_shards", "a")), "");
+    let k = keys_on(&step2, "b", 1).remove(0);
+    let (mut one_forwarded, mut both_yielded) = (0, 0);
+    for schedule in 0u32..1 << 12 {
+        let fleet = Fleet::new();
+        let (mut x, mut y) = (fleet.proxy(1), fleet.proxy(2));
+        let mut dx = Driven::start(&step1, &mut x, &k);
+        let mut dy = Driven::start(&step2, &mut y, &k);
+        let mut t = 0;
+        while dx.next.is_some() || dy.next.is_some() {
+            let pick_x = match (dx.next.is_some(), dy.next.is_some()) {
+                (true, true) => schedule >> (t % 12) & 1 == 0,
+                (x_only, _) => x_only,
+            };
+            if pick_x {
+                dx.step(&step1, &mut x);
+            } else {
+                dy.step(&step2, &mut y);
+            }
+            t += 1;
+            assert!(t < 40, "schedule {schedule:#b} does not end");
+        }
+        let forwarded = [&dx, &dy]
+            .iter()
+            .filter(|d| d.end == Some(Decision::Continue))
+            .count();
+        assert!(forwarded <= 1, "schedule {schedule:#b}: both forwarded");
+        match forwarded {
+            1 => one_forwarded += 1,
+            _ => {
+                both_yielded += 1;
+                // Neither left a claim: the retry finds the key free.
+                assert_eq!(fleet.keys(&x), [0, 0, 0], "schedule {schedule:#b}");
+            }
+        }
+        // Every refused one was answered as a duplicate (409), not a store error.
+        assert_eq!(x.count_of(Counter::StoreErrors) + y.count_of(Counter::StoreErrors), 0);
+    }
+    assert!(one_forwarded > 0 && both_yielded > 0, "{one_forwarded} {both_yielded}");
+}
+
+/// The operator API finds a record on its shard (or on its previous one mid-resharding)
+/// and counts each shard's keys.
+#[test]
+fn the_operator_api_finds_a_records_shard_and_counts_per_shard() {
+    let old = sharded("a", None, "");
+    let new = sharded("a,b", Some(("previous_shards", "a")), "");
+    let admin_of = |p: &Plugin| {
+        let mut c = p.config.clone();
+        c.role = crate::config::Role::Admin;
+        Plugin::new(c)
+    };
+    let fleet = Fleet::new();
+    let mut x = fleet.proxy(1);
+    let moved = &keys_on(&new, "b", 1)[0];
+    let on_b = &keys_on(&new, "b", 2)[1];
+    run(&old, &mut x, &keyed(moved), ok("m"));
+    run(&new, &mut x, &keyed(on_b), ok("b"));
+    let admin_p = admin_of(&new);
+    let get = |env: &mut FakeEnv, key: &str| {
+        admin_json(&admin(
+            &admin_p,
+            env,
+            "GET",
+            &format!("/records?key={key}&authority=api.example"),
+        ))
+    };
+    assert_eq!(get(&mut x, on_b)["shard"], "b");
+    assert_eq!(get(&mut x, moved)["shard"], "a", "found on its previous shard");
+    let stats = admin_json(&admin(
+        &admin_p, &mut x, "GET", "/stats",
+    ));
+    assert_eq!(stats["records"], 2);
+    assert_eq!(
+        stats["shards"],
+        serde_json::json!([{"name": "a", "records": 1}, {"name": "b", "records": 1}])
+    );
+}
