@@ -163,14 +163,87 @@ pub fn etcd_proxy_config(
     Ok(config)
 }
 
+/// The template's `etcd` cluster (the `  - name: etcd` entry, to the next entry or the
+/// end) written once per shard of a sharded store: a copy named after the shard's
+/// Envoy cluster (`name` and `cluster_name`), its `# etcd member N` lines pointing at
+/// that shard's members. What a user does by hand: one copy of the cluster per shard.
+pub fn render_shard_clusters(template: &str, shards: &[(&str, Vec<u16>)]) -> Result<String> {
+    const ENTRY: &str = "  - name: etcd\n";
+    let Some(start) = template.find(ENTRY) else {
+        fail!("the template has no `  - name: etcd` cluster");
+    };
+    let body_from = start + ENTRY.len();
+    let rest = &template[body_from..];
+    let mut len = 0;
+    for line in rest.split_inclusive('\n') {
+        let indent = line.len() - line.trim_start().len();
+        let text = line.trim();
+        if !text.is_empty() && (indent < 4 || line.starts_with("  - ")) {
+            break;
+        }
+        len += line.len();
+    }
+    let block = &template[start..body_from + len];
+    let mut copies = String::new();
+    for (cluster, ports) in shards {
+        let named = block
+            .replacen(ENTRY, &format!("  - name: {cluster}\n"), 1)
+            .replace("cluster_name: etcd\n", &format!("cluster_name: {cluster}\n"));
+        copies.push_str(&render_etcd_endpoints(&named, ports)?);
+    }
+    Ok(format!(
+        "{}{copies}{}",
+        &template[..start],
+        &template[body_from + len..]
+    ))
+}
+
+/// `multi-proxy-etcd.yaml` for a sharded store: its `etcd` cluster once per shard,
+/// named `shards[i].0` and pointed at `shards[i].1`'s members (`render_shard_clusters`),
+/// with `wasm` and `filter_config` (whose `store.shards` names those clusters).
+pub fn sharded_proxy_config(
+    shards: &[(&str, &EtcdCluster)],
+    upstream_port: u16,
+    wasm: &Path,
+    filter_config: &str,
+) -> Result<EnvoyConfig> {
+    let Some((_, first)) = shards.first() else {
+        fail!("a sharded store needs one shard at least");
+    };
+    let template = match std::fs::read_to_string(config_file(MULTI_PROXY_ETCD)) {
+        Ok(t) => t,
+        Err(e) => fail!("cannot read {MULTI_PROXY_ETCD}: {e}"),
+    };
+    let ports: Vec<(&str, Vec<u16>)> = shards
+        .iter()
+        .map(|(name, etcd)| (*name, etcd.proxy_ports()))
+        .collect();
+    let rendered = render_shard_clusters(&template, &ports)?;
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let path = first.dir.join(format!(
+        "sharded-template-{}.yaml",
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&path, rendered)?;
+    let mut config = EnvoyConfig::single_node(upstream_port, wasm, filter_config)?;
+    config.template = path;
+    Ok(config)
+}
+
 /// Health of the `etcd` cluster's hosts as one Envoy sees them (admin
 /// `/clusters`): (healthy, total).
 pub fn etcd_hosts_health(envoy: &EnvoyProcess) -> Result<(usize, usize)> {
+    cluster_hosts_health(envoy, "etcd")
+}
+
+/// Health of the hosts of the Envoy cluster `cluster` as one Envoy sees them.
+pub fn cluster_hosts_health(envoy: &EnvoyProcess, cluster: &str) -> Result<(usize, usize)> {
     let text = envoy.admin("/clusters")?.text();
     let mut total = 0;
     let mut healthy = 0;
+    let prefix = format!("{cluster}::");
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("etcd::") else {
+        let Some(rest) = line.strip_prefix(&prefix) else {
             continue;
         };
         if let Some((_, flags)) = rest.split_once("::health_flags::") {
@@ -185,9 +258,19 @@ pub fn etcd_hosts_health(envoy: &EnvoyProcess) -> Result<(usize, usize)> {
 
 /// Wait until `envoy` sees `want` healthy etcd hosts (active health checks).
 pub fn wait_etcd_hosts_healthy(envoy: &EnvoyProcess, want: usize, limit: Duration) -> Result<()> {
+    wait_cluster_hosts_healthy(envoy, "etcd", want, limit)
+}
+
+/// Wait until `envoy` sees `want` healthy hosts in the Envoy cluster `cluster`.
+pub fn wait_cluster_hosts_healthy(
+    envoy: &EnvoyProcess,
+    cluster: &str,
+    want: usize,
+    limit: Duration,
+) -> Result<()> {
     let end = Instant::now() + limit;
     loop {
-        let (healthy, total) = etcd_hosts_health(envoy)?;
+        let (healthy, total) = cluster_hosts_health(envoy, cluster)?;
         if healthy == want {
             return Ok(());
         }
@@ -227,5 +310,38 @@ mod tests {
         );
         assert!(render_etcd_endpoints(t, &[5001, 5002, 5003]).is_err());
         assert!(render_etcd_endpoints(t, &[5001]).is_err());
+    }
+
+    #[test]
+    fn a_sharded_template_has_the_etcd_cluster_once_per_shard() {
+        let template = std::fs::read_to_string(config_file(MULTI_PROXY_ETCD)).unwrap();
+        let out = render_shard_clusters(
+            &template,
+            &[("etcd_a", vec![5001, 5002, 5003]), ("etcd_b", vec![6001, 6002, 6003])],
+        )
+        .unwrap();
+        let config_lines = |t: &str| -> Vec<String> {
+            t.lines()
+                .filter(|l| !l.trim_start().starts_with('#'))
+                .map(str::to_string)
+                .collect()
+        };
+        let lines = config_lines(&out);
+        for name in ["etcd_a", "etcd_b"] {
+            assert!(lines.contains(&format!("  - name: {name}")), "{out}");
+            assert!(lines.contains(&format!("      cluster_name: {name}")), "{out}");
+        }
+        assert!(!lines.iter().any(|l| l == "  - name: etcd"), "{out}");
+        for port in [5001, 5003, 6001, 6003] {
+            assert!(out.contains(&format!("port_value: {port} ")), "{port}");
+        }
+        // Each copy is the whole cluster: one HTTP/2 block and one health check each.
+        let count = |what: &str| lines.iter().filter(|l| l.contains(what)).count();
+        assert_eq!(count("http2_protocol_options"), 2);
+        assert_eq!(count("http_health_check:"), 2);
+        // Everything before the cluster stays as it was, once.
+        let before = &template[..template.find("  - name: etcd\n").unwrap()];
+        assert!(out.starts_with(before));
+        assert!(render_shard_clusters("static_resources: {}\n", &[]).is_err());
     }
 }
