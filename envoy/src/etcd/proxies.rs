@@ -188,7 +188,10 @@ pub fn render_shard_clusters(template: &str, shards: &[(&str, Vec<u16>)]) -> Res
     for (cluster, ports) in shards {
         let named = block
             .replacen(ENTRY, &format!("  - name: {cluster}\n"), 1)
-            .replace("cluster_name: etcd\n", &format!("cluster_name: {cluster}\n"));
+            .replace(
+                "cluster_name: etcd\n",
+                &format!("cluster_name: {cluster}\n"),
+            );
         copies.push_str(&render_etcd_endpoints(&named, ports)?);
     }
     Ok(format!(
@@ -317,7 +320,10 @@ mod tests {
         let template = std::fs::read_to_string(config_file(MULTI_PROXY_ETCD)).unwrap();
         let out = render_shard_clusters(
             &template,
-            &[("etcd_a", vec![5001, 5002, 5003]), ("etcd_b", vec![6001, 6002, 6003])],
+            &[
+                ("etcd_a", vec![5001, 5002, 5003]),
+                ("etcd_b", vec![6001, 6002, 6003]),
+            ],
         )
         .unwrap();
         let config_lines = |t: &str| -> Vec<String> {
@@ -329,7 +335,10 @@ mod tests {
         let lines = config_lines(&out);
         for name in ["etcd_a", "etcd_b"] {
             assert!(lines.contains(&format!("  - name: {name}")), "{out}");
-            assert!(lines.contains(&format!("      cluster_name: {name}")), "{out}");
+            assert!(
+                lines.contains(&format!("      cluster_name: {name}")),
+                "{out}"
+            );
         }
         assert!(!lines.iter().any(|l| l == "  - name: etcd"), "{out}");
         for port in [5001, 5003, 6001, 6003] {

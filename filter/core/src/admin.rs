@@ -9,8 +9,8 @@ use crate::metrics::Counter;
 use crate::reply::{LocalReply, Problem};
 use crate::store::{Layout, Purge, RecordView, SharedStore};
 use crate::stream::{CallAnswer, Decision, Env, EtcdStore, Plugin, Route, StoreCall, StoreVisit};
-use std::sync::Arc;
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 /// One admin operation, parsed from the request. `rule` is the index of the rule named
 /// by `rule=<name>` (`None`: the top-level records).
@@ -541,7 +541,10 @@ impl AdminStream {
                 )),
             };
         }
-        let shard = self.shard.as_ref().map_or(String::new(), |r| r.shard.clone());
+        let shard = self
+            .shard
+            .as_ref()
+            .map_or(String::new(), |r| r.shard.clone());
         let proto = ec.config.protocol;
         let parsed = etcd::read_answer(proto.txn_path(), answer.status, &answer.body);
         let (digest, delete, force, rule) = match op {
@@ -581,7 +584,8 @@ impl AdminStream {
                     buckets: 0,
                 };
                 if !delete {
-                    let mut found = record_json(p.config.policy_at(rule), false, &digest, &view, now);
+                    let mut found =
+                        record_json(p.config.policy_at(rule), false, &digest, &view, now);
                     found["shard"] = json!(shard);
                     return Decision::Reply(json_reply(200, found));
                 }

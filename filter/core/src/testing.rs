@@ -164,9 +164,9 @@ pub(crate) fn answer(status: u16, body: &str) -> Answer {
 /// Sends the request up to the decision; `Ok(stream)` if it was forwarded.
 /// Makes a store call against the environment's fake etcd, as Envoy's http call would.
 pub(crate) fn call(env: &FakeEnv, c: &StoreCall) -> CallAnswer {
-    let (status, body) = env
-        .etcd_of(&c.route.cluster)
-        .handle(c.path, &c.body, env.now_ms - env.clock_ahead_ms);
+    let (status, body) =
+        env.etcd_of(&c.route.cluster)
+            .handle(c.path, &c.body, env.now_ms - env.clock_ahead_ms);
     CallAnswer {
         status,
         body,

@@ -417,7 +417,11 @@ fn shard_maps() {
     // One cluster is a map of one shard named after it.
     let one = etcd(r#""cluster": "etcd""#);
     assert_eq!(
-        (one.shards.len(), one.shards[0].name.as_str(), one.check.is_none()),
+        (
+            one.shards.len(),
+            one.shards[0].name.as_str(),
+            one.check.is_none()
+        ),
         (1, "etcd", true)
     );
     let two = etcd(
@@ -430,7 +434,10 @@ fn shard_maps() {
         .collect();
     assert_eq!(
         names,
-        [("a", "etcd_a", "etcd_a"), ("etcd_b", "etcd_b", "b.internal")]
+        [
+            ("a", "etcd_a", "etcd_a"),
+            ("etcd_b", "etcd_b", "b.internal")
+        ]
     );
     let moving = etcd(
         r#""shards": [{"name": "a", "cluster": "etcd_a"}, {"name": "b", "cluster": "etcd_b"}],
@@ -441,17 +448,28 @@ fn shard_maps() {
         (check.role, check.shards.len()),
         (crate::config::CheckRole::Previous, 1)
     );
-    let next = etcd(r#""cluster": "etcd_a", "next_shards": [{"name": "etcd_a", "cluster": "etcd_a"}, {"cluster": "etcd_b"}]"#);
+    let next = etcd(
+        r#""cluster": "etcd_a", "next_shards": [{"name": "etcd_a", "cluster": "etcd_a"}, {"cluster": "etcd_b"}]"#,
+    );
     assert_eq!(next.check.unwrap().role, crate::config::CheckRole::Next);
 
     // Each mistake is named.
     for (store, field) in [
-        (r#""cluster": "e", "shards": [{"cluster": "a"}]"#, "store.shards"),
+        (
+            r#""cluster": "e", "shards": [{"cluster": "a"}]"#,
+            "store.shards",
+        ),
         (r#""shards": []"#, "store.shards"),
         (r#""shards": [{"name": "a"}]"#, "store.shards[0].cluster"),
         (r#""shards": [{"cluster": ""}]"#, "store.shards[0].cluster"),
-        (r#""shards": [{"cluster": "a", "name": ""}]"#, "store.shards[0].name"),
-        (r#""shards": [{"cluster": "a", "name": "a b"}]"#, "store.shards[0].name"),
+        (
+            r#""shards": [{"cluster": "a", "name": ""}]"#,
+            "store.shards[0].name",
+        ),
+        (
+            r#""shards": [{"cluster": "a", "name": "a b"}]"#,
+            "store.shards[0].name",
+        ),
         (
             r#""shards": [{"cluster": "a", "name": "x"}, {"cluster": "b", "name": "x"}]"#,
             "store.shards[1].name",
@@ -460,8 +478,14 @@ fn shard_maps() {
             r#""shards": [{"cluster": "a", "name": "x"}, {"cluster": "a", "name": "y"}]"#,
             "store.shards[1].cluster",
         ),
-        (r#""shards": [{"cluster": "a", "port": 1}]"#, "store.shards[0].port"),
-        (r#""shards": [{"cluster": "a"}], "authority": "x""#, "store.authority"),
+        (
+            r#""shards": [{"cluster": "a", "port": 1}]"#,
+            "store.shards[0].port",
+        ),
+        (
+            r#""shards": [{"cluster": "a"}], "authority": "x""#,
+            "store.authority",
+        ),
         (
             r#""cluster": "a", "previous_shards": [{"cluster": "b"}], "next_shards": [{"cluster": "b"}]"#,
             "store.next_shards",
@@ -475,12 +499,17 @@ fn shard_maps() {
             r#""shards": [{"name": "a", "cluster": "etcd_a"}], "next_shards": [{"name": "b", "cluster": "etcd_a"}]"#,
             "store.next_shards[0].name",
         ),
-        (r#""cluster": "a", "previous_shards": []"#, "store.previous_shards"),
+        (
+            r#""cluster": "a", "previous_shards": []"#,
+            "store.previous_shards",
+        ),
     ] {
         let doc = format!(r#"{{"store": {{"kind": "etcd", {store}}}}}"#);
         assert_eq!(cfg_err(&doc).0, field, "{doc}");
     }
-    let many: Vec<String> = (0..17).map(|i| format!(r#"{{"cluster": "c{i}"}}"#)).collect();
+    let many: Vec<String> = (0..17)
+        .map(|i| format!(r#"{{"cluster": "c{i}"}}"#))
+        .collect();
     let doc = format!(
         r#"{{"store": {{"kind": "etcd", "shards": [{}]}}}}"#,
         many.join(",")

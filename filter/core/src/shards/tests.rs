@@ -39,7 +39,11 @@ fn the_lists_order_never_moves_a_record() {
 
 #[test]
 fn records_spread_evenly_over_the_shards() {
-    for names in [&["a", "b"][..], &["a", "b", "c"], &["etcd-1", "etcd-2", "etcd-3", "etcd-4"]] {
+    for names in [
+        &["a", "b"][..],
+        &["a", "b", "c"],
+        &["etcd-1", "etcd-2", "etcd-3", "etcd-4"],
+    ] {
         let s = seeds(names);
         let mut counts = vec![0u32; s.len()];
         let n = 30_000u32;
@@ -67,12 +71,19 @@ fn adding_a_shard_moves_only_what_it_takes() {
         let before = two[pick(&two, &d).unwrap()];
         let after = three[pick(&three, &d).unwrap()];
         if before != after {
-            assert_eq!(after, name_seed("c"), "a record moved between the old shards");
+            assert_eq!(
+                after,
+                name_seed("c"),
+                "a record moved between the old shards"
+            );
             moved += 1;
         }
     }
     let share = f64::from(moved) / f64::from(n);
-    assert!((share - 1.0 / 3.0).abs() < 0.02, "{share} of the records moved");
+    assert!(
+        (share - 1.0 / 3.0).abs() < 0.02,
+        "{share} of the records moved"
+    );
 }
 
 #[test]

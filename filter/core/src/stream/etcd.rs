@@ -13,13 +13,13 @@ use super::{
     Waiting,
 };
 use crate::config::{EtcdConfig, Policy, ShardConfig};
-use crate::shards;
 use crate::etcd::{self, EtcdAnswer, EtcdRecord, LeasePlan, LeasePurpose};
 use crate::etcdpb;
 use crate::key::{short_hex, Digest};
 use crate::local::LocalEntry;
 use crate::metrics::Counter;
 use crate::record::{RecordState, RecordTimes};
+use crate::shards;
 use crate::wait::POLL_ETCD_MS;
 pub(super) use entity::{EntityCall, EntityOp, EtcdEntity, Turn};
 pub(super) use settle::Settling;

@@ -140,7 +140,9 @@ fn context(path: &str) -> Json {
         set(&mut doc, &format!("{prefix}ordering"), o);
     }
     match field(&table_name(path)).map(|f| f.applies) {
-        Some(Applies::Etcd) if path == "store.shards" => set(&mut doc, "store", json!({"kind": "etcd"})),
+        Some(Applies::Etcd) if path == "store.shards" => {
+            set(&mut doc, "store", json!({"kind": "etcd"}))
+        }
         Some(Applies::Etcd) => set(&mut doc, "store", json!({"kind": "etcd", "cluster": "e"})),
         _ if path == "store.max_store_bytes" => set(&mut doc, "capacity", json!(16)),
         _ => {}
@@ -825,7 +827,10 @@ fn every_default_that_is_no_value_says_what_the_parser_does() {
                     panic!("{:?}", c.store)
                 };
                 assert_eq!(e.shards.len(), 1);
-                assert_eq!((e.shards[0].name.as_str(), e.shards[0].cluster.as_str()), ("etcd-c", "etcd-c"));
+                assert_eq!(
+                    (e.shards[0].name.as_str(), e.shards[0].cluster.as_str()),
+                    ("etcd-c", "etcd-c")
+                );
             }
             "store.previous_shards" | "store.next_shards" => {
                 let c = parse(&json!({"store": {"kind": "etcd", "cluster": "etcd-c"}})).unwrap();

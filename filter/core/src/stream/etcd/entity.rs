@@ -15,7 +15,6 @@ use super::settle::Settling;
 use super::{attempt_timeout, lease_lost, retryable, EtcdStore, MAX_RETRIES, MAX_ROUNDS};
 use crate::config::Policy;
 use crate::etcd::{self, EtcdAnswer, LeasePlan, LeasePurpose};
-use std::sync::Arc;
 use crate::key::Digest;
 use crate::metrics::Counter;
 use crate::ordering::entities::{decode, encode, Entity, EntityClaim, Settle};
@@ -23,6 +22,7 @@ use crate::ordering::{Ordered, Version};
 use crate::store::{HostFault, StoreError};
 use crate::stream::store::HeldClaim;
 use crate::stream::{CallAnswer, Decision, DedupStream, Env, Phase, Plugin, StoreCall};
+use std::sync::Arc;
 
 /// What an entity call is for.
 pub(in crate::stream) enum EntityOp {
@@ -56,6 +56,9 @@ pub(in crate::stream) struct EntityCall {
     call: StoreCall,
     /// The client left while the claim was out: a won claim is released at once.
     pub(in crate::stream) abandoned: bool,
+    /// Resharding: the claim won on the entity's shard, and `call` reads the entity on
+    /// its shard under the other map (`checked`).
+    checking: bool,
 }
 
 impl EntityCall {
@@ -158,6 +161,7 @@ impl DedupStream {
                 1,
             ),
             abandoned: false,
+            checking: false,
         };
         self.next_entity_call(p, ec, env, Box::new(e))
     }
@@ -201,6 +205,7 @@ impl DedupStream {
                 1,
             ),
             abandoned: false,
+            checking: false,
         };
         self.next_entity_call(p, ec, env, Box::new(e))
     }
@@ -291,6 +296,9 @@ impl DedupStream {
         mut e: Box<EntityCall>,
         answer: &CallAnswer,
     ) -> Decision {
+        if e.checking {
+            return self.entity_checked(p, ec, env, e, answer);
+        }
         let now = env.now_ms();
         let parsed = etcd::read_answer(e.call.path, answer.status, &answer.body);
         if retryable(answer, &parsed) {
@@ -334,6 +342,19 @@ impl DedupStream {
             }) => {
                 e.seen = e.writing.take().map(|s| (revision, s));
                 match e.op {
+                    EntityOp::Claim { .. } if !e.abandoned => {
+                        match ec.check_route_of(&e.entity).map(Arc::clone) {
+                            Some(other) => self.check_entity(ec, env, e, &other),
+                            None => self.entity_claim_decided(
+                                p,
+                                env,
+                                e,
+                                Ok(EntityClaim::Claimed {
+                                    evicted_unexpired: false,
+                                }),
+                            ),
+                        }
+                    }
                     EntityOp::Claim { .. } => self.entity_claim_decided(
                         p,
                         env,
@@ -376,6 +397,150 @@ impl DedupStream {
                 self.next_entity_call(p, ec, env, e)
             }
             other => self.entity_failed(p, env, e, format!("unexpected etcd answer {other:?}")),
+        }
+    }
+
+    /// Resharding: the entity's flight is claimed on its shard; before anything is
+    /// forwarded, the entity is read on its shard under the other map (a fresh budget),
+    /// the same write-then-read as a record's claim, so of two versions claimed on two
+    /// maps at once at least one sees the other, and a version at or below one applied
+    /// under the other map is stale.
+    fn check_entity<E: Env>(
+        &mut self,
+        ec: &EtcdStore,
+        env: &mut E,
+        mut e: Box<EntityCall>,
+        other: &Arc<crate::stream::Route>,
+    ) -> Decision {
+        let now = env.now_ms();
+        let proto = ec.config.protocol;
+        e.checking = true;
+        e.retries = 0;
+        e.deadline_ms = now.saturating_add(ec.config.timeout_ms);
+        e.call = ec.call(
+            other,
+            proto.range_path(),
+            proto.read_key(&e.key),
+            attempt_timeout(ec, e.deadline_ms, now),
+        );
+        env.count(Counter::ReshardChecks);
+        let call = e.call.clone();
+        self.phase = Phase::Ordering(e);
+        Decision::Call(call)
+    }
+
+    /// The answer to `check_entity`'s read: no entity there, or one this version would be
+    /// claimed on, forward; a stale version or another version in flight there, yield:
+    /// the flight claimed on the entity's own shard is ended (released), then the
+    /// record's claim, then the request is answered as stale or busy. A read that fails
+    /// after its retries is a store error: `failure_mode: "open"` forwards (the flight
+    /// stays claimed on its own shard), `"closed"` ends both claims and answers `503`.
+    fn entity_checked<E: Env>(
+        &mut self,
+        p: &Plugin,
+        ec: &EtcdStore,
+        env: &mut E,
+        mut e: Box<EntityCall>,
+        answer: &CallAnswer,
+    ) -> Decision {
+        let now = env.now_ms();
+        let found = match etcd::read_one(e.call.path, answer.status, &answer.body) {
+            Some(None) => Ok(None),
+            Some(Some((_, value))) => entity_of(&value, &e.entity).map(Some),
+            None => {
+                let parsed = etcd::read_answer(e.call.path, answer.status, &answer.body);
+                if retryable(answer, &parsed) && e.retries < MAX_RETRIES && now < e.deadline_ms {
+                    e.retries += 1;
+                    e.call.timeout_ms = attempt_timeout(ec, e.deadline_ms, now);
+                    let call = e.call.clone();
+                    self.phase = Phase::Ordering(e);
+                    return Decision::Call(call);
+                }
+                Err(StoreError::Host(HostFault(format!(
+                    "reading the entity on shard `{}` of the other map failed (status {})",
+                    e.call.route.shard, answer.status
+                ))))
+            }
+        };
+        e.checking = false;
+        let claimed = Ok(EntityClaim::Claimed {
+            evicted_unexpired: false,
+        });
+        let there = match found {
+            Ok(None) => return self.entity_claim_decided(p, env, e, claimed),
+            Ok(Some(there)) => there,
+            Err(err) if p.config.failure_mode == crate::config::FailureMode::Open => {
+                env.count(Counter::StoreErrors);
+                env.count(Counter::FailedOpen);
+                env.warn(&format!(
+                    "stream {}: ordering store error: {err}; forwarded unchecked (failure_mode open)",
+                    self.id
+                ));
+                return self.entity_claim_decided(p, env, e, claimed);
+            }
+            Err(err) => return self.entity_yield(p, ec, env, e, Err(err)),
+        };
+        let mut probe = there;
+        match probe.claim(e.token, &e.version, now, e.flight_until_ms) {
+            EntityClaim::Claimed { .. } => self.entity_claim_decided(p, env, e, claimed),
+            refused => {
+                env.count(Counter::ReshardYielded);
+                self.entity_yield(p, ec, env, e, Ok(refused))
+            }
+        }
+    }
+
+    /// Ends the flight claimed on the entity's shard (released: nothing ran), then the
+    /// record's claim, then answers as `outcome` (stale, busy, or a store error) says.
+    fn entity_yield<E: Env>(
+        &mut self,
+        p: &Plugin,
+        ec: &EtcdStore,
+        env: &mut E,
+        e: Box<EntityCall>,
+        outcome: Result<EntityClaim, StoreError>,
+    ) -> Decision {
+        let EntityCall {
+            op,
+            lease,
+            seen,
+            entity,
+            version,
+            token,
+            ..
+        } = *e;
+        let EntityOp::Claim { owned } = op else {
+            return Decision::Continue;
+        };
+        let d = match self.entity_decided(p, env, owned, outcome) {
+            // A store error under failure_mode open forwards (not reached: handled by
+            // the caller), as would a claim.
+            Ok(owned) => return self.forward(p, env, owned),
+            Err(d) => d,
+        };
+        let then = match std::mem::replace(&mut self.phase, Phase::Finished) {
+            Phase::Settling(st) => Some(st),
+            other => {
+                self.phase = other;
+                None
+            }
+        };
+        let Some(lease) = lease else {
+            return d;
+        };
+        let held = Some(EtcdEntity { lease, seen });
+        let turn = Turn {
+            ordered: Ordered { entity, version },
+            token,
+            until_ms: 0,
+        };
+        let op = EntityOp::Settle {
+            how: Settle::Release,
+            then,
+        };
+        match self.settle_entity_etcd(p, ec, env, held, turn, op) {
+            Decision::Call(call) => Decision::Call(call),
+            _ => d,
         }
     }
 

@@ -6,7 +6,6 @@
 use super::EtcdStore;
 use super::{attempt_timeout, lease_lost, lease_plan, retryable, EtcdClaim, MAX_RETRIES};
 use crate::etcd::{self, EtcdAnswer, EtcdRecord, LeasePurpose};
-use std::sync::Arc;
 use crate::key::Digest;
 use crate::local::LocalEntry;
 use crate::metrics::Counter;
@@ -15,6 +14,7 @@ use crate::response::StoredResponse;
 use crate::stream::{
     wake, CallAnswer, Decision, DedupStream, Duplicate, Env, Phase, Plugin, StoreCall,
 };
+use std::sync::Arc;
 
 /// What a settling call does to the claim's record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

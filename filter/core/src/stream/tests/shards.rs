@@ -29,7 +29,11 @@ impl Fleet {
     /// A proxy (its one worker) reaching the fleet.
     fn proxy(&self, worker: u64) -> FakeEnv {
         let mut env = FakeEnv::new(FakeShared::new(), worker);
-        for (name, e) in [("etcd_a", &self.a), ("etcd_b", &self.b), ("etcd_c", &self.c)] {
+        for (name, e) in [
+            ("etcd_a", &self.a),
+            ("etcd_b", &self.b),
+            ("etcd_c", &self.c),
+        ] {
             env.etcd_clusters.insert(name.to_string(), Arc::clone(e));
         }
         // Nothing may reach a cluster not in the fleet.
@@ -125,10 +129,18 @@ fn one_shard_down_fails_only_its_keys_as_failure_mode_says() {
             run(&p, &mut x, &keyed(k), ok("no")).assert_replays(b"made");
         }
         for k in &on_a {
-            assert_eq!(run(&p, &mut x, &keyed(k), ok("made")).status(), down_status, "{mode}");
+            assert_eq!(
+                run(&p, &mut x, &keyed(k), ok("made")).status(),
+                down_status,
+                "{mode}"
+            );
         }
         assert_eq!(x.count_of(Counter::StoreErrors), 3, "{mode}");
-        assert_eq!(x.count_of(Counter::Executed), 3, "{mode}: only b's keys were claimed");
+        assert_eq!(
+            x.count_of(Counter::Executed),
+            3,
+            "{mode}: only b's keys were claimed"
+        );
     }
 }
 
@@ -155,7 +167,10 @@ fn a_key_completed_before_a_shard_was_added_is_replayed_after_and_never_runs_aga
     assert_eq!(fleet.keys(&y), [3, 0, 0]);
     // New keys on b run once, and are replayed from b.
     let fresh = &keys_on(&new, "b", 3)[2];
-    assert_eq!(run(&new, &mut y, &keyed(fresh), ok("fresh")), executed("fresh"));
+    assert_eq!(
+        run(&new, &mut y, &keyed(fresh), ok("fresh")),
+        executed("fresh")
+    );
     let replay = run(&new, &mut x, &keyed(fresh), ok("again"));
     replay.assert_replays(b"fresh");
     assert_eq!(fleet.keys(&y), [3, 1, 0]);
@@ -168,7 +183,10 @@ fn a_key_completed_before_a_shard_was_added_is_replayed_after_and_never_runs_aga
     // keeps them.
     let careless = sharded("a,b", None, "");
     let mut w = fleet.proxy(4);
-    assert_eq!(run(&careless, &mut w, &keyed(&moved[1]), ok("twice")), executed("twice"));
+    assert_eq!(
+        run(&careless, &mut w, &keyed(&moved[1]), ok("twice")),
+        executed("twice")
+    );
 }
 
 #[test]
@@ -295,9 +313,15 @@ fn two_proxies_on_two_steps_of_a_push_never_both_forward_a_key() {
             }
         }
         // Every refused one was answered as a duplicate (409), not a store error.
-        assert_eq!(x.count_of(Counter::StoreErrors) + y.count_of(Counter::StoreErrors), 0);
+        assert_eq!(
+            x.count_of(Counter::StoreErrors) + y.count_of(Counter::StoreErrors),
+            0
+        );
     }
-    assert!(one_forwarded > 0 && both_yielded > 0, "{one_forwarded} {both_yielded}");
+    assert!(
+        one_forwarded > 0 && both_yielded > 0,
+        "{one_forwarded} {both_yielded}"
+    );
 }
 
 /// The operator API finds a record on its shard (or on its previous one mid-resharding)
@@ -327,13 +351,152 @@ fn the_operator_api_finds_a_records_shard_and_counts_per_shard() {
         ))
     };
     assert_eq!(get(&mut x, on_b)["shard"], "b");
-    assert_eq!(get(&mut x, moved)["shard"], "a", "found on its previous shard");
-    let stats = admin_json(&admin(
-        &admin_p, &mut x, "GET", "/stats",
-    ));
+    assert_eq!(
+        get(&mut x, moved)["shard"],
+        "a",
+        "found on its previous shard"
+    );
+    let stats = admin_json(&admin(&admin_p, &mut x, "GET", "/stats"));
     assert_eq!(stats["records"], 2);
     assert_eq!(
         stats["shards"],
         serde_json::json!([{"name": "a", "records": 1}, {"name": "b", "records": 1}])
     );
+}
+
+/// Ordered by header `x-entity`, integer versions in header `x-version`.
+const ORDERED: &str =
+    r#""ordering": {"entity": {"header": "x-entity"}, "version": {"header": "x-version"}}"#;
+
+fn delivery(entity: &str, version: &str, key: &str) -> Req {
+    req("POST", "/hook")
+        .key(key)
+        .header("x-entity", entity)
+        .header("x-version", version)
+}
+
+/// The shard of `p` an entity's key lands on (run once on a fresh fleet).
+fn entity_home(p: &Plugin, entity: &str) -> &'static str {
+    let fleet = Fleet::new();
+    let mut env = fleet.proxy(9);
+    run(p, &mut env, &delivery(entity, "1", "probe"), ok("probe"));
+    let on = |e: &FakeEtcd| e.keys(env.now_ms).iter().any(|k| k.contains("o/"));
+    match (on(&fleet.a), on(&fleet.b), on(&fleet.c)) {
+        (true, false, false) => "a",
+        (false, true, false) => "b",
+        (false, false, true) => "c",
+        other => panic!("entity {entity} on {other:?}"),
+    }
+}
+
+/// Entities move with the map as records do: a version applied under the old map still
+/// makes an older one stale after the move, and a newer one runs and is applied on the
+/// entity's new shard.
+#[test]
+fn an_entity_applied_before_a_shard_was_added_still_refuses_older_versions() {
+    let old = sharded("a", None, ORDERED);
+    let new = sharded("a,b", Some(("previous_shards", "a")), ORDERED);
+    let entity = (0..)
+        .map(|i| format!("o{i}"))
+        .find(|e| entity_home(&new, e) == "b")
+        .unwrap();
+    let fleet = Fleet::new();
+    let (mut x, mut y) = (fleet.proxy(1), fleet.proxy(2));
+    assert_eq!(
+        run(&old, &mut x, &delivery(&entity, "5", "d5"), ok("v5")),
+        executed("v5")
+    );
+    let stale = run(&new, &mut y, &delivery(&entity, "3", "d3"), ok("never"));
+    assert_eq!(stale.status(), 409, "{stale:?}");
+    assert_eq!(
+        stale.problem_type(),
+        "urn:proxy-dedup:problem:stale-version"
+    );
+    assert_eq!(y.count_of(Counter::ReshardYielded), 1);
+    // Nothing is left claimed on the new shard: version 6 runs at once, and is then
+    // applied there.
+    assert_eq!(
+        run(&new, &mut y, &delivery(&entity, "6", "d6"), ok("v6")),
+        executed("v6")
+    );
+    let five_again = run(&new, &mut y, &delivery(&entity, "5", "d5b"), ok("never"));
+    assert_eq!(five_again.status(), 409);
+    assert_eq!(y.count_of(Counter::Executed), 1);
+    // Without the previous map, version 3 would have run.
+    let careless = sharded("a,b", None, ORDERED);
+    let mut w = Fleet::new().proxy(4);
+    run(&old, &mut w, &delivery(&entity, "5", "d5"), ok("v5"));
+    assert_eq!(
+        run(&careless, &mut w, &delivery(&entity, "3", "d3"), ok("v3")),
+        executed("v3")
+    );
+}
+
+/// Two versions of one entity on two proxies on two steps of a push: on every
+/// interleaving, at most one is forwarded while the other is in flight.
+#[test]
+fn two_versions_on_two_steps_of_a_push_never_run_at_once() {
+    let step1 = sharded("a", Some(("next_shards", "a,b")), ORDERED);
+    let step2 = sharded("a,b", Some(("previous_shards", "a")), ORDERED);
+    let entity = (0..)
+        .map(|i| format!("o{i}"))
+        .find(|e| entity_home(&step2, e) == "b")
+        .unwrap();
+    let (mut one, mut none) = (0, 0);
+    for schedule in 0u32..1 << 11 {
+        let fleet = Fleet::new();
+        let (mut x, mut y) = (fleet.proxy(1), fleet.proxy(2));
+        let start = |p: &Plugin, env: &mut FakeEnv, version: &str, key: &str| {
+            let mut s = DedupStream::new(1);
+            let d = s.on_request_headers(p, env, delivery(&entity, version, key).head, true);
+            let mut me = Driven {
+                s,
+                next: None,
+                end: None,
+            };
+            me.take(d);
+            me
+        };
+        let mut dx = start(&step1, &mut x, "4", "d4");
+        let mut dy = start(&step2, &mut y, "5", "d5");
+        let mut t = 0;
+        while dx.next.is_some() || dy.next.is_some() {
+            let pick_x = match (dx.next.is_some(), dy.next.is_some()) {
+                (true, true) => schedule >> (t % 11) & 1 == 0,
+                (x_only, _) => x_only,
+            };
+            if pick_x {
+                dx.step(&step1, &mut x);
+            } else {
+                dy.step(&step2, &mut y);
+            }
+            t += 1;
+            assert!(t < 60, "schedule {schedule:#b} does not end");
+        }
+        let forwarded = [&dx, &dy]
+            .iter()
+            .filter(|d| d.end == Some(Decision::Continue))
+            .count();
+        assert!(
+            forwarded <= 1,
+            "schedule {schedule:#b}: both versions forwarded at once"
+        );
+        if forwarded == 1 {
+            one += 1;
+        } else {
+            none += 1;
+            // Both yielded: nothing is left in flight, neither record nor entity.
+            let live: Vec<String> = [&fleet.a, &fleet.b]
+                .iter()
+                .flat_map(|e| e.keys(x.now_ms))
+                .filter(|k| !k.contains("o/"))
+                .collect();
+            assert!(live.is_empty(), "schedule {schedule:#b}: {live:?}");
+        }
+        assert_eq!(
+            x.count_of(Counter::StoreErrors) + y.count_of(Counter::StoreErrors),
+            0
+        );
+    }
+    assert!(one > 0, "{one} {none}");
 }
