@@ -110,6 +110,9 @@ fn show(command: &str, status: u16, v: &serde_json::Value) -> String {
         if let Some(rule) = r.get("rule").and_then(|x| x.as_str()) {
             line += &format!(" (rule {rule})");
         }
+        if let Some(shard) = r.get("shard").and_then(|x| x.as_str()) {
+            line += &format!(" on shard {shard}");
+        }
         if let Some(s) = r.get("status").and_then(|x| x.as_u64()) {
             let bytes = r.get("body_bytes").and_then(|x| x.as_u64()).unwrap_or(0);
             line += &format!(", stored response {s} ({bytes} body bytes)");
@@ -130,7 +133,21 @@ fn show(command: &str, status: u16, v: &serde_json::Value) -> String {
             .as_object()
             .map(|m| {
                 m.iter()
-                    .map(|(k, x)| format!("{k}: {x}"))
+                    .map(|(k, x)| match (k.as_str(), x.as_array()) {
+                        // etcd's shards, one line each.
+                        ("shards", Some(list)) => list
+                            .iter()
+                            .map(|s| {
+                                format!(
+                                    "shard {}: {} records",
+                                    s.get("name").and_then(|n| n.as_str()).unwrap_or("?"),
+                                    s.get("records").cloned().unwrap_or_default()
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                            .join("\n"),
+                        _ => format!("{k}: {x}"),
+                    })
                     .collect::<Vec<_>>()
                     .join("\n")
             })
@@ -316,6 +333,18 @@ mod tests {
         let (code, out, _) = ctl(&["methods", file.to_str().unwrap()]);
         std::fs::remove_file(&file).unwrap();
         assert_eq!((code, out.as_str()), (0, "POST|PUT\n"));
+    }
+
+    #[test]
+    fn a_sharded_stores_answers_name_the_shards() {
+        let stats = serde_json::json!({"store": "etcd", "records": 3,
+            "shards": [{"name": "a", "records": 1}, {"name": "b", "records": 2}]});
+        assert_eq!(
+            show("stats", 200, &stats),
+            "records: 3\nshard a: 1 records\nshard b: 2 records\nstore: \"etcd\""
+        );
+        let got = serde_json::json!({"record": "ab", "state": "completed", "shard": "b"});
+        assert_eq!(show("get", 200, &got), "record ab: completed on shard b");
     }
 
     #[test]

@@ -500,3 +500,32 @@ fn two_versions_on_two_steps_of_a_push_never_run_at_once() {
     }
     assert!(one > 0, "{one} {none}");
 }
+
+/// Wait mode mid-resharding: a duplicate of a moved key whose first request is in
+/// flight on the key's previous shard waits (its own claim released), and gets the
+/// replay once that completes.
+#[test]
+fn a_waiter_on_a_record_of_the_other_map_waits_and_gets_the_replay() {
+    const WAIT: &str = r#""on_in_flight": "wait", "wait_timeout_ms": 5000"#;
+    let old = sharded("a", None, WAIT);
+    let new = sharded("a,b", Some(("previous_shards", "a")), WAIT);
+    let fleet = Fleet::new();
+    let (mut x, mut y) = (fleet.proxy(1), fleet.proxy(2));
+    let k = &keys_on(&new, "b", 1)[0];
+    let first = send(&old, &mut x, &keyed(k)).unwrap();
+    let mut dup = DedupStream::new(2);
+    let d = dup.on_request_headers(&new, &mut y, keyed(k).head, true);
+    assert_eq!(settle(&new, &mut y, &mut dup, d), Decision::Pause);
+    assert_eq!(fleet.keys(&y), [1, 0, 0], "its claim on b was released");
+    // Still in flight: a re-check waits on.
+    let d = dup.on_wake(&new, &mut y);
+    assert_eq!(settle(&new, &mut y, &mut dup, d), Decision::Pause);
+    assert_eq!(respond(&old, &mut x, first, ok("made")), executed("made"));
+    let d = dup.on_wake(&new, &mut y);
+    match settle(&new, &mut y, &mut dup, d) {
+        Decision::Reply(r) => assert_eq!((r.status, r.body.as_slice()), (200, &b"made"[..])),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(y.count_of(Counter::Executed), 0);
+    assert_eq!(fleet.keys(&y), [1, 0, 0]);
+}
