@@ -55,7 +55,19 @@ struct Knobs {
     skew_ms: u64,
     /// etcd store: two workers per proxy (else one).
     two_workers: bool,
+    /// etcd store: a resharding from map `{a}` to `{a, c}` under way, proxy A on the
+    /// first step and proxy B on the second (`RESHARD_STEPS`).
+    reshard: Option<(u8, u8)>,
 }
+
+/// The steps of a resharding from `OLD` to `NEW` (docs/src/deployment/sharding.md), as
+/// the `store` fields each step pushes.
+const RESHARD_STEPS: [&str; 4] = [
+    r#""shards": [{"name": "a", "cluster": "etcd_a"}]"#,
+    r#""shards": [{"name": "a", "cluster": "etcd_a"}], "next_shards": [{"name": "a", "cluster": "etcd_a"}, {"name": "c", "cluster": "etcd_b"}]"#,
+    r#""shards": [{"name": "a", "cluster": "etcd_a"}, {"name": "c", "cluster": "etcd_b"}], "previous_shards": [{"name": "a", "cluster": "etcd_a"}]"#,
+    r#""shards": [{"name": "a", "cluster": "etcd_a"}, {"name": "c", "cluster": "etcd_b"}]"#,
+];
 
 /// `on_unknown_outcome`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,6 +281,19 @@ struct Sim {
     ended: bool,
     /// A fault touched one of its store calls: failing open or closed is allowed.
     faulted: bool,
+    /// etcd applied one of its claim transactions: a record of its claim may exist
+    /// whatever the stream learnt (an answer lost, then a timeout: it failed open or
+    /// closed not knowing it holds the claim, which then stays until its lease ends).
+    claim_applied: bool,
+    /// When the claim transaction etcd last applied for it was built (sent): its
+    /// record's in-flight time runs from then, by this stream's worker's clock.
+    claim_sent: Option<u64>,
+    /// Its worker's `proxy_dedup_failed_open` when it started (a resharding's check
+    /// that fails under `failure_mode: "open"` forwards with the claim kept, counted
+    /// there).
+    failed_open_before: u64,
+    /// One of its transactions was applied again long after (`Op::Zombie`).
+    zombie: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -298,6 +323,10 @@ struct Exec {
     key: u8,
     payload: u8,
     forward_at: u64,
+    /// When its record's in-flight time ends, by the clock of the worker that wrote it
+    /// (the claim is built before it is won, so this may come before
+    /// `forward_at + IN_FLIGHT_MS`).
+    claim_ends: u64,
     state: ExecState,
 }
 
@@ -315,12 +344,14 @@ struct World {
     plugins: Vec<Plugin>,
     envs: Vec<FakeEnv>,
     etcd: Arc<FakeEtcd>,
+    /// A resharding: the etcd of each shard's cluster (`etcd_a`, `etcd_b`).
+    shards: std::collections::HashMap<String, Arc<FakeEtcd>>,
     now: u64,
     sims: Vec<Sim>,
     execs: Vec<Exec>,
     attempts: Vec<Attempt>,
-    /// Calls already answered, for `Zombie`.
-    answered: Vec<StoreCall>,
+    /// Calls already answered, for `Zombie`, with the stream that sent each.
+    answered: Vec<(StoreCall, usize)>,
     trace: Vec<String>,
     seen: Seen,
 }
@@ -337,10 +368,15 @@ struct Seen {
     bypassed: u64,
 }
 
-fn plugin_json(k: &Knobs, capacity: u32) -> String {
-    let store = match k.store {
-        StoreKind::Shared => String::new(),
-        StoreKind::Etcd => {
+/// The configuration of a run; with a resharding, that of the proxy on `step`.
+fn plugin_json(k: &Knobs, capacity: u32, step: Option<u8>) -> String {
+    let store = match (k.store, step) {
+        (StoreKind::Shared, _) => String::new(),
+        (StoreKind::Etcd, Some(step)) => format!(
+            r#", "store": {{"kind": "etcd", "timeout_ms": 3000, {}}}"#,
+            RESHARD_STEPS[usize::from(step) % RESHARD_STEPS.len()]
+        ),
+        (StoreKind::Etcd, None) => {
             r#", "store": {"kind": "etcd", "cluster": "etcd", "timeout_ms": 3000}"#.to_string()
         }
     };
@@ -418,15 +454,22 @@ fn knobs() -> impl Strategy<Value = Knobs> {
         any::<bool>(),
         prop_oneof![Just(0u64), 1u64..3_000],
         any::<bool>(),
+        prop_oneof![
+            3 => Just(None),
+            // Two adjacent steps (a push under way), or both on one step.
+            2 => (0u8..3).prop_map(|s| Some((s, s + 1))),
+            1 => (0u8..4).prop_map(|s| Some((s, s))),
+        ],
     )
         .prop_map(
-            |(store, unknown, reject, closed, skew_ms, two_workers)| Knobs {
+            |(store, unknown, reject, closed, skew_ms, two_workers, reshard)| Knobs {
                 store,
                 unknown,
                 reject,
                 closed,
                 skew_ms,
                 two_workers,
+                reshard: if store == StoreKind::Etcd { reshard } else { None },
             },
         )
 }
@@ -476,6 +519,23 @@ fn op() -> impl Strategy<Value = Op> {
 proptest! {
     #![proptest_config(proptest_config(256))]
 
+    /// Random histories across two proxies mid-resharding (each on its own step of the
+    /// procedure, adjacent or the same) keep the contract: a moved key runs at most once
+    /// whichever map each proxy writes under, under every store fault.
+    #[test]
+    fn resharding_histories_keep_the_contract(
+        knobs in (knobs(), 0u8..4, any::<bool>()).prop_map(|(mut k, s, same)| {
+            k.store = StoreKind::Etcd;
+            k.reshard = Some(if same || s == 3 { (s, s) } else { (s, s + 1) });
+            k
+        }),
+        ops in prop::collection::vec(op(), 1..60),
+    ) {
+        if let Err(e) = run_case(knobs, &ops) {
+            return Err(TestCaseError::fail(e));
+        }
+    }
+
     /// Random histories across workers and proxies keep the contract.
     #[test]
     fn random_histories_keep_the_contract(
@@ -498,6 +558,7 @@ fn a_late_lease_grant_history_keeps_the_contract() {
         reject: false,
         closed: false,
         skew_ms: 0,
+        reshard: None,
         two_workers: false,
     };
     let start = |worker, key| Op::Start {
@@ -529,4 +590,47 @@ fn a_late_lease_grant_history_keeps_the_contract() {
     if let Err(e) = run_case(knobs, &ops) {
         panic!("{e}");
     }
+}
+
+/// The resharding runs move keys: of the model's four identities, some live on another
+/// shard under the new map than under the old (and some stay), so histories exercise
+/// both the check and its absence.
+#[test]
+fn the_resharding_runs_move_some_of_the_models_keys() {
+    let knobs = Knobs {
+        store: StoreKind::Etcd,
+        unknown: Unknown::Keep,
+        reject: false,
+        closed: false,
+        skew_ms: 0,
+        two_workers: false,
+        reshard: Some((0, 3)),
+    };
+    let mut world = World::new(knobs).unwrap();
+    let mut moved = 0;
+    for scope in 0..2u8 {
+        for key in 0..2u8 {
+            let head = RequestHead {
+                method: "POST".into(),
+                path: "/orders?x=1".into(),
+                authority: "api.example".into(),
+                headers: vec![
+                    ("x-tenant".into(), format!("tenant-{scope}").into_bytes()),
+                    ("idempotency-key".into(), format!("key-{key}").into_bytes()),
+                ],
+                protocol: String::new(),
+            };
+            let shard = |world: &mut World, p: usize| {
+                let plugin = &world.plugins[p];
+                match DedupStream::new(0).on_request_headers(plugin, &mut world.envs[0], head.clone(), true) {
+                    Decision::Call(c) => c.route.shard.clone(),
+                    d => panic!("{d:?}"),
+                }
+            };
+            if shard(&mut world, 0) != shard(&mut world, 1) {
+                moved += 1;
+            }
+        }
+    }
+    assert!((1..4).contains(&moved), "{moved} of 4 identities move");
 }

@@ -134,9 +134,15 @@ impl World {
                     // or never settled it (still running past its in-flight time, a
                     // completion that may not have reached the store).
                     self.knobs.unknown == Unknown::Keep
-                        && self.execs_of(scope, key).any(|(_, e)| {
-                            e.payload == payload && !matches!(e.state, ExecState::Released)
-                        })
+                        && (self.execs_of(scope, key).any(|(_, e)| {
+                            // Released, unless that release may not have reached the
+                            // store (a call out, or one a fault touched).
+                            let first = &self.sims[e.stream];
+                            e.payload == payload
+                                && (!matches!(e.state, ExecState::Released)
+                                    || first.faulted
+                                    || first.call.is_some())
+                        }) || self.orphan_claim(i, scope, key, payload))
                 }
                 "store-unavailable" => self.knobs.closed && faulted,
                 _ => false,
@@ -149,6 +155,18 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    /// Another stream of this identity whose claim etcd applied while a fault kept it
+    /// from knowing: a record of its claim may stand, kept until its TTL, that no
+    /// stream will settle.
+    fn orphan_claim(&self, i: usize, scope: u8, key: u8, payload: u8) -> bool {
+        self.sims.iter().enumerate().any(|(j, x)| {
+            j != i
+                && (x.scope, x.key, x.payload) == (scope, key, payload)
+                && (x.faulted || x.zombie)
+                && x.claim_applied
+        })
     }
 
     /// What the contract demands when the model knows the state for certain: a fresh
@@ -169,8 +187,11 @@ impl World {
         }
         // An execution still running within its in-flight time.
         for (n, e) in self.execs_of(x.scope, x.key) {
+            // Its record still reads as in flight by this reader's clock (past its
+            // in-flight end, a kept claim reads as an unknown outcome).
             let running = matches!(e.state, ExecState::Running | ExecState::Held)
-                && self.now < e.forward_at + IN_FLIGHT_MS;
+                && self.now < e.forward_at + IN_FLIGHT_MS
+                && (self.knobs.unknown != Unknown::Keep || clock < e.claim_ends);
             if running {
                 return Some(if e.payload != x.payload {
                     format!("422 (execution {n} in flight)")
@@ -179,7 +200,12 @@ impl World {
                 });
             }
             if let ExecState::Kept { at } = e.state {
-                if self.now + IN_FLIGHT_MS < at.min(e.forward_at) + TTL_MS {
+                // Only once its hold has certainly reached the store: until then (a hold
+                // call out, or one a fault touched) the record may still read as the
+                // claim in flight.
+                let first = &self.sims[e.stream];
+                let held = first.call.is_none() && !first.faulted;
+                if held && self.now + IN_FLIGHT_MS < at.min(e.forward_at) + TTL_MS {
                     return Some(if e.payload != x.payload {
                         format!("422 (execution {n} outcome unknown)")
                     } else {

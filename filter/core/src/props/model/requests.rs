@@ -4,13 +4,22 @@ use super::*;
 
 impl World {
     pub(super) fn new(knobs: Knobs) -> Result<World, String> {
-        let parse = |cap| {
-            Config::parse(plugin_json(&knobs, cap).as_bytes())
+        let parse = |cap, step| {
+            Config::parse(plugin_json(&knobs, cap, step).as_bytes())
                 .map(Plugin::new)
                 .map_err(|e| e.to_string())
         };
-        let plugins = vec![parse(16)?, parse(32)?];
+        let plugins = match knobs.reshard {
+            // Proxy A's configuration, then proxy B's.
+            Some((a, b)) => vec![parse(16, Some(a))?, parse(16, Some(b))?],
+            None => vec![parse(16, None)?, parse(32, None)?],
+        };
         let etcd = FakeEtcd::new();
+        let shards: std::collections::HashMap<String, Arc<FakeEtcd>> = ["etcd_a", "etcd_b"]
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.to_string(), FakeEtcd::with_lease_ids_from(1_000_000 * (i as i64 + 1))))
+            .collect();
         let shared = FakeShared::new();
         let envs = (0..4u64)
             .map(|w| {
@@ -22,6 +31,7 @@ impl World {
                     w + 1,
                 );
                 e.etcd = etcd.clone();
+                e.etcd_clusters = shards.clone();
                 e
             })
             .collect();
@@ -30,6 +40,7 @@ impl World {
             plugins,
             envs,
             etcd,
+            shards,
             now: START_MS,
             sims: Vec::new(),
             execs: Vec::new(),
@@ -38,6 +49,11 @@ impl World {
             trace: Vec::new(),
             seen: Seen::default(),
         })
+    }
+
+    /// The etcd a store call reaches: its shard's, or the one etcd.
+    pub(super) fn etcd_of(&self, call: &StoreCall) -> Arc<FakeEtcd> {
+        Arc::clone(self.shards.get(&call.route.cluster).unwrap_or(&self.etcd))
     }
 
     /// Shared data: workers 0-2 of one process. etcd: proxy A's workers, then proxy B's.
@@ -87,6 +103,10 @@ impl World {
                 worker as usize % self.workers(),
                 match self.knobs.store {
                     StoreKind::Shared => layout as usize % 2,
+                    // Each proxy on its own step of the resharding.
+                    StoreKind::Etcd if self.knobs.reshard.is_some() => {
+                        usize::from(worker as usize % self.workers() >= self.workers() / 2)
+                    }
                     StoreKind::Etcd => 0,
                 },
                 (scope % 2, key % 2, payload % 3, bad),
@@ -131,8 +151,13 @@ impl World {
             Op::Tick { ms } => self.tick(ms as u64),
             Op::Zombie { c } => {
                 if !self.answered.is_empty() {
-                    let call = self.answered[c as usize % self.answered.len()].clone();
-                    let (status, _) = self.etcd.handle(call.path, &call.body, self.now);
+                    let (call, j) = self.answered[c as usize % self.answered.len()].clone();
+                    let (status, _) = self.etcd_of(&call).handle(call.path, &call.body, self.now);
+                    // An old claim applied again may stand as a claim no stream holds.
+                    if etcd::is_txn(call.path) {
+                        self.sims[j].zombie = true;
+                        self.sims[j].claim_applied = true;
+                    }
                     self.log(format!("etcd applies an old {} again: {status}", call.path));
                 }
                 Ok(())
@@ -182,6 +207,10 @@ impl World {
             resp: RespPhase::None,
             ended: false,
             faulted: false,
+            claim_applied: false,
+            claim_sent: None,
+            failed_open_before: self.envs[worker].count_of(Counter::FailedOpen),
+            zombie: false,
         });
         self.seen.requests += 1;
         self.sync(worker);
@@ -394,7 +423,15 @@ impl World {
             .filter(|(_, e)| self.blocks(e, clock))
             .map(|(n, _)| n)
             .collect();
-        if let Some(n) = live.first() {
+        // Mid-resharding, a check of the other map that failed under failure_mode
+        // "open" forwards with its claim kept: a failing store may let it run twice,
+        // as any request failed open.
+        let x = &self.sims[i];
+        let unchecked = self.knobs.reshard.is_some()
+            && !self.knobs.closed
+            && x.faulted
+            && self.envs[w].count_of(Counter::FailedOpen) > x.failed_open_before;
+        if let (Some(n), false) = (live.first(), unchecked) {
             let e = &self.execs[*n];
             return Err(format!(
                 "stream {i}: executed scope {scope} key {key} while execution {n} (stream {}, forwarded at t+{}, {:?}) could still be live: twice",
@@ -410,6 +447,7 @@ impl World {
             key,
             payload,
             forward_at: self.now,
+            claim_ends: self.sims[i].claim_sent.unwrap_or(self.now) + self.skew(w) + IN_FLIGHT_MS,
             state: ExecState::Running,
         });
         self.sims[i].exec = Some(n);
