@@ -1,44 +1,91 @@
 //! Many proxies, one truth: two real Envoys (2 workers each) with the dedup
-//! filter on the etcd store (`envoy/configs/multi-proxy-etcd.yaml`), a real
-//! 3-member etcd cluster and one shared demo upstream, so an execution count
-//! is global. Each test has its own cluster and proxies; everything listens
+//! filter on the etcd store (`envoy/configs/multi-proxy-etcd.yaml`), real
+//! 3-member etcd clusters and one shared demo upstream, so an execution count
+//! is global. Each test has its own clusters and proxies; everything listens
 //! on 127.0.0.1 and is killed when the test ends (or the test binary dies).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//!
+//! The suite runs twice, as two test binaries that include this file: on one etcd
+//! cluster (`tests/multi_proxy.rs`, the template's own `etcd` cluster and
+//! `store.cluster`) and on two shards (`tests/multi_proxy_shards.rs`: `store.shards`
+//! over `etcd_a` and `etcd_b`, each its own 3-member cluster). Each binary's root sets
+//! `SHARDS`. A fault on "a member" hits the first shard; a fault on "etcd" (all of
+//! it frozen or killed) hits every shard; what a test reads from etcd it reads from
+//! every shard.
+// Each binary uses a part of the harness (the shards binary the LDS and admin fronts).
+#![allow(dead_code)]
 
-mod common;
-
-use common::{
+use crate::common::{
     assert_executed, assert_problem, assert_replay_of, burst, counter_of, is_replayed, json, keyed,
 };
+use crate::SHARDS;
 use dedup_envoy::etcd::{
-    multi_proxy_config, multi_proxy_json_config, wait_etcd_hosts_healthy, EtcdCluster,
+    multi_proxy_config, multi_proxy_json_config, sharded_bootstrap_config, sharded_proxy_config,
+    sharded_proxy_json_config, sharded_proxy_lds_config, wait_cluster_hosts_healthy, EtcdCluster,
+    EtcdKey,
 };
-use dedup_envoy::paths::dedup_wasm;
-use dedup_envoy::{client, DemoUpstream, EnvoyProcess, Request, Response};
+use dedup_envoy::paths::{config_file, dedup_wasm};
+use dedup_envoy::{client, DemoUpstream, EnvoyConfig, EnvoyProcess, Request, Response};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The filter's default etcd key prefix.
-const PREFIX: &str = "proxy-dedup/";
+pub const PREFIX: &str = "proxy-dedup/";
 
-/// The filter configuration of the tests: keys required, the etcd store on the
-/// template's `etcd` cluster, plus `extra` (top-level fields, merged; a
-/// `store` object is merged into the store).
-fn etcd_filter_config(extra: Value) -> String {
-    let mut cfg = json!({
-        "key": {"required": true},
-        "store": {"kind": "etcd", "cluster": "etcd"},
-    });
+/// The service's host name, as the clients send it to every proxy.
+pub const HOST: &str = "orders.example";
+
+/// Members of each shard's etcd cluster (the template lists three).
+const MEMBERS: usize = 3;
+
+/// The Envoy clusters of `n` shards: the template's own `etcd` for one (the filter's
+/// `store.cluster`), else `etcd_a`, `etcd_b`, ... (its `store.shards`).
+pub fn shard_clusters(n: usize) -> Vec<String> {
+    if n == 1 {
+        return vec!["etcd".to_string()];
+    }
+    (0..n)
+        .map(|i| format!("etcd_{}", char::from(b'a' + i as u8)))
+        .collect()
+}
+
+/// A `store.shards` list naming these Envoy clusters (each shard named after its
+/// cluster, the default).
+pub fn shard_map(clusters: &[&str]) -> Value {
+    Value::Array(clusters.iter().map(|c| json!({"cluster": c})).collect())
+}
+
+/// The filter configuration of the tests: keys required, the etcd store on this
+/// binary's `SHARDS` (`shard_clusters`), plus `extra` (top-level fields, merged; a
+/// `store` object is merged into the store; with shards, its `authority` goes to
+/// every shard).
+pub fn etcd_filter_config(extra: Value) -> String {
+    let clusters = shard_clusters(SHARDS);
+    let store = match clusters.as_slice() {
+        [one] => json!({"kind": "etcd", "cluster": one}),
+        many => {
+            let names: Vec<&str> = many.iter().map(String::as_str).collect();
+            json!({"kind": "etcd", "shards": shard_map(&names)})
+        }
+    };
+    let mut cfg = json!({"key": {"required": true}, "store": store});
     if let Value::Object(fields) = extra {
         for (k, v) in fields {
             match (k.as_str(), v) {
                 ("store", Value::Object(store)) => {
                     for (sk, sv) in store {
-                        cfg["store"][sk] = sv;
+                        match cfg["store"]["shards"].as_array_mut() {
+                            Some(shards) if sk == "authority" => {
+                                for s in shards {
+                                    s["authority"] = sv.clone();
+                                }
+                            }
+                            _ => cfg["store"][sk] = sv,
+                        }
                     }
                 }
                 (_, v) => cfg[k] = v,
@@ -48,37 +95,81 @@ fn etcd_filter_config(extra: Value) -> String {
     cfg.to_string()
 }
 
-/// Two proxies, one upstream, one etcd. Dropped in this order: proxies, upstream, etcd.
-struct Multi {
-    proxies: Vec<EnvoyProcess>,
-    upstream: DemoUpstream,
-    etcd: EtcdCluster,
+/// How the proxies are configured around the filter.
+#[derive(Clone, Debug)]
+pub enum Front {
+    /// `multi-proxy-etcd.yaml` (etcd's gRPC API over HTTP/2).
+    Grpc,
+    /// The same on HTTP/1.1 clusters, for etcd's JSON gateway.
+    Json,
+    /// The listener by LDS, so a test can push another filter configuration.
+    Lds,
+    /// `admin-api.yaml`: the data plane plus an operator API listener
+    /// (`ADMIN_API_PORT`) with this admin-role configuration.
+    AdminApi(String),
+}
+
+/// One shard: its Envoy cluster's name and its etcd cluster.
+pub struct Shard {
+    pub cluster: String,
+    pub etcd: EtcdCluster,
+}
+
+/// Proxies, one upstream, one etcd cluster per shard. Dropped in this order:
+/// proxies, upstream, etcd.
+pub struct Multi {
+    pub proxies: Vec<EnvoyProcess>,
+    pub upstream: DemoUpstream,
+    pub shards: Vec<Shard>,
 }
 
 impl Multi {
     /// Proxy A with `configs[0]`, proxy B with `configs[1]`, on etcd's gRPC API.
-    fn start(name: &str, configs: [&str; 2]) -> Multi {
+    pub fn start(name: &str, configs: [&str; 2]) -> Multi {
         Multi::start_on(name, configs, false)
     }
 
-    /// `start`, on etcd's JSON gateway (an HTTP/1.1 cluster) when `json`.
-    fn start_on(name: &str, configs: [&str; 2], json: bool) -> Multi {
+    /// `start`, on etcd's JSON gateway (HTTP/1.1 clusters) when `json`.
+    pub fn start_on(name: &str, configs: [&str; 2], json: bool) -> Multi {
+        let front = if json { Front::Json } else { Front::Grpc };
+        Multi::start_with(name, SHARDS, front, &configs)
+    }
+
+    /// One proxy per config in `configs`, on `shards` etcd clusters (`shard_clusters`),
+    /// configured as `front` says. Every proxy sees every member of every shard
+    /// healthy before this returns.
+    pub fn start_with(name: &str, shards: usize, front: Front, configs: &[&str]) -> Multi {
         let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
-        let etcd = EtcdCluster::start(&format!("{name}-etcd"), 3)
-            .unwrap_or_else(|e| panic!("starting etcd: {e}"));
+        let clusters = shard_clusters(shards);
+        // The clusters form in parallel (each takes about a second to elect a leader).
+        let shards: Vec<Shard> = std::thread::scope(|s| {
+            let handles: Vec<_> = clusters
+                .iter()
+                .map(|cluster| {
+                    let label = match cluster.strip_prefix("etcd_") {
+                        Some(shard) => format!("{name}-etcd-{shard}"),
+                        None => format!("{name}-etcd"),
+                    };
+                    s.spawn(move || {
+                        let etcd = EtcdCluster::start(&label, MEMBERS)
+                            .unwrap_or_else(|e| panic!("starting etcd {label}: {e}"));
+                        Shard {
+                            cluster: cluster.clone(),
+                            etcd,
+                        }
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
         let upstream = DemoUpstream::start(0, false).expect("demo upstream");
         let proxies = std::thread::scope(|s| {
             let handles: Vec<_> = configs
                 .iter()
                 .enumerate()
                 .map(|(i, cfg)| {
-                    let config = if json {
-                        multi_proxy_json_config(&etcd, upstream.port(), &wasm, cfg)
-                    } else {
-                        multi_proxy_config(&etcd, upstream.port(), &wasm, cfg)
-                    }
-                    .unwrap_or_else(|e| panic!("{e}"));
-                    let label = format!("{name}-proxy-{}", ["a", "b"][i]);
+                    let config = proxy_config(&shards, &front, upstream.port(), &wasm, cfg);
+                    let label = format!("{name}-proxy-{}", char::from(b'a' + i as u8));
                     s.spawn(move || EnvoyProcess::start(&label, config))
                 })
                 .collect();
@@ -94,27 +185,98 @@ impl Multi {
         let multi = Multi {
             proxies,
             upstream,
-            etcd,
+            shards,
         };
-        for p in &multi.proxies {
-            wait_etcd_hosts_healthy(p, 3, Duration::from_secs(10))
-                .unwrap_or_else(|e| panic!("{e}\nEnvoy log {}", p.log_path.display()));
-        }
+        multi.wait_hosts_healthy(MEMBERS);
         multi
     }
 
-    fn send(&self, proxy: usize, req: &Request) -> Response {
+    pub fn send(&self, proxy: usize, req: &Request) -> Response {
         self.proxies[proxy]
             .send(req)
             .unwrap_or_else(|e| panic!("proxy {proxy}: {} {}: {e}", req.method, req.path))
     }
 
     /// A filter counter of one proxy; a counter not (yet) in /stats is 0.
-    fn counter(&self, proxy: usize, short: &str) -> u64 {
+    pub fn counter(&self, proxy: usize, short: &str) -> u64 {
         counter_of(&self.proxies[proxy], short)
     }
 
-    fn counters(&self) -> String {
+    /// Wait until every proxy sees `want` healthy hosts in every shard's cluster.
+    pub fn wait_hosts_healthy(&self, want: usize) {
+        for p in &self.proxies {
+            for s in &self.shards {
+                wait_cluster_hosts_healthy(p, &s.cluster, want, Duration::from_secs(10))
+                    .unwrap_or_else(|e| {
+                        panic!("{}: {e}\nEnvoy log {}", s.cluster, p.log_path.display())
+                    });
+            }
+        }
+    }
+
+    /// Every shard's keys under `prefix`, each with the index of its shard.
+    pub fn keys(&self, prefix: &str) -> Vec<(usize, EtcdKey)> {
+        let mut out = Vec::new();
+        for (i, s) in self.shards.iter().enumerate() {
+            let keys = s
+                .etcd
+                .keys(prefix)
+                .unwrap_or_else(|e| panic!("reading {}: {e}", s.cluster));
+            out.extend(keys.into_iter().map(|k| (i, k)));
+        }
+        out
+    }
+
+    /// Keys under `prefix` on all shards.
+    pub fn count_keys(&self, prefix: &str) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.etcd.count_keys(prefix).unwrap())
+            .sum()
+    }
+
+    /// Wait until no shard has a key under `prefix`; how long that took.
+    pub fn wait_no_keys(&self, prefix: &str, limit: Duration) -> Duration {
+        let t = Instant::now();
+        for s in &self.shards {
+            let left = limit.saturating_sub(t.elapsed());
+            s.etcd
+                .wait_no_keys(prefix, left)
+                .unwrap_or_else(|e| panic!("{}: {e}\n{}", s.cluster, self.diagnostics()));
+        }
+        t.elapsed()
+    }
+
+    /// Every member of every shard: SIGSTOP.
+    pub fn pause_all(&mut self) {
+        for s in &mut self.shards {
+            s.etcd.pause_all();
+        }
+    }
+
+    /// Every member of every shard: SIGCONT.
+    pub fn resume_all(&mut self) {
+        for s in &mut self.shards {
+            s.etcd.resume_all();
+        }
+    }
+
+    pub fn kill_all(&mut self) {
+        for s in &mut self.shards {
+            s.etcd.kill_all();
+        }
+    }
+
+    /// Wait until every running member of every shard is healthy.
+    pub fn wait_etcd_healthy(&self) {
+        for s in &self.shards {
+            s.etcd
+                .wait_healthy(Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("{}: {e}", s.cluster));
+        }
+    }
+
+    pub fn counters(&self) -> String {
         self.proxies
             .iter()
             .enumerate()
@@ -125,14 +287,14 @@ impl Multi {
                     .into_iter()
                     .filter(|(_, v)| *v > 0)
                     .collect();
-                format!("proxy {}: {c:?}", ["A", "B"][i])
+                format!("proxy {}: {c:?}", char::from(b'A' + i as u8))
             })
             .collect::<Vec<_>>()
             .join("\n")
     }
 
     /// Counters, Envoy log tails and etcd logs for assertion messages.
-    fn diagnostics(&self) -> String {
+    pub fn diagnostics(&self) -> String {
         let mut s = self.counters();
         for p in &self.proxies {
             let log = p.log();
@@ -149,105 +311,61 @@ impl Multi {
         // Records by their second byte: the filter's record state (1 in
         // flight, 2 completed, 3 completed without the response; its own
         // format, read here only to explain a failure).
-        let keys = match self.etcd.keys(PREFIX) {
-            Ok(keys) => {
-                let mut by_state = BTreeMap::new();
-                for k in &keys {
-                    *by_state.entry(k.value.get(1).copied()).or_insert(0) += 1;
+        for shard in &self.shards {
+            let keys = match shard.etcd.keys(PREFIX) {
+                Ok(keys) => {
+                    let mut by_state = BTreeMap::new();
+                    for k in &keys {
+                        *by_state.entry(k.value.get(1).copied()).or_insert(0) += 1;
+                    }
+                    format!("{} (by state byte: {by_state:?})", keys.len())
                 }
-                format!("{} (by state byte: {by_state:?})", keys.len())
-            }
-            Err(e) => format!("unknown ({e})"),
-        };
-        s.push_str(&format!(
-            "\n--- etcd: {keys} keys under {PREFIX:?}; logs in {}",
-            self.etcd.dir.display()
-        ));
+                Err(e) => format!("unknown ({e})"),
+            };
+            s.push_str(&format!(
+                "\n--- etcd {}: {keys} keys under {PREFIX:?}; logs in {}",
+                shard.cluster,
+                shard.etcd.dir.display()
+            ));
+        }
         s
     }
 }
 
-/// The service's host name, as the clients send it to every proxy.
-const HOST: &str = "orders.example";
-
-#[test]
-fn harness_etcd_cluster_and_envoy_health_checks() {
-    // The infrastructure alone: the template's etcd cluster, its health
-    // checks, and the harness's kill/pause/resume and key reads. The filter
-    // here keeps the default (shared-data) store, so this runs with any build.
-    let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
-    let mut etcd = EtcdCluster::start("harness-etcd", 3).unwrap();
-    let upstream = DemoUpstream::start(0, false).unwrap();
-    let config = multi_proxy_config(
-        &etcd,
-        upstream.port(),
-        &wasm,
-        r#"{"key": {"required": true}}"#,
-    )
-    .unwrap();
-    let envoy = EnvoyProcess::start("harness-proxy", config).unwrap();
-    wait_etcd_hosts_healthy(&envoy, 3, Duration::from_secs(10)).unwrap();
-
-    // Keys and leases through the JSON gateway.
-    let lease = etcd.call("/v3/lease/grant", &json!({"TTL": 2})).unwrap()["ID"]
-        .as_str()
-        .unwrap()
-        .parse::<i64>()
-        .unwrap();
-    let put = |k: &str| {
-        etcd.call(
-            "/v3/kv/put",
-            &json!({
-                "key": dedup_envoy::etcd::base64_encode(k.as_bytes()),
-                "value": dedup_envoy::etcd::base64_encode(b"v"),
-                "lease": lease.to_string(),
-            }),
+/// The config of one proxy in front of `shards`: with one shard the copyable
+/// templates as they are (`multi_proxy_config`), else their `etcd` cluster once per
+/// shard.
+fn proxy_config(
+    shards: &[Shard],
+    front: &Front,
+    upstream_port: u16,
+    wasm: &Path,
+    filter_config: &str,
+) -> EnvoyConfig {
+    let named: Vec<(&str, &EtcdCluster)> = shards
+        .iter()
+        .map(|s| (s.cluster.as_str(), &s.etcd))
+        .collect();
+    let config = match (front, named.as_slice()) {
+        (Front::Grpc, [(_, one)]) => multi_proxy_config(one, upstream_port, wasm, filter_config),
+        (Front::Json, [(_, one)]) => {
+            multi_proxy_json_config(one, upstream_port, wasm, filter_config)
+        }
+        (Front::Grpc, _) => sharded_proxy_config(&named, upstream_port, wasm, filter_config),
+        (Front::Json, _) => sharded_proxy_json_config(&named, upstream_port, wasm, filter_config),
+        (Front::Lds, _) => sharded_proxy_lds_config(&named, upstream_port, wasm, filter_config),
+        (Front::AdminApi(admin), _) => sharded_bootstrap_config(
+            &config_file("admin-api.yaml"),
+            &named,
+            upstream_port,
+            wasm,
+            filter_config,
         )
-        .unwrap();
+        .and_then(|c| c.with_port("ADMIN_API_PORT"))
+        .map(|c| c.with_var("ADMIN_FILTER_CONFIG", admin)),
     };
-    put("harness/a");
-    put("harness/b");
-    put("harnesz");
-    assert_eq!(etcd.count_keys("harness/").unwrap(), 2);
-    let keys = etcd.keys("harness/").unwrap();
-    assert_eq!(keys.len(), 2);
-    assert_eq!(keys[0].key, b"harness/a");
-    assert_eq!(keys[0].value, b"v");
-    assert_eq!(keys[0].lease, lease);
-    let ttl = etcd.lease_ttl(lease).unwrap().expect("lease alive");
-    assert_eq!(ttl.granted_seconds, 2);
-    let gone = etcd
-        .wait_no_keys("harness/", Duration::from_secs(10))
-        .unwrap();
-    assert!(etcd.lease_ttl(lease).unwrap().is_none());
-    eprintln!("keys with a 2 s lease gone after {gone:?} more");
-
-    // Envoy's active health checks follow the members.
-    let follower = (etcd.leader().unwrap() + 1) % 3;
-    etcd.pause(follower);
-    let t = Instant::now();
-    wait_etcd_hosts_healthy(&envoy, 2, Duration::from_secs(5)).unwrap();
-    eprintln!("paused member marked unhealthy after {:?}", t.elapsed());
-    etcd.resume(follower);
-    wait_etcd_hosts_healthy(&envoy, 3, Duration::from_secs(10)).unwrap();
-    etcd.kill(follower);
-    let t = Instant::now();
-    wait_etcd_hosts_healthy(&envoy, 2, Duration::from_secs(5)).unwrap();
-    eprintln!("killed member marked unhealthy after {:?}", t.elapsed());
-    // Two of three keep a quorum.
-    etcd.wait_healthy(Duration::from_secs(5)).unwrap();
-    assert_eq!(etcd.count_keys("harness/").unwrap(), 0);
-    // The listener still serves through the filter.
-    let r = envoy
-        .send(&keyed(HOST, "/orders/harness", "h-1", &json!({"a": 1})))
-        .unwrap();
-    assert_executed(&r);
-    etcd.pause_all();
-    wait_etcd_hosts_healthy(&envoy, 0, Duration::from_secs(5)).unwrap();
-    etcd.resume_all();
-    etcd.kill_all();
+    config.unwrap_or_else(|e| panic!("{e}"))
 }
-
 #[test]
 fn concurrent_identical_requests_over_two_proxies_execute_once() {
     let cfg = etcd_filter_config(json!({}));
@@ -388,35 +506,35 @@ fn replay_from_the_other_proxy(over_json: bool) {
     assert_replay_of(&m.send(0, &keyed(HOST, path, "cross-2", &body)), &second);
     assert_eq!(m.upstream.executions_for_path(path), 2);
     assert!(
-        m.etcd.count_keys(PREFIX).unwrap() >= 2,
+        m.count_keys(PREFIX) >= 2,
         "records under {PREFIX:?} in etcd"
     );
+    // On shards, the 12 keys (fixed names) are spread over all of them.
+    for s in &m.shards {
+        assert!(
+            s.etcd.count_keys(PREFIX).unwrap() > 0,
+            "no record on {}\n{}",
+            s.cluster,
+            m.diagnostics()
+        );
+    }
     for p in 0..2 {
         assert_eq!(m.counter(p, "store_errors"), 0, "{}", m.diagnostics());
         // The calls went the configured way: gRPC streams over HTTP/2, or the JSON
-        // gateway over HTTP/1.1 (the health checks are HTTP/1.1 either way).
-        let h2 = m.proxies[p]
-            .stat("cluster.etcd.upstream_cx_http2_total")
-            .unwrap_or(0);
-        assert_eq!(
-            h2 > 0,
-            !over_json,
-            "proxy {p}: {h2} HTTP/2 connections to etcd"
-        );
+        // gateway over HTTP/1.1 (the health checks are HTTP/1.1 either way), on
+        // every shard's cluster.
+        for s in &m.shards {
+            let h2 = m.proxies[p]
+                .stat(&format!("cluster.{}.upstream_cx_http2_total", s.cluster))
+                .unwrap_or(0);
+            assert_eq!(
+                h2 > 0,
+                !over_json,
+                "proxy {p}: {h2} HTTP/2 connections to {}",
+                s.cluster
+            );
+        }
     }
-}
-
-#[test]
-fn grpc_over_an_http1_cluster_is_a_store_error_handled_by_failure_mode() {
-    // The README: the cluster must speak HTTP/2 for store.protocol "grpc". Without its
-    // protocol options (the JSON gateway's cluster), every call fails and the request
-    // gets what failure_mode says, here closed: 503, never forwarded.
-    let cfg = etcd_filter_config(json!({"failure_mode": "closed", "store": {"timeout_ms": 600}}));
-    let m = Multi::start_on("mp-h1-grpc", [&cfg, &cfg], true);
-    let r = m.send(0, &keyed(HOST, "/orders/h1", "h1-1", &json!({"n": 1})));
-    assert_problem(&r, 503, "store-unavailable");
-    assert_eq!(m.upstream.executions_for_path("/orders/h1"), 0);
-    assert_eq!(m.counter(0, "store_errors"), 1, "{}", m.diagnostics());
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -484,13 +602,16 @@ fn one_member_killed_mid_run(which: Victim) {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let leader = m.etcd.leader().unwrap();
+    // On shards, the member is one of the first shard's.
+    let etcd = &mut m.shards[0].etcd;
+    let leader = etcd.leader().unwrap();
     let victim = match which {
         Victim::Follower => (leader + 1) % 3,
         Victim::Leader => leader,
     };
     let killed_at = m.upstream.total_executions();
-    m.etcd.kill(victim);
+    etcd.kill(victim);
+    let shard = m.shards[0].cluster.clone();
     let mut results = Vec::new();
     for h in handles {
         results.extend(h.join().unwrap());
@@ -525,7 +646,7 @@ fn one_member_killed_mid_run(which: Victim) {
     let errors = [m.counter(0, "store_errors"), m.counter(1, "store_errors")];
     let failed_open = [m.counter(0, "failed_open"), m.counter(1, "failed_open")];
     eprintln!(
-        "{which:?}: {} keys, member {victim} killed after {killed_at} executions; {replays} replays, {in_flight} in-flight 409; slowest pair {slowest:?}; store_errors {errors:?}",
+        "{which:?}: {} keys, member {victim} of {shard} killed after {killed_at} executions; {replays} replays, {in_flight} in-flight 409; slowest pair {slowest:?}; store_errors {errors:?}",
         results.len()
     );
     assert!(
@@ -535,7 +656,7 @@ fn one_member_killed_mid_run(which: Victim) {
     );
     assert!(
         failures.is_empty(),
-        "{} failures after killing etcd member {victim} (of 3, the {which:?}):\n{}\n{}",
+        "{} failures after killing etcd member {victim} of {shard} (of 3, the {which:?}):\n{}\n{}",
         failures.len(),
         failures[..failures.len().min(20)].join("\n"),
         m.diagnostics()
@@ -566,7 +687,7 @@ fn all_of_etcd_down_applies_failure_mode_open_and_closed() {
     for p in 0..2 {
         assert_executed(&m.send(p, &keyed(HOST, path, &format!("up-{p}"), &json!({"p": p}))));
     }
-    m.etcd.kill_all();
+    m.kill_all();
     const N: usize = 5;
     for i in 0..N {
         let key = format!("open-{i}");
@@ -631,7 +752,7 @@ fn etcd_slower_than_the_timeout_applies_failure_mode_in_bounded_time() {
         ));
     }
     // Frozen members accept connections (the kernel does) but never answer.
-    m.etcd.pause_all();
+    m.pause_all();
     // Generous against scheduling noise on 2 cores, far below Envoy's own
     // 30 s route timeout: the filter gives up after about one store timeout.
     let bound = Duration::from_millis(3 * TIMEOUT_MS + 600);
@@ -662,11 +783,9 @@ fn etcd_slower_than_the_timeout_applies_failure_mode_in_bounded_time() {
     assert!(m.counter(0, "store_errors") >= 4, "{}", m.diagnostics());
     assert!(m.counter(1, "store_errors") >= 4, "{}", m.diagnostics());
     // Thawed, the store works again.
-    m.etcd.resume_all();
-    m.etcd.wait_healthy(Duration::from_secs(10)).unwrap();
-    for p in &m.proxies {
-        wait_etcd_hosts_healthy(p, 3, Duration::from_secs(10)).unwrap();
-    }
+    m.resume_all();
+    m.wait_etcd_healthy();
+    m.wait_hosts_healthy(MEMBERS);
     let body = json!({"after": true});
     let first = m.send(0, &keyed(HOST, path, "after-1", &body));
     assert_executed(&first);
@@ -685,17 +804,17 @@ fn completed_records_vanish_from_etcd_when_their_lease_ends() {
     let m = Multi::start("mp-ttl", [&cfg, &cfg]);
     let path = "/orders/ttl";
     let body = json!({"item": "tea"});
-    assert_eq!(m.etcd.count_keys(PREFIX).unwrap(), 0);
+    assert_eq!(m.count_keys(PREFIX), 0);
     let first = m.send(0, &keyed(HOST, path, "ttl-1", &body));
     let answered = Instant::now();
     assert_executed(&first);
-    let keys = m.etcd.keys(PREFIX).unwrap();
+    let keys = m.keys(PREFIX);
     assert!(
         !keys.is_empty(),
         "no record under {PREFIX:?} after a completed request\n{}",
         m.diagnostics()
     );
-    for k in &keys {
+    for (shard, k) in &keys {
         assert_ne!(
             k.lease,
             0,
@@ -706,7 +825,8 @@ fn completed_records_vanish_from_etcd_when_their_lease_ends() {
         // in-flight lease (in-flight time, its 1 s window, the store budget
         // and a second of rounding), then ttl_seconds, plus the window in
         // which one lease is shared (1/8 of the life, at least 1 s).
-        if let Some(ttl) = m.etcd.lease_ttl(k.lease).unwrap() {
+        // A lease is its own cluster's: asked of the record's shard.
+        if let Some(ttl) = m.shards[*shard].etcd.lease_ttl(k.lease).unwrap() {
             eprintln!(
                 "record {} lease {:x}: granted {} s, {} s left",
                 String::from_utf8_lossy(&k.key),
@@ -722,10 +842,7 @@ fn completed_records_vanish_from_etcd_when_their_lease_ends() {
         }
     }
     assert_replay_of(&m.send(1, &keyed(HOST, path, "ttl-1", &body)), &first);
-    let gone = m
-        .etcd
-        .wait_no_keys(PREFIX, Duration::from_secs(10))
-        .unwrap_or_else(|e| panic!("{e}\n{}", m.diagnostics()));
+    let gone = m.wait_no_keys(PREFIX, Duration::from_secs(10));
     eprintln!(
         "records gone from etcd {gone:?} after the replay, {:?} after the first response",
         answered.elapsed()
@@ -736,17 +853,16 @@ fn completed_records_vanish_from_etcd_when_their_lease_ends() {
     assert_eq!(m.upstream.executions_for_key("ttl-1"), 2);
 }
 
-/// The states of the records under `PREFIX` (the second byte of each value:
-/// 1 in flight, 2 completed, 3 completed without the response).
+/// The states of the records under `PREFIX` on every shard (the second byte of
+/// each value: 1 in flight, 2 completed, 3 completed without the response); a
+/// shard that cannot be read adds none.
 fn record_states(m: &Multi) -> Vec<u8> {
-    m.etcd
-        .keys(PREFIX)
-        .map(|keys| {
-            keys.iter()
-                .filter_map(|k| k.value.get(1).copied())
-                .collect()
-        })
-        .unwrap_or_default()
+    m.shards
+        .iter()
+        .filter_map(|s| s.etcd.keys(PREFIX).ok())
+        .flatten()
+        .filter_map(|k| k.value.get(1).copied())
+        .collect()
 }
 
 #[test]
@@ -777,7 +893,7 @@ fn client_reset_while_its_response_waits_for_etcd_still_completes_the_record() {
         std::thread::sleep(Duration::from_millis(5));
     }
     // The claim is in etcd; freeze it before the upstream answers.
-    m.etcd.pause_all();
+    m.pause_all();
     let frozen = Instant::now();
     // The upstream answers after 700 ms; the filter holds the end of the
     // response (the head may pass) until etcd confirms the completion.
@@ -791,13 +907,13 @@ fn client_reset_while_its_response_waits_for_etcd_still_completes_the_record() {
     }
     conn.reset().unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    m.etcd.resume_all();
+    m.resume_all();
     let thawed_after = frozen.elapsed();
     assert!(
         thawed_after < Duration::from_millis(TIMEOUT_MS - 1000),
         "etcd thawed only after {thawed_after:?} (store.timeout_ms {TIMEOUT_MS})"
     );
-    m.etcd.wait_healthy(Duration::from_secs(10)).unwrap();
+    m.wait_etcd_healthy();
     // Wait until the record is no longer in flight (bounded: the filter's
     // budget runs out TIMEOUT_MS after the completion started).
     let end = frozen + Duration::from_millis(TIMEOUT_MS + 3000);
@@ -810,9 +926,7 @@ fn client_reset_while_its_response_waits_for_etcd_still_completes_the_record() {
         "etcd thawed {thawed_after:?} after freezing; record states {states:?} after {:?}",
         frozen.elapsed()
     );
-    for p in &m.proxies {
-        wait_etcd_hosts_healthy(p, 3, Duration::from_secs(10)).unwrap();
-    }
+    m.wait_hosts_healthy(MEMBERS);
     let dup = m.send(1, &keyed(HOST, path, key, &body));
     assert!(
         dup.status == 200 && is_replayed(&dup),
@@ -890,7 +1004,7 @@ fn etcd_replays_and_409s_say_when_the_record_stops_answering() {
     let path = "/orders/expiry";
     let body = json!({"item": "clock"});
     let req = keyed(HOST, path, "expiry-1", &body);
-    let claimed_at = common::unix_now();
+    let claimed_at = crate::common::unix_now();
     let first = {
         let (addr, slow) = (
             m.proxies[1].addr(),
@@ -904,10 +1018,10 @@ fn etcd_replays_and_409s_say_when_the_record_stops_answering() {
         std::thread::sleep(Duration::from_millis(20));
     }
     // The claim was made before the upstream saw the request.
-    let reached_at = common::unix_now();
+    let reached_at = crate::common::unix_now();
     let dup = m.send(0, &req);
     assert_problem(&dup, 409, "in-flight");
-    common::assert_expires_within(
+    crate::common::assert_expires_within(
         &dup,
         claimed_at + 20.0,
         reached_at + 20.0,
@@ -922,20 +1036,20 @@ fn etcd_replays_and_409s_say_when_the_record_stops_answering() {
         dup.summary()
     );
     let first = first.join().unwrap();
-    let completed_at = common::unix_now();
+    let completed_at = crate::common::unix_now();
     assert_executed(&first);
     let replay = m.send(0, &req);
     assert_replay_of(&replay, &first);
     // Completed after the upstream's 2 s, before the client had the answer.
     let (lo, hi) = (claimed_at + 2.0 + 600.0, completed_at + 600.0);
-    common::assert_expires_within(&replay, lo, hi, "replay on A");
+    crate::common::assert_expires_within(&replay, lo, hi, "replay on A");
     assert_eq!(replay.header("age"), None, "etcd keeps no completion time");
     // Answered again from A's worker tier: still the record's expiry.
     let again = m.send(0, &req);
-    common::assert_expires_within(&again, lo, hi, "second replay on A");
+    crate::common::assert_expires_within(&again, lo, hi, "second replay on A");
     let other = m.send(0, &keyed(HOST, path, "expiry-1", &json!({"item": "other"})));
     assert_problem(&other, 422, "payload-mismatch");
-    common::assert_expires_within(&other, lo, hi, "422 on A");
+    crate::common::assert_expires_within(&other, lo, hi, "422 on A");
     let replay = m.send(1, &req);
     assert_replay_of(&replay, &first);
     assert_eq!(replay.header("idempotency-expires"), None);
