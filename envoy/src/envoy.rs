@@ -310,6 +310,48 @@ impl EnvoyProcess {
         self.config.write_lds(&self.dir)
     }
 
+    /// `push_filter_config`, then wait (up to `limit`) until Envoy serves it: the update
+    /// counted in `listener_manager.lds.update_success`, none rejected, and the
+    /// `ingress` listener active with `filter_config` and nothing warming (new
+    /// connections get the new filter configuration from then on).
+    pub fn apply_filter_config(&mut self, filter_config: &str, limit: Duration) -> Result<()> {
+        const SUCCESS: &str = "listener_manager.lds.update_success";
+        const REJECTED: &str = "listener_manager.lds.update_rejected";
+        let before = self.stat(SUCCESS)?;
+        let rejected = self.stat(REJECTED).unwrap_or(0);
+        self.push_filter_config(filter_config)?;
+        self.wait_stat_at_least(SUCCESS, before + 1, limit)?;
+        if self.stat(REJECTED).unwrap_or(0) > rejected {
+            fail!(
+                "Envoy rejected the pushed filter configuration {filter_config} (log {})",
+                self.log_path.display()
+            );
+        }
+        // The configuration as it appears inside the dump's JSON text.
+        let quoted = serde_json::to_string(filter_config)?;
+        let inner = &quoted[1..quoted.len() - 1];
+        let end = Instant::now() + limit;
+        loop {
+            let dump = self
+                .admin("/config_dump?resource=dynamic_listeners")?
+                .json()?;
+            let ingress = dump["configs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|l| l["name"] == "ingress");
+            if let Some(l) = ingress {
+                if l["warming_state"].is_null() && l["active_state"].to_string().contains(inner) {
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= end {
+                fail!("the pushed filter configuration is not active after {limit:?}: {filter_config}");
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
     /// Envoy's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()

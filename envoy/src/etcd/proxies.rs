@@ -1,13 +1,14 @@
 //! Envoys in front of the cluster: the multi-proxy template with the
-//! members' ports written into its `etcd` cluster, and the health of that
-//! cluster as an Envoy sees it.
+//! members' ports written into its `etcd` cluster (once per shard for a sharded
+//! store, also behind an LDS listener or beside another bootstrap's listeners), and
+//! the health of that cluster as an Envoy sees it.
 
 use super::EtcdCluster;
-use crate::config::EnvoyConfig;
+use crate::config::{EnvoyConfig, LDS_LISTENER, SINGLE_NODE_LDS};
 use crate::envoy::EnvoyProcess;
 use crate::paths::config_file;
 use crate::{fail, Result};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -91,19 +92,9 @@ pub fn multi_proxy_json_config(
     wasm: &Path,
     filter_config: &str,
 ) -> Result<EnvoyConfig> {
-    let template = match std::fs::read_to_string(config_file(MULTI_PROXY_ETCD)) {
-        Ok(t) => t,
-        Err(e) => fail!("cannot read {MULTI_PROXY_ETCD}: {e}"),
-    };
+    let template = read_template(&config_file(MULTI_PROXY_ETCD))?;
     let http1 = without_http2_options(&template)?;
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-    let path = etcd.dir.join(format!(
-        "json-template-{}.yaml",
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    if let Err(e) = std::fs::write(&path, http1) {
-        fail!("cannot write {}: {e}", path.display());
-    }
+    let path = write_template(&etcd.dir, "json-template", &http1)?;
     etcd_proxy_config(etcd, &path, upstream_port, wasm, filter_config)
 }
 
@@ -146,36 +137,24 @@ pub fn etcd_proxy_config(
     wasm: &Path,
     filter_config: &str,
 ) -> Result<EnvoyConfig> {
-    let template = match std::fs::read_to_string(template_path) {
-        Ok(t) => t,
-        Err(e) => fail!("cannot read {}: {e}", template_path.display()),
-    };
+    let template = read_template(template_path)?;
     let rendered = render_etcd_endpoints(&template, &etcd.proxy_ports())?;
-    // Next to the cluster's logs: removed with them.
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-    let path = etcd.dir.join(format!(
-        "envoy-template-{}.yaml",
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::write(&path, rendered)?;
+    let path = write_template(&etcd.dir, "envoy-template", &rendered)?;
     let mut config = EnvoyConfig::single_node(upstream_port, wasm, filter_config)?;
     config.template = path;
     Ok(config)
 }
 
-/// The template's `etcd` cluster (the `  - name: etcd` entry, to the next entry or the
-/// end) written once per shard of a sharded store: a copy named after the shard's
-/// Envoy cluster (`name` and `cluster_name`), its `# etcd member N` lines pointing at
-/// that shard's members. What a user does by hand: one copy of the cluster per shard.
-pub fn render_shard_clusters(template: &str, shards: &[(&str, Vec<u16>)]) -> Result<String> {
+/// The template's `etcd` cluster entry (`  - name: etcd`, to the next entry or the end):
+/// where it starts and ends.
+fn etcd_cluster_span(template: &str) -> Result<(usize, usize)> {
     const ENTRY: &str = "  - name: etcd\n";
     let Some(start) = template.find(ENTRY) else {
         fail!("the template has no `  - name: etcd` cluster");
     };
     let body_from = start + ENTRY.len();
-    let rest = &template[body_from..];
     let mut len = 0;
-    for line in rest.split_inclusive('\n') {
+    for line in template[body_from..].split_inclusive('\n') {
         let indent = line.len() - line.trim_start().len();
         let text = line.trim();
         if !text.is_empty() && (indent < 4 || line.starts_with("  - ")) {
@@ -183,22 +162,89 @@ pub fn render_shard_clusters(template: &str, shards: &[(&str, Vec<u16>)]) -> Res
         }
         len += line.len();
     }
-    let block = &template[start..body_from + len];
+    Ok((start, body_from + len))
+}
+
+/// The template's `etcd` cluster once per shard: a copy named after the shard's Envoy
+/// cluster (`name` and `cluster_name`), its `# etcd member N` lines pointing at that
+/// shard's members. What a user does by hand: one copy of the cluster per shard.
+fn shard_cluster_copies(template: &str, shards: &[(&str, Vec<u16>)]) -> Result<String> {
+    let (start, end) = etcd_cluster_span(template)?;
+    let block = &template[start..end];
     let mut copies = String::new();
     for (cluster, ports) in shards {
         let named = block
-            .replacen(ENTRY, &format!("  - name: {cluster}\n"), 1)
+            .replacen("  - name: etcd\n", &format!("  - name: {cluster}\n"), 1)
             .replace(
                 "cluster_name: etcd\n",
                 &format!("cluster_name: {cluster}\n"),
             );
         copies.push_str(&render_etcd_endpoints(&named, ports)?);
     }
+    Ok(copies)
+}
+
+/// The template's `etcd` cluster (the `  - name: etcd` entry, to the next entry or the
+/// end) written once per shard of a sharded store, in its place (`shard_cluster_copies`).
+pub fn render_shard_clusters(template: &str, shards: &[(&str, Vec<u16>)]) -> Result<String> {
+    let (start, end) = etcd_cluster_span(template)?;
+    let copies = shard_cluster_copies(template, shards)?;
     Ok(format!(
         "{}{copies}{}",
         &template[..start],
-        &template[body_from + len..]
+        &template[end..]
     ))
+}
+
+/// `bootstrap` (a template whose `static_resources.clusters` list ends the file, as
+/// `single-node-lds.yaml` and `admin-api.yaml`) with `multi-proxy-etcd.yaml`'s `etcd`
+/// cluster appended once per shard (`shard_cluster_copies`).
+pub fn append_shard_clusters(bootstrap: &str, shards: &[(&str, Vec<u16>)]) -> Result<String> {
+    let Some(at) = bootstrap.find("\n  clusters:\n") else {
+        fail!("the bootstrap has no `  clusters:` list under static_resources");
+    };
+    // Nothing after the list but its entries (indented), blank lines and comments.
+    let after = &bootstrap[at + 1..];
+    if let Some(line) = after
+        .lines()
+        .skip(1)
+        .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#') && !l.starts_with("  "))
+    {
+        fail!("the bootstrap's clusters list does not end the file: {line:?} follows it");
+    }
+    let template = read_template(&config_file(MULTI_PROXY_ETCD))?;
+    let copies = shard_cluster_copies(&template, shards)?;
+    let sep = if bootstrap.ends_with('\n') { "" } else { "\n" };
+    Ok(format!("{bootstrap}{sep}{copies}"))
+}
+
+/// The members' ports of each shard, by the shard's Envoy cluster name.
+fn shard_ports<'a>(shards: &[(&'a str, &EtcdCluster)]) -> Result<Vec<(&'a str, Vec<u16>)>> {
+    if shards.is_empty() {
+        fail!("a sharded store needs one shard at least");
+    }
+    Ok(shards
+        .iter()
+        .map(|(name, etcd)| (*name, etcd.proxy_ports()))
+        .collect())
+}
+
+/// `rendered` as the template of a config on fresh ports: written next to the first
+/// shard's logs.
+fn sharded_config(
+    shards: &[(&str, &EtcdCluster)],
+    rendered: &str,
+    upstream_port: u16,
+    wasm: &Path,
+    filter_config: &str,
+) -> Result<EnvoyConfig> {
+    let Some((_, first)) = shards.first() else {
+        fail!("a sharded store needs one shard at least");
+    };
+    let path = write_template(&first.dir, "sharded-template", rendered)?;
+    let mut config = EnvoyConfig::single_node(upstream_port, wasm, filter_config)?;
+    config.template = path;
+    Ok(config)
 }
 
 /// `multi-proxy-etcd.yaml` for a sharded store: its `etcd` cluster once per shard,
@@ -210,27 +256,80 @@ pub fn sharded_proxy_config(
     wasm: &Path,
     filter_config: &str,
 ) -> Result<EnvoyConfig> {
-    let Some((_, first)) = shards.first() else {
-        fail!("a sharded store needs one shard at least");
-    };
-    let template = match std::fs::read_to_string(config_file(MULTI_PROXY_ETCD)) {
-        Ok(t) => t,
-        Err(e) => fail!("cannot read {MULTI_PROXY_ETCD}: {e}"),
-    };
-    let ports: Vec<(&str, Vec<u16>)> = shards
-        .iter()
-        .map(|(name, etcd)| (*name, etcd.proxy_ports()))
-        .collect();
-    let rendered = render_shard_clusters(&template, &ports)?;
+    let template = read_template(&config_file(MULTI_PROXY_ETCD))?;
+    let rendered = render_shard_clusters(&template, &shard_ports(shards)?)?;
+    sharded_config(shards, &rendered, upstream_port, wasm, filter_config)
+}
+
+/// `sharded_proxy_config` for `store.protocol: "json"`: every shard's cluster on
+/// HTTP/1.1 (as `multi_proxy_json_config`).
+pub fn sharded_proxy_json_config(
+    shards: &[(&str, &EtcdCluster)],
+    upstream_port: u16,
+    wasm: &Path,
+    filter_config: &str,
+) -> Result<EnvoyConfig> {
+    let template = read_template(&config_file(MULTI_PROXY_ETCD))?;
+    let rendered = render_shard_clusters(&template, &shard_ports(shards)?)?;
+    let http1 = without_http2_options(&rendered)?;
+    sharded_config(shards, &http1, upstream_port, wasm, filter_config)
+}
+
+/// Another bootstrap template (`append_shard_clusters`: its clusters list ends the file)
+/// with the shards' clusters appended, with `wasm` and `filter_config`; its own
+/// placeholders as `single-node.yaml`'s (more with `EnvoyConfig::with_port`/`with_var`).
+pub fn sharded_bootstrap_config(
+    bootstrap: &Path,
+    shards: &[(&str, &EtcdCluster)],
+    upstream_port: u16,
+    wasm: &Path,
+    filter_config: &str,
+) -> Result<EnvoyConfig> {
+    let template = read_template(bootstrap)?;
+    let rendered = append_shard_clusters(&template, &shard_ports(shards)?)?;
+    sharded_config(shards, &rendered, upstream_port, wasm, filter_config)
+}
+
+/// A sharded store behind a listener that comes by LDS (`single-node-lds.yaml` with
+/// the shards' clusters, its listener `lds/ingress-listener.yaml`), so that a test can
+/// push another shard map live (`EnvoyProcess::apply_filter_config`). Every cluster a
+/// pushed map may name must be among `shards` from the start: the clusters are static.
+pub fn sharded_proxy_lds_config(
+    shards: &[(&str, &EtcdCluster)],
+    upstream_port: u16,
+    wasm: &Path,
+    filter_config: &str,
+) -> Result<EnvoyConfig> {
+    let mut config = sharded_bootstrap_config(
+        &config_file(SINGLE_NODE_LDS),
+        shards,
+        upstream_port,
+        wasm,
+        filter_config,
+    )?;
+    config.lds_template = Some(config_file(LDS_LISTENER));
+    Ok(config)
+}
+
+fn read_template(path: &Path) -> Result<String> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(t),
+        Err(e) => fail!("cannot read {}: {e}", path.display()),
+    }
+}
+
+/// Write a rendered template as `<stem>-<n>.yaml` in `dir` (a cluster's run directory:
+/// removed with its logs).
+fn write_template(dir: &Path, stem: &str, text: &str) -> Result<PathBuf> {
     static SEQ: AtomicU32 = AtomicU32::new(0);
-    let path = first.dir.join(format!(
-        "sharded-template-{}.yaml",
+    let path = dir.join(format!(
+        "{stem}-{}.yaml",
         SEQ.fetch_add(1, Ordering::Relaxed)
     ));
-    std::fs::write(&path, rendered)?;
-    let mut config = EnvoyConfig::single_node(upstream_port, wasm, filter_config)?;
-    config.template = path;
-    Ok(config)
+    if let Err(e) = std::fs::write(&path, text) {
+        fail!("cannot write {}: {e}", path.display());
+    }
+    Ok(path)
 }
 
 /// Health of the `etcd` cluster's hosts as one Envoy sees them (admin
@@ -352,5 +451,41 @@ mod tests {
         let before = &template[..template.find("  - name: etcd\n").unwrap()];
         assert!(out.starts_with(before));
         assert!(render_shard_clusters("static_resources: {}\n", &[]).is_err());
+    }
+
+    #[test]
+    fn shard_clusters_are_appended_to_a_bootstrap_whose_clusters_end_it() {
+        for bootstrap in [crate::config::SINGLE_NODE_LDS, "admin-api.yaml"] {
+            let template = std::fs::read_to_string(config_file(bootstrap)).unwrap();
+            let out = append_shard_clusters(
+                &template,
+                &[
+                    ("etcd_a", vec![5001, 5002, 5003]),
+                    ("etcd_c", vec![7001, 7002, 7003]),
+                ],
+            )
+            .unwrap();
+            assert!(out.starts_with(&template), "{bootstrap}");
+            let added = &out[template.len()..];
+            assert!(
+                added.starts_with("  - name: etcd_a\n"),
+                "{bootstrap}: {added}"
+            );
+            assert!(
+                added.contains("\n  - name: etcd_c\n"),
+                "{bootstrap}: {added}"
+            );
+            assert!(
+                added.contains("      cluster_name: etcd_c\n"),
+                "{bootstrap}"
+            );
+            assert!(added.contains("port_value: 7003 "), "{bootstrap}");
+            assert!(!added.contains("port_value: 2379 "), "{bootstrap}");
+        }
+        // A bootstrap without a clusters list, or with one that another top-level
+        // section follows, is refused.
+        assert!(append_shard_clusters("static_resources:\n  listeners: []\n", &[]).is_err());
+        let t = "static_resources:\n  clusters:\n  - name: service\nlayered_runtime: {}\n";
+        assert!(append_shard_clusters(t, &[]).is_err());
     }
 }

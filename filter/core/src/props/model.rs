@@ -469,7 +469,11 @@ fn knobs() -> impl Strategy<Value = Knobs> {
                 closed,
                 skew_ms,
                 two_workers,
-                reshard: if store == StoreKind::Etcd { reshard } else { None },
+                reshard: if store == StoreKind::Etcd {
+                    reshard
+                } else {
+                    None
+                },
             },
         )
 }
@@ -622,7 +626,12 @@ fn the_resharding_runs_move_some_of_the_models_keys() {
             };
             let shard = |world: &mut World, p: usize| {
                 let plugin = &world.plugins[p];
-                match DedupStream::new(0).on_request_headers(plugin, &mut world.envs[0], head.clone(), true) {
+                match DedupStream::new(0).on_request_headers(
+                    plugin,
+                    &mut world.envs[0],
+                    head.clone(),
+                    true,
+                ) {
                     Decision::Call(c) => c.route.shard.clone(),
                     d => panic!("{d:?}"),
                 }

@@ -18,7 +18,12 @@ impl World {
         let shards: std::collections::HashMap<String, Arc<FakeEtcd>> = ["etcd_a", "etcd_b"]
             .iter()
             .enumerate()
-            .map(|(i, c)| (c.to_string(), FakeEtcd::with_lease_ids_from(1_000_000 * (i as i64 + 1))))
+            .map(|(i, c)| {
+                (
+                    c.to_string(),
+                    FakeEtcd::with_lease_ids_from(1_000_000 * (i as i64 + 1)),
+                )
+            })
             .collect();
         let shared = FakeShared::new();
         let envs = (0..4u64)

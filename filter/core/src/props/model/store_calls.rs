@@ -22,7 +22,8 @@ impl World {
         // may be gone, its answer lost).
         if self.sims[i].req == ReqPhase::Deciding && etcd::is_txn(call.path) {
             self.sims[i].claim_applied = true;
-            self.sims[i].claim_sent = Some(self.sims[i].call.as_ref().map_or(self.now, |p| p.sent_at));
+            self.sims[i].claim_sent =
+                Some(self.sims[i].call.as_ref().map_or(self.now, |p| p.sent_at));
         }
         let answer = self.etcd_of(&call).handle(call.path, &call.body, self.now);
         self.log(format!(
