@@ -84,11 +84,13 @@ fn keyed(key: &str) -> Req {
 
 /// The first `n` keys (`k0`, `k1`, …) whose records `p` places on `shard`.
 fn keys_on(p: &Plugin, shard: &str, n: usize) -> Vec<String> {
-    (0..)
+    let keys: Vec<String> = (0..200)
         .map(|i| format!("k{i}"))
         .filter(|k| home(p, k) == shard)
         .take(n)
-        .collect()
+        .collect();
+    assert_eq!(keys.len(), n, "fewer than {n} of 200 keys on shard {shard}");
+    keys
 }
 
 #[test]
@@ -396,7 +398,7 @@ fn entity_home(p: &Plugin, entity: &str) -> &'static str {
 fn an_entity_applied_before_a_shard_was_added_still_refuses_older_versions() {
     let old = sharded("a", None, ORDERED);
     let new = sharded("a,b", Some(("previous_shards", "a")), ORDERED);
-    let entity = (0..)
+    let entity = (0..200)
         .map(|i| format!("o{i}"))
         .find(|e| entity_home(&new, e) == "b")
         .unwrap();
@@ -438,7 +440,7 @@ fn an_entity_applied_before_a_shard_was_added_still_refuses_older_versions() {
 fn two_versions_on_two_steps_of_a_push_never_run_at_once() {
     let step1 = sharded("a", Some(("next_shards", "a,b")), ORDERED);
     let step2 = sharded("a,b", Some(("previous_shards", "a")), ORDERED);
-    let entity = (0..)
+    let entity = (0..200)
         .map(|i| format!("o{i}"))
         .find(|e| entity_home(&step2, e) == "b")
         .unwrap();
