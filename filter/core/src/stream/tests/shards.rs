@@ -244,9 +244,9 @@ struct Driven {
 }
 
 impl Driven {
-    fn start(p: &Plugin, env: &mut FakeEnv, key: &str) -> Self {
+    fn start(p: &Plugin, env: &mut FakeEnv, r: Req) -> Self {
         let mut s = DedupStream::new(1);
-        let d = s.on_request_headers(p, env, keyed(key).head, true);
+        let d = s.on_request_headers(p, env, r.head, true);
         let mut me = Driven {
             s,
             next: None,
@@ -271,6 +271,33 @@ impl Driven {
     }
 }
 
+/// One stream on its plugin and proxy, driven a call at a time.
+type Side<'a> = (&'a Plugin, &'a mut FakeEnv, &'a mut Driven);
+
+/// Runs two streams to their ends, the bits of `schedule` (`bits` of them, cycled)
+/// choosing whose call etcd answers next while both have one out: how many forwarded.
+fn interleave(schedule: u32, bits: u32, x: Side, y: Side) -> usize {
+    let ((px, ex, dx), (py, ey, dy)) = (x, y);
+    let mut t = 0;
+    while dx.next.is_some() || dy.next.is_some() {
+        let pick_x = match (dx.next.is_some(), dy.next.is_some()) {
+            (true, true) => schedule >> (t % bits) & 1 == 0,
+            (x_only, _) => x_only,
+        };
+        if pick_x {
+            dx.step(px, ex);
+        } else {
+            dy.step(py, ey);
+        }
+        t += 1;
+        assert!(t < 60, "schedule {schedule:#b} does not end");
+    }
+    [&dx, &dy]
+        .iter()
+        .filter(|d| d.end == Some(Decision::Continue))
+        .count()
+}
+
 /// Mid-push, one proxy is still on step 1 (claims under the old map, checks the next)
 /// and another already on step 2 (claims under the new map, checks the previous): on
 /// every interleaving of their store calls, at most one forwards the key, and the one
@@ -285,26 +312,14 @@ fn two_proxies_on_two_steps_of_a_push_never_both_forward_a_key() {
     for schedule in 0u32..1 << 12 {
         let fleet = Fleet::new();
         let (mut x, mut y) = (fleet.proxy(1), fleet.proxy(2));
-        let mut dx = Driven::start(&step1, &mut x, &k);
-        let mut dy = Driven::start(&step2, &mut y, &k);
-        let mut t = 0;
-        while dx.next.is_some() || dy.next.is_some() {
-            let pick_x = match (dx.next.is_some(), dy.next.is_some()) {
-                (true, true) => schedule >> (t % 12) & 1 == 0,
-                (x_only, _) => x_only,
-            };
-            if pick_x {
-                dx.step(&step1, &mut x);
-            } else {
-                dy.step(&step2, &mut y);
-            }
-            t += 1;
-            assert!(t < 40, "schedule {schedule:#b} does not end");
-        }
-        let forwarded = [&dx, &dy]
-            .iter()
-            .filter(|d| d.end == Some(Decision::Continue))
-            .count();
+        let mut dx = Driven::start(&step1, &mut x, keyed(&k));
+        let mut dy = Driven::start(&step2, &mut y, keyed(&k));
+        let forwarded = interleave(
+            schedule,
+            12,
+            (&step1, &mut x, &mut dx),
+            (&step2, &mut y, &mut dy),
+        );
         assert!(forwarded <= 1, "schedule {schedule:#b}: both forwarded");
         match forwarded {
             1 => one_forwarded += 1,
@@ -448,37 +463,14 @@ fn two_versions_on_two_steps_of_a_push_never_run_at_once() {
     for schedule in 0u32..1 << 11 {
         let fleet = Fleet::new();
         let (mut x, mut y) = (fleet.proxy(1), fleet.proxy(2));
-        let start = |p: &Plugin, env: &mut FakeEnv, version: &str, key: &str| {
-            let mut s = DedupStream::new(1);
-            let d = s.on_request_headers(p, env, delivery(&entity, version, key).head, true);
-            let mut me = Driven {
-                s,
-                next: None,
-                end: None,
-            };
-            me.take(d);
-            me
-        };
-        let mut dx = start(&step1, &mut x, "4", "d4");
-        let mut dy = start(&step2, &mut y, "5", "d5");
-        let mut t = 0;
-        while dx.next.is_some() || dy.next.is_some() {
-            let pick_x = match (dx.next.is_some(), dy.next.is_some()) {
-                (true, true) => schedule >> (t % 11) & 1 == 0,
-                (x_only, _) => x_only,
-            };
-            if pick_x {
-                dx.step(&step1, &mut x);
-            } else {
-                dy.step(&step2, &mut y);
-            }
-            t += 1;
-            assert!(t < 60, "schedule {schedule:#b} does not end");
-        }
-        let forwarded = [&dx, &dy]
-            .iter()
-            .filter(|d| d.end == Some(Decision::Continue))
-            .count();
+        let mut dx = Driven::start(&step1, &mut x, delivery(&entity, "4", "d4"));
+        let mut dy = Driven::start(&step2, &mut y, delivery(&entity, "5", "d5"));
+        let forwarded = interleave(
+            schedule,
+            11,
+            (&step1, &mut x, &mut dx),
+            (&step2, &mut y, &mut dy),
+        );
         assert!(
             forwarded <= 1,
             "schedule {schedule:#b}: both versions forwarded at once"
