@@ -507,6 +507,23 @@ fn shard_maps() {
         let doc = format!(r#"{{"store": {{"kind": "etcd", {store}}}}}"#);
         assert_eq!(cfg_err(&doc).0, field, "{doc}");
     }
+    // Sixteen shards at most.
+    let sixteen: Vec<String> = (0..16)
+        .map(|i| format!(r#"{{"cluster": "c{i}"}}"#))
+        .collect();
+    let doc = format!(
+        r#"{{"store": {{"kind": "etcd", "shards": [{}]}}}}"#,
+        sixteen.join(",")
+    );
+    assert!(Config::parse(doc.as_bytes()).is_ok(), "{doc}");
+    // A shard in both maps with another authority is another way to its cluster: refused.
+    assert_eq!(
+        cfg_err(
+            r#"{"store": {"kind": "etcd", "shards": [{"name": "a", "cluster": "etcd_a"}], "previous_shards": [{"name": "a", "cluster": "etcd_a", "authority": "x"}]}}"#
+        )
+        .0,
+        "store.previous_shards[0].cluster"
+    );
     let many: Vec<String> = (0..17)
         .map(|i| format!(r#"{{"cluster": "c{i}"}}"#))
         .collect();

@@ -523,3 +523,32 @@ fn a_waiter_on_a_record_of_the_other_map_waits_and_gets_the_replay() {
     assert_eq!(y.count_of(Counter::Executed), 0);
     assert_eq!(fleet.keys(&y), [1, 0, 0]);
 }
+
+/// A check read that fails is retried within the budget like any store call: one
+/// failure, and the claim still yields to the record on the other map; failures past
+/// the retries, and it is a store error.
+#[test]
+fn a_check_read_is_retried_within_its_budget() {
+    let old = sharded("a", None, "");
+    let new = sharded(
+        "a,b",
+        Some(("previous_shards", "a")),
+        r#""failure_mode": "closed""#,
+    );
+    let fleet = Fleet::new();
+    let (mut x, mut y) = (fleet.proxy(1), fleet.proxy(2));
+    let moved = keys_on(&new, "b", 2);
+    for k in &moved {
+        run(&old, &mut x, &keyed(k), ok(k));
+    }
+    fleet.a.fail_next(1);
+    run(&new, &mut y, &keyed(&moved[0]), ok("again")).assert_replays(moved[0].as_bytes());
+    assert_eq!(y.count_of(Counter::StoreErrors), 0);
+    // The first attempt and its four retries fail: a store error (a fifth retry
+    // would have been answered).
+    fleet.a.fail_next(5);
+    let got = run(&new, &mut y, &keyed(&moved[1]), ok("again"));
+    assert_eq!(got.status(), 503);
+    assert_eq!(y.count_of(Counter::StoreErrors), 1);
+    assert_eq!(y.count_of(Counter::Executed), 0);
+}
