@@ -16,8 +16,7 @@ pub use gateway::{base64_decode, base64_encode, EtcdKey, LeaseTtl};
 pub use proxies::{
     cluster_hosts_health, etcd_hosts_health, etcd_proxy_config, multi_proxy_config,
     multi_proxy_json_config, render_etcd_endpoints, render_shard_clusters, sharded_proxy_config,
-    wait_cluster_hosts_healthy, wait_etcd_hosts_healthy, without_http2_options,
-    MULTI_PROXY_ETCD,
+    wait_cluster_hosts_healthy, wait_etcd_hosts_healthy, without_http2_options, MULTI_PROXY_ETCD,
 };
 
 use crate::client::{self, Request};
@@ -319,6 +318,12 @@ impl EtcdCluster {
             Ok(r) => r.status == 200 && r.json().is_ok_and(|v| v["health"] == "true"),
             Err(_) => false,
         }
+    }
+
+    /// The members' process ids (0 for a killed member), e.g. to read their CPU time
+    /// in `/proc`.
+    pub fn pids(&self) -> Vec<u32> {
+        self.members.iter().map(|m| m.child.id()).collect()
     }
 
     pub fn client_ports(&self) -> Vec<u16> {
