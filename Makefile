@@ -117,15 +117,17 @@ profile: wasm
 # The chaos soak (README, "How we test"): 2 Envoys on a 3-member etcd and 1 on
 # shared data under seeded clients and faults, then the at-most-once checker.
 # `make chaos SECONDS=600 SEED=42`; BROKEN=release, BROKEN=hold, BROKEN=no-scope or BROKEN=no-ordering runs a
-# deliberately broken configuration that the checker must catch. Its short
+# deliberately broken configuration that the checker must catch. SHARDS=2 shards
+# the etcd store over two 3-member clusters, faulted both. Its short
 # variant runs in `make test` (envoy/tests/chaos.rs).
 SECONDS ?= 60
 SEED    ?=
 CLIENTS ?= 24
 BROKEN  ?=
+SHARDS  ?= 1
 chaos: wasm
 	$(CARGO) run --locked -q -p dedup-envoy --bin chaos -- --seconds $(SECONDS) --clients $(CLIENTS) \
-		$(if $(SEED),--seed $(SEED)) $(if $(BROKEN),--broken $(BROKEN))
+		--shards $(SHARDS) $(if $(SEED),--seed $(SEED)) $(if $(BROKEN),--broken $(BROKEN))
 
 # Mutation testing of dedup-core (cargo-mutants from crates.io, installed on first use;
 # README, "How we test"). Not part of `make test`: about an hour on 2 cores. It runs on
