@@ -283,6 +283,21 @@ impl Report {
                 format!(" ({})", rules.join(", "))
             }
         );
+        if self.violations() > 0 {
+            let on = |store: &str| {
+                self.findings
+                    .violations
+                    .iter()
+                    .filter(|v| v.what.starts_with(store))
+                    .count()
+            };
+            let (etcd, shared) = (on("etcd store"), on("shared-data store"));
+            let _ = writeln!(
+                s,
+                "  by store: {etcd} etcd store, {shared} shared data, {} not named by store",
+                self.violations() - etcd - shared
+            );
+        }
         for v in self.findings.violations.iter().take(8) {
             let _ = writeln!(s, "- {} at {:.3}s: {}", v.rule, v.at.as_secs_f64(), v.what);
             for l in &v.excerpt {
