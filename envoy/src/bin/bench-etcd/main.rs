@@ -272,7 +272,8 @@ in the same run: {:.0} req/s, so gRPC is **{:.2}× the JSON gateway**.",
     )?;
     let section = format!(
         "## etcd store\n\n\
-`make bench-envoy` (envoy/src/bin/bench-etcd.rs). Real Envoy {} with \
+`make bench-envoy` (envoy/src/bin/bench-etcd/main.rs, `BENCH_PART=etcd` for this \
+section alone). Real Envoy {} with \
 `--concurrency 2` and the dedup filter, in front of the in-process demo \
 upstream; the shared-data cases use `envoy/configs/single-node.yaml` with the \
 default store, the etcd cases `envoy/configs/multi-proxy-etcd.yaml` with \
