@@ -508,6 +508,12 @@ or one etcd less contended)",
 standard deviations off an even split)"
         )
     };
+    let throughput_text = if rps(three) < 1.0 - FLAT / 2.0 {
+        ": lower, since the same cores then spend more CPU per execution, in etcd and in \
+Envoy (the CPU figures below)"
+    } else {
+        ""
+    };
     let envoy_growth = envoy(three) / envoy(one);
     let envoy_text = if envoy_growth <= 1.0 + FLAT {
         format!(
@@ -524,7 +530,7 @@ shared by fewer calls (likely; this run does not split it further)"
         "**Reading it.** wrk, Envoy's two workers, the upstream and every etcd share the \
 same two cores and one disk, so a second or third shard brings no CPU and no disk of its \
 own here: on this box more shards cannot add throughput, and first executions ran at \
-{:.2}× (2 shards) and {:.2}× (3 shards) the 1-shard rate. What sharding is for, each \
+{:.2}× (2 shards) and {:.2}× (3 shards) the 1-shard rate{throughput_text}. What sharding is for, each \
 shard on machines of its own so that the store's capacity grows with the shards, needs \
 more than one machine to measure. What the run does show: **balance**: the records \
 spread {balance_text}; **etcd CPU per first execution**: {:.0} µs on 1 shard, {:.0} µs \
