@@ -481,9 +481,9 @@ add to it",
             "more than {:.0}% up: the shards split the txns, but each etcd is then less \
 busy, so whatever it pays per commit (a raft round, an fsync of its own log) or per \
 read of its connections is shared by fewer txns at the same total load (smaller \
-batches; likely, not measured apart here). That is the price of one box's load spread \
-thin, not work added per txn: with each shard at its own full load the batches are as \
-large as on one",
+batches; likely, not measured apart here). If so, that is the price of one box's load \
+spread thin rather than work added per txn; that the batches grow back with each shard \
+at its own full load needs a machine per shard to show",
             FLAT * 100.0
         )
     } else {
