@@ -97,6 +97,9 @@ fmt:
 bench: wasm
 	$(CARGO) bench --locked -p dedup-benches
 
+# wrk against real Envoys (BENCHMARKS.md): bench-envoy's sections, then bench-etcd's
+# (the etcd store, the sharded store). BENCH_PART=load, cost, calls, etcd or shards
+# (comma-separated) runs only those; BENCH_NO_WRITE=1 leaves BENCHMARKS.md alone.
 bench-envoy: wasm
 	$(CARGO) run --locked --release -p dedup-envoy --bin bench-envoy
 	$(CARGO) run --locked --release -p dedup-envoy --bin bench-etcd
@@ -117,15 +120,17 @@ profile: wasm
 # The chaos soak (README, "How we test"): 2 Envoys on a 3-member etcd and 1 on
 # shared data under seeded clients and faults, then the at-most-once checker.
 # `make chaos SECONDS=600 SEED=42`; BROKEN=release, BROKEN=hold, BROKEN=no-scope or BROKEN=no-ordering runs a
-# deliberately broken configuration that the checker must catch. Its short
+# deliberately broken configuration that the checker must catch. SHARDS=2 shards
+# the etcd store over two 3-member clusters, faulted both. Its short
 # variant runs in `make test` (envoy/tests/chaos.rs).
 SECONDS ?= 60
 SEED    ?=
 CLIENTS ?= 24
 BROKEN  ?=
+SHARDS  ?= 1
 chaos: wasm
 	$(CARGO) run --locked -q -p dedup-envoy --bin chaos -- --seconds $(SECONDS) --clients $(CLIENTS) \
-		$(if $(SEED),--seed $(SEED)) $(if $(BROKEN),--broken $(BROKEN))
+		--shards $(SHARDS) $(if $(SEED),--seed $(SEED)) $(if $(BROKEN),--broken $(BROKEN))
 
 # Mutation testing of dedup-core (cargo-mutants from crates.io, installed on first use;
 # README, "How we test"). Not part of `make test`: about an hour on 2 cores. It runs on

@@ -166,6 +166,24 @@ fn cpu_ns(pid: u32) -> Option<u64> {
     Some(total)
 }
 
+/// The CPU time process `pid` has used, user and system, all threads (`utime` +
+/// `stime` of `/proc/<pid>/stat`, in clock ticks: 10 ms resolution). `None` once
+/// it is gone.
+pub fn process_cpu(pid: u32) -> Option<std::time::Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces; the fields
+    // after it start at field 3 (state), so utime (14) and stime (15) are 11 and 12.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let per_second = u64::try_from(per_second).ok().filter(|t| *t > 0)?;
+    Some(std::time::Duration::from_nanos(
+        ticks.saturating_mul(1_000_000_000) / per_second,
+    ))
+}
+
 impl Case {
     /// A scratch directory `<label>-…` with the wrk script (`UNIQUE_LUA` or
     /// `REPLAY_LUA`), and an Envoy named `label` on `config`. Then, as the
@@ -249,8 +267,10 @@ impl Case {
     }
 
     /// One measured round; keeps the best (highest throughput) one. The
-    /// progress line pads the name to `name_width`.
-    fn measure(&mut self, seconds: u64, round: usize, name_width: usize) -> Result<()> {
+    /// progress line pads the name to `name_width`. [`measure_interleaved`] runs
+    /// the rounds of several cases; a bench that samples something around each
+    /// round (another process's CPU) calls this itself.
+    pub fn measure(&mut self, seconds: u64, round: usize, name_width: usize) -> Result<()> {
         let pid = self.envoy.pid();
         let before = cpu_ns(pid);
         let mut m = parse_wrk(&self.wrk(seconds, &format!("r{round}"))?)?;
@@ -648,5 +668,22 @@ mod tests {
         assert_eq!(comma_list(&[1234.4, 1300.0, 1250.2], 0), "1234, 1300, 1250");
         assert_eq!(comma_list(&[41.23, 40.8], 1), "41.2, 40.8");
         assert_eq!(comma_list(&[], 1), "");
+    }
+
+    #[test]
+    fn a_process_cpu_time_is_read_from_proc_and_grows_with_work() {
+        let me = std::process::id();
+        let before = process_cpu(me).unwrap();
+        // Work until the kernel has counted some of it (a tick at most, usually);
+        // the bound only keeps a broken reader from spinning for ever.
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut x = 0u64;
+        while process_cpu(me).unwrap() <= before && std::time::Instant::now() < give_up {
+            for i in 0..100_000u64 {
+                x = std::hint::black_box(x.wrapping_add(i));
+            }
+        }
+        assert!(process_cpu(me).unwrap() > before);
+        assert_eq!(process_cpu(u32::MAX), None);
     }
 }

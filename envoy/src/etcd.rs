@@ -322,6 +322,12 @@ impl EtcdCluster {
         }
     }
 
+    /// The members' process ids (0 for a killed member), e.g. to read their CPU time
+    /// in `/proc`.
+    pub fn pids(&self) -> Vec<u32> {
+        self.members.iter().map(|m| m.child.id()).collect()
+    }
+
     pub fn client_ports(&self) -> Vec<u16> {
         self.members.iter().map(|m| m.client_port).collect()
     }

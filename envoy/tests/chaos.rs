@@ -8,6 +8,9 @@
 //! configuration (`on_unknown_outcome: "release"`, and `"hold"`, which lets a
 //! key whose outcome is unknown run again after the in-flight timeout), which
 //! the checker must catch: a checker that finds nothing there proves nothing.
+//! And a shorter soak with the etcd store sharded over two 3-member clusters
+//! (`make chaos SHARDS=2`), every fault on either shard, both at once too; the
+//! "hold" soak runs sharded as well, so a broken build is caught there too.
 //!
 //! The soaks take the machine: they run one at a time. `CHAOS_SEED` picks
 //! another seed than the fixed one.
@@ -27,12 +30,18 @@ fn seed() -> u64 {
 }
 
 fn soak(seconds: u64, broken: Option<Broken>) -> Report {
+    soak_on(seconds, broken, 1)
+}
+
+/// A soak with the etcd store on `shards` etcd clusters.
+fn soak_on(seconds: u64, broken: Option<Broken>, shards: usize) -> Report {
     let _one = ONE_SOAK_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let options = Options {
         seconds,
         seed: seed(),
         clients: 24,
         broken,
+        shards,
     };
     let report = chaos::run(&options).unwrap_or_else(|e| panic!("the soak did not run: {e}"));
     eprintln!("{}", report.text());
@@ -116,6 +125,41 @@ fn short_soak_under_every_fault_finds_no_violation() {
 }
 
 #[test]
+fn short_soak_on_two_shards_faulted_both_finds_no_violation() {
+    let report = soak_on(30, None, 2);
+    assert!(
+        report.nemesis_errors.is_empty(),
+        "the nemesis failed to inject or heal: {:?}\nschedule:\n{}",
+        report.nemesis_errors,
+        report.fault_log()
+    );
+    assert_eq!(
+        report.violations(),
+        0,
+        "the checker found violations (report above); schedule:\n{}",
+        report.fault_log()
+    );
+    // Each shard was faulted, and each holds records (and entities): the keys were
+    // spread over both, the proxies read and wrote both.
+    for shard in 0..2 {
+        assert!(
+            report.faults.iter().any(|e| e.shard == Some(shard)),
+            "no fault on shard {shard}; schedule:\n{}",
+            report.fault_log()
+        );
+    }
+    assert_eq!(report.shard_keys.len(), 2);
+    for (name, keys) in &report.shard_keys {
+        assert!(keys.is_some_and(|k| k > 0), "shard {name}: {keys:?} keys");
+    }
+    assert!(
+        report.execs.len() >= 100,
+        "{} executions",
+        report.execs.len()
+    );
+}
+
+#[test]
 fn a_build_that_releases_unknown_outcomes_is_caught() {
     let report = soak(30, Some(Broken::ReleaseOnUnknown));
     assert!(
@@ -127,7 +171,8 @@ fn a_build_that_releases_unknown_outcomes_is_caught() {
 
 #[test]
 fn a_build_that_holds_unknown_outcomes_only_until_the_in_flight_timeout_is_caught() {
-    let report = soak(30, Some(Broken::HoldOnUnknown));
+    // On two shards: the checker catches a broken build on a sharded store too.
+    let report = soak_on(30, Some(Broken::HoldOnUnknown), 2);
     assert!(
         report.violations_of(Rule::AtMostOnce) > 0,
         "with on_unknown_outcome \"hold\" a retry more than in_flight_timeout_seconds after a \

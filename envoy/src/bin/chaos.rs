@@ -1,13 +1,15 @@
 //! `make chaos`: the fault-injection soak with an at-most-once checker.
-//! `chaos [--seconds N] [--seed N] [--clients N] [--broken release|hold|no-scope|no-ordering]`
-//! (defaults 60 s, seed from the clock, 24 clients, the correct configuration).
+//! `chaos [--seconds N] [--seed N] [--clients N] [--shards N] [--broken release|hold|no-scope|no-ordering]`
+//! (defaults 60 s, seed from the clock, 24 clients, one etcd cluster, the correct
+//! configuration; `--shards 2` shards the etcd store over two 3-member clusters).
 //! Exits 1 when the checker finds a violation, 2 when the run itself failed.
 
 use dedup_envoy::chaos::{self, Broken, Options};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: chaos [--seconds N] [--seed N] [--clients N] [--broken release|hold|no-scope|no-ordering]"
+        "usage: chaos [--seconds N] [--seed N] [--clients N] [--shards 1-{}] [--broken release|hold|no-scope|no-ordering]",
+        chaos::MAX_SHARDS
     );
     std::process::exit(2);
 }
@@ -21,6 +23,7 @@ fn main() {
             .unwrap_or(1),
         clients: 24,
         broken: None,
+        shards: 1,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -30,20 +33,30 @@ fn main() {
             "--seconds" => options.seconds = number(),
             "--seed" => options.seed = number(),
             "--clients" => options.clients = number() as usize,
+            "--shards" => {
+                options.shards = number() as usize;
+                if chaos::Shards::new(options.shards).is_none() {
+                    usage();
+                }
+            }
             "--broken" if value.is_empty() => {}
             "--broken" => options.broken = Some(Broken::parse(&value).unwrap_or_else(|| usage())),
             _ => usage(),
         }
     }
     eprintln!(
-        "chaos: seed {}, {} s, {} clients{}; starting etcd (3 members), 3 Envoys and the upstream…",
+        "chaos: seed {}, {} s, {} clients{}; starting etcd ({}), 3 Envoys and the upstream…",
         options.seed,
         options.seconds,
         options.clients,
         options
             .broken
             .map(|b| format!(", broken configuration: {}", b.name()))
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        match options.shards {
+            1 => "3 members".to_string(),
+            n => format!("{n} shards of 3 members"),
+        }
     );
     let report = match chaos::run(&options) {
         Ok(r) => r,

@@ -1,4 +1,5 @@
-//! The soak's processes: a 3-member etcd behind relays, the recording demo
+//! The soak's processes: a 3-member etcd behind relays (or, with `--shards N`, N of
+//! them, the etcd store sharded over them by `store.shards`), the recording demo
 //! upstream, proxies A and B (2 workers each, etcd store) and proxy C (2
 //! workers, shared data), every listener served by LDS from a file so its
 //! filter configuration can be pushed. Built on the harness's launchers.
@@ -9,13 +10,15 @@ use super::history::{
 };
 use crate::config::EnvoyConfig;
 use crate::envoy::EnvoyProcess;
-use crate::etcd::{etcd_proxy_config, wait_etcd_hosts_healthy, EtcdCluster};
+use crate::etcd::{
+    etcd_proxy_config, render_shard_clusters, wait_cluster_hosts_healthy, EtcdCluster,
+};
 use crate::paths::{config_file, dedup_wasm, workspace_root};
 use crate::upstream::DemoUpstream;
 use crate::{fail, Result};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -32,6 +35,52 @@ pub const ORDERING_TTL: Duration = Duration::from_secs(3600);
 /// `store.timeout_ms` (pushes alternate it with 2500): above etcd's failover
 /// (about 1 s with the harness's election timeout).
 pub const STORE_TIMEOUT_MS: u64 = 2000;
+
+/// The most etcd shards the soak starts (each a 3-member cluster).
+pub const MAX_SHARDS: usize = 4;
+const SHARD_NAMES: [&str; MAX_SHARDS] = ["a", "b", "c", "d"];
+
+/// The etcd store's shards: their names in `store.shards` and their Envoy clusters.
+/// One shard is today's unsharded store: `store.cluster` "etcd".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shards(usize);
+
+impl Shards {
+    /// `n` shards, 1 to [`MAX_SHARDS`].
+    pub fn new(n: usize) -> Option<Shards> {
+        (1..=MAX_SHARDS).contains(&n).then_some(Shards(n))
+    }
+
+    pub fn count(self) -> usize {
+        self.0
+    }
+
+    /// Shard `i`'s name: "a", "b", …
+    pub fn name(self, i: usize) -> &'static str {
+        SHARD_NAMES[i.min(MAX_SHARDS - 1)]
+    }
+
+    /// The Envoy cluster of shard `i`: `etcd` unsharded, else `etcd_<name>`.
+    pub fn cluster(self, i: usize) -> String {
+        if self.0 == 1 {
+            "etcd".into()
+        } else {
+            format!("etcd_{}", self.name(i))
+        }
+    }
+
+    /// The `store` fields naming the etcd clusters.
+    fn store(self) -> Value {
+        if self.0 == 1 {
+            json!({"cluster": "etcd"})
+        } else {
+            let shards: Vec<Value> = (0..self.0)
+                .map(|i| json!({"name": self.name(i), "cluster": self.cluster(i)}))
+                .collect();
+            json!({ "shards": shards })
+        }
+    }
+}
 
 /// A deliberately broken configuration, to show the checker catches it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +121,12 @@ impl Broken {
 
 /// The filter configuration of a proxy on `domain`; `variant` picks the
 /// values of the fields a push changes (none of them part of a record's identity).
-pub fn filter_config(domain: Domain, broken: Option<Broken>, variant: u32) -> String {
+pub fn filter_config(
+    domain: Domain,
+    broken: Option<Broken>,
+    variant: u32,
+    shards: Shards,
+) -> String {
     let odd = variant % 2 == 1;
     let mut cfg = json!({
         "key": {"required": true},
@@ -97,11 +151,14 @@ pub fn filter_config(domain: Domain, broken: Option<Broken>, variant: u32) -> St
     });
     match domain {
         Domain::Etcd => {
-            cfg["store"] = json!({
-                "kind": "etcd",
-                "cluster": "etcd",
-                "timeout_ms": if odd { STORE_TIMEOUT_MS + 500 } else { STORE_TIMEOUT_MS },
+            let mut store = shards.store();
+            store["kind"] = json!("etcd");
+            store["timeout_ms"] = json!(if odd {
+                STORE_TIMEOUT_MS + 500
+            } else {
+                STORE_TIMEOUT_MS
             });
+            cfg["store"] = store;
         }
         Domain::SharedData => {
             // A new capacity lays out new buckets: the old layout must still answer.
@@ -160,32 +217,69 @@ impl Proxy {
 pub struct Cluster {
     pub proxies: Vec<Proxy>,
     pub upstream: DemoUpstream,
-    pub etcd: Mutex<EtcdCluster>,
+    /// The etcd clusters, one per shard (index = shard).
+    pub etcds: Vec<Mutex<EtcdCluster>>,
     pub epoch: Instant,
+    pub shards: Shards,
     broken: Option<Broken>,
 }
 
+/// The chaos etcd template with its `etcd` cluster once per shard (the members'
+/// relays), written next to the first shard's logs; unsharded, the template as it is.
+fn etcd_template(shards: Shards, etcds: &[EtcdCluster], template: &Path) -> Result<PathBuf> {
+    let (Some(first), true) = (etcds.first(), shards.count() > 1) else {
+        return Ok(template.to_path_buf());
+    };
+    let text = std::fs::read_to_string(template)?;
+    let names: Vec<String> = (0..etcds.len()).map(|i| shards.cluster(i)).collect();
+    let named: Vec<(&str, Vec<u16>)> = names
+        .iter()
+        .zip(etcds)
+        .map(|(name, e)| (name.as_str(), e.proxy_ports()))
+        .collect();
+    let path = first.dir.join("chaos-etcd-shards.yaml");
+    std::fs::write(&path, render_shard_clusters(&text, &named)?)?;
+    Ok(path)
+}
+
+/// Wait until `envoy` sees every member of every shard healthy.
+fn wait_store_healthy(envoy: &EnvoyProcess, shards: Shards, limit: Duration) -> Result<()> {
+    for i in 0..shards.count() {
+        wait_cluster_hosts_healthy(envoy, &shards.cluster(i), 3, limit)?;
+    }
+    Ok(())
+}
+
 impl Cluster {
-    pub fn start(broken: Option<Broken>, epoch: Instant) -> Result<Cluster> {
+    pub fn start(broken: Option<Broken>, shards: Shards, epoch: Instant) -> Result<Cluster> {
         let wasm = dedup_wasm()?;
-        let etcd = EtcdCluster::start_relayed("chaos-etcd", 3)?;
+        let etcds = (0..shards.count())
+            .map(|i| match shards.count() {
+                1 => EtcdCluster::start_relayed("chaos-etcd", 3),
+                _ => EtcdCluster::start_relayed(&format!("chaos-etcd-{}", shards.name(i)), 3),
+            })
+            .collect::<Result<Vec<_>>>()?;
         let upstream = DemoUpstream::start_recording()?;
         let templates = workspace_root()
             .join("envoy")
             .join("tests")
             .join("templates");
         let listener = templates.join("chaos-listener.yaml");
+        let etcd_template = etcd_template(shards, &etcds, &templates.join("chaos-etcd.yaml"))?;
         let mut configs = Vec::new();
         for domain in [Domain::Etcd, Domain::Etcd, Domain::SharedData] {
-            let fc = filter_config(domain, broken, 0);
+            let fc = filter_config(domain, broken, 0, shards);
             let mut c = match domain {
-                Domain::Etcd => etcd_proxy_config(
-                    &etcd,
-                    &templates.join("chaos-etcd.yaml"),
-                    upstream.port(),
-                    &wasm,
-                    &fc,
-                )?,
+                // Unsharded: the template's `# etcd member N` lines get the members'
+                // relays; sharded, `etcd_template` has written each shard's already.
+                Domain::Etcd if shards.count() == 1 => {
+                    etcd_proxy_config(&etcds[0], &etcd_template, upstream.port(), &wasm, &fc)?
+                }
+                Domain::Etcd => {
+                    let mut c = EnvoyConfig::single_node(upstream.port(), &wasm, &fc)?;
+                    c.template = etcd_template.clone();
+                    c
+                }
                 Domain::SharedData => EnvoyConfig::from_template(
                     &config_file(crate::config::SINGLE_NODE_LDS),
                     upstream.port(),
@@ -216,7 +310,7 @@ impl Cluster {
         for (i, (e, (domain, _))) in started.into_iter().zip(configs).enumerate() {
             let e = e?;
             if domain == Domain::Etcd {
-                wait_etcd_hosts_healthy(&e, 3, Duration::from_secs(15))?;
+                wait_store_healthy(&e, shards, Duration::from_secs(15))?;
             }
             proxies.push(Proxy {
                 name: names[i],
@@ -232,8 +326,9 @@ impl Cluster {
         Ok(Cluster {
             proxies,
             upstream,
-            etcd: Mutex::new(etcd),
+            etcds: etcds.into_iter().map(Mutex::new).collect(),
             epoch,
+            shards,
             broken,
         })
     }
@@ -242,8 +337,23 @@ impl Cluster {
         self.epoch.elapsed()
     }
 
-    pub fn etcd(&self) -> MutexGuard<'_, EtcdCluster> {
-        self.etcd.lock().unwrap_or_else(|e| e.into_inner())
+    /// Shard `shard`'s etcd cluster (the first for an index past the last).
+    pub fn etcd(&self, shard: usize) -> MutexGuard<'_, EtcdCluster> {
+        let i = shard.min(self.etcds.len().saturating_sub(1));
+        self.etcds[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keys under the filter's prefix in each shard's etcd (records and ordering
+    /// entities), by shard name; `None` for a shard that did not answer.
+    pub fn keys_per_shard(&self) -> Vec<(&'static str, Option<u64>)> {
+        (0..self.shards.count())
+            .map(|i| {
+                (
+                    self.shards.name(i),
+                    self.etcd(i).count_keys("proxy-dedup/").ok(),
+                )
+            })
+            .collect()
     }
 
     /// Proxy `i` and its process slot, locked.
@@ -286,7 +396,7 @@ impl Cluster {
         let envoy = EnvoyProcess::start(&p.label, config)?;
         if p.domain == Domain::Etcd {
             // Serving already; health checks settle in about one interval.
-            let _ = wait_etcd_hosts_healthy(&envoy, 3, Duration::from_secs(5));
+            let _ = wait_store_healthy(&envoy, self.shards, Duration::from_secs(5));
         }
         p.port.store(envoy.config.listen_port, Ordering::SeqCst);
         *p.started_at.lock().unwrap_or_else(|e| e.into_inner()) = self.now();
@@ -307,7 +417,7 @@ impl Cluster {
             *v += 1;
             *v
         };
-        let cfg = filter_config(p.domain, self.broken, variant);
+        let cfg = filter_config(p.domain, self.broken, variant, self.shards);
         let stat = "listener_manager.lds.update_success";
         let before = envoy.stat(stat)?;
         envoy.push_filter_config(&cfg)?;
@@ -359,4 +469,51 @@ impl Cluster {
 
 fn fail_thread() -> Result<EnvoyProcess> {
     fail!("a thread starting Envoy panicked")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn every_configuration_of_the_soak_is_one_the_filter_takes() {
+        for n in 1..=MAX_SHARDS {
+            let shards = Shards::new(n).unwrap();
+            for broken in [
+                None,
+                Some(Broken::ReleaseOnUnknown),
+                Some(Broken::HoldOnUnknown),
+                Some(Broken::NoTenantScope),
+                Some(Broken::NoOrdering),
+            ] {
+                for variant in 0..2 {
+                    for domain in [Domain::Etcd, Domain::SharedData] {
+                        let cfg = filter_config(domain, broken, variant, shards);
+                        if let Err(e) = dedup_core::Config::parse(cfg.as_bytes()) {
+                            panic!("{cfg}: {e}");
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(Shards::new(0), None);
+        assert_eq!(Shards::new(MAX_SHARDS + 1), None);
+    }
+
+    #[test]
+    fn unsharded_is_the_one_cluster_and_sharded_names_a_cluster_per_shard() {
+        let store = |n| {
+            let cfg = filter_config(Domain::Etcd, None, 0, Shards::new(n).unwrap());
+            serde_json::from_str::<Value>(&cfg).unwrap()["store"].clone()
+        };
+        assert_eq!(store(1)["cluster"], "etcd");
+        assert!(store(1).get("shards").is_none());
+        assert_eq!(
+            store(2)["shards"],
+            json!([{"name": "a", "cluster": "etcd_a"}, {"name": "b", "cluster": "etcd_b"}])
+        );
+        assert!(store(2).get("cluster").is_none());
+        assert_eq!(Shards::new(2).unwrap().cluster(1), "etcd_b");
+    }
 }

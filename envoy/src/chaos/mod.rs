@@ -1,5 +1,6 @@
 //! The chaos soak (`make chaos`): a bounded, seeded run of many clients
-//! against two Envoys on a 3-member etcd and one Envoy on shared data, while
+//! against two Envoys on a 3-member etcd (or on N of them, the store sharded:
+//! `--shards N`) and one Envoy on shared data, while
 //! a nemesis kills, freezes and partitions etcd members, restarts proxies,
 //! pushes their configuration and makes the upstream slow, failing or
 //! resetting (a share of the requests are ordered deliveries, through an
@@ -19,7 +20,7 @@ pub mod rng;
 
 use crate::Result;
 use checker::{Findings, Params, ProxyCounters, Rule};
-pub use cluster::Broken;
+pub use cluster::{Broken, Shards, MAX_SHARDS};
 use cluster::{Cluster, ORDERING_TTL, TTL};
 use history::{Attempt, Domain, Exec, Outcome};
 use nemesis::{FaultEvent, Nemesis};
@@ -35,6 +36,8 @@ pub struct Options {
     /// Client threads; three quarters on proxies A and B, the rest on C.
     pub clients: usize,
     pub broken: Option<Broken>,
+    /// etcd clusters the store is sharded over (1: one cluster, `store.cluster`).
+    pub shards: usize,
 }
 
 pub struct Report {
@@ -47,12 +50,18 @@ pub struct Report {
     pub nemesis_errors: Vec<String>,
     pub counters: Vec<ProxyCounters>,
     pub operations: u64,
+    /// Keys under the filter's prefix in each shard's etcd after the run, by name
+    /// (`None`: the shard did not answer).
+    pub shard_keys: Vec<(&'static str, Option<u64>)>,
 }
 
 /// Start everything, soak, drain, check.
 pub fn run(options: &Options) -> Result<Report> {
     let epoch = Instant::now();
-    let cluster = Cluster::start(options.broken, epoch)?;
+    let Some(shards) = Shards::new(options.shards) else {
+        crate::fail!("--shards must be 1 to {MAX_SHARDS}, not {}", options.shards);
+    };
+    let cluster = Cluster::start(options.broken, shards, epoch)?;
     let nemesis = Nemesis::new();
     let soak_start = Instant::now();
     let deadline = soak_start + Duration::from_secs(options.seconds);
@@ -96,6 +105,7 @@ pub fn run(options: &Options) -> Result<Report> {
     }
     std::thread::sleep(Duration::from_millis(1500));
     let counters = cluster.final_counters()?;
+    let shard_keys = cluster.keys_per_shard();
     let execs: Vec<Exec> = cluster
         .upstream
         .executions()
@@ -127,6 +137,7 @@ pub fn run(options: &Options) -> Result<Report> {
         nemesis_errors: nemesis.errors(),
         counters,
         operations,
+        shard_keys,
     })
 }
 
@@ -180,6 +191,7 @@ impl Report {
             o.clients,
             o.broken.map(|b| b.name()).unwrap_or("correct")
         );
+        let _ = writeln!(s, "{}", self.etcd_line());
         let answered = self
             .attempts
             .iter()
@@ -271,6 +283,21 @@ impl Report {
                 format!(" ({})", rules.join(", "))
             }
         );
+        if self.violations() > 0 {
+            let on = |store: &str| {
+                self.findings
+                    .violations
+                    .iter()
+                    .filter(|v| v.what.starts_with(store))
+                    .count()
+            };
+            let (etcd, shared) = (on("etcd store"), on("shared-data store"));
+            let _ = writeln!(
+                s,
+                "  by store: {etcd} etcd store, {shared} shared data, {} not named by store",
+                self.violations() - etcd - shared
+            );
+        }
         for v in self.findings.violations.iter().take(8) {
             let _ = writeln!(s, "- {} at {:.3}s: {}", v.rule, v.at.as_secs_f64(), v.what);
             for l in &v.excerpt {
@@ -282,10 +309,14 @@ impl Report {
         }
         let _ = writeln!(
             s,
-            "seed {} (replay the schedule: make chaos SEED={} SECONDS={}{})",
+            "seed {} (replay the schedule: make chaos SEED={} SECONDS={}{}{})",
             o.seed,
             o.seed,
             o.seconds,
+            match o.shards {
+                1 => String::new(),
+                n => format!(" SHARDS={n}"),
+            },
             match o.broken {
                 Some(Broken::ReleaseOnUnknown) => " BROKEN=release",
                 Some(Broken::HoldOnUnknown) => " BROKEN=hold",
@@ -295,6 +326,44 @@ impl Report {
             }
         );
         s
+    }
+
+    /// The etcd store's clusters, one line: how many, the keys each holds after the
+    /// run and, sharded, the etcd faults each took.
+    pub fn etcd_line(&self) -> String {
+        let keys = |k: &Option<u64>| k.map_or("?".to_string(), |k| k.to_string());
+        if self.options.shards <= 1 {
+            let n = self.shard_keys.first().map(|(_, k)| keys(k));
+            return format!(
+                "etcd store: one 3-member cluster; keys after the run: {}",
+                n.unwrap_or_else(|| "?".into())
+            );
+        }
+        let mut faults: BTreeMap<usize, u64> = BTreeMap::new();
+        for e in &self.faults {
+            if let (Some(shard), true) =
+                (e.shard, e.kind != "etcd faults on several shards at once")
+            {
+                *faults.entry(shard).or_insert(0) += 1;
+            }
+        }
+        let per_shard: Vec<String> = self
+            .shard_keys
+            .iter()
+            .enumerate()
+            .map(|(i, (name, k))| {
+                format!(
+                    "{name}: {} keys, {} etcd faults",
+                    keys(k),
+                    faults.get(&i).copied().unwrap_or(0)
+                )
+            })
+            .collect();
+        format!(
+            "etcd store: {} shards (store.shards), each a 3-member cluster; after the run {}",
+            self.options.shards,
+            per_shard.join("; ")
+        )
     }
 
     /// The ordered deliveries' figures, one line.

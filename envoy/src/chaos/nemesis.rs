@@ -5,7 +5,11 @@
 //! - etcd lane, one member at a time, the cluster healthy again before the
 //!   next: kill -9 the leader or a follower and restart it; SIGSTOP a member
 //!   longer than `store.timeout_ms`, then SIGCONT; cut a member off from
-//!   proxies and peers by its relays, then heal.
+//!   proxies and peers by its relays, then heal. With several shards, one such
+//!   lane per shard, all at once: their first faults start together (both
+//!   shards faulted at once), then each lane keeps its own schedule, so faults
+//!   on several shards overlap again and again (counted as "etcd faults on
+//!   several shards at once").
 //! - proxy lane: kill -9 proxy A or B and start it again (records are in
 //!   etcd); push a changed filter configuration to A, B or C by LDS.
 //! - upstream lane: windows in which requests ask the upstream to answer
@@ -17,7 +21,7 @@
 
 use super::cluster::{Cluster, STORE_TIMEOUT_MS};
 use super::rng::Rng;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -26,6 +30,8 @@ pub struct FaultEvent {
     pub at: Duration,
     pub kind: &'static str,
     pub detail: String,
+    /// The etcd shard it hit (etcd faults only).
+    pub shard: Option<usize>,
 }
 
 /// What the upstream lane currently asks for.
@@ -42,6 +48,8 @@ pub struct Nemesis {
     weather: Mutex<Weather>,
     /// Lane errors (a restart that failed…): reported, and they fail the run.
     errors: Mutex<Vec<String>>,
+    /// The etcd shards with a fault injected and not yet healed.
+    faulted: Mutex<BTreeSet<usize>>,
 }
 
 impl Default for Nemesis {
@@ -56,6 +64,7 @@ impl Nemesis {
             log: Mutex::new(Vec::new()),
             weather: Mutex::new(Weather::Calm),
             errors: Mutex::new(Vec::new()),
+            faulted: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -68,7 +77,56 @@ impl Nemesis {
             at: c.now(),
             kind,
             detail,
+            shard: None,
         });
+    }
+
+    /// An etcd fault begins on `shard`; with several shards its detail names the
+    /// shard, and a fault while another shard's is not healed is counted as such.
+    fn record_etcd(&self, c: &Cluster, shard: usize, kind: &'static str, detail: String) {
+        let sharded = c.shards.count() > 1;
+        let detail = if sharded {
+            format!("shard {}: {detail}", c.shards.name(shard))
+        } else {
+            detail
+        };
+        let others: Vec<&str> = {
+            let mut faulted = self.faulted.lock().unwrap_or_else(|e| e.into_inner());
+            faulted.insert(shard);
+            faulted
+                .iter()
+                .filter(|s| **s != shard)
+                .map(|s| c.shards.name(*s))
+                .collect()
+        };
+        let at = c.now();
+        let mut log = self.log();
+        log.push(FaultEvent {
+            at,
+            kind,
+            detail,
+            shard: Some(shard),
+        });
+        if !others.is_empty() {
+            log.push(FaultEvent {
+                at,
+                kind: "etcd faults on several shards at once",
+                detail: format!(
+                    "shard {} faulted while shard {} is",
+                    c.shards.name(shard),
+                    others.join(", ")
+                ),
+                shard: Some(shard),
+            });
+        }
+    }
+
+    /// `shard`'s fault is healed (the member restarted, resumed or reconnected).
+    fn healed(&self, shard: usize) {
+        self.faulted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&shard);
     }
 
     fn error(&self, c: &Cluster, what: String) {
@@ -106,26 +164,51 @@ impl Nemesis {
         *self.weather.lock().unwrap_or_else(|e| e.into_inner()) = w;
     }
 
-    /// Run the three lanes until `deadline`; returns with every fault healed
-    /// (members running and connected, proxies up, weather calm).
+    /// Run the three lanes (an etcd lane per shard) until `deadline`; returns with
+    /// every fault healed (members running and connected, proxies up, weather calm).
     pub fn run(&self, c: &Cluster, seed: u64, deadline: Instant) {
+        // Unsharded, the etcd lane draws its first pause itself (the schedule of a seed
+        // stays what it was); sharded, every lane waits the same first pause.
+        let together = (c.shards.count() > 1)
+            .then(|| Duration::from_millis(Rng::fork(seed, 1000).between(1500, 4000)));
         std::thread::scope(|s| {
-            s.spawn(|| self.etcd_lane(c, Rng::fork(seed, 1001), deadline));
+            for shard in 0..c.shards.count() {
+                let label = if shard == 0 {
+                    1001
+                } else {
+                    1100 + shard as u64
+                };
+                s.spawn(move || {
+                    self.etcd_lane(c, shard, Rng::fork(seed, label), together, deadline)
+                });
+            }
             s.spawn(|| self.proxy_lane(c, Rng::fork(seed, 1002), deadline));
             s.spawn(|| self.upstream_lane(c, Rng::fork(seed, 1003), deadline));
         });
     }
 
-    fn etcd_lane(&self, c: &Cluster, mut rng: Rng, deadline: Instant) {
+    /// Faults on shard `shard`'s etcd, one member at a time; the first after
+    /// `first_pause` when given.
+    fn etcd_lane(
+        &self,
+        c: &Cluster,
+        shard: usize,
+        mut rng: Rng,
+        mut first_pause: Option<Duration>,
+        deadline: Instant,
+    ) {
         let mut first = vec![0u8, 1, 2, 3];
         rng.shuffle(&mut first);
         let mut round = first.into_iter();
         loop {
-            if !sleep_until_or(deadline, Duration::from_millis(rng.between(1500, 4000))) {
+            let pause = first_pause
+                .take()
+                .unwrap_or_else(|| Duration::from_millis(rng.between(1500, 4000)));
+            if !sleep_until_or(deadline, pause) {
                 return;
             }
             let kind = round.next().unwrap_or_else(|| rng.below(4) as u8);
-            let leader = leader(c);
+            let leader = leader(c, shard);
             let member = match (kind, leader) {
                 (0, Some(l)) => l,
                 (1, Some(l)) => (l + 1 + rng.index(2)) % 3,
@@ -140,9 +223,10 @@ impl Nemesis {
             match kind {
                 0 | 1 => {
                     let down = Duration::from_millis(rng.between(1000, 4000));
-                    c.etcd().kill(member);
-                    self.record(
+                    c.etcd(shard).kill(member);
+                    self.record_etcd(
                         c,
+                        shard,
                         if is_leader {
                             "etcd kill -9 leader"
                         } else {
@@ -154,29 +238,33 @@ impl Nemesis {
                         ),
                     );
                     std::thread::sleep(down);
-                    if let Err(e) = c.etcd().restart(member) {
-                        self.error(c, format!("restarting etcd member {}: {e}", member + 1));
+                    if let Err(e) = c.etcd(shard).restart(member) {
+                        self.error(c, format!("restarting etcd {}: {e}", who(c, shard, member)));
                     }
+                    self.healed(shard);
                 }
                 2 => {
                     let paused = Duration::from_millis(STORE_TIMEOUT_MS + rng.between(500, 2500));
-                    c.etcd().pause(member);
-                    self.record(
+                    c.etcd(shard).pause(member);
+                    self.record_etcd(
                         c,
+                        shard,
                         "etcd SIGSTOP member",
                         format!("member {} ({role}) stopped {paused:?} (store.timeout_ms {STORE_TIMEOUT_MS})", member + 1),
                     );
                     std::thread::sleep(paused);
-                    c.etcd().resume(member);
+                    c.etcd(shard).resume(member);
+                    self.healed(shard);
                 }
                 _ => {
                     let cut = Duration::from_millis(rng.between(1500, 5000));
-                    if let Err(e) = c.etcd().cut(member) {
-                        self.error(c, format!("cutting etcd member {}: {e}", member + 1));
+                    if let Err(e) = c.etcd(shard).cut(member) {
+                        self.error(c, format!("cutting etcd {}: {e}", who(c, shard, member)));
                         continue;
                     }
-                    self.record(
+                    self.record_etcd(
                         c,
+                        shard,
                         "etcd partition member",
                         format!(
                             "member {} ({role}) cut off from proxies and peers for {cut:?}",
@@ -184,13 +272,23 @@ impl Nemesis {
                         ),
                     );
                     std::thread::sleep(cut);
-                    c.etcd().heal(member);
+                    c.etcd(shard).heal(member);
+                    self.healed(shard);
                 }
             }
             // The next fault only once every member is back in the quorum.
-            let healthy = c.etcd().wait_healthy(Duration::from_secs(30));
+            let healthy = c.etcd(shard).wait_healthy(Duration::from_secs(30));
             if let Err(e) = healthy {
-                self.error(c, format!("etcd not healthy after a fault: {e}"));
+                self.error(
+                    c,
+                    format!(
+                        "etcd {}not healthy after a fault: {e}",
+                        match c.shards.count() {
+                            1 => String::new(),
+                            _ => format!("shard {} ", c.shards.name(shard)),
+                        }
+                    ),
+                );
             }
         }
     }
@@ -224,6 +322,7 @@ impl Nemesis {
                     Ok(fields) => self.log().push(FaultEvent {
                         at,
                         kind: "proxy LDS push",
+                        shard: None,
                         detail: format!(
                             "proxy {}: {fields}, taken in {:?}",
                             c.proxies[i].name,
@@ -265,10 +364,19 @@ impl Nemesis {
     }
 }
 
-/// The current etcd leader, asked a few times (an election may be under way).
-fn leader(c: &Cluster) -> Option<usize> {
+/// "member 2", or "shard b member 2" when there are several.
+fn who(c: &Cluster, shard: usize, member: usize) -> String {
+    match c.shards.count() {
+        1 => format!("member {}", member + 1),
+        _ => format!("shard {} member {}", c.shards.name(shard), member + 1),
+    }
+}
+
+/// The current leader of shard `shard`'s etcd, asked a few times (an election may be
+/// under way).
+fn leader(c: &Cluster, shard: usize) -> Option<usize> {
     for _ in 0..10 {
-        if let Ok(l) = c.etcd().leader() {
+        if let Ok(l) = c.etcd(shard).leader() {
             return Some(l);
         }
         std::thread::sleep(Duration::from_millis(200));

@@ -8,8 +8,13 @@
 //! its own Envoy, started first; measured rounds interleave the cases and each
 //! case reports its best round. Prints throughput and latency with ratios to
 //! the shared-data case of the same load, and writes the "## etcd store"
-//! section of BENCHMARKS.md with its chart, benches/charts/etcd-store.svg. `BENCH_SECONDS` (default 3) per round,
-//! `BENCH_ROUNDS` (default 3), `BENCH_NO_WRITE=1` to leave BENCHMARKS.md alone.
+//! section of BENCHMARKS.md with its chart, benches/charts/etcd-store.svg. Then
+//! the sharded store (`shards.rs`: 1, 2 and 3 shards), the "## etcd shards"
+//! section. `BENCH_SECONDS` (default 3) per round, `BENCH_ROUNDS` (default 3),
+//! `BENCH_NO_WRITE=1` to leave BENCHMARKS.md alone, `BENCH_PART=etcd` or
+//! `shards` (or both, comma-separated; unset: both) for one section alone.
+
+mod shards;
 
 use dedup_envoy::bench::{
     counters_list, envoy_version, load_average, measure_interleaved, no_write, run_stamp,
@@ -99,8 +104,27 @@ fn etcd_version() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
+/// `BENCH_PART` names this section, or is unset or empty. The same variable picks
+/// bench-envoy's sections (`load`, `cost`, `calls`), so `make bench-envoy` with
+/// one of those runs no section here.
+fn part(name: &str) -> bool {
+    std::env::var("BENCH_PART").map_or(true, |p| p.is_empty() || p.split(',').any(|x| x == name))
+}
+
 fn run() -> Result<()> {
-    let Settings { seconds, rounds } = Settings::from_env()?;
+    let settings = Settings::from_env()?;
+    if part("etcd") {
+        etcd_store(&settings)?;
+    }
+    if part("shards") {
+        shards::run(&settings)?;
+    }
+    Ok(())
+}
+
+/// The "## etcd store" section.
+fn etcd_store(settings: &Settings) -> Result<()> {
+    let &Settings { seconds, rounds } = settings;
     let dedup = dedup_wasm()?;
     let upstream = DemoUpstream::start(0, false)?;
     let port = upstream.port();
@@ -248,7 +272,8 @@ in the same run: {:.0} req/s, so gRPC is **{:.2}× the JSON gateway**.",
     )?;
     let section = format!(
         "## etcd store\n\n\
-`make bench-envoy` (envoy/src/bin/bench-etcd.rs). Real Envoy {} with \
+`make bench-envoy` (envoy/src/bin/bench-etcd/main.rs, `BENCH_PART=etcd` for this \
+section alone). Real Envoy {} with \
 `--concurrency 2` and the dedup filter, in front of the in-process demo \
 upstream; the shared-data cases use `envoy/configs/single-node.yaml` with the \
 default store, the etcd cases `envoy/configs/multi-proxy-etcd.yaml` with \
