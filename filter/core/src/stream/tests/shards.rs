@@ -71,8 +71,13 @@ fn sharded(shards: &str, check: Option<(&str, &str)>, extra: &str) -> Plugin {
 
 /// The shard a bodiless keyed POST's record is claimed on (its first store call's).
 fn home(p: &Plugin, key: &str) -> String {
+    home_of(p, keyed(key))
+}
+
+/// The shard a bodiless request's record is claimed on.
+fn home_of(p: &Plugin, r: Req) -> String {
     let mut env = Fleet::new().proxy(9);
-    match DedupStream::new(1).on_request_headers(p, &mut env, keyed(key).head, true) {
+    match DedupStream::new(1).on_request_headers(p, &mut env, r.head, true) {
         Decision::Call(c) => c.route.shard.clone(),
         d => panic!("{d:?}"),
     }
@@ -551,4 +556,52 @@ fn a_check_read_is_retried_within_its_budget() {
     assert_eq!(got.status(), 503);
     assert_eq!(y.count_of(Counter::StoreErrors), 1);
     assert_eq!(y.count_of(Counter::Executed), 0);
+}
+
+/// An entity's check read is retried within its budget; past its retries it is a store
+/// error: `closed` answers `503` and leaves nothing claimed (the next version runs
+/// once the store answers), `open` forwards.
+#[test]
+fn an_entity_check_read_is_retried_then_fails_as_failure_mode_says() {
+    for mode in ["closed", "open"] {
+        let extra = format!(r#"{ORDERED}, "failure_mode": "{mode}""#);
+        // From {a, c} to {a, b}: an entity moved from c to b, and records that stay on
+        // a, so that only the entity's check reads c.
+        let old = sharded("a,c", None, &extra);
+        let new = sharded("a,b", Some(("previous_shards", "a,c")), &extra);
+        let entity = (0..200)
+            .map(|i| format!("o{i}"))
+            .find(|e| entity_home(&new, e) == "b" && entity_home(&old, e) == "c")
+            .unwrap();
+        let key = |n: u32| {
+            (0..200)
+                .map(|i| format!("{mode}-{n}-{i}"))
+                .find(|k| {
+                    let r = || delivery(&entity, "1", k);
+                    home_of(&new, r()) == "a" && home_of(&old, r()) == "a"
+                })
+                .unwrap()
+        };
+        let fleet = Fleet::new();
+        let (mut x, mut y) = (fleet.proxy(1), fleet.proxy(2));
+        run(&old, &mut x, &delivery(&entity, "5", &key(0)), ok("v5"));
+        // One failure: retried, and version 3 is still stale.
+        fleet.c.fail_next(1);
+        let got = run(&new, &mut y, &delivery(&entity, "3", &key(1)), ok("never"));
+        assert_eq!(got.status(), 409, "{mode}: {got:?}");
+        let errors = y.count_of(Counter::StoreErrors);
+        fleet.c.fail_next(5);
+        let got = run(&new, &mut y, &delivery(&entity, "6", &key(2)), ok("v6"));
+        assert!(y.count_of(Counter::StoreErrors) > errors, "{mode}");
+        match mode {
+            "closed" => {
+                assert_eq!(got.status(), 503, "{got:?}");
+                assert_eq!(
+                    run(&new, &mut y, &delivery(&entity, "7", &key(3)), ok("v7")),
+                    executed("v7")
+                );
+            }
+            _ => assert_eq!(got, executed("v6")),
+        }
+    }
 }
