@@ -592,9 +592,8 @@ impl DedupStream {
         let Some((mod_revision, completed_lease)) = c.won.take() else {
             return self.store_failed(p, env, "a resharding check without a won claim");
         };
-        let Some(read) = etcd::read_one(c.call.path, answer.status, &answer.body) else {
-            let parsed = etcd::read_answer(c.call.path, answer.status, &answer.body);
-            if retryable(answer, &parsed) && c.retries < MAX_RETRIES && now < c.deadline_ms {
+        let Some(read) = check_read(&c.call, answer) else {
+            if retry_check(answer, &c.call, c.retries, c.deadline_ms, now) {
                 c.retries += 1;
                 c.won = Some((mod_revision, completed_lease));
                 c.call.timeout_ms = attempt_timeout(ec, c.deadline_ms, now);
@@ -668,6 +667,24 @@ impl DedupStream {
             }
         }
     }
+}
+
+/// A resharding check's read of one key (`read_one`'s answer), `None` when it failed.
+pub(super) fn check_read(call: &StoreCall, answer: &CallAnswer) -> Option<Option<(i64, Vec<u8>)>> {
+    etcd::read_one(call.path, answer.status, &answer.body)
+}
+
+/// Whether a failed check read is sent again: a failure a retry may get past, within
+/// the retries and the budget (as every store call).
+pub(super) fn retry_check(
+    answer: &CallAnswer,
+    call: &StoreCall,
+    retries: u32,
+    deadline_ms: u64,
+    now: u64,
+) -> bool {
+    let parsed = etcd::read_answer(call.path, answer.status, &answer.body);
+    retryable(answer, &parsed) && retries < MAX_RETRIES && now < deadline_ms
 }
 
 /// What a live record found by a claim (on its shard, or on the key's shard under the

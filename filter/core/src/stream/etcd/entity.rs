@@ -12,7 +12,10 @@
 //! proxies' clocks (the value holds it); the applied version at its own.
 
 use super::settle::Settling;
-use super::{attempt_timeout, lease_lost, retryable, EtcdStore, MAX_RETRIES, MAX_ROUNDS};
+use super::{
+    attempt_timeout, check_read, lease_lost, retry_check, retryable, EtcdStore, MAX_RETRIES,
+    MAX_ROUNDS,
+};
 use crate::config::Policy;
 use crate::etcd::{self, EtcdAnswer, LeasePlan, LeasePurpose};
 use crate::key::Digest;
@@ -444,12 +447,11 @@ impl DedupStream {
         answer: &CallAnswer,
     ) -> Decision {
         let now = env.now_ms();
-        let found = match etcd::read_one(e.call.path, answer.status, &answer.body) {
+        let found = match check_read(&e.call, answer) {
             Some(None) => Ok(None),
             Some(Some((_, value))) => entity_of(&value, &e.entity).map(Some),
             None => {
-                let parsed = etcd::read_answer(e.call.path, answer.status, &answer.body);
-                if retryable(answer, &parsed) && e.retries < MAX_RETRIES && now < e.deadline_ms {
+                if retry_check(answer, &e.call, e.retries, e.deadline_ms, now) {
                     e.retries += 1;
                     e.call.timeout_ms = attempt_timeout(ec, e.deadline_ms, now);
                     let call = e.call.clone();
