@@ -54,6 +54,31 @@ fn configure_defines_every_counter_and_times_store_calls_only_for_etcd() {
 }
 
 #[test]
+fn the_configuration_log_names_every_shard_and_the_map_being_checked() {
+    // One shard named after its cluster is the plain `cluster` form; a shard with a
+    // name of its own is named, however many there are.
+    for (shards, check, line) in [
+        (
+            r#"[{"name": "a", "cluster": "etcd-a"}]"#,
+            "",
+            "store: etcd via 1 shards: `a` (cluster `etcd-a`) (gRPC), prefix `",
+        ),
+        (
+            r#"[{"cluster": "etcd-a"}, {"name": "b", "cluster": "etcd-b"}]"#,
+            r#", "next_shards": [{"cluster": "etcd-a"}]"#,
+            "store: etcd via 2 shards: `etcd-a` (cluster `etcd-a`), `b` (cluster `etcd-b`) (gRPC), \
+             prefix `proxy-dedup/`; resharding: also checking cluster `etcd-a` (store.next_shards)",
+        ),
+    ] {
+        let host = FakeHost::new(FakeVm::new(), 1);
+        let config =
+            format!(r#"{{"store": {{"kind": "etcd", "shards": {shards}{check}, "timeout_ms": 500}}}}"#);
+        worker(&host, &config);
+        assert!(host.logged(Level::Info, line), "{line}");
+    }
+}
+
+#[test]
 fn configure_refuses_a_bad_config_and_a_missing_secret() {
     let host = FakeHost::new(FakeVm::new(), 1);
     assert!(Worker::configure(&host, br#"{"capacity": "many"}"#).is_none());

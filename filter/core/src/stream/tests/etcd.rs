@@ -116,6 +116,41 @@ fn etcd_release_on_5xx_and_reset() {
 }
 
 #[test]
+fn a_kept_etcd_claim_still_in_flight_past_its_end_answers_as_an_unknown_outcome() {
+    // Under `keep` a claim lives on the completed lease, so etcd still has it after its
+    // in-flight end: from that instant (by the reader's clock) its first may have run
+    // and died unsettled, which is an unknown outcome; before it, plain in flight.
+    // Under `hold` the same record past its end is still only in flight.
+    for (policy, at_end) in [
+        ("keep", "urn:proxy-dedup:problem:outcome-unknown"),
+        ("hold", "urn:proxy-dedup:problem:in-flight"),
+    ] {
+        let cfg = format!(r#"{TTL_10_IN_FLIGHT_5}, "on_unknown_outcome": "{policy}""#);
+        let (p, r) = (etcd_plugin(&cfg), req("POST", "/o").key("k"));
+        let (mut a, mut b) = two_proxies();
+        let t0 = a.now_ms;
+        let stuck = send(&p, &mut a, &r).unwrap();
+        for (at, expected) in [
+            (4_999, "urn:proxy-dedup:problem:in-flight"),
+            (5_000, at_end),
+        ] {
+            b.now_ms = t0 + at;
+            let dup = run(&p, &mut b, &r, ok("twice"));
+            assert_eq!(dup.status(), 409, "{policy} at {at}");
+            assert_eq!(dup.problem_type(), expected, "{policy} at {at}");
+            assert_eq!(
+                dup.local().header("retry-after").is_some(),
+                expected.ends_with("in-flight"),
+                "{policy} at {at}"
+            );
+        }
+        a.now_ms = t0 + 5_000;
+        respond(&p, &mut a, stuck, ok("made"));
+        assert_eq!(b.count_of(Counter::Executed), 0, "{policy}");
+    }
+}
+
+#[test]
 fn etcd_transport_failures_retry_then_fail_by_mode() {
     let (p, (mut a, _)) = (etcd_plugin(""), two_proxies());
     // One member refused the connection: the retry reaches another.

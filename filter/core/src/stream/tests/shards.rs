@@ -605,3 +605,49 @@ fn an_entity_check_read_is_retried_then_fails_as_failure_mode_says() {
         }
     }
 }
+
+/// A client that leaves while its entity's claim is out on the entity's new shard: once
+/// the claim is won, nothing is read on the old one (nothing will be forwarded), the
+/// entity's flight and the record's claim are released on the new shard, and the
+/// version runs on the next delivery.
+#[test]
+fn a_client_gone_during_a_moved_entitys_claim_releases_it_without_a_check_read() {
+    let new = sharded("a,b", Some(("previous_shards", "a")), ORDERED);
+    let entity = (0..200)
+        .map(|i| format!("o{i}"))
+        .find(|e| entity_home(&new, e) == "b")
+        .unwrap();
+    let key = (0..200)
+        .map(|i| format!("d{i}"))
+        .find(|k| home_of(&new, delivery(&entity, "1", k)) == "b")
+        .unwrap();
+    let fleet = Fleet::new();
+    let (mut x, mut y) = (fleet.proxy(1), fleet.proxy(2));
+    let mut s = DedupStream::new(4);
+    let mut d = s.on_request_headers(&new, &mut x, delivery(&entity, "1", &key).head, true);
+    let mut after = Vec::new();
+    let mut gone = false;
+    while let Decision::Call(c) = d {
+        if gone {
+            after.push(c.route.shard.clone());
+        } else if format!("{s:?}").contains("phase: ordering") {
+            assert_eq!(
+                s.on_stream_end(&new, &mut x, &origin("client_disconnected", 0)),
+                None
+            );
+            gone = true;
+        }
+        let ans = call(&x, &c);
+        d = s.on_store_answer(&new, &mut x, ans);
+    }
+    assert!(gone, "the entity's claim was never out");
+    assert!(!matches!(d, Decision::Reply(_)), "{d:?}");
+    assert!(!after.is_empty(), "nothing released");
+    assert!(after.iter().all(|shard| shard == "b"), "{after:?}");
+    assert_eq!(x.count_of(Counter::Executed), 0, "never forwarded");
+    // Nothing is left claimed: the same delivery runs on the other proxy.
+    assert_eq!(
+        run(&new, &mut y, &delivery(&entity, "1", &key), ok("1")),
+        executed("1")
+    );
+}
