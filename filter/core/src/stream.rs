@@ -190,6 +190,9 @@ pub struct DedupStream {
     /// The ordering guard: the request's entity and version, and its flight once
     /// claimed (`ordering.rs`).
     order: Option<Box<ordering::OrderState>>,
+    /// Resharding (etcd): the record this duplicate waits on was found on the key's
+    /// shard under the other map, so its re-checks read it there (`etcd::poll_call`).
+    waits_on_other_map: bool,
 }
 
 impl std::fmt::Debug for DedupStream {
@@ -230,6 +233,7 @@ impl DedupStream {
             scope_tag: 0,
             calls: calls::Calls::default(),
             order: None,
+            waits_on_other_map: false,
         }
     }
 

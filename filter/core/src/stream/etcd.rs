@@ -255,6 +255,8 @@ impl DedupStream {
         payload: Digest,
     ) -> Decision {
         let now = env.now_ms();
+        // Where the key's record is found is decided again by this claim (and its check).
+        self.waits_on_other_map = false;
         if let Some(e) = env.local().get(&digest, now) {
             let dup = if e.payload != payload {
                 Duplicate::PayloadMismatch
@@ -655,6 +657,7 @@ impl DedupStream {
                 if let Some(entry) = learn {
                     env.local().insert(digest, entry, now);
                 }
+                self.waits_on_other_map = true;
                 match self.release_unrun(p, env, owned) {
                     Some(call) => {
                         if let Phase::Settling(st) = &mut self.phase {
@@ -776,10 +779,16 @@ pub(super) enum Polled {
     Failed,
 }
 
-/// The store call that reads a waiter's record (etcd store).
-pub(super) fn poll_call(ec: &EtcdStore, digest: &Digest) -> StoreCall {
+/// The store call that reads a waiter's record (etcd store): on the key's shard, or,
+/// when the claim yielded to the record on the key's shard under the other map of a
+/// resharding (`on_other_map`), there. Only a read: whatever it finds, the key runs
+/// only after a claim on its own shard and that claim's check (`claim_etcd`), so a
+/// waiter's re-check costs one call while the record stays in flight, not a claim, a
+/// check and a release.
+pub(super) fn poll_call(ec: &EtcdStore, digest: &Digest, on_other_map: bool) -> StoreCall {
+    let other = on_other_map.then(|| ec.check_route_of(digest)).flatten();
     ec.call(
-        ec.route_of(digest),
+        other.unwrap_or_else(|| ec.route_of(digest)),
         ec.config.protocol.range_path(),
         ec.config
             .protocol

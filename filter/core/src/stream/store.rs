@@ -227,7 +227,8 @@ impl DedupStream {
     }
 
     /// A woken waiter re-checks its record: shared data claims again at once; etcd
-    /// claims when this worker's tier knows the record, else reads it (`Polling`).
+    /// claims when this worker's tier knows the record, else reads it (`Polling`) where
+    /// it was found (during a resharding, perhaps on the other map's shard).
     pub(super) fn recheck<E: Env>(
         &mut self,
         p: &Plugin,
@@ -243,7 +244,7 @@ impl DedupStream {
                 if env.local().get(&w.digest, now).is_some() {
                     return self.claim_etcd(p, ec, env, w.digest, w.payload);
                 }
-                let call = super::etcd::poll_call(ec, &w.digest);
+                let call = super::etcd::poll_call(ec, &w.digest, self.waits_on_other_map);
                 self.phase = Phase::Polling(w);
                 Decision::Call(call)
             }

@@ -11,13 +11,7 @@ impl World {
             return;
         }
         let call = p.call.clone();
-        let deciding = self.sims[i].req == ReqPhase::Deciding && !self.sims[i].ended;
-        if deciding && etcd::is_txn(call.path) {
-            let d = self.demanded(i);
-            if let Some(p) = self.sims[i].call.as_mut() {
-                p.demand = Some(d);
-            }
-        }
+        self.demand_now(i, call.path);
         // A claim etcd applies, whether or not its stream will learn it (its client
         // may be gone, its answer lost).
         if self.sims[i].req == ReqPhase::Deciding && etcd::is_txn(call.path) {
@@ -33,6 +27,18 @@ impl World {
         self.observe(i, call.path, &answer);
         if let Some(p) = self.sims[i].call.as_mut() {
             p.applied = Some(answer);
+        }
+    }
+
+    /// What the contract demands of a deciding stream's claim transaction, by the state
+    /// when etcd applies it (the answer the stream gets is that application's).
+    fn demand_now(&mut self, i: usize, path: &str) {
+        let deciding = self.sims[i].req == ReqPhase::Deciding && !self.sims[i].ended;
+        if deciding && etcd::is_txn(path) {
+            let d = self.demanded(i);
+            if let Some(p) = self.sims[i].call.as_mut() {
+                p.demand = Some(d);
+            }
         }
     }
 
@@ -69,6 +75,9 @@ impl World {
                 let call = self.sims[i].call.as_ref().map(|p| p.call.clone());
                 match call {
                     Some(c) => {
+                        // The first application may have come long before (an apply
+                        // op): the answer that arrives is this one's.
+                        self.demand_now(i, c.path);
                         let again = self.etcd_of(&c).handle(c.path, &c.body, self.now);
                         self.observe(i, c.path, &again);
                         again

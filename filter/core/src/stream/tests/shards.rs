@@ -500,9 +500,28 @@ fn two_versions_on_two_steps_of_a_push_never_run_at_once() {
     assert!(one > 0, "{one} {none}");
 }
 
+/// Runs a stream's store calls until it decides: the decision, and the shard of each
+/// call, in order.
+fn settle_on(
+    p: &Plugin,
+    env: &mut FakeEnv,
+    s: &mut DedupStream,
+    mut d: Decision,
+) -> (Decision, Vec<String>) {
+    let mut shards = Vec::new();
+    while let Decision::Call(c) = d {
+        shards.push(c.route.shard.clone());
+        let a = call(env, &c);
+        d = s.on_store_answer(p, env, a);
+    }
+    (d, shards)
+}
+
 /// Wait mode mid-resharding: a duplicate of a moved key whose first request is in
-/// flight on the key's previous shard waits (its own claim released), and gets the
-/// replay once that completes.
+/// flight on the key's previous shard waits (its own claim released), re-checks with
+/// one read of that shard while it stays in flight, and gets the replay once that
+/// completes; a record released there instead makes the waiter claim on its own shard
+/// (checked again) and run.
 #[test]
 fn a_waiter_on_a_record_of_the_other_map_waits_and_gets_the_replay() {
     const WAIT: &str = r#""on_in_flight": "wait", "wait_timeout_ms": 5000"#;
@@ -510,23 +529,55 @@ fn a_waiter_on_a_record_of_the_other_map_waits_and_gets_the_replay() {
     let new = sharded("a,b", Some(("previous_shards", "a")), WAIT);
     let fleet = Fleet::new();
     let (mut x, mut y) = (fleet.proxy(1), fleet.proxy(2));
-    let k = &keys_on(&new, "b", 1)[0];
-    let first = send(&old, &mut x, &keyed(k)).unwrap();
+    let ks = keys_on(&new, "b", 2);
+    let first = send(&old, &mut x, &keyed(&ks[0])).unwrap();
     let mut dup = DedupStream::new(2);
-    let d = dup.on_request_headers(&new, &mut y, keyed(k).head, true);
-    assert_eq!(settle(&new, &mut y, &mut dup, d), Decision::Pause);
+    let d = dup.on_request_headers(&new, &mut y, keyed(&ks[0]).head, true);
+    let (d, calls) = settle_on(&new, &mut y, &mut dup, d);
+    assert_eq!(d, Decision::Pause);
+    assert_eq!(calls.last().map(String::as_str), Some("b"), "{calls:?}");
     assert_eq!(fleet.keys(&y), [1, 0, 0], "its claim on b was released");
-    // Still in flight: a re-check waits on.
-    let d = dup.on_wake(&new, &mut y);
-    assert_eq!(settle(&new, &mut y, &mut dup, d), Decision::Pause);
+    // Still in flight: each re-check is one read on a, and waits on.
+    for _ in 0..2 {
+        let d = dup.on_wake(&new, &mut y);
+        assert_eq!(
+            settle_on(&new, &mut y, &mut dup, d),
+            (Decision::Pause, vec!["a".to_string()])
+        );
+    }
     assert_eq!(respond(&old, &mut x, first, ok("made")), executed("made"));
     let d = dup.on_wake(&new, &mut y);
-    match settle(&new, &mut y, &mut dup, d) {
-        Decision::Reply(r) => assert_eq!((r.status, r.body.as_slice()), (200, &b"made"[..])),
+    match settle_on(&new, &mut y, &mut dup, d) {
+        (Decision::Reply(r), calls) => {
+            assert_eq!((r.status, r.body.as_slice()), (200, &b"made"[..]));
+            assert_eq!(calls, ["a"], "the replay comes from the read");
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(y.count_of(Counter::Executed), 0);
     assert_eq!(fleet.keys(&y), [1, 0, 0]);
+
+    // The first is released on a (its upstream never ran it): the waiter's read finds
+    // the key free there, and it claims on b, checks a, and runs.
+    let first = send(&old, &mut x, &keyed(&ks[1])).unwrap();
+    let mut dup = DedupStream::new(3);
+    let d = dup.on_request_headers(&new, &mut y, keyed(&ks[1]).head, true);
+    assert_eq!(settle_on(&new, &mut y, &mut dup, d).0, Decision::Pause);
+    let refused = origin(
+        "upstream_reset_before_response_started{connection_failure}",
+        0,
+    );
+    assert_eq!(respond(&old, &mut x, first, ended(refused)), Outcome::Reset);
+    let d = dup.on_wake(&new, &mut y);
+    let (d, calls) = settle_on(&new, &mut y, &mut dup, d);
+    assert!(matches!(d, Decision::Continue), "{d:?}");
+    assert_eq!(calls.first().map(String::as_str), Some("a"), "{calls:?}");
+    assert!(calls.iter().any(|s| s == "b"), "claimed on b: {calls:?}");
+    assert_eq!(
+        calls.last().map(String::as_str),
+        Some("a"),
+        "checked a: {calls:?}"
+    );
 }
 
 /// A check read that fails is retried within the budget like any store call: one
