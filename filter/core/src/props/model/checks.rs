@@ -185,6 +185,10 @@ impl World {
         if others.is_empty() {
             return Some("executed".into());
         }
+        // A kept record whose hold may still stand, though not for certain: the filter
+        // keeps it `ttl` from the hold, which may come after the claim's own end, while
+        // a claim under another shared-data layout ran beside it. Either may answer.
+        let mut shadowed = false;
         // An execution still running within its in-flight time.
         for (n, e) in self.execs_of(x.scope, x.key) {
             // Its record still reads as in flight by this reader's clock (past its
@@ -193,6 +197,9 @@ impl World {
                 && self.now < e.forward_at + IN_FLIGHT_MS
                 && (self.knobs.unknown != Unknown::Keep || clock < e.claim_ends);
             if running {
+                if shadowed {
+                    return None;
+                }
                 return Some(if e.payload != x.payload {
                     format!("422 (execution {n} in flight)")
                 } else {
@@ -212,7 +219,11 @@ impl World {
                         format!("409 outcome-unknown (execution {n})")
                     });
                 }
+                shadowed |= self.now < at.saturating_add(TTL_MS + IN_FLIGHT_MS);
             }
+        }
+        if shadowed {
+            return None;
         }
         // The last execution completed for certain, nothing tried the key since, and it
         // has not expired by this reader's clock (a clock ahead may see it expire early).
