@@ -6,7 +6,7 @@
 
 use crate::fake::{FakeEnv, FakeEtcd, FakeShared};
 use crate::metrics::Counter;
-use crate::stream::{Decision, DedupStream, Plugin, StoreCall};
+use crate::stream::{CallAnswer, Decision, DedupStream, Plugin, StoreCall};
 use crate::testing::*;
 use std::sync::Arc;
 
@@ -607,6 +607,59 @@ fn a_check_read_is_retried_within_its_budget() {
     assert_eq!(got.status(), 503);
     assert_eq!(y.count_of(Counter::StoreErrors), 1);
     assert_eq!(y.count_of(Counter::Executed), 0);
+}
+
+/// A check read has its own budget of `store.timeout_ms` from when it starts: a failure
+/// answered before the budget ends is retried, one answered when it ends is not (closed:
+/// the claim is released and the client gets `503`).
+#[test]
+fn a_check_read_is_not_retried_once_its_budget_has_ended() {
+    let new = sharded(
+        "a,b",
+        Some(("previous_shards", "a")),
+        r#""failure_mode": "closed""#,
+    );
+    let refused = || CallAnswer {
+        status: 503,
+        ..Default::default()
+    };
+    for (after, retried) in [(499, true), (500, false)] {
+        let fleet = Fleet::new();
+        let mut y = fleet.proxy(2);
+        let k = &keys_on(&new, "b", 1)[0];
+        let mut s = DedupStream::new(1);
+        let mut d = s.on_request_headers(&new, &mut y, keyed(k).head, true);
+        // The claim on b, until the check read on a is out.
+        let check = loop {
+            let Decision::Call(c) = d else {
+                panic!("{d:?}")
+            };
+            if c.route.shard == "a" {
+                break c;
+            }
+            let a = call(&y, &c);
+            d = s.on_store_answer(&new, &mut y, a);
+        };
+        y.now_ms += after;
+        let next = s.on_store_answer(&new, &mut y, refused());
+        match next {
+            Decision::Call(c) if c.route.shard == "a" => {
+                assert!(retried, "retried at +{after} ms");
+                assert_eq!(c.timeout_ms, 1, "what is left of the budget");
+                assert_eq!(c.body, check.body);
+            }
+            other => {
+                assert!(!retried, "+{after} ms: {other:?}");
+                let (end, calls) = settle_on(&new, &mut y, &mut s, other);
+                assert!(calls.iter().all(|c| c == "b"), "{calls:?}");
+                assert!(
+                    matches!(end, Decision::Reply(ref r) if r.status == 503),
+                    "{end:?}"
+                );
+                assert_eq!(fleet.keys(&y), [0, 0, 0], "the claim on b was released");
+            }
+        }
+    }
 }
 
 /// An entity's check read is retried within its budget; past its retries it is a store
