@@ -483,6 +483,56 @@ fn etcd_a_client_gone_during_the_entity_claim_leaves_nothing_held() {
     assert_eq!(a.count_of(Counter::Executed), 0, "never forwarded");
 }
 
+/// An entity call has a budget of `store.timeout_ms` from when it starts: a failure
+/// answered before the budget ends is retried, one answered when it ends is a store
+/// error (closed: the record's claim is released and the client gets `503`).
+#[test]
+fn etcd_an_entity_call_is_not_retried_once_its_budget_has_ended() {
+    let p = etcd_ordered(r#""failure_mode": "closed""#);
+    for (after, retried) in [(499, true), (500, false)] {
+        let (mut a, mut b) = two_proxies();
+        let mut s = crate::stream::DedupStream::new(5);
+        let mut d = s.on_request_headers(&p, &mut a, delivery("o", "1", "a").head, true);
+        // The record's claim, until the entity's first call is out.
+        let first = loop {
+            let Decision::Call(c) = d else {
+                panic!("{d:?}")
+            };
+            if format!("{s:?}").contains("phase: ordering") {
+                break c;
+            }
+            let ans = call(&a, &c);
+            d = s.on_store_answer(&p, &mut a, ans);
+        };
+        a.now_ms += after;
+        let refused = crate::stream::CallAnswer {
+            status: 503,
+            ..Default::default()
+        };
+        match s.on_store_answer(&p, &mut a, refused) {
+            Decision::Call(c) if c.path == first.path && c.body == first.body => {
+                assert!(retried, "retried at +{after} ms");
+                assert_eq!(c.timeout_ms, 1, "what is left of the budget");
+            }
+            other => {
+                assert!(!retried, "+{after} ms: {other:?}");
+                let end = settle(&p, &mut a, &mut s, other);
+                assert!(
+                    matches!(end, Decision::Reply(ref r) if r.status == 503),
+                    "{end:?}"
+                );
+                assert_eq!(a.count_of(Counter::StoreErrors), 1);
+                // Nothing is left claimed: the delivery runs on the other proxy.
+                b.now_ms = a.now_ms;
+                assert_eq!(
+                    run(&p, &mut b, &delivery("o", "1", "a"), ok("1")),
+                    executed("1")
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn etcd_failure_closed_refuses_and_releases_failure_open_runs_unordered() {
     let p = etcd_ordered(r#""failure_mode": "closed""#);
