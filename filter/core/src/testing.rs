@@ -179,13 +179,50 @@ pub(crate) fn settle(
     p: &Plugin,
     env: &mut FakeEnv,
     s: &mut DedupStream,
-    mut action: Decision,
+    action: Decision,
 ) -> Decision {
+    settle_traced(p, env, s, action).0
+}
+
+/// Runs store calls until the stream decides: the decision, and the shard of each call,
+/// in order.
+pub(crate) fn settle_traced(
+    p: &Plugin,
+    env: &mut FakeEnv,
+    s: &mut DedupStream,
+    mut action: Decision,
+) -> (Decision, Vec<String>) {
+    let mut shards = Vec::new();
     while let Decision::Call(c) = action {
+        shards.push(c.route.shard.clone());
         let a = call(env, &c);
         action = s.on_store_answer(p, env, a);
     }
-    action
+    (action, shards)
+}
+
+/// Runs store calls until `stop` picks one, which is returned unanswered (`Err`: the
+/// stream decided first, and how).
+pub(crate) fn run_calls_until(
+    p: &Plugin,
+    env: &mut FakeEnv,
+    s: &mut DedupStream,
+    mut action: Decision,
+    stop: impl Fn(&DedupStream, &StoreCall) -> bool,
+) -> Result<StoreCall, Decision> {
+    while let Decision::Call(c) = action {
+        if stop(s, &c) {
+            return Ok(c);
+        }
+        let a = call(env, &c);
+        action = s.on_store_answer(p, env, a);
+    }
+    Err(action)
+}
+
+/// For `run_calls_until`: the stream's ordering entity has a call out.
+pub(crate) fn entity_call_out(s: &DedupStream, _: &StoreCall) -> bool {
+    format!("{s:?}").contains("phase: ordering")
 }
 
 /// The answer to a stream's detached call, store calls run until the stream decides.

@@ -457,22 +457,13 @@ fn etcd_a_client_gone_during_the_entity_claim_leaves_nothing_held() {
     let p = etcd_ordered("");
     let (mut a, mut b) = two_proxies();
     let mut s = crate::stream::DedupStream::new(4);
-    let mut d = s.on_request_headers(&p, &mut a, delivery("o", "1", "a").head, true);
+    let d = s.on_request_headers(&p, &mut a, delivery("o", "1", "a").head, true);
     // Run the record claim, then stop with the entity's call out.
-    loop {
-        let Decision::Call(c) = d else {
-            panic!("{d:?}")
-        };
-        if format!("{s:?}").contains("phase: ordering") {
-            let gone = s.on_stream_end(&p, &mut a, &origin("client_disconnected", 0));
-            assert_eq!(gone, None);
-            let ans = call(&a, &c);
-            d = s.on_store_answer(&p, &mut a, ans);
-            break;
-        }
-        let ans = call(&a, &c);
-        d = s.on_store_answer(&p, &mut a, ans);
-    }
+    let c = run_calls_until(&p, &mut a, &mut s, d, entity_call_out).unwrap();
+    let gone = s.on_stream_end(&p, &mut a, &origin("client_disconnected", 0));
+    assert_eq!(gone, None);
+    let ans = call(&a, &c);
+    let d = s.on_store_answer(&p, &mut a, ans);
     let d = settle(&p, &mut a, &mut s, d);
     assert!(!matches!(d, Decision::Reply(_)), "{d:?}");
     // Nothing ran: the next version and the same key run on the other proxy.
@@ -492,18 +483,9 @@ fn etcd_an_entity_call_is_not_retried_once_its_budget_has_ended() {
     for (after, retried) in [(499, true), (500, false)] {
         let (mut a, mut b) = two_proxies();
         let mut s = crate::stream::DedupStream::new(5);
-        let mut d = s.on_request_headers(&p, &mut a, delivery("o", "1", "a").head, true);
+        let d = s.on_request_headers(&p, &mut a, delivery("o", "1", "a").head, true);
         // The record's claim, until the entity's first call is out.
-        let first = loop {
-            let Decision::Call(c) = d else {
-                panic!("{d:?}")
-            };
-            if format!("{s:?}").contains("phase: ordering") {
-                break c;
-            }
-            let ans = call(&a, &c);
-            d = s.on_store_answer(&p, &mut a, ans);
-        };
+        let first = run_calls_until(&p, &mut a, &mut s, d, entity_call_out).unwrap();
         a.now_ms += after;
         let refused = crate::stream::CallAnswer {
             status: 503,
@@ -629,17 +611,16 @@ fn at_entity_claim(
     before_entity: impl FnOnce(&FakeEnv),
 ) -> (crate::stream::DedupStream, Decision) {
     let mut s = crate::stream::DedupStream::new(11);
-    let mut d = s.on_request_headers(p, env, r.head.clone(), true);
-    let mut fault = Some(before_entity);
-    while let Decision::Call(c) = d {
-        if format!("{s:?}").contains("phase: ordering") {
-            if let Some(f) = fault.take() {
-                f(env);
-            }
+    let d = s.on_request_headers(p, env, r.head.clone(), true);
+    let d = match run_calls_until(p, env, &mut s, d, entity_call_out) {
+        Ok(c) => {
+            before_entity(env);
+            let a = call(env, &c);
+            let d = s.on_store_answer(p, env, a);
+            settle(p, env, &mut s, d)
         }
-        let a = call(env, &c);
-        d = s.on_store_answer(p, env, a);
-    }
+        Err(d) => d,
+    };
     (s, d)
 }
 

@@ -500,23 +500,6 @@ fn two_versions_on_two_steps_of_a_push_never_run_at_once() {
     assert!(one > 0, "{one} {none}");
 }
 
-/// Runs a stream's store calls until it decides: the decision, and the shard of each
-/// call, in order.
-fn settle_on(
-    p: &Plugin,
-    env: &mut FakeEnv,
-    s: &mut DedupStream,
-    mut d: Decision,
-) -> (Decision, Vec<String>) {
-    let mut shards = Vec::new();
-    while let Decision::Call(c) = d {
-        shards.push(c.route.shard.clone());
-        let a = call(env, &c);
-        d = s.on_store_answer(p, env, a);
-    }
-    (d, shards)
-}
-
 /// Wait mode mid-resharding: a duplicate of a moved key whose first request is in
 /// flight on the key's previous shard waits (its own claim released), re-checks with
 /// one read of that shard while it stays in flight, and gets the replay once that
@@ -533,7 +516,7 @@ fn a_waiter_on_a_record_of_the_other_map_waits_and_gets_the_replay() {
     let first = send(&old, &mut x, &keyed(&ks[0])).unwrap();
     let mut dup = DedupStream::new(2);
     let d = dup.on_request_headers(&new, &mut y, keyed(&ks[0]).head, true);
-    let (d, calls) = settle_on(&new, &mut y, &mut dup, d);
+    let (d, calls) = settle_traced(&new, &mut y, &mut dup, d);
     assert_eq!(d, Decision::Pause);
     assert_eq!(calls.last().map(String::as_str), Some("b"), "{calls:?}");
     assert_eq!(fleet.keys(&y), [1, 0, 0], "its claim on b was released");
@@ -541,13 +524,13 @@ fn a_waiter_on_a_record_of_the_other_map_waits_and_gets_the_replay() {
     for _ in 0..2 {
         let d = dup.on_wake(&new, &mut y);
         assert_eq!(
-            settle_on(&new, &mut y, &mut dup, d),
+            settle_traced(&new, &mut y, &mut dup, d),
             (Decision::Pause, vec!["a".to_string()])
         );
     }
     assert_eq!(respond(&old, &mut x, first, ok("made")), executed("made"));
     let d = dup.on_wake(&new, &mut y);
-    match settle_on(&new, &mut y, &mut dup, d) {
+    match settle_traced(&new, &mut y, &mut dup, d) {
         (Decision::Reply(r), calls) => {
             assert_eq!((r.status, r.body.as_slice()), (200, &b"made"[..]));
             assert_eq!(calls, ["a"], "the replay comes from the read");
@@ -562,14 +545,14 @@ fn a_waiter_on_a_record_of_the_other_map_waits_and_gets_the_replay() {
     let first = send(&old, &mut x, &keyed(&ks[1])).unwrap();
     let mut dup = DedupStream::new(3);
     let d = dup.on_request_headers(&new, &mut y, keyed(&ks[1]).head, true);
-    assert_eq!(settle_on(&new, &mut y, &mut dup, d).0, Decision::Pause);
+    assert_eq!(settle_traced(&new, &mut y, &mut dup, d).0, Decision::Pause);
     let refused = origin(
         "upstream_reset_before_response_started{connection_failure}",
         0,
     );
     assert_eq!(respond(&old, &mut x, first, ended(refused)), Outcome::Reset);
     let d = dup.on_wake(&new, &mut y);
-    let (d, calls) = settle_on(&new, &mut y, &mut dup, d);
+    let (d, calls) = settle_traced(&new, &mut y, &mut dup, d);
     assert!(matches!(d, Decision::Continue), "{d:?}");
     assert_eq!(calls.first().map(String::as_str), Some("a"), "{calls:?}");
     assert!(calls.iter().any(|s| s == "b"), "claimed on b: {calls:?}");
@@ -628,18 +611,9 @@ fn a_check_read_is_not_retried_once_its_budget_has_ended() {
         let mut y = fleet.proxy(2);
         let k = &keys_on(&new, "b", 1)[0];
         let mut s = DedupStream::new(1);
-        let mut d = s.on_request_headers(&new, &mut y, keyed(k).head, true);
+        let d = s.on_request_headers(&new, &mut y, keyed(k).head, true);
         // The claim on b, until the check read on a is out.
-        let check = loop {
-            let Decision::Call(c) = d else {
-                panic!("{d:?}")
-            };
-            if c.route.shard == "a" {
-                break c;
-            }
-            let a = call(&y, &c);
-            d = s.on_store_answer(&new, &mut y, a);
-        };
+        let check = run_calls_until(&new, &mut y, &mut s, d, |_, c| c.route.shard == "a").unwrap();
         y.now_ms += after;
         let next = s.on_store_answer(&new, &mut y, refused());
         match next {
@@ -650,7 +624,7 @@ fn a_check_read_is_not_retried_once_its_budget_has_ended() {
             }
             other => {
                 assert!(!retried, "+{after} ms: {other:?}");
-                let (end, calls) = settle_on(&new, &mut y, &mut s, other);
+                let (end, calls) = settle_traced(&new, &mut y, &mut s, other);
                 assert!(calls.iter().all(|c| c == "b"), "{calls:?}");
                 assert!(
                     matches!(end, Decision::Reply(ref r) if r.status == 503),
@@ -728,23 +702,17 @@ fn a_client_gone_during_a_moved_entitys_claim_releases_it_without_a_check_read()
     let fleet = Fleet::new();
     let (mut x, mut y) = (fleet.proxy(1), fleet.proxy(2));
     let mut s = DedupStream::new(4);
-    let mut d = s.on_request_headers(&new, &mut x, delivery(&entity, "1", &key).head, true);
-    let mut after = Vec::new();
-    let mut gone = false;
-    while let Decision::Call(c) = d {
-        if gone {
-            after.push(c.route.shard.clone());
-        } else if format!("{s:?}").contains("phase: ordering") {
-            assert_eq!(
-                s.on_stream_end(&new, &mut x, &origin("client_disconnected", 0)),
-                None
-            );
-            gone = true;
-        }
-        let ans = call(&x, &c);
-        d = s.on_store_answer(&new, &mut x, ans);
-    }
-    assert!(gone, "the entity's claim was never out");
+    let d = s.on_request_headers(&new, &mut x, delivery(&entity, "1", &key).head, true);
+    let Ok(c) = run_calls_until(&new, &mut x, &mut s, d, entity_call_out) else {
+        panic!("the entity's claim was never out")
+    };
+    assert_eq!(
+        s.on_stream_end(&new, &mut x, &origin("client_disconnected", 0)),
+        None
+    );
+    let ans = call(&x, &c);
+    let d = s.on_store_answer(&new, &mut x, ans);
+    let (d, after) = settle_traced(&new, &mut x, &mut s, d);
     assert!(!matches!(d, Decision::Reply(_)), "{d:?}");
     assert!(!after.is_empty(), "nothing released");
     assert!(after.iter().all(|shard| shard == "b"), "{after:?}");
