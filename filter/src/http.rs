@@ -221,13 +221,16 @@ fn request_head() -> Option<RequestHead> {
 
 impl HttpContext for DedupHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some(role) = self.worker(|w| w.plugin.config.role) else {
+        let Some((role, properties)) = self.worker(|w| {
+            let c = &w.plugin.config;
+            (c.role, c.metadata_properties.clone())
+        }) else {
             return Action::Continue;
         };
         // One header-map read: the whole head. (Methods no policy deduplicates skip the
         // filter in Envoy's matcher, in the shipped templates; a pre-read of `:method`
         // would cost every deduplicated request a second call.)
-        let Some(head) = request_head() else {
+        let Some(mut head) = request_head() else {
             abi::log(
                 abi::LOG_WARN,
                 "proxy-dedup: cannot read request headers; passing through",
@@ -236,6 +239,13 @@ impl HttpContext for DedupHttp {
         };
         if role == Role::Admin {
             return self.admin_request(&head);
+        }
+        // The properties the policies' principals name (dynamic metadata an auth filter
+        // earlier in the chain set); none unless a policy reads one.
+        for path in properties {
+            if let Some(v) = abi::property_at(&path) {
+                head.properties.push((path, v));
+            }
         }
         match self.with_env(|s, p, env| s.on_request_headers(p, env, head, end_of_stream)) {
             Some(d) => self.drive(d),

@@ -232,6 +232,21 @@ pub enum FingerprintPart {
     Header(String),
 }
 
+/// `principal`: which part of a request names its caller (`crate::principal`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PrincipalSource {
+    /// `{"none": true}`: records name no caller (every request is "no caller").
+    None,
+    /// `{"header": name}`: a request header's bytes (default `authorization`).
+    Header(String),
+    /// `{"cookie": name}`: a cookie's value.
+    Cookie(String),
+    /// `{"metadata": [namespace, key, …]}`: a value an earlier filter put in the
+    /// stream's dynamic metadata (jwt_authn's payload: `sub`), read as the Envoy
+    /// property `property` (NUL-joined, `principal::metadata_property`).
+    Metadata { path: Vec<String>, property: String },
+}
+
 /// A range of upstream statuses whose responses are stored (or, with `exclude`, are not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatusRange {
@@ -270,6 +285,8 @@ pub struct Policy {
     pub scope_headers: Vec<String>,
     /// Whether `:authority` is part of every record's scope.
     pub scope_authority: bool,
+    /// Who a record belongs to: its replay goes only to requests of that caller.
+    pub principal: PrincipalSource,
     pub methods: Vec<String>,
     pub on_duplicate: OnDuplicate,
     pub on_in_flight: OnInFlight,
@@ -322,6 +339,7 @@ impl Default for Policy {
             key_max_length: DEFAULT_KEY_MAX_LENGTH as usize,
             scope_headers: Vec::new(),
             scope_authority: DEFAULT_SCOPE_AUTHORITY,
+            principal: PrincipalSource::Header(DEFAULT_PRINCIPAL_HEADER.to_string()),
             methods: DEFAULT_METHODS.iter().map(|m| m.to_string()).collect(),
             on_duplicate: OnDuplicate::Replay,
             on_in_flight: OnInFlight::Reject,
@@ -377,6 +395,9 @@ impl Policy {
         if self.payload != other.payload {
             return Some("payload");
         }
+        if self.principal != other.principal {
+            return Some("principal");
+        }
         None
     }
 }
@@ -429,6 +450,12 @@ pub struct Config {
     pub on_store_full: OnStoreFull,
     pub role: Role,
     pub store: StoreConfig,
+    /// `request_id_preserved`: the operator says Envoy keeps a client's `x-request-id`
+    /// and generates none, so it may be a key (`values::check_envoy_set_headers`).
+    pub request_id_preserved: bool,
+    /// The Envoy properties the glue reads at request headers for the policies'
+    /// principals (`PrincipalSource::Metadata`), each once.
+    pub metadata_properties: Vec<String>,
 }
 
 impl Default for Config {
@@ -445,6 +472,8 @@ impl Default for Config {
             on_store_full: DEFAULT_ON_STORE_FULL,
             role: DEFAULT_ROLE,
             store: StoreConfig::default(),
+            request_id_preserved: DEFAULT_REQUEST_ID_PRESERVED,
+            metadata_properties: Vec::new(),
         }
     }
 }
@@ -585,7 +614,7 @@ impl TryFrom<RawConfig> for Config {
         let max_waiters_per_scope = in_range(
             "max_waiters_per_scope",
             raw.max_waiters_per_scope,
-            DEFAULT_MAX_WAITERS_PER_SCOPE.min(max_waiters as u64),
+            default_max_waiters_per_scope(max_waiters as u64),
             fields::MAX_WAITERS_PER_SCOPE.min,
             fields::MAX_WAITERS_PER_SCOPE.max(max_waiters as u64),
         )? as usize;
@@ -605,7 +634,28 @@ impl TryFrom<RawConfig> for Config {
             largest_replay as u64,
         )?;
         store.check_record_room(&policy, &rules)?;
+        let request_id_preserved = raw
+            .request_id_preserved
+            .unwrap_or(DEFAULT_REQUEST_ID_PRESERVED);
+        for (prefix, p) in std::iter::once((String::new(), &policy)).chain(
+            rules
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (format!("rules[{i}]."), &r.policy)),
+        ) {
+            values::check_envoy_set_headers(&prefix, p, request_id_preserved)?;
+        }
+        let mut metadata_properties: Vec<String> = Vec::new();
+        for p in std::iter::once(&policy).chain(rules.iter().map(|r| &r.policy)) {
+            if let PrincipalSource::Metadata { property, .. } = &p.principal {
+                if !metadata_properties.contains(property) {
+                    metadata_properties.push(property.clone());
+                }
+            }
+        }
         Ok(Config {
+            request_id_preserved,
+            metadata_properties,
             policy,
             rules,
             max_waiters,

@@ -279,6 +279,33 @@ impl FakeEtcd {
         }
     }
 
+    /// Rewrites every record value (its key ends in the digest's hex) through `f`, as
+    /// another version of the filter could have written it.
+    pub fn rewrite_records(&self, f: impl Fn(&crate::key::Digest, &mut crate::etcd::EtcdRecord)) {
+        let mut inner = self.inner.lock().unwrap();
+        for (k, v) in inner.kv.iter_mut() {
+            let Some(hex) = k.len().checked_sub(64).map(|at| &k[at..]) else {
+                continue;
+            };
+            let Ok(text) = std::str::from_utf8(hex) else {
+                continue;
+            };
+            let mut digest = [0u8; 32];
+            let parsed = (0..32).all(|i| {
+                u8::from_str_radix(&text[2 * i..2 * i + 2], 16)
+                    .map(|b| digest[i] = b)
+                    .is_ok()
+            });
+            if !parsed {
+                continue;
+            }
+            if let Some(mut rec) = crate::etcd::EtcdRecord::decode(&v.2, &digest) {
+                f(&digest, &mut rec);
+                v.2 = rec.encode(&digest);
+            }
+        }
+    }
+
     pub fn revoke_all_leases(&self) {
         let mut i = self.inner.lock().unwrap();
         let ids: Vec<i64> = i.leases.keys().copied().collect();

@@ -19,6 +19,10 @@ pub struct RequestHead {
     /// Envoy's `request.protocol` (`HTTP/1.1`, `HTTP/2`, `HTTP/3`). The glue reads it
     /// only for a request with a gRPC content type (see `is_grpc`); empty otherwise.
     pub protocol: String,
+    /// Envoy properties the configuration reads from a request (a `principal` from
+    /// dynamic metadata), by their NUL-joined path, as the glue read them at request
+    /// headers; a property Envoy does not have is not listed.
+    pub properties: Vec<(String, Vec<u8>)>,
 }
 
 /// Bytes from the host as text, without a copy when they are valid UTF-8.
@@ -82,6 +86,14 @@ impl RequestHead {
             .filter(move |(n, _)| pseudo.is_none() && n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_slice());
         pseudo.into_iter().chain(regular)
+    }
+
+    /// A property the glue read for this request (see `properties`).
+    pub fn property(&self, path: &str) -> Option<&[u8]> {
+        self.properties
+            .iter()
+            .find(|(p, _)| p == path)
+            .map(|(_, v)| v.as_slice())
     }
 
     /// How many lines carry this header (a pseudo-header counts once).

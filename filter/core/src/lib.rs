@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod ordering;
 pub mod outcome;
 pub mod payload;
+pub mod principal;
 pub mod record;
 pub mod reply;
 pub mod response;

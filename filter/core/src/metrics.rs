@@ -72,10 +72,16 @@ pub enum Counter {
     /// Resharding: of those, claims that found a live record there and yielded to it
     /// (released unforwarded, answered as its duplicate).
     ReshardYielded,
+    /// Requests answered `422 principal-mismatch`: their key's record is another
+    /// caller's (a refreshed credential of the same client counts here too).
+    PrincipalMismatch,
+    /// Requests answered `503 store-unavailable` (`failure_mode: "closed"`): the store
+    /// could not answer, nothing was forwarded.
+    StoreUnavailable,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 29] = [
+    pub const ALL: [Counter; 31] = [
         Counter::Requests,
         Counter::Executed,
         Counter::Replayed,
@@ -105,6 +111,8 @@ impl Counter {
         Counter::EntitiesEvicted,
         Counter::ReshardChecks,
         Counter::ReshardYielded,
+        Counter::PrincipalMismatch,
+        Counter::StoreUnavailable,
     ];
 
     pub fn name(self) -> &'static str {
@@ -138,6 +146,8 @@ impl Counter {
             Counter::EntitiesEvicted => "proxy_dedup_entities_evicted",
             Counter::ReshardChecks => "proxy_dedup_reshard_checks",
             Counter::ReshardYielded => "proxy_dedup_reshard_yielded",
+            Counter::PrincipalMismatch => "proxy_dedup_principal_mismatch",
+            Counter::StoreUnavailable => "proxy_dedup_store_unavailable",
         }
     }
 

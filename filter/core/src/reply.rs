@@ -49,6 +49,8 @@ pub enum Problem {
     ResponseNotStored,
     BodyTooLarge,
     PayloadMismatch,
+    /// The key's record belongs to another caller (`principal`).
+    PrincipalMismatch,
     StoreUnavailable,
     /// No slot for the claim: the bucket is full of live claims.
     StoreFull,
@@ -86,7 +88,7 @@ impl Problem {
             | Problem::AlreadyCompleted
             | Problem::ResponseNotStored => 409,
             Problem::BodyTooLarge => 413,
-            Problem::PayloadMismatch => 422,
+            Problem::PayloadMismatch | Problem::PrincipalMismatch => 422,
             Problem::StoreUnavailable | Problem::StoreFull | Problem::UpstreamUnavailable => 503,
             Problem::UpstreamFailed => 502,
             Problem::StillRunning => 504,
@@ -114,6 +116,7 @@ impl Problem {
             Problem::ResponseNotStored => "response-not-stored",
             Problem::BodyTooLarge => "body-too-large",
             Problem::PayloadMismatch => "payload-mismatch",
+            Problem::PrincipalMismatch => "principal-mismatch",
             Problem::StoreUnavailable => "store-unavailable",
             Problem::StoreFull => "store-full",
             Problem::UpstreamUnavailable => "upstream-unavailable",
@@ -148,6 +151,7 @@ impl Problem {
             }
             Problem::BodyTooLarge => "Request body too large for deduplication",
             Problem::PayloadMismatch => "Idempotency key reused with a different request",
+            Problem::PrincipalMismatch => "Idempotency key used by another caller",
             Problem::StoreUnavailable => "Deduplication store unavailable",
             Problem::StoreFull => "Deduplication store full",
             Problem::UpstreamUnavailable => "The upstream could not be reached",
@@ -178,6 +182,7 @@ impl Problem {
             Problem::ResponseNotStored => "proxy_dedup_response_not_stored",
             Problem::BodyTooLarge => "proxy_dedup_body_too_large",
             Problem::PayloadMismatch => "proxy_dedup_payload_mismatch",
+            Problem::PrincipalMismatch => "proxy_dedup_principal_mismatch",
             Problem::StoreUnavailable => "proxy_dedup_store_unavailable",
             Problem::StoreFull => "proxy_dedup_store_full",
             Problem::UpstreamUnavailable => "proxy_dedup_upstream_unavailable",

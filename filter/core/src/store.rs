@@ -153,6 +153,9 @@ pub enum ClaimOutcome {
     CompletedNotStored,
     /// The key was used with another payload.
     PayloadMismatch,
+    /// The record is another caller's (`unowned`: written before records named their
+    /// caller, met by a request that names one); see `principal::compare`.
+    OtherCaller { unowned: bool },
 }
 
 /// What a completion did.

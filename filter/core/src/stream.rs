@@ -119,8 +119,27 @@ enum Duplicate {
         held_until: Option<u64>,
     },
     PayloadMismatch,
+    /// Another caller's record (`unowned`: one written before records named their
+    /// caller, met by a request that names one).
+    OtherCaller {
+        unowned: bool,
+    },
     NotStored,
     Completed(Option<StoredResponse>),
+}
+
+impl Duplicate {
+    /// What a record whose stored payload digest stands to the request's as `m` (not
+    /// `Same`) answers.
+    fn mismatch(m: crate::principal::PayloadMatch) -> Option<Duplicate> {
+        use crate::principal::PayloadMatch;
+        match m {
+            PayloadMatch::Same => None,
+            PayloadMatch::OtherPayload => Some(Duplicate::PayloadMismatch),
+            PayloadMatch::OtherCaller => Some(Duplicate::OtherCaller { unowned: false }),
+            PayloadMatch::Unowned => Some(Duplicate::OtherCaller { unowned: true }),
+        }
+    }
 }
 
 /// The request while its body arrives. The filter keeps no copy of the body: Envoy
@@ -193,6 +212,9 @@ pub struct DedupStream {
     /// Resharding (etcd): the record this duplicate waits on was found on the key's
     /// shard under the other map, so its re-checks read it there (`etcd::poll_call`).
     waits_on_other_map: bool,
+    /// Keyless mode: the record this caller's request takes when the fingerprint's own
+    /// record is another caller's (`principal::caller_record`); taken once.
+    caller_record: Option<Digest>,
 }
 
 impl std::fmt::Debug for DedupStream {
@@ -234,6 +256,7 @@ impl DedupStream {
             calls: calls::Calls::default(),
             order: None,
             waits_on_other_map: false,
+            caller_record: None,
         }
     }
 
@@ -493,6 +516,13 @@ impl DedupStream {
             }
         }
         let digest = record_digest(cfg, &head, &key);
+        // The record belongs to its caller: the stored payload digest is sealed with it,
+        // and a keyless request of another caller takes a record of its own.
+        let caller = crate::principal::principal(&cfg.principal, &head);
+        let payload = crate::principal::seal(&payload, &digest, caller.as_deref());
+        if key.source == crate::key::KeySource::Fingerprint {
+            self.caller_record = Some(crate::principal::caller_record(&digest, caller.as_deref()));
+        }
         self.record = Some(digest);
         self.payload = Some(payload);
         self.claim(p, env, cfg, &head, digest, payload)

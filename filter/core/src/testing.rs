@@ -28,6 +28,7 @@ pub(crate) fn req(method: &str, path: &str) -> Req {
             authority: "api.example".into(),
             headers: Vec::new(),
             protocol: String::new(),
+            properties: Vec::new(),
         },
         body: None,
         chunk: 7,
@@ -43,6 +44,11 @@ impl Req {
     /// A header whose value is any bytes (not UTF-8, say).
     pub(crate) fn header_bytes(mut self, n: &str, v: &[u8]) -> Self {
         self.head.headers.push((n.into(), v.to_vec()));
+        self
+    }
+    /// An Envoy property the glue read for this request (dynamic metadata, say).
+    pub(crate) fn property(mut self, path: &str, v: &str) -> Self {
+        self.head.properties.push((path.into(), v.into()));
         self
     }
     pub(crate) fn key(self, k: &str) -> Self {

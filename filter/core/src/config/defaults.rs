@@ -12,6 +12,8 @@ pub const DEFAULT_KEY_MAX_LENGTH: u64 = 255;
 pub const DEFAULT_KEY_REQUIRED: bool = false;
 /// Default `scope.authority`: records are scoped by the `:authority`.
 pub const DEFAULT_SCOPE_AUTHORITY: bool = true;
+/// Default `principal.header`: the caller is named by its credentials.
+pub const DEFAULT_PRINCIPAL_HEADER: &str = "authorization";
 /// Default `methods`: the methods deduplicated.
 pub const DEFAULT_METHODS: [&str; 2] = ["POST", "PATCH"];
 /// Default `ttl_seconds` (24 hours), in ms.
@@ -33,7 +35,9 @@ pub const DEFAULT_ADVERTISE_EXPIRY: bool = true;
 /// Default `replayed_header`, set on a replayed response.
 pub const DEFAULT_REPLAYED_HEADER: &str = "idempotent-replayed";
 /// Default `failure_mode`.
-pub const DEFAULT_FAILURE_MODE: FailureMode = FailureMode::Open;
+/// Closed: a store that cannot answer never lets a key run unrecorded (a key that may
+/// have run never runs again within its TTL), as `on_store_full` refuses by default.
+pub const DEFAULT_FAILURE_MODE: FailureMode = FailureMode::Closed;
 /// Default `on_store_full`.
 pub const DEFAULT_ON_STORE_FULL: OnStoreFull = OnStoreFull::Reject;
 /// Default `on_unknown_outcome`.
@@ -98,9 +102,25 @@ pub const DEFAULT_GRPC: GrpcPolicy = GrpcPolicy::Bypass;
 /// Default `store.scope_claims_per_bucket`: one scope holds at most half a bucket's ways
 /// with live claims.
 pub const DEFAULT_SCOPE_CLAIMS_PER_BUCKET: u64 = 8;
-/// Default `max_waiters_per_scope`: a quarter of the default pool (and never more than
-/// `max_waiters`).
+/// Default `max_waiters_per_scope`: at most a quarter of the default pool.
 pub const DEFAULT_MAX_WAITERS_PER_SCOPE: u64 = 256;
+
+/// Default `max_waiters_per_scope` for a pool of `max_waiters`: half of it (at least 1,
+/// at most `DEFAULT_MAX_WAITERS_PER_SCOPE`), so one scope's waiters always leave room
+/// for another's.
+pub const fn default_max_waiters_per_scope(max_waiters: u64) -> u64 {
+    let half = max_waiters / 2;
+    let half = if half == 0 { 1 } else { half };
+    if half < DEFAULT_MAX_WAITERS_PER_SCOPE {
+        half
+    } else {
+        DEFAULT_MAX_WAITERS_PER_SCOPE
+    }
+}
+
+/// Default `request_id_preserved`: Envoy's connection manager is taken to generate an
+/// `x-request-id` for every request without one and to replace an outside client's.
+pub const DEFAULT_REQUEST_ID_PRESERVED: bool = false;
 
 /// Default `ordering.ttl_seconds` (7 days): how long an entity's applied version is kept.
 pub const DEFAULT_ORDERING_TTL_SECONDS: u64 = 604_800;

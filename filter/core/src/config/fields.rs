@@ -232,6 +232,10 @@ pub const MAX_SHARD_NAME_BYTES: usize = 64;
 pub const MAX_CLUSTER_BYTES: usize = 256;
 /// Longest rule name.
 pub const MAX_RULE_NAME_BYTES: usize = 64;
+/// Longest `principal.cookie` name.
+pub const MAX_PRINCIPAL_NAME_BYTES: usize = 256;
+/// Most entries of `principal.metadata` (the namespace and the keys inside it).
+pub const MAX_METADATA_PATH: usize = 8;
 
 pub const KEY_MAX_LENGTH: Range = Range { min: 1, max: 4096 };
 pub const MAX_WAITERS: Range = Range {
@@ -490,6 +494,46 @@ pub const FIELDS: &[Field] = &[
         meaning: r#"the request's `:authority` (Host, compared case-insensitively) is part of every record's scope: two hosts behind one listener never see each other's records. Turn off only if several host names serve one logical API and must share keys."#,
     },
     Field {
+        name: "principal",
+        ty: Type::Object,
+        default: Shown::Text(r#"`{"header": "authorization"}`"#),
+        applies: Applies::Policy,
+        group: Group::Configuration,
+        meaning: r#"which part of a request names its caller: exactly one of `principal.header`, `principal.cookie`, `principal.metadata` or `principal.none`. A record belongs to the caller that made it: a request of another caller with the same key never gets its stored response (`422 principal-mismatch`, counted in `proxy_dedup_principal_mismatch`), and in keyless mode (`key.fingerprint`) another caller's identical request is an operation of its own and runs. A request that names no caller (the header absent or empty) is "no caller", a caller of its own. Records keep a salted 8-byte tag of the principal, never its bytes. See [Callers](../semantics/callers.md)."#,
+    },
+    Field {
+        name: "principal.header",
+        ty: Type::String(Len::new(1, None)),
+        default: Shown::Json(Value::Str(DEFAULT_PRINCIPAL_HEADER)),
+        applies: Applies::Policy,
+        group: Group::Configuration,
+        meaning: r#"a request header whose bytes name the caller (`authorization`, `x-api-key`); every line of it counts, in order. With a credential that changes (a refreshed bearer token), the same client's retry with the new one is another caller: `422 principal-mismatch`, never a second execution; name a stable header or a verified claim where clients refresh tokens."#,
+    },
+    Field {
+        name: "principal.cookie",
+        ty: Type::String(Len::new(1, Some(MAX_PRINCIPAL_NAME_BYTES))),
+        default: Shown::Text(r#"none"#),
+        applies: Applies::Policy,
+        group: Group::Configuration,
+        meaning: r#"a cookie (an RFC 6265 name of {range}, case-sensitive) of the `cookie` header whose value names the caller (a session id); a cookie sent twice counts with both values, in order."#,
+    },
+    Field {
+        name: "principal.metadata",
+        ty: Type::List(Item::String, Len::new(2, Some(MAX_METADATA_PATH))),
+        default: Shown::Text(r#"none"#),
+        applies: Applies::Policy,
+        group: Group::Configuration,
+        meaning: r#"a value an earlier filter of the chain put in the stream's dynamic metadata: the filter's namespace, then the keys inside it, e.g. `["envoy.filters.http.jwt_authn", "jwt_payload", "sub"]` ({range} entries; jwt_authn with `payload_in_metadata: "jwt_payload"`): the verified token's subject, the same across token refreshes. Only the auth layer writes metadata, so no client can set it; a request without it (no token, an allowed missing one) names no caller."#,
+    },
+    Field {
+        name: "principal.none",
+        ty: Type::Bool,
+        default: Shown::Text(r#"none"#),
+        applies: Applies::Policy,
+        group: Group::Configuration,
+        meaning: r#"`true`: records name no caller (`false` is the default source, `authorization`); any caller's request with a key gets the key's stored response, as when the key alone is the secret (an upstream that scopes keys itself, a trusted internal network). Records written by named callers then answer `422 principal-mismatch` until they expire."#,
+    },
+    Field {
         name: "methods",
         ty: Type::List(Item::Method, Len::new(1, None)),
         default: Shown::Json(Value::List(&DEFAULT_METHODS)),
@@ -545,7 +589,7 @@ pub const FIELDS: &[Field] = &[
         ty: Type::IntegerUpTo(MAX_WAITERS_PER_SCOPE),
         default: Shown::JsonNote(
             Value::Int(DEFAULT_MAX_WAITERS_PER_SCOPE),
-            "(at most `max_waiters`)",
+            "(at most half of `max_waiters`, at least 1)",
         ),
         applies: Applies::TopLevel,
         group: Group::Configuration,
@@ -642,10 +686,18 @@ pub const FIELDS: &[Field] = &[
     Field {
         name: "failure_mode",
         ty: Type::Enum(&["open", "closed"]),
-        default: Shown::Json(Value::Str("open")),
+        default: Shown::Json(Value::Str("closed")),
         applies: Applies::TopLevel,
         group: Group::Configuration,
-        meaning: r#"when the store cannot answer (etcd: it times out, errors or is unreachable): `"open"` passes the request through (counted in `wasmcustom.proxy_dedup_store_errors` and `wasmcustom.proxy_dedup_failed_open`); `"closed"` answers `503` problem+json `urn:proxy-dedup:problem:store-unavailable`."#,
+        meaning: r#"when the store cannot answer (etcd: it times out, errors or is unreachable after its retries within `store.timeout_ms`): `"closed"` answers `503` problem+json `urn:proxy-dedup:problem:store-unavailable` with `retry-after: retry_after_seconds`, nothing forwarded (counted in `proxy_dedup_store_errors` and `proxy_dedup_store_unavailable`), so a key that may have run never runs again; `"open"` passes the request through unrecorded (counted in `proxy_dedup_store_errors` and `proxy_dedup_failed_open`): the service stays available through a store outage, and every key that passed may run again when its client retries (through this or another proxy). Choose `"open"` only where a second execution is cheaper than a refusal."#,
+    },
+    Field {
+        name: "request_id_preserved",
+        ty: Type::Bool,
+        default: Shown::Json(Value::Bool(DEFAULT_REQUEST_ID_PRESERVED)),
+        applies: Applies::TopLevel,
+        group: Group::Configuration,
+        meaning: r#"`true` says Envoy's http_connection_manager keeps a client's `x-request-id` and generates none (`preserve_external_request_id: true`, `generate_request_id: false`; with tracing, also the UUID `request_id_extension`'s `pack_trace_reason: false`), so `x-request-id` may be named in `key.headers`, `scope.headers`, `principal.header` or a `header:` part of `key.fingerprint`. Without it such a configuration is refused: Envoy would put its own id there, a missing key would never be missing and every retry would be a new key. Headers Envoy always sets itself (`x-forwarded-for`, `x-forwarded-proto`, `x-envoy-external-address`, `x-envoy-internal`, `x-forwarded-client-cert`, `x-forwarded-host`, `x-forwarded-port`, `x-envoy-original-path`) are refused in `key.headers` either way. `dedupctl envoy-filter` prints the connection manager's settings."#,
     },
     Field {
         name: "payload",

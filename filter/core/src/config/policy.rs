@@ -1,7 +1,7 @@
 //! The policy fields (top level or a rule's): key, scope, methods, timing, sizes,
 //! statuses and the payload a key is bound to.
 
-use super::raw::{RawPayload, RawPolicy, RawUpstream};
+use super::raw::{RawPayload, RawPolicy, RawPrincipal, RawUpstream};
 use super::*;
 
 /// The policy fields under `prefix` (`""` at the top level, `rules[2].` in a rule). A
@@ -55,6 +55,9 @@ pub(super) fn parse_policy(
         }
         out.scope_headers = scope_headers;
         out.scope_authority = scope.authority.unwrap_or(DEFAULT_SCOPE_AUTHORITY);
+    }
+    if let Some(pr) = raw.principal {
+        out.principal = parse_principal(prefix, pr)?;
     }
     if let Some(m) = raw.methods {
         out.methods = parse_methods(&f("methods"), m)?;
@@ -324,4 +327,84 @@ pub(super) fn invalid_escape(p: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// `principal`: exactly one of `header`, `cookie`, `metadata` or `none: true`.
+fn parse_principal(prefix: &str, raw: RawPrincipal) -> Result<PrincipalSource, ConfigError> {
+    let f = |name: &str| format!("{prefix}{name}");
+    // `none: false` is no choice of its own: the default source, unless another is given.
+    if raw.none == Some(false)
+        && (raw.header.is_some() || raw.cookie.is_some() || raw.metadata.is_some())
+    {
+        return Err(err(
+            &f("principal.none"),
+            "`false` with another source: give only that source",
+        ));
+    }
+    let none = raw.none == Some(true);
+    if raw.none == Some(false) {
+        return Ok(PrincipalSource::Header(
+            DEFAULT_PRINCIPAL_HEADER.to_string(),
+        ));
+    }
+    let given = [
+        raw.header.is_some(),
+        raw.cookie.is_some(),
+        raw.metadata.is_some(),
+        none,
+    ]
+    .iter()
+    .filter(|&&b| b)
+    .count();
+    if given != 1 {
+        return Err(err(
+            &f("principal"),
+            "give exactly one of `header`, `cookie`, `metadata` or `none: true`",
+        ));
+    }
+    if let Some(h) = raw.header {
+        let name = header_names(&f("principal.header"), vec![h], false)?.remove(0);
+        return Ok(PrincipalSource::Header(name));
+    }
+    if let Some(c) = raw.cookie {
+        let ok = !c.is_empty()
+            && c.len() <= fields::MAX_PRINCIPAL_NAME_BYTES
+            && c.bytes()
+                .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b));
+        if !ok {
+            return Err(err(
+                &f("principal.cookie"),
+                format!(
+                    "`{c}` is not a cookie name (1 to {} characters of an RFC 6265 token)",
+                    fields::MAX_PRINCIPAL_NAME_BYTES
+                ),
+            ));
+        }
+        return Ok(PrincipalSource::Cookie(c));
+    }
+    if let Some(path) = raw.metadata {
+        let field = f("principal.metadata");
+        if path.len() < 2 || path.len() > fields::MAX_METADATA_PATH {
+            return Err(err(
+                &field,
+                format!(
+                    "list the filter's metadata namespace, then 1 to {} keys inside it \
+                     (e.g. [\"envoy.filters.http.jwt_authn\", \"jwt_payload\", \"sub\"])",
+                    fields::MAX_METADATA_PATH - 1
+                ),
+            ));
+        }
+        if let Some(bad) = path
+            .iter()
+            .find(|s| s.is_empty() || s.len() > 256 || s.contains('\0'))
+        {
+            return Err(err(
+                &field,
+                format!("`{bad}` is not a metadata key (1 to 256 bytes, no NUL)"),
+            ));
+        }
+        let property = crate::principal::metadata_property(&path);
+        return Ok(PrincipalSource::Metadata { path, property });
+    }
+    Ok(PrincipalSource::None)
 }

@@ -12,6 +12,7 @@ macro_rules! with_policy_fields {
             [
                 key: RawKey,
                 scope: RawScope,
+                principal: RawPrincipal,
                 methods: Vec<String>,
                 on_duplicate: OnDuplicate,
                 on_in_flight: OnInFlight,
@@ -87,6 +88,7 @@ with_policy_fields!(raw_with_policy!
         replayed_header: Option<String>,
         failure_mode: Option<FailureMode>,
         on_store_full: Option<OnStoreFull>,
+        request_id_preserved: Option<bool>,
         role: Option<Role>,
         store: Option<RawStore>,
         rules: Option<Vec<RawRule>>,
@@ -182,6 +184,15 @@ pub(super) struct RawKey {
 pub(super) struct RawScope {
     pub(super) headers: Option<Vec<String>>,
     pub(super) authority: Option<bool>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPrincipal {
+    pub(super) header: Option<String>,
+    pub(super) cookie: Option<String>,
+    pub(super) metadata: Option<Vec<String>>,
+    pub(super) none: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]

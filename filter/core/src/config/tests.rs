@@ -1,7 +1,7 @@
 //! Tests of configuration parsing: documented defaults, bounds at both ends, and errors that
 //! name the field.
 
-use crate::config::{Config, FailureMode, OnDuplicate, OnInFlight};
+use crate::config::{Config, FailureMode, OnDuplicate, OnInFlight, PrincipalSource};
 use crate::stream::Plugin;
 use crate::testing::*;
 
@@ -27,8 +27,14 @@ fn empty_config_gives_documented_defaults() {
     );
     assert_eq!(
         (c.policy.on_duplicate, c.failure_mode),
-        (OnDuplicate::Replay, FailureMode::Open)
+        (OnDuplicate::Replay, FailureMode::Closed)
     );
+    assert_eq!(
+        c.policy.principal,
+        PrincipalSource::Header("authorization".into()),
+        "records belong to their caller by default"
+    );
+    assert!(!c.request_id_preserved);
     assert!(c.stores_status(200) && c.stores_status(404) && c.stores_status(302));
     assert!(!c.stores_status(500) && !c.stores_status(503) && !c.stores_status(101));
 }
@@ -40,7 +46,7 @@ fn full_config_parses() {
             "scope": {"headers": ["x-tenant"]}, "methods": ["POST", "PUT"], "on_duplicate": "reject", "ttl_seconds": 60,
             "in_flight_timeout_seconds": 5, "retry_after_seconds": 2, "capacity": 1024, "max_body_bytes": 4096,
             "max_replay_body_bytes": 1024, "store_statuses": ["2xx", "409"], "replayed_header": "X-Replayed",
-            "failure_mode": "closed", "store": {"kind": "shared_data", "namespace": "orders"}}"#,
+            "failure_mode": "closed", "request_id_preserved": true, "store": {"kind": "shared_data", "namespace": "orders"}}"#,
     )
     .unwrap();
     assert_eq!(
@@ -537,4 +543,90 @@ fn shard_maps() {
         cfg_err(r#"{"store": {"shards": [{"cluster": "a"}]}}"#).0,
         "store.shards"
     );
+}
+
+#[test]
+fn a_principal_comes_from_one_source() {
+    let p = |json: &str| Config::parse(json.as_bytes()).unwrap().policy.principal;
+    assert_eq!(
+        p(r#"{"principal": {"header": "X-Api-Key"}}"#),
+        PrincipalSource::Header("x-api-key".into())
+    );
+    assert_eq!(
+        p(r#"{"principal": {"cookie": "session"}}"#),
+        PrincipalSource::Cookie("session".into())
+    );
+    assert_eq!(p(r#"{"principal": {"none": true}}"#), PrincipalSource::None);
+    let PrincipalSource::Metadata { path, property } =
+        p(r#"{"principal": {"metadata": ["envoy.filters.http.jwt_authn", "jwt_payload", "sub"]}}"#)
+    else {
+        panic!("metadata")
+    };
+    assert_eq!(path.len(), 3);
+    assert_eq!(
+        property,
+        "metadata\0filter_metadata\0envoy.filters.http.jwt_authn\0jwt_payload\0sub"
+    );
+    // A rule's own principal, and the glue is told which property to read, once.
+    let c = Config::parse(
+        br#"{"principal": {"metadata": ["jwt", "sub"]},
+             "rules": [{"name": "a", "match": {"path_prefix": "/a"}, "principal": {"metadata": ["jwt", "sub"]}},
+                       {"name": "b", "match": {"path_prefix": "/b"}, "principal": {"cookie": "sid"}}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        c.metadata_properties,
+        vec!["metadata\0filter_metadata\0jwt\0sub"]
+    );
+    assert_eq!(
+        c.rules[1].policy.principal,
+        PrincipalSource::Cookie("sid".into())
+    );
+}
+
+#[test]
+fn x_request_id_is_a_key_only_once_envoy_is_said_to_keep_the_clients() {
+    for json in [
+        r#"{"key": {"headers": ["x-request-id"], "required": true}}"#,
+        r#"{"scope": {"headers": ["x-request-id"]}}"#,
+        r#"{"key": {"fingerprint": ["body", "header:x-request-id"]}}"#,
+        r#"{"principal": {"header": "x-request-id"}}"#,
+        r#"{"rules": [{"name": "r", "match": {"path_prefix": "/r"}, "key": {"headers": ["X-Request-ID"]}}]}"#,
+    ] {
+        let e = Config::parse(json.as_bytes()).unwrap_err();
+        for needed in [
+            "preserve_external_request_id",
+            "generate_request_id",
+            "request_id_preserved",
+        ] {
+            assert!(e.reason.contains(needed), "{json}: {e}");
+        }
+        let with = json.replacen('{', r#"{"request_id_preserved": true, "#, 1);
+        Config::parse(with.as_bytes()).unwrap_or_else(|e| panic!("{with}: {e}"));
+    }
+    let e = Config::parse(br#"{"rules": [{"name": "r", "match": {"path_prefix": "/r"}, "key": {"headers": ["x-request-id"]}}]}"#).unwrap_err();
+    assert_eq!(e.field, "rules[0].key.headers");
+    // Headers Envoy always sets are never a key, whatever is said.
+    let e = Config::parse(
+        br#"{"request_id_preserved": true, "key": {"headers": ["x-forwarded-for"]}}"#,
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "key.headers");
+    assert!(e.reason.contains("appends the peer's address"), "{e}");
+}
+
+#[test]
+fn a_small_waiter_pool_leaves_room_for_another_scope() {
+    let per_scope = |pool: u64| {
+        Config::parse(format!(r#"{{"max_waiters": {pool}}}"#).as_bytes())
+            .unwrap()
+            .max_waiters_per_scope
+    };
+    assert_eq!(per_scope(1), 1);
+    assert_eq!(per_scope(2), 1);
+    assert_eq!(per_scope(3), 1);
+    assert_eq!(per_scope(10), 5);
+    assert_eq!(per_scope(512), 256);
+    assert_eq!(per_scope(100_000), 256);
+    assert_eq!(Config::parse(b"{}").unwrap().max_waiters_per_scope, 256);
 }

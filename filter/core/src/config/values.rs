@@ -94,3 +94,99 @@ pub(super) fn parse_status(field: &str, entry: &str) -> Result<StatusRange, Conf
     }
     Ok(StatusRange::new(code, code, exclude))
 }
+
+/// Request headers Envoy's connection manager sets, appends to or overwrites on its own,
+/// before any HTTP filter sees the request (so not a client's key), with what it does.
+/// `x-request-id` is special: with `preserve_external_request_id: true` and
+/// `generate_request_id: false` Envoy keeps a client's and adds none, so it may be a key
+/// once `request_id_preserved` says those are set.
+pub const ENVOY_SET_HEADERS: [(&str, &str); 9] = [
+    (
+        "x-request-id",
+        "Envoy generates one for every request without it and replaces an outside client's",
+    ),
+    (
+        "x-forwarded-for",
+        "Envoy appends the peer's address (use_remote_address)",
+    ),
+    (
+        "x-forwarded-proto",
+        "Envoy sets it to the downstream scheme on edge requests",
+    ),
+    (
+        "x-envoy-external-address",
+        "Envoy sets it to the client's address on edge requests",
+    ),
+    (
+        "x-envoy-internal",
+        "Envoy sets or removes it by where the request came from",
+    ),
+    (
+        "x-forwarded-client-cert",
+        "Envoy sanitizes, sets or appends it from the client certificate (forward_client_cert_details)",
+    ),
+    (
+        "x-forwarded-host",
+        "Envoy appends the original host when it rewrites one (append_x_forwarded_host)",
+    ),
+    (
+        "x-forwarded-port",
+        "Envoy sets it to the listener's port (append_x_forwarded_port)",
+    ),
+    (
+        "x-envoy-original-path",
+        "Envoy sets it when a route rewrites the path",
+    ),
+];
+
+/// A policy's key may not come from a header Envoy sets on its own (`ENVOY_SET_HEADERS`):
+/// the filter would take Envoy's value for the client's key, silently (every retry a
+/// new key, or a missing key never missing). `x-request-id` is allowed, as a key and in
+/// a scope or fingerprint, once `request_id_preserved` says Envoy keeps the client's.
+pub(super) fn check_envoy_set_headers(
+    prefix: &str,
+    p: &super::Policy,
+    request_id_preserved: bool,
+) -> Result<(), ConfigError> {
+    let request_id = |field: &str| {
+        err(
+            &format!("{prefix}{field}"),
+            "`x-request-id` is set by Envoy's connection manager: it generates one for every \
+             request that has none (so `key.required` never fires and every retry is a new key) \
+             and replaces an outside client's. Set `preserve_external_request_id: true` and \
+             `generate_request_id: false` on the http_connection_manager (and, with tracing, the \
+             UUID request_id_extension's `pack_trace_reason: false`), then `request_id_preserved: \
+             true` here to say so (`dedupctl envoy-filter` prints those settings)",
+        )
+    };
+    for name in &p.key_headers {
+        if name == "x-request-id" {
+            if !request_id_preserved {
+                return Err(request_id("key.headers"));
+            }
+            continue;
+        }
+        if let Some((_, why)) = ENVOY_SET_HEADERS.iter().find(|(h, _)| h == name) {
+            return Err(err(
+                &format!("{prefix}key.headers"),
+                format!("`{name}` is not a client's key: {why}"),
+            ));
+        }
+    }
+    if request_id_preserved {
+        return Ok(());
+    }
+    if p.scope_headers.iter().any(|h| h == "x-request-id") {
+        return Err(request_id("scope.headers"));
+    }
+    if p.fingerprint
+        .iter()
+        .any(|f| matches!(f, super::FingerprintPart::Header(h) if h == "x-request-id"))
+    {
+        return Err(request_id("key.fingerprint"));
+    }
+    if matches!(&p.principal, super::PrincipalSource::Header(h) if h == "x-request-id") {
+        return Err(request_id("principal.header"));
+    }
+    Ok(())
+}

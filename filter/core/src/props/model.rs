@@ -127,7 +127,8 @@ enum Op {
         worker: u8,
         scope: u8,
         key: u8,
-        /// 0: no body; 1, 2: two bodies.
+        /// The body (`payload % 3`; 0: no body, 1, 2: two bodies) and the caller
+        /// (`payload / 3`: two named by `authorization`, then one that names none).
         payload: u8,
         bad: Option<Bad>,
         /// Shared data: which of two configurations (capacities) serves it.
@@ -397,6 +398,27 @@ fn plugin_json(k: &Knobs, capacity: u32, step: Option<u8>) -> String {
     )
 }
 
+/// A model payload's body (0: none) and caller (2: none named); see `Op::Start`.
+fn body_of(payload: u8) -> u8 {
+    payload % 3
+}
+
+fn caller_of(payload: u8) -> u8 {
+    payload / 3
+}
+
+/// What a record of `stored`'s payload answers a request of `mine`'s, when they differ:
+/// another body is a payload mismatch; the same body of another caller, a principal one.
+fn mismatch_of(stored: u8, mine: u8) -> Option<&'static str> {
+    if body_of(stored) != body_of(mine) {
+        Some("422")
+    } else if stored != mine {
+        Some("422 principal")
+    } else {
+        None
+    }
+}
+
 fn problem_slug(r: &LocalReply) -> String {
     serde_json::from_slice::<serde_json::Value>(&r.body)
         .ok()
@@ -506,7 +528,7 @@ fn op() -> impl Strategy<Value = Op> {
         Just(EndWhy::NoHealthy)
     ];
     prop_oneof![
-        5 => (any::<u8>(), 0u8..2, 0u8..2, 0u8..3, prop::option::weighted(0.08, bad), 0u8..2)
+        5 => (any::<u8>(), 0u8..2, 0u8..2, 0u8..9, prop::option::weighted(0.08, bad), 0u8..2)
             .prop_map(|(worker, scope, key, payload, bad, layout)| Op::Start { worker, scope, key, payload, bad, layout }),
         3 => any::<u8>().prop_map(|s| Op::Body { s }),
         2 => any::<u8>().prop_map(|s| Op::Apply { s }),
@@ -623,6 +645,7 @@ fn the_resharding_runs_move_some_of_the_models_keys() {
                     ("idempotency-key".into(), format!("key-{key}").into_bytes()),
                 ],
                 protocol: String::new(),
+                properties: Vec::new(),
             };
             let shard = |world: &mut World, p: usize| {
                 let plugin = &world.plugins[p];

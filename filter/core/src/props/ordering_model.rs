@@ -248,6 +248,7 @@ fn head_of((entity, version, copy): Delivery) -> RequestHead {
             ("x-version".into(), version.to_string().into_bytes()),
         ],
         protocol: String::new(),
+        properties: Vec::new(),
     }
 }
 

@@ -4,6 +4,7 @@
 
 use super::{Claim, ClaimOutcome, Layout, WAYS};
 use crate::key::Digest;
+use crate::principal::{compare, PayloadMatch};
 use crate::record::{RecordState, RecordTimes};
 use crate::wire::{Reader, WireError, Writer};
 
@@ -408,8 +409,11 @@ pub(super) fn existing(
     layout: &Layout,
     now_ms: u64,
 ) -> ClaimOutcome {
-    if &r.payload != payload {
-        return ClaimOutcome::PayloadMismatch;
+    match compare(&r.payload, payload) {
+        PayloadMatch::Same => {}
+        PayloadMatch::OtherPayload => return ClaimOutcome::PayloadMismatch,
+        PayloadMatch::OtherCaller => return ClaimOutcome::OtherCaller { unowned: false },
+        PayloadMatch::Unowned => return ClaimOutcome::OtherCaller { unowned: true },
     }
     match r.state {
         // A kept claim past its in-flight time: nobody settled it, its outcome is unknown.

@@ -75,6 +75,19 @@ impl DedupStream {
         dup: Duplicate,
         times: RecordTimes,
     ) -> Decision {
+        // Keyless: another caller's record of the same fingerprint; this caller's
+        // identical request is an operation of its own, with a record of its own. (Not
+        // an unowned one: that may be this caller's, written before callers were named.)
+        if let Duplicate::OtherCaller { unowned: false } = dup {
+            if let (Some(own), Some(payload)) = (self.caller_record.take(), self.payload) {
+                env.debug(format_args!(
+                    "stream {}: the fingerprint's record is another caller's; taking this caller's",
+                    self.id
+                ));
+                self.record = Some(own);
+                return self.claim_again(p, env, own, payload);
+            }
+        }
         let cfg = &p.config;
         let policy = cfg.policy_at(self.rule);
         let now = env.now_ms();
@@ -131,6 +144,21 @@ impl DedupStream {
                 let detail = "this key was first used with a different method, path or body";
                 let headers = advertised.expires();
                 self.reply(env, Problem::PayloadMismatch.reply(detail, headers))
+            }
+            Duplicate::OtherCaller { unowned } => {
+                env.count(Counter::PrincipalMismatch);
+                let detail = if unowned {
+                    "this key's record was made by a request that named no caller, or before this proxy \
+                     recorded callers: it is not replayed to a named caller, and the key does not run \
+                     again until its record expires"
+                } else {
+                    "this key was used by another caller (or by this client with other credentials, \
+                     such as a refreshed token): its response goes only to the caller that made it, \
+                     and the key does not run again until its record expires; the operation may have \
+                     run: check before sending it again with a new key"
+                };
+                let headers = advertised.expires();
+                self.reply(env, Problem::PrincipalMismatch.reply(detail, headers))
             }
             Duplicate::NotStored => self.not_stored(env, advertised.expires()),
             Duplicate::Completed(_) if policy.on_duplicate == OnDuplicate::Reject => {
@@ -207,9 +235,15 @@ impl DedupStream {
         match p.config.failure_mode {
             FailureMode::Open => self.fail_open(env),
             FailureMode::Closed => {
+                env.count(Counter::StoreUnavailable);
                 let detail =
-                    "the deduplication store could not answer; the request was not forwarded";
-                self.reply(env, Problem::StoreUnavailable.reply(detail, Vec::new()))
+                    "the deduplication store could not answer; the request was not forwarded \
+                     (retry it with the same key)";
+                let retry = vec![(
+                    "retry-after".to_string(),
+                    p.config.retry_after_seconds.to_string().into_bytes(),
+                )];
+                self.reply(env, Problem::StoreUnavailable.reply(detail, retry))
             }
         }
     }
@@ -290,6 +324,7 @@ fn verdict_of(details: &str) -> &'static str {
         "outcome_unknown" => "rejected_outcome_unknown",
         "store_full" => "store_full",
         "payload_mismatch" => "mismatch",
+        "principal_mismatch" => "principal_mismatch",
         "already_completed" => "rejected_completed",
         "response_not_stored" => "not_stored",
         "body_too_large" => "body_too_large",

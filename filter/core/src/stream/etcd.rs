@@ -18,6 +18,7 @@ use crate::etcdpb;
 use crate::key::{short_hex, Digest};
 use crate::local::LocalEntry;
 use crate::metrics::Counter;
+use crate::principal::compare;
 use crate::record::{RecordState, RecordTimes};
 use crate::shards;
 use crate::wait::POLL_ETCD_MS;
@@ -258,13 +259,12 @@ impl DedupStream {
         // Where the key's record is found is decided again by this claim (and its check).
         self.waits_on_other_map = false;
         if let Some(e) = env.local().get(&digest, now) {
-            let dup = if e.payload != payload {
-                Duplicate::PayloadMismatch
-            } else {
-                match &e.response {
+            let dup = match Duplicate::mismatch(compare(&e.payload, &payload)) {
+                Some(m) => m,
+                None => match &e.response {
                     Some(r) => Duplicate::Completed(Some(r.clone())),
                     None => Duplicate::NotStored,
-                }
+                },
             };
             let times = RecordTimes::expiring(e.expires_ms);
             env.debug(format_args!(
@@ -709,8 +709,8 @@ fn classify(r: EtcdRecord, payload: &Digest, keeps: bool, now: u64) -> Existing 
         return Existing::Over;
     }
     let times = RecordTimes::expiring(r.expires_ms);
-    if r.payload != *payload {
-        return Existing::Duplicate(Duplicate::PayloadMismatch, times, None);
+    if let Some(m) = Duplicate::mismatch(compare(&r.payload, payload)) {
+        return Existing::Duplicate(m, times, None);
     }
     let (dup, learn) = match r.state {
         // Kept claims live on the completed lease: past its in-flight time (by this

@@ -47,6 +47,9 @@ impl DedupStream {
             Ok(ClaimOutcome::PayloadMismatch) => {
                 self.duplicate(p, env, Duplicate::PayloadMismatch, times)
             }
+            Ok(ClaimOutcome::OtherCaller { unowned }) => {
+                self.duplicate(p, env, Duplicate::OtherCaller { unowned }, times)
+            }
             Ok(ClaimOutcome::CompletedNotStored) => {
                 self.duplicate(p, env, Duplicate::NotStored, times)
             }

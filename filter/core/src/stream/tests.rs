@@ -1,6 +1,7 @@
 //! The stream machine end to end through the `Plugin`, with the fake host of `fake.rs`
 //! and the drivers of `testing.rs`, one file per behaviour.
 
+mod callers;
 mod calls;
 mod contract;
 mod detached;

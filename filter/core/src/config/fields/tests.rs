@@ -259,6 +259,8 @@ fn sample(f: &Field) -> Json {
             "rules[].match.header.equals" => "v",
             "rules[].records_of" => "default",
             "ordering.entity.header" | "ordering.version.header" => "x",
+            "principal.header" => "x-api-key",
+            "principal.cookie" => "session",
             "ordering.entity.json_pointer" | "ordering.version.json_pointer" => "/i",
             other => panic!("no sample string for `{other}`: add one"),
         }),
@@ -301,6 +303,7 @@ fn the_table_names_exactly_the_fields_the_parser_accepts() {
         ("ordering", "ordering"),
         ("ordering.entity", "ordering.entity"),
         ("ordering.version", "ordering.version"),
+        ("principal", "principal"),
         ("store", "store"),
         ("rules[0]", "rules[]"),
         ("rules[0].match", "rules[].match"),
@@ -310,6 +313,7 @@ fn the_table_names_exactly_the_fields_the_parser_accepts() {
         ("rules[0].payload", "payload"),
         ("rules[0].upstream", "upstream"),
         ("rules[0].ordering", "ordering"),
+        ("rules[0].principal", "principal"),
     ];
     for (at, table) in &objects {
         let mut parser = accepted_names(at);
@@ -791,6 +795,17 @@ fn every_default_that_is_no_value_says_what_the_parser_does() {
                 .unwrap();
                 let o = c.policy.ordering.unwrap();
                 assert_eq!(o.entity, crate::config::EntitySource::Header("e".into()));
+            }
+            "principal" => assert_eq!(
+                p.principal,
+                crate::config::PrincipalSource::Header("authorization".into())
+            ),
+            "principal.cookie" | "principal.metadata" | "principal.none" => {
+                // One source is used; with none given it is the `authorization` header.
+                assert!(matches!(
+                    p.principal,
+                    crate::config::PrincipalSource::Header(_)
+                ))
             }
             "key.json_pointer" => assert_eq!(p.json_pointer, None),
             "key.fingerprint" => assert!(p.fingerprint.is_empty()),

@@ -16,7 +16,12 @@ impl World {
             .filter(|a| a.stream != i && a.scope == scope && a.key == key)
             .collect();
         let same = others.iter().any(|a| a.payload == payload);
-        let other_payload = others.iter().any(|a| a.payload != payload);
+        let other_payload = others
+            .iter()
+            .any(|a| mismatch_of(a.payload, payload) == Some("422"));
+        let other_caller = others
+            .iter()
+            .any(|a| mismatch_of(a.payload, payload) == Some("422 principal"));
         if let Some(v) = r.header("idempotent-replayed") {
             if v != b"true" {
                 return Err(format!("stream {i}: replayed header {v:?}"));
@@ -103,6 +108,7 @@ impl World {
             let slug = problem_slug(r);
             let allowed = match slug.as_str() {
                 "payload-mismatch" => other_payload,
+                "principal-mismatch" => other_caller,
                 "in-flight" => {
                     let ok = r
                         .header("retry-after")
@@ -200,8 +206,8 @@ impl World {
                 if shadowed {
                     return None;
                 }
-                return Some(if e.payload != x.payload {
-                    format!("422 (execution {n} in flight)")
+                return Some(if let Some(m) = mismatch_of(e.payload, x.payload) {
+                    format!("{m} (execution {n} in flight)")
                 } else {
                     format!("409 in-flight (execution {n})")
                 });
@@ -213,8 +219,8 @@ impl World {
                 let first = &self.sims[e.stream];
                 let held = first.call.is_none() && !first.faulted;
                 if held && self.now + IN_FLIGHT_MS < at.min(e.forward_at) + TTL_MS {
-                    return Some(if e.payload != x.payload {
-                        format!("422 (execution {n} outcome unknown)")
+                    return Some(if let Some(m) = mismatch_of(e.payload, x.payload) {
+                        format!("{m} (execution {n} outcome unknown)")
                     } else {
                         format!("409 outcome-unknown (execution {n})")
                     });
@@ -236,8 +242,8 @@ impl World {
         {
             let tried_since = others.iter().any(|a| a.at > e.forward_at);
             if !tried_since && clock < *expires {
-                return Some(if e.payload != x.payload {
-                    format!("422 (execution {n} completed)")
+                return Some(if let Some(m) = mismatch_of(e.payload, x.payload) {
+                    format!("{m} (execution {n} completed)")
                 } else if stored.is_none() {
                     format!("409 response-not-stored (execution {n})")
                 } else if self.knobs.reject {
@@ -265,6 +271,8 @@ impl World {
                     let n = d.trim_start_matches("replay of execution ");
                     r.header("x-exec") == Some(n.as_bytes())
                         && r.header("idempotent-replayed").is_some()
+                } else if d.starts_with("422 principal") {
+                    slug == "principal-mismatch"
                 } else if d.starts_with("422") {
                     slug == "payload-mismatch"
                 } else if d.starts_with("409 in-flight") {

@@ -114,7 +114,7 @@ impl World {
                     }
                     StoreKind::Etcd => 0,
                 },
-                (scope % 2, key % 2, payload % 3, bad),
+                (scope % 2, key % 2, payload % 9, bad),
             ),
             Op::Body { s } => match self.pick(s, |x| x.req == ReqPhase::AwaitBody && !x.ended) {
                 Some(i) => self.body(i),
@@ -180,7 +180,13 @@ impl World {
             authority: "api.example".into(),
             headers: vec![("x-tenant".into(), format!("tenant-{scope}").into_bytes())],
             protocol: String::new(),
+            properties: Vec::new(),
         };
+        if caller_of(payload) < 2 {
+            let auth = format!("Bearer caller-{}", caller_of(payload));
+            head.headers
+                .push(("authorization".into(), auth.into_bytes()));
+        }
         if bad != Some(Bad::NoKey) {
             head.headers
                 .push(("idempotency-key".into(), format!("key-{key}").into_bytes()));
@@ -219,7 +225,7 @@ impl World {
         });
         self.seen.requests += 1;
         self.sync(worker);
-        let eos = payload == 0;
+        let eos = body_of(payload) == 0;
         if eos {
             self.attempt(i);
         }
@@ -240,7 +246,7 @@ impl World {
 
     pub(super) fn body(&mut self, i: usize) -> Result<(), String> {
         let (w, p) = (self.sims[i].worker, self.sims[i].plugin);
-        let body = format!("body-{}", self.sims[i].payload).into_bytes();
+        let body = format!("body-{}", body_of(self.sims[i].payload)).into_bytes();
         self.log(format!("stream {i}: request body"));
         self.sync(w);
         self.sims[i].req = ReqPhase::Deciding;
@@ -349,7 +355,7 @@ impl World {
             } else {
                 match problem_slug(r).as_str() {
                     "in-flight" => self.seen.in_flight += 1,
-                    "payload-mismatch" => self.seen.mismatch += 1,
+                    "payload-mismatch" | "principal-mismatch" => self.seen.mismatch += 1,
                     _ => {}
                 }
             }

@@ -280,7 +280,7 @@ impl World {
             executed: sum(Counter::Executed),
             replayed: sum(Counter::Replayed),
             in_flight: sum(Counter::RejectedInFlight),
-            mismatch: sum(Counter::PayloadMismatch),
+            mismatch: sum(Counter::PayloadMismatch) + sum(Counter::PrincipalMismatch),
             bad_key: sum(Counter::BadKey),
             bypassed: sum(Counter::Bypassed),
         };

@@ -53,9 +53,21 @@ fn etcd_local_tier_answers_without_a_round_trip() {
         .status(),
         422
     );
-    // B has not seen it: it needs etcd, which is down: fails open.
-    assert_eq!(run(&p, &mut b, &r, ok("through")), executed("through"));
-    assert_eq!(b.count_of(Counter::FailedOpen), 1);
+    // B has not seen it: it needs etcd, which is down: refused (failure_mode closed by
+    // default), with retry-after, nothing forwarded.
+    let refused = run(&p, &mut b, &r, ok("never"));
+    assert_eq!(
+        (refused.status(), refused.problem_type()),
+        (503, "urn:proxy-dedup:problem:store-unavailable".to_string())
+    );
+    assert_eq!(refused.local().header("retry-after"), Some(&b"1"[..]));
+    assert_eq!(
+        (
+            b.count_of(Counter::StoreUnavailable),
+            b.count_of(Counter::FailedOpen)
+        ),
+        (1, 0)
+    );
     a.etcd.set_down(false);
     run(&p, &mut b, &r, ok("no")).assert_replays(b"made");
     a.etcd.set_down(true);
@@ -174,9 +186,10 @@ fn etcd_transport_failures_retry_then_fail_by_mode() {
     assert!(matches!(again, Decision::Call(_)), "{again:?}");
     // All down: open passes through, closed answers 503.
     a.etcd.set_down(true);
-    assert!(run(&p, &mut a, &req("POST", "/o").key("k2"), ok("x")).reached_upstream());
+    let open = etcd_plugin(r#""failure_mode": "open""#);
+    assert!(run(&open, &mut a, &req("POST", "/o").key("k2"), ok("x")).reached_upstream());
     assert_eq!(a.count_of(Counter::FailedOpen), 1);
-    let closed = etcd_plugin(r#""failure_mode": "closed""#);
+    let closed = etcd_plugin("");
     let o = run(&closed, &mut a, &req("POST", "/o").key("k3"), ok("x"));
     assert_eq!(o.status(), 503);
     assert_eq!(

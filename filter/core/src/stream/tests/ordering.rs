@@ -638,8 +638,8 @@ fn etcd_an_entity_claim_is_retried_four_times_then_fails_as_failure_mode_says() 
         run(&p, &mut a, &delivery("o", "1", "a"), ok("x")).status(),
         409
     );
-    // Five: closed refuses (and releases the record: the key runs later).
-    let p = etcd_ordered(r#""failure_mode": "closed""#);
+    // Five: closed (the default) refuses (and releases the record: the key runs later).
+    let p = etcd_ordered("");
     let (mut a, _) = two_proxies();
     let (_, d) = at_entity_claim(&p, &mut a, &delivery("o", "2", "b"), |e| {
         e.etcd.fail_next(5)
@@ -651,7 +651,7 @@ fn etcd_an_entity_claim_is_retried_four_times_then_fails_as_failure_mode_says() 
     );
     // Five under open: forwarded unordered, once; its completion still raises the
     // applied version (the entity is created by the settle).
-    let p = etcd_ordered("");
+    let p = etcd_ordered(r#""failure_mode": "open""#);
     let (mut a, _) = two_proxies();
     let (s, d) = at_entity_claim(&p, &mut a, &delivery("o", "2", "b"), |e| {
         e.etcd.fail_next(5)

@@ -191,7 +191,7 @@ fn a_waiter_gets_409_when_its_wait_times_out() {
 
 #[test]
 fn above_max_waiters_a_duplicate_gets_409_at_once() {
-    let p = wait_plugin(r#""max_waiters": 2"#);
+    let p = wait_plugin(r#""max_waiters": 2, "max_waiters_per_scope": 2"#);
     let r = req("POST", "/orders").key("k").body("{}");
     let (mut a, mut b, _first) = sent_on_worker_0(&p, &r);
     for id in [2, 3] {
@@ -474,4 +474,29 @@ fn one_scope_cannot_take_the_whole_waiter_pool() {
         "another scope's waiters never crowd it out"
     );
     assert_eq!(b.count_of(Counter::Waited), 3);
+}
+
+#[test]
+fn a_pool_of_two_leaves_another_scope_room_by_default() {
+    // No per-scope setting: half the pool (1 of 2) per scope.
+    let p = plugin(&format!(
+        r#"{{{WAIT}, "scope": {{"headers": ["x-tenant"]}}, "max_waiters": 2}}"#
+    ));
+    assert_eq!(p.config.max_waiters_per_scope, 1);
+    let (mut a, mut b) = two_workers();
+    let of = |t: &str, k: &str| req("POST", "/o").key(k).header("x-tenant", t).body("{}");
+    let _firsts: Vec<_> = [("noisy", "n"), ("victim", "v")]
+        .iter()
+        .map(|(t, k)| send(&p, &mut a, &of(t, k)).unwrap())
+        .collect();
+    let (_w1, d1) = decide(&p, &mut b, &of("noisy", "n"), 11);
+    assert_eq!(d1, Decision::Pause);
+    let (_w2, d2) = decide(&p, &mut b, &of("noisy", "n"), 12);
+    assert_eq!(reply(d2).status, 409, "the noisy tenant's second waiter");
+    let (_w3, d3) = decide(&p, &mut b, &of("victim", "v"), 13);
+    assert_eq!(
+        d3,
+        Decision::Pause,
+        "the other tenant's duplicate still waits"
+    );
 }
