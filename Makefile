@@ -79,7 +79,7 @@ docs-check:
 # versions: `make test-compat ENVOY_COMPAT_VERSIONS="1.36.4 1.38.2"` (not 1.38.3:
 # that pip build has no V8).
 ENVOY_COMPAT_VERSIONS ?= 1.36.4
-ENVOY_SUITES ?= e2e differential hardening configs multi_proxy multi_proxy_shards remote admin budget envoy_version wait wait_etcd rules exact_identity identity detached tenants ordering ordering_etcd
+ENVOY_SUITES ?= e2e callers differential hardening configs multi_proxy multi_proxy_shards remote admin budget envoy_version wait wait_etcd rules exact_identity identity detached tenants ordering ordering_etcd
 test-compat: wasm
 	@set -e; for v in $(ENVOY_COMPAT_VERSIONS); do \
 		bin=$$(bash .ci/install-envoy.sh $$v target/envoy-$$v); \
@@ -128,9 +128,11 @@ SEED    ?=
 CLIENTS ?= 24
 BROKEN  ?=
 SHARDS  ?= 1
+DEFAULTS ?=
 chaos: wasm
 	$(CARGO) run --locked -q -p dedup-envoy --bin chaos -- --seconds $(SECONDS) --clients $(CLIENTS) \
-		--shards $(SHARDS) $(if $(SEED),--seed $(SEED)) $(if $(BROKEN),--broken $(BROKEN))
+		--shards $(SHARDS) $(if $(SEED),--seed $(SEED)) $(if $(BROKEN),--broken $(BROKEN)) \
+		$(if $(DEFAULTS),--defaults true)
 
 # Mutation testing of dedup-core (cargo-mutants from crates.io, installed on first use;
 # README, "How we test"). Not part of `make test`: about an hour on 2 cores. It runs on

@@ -203,6 +203,18 @@ fn offline(args: &[String], out: &mut dyn Write, err: &mut dyn Write) -> std::io
         }
         ("check-config", Ok(_)) => {
             writeln!(out, "{file}: ok")?;
+            // A resharding's step 2: when its step 3 may drop the previous map.
+            if let Ok(c) = dedup_core::Config::parse(config.as_bytes()) {
+                let previous = matches!(&c.store, dedup_core::config::StoreConfig::Etcd(e)
+                    if e.check.as_ref().is_some_and(|k| k.role == dedup_core::config::CheckRole::Previous));
+                if let (true, Some(s)) = (previous, dedup_core::etcd::longest_key_life_s(&c)) {
+                    writeln!(
+                        out,
+                        "{file}: drop store.previous_shards no sooner than {s} s ({}) after every proxy runs this configuration, plus your clock skew",
+                        dedup_core::stream::human_duration(s)
+                    )?;
+                }
+            }
             Ok(0)
         }
         ("methods", Ok(_)) => {

@@ -472,6 +472,30 @@ impl LeaseCache {
     }
 }
 
+/// The longest a key this configuration writes lives in etcd (seconds): the longest
+/// completed lease of any policy's records, and with `ordering` of its entities (their
+/// leases run `max(ttl, ordering.ttl)`); `None` for another store. After every proxy
+/// writes under a new map, records under the old one are all gone this long later: the
+/// wait before a resharding's step 3 drops the old map (plus the proxies' clock skew).
+pub fn longest_key_life_s(config: &crate::config::Config) -> Option<u64> {
+    let crate::config::StoreConfig::Etcd(e) = &config.store else {
+        return None;
+    };
+    let life = |p: &crate::config::Policy| {
+        let ordering_ttl = p.ordering.as_ref().map_or(0, |o| o.ttl_ms);
+        LeasePlan::new(
+            p.ttl_ms.max(ordering_ttl),
+            p.in_flight_timeout_ms,
+            e.timeout_ms,
+        )
+        .ttl_s(LeasePurpose::Completed)
+    };
+    std::iter::once(&config.policy)
+        .chain(config.rules.iter().map(|r| &r.policy))
+        .map(life)
+        .max()
+}
+
 /// Lease timing for a configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeasePlan {

@@ -27,7 +27,7 @@ pub use detached::{classify_call, forwarded_header, UpstreamCall};
 pub use etcd::EtcdStore;
 pub use ordering::{APPLIED_VERSION_HEADER, STALE_HEADER};
 pub use plugin::{keeps_unknown, CallAnswer, Env, Plugin, Route, StoreCall, Transport};
-pub use store::{StoreState, StoreVisit};
+pub use store::{human_duration, StoreState, StoreVisit};
 
 use crate::config::GrpcPolicy;
 use crate::key::{
@@ -520,7 +520,11 @@ impl DedupStream {
         // and a keyless request of another caller takes a record of its own.
         let caller = crate::principal::principal(&cfg.principal, &head);
         let payload = crate::principal::seal(&payload, &digest, caller.as_deref());
-        if key.source == crate::key::KeySource::Fingerprint {
+        // Not with `principal: none`: every request is then the same caller, so a record
+        // of a named caller (written before the change) is refused, never run beside.
+        if key.source == crate::key::KeySource::Fingerprint
+            && cfg.principal != crate::config::PrincipalSource::None
+        {
             self.caller_record = Some(crate::principal::caller_record(&digest, caller.as_deref()));
         }
         self.record = Some(digest);

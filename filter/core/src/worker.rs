@@ -177,7 +177,9 @@ impl Worker {
             Level::Info,
             &format!(
                 "proxy-dedup: configured; store: {}",
-                plugin.store.describe()
+                plugin
+                    .store
+                    .describe(crate::etcd::longest_key_life_s(&plugin.config))
             ),
         );
         Some(Worker {

@@ -102,3 +102,22 @@ mod format {
         assert_eq!(EtcdRecord::decode(&head[..49], &[0x33; 32]), None);
     }
 }
+
+#[test]
+fn the_longest_key_life_is_the_longest_completed_lease_of_any_policy() {
+    let life = |json: &str| {
+        let c = crate::config::Config::parse(json.as_bytes()).unwrap();
+        crate::etcd::longest_key_life_s(&c)
+    };
+    assert_eq!(life("{}"), None, "shared data");
+    // 60 s TTL, 10 s in flight, 1 s budget: 60 + (10 + 1.25 + 1) + 1 + 7.5 s -> 81 s.
+    let base = r#""ttl_seconds": 60, "in_flight_timeout_seconds": 10, "store": {"kind": "etcd", "cluster": "e", "timeout_ms": 1000}"#;
+    assert_eq!(life(&format!("{{{base}}}")), Some(81));
+    // A rule with a longer TTL, and one whose entities outlive its records.
+    let rules = format!(
+        r#"{{{base}, "rules": [{{"name": "long", "match": {{"path_prefix": "/l"}}, "ttl_seconds": 120}},
+             {{"name": "o", "match": {{"path_prefix": "/o"}}, "ordering": {{"entity": {{"header": "e"}}, "version": {{"header": "v"}}, "ttl_seconds": 600}}}}]}}"#
+    );
+    // Ordering: 600 + 12.25 + 1 + 60 (a window of 600/8 = 75 s, at most 60) -> 674 s.
+    assert_eq!(life(&rules), Some(674));
+}

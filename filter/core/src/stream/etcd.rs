@@ -176,6 +176,9 @@ pub(super) struct Claiming {
     /// Resharding: the claim won on its shard at this (mod revision, completed lease)
     /// while its record is read on the key's shard under the other map.
     pub(super) won: Option<(i64, i64)>,
+    /// Resharding: the key's shard holds a claim in flight (these are its times) while
+    /// the key is read on its shard under the other map (`ClaimStep::Peek`).
+    pub(super) in_flight_here: Option<RecordTimes>,
 }
 
 impl Claiming {
@@ -202,6 +205,10 @@ pub(super) enum ClaimStep {
     Txn,
     /// Resharding: reading the key on its shard under the other map.
     Check,
+    /// Resharding: the key's own shard holds a claim in flight (often another
+    /// duplicate's, about to yield): reading the key under the other map, whose record,
+    /// if completed, is the answer (`peeked`).
+    Peek,
 }
 
 pub(super) const MAX_ROUNDS: u32 = 8;
@@ -298,6 +305,7 @@ impl DedupStream {
             expires_ms: 0,
             abandoned: false,
             won: None,
+            in_flight_here: None,
         };
         self.next_claim_call(p, ec, env, Box::new(c))
     }
@@ -383,6 +391,9 @@ impl DedupStream {
     ) -> Decision {
         if c.step == ClaimStep::Check {
             return self.checked(p, env, ec, c, &answer);
+        }
+        if c.step == ClaimStep::Peek {
+            return self.peeked(p, env, ec, c, &answer);
         }
         let now = env.now_ms();
         let parsed = etcd::read_answer(c.call.path, answer.status, &answer.body);
@@ -484,6 +495,13 @@ impl DedupStream {
                     Some(r) => {
                         let keeps = keeps_unknown(p.config.policy_at(self.rule));
                         match classify(r, &c.payload, keeps, now) {
+                            Existing::Duplicate(
+                                Duplicate::InFlight { held_until: None },
+                                times,
+                                _,
+                            ) if ec.check_route_of(&c.digest).is_some() => {
+                                self.peek(ec, env, c, times)
+                            }
                             Existing::Duplicate(dup, times, learn) => {
                                 if let Some(entry) = learn {
                                     env.local().insert(c.digest, entry, now);
@@ -536,6 +554,87 @@ impl DedupStream {
         let call = c.call.clone();
         self.phase = Phase::Claiming(c);
         Decision::Call(call)
+    }
+
+    /// During a resharding, a claim that found another claim in flight on the key's shard
+    /// reads the key on its shard under the other map before answering `409`: when several
+    /// duplicates of a key completed under the other map arrive at once, the first to
+    /// claim here yields to that record, and the others, finding its claim, are answered
+    /// from the record too (`peeked`), not `409`.
+    fn peek<E: Env>(
+        &mut self,
+        ec: &EtcdStore,
+        env: &mut E,
+        mut c: Box<Claiming>,
+        in_flight: RecordTimes,
+    ) -> Decision {
+        let Some(other) = ec.check_route_of(&c.digest) else {
+            return Decision::Continue;
+        };
+        let now = env.now_ms();
+        c.in_flight_here = Some(in_flight);
+        c.step = ClaimStep::Peek;
+        c.retries = 0;
+        c.sent_ms = now;
+        c.deadline_ms = now.saturating_add(ec.config.timeout_ms);
+        let proto = ec.config.protocol;
+        c.call = ec.call(
+            other,
+            proto.range_path(),
+            proto.read_key(&c.key),
+            attempt_timeout(ec, c.deadline_ms, now),
+        );
+        let call = c.call.clone();
+        self.phase = Phase::Claiming(c);
+        Decision::Call(call)
+    }
+
+    /// The other map's record of a key whose own shard holds a claim in flight: a
+    /// completed one (or one of another payload or caller) answers the request; anything
+    /// else, or a read that fails after its retries, leaves the claim in flight here the
+    /// answer (`409 in-flight`, or waiting in wait mode).
+    fn peeked<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        ec: &EtcdStore,
+        mut c: Box<Claiming>,
+        answer: &CallAnswer,
+    ) -> Decision {
+        let now = env.now_ms();
+        let here = c.in_flight_here.take().unwrap_or_default();
+        let read = match check_read(&c.call, answer) {
+            Some(read) => read,
+            None if retry_check(answer, &c.call, c.retries, c.deadline_ms, now) => {
+                c.retries += 1;
+                c.in_flight_here = Some(here);
+                c.call.timeout_ms = attempt_timeout(ec, c.deadline_ms, now);
+                c.sent_ms = now;
+                let call = c.call.clone();
+                self.phase = Phase::Claiming(c);
+                return Decision::Call(call);
+            }
+            None => None,
+        };
+        let keeps = keeps_unknown(p.config.policy_at(self.rule));
+        let there = read
+            .and_then(|(_, value)| EtcdRecord::decode(&value, &c.digest))
+            .map(|r| classify(r, &c.payload, keeps, now));
+        if let Some(Existing::Duplicate(dup, times, learn)) = there {
+            if !matches!(dup, Duplicate::InFlight { .. }) {
+                if let Some(entry) = learn {
+                    env.local().insert(c.digest, entry, now);
+                }
+                env.debug(format_args!(
+                    "stream {}: record {} is in flight here and settled under the other map; answering from that",
+                    self.id,
+                    short_hex(&c.digest)
+                ));
+                self.waits_on_other_map = true;
+                return self.duplicate(p, env, dup, times);
+            }
+        }
+        self.duplicate(p, env, Duplicate::InFlight { held_until: None }, here)
     }
 
     /// The claim won on its shard at `mod_revision`. During a resharding whose other map

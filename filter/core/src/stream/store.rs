@@ -122,7 +122,9 @@ impl StoreState {
     }
 
     /// The store in one line, for the configuration log.
-    pub fn describe(&self) -> String {
+    /// The store in words, for the configuration's log line; `life_s` is the longest a
+    /// key lives in etcd (`etcd::longest_key_life_s`), named in a resharding's step 2.
+    pub fn describe(&self, life_s: Option<u64>) -> String {
         match self {
             StoreState::SharedData(layout) => format!(
                 "shared data, {} buckets, at most {} keys",
@@ -130,7 +132,7 @@ impl StoreState {
                 layout.max_keys()
             ),
             StoreState::Etcd(ec) => format!(
-                "etcd via {} ({}), prefix `{}`{}",
+                "etcd via {} ({}), prefix `{}`{}{}",
                 describe_shards(&ec.config.shards),
                 match ec.config.protocol {
                     crate::etcd::Protocol::Grpc => "gRPC",
@@ -144,9 +146,27 @@ impl StoreState {
                         c.role.field()
                     ),
                     None => String::new(),
+                },
+                match (&ec.config.check, life_s) {
+                    (Some(c), Some(s)) if c.role == crate::config::CheckRole::Previous => format!(
+                        "; drop store.previous_shards no sooner than {s} s ({}) after every proxy runs this configuration, plus your clock skew",
+                        human_duration(s)
+                    ),
+                    _ => String::new(),
                 }
             ),
         }
+    }
+}
+
+/// Seconds in words (`1 d 0 h 2 min 40 s`), for the log line.
+pub fn human_duration(s: u64) -> String {
+    let (d, h, m, sec) = (s / 86_400, s % 86_400 / 3600, s % 3600 / 60, s % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{sec} s"),
+        (0, 0, _) => format!("{m} min {sec} s"),
+        (0, _, _) => format!("{h} h {m} min {sec} s"),
+        _ => format!("{d} d {h} h {m} min {sec} s"),
     }
 }
 

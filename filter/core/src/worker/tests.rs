@@ -69,6 +69,14 @@ fn the_configuration_log_names_every_shard_and_the_map_being_checked() {
             "store: etcd via 2 shards: `etcd-a` (cluster `etcd-a`), `b` (cluster `etcd-b`) (gRPC), \
              prefix `proxy-dedup/`; resharding: also checking cluster `etcd-a` (store.next_shards)",
         ),
+        (
+            r#"[{"cluster": "etcd-a"}, {"name": "b", "cluster": "etcd-b"}]"#,
+            r#", "previous_shards": [{"cluster": "etcd-a"}]"#,
+            // TTL 24 h, in flight 30 s, budget 500 ms: 86,400 + 30 + 3.75 (in-flight
+            // window) + 0.5 + 1 + 60 (completed window) s, rounded up.
+            "resharding: also checking cluster `etcd-a` (store.previous_shards); drop \
+             store.previous_shards no sooner than 86496 s (1 d 0 h 1 min 36 s) after every proxy",
+        ),
     ] {
         let host = FakeHost::new(FakeVm::new(), 1);
         let config =

@@ -723,3 +723,61 @@ fn a_client_gone_during_a_moved_entitys_claim_releases_it_without_a_check_read()
         executed("1")
     );
 }
+
+/// Duplicates of a key completed under the previous map arrive at once, through
+/// proxies on both steps: the first to claim on the key's new shard yields to the
+/// record, and a duplicate that finds that yielding claim is answered from the record
+/// too (a replay), never `409 in-flight`; unmoved keys race the same way already.
+#[test]
+fn concurrent_duplicates_of_a_moved_completed_key_are_all_replayed() {
+    let old = sharded("a", None, "");
+    let step1 = sharded("a", Some(("next_shards", "a,b")), "");
+    let step2 = sharded("a,b", Some(("previous_shards", "a")), "");
+    let fleet = Fleet::new();
+    let (mut x, mut y, mut z) = (fleet.proxy(1), fleet.proxy(2), fleet.proxy(3));
+    let k = &keys_on(&step2, "b", 1)[0];
+    assert_eq!(run(&old, &mut x, &keyed(k), ok(k)), executed(k));
+    // The first duplicate (step 2) has claimed on b; its check read of a is still out.
+    let mut first = DedupStream::new(10);
+    let d = first.on_request_headers(&step2, &mut y, keyed(k).head, true);
+    let check =
+        run_calls_until(&step2, &mut y, &mut first, d, |_, c| c.route.shard == "a").unwrap();
+    assert_eq!(fleet.keys(&y), [1, 1, 0], "its claim stands on b");
+    // Concurrent duplicates through a proxy on step 2 and one on step 1.
+    let (got, calls) = {
+        let mut s = DedupStream::new(11);
+        let d = s.on_request_headers(&step2, &mut z, keyed(k).head, true);
+        settle_traced(&step2, &mut z, &mut s, d)
+    };
+    match got {
+        Decision::Reply(r) => {
+            assert_eq!((r.status, r.body.as_slice()), (200, k.as_bytes()), "{r:?}");
+            assert_eq!(r.header("idempotent-replayed"), Some(&b"true"[..]));
+        }
+        other => panic!("a duplicate that found the yielding claim: {other:?}"),
+    }
+    assert_eq!(calls.last().map(String::as_str), Some("a"), "{calls:?}");
+    run(&step1, &mut x, &keyed(k), ok("no")).assert_replays(k.as_bytes());
+    // The first duplicate's check answers: it yields, is released, and replays too.
+    let a = call(&y, &check);
+    let d = first.on_store_answer(&step2, &mut y, a);
+    match settle(&step2, &mut y, &mut first, d) {
+        Decision::Reply(r) => assert_eq!(r.body.as_slice(), k.as_bytes()),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(fleet.keys(&y), [1, 0, 0], "nothing left claimed on b");
+    assert_eq!(
+        [&x, &y, &z].map(|e| e.count_of(Counter::Executed)),
+        [1, 0, 0],
+        "only the first execution ran"
+    );
+    // Still in flight under the previous map too: the claim here stays the answer.
+    let k2 = &keys_on(&step2, "b", 2)[1];
+    let _running = send(&old, &mut x, &keyed(k2)).unwrap();
+    let mut first = DedupStream::new(12);
+    let d = first.on_request_headers(&step2, &mut y, keyed(k2).head, true);
+    let _check =
+        run_calls_until(&step2, &mut y, &mut first, d, |_, c| c.route.shard == "a").unwrap();
+    let dup = run(&step2, &mut z, &keyed(k2), ok("no"));
+    assert_eq!(dup.problem_type(), "urn:proxy-dedup:problem:in-flight");
+}
