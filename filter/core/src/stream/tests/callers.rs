@@ -197,6 +197,23 @@ fn principal_none_shares_a_key_across_callers() {
     run(&p, &mut env, &keyed("k", "Bearer b"), ok("no")).assert_replays(b"one");
 }
 
+/// Switching callers off: a keyless record a named caller made before is refused to
+/// everyone until it expires, never run again beside it.
+#[test]
+fn switching_principal_off_never_runs_a_keyless_record_again() {
+    let fp = r#""key": {"fingerprint": ["method", "path", "body"]}"#;
+    let on = plugin(&format!("{{{fp}}}"));
+    let off = plugin(&format!(r#"{{{fp}, "principal": {{"none": true}}}}"#));
+    let (_, mut env) = world();
+    let r = req("POST", "/cart/checkout")
+        .header("authorization", "Bearer bob")
+        .body("{}");
+    assert_eq!(run(&on, &mut env, &r, ok("bob")), executed("bob"));
+    let got = run(&off, &mut env, &r, ok("again"));
+    assert_eq!((got.status(), got.problem_type()), (422, MISMATCH.into()));
+    assert_eq!(env.count_of(Counter::Executed), 1);
+}
+
 /// A record written before records named their caller holds the payload digest itself.
 /// Found again after the upgrade, it never runs again: a request without credentials is
 /// replayed as before; one with credentials is refused (whose it was is unknown).
