@@ -268,7 +268,7 @@ fn above_max_waiters_a_duplicate_gets_409_at_once() {
     // One worker, two places: the third duplicate of a running request is refused.
     let s = one_worker_stack(
         "wait-max-waiters",
-        r#""wait_timeout_ms": 15000, "max_waiters": 2, "retry_after_seconds": 2, "in_flight_timeout_seconds": 25"#,
+        r#""wait_timeout_ms": 15000, "max_waiters": 2, "max_waiters_per_scope": 2, "retry_after_seconds": 2, "in_flight_timeout_seconds": 25"#,
     );
     let addr = s.envoy.addr();
     for (round, delay) in [(1u64, "4000"), (2, "2500")] {
@@ -305,6 +305,51 @@ fn above_max_waiters_a_duplicate_gets_409_at_once() {
     assert_eq!(s.counter("rejected_in_flight"), 1);
     assert_eq!(s.counter("wait_replayed"), 4);
     log_line(&s, "/wait/max/1", "in_flight");
+}
+
+/// A pool of two with no per-scope setting: one tenant's waiter takes half of it, so
+/// its second duplicate gets `409` at once while another tenant's duplicate still
+/// waits (before, the default let one tenant take both places).
+#[test]
+fn a_small_pool_leaves_another_tenant_a_place_by_default() {
+    let s = one_worker_stack(
+        "wait-pool-shared",
+        r#""wait_timeout_ms": 15000, "max_waiters": 2, "in_flight_timeout_seconds": 25, "scope": {"headers": ["x-tenant"]}"#,
+    );
+    let addr = s.envoy.addr();
+    let of = |tenant: &str| {
+        post(
+            &format!("/wait/pool/{tenant}"),
+            "pool-1",
+            &json!({"t": tenant}),
+        )
+        .header("x-tenant", tenant)
+        .timeout(Duration::from_secs(20))
+    };
+    let wait_for = |req: &dedup_envoy::Request| {
+        let req = req.clone();
+        std::thread::spawn(move || dedup_envoy::client::send(addr, &req).unwrap())
+    };
+    let noisy_first = s.send_in_background(of("noisy").header("x-demo-delay-ms", "4000"), 1);
+    let noisy_waiter = wait_for(&of("noisy"));
+    wait_counter(&s, "waited", 1);
+    let refused = s.send(&of("noisy"));
+    assert_problem(&refused, 409, "in-flight");
+    assert_eq!(
+        s.counter("waited"),
+        1,
+        "the noisy tenant's second never waited"
+    );
+    let victim_first = s.send_in_background(of("victim").header("x-demo-delay-ms", "1500"), 1);
+    let victim_waiter = wait_for(&of("victim"));
+    wait_counter(&s, "waited", 2);
+    let victim_first = victim_first.join().unwrap();
+    assert_executed(&victim_first);
+    assert_replay_of(&victim_waiter.join().unwrap(), &victim_first);
+    let noisy_first = noisy_first.join().unwrap();
+    assert_replay_of(&noisy_waiter.join().unwrap(), &noisy_first);
+    assert_eq!(s.executions("/wait/pool/victim"), 1);
+    assert_eq!(s.executions("/wait/pool/noisy"), 1);
 }
 
 #[test]

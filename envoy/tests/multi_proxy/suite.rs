@@ -736,6 +736,95 @@ fn all_of_etcd_down_applies_failure_mode_open_and_closed() {
     assert_eq!(m.counter(1, "failed_open"), 0);
 }
 
+/// Every default (only the key's header is required and the store named): two of
+/// three members stopped loses etcd's quorum; the POSTs through proxy A during the
+/// outage are refused (`503 store-unavailable`, `retry-after`), never forwarded
+/// unrecorded; after the members come back the clients' retries through proxy B run
+/// each key once. Before `failure_mode` defaulted to closed, every key here ran twice.
+#[test]
+fn two_of_three_members_stopped_with_every_default_runs_no_key_twice() {
+    let cfg = etcd_filter_config(json!({}));
+    let mut m = Multi::start("mp-quorum-lost", [&cfg, &cfg]);
+    let path = "/orders/quorum";
+    assert_executed(&m.send(0, &keyed(HOST, path, "before", &json!({"n": 0}))));
+    // On every shard: two members of three, the leader kept.
+    let mut stopped = Vec::new();
+    for s in &mut m.shards {
+        let leader = s.etcd.leader().unwrap();
+        let two = [(leader + 1) % MEMBERS, (leader + 2) % MEMBERS];
+        for i in two {
+            s.etcd.kill(i);
+        }
+        stopped.push(two);
+    }
+    // Five clients at once, each waiting out the store's budget.
+    const N: usize = 5;
+    let a = m.proxies[0].addr();
+    let during: Vec<(String, Response)> = (0..N)
+        .map(|i| {
+            let key = format!("outage-{i}");
+            let req = keyed(HOST, path, &key, &json!({"n": i}));
+            std::thread::spawn(move || (key, client::send(a, &req).unwrap()))
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    let mut refused = 0;
+    for (key, r) in &during {
+        if r.status == 503 {
+            assert_problem(r, 503, "store-unavailable");
+            assert!(r.header("retry-after").is_some(), "{}", r.summary());
+            refused += 1;
+        } else {
+            // A claim etcd took before the quorum went (the leader still held it):
+            // it ran once, recorded.
+            assert_executed(r);
+        }
+        assert!(m.upstream.executions_for_key(key) <= 1, "{key}");
+    }
+    assert!(
+        refused >= N - 1,
+        "refused {refused} of {N}\n{}",
+        m.diagnostics()
+    );
+    assert_eq!(m.counter(0, "failed_open"), 0);
+    assert!(m.counter(0, "store_unavailable") >= refused as u64);
+    for (s, two) in m.shards.iter_mut().zip(&stopped) {
+        for &i in two {
+            s.etcd.restart(i).unwrap();
+        }
+    }
+    m.wait_etcd_healthy();
+    m.wait_hosts_healthy(MEMBERS);
+    // A refused claim may still be applied by etcd once the members are back (the
+    // leader kept it in its log): then the retry finds a claim nobody settled and gets
+    // 409 until its record ends. Either way, no key runs twice.
+    let mut ran = 0;
+    for (key, _) in &during {
+        let i: usize = key.trim_start_matches("outage-").parse().unwrap();
+        let r = m.send(1, &keyed(HOST, path, key, &json!({"n": i})));
+        match r.status {
+            200 => ran += 1,
+            409 => {
+                let slug = json(&r)["type"].as_str().unwrap_or("").to_string();
+                assert!(
+                    slug.ends_with(":in-flight") || slug.ends_with(":outcome-unknown"),
+                    "{key}: {}",
+                    r.summary()
+                );
+            }
+            _ => panic!("{key}: {}\n{}", r.summary(), m.diagnostics()),
+        }
+        assert!(
+            m.upstream.executions_for_key(key) <= 1,
+            "{key} ran more than once\n{}",
+            m.diagnostics()
+        );
+    }
+    eprintln!("quorum lost with every default: {refused} of {N} refused, {ran} ran after");
+}
+
 #[test]
 fn etcd_slower_than_the_timeout_applies_failure_mode_in_bounded_time() {
     const TIMEOUT_MS: u64 = 300;

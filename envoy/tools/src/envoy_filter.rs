@@ -49,6 +49,21 @@ pub fn methods_regex_of(config_json: &str) -> String {
     }
 }
 
+/// What `request_id_preserved: true` says of the http_connection_manager, printed as
+/// YAML comments above the block (they belong on the connection manager, not the
+/// filter list).
+pub const REQUEST_ID_SETTINGS: &str = "\
+# request_id_preserved: set these on this http_connection_manager (beside
+# stat_prefix), or Envoy generates an x-request-id for every request without one
+# and replaces an outside client's before the filter reads it:
+#   preserve_external_request_id: true
+#   generate_request_id: false
+# With tracing, also keep Envoy from rewriting a client's UUID:
+#   request_id_extension:
+#     typed_config:
+#       \"@type\": type.googleapis.com/envoy.extensions.request_id.uuid.v3.UuidRequestIdConfig
+#       pack_trace_reason: false";
+
 /// YAML single-quoted scalar.
 fn quoted(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
@@ -67,6 +82,13 @@ impl FilterBlock<'_> {
             out.push_str(text);
             out.push('\n');
         };
+        if config.request_id_preserved {
+            // `request_id_preserved` asserts these of the connection manager; without
+            // them Envoy puts its own `x-request-id` where the filter reads the client's.
+            for text in REQUEST_ID_SETTINGS.lines() {
+                line(0, text);
+            }
+        }
         line(0, "- name: proxy_dedup");
         line(1, "typed_config:");
         line(
@@ -151,6 +173,41 @@ mod tests {
         let admin = Config::parse(br#"{"role": "admin"}"#).unwrap();
         assert_eq!(methods_regex(&admin), ".*");
         assert_eq!(methods_regex_of("{"), "PATCH|POST");
+    }
+
+    #[test]
+    fn a_preserved_request_id_prints_the_connection_managers_settings() {
+        let with = FilterBlock {
+            config: r#"{"request_id_preserved": true, "key": {"headers": ["x-request-id"]}}"#,
+            wasm_path: "/w.wasm",
+            vm_id: "proxy_dedup",
+        };
+        let y = with.render(10).unwrap();
+        for want in [
+            "#   preserve_external_request_id: true",
+            "#   generate_request_id: false",
+            "pack_trace_reason: false",
+        ] {
+            assert!(y.contains(want), "{want}: {y}");
+        }
+        assert!(y.lines().all(|l| l.starts_with(&" ".repeat(10))), "{y}");
+        let without = FilterBlock {
+            config: "{}",
+            ..with
+        };
+        assert!(!without
+            .render(0)
+            .unwrap()
+            .contains("preserve_external_request_id"));
+        // Without the assertion, naming x-request-id is refused, with the settings named.
+        let refused = FilterBlock {
+            config: r#"{"key": {"headers": ["x-request-id"]}}"#,
+            ..with
+        };
+        assert!(refused
+            .render(0)
+            .unwrap_err()
+            .contains("preserve_external_request_id"));
     }
 
     #[test]

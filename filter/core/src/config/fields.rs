@@ -1067,7 +1067,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Text(r#"none"#),
         applies: Applies::Etcd,
         group: Group::Etcd,
-        meaning: r#"step 2 of a resharding: the map being moved from ({range}), kept until every record written under it has expired (the longest TTL, plus `ordering.ttl_seconds` when ordering is on, plus a minute). Checked like `store.next_shards`: a claim won under `store.shards` yields to a live record on the key's previous shard, so a key completed before the move is replayed, never run again."#,
+        meaning: r#"step 2 of a resharding: the map being moved from ({range}), kept until every key written under it is gone from etcd: the wait the configuration's log line and `dedupctl check-config` print for this step, the longest completed lease of any policy (see [the procedure, step 3](../deployment/sharding.md)). Checked like `store.next_shards`: a claim won under `store.shards` yields to a live record on the key's previous shard, so a key completed before the move is replayed, never run again."#,
     },
     Field {
         name: "store.protocol",

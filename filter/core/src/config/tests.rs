@@ -120,7 +120,7 @@ fn etcd_config() {
                     e.prefix.as_str(),
                     e.timeout_ms
                 ),
-                ("etcd-c", "etcd-c", "proxy-dedup/", 3000)
+                ("etcd-c", "etcd-c", "proxy-dedup/", 8000)
             );
             assert_eq!(e.protocol, crate::etcd::Protocol::Grpc, "gRPC by default");
         }

@@ -142,7 +142,7 @@ fn a_client_that_leaves_while_waiting_leaves_no_waiter_behind() -> R {
 
 #[test]
 fn above_max_waiters_a_duplicate_gets_409_at_once() -> R {
-    let cfg = r#"{"on_in_flight": "wait", "max_waiters": 2, "retry_after_seconds": 4}"#;
+    let cfg = r#"{"on_in_flight": "wait", "max_waiters": 2, "max_waiters_per_scope": 2, "retry_after_seconds": 4}"#;
     let (mut e, first, held) = first_and_dups(cfg, keyed("/pay", "k", "x"), 0, [1, 1])?;
     let over = e.request(1, keyed("/pay", "k", "x"))?;
     assert_eq!(over.status, 409);
