@@ -35,14 +35,18 @@ fn soak(seconds: u64, broken: Option<Broken>) -> Report {
 
 /// A soak with the etcd store on `shards` etcd clusters.
 fn soak_on(seconds: u64, broken: Option<Broken>, shards: usize) -> Report {
-    let _one = ONE_SOAK_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let options = Options {
+    run_soak(Options {
         seconds,
         seed: seed(),
         clients: 24,
         broken,
         shards,
-    };
+        defaults: false,
+    })
+}
+
+fn run_soak(options: Options) -> Report {
+    let _one = ONE_SOAK_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let report = chaos::run(&options).unwrap_or_else(|e| panic!("the soak did not run: {e}"));
     eprintln!("{}", report.text());
     report
@@ -174,4 +178,32 @@ fn a_build_that_holds_unknown_outcomes_only_until_the_in_flight_timeout_is_caugh
          hang-up or route timeout runs again, and the checker must flag it; it found nothing \
          (report above)"
     );
+}
+
+/// Every field that decides what runs and when left at its default (`failure_mode`
+/// closed, the 24 h TTL, the 30 s in-flight time, `store.timeout_ms` 8 s, `principal`
+/// the authorization header...): under every fault, no key ran twice within its TTL.
+#[test]
+fn short_soak_with_every_default_runs_no_key_twice() {
+    let report = run_soak(Options {
+        seconds: 30,
+        seed: seed(),
+        clients: 24,
+        broken: None,
+        shards: 1,
+        defaults: true,
+    });
+    assert!(
+        report.nemesis_errors.is_empty(),
+        "the nemesis failed to inject or heal: {:?}\nschedule:\n{}",
+        report.nemesis_errors,
+        report.fault_log()
+    );
+    assert_eq!(
+        report.violations_of(Rule::AtMostOnce),
+        0,
+        "a key ran twice within its TTL with every default (report above); schedule:\n{}",
+        report.fault_log()
+    );
+    assert_eq!(report.violations(), 0, "schedule:\n{}", report.fault_log());
 }

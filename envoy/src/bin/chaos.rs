@@ -1,14 +1,15 @@
 //! `make chaos`: the fault-injection soak with an at-most-once checker.
-//! `chaos [--seconds N] [--seed N] [--clients N] [--shards N] [--broken release|hold|no-scope|no-ordering]`
+//! `chaos [--seconds N] [--seed N] [--clients N] [--shards N] [--broken release|hold|no-scope|no-ordering] [--defaults true]`
 //! (defaults 60 s, seed from the clock, 24 clients, one etcd cluster, the correct
-//! configuration; `--shards 2` shards the etcd store over two 3-member clusters).
+//! configuration; `--shards 2` shards the etcd store over two 3-member clusters;
+//! `--defaults true` leaves every field that decides what runs and when at its default).
 //! Exits 1 when the checker finds a violation, 2 when the run itself failed.
 
 use dedup_envoy::chaos::{self, Broken, Options};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: chaos [--seconds N] [--seed N] [--clients N] [--shards 1-{}] [--broken release|hold|no-scope|no-ordering]",
+        "usage: chaos [--seconds N] [--seed N] [--clients N] [--shards 1-{}] [--broken release|hold|no-scope|no-ordering] [--defaults true|false]",
         chaos::MAX_SHARDS
     );
     std::process::exit(2);
@@ -24,6 +25,7 @@ fn main() {
         clients: 24,
         broken: None,
         shards: 1,
+        defaults: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -37,6 +39,13 @@ fn main() {
                 options.shards = number() as usize;
                 if chaos::Shards::new(options.shards).is_none() {
                     usage();
+                }
+            }
+            "--defaults" => {
+                options.defaults = match value.as_str() {
+                    "true" | "1" => true,
+                    "false" | "0" | "" => false,
+                    _ => usage(),
                 }
             }
             "--broken" if value.is_empty() => {}

@@ -121,12 +121,21 @@ impl Broken {
 
 /// The filter configuration of a proxy on `domain`; `variant` picks the
 /// values of the fields a push changes (none of them part of a record's identity).
+/// With `defaults`, every field that decides what runs and when is left at its
+/// default (`failure_mode`, `ttl_seconds`, `in_flight_timeout_seconds`,
+/// `on_unknown_outcome`, `store.timeout_ms`, `ordering.ttl_seconds`, `capacity`,
+/// `principal`...): only the workload's key, tenant scope and rules are set, and a
+/// push changes nothing but the configuration's version.
 pub fn filter_config(
     domain: Domain,
     broken: Option<Broken>,
     variant: u32,
     shards: Shards,
+    defaults: bool,
 ) -> String {
+    if defaults {
+        return defaults_config(domain, shards);
+    }
     let odd = variant % 2 == 1;
     let mut cfg = json!({
         "key": {"required": true},
@@ -173,6 +182,41 @@ pub fn filter_config(
         None => {}
     }
     cfg.to_string()
+}
+
+/// The soak's workload on a configuration of defaults (see `filter_config`).
+fn defaults_config(domain: Domain, shards: Shards) -> String {
+    let mut cfg = json!({
+        "key": {"required": true},
+        "scope": {"headers": [TENANT_HEADER]},
+        "rules": [{"name": "detached", "match": {"path_prefix": DETACHED_PREFIX},
+                   "upstream": {"detached": true, "cluster": "service", "timeout_ms": 4000}},
+                  {"name": "ordered", "match": {"path_prefix": ORDERED_PREFIX},
+                   "ordering": {"entity": {"header": ENTITY_HEADER},
+                                "version": {"header": VERSION_HEADER},
+                                "on_stale": match domain {
+                                    Domain::Etcd => "reject",
+                                    Domain::SharedData => "acknowledge",
+                                }}}],
+    });
+    if domain == Domain::Etcd {
+        let mut store = shards.store();
+        store["kind"] = json!("etcd");
+        cfg["store"] = store;
+    }
+    cfg.to_string()
+}
+
+/// The TTLs the checker holds the soak to: the configured ones, or the defaults'.
+pub fn ttls(defaults: bool) -> (Duration, Duration) {
+    if defaults {
+        (
+            Duration::from_millis(dedup_core::config::DEFAULT_TTL_MS),
+            Duration::from_secs(dedup_core::config::DEFAULT_ORDERING_TTL_SECONDS),
+        )
+    } else {
+        (TTL, ORDERING_TTL)
+    }
 }
 
 /// One proxy; its process can be replaced (restart) while clients run.
@@ -222,6 +266,7 @@ pub struct Cluster {
     pub epoch: Instant,
     pub shards: Shards,
     broken: Option<Broken>,
+    defaults: bool,
 }
 
 /// The chaos etcd template with its `etcd` cluster once per shard (the members'
@@ -251,7 +296,12 @@ fn wait_store_healthy(envoy: &EnvoyProcess, shards: Shards, limit: Duration) -> 
 }
 
 impl Cluster {
-    pub fn start(broken: Option<Broken>, shards: Shards, epoch: Instant) -> Result<Cluster> {
+    pub fn start(
+        broken: Option<Broken>,
+        shards: Shards,
+        defaults: bool,
+        epoch: Instant,
+    ) -> Result<Cluster> {
         let wasm = dedup_wasm()?;
         let etcds = (0..shards.count())
             .map(|i| match shards.count() {
@@ -268,7 +318,7 @@ impl Cluster {
         let etcd_template = etcd_template(shards, &etcds, &templates.join("chaos-etcd.yaml"))?;
         let mut configs = Vec::new();
         for domain in [Domain::Etcd, Domain::Etcd, Domain::SharedData] {
-            let fc = filter_config(domain, broken, 0, shards);
+            let fc = filter_config(domain, broken, 0, shards, defaults);
             let mut c = match domain {
                 // Unsharded: the template's `# etcd member N` lines get the members'
                 // relays; sharded, `etcd_template` has written each shard's already.
@@ -330,6 +380,7 @@ impl Cluster {
             epoch,
             shards,
             broken,
+            defaults,
         })
     }
 
@@ -417,7 +468,7 @@ impl Cluster {
             *v += 1;
             *v
         };
-        let cfg = filter_config(p.domain, self.broken, variant, self.shards);
+        let cfg = filter_config(p.domain, self.broken, variant, self.shards, self.defaults);
         let stat = "listener_manager.lds.update_success";
         let before = envoy.stat(stat)?;
         envoy.push_filter_config(&cfg)?;
@@ -489,9 +540,11 @@ mod tests {
             ] {
                 for variant in 0..2 {
                     for domain in [Domain::Etcd, Domain::SharedData] {
-                        let cfg = filter_config(domain, broken, variant, shards);
-                        if let Err(e) = dedup_core::Config::parse(cfg.as_bytes()) {
-                            panic!("{cfg}: {e}");
+                        for defaults in [false, true] {
+                            let cfg = filter_config(domain, broken, variant, shards, defaults);
+                            if let Err(e) = dedup_core::Config::parse(cfg.as_bytes()) {
+                                panic!("{cfg}: {e}");
+                            }
                         }
                     }
                 }
@@ -504,7 +557,7 @@ mod tests {
     #[test]
     fn unsharded_is_the_one_cluster_and_sharded_names_a_cluster_per_shard() {
         let store = |n| {
-            let cfg = filter_config(Domain::Etcd, None, 0, Shards::new(n).unwrap());
+            let cfg = filter_config(Domain::Etcd, None, 0, Shards::new(n).unwrap(), false);
             serde_json::from_str::<Value>(&cfg).unwrap()["store"].clone()
         };
         assert_eq!(store(1)["cluster"], "etcd");

@@ -20,8 +20,8 @@ pub mod rng;
 
 use crate::Result;
 use checker::{Findings, Params, ProxyCounters, Rule};
+use cluster::Cluster;
 pub use cluster::{Broken, Shards, MAX_SHARDS};
-use cluster::{Cluster, ORDERING_TTL, TTL};
 use history::{Attempt, Domain, Exec, Outcome};
 use nemesis::{FaultEvent, Nemesis};
 use std::collections::BTreeMap;
@@ -38,6 +38,9 @@ pub struct Options {
     pub broken: Option<Broken>,
     /// etcd clusters the store is sharded over (1: one cluster, `store.cluster`).
     pub shards: usize,
+    /// Every field that decides what runs and when at its default (`--defaults`):
+    /// `failure_mode`, TTLs, `store.timeout_ms`, ... (see `cluster::filter_config`).
+    pub defaults: bool,
 }
 
 pub struct Report {
@@ -61,7 +64,7 @@ pub fn run(options: &Options) -> Result<Report> {
     let Some(shards) = Shards::new(options.shards) else {
         crate::fail!("--shards must be 1 to {MAX_SHARDS}, not {}", options.shards);
     };
-    let cluster = Cluster::start(options.broken, shards, epoch)?;
+    let cluster = Cluster::start(options.broken, shards, options.defaults, epoch)?;
     let nemesis = Nemesis::new();
     let soak_start = Instant::now();
     let deadline = soak_start + Duration::from_secs(options.seconds);
@@ -112,9 +115,10 @@ pub fn run(options: &Options) -> Result<Report> {
         .iter()
         .map(|e| Exec::from_upstream(e, epoch))
         .collect();
+    let (ttl, ordering_ttl) = cluster::ttls(options.defaults);
     let params = Params {
-        ttl: TTL,
-        ordering_ttl: ORDERING_TTL,
+        ttl,
+        ordering_ttl,
         keeps_unknown: !matches!(
             options.broken,
             Some(Broken::ReleaseOnUnknown | Broken::HoldOnUnknown)
@@ -189,7 +193,12 @@ impl Report {
             o.seconds,
             self.soak.as_secs_f64(),
             o.clients,
-            o.broken.map(|b| b.name()).unwrap_or("correct")
+            match (o.broken, o.defaults) {
+                (Some(b), _) => b.name(),
+                (None, true) =>
+                    "every default (failure_mode, TTLs, store.timeout_ms, principal...)",
+                (None, false) => "correct",
+            }
         );
         let _ = writeln!(s, "{}", self.etcd_line());
         let answered = self
