@@ -11,7 +11,7 @@ mod suite;
 /// The suite's shard count.
 const SHARDS: usize = 2;
 
-use common::{assert_executed, assert_replay_of, is_replayed, keyed};
+use common::{assert_executed, assert_replay_of, burst, is_replayed, keyed};
 use dedup_core::admin::AdminOp;
 use dedup_core::config::Config;
 use dedup_core::key::Digest;
@@ -248,7 +248,14 @@ struct Checked {
     sure_yields: usize,
     yields: u64,
     checks: u64,
+    /// Moved keys whose duplicates were sent at once through both proxies, and the
+    /// replays they got.
+    bursts: usize,
+    burst_replays: usize,
 }
+
+/// Moved completed keys each step of the procedure sends concurrent duplicates of.
+const BURSTS_PER_STEP: usize = 3;
 
 /// After every proxy took `step`: every completed key whose record `step` reads is
 /// replayed (same body, one of the proxies), and every record is where one of the
@@ -306,6 +313,24 @@ fn checkpoint(
         // replay claims, wins on its own shard and reads the other.
         if holder != reads[0] && *finished + 1 < step_phase {
             c.sure_yields += 1;
+        }
+        // A moved key's record on the other map's shard, during the procedure: duplicates
+        // at once through both proxies are all replayed (the first to claim on the
+        // key's shard yields; the others find its claim and answer from the record).
+        if step.check.is_some() && holder != reads[0] && c.bursts < BURSTS_PER_STEP {
+            c.bursts += 1;
+            let addrs = [m.proxies[0].addr(), m.proxies[1].addr()];
+            for (p, r) in burst(&addrs, 4, &reshard_request(key)) {
+                if r.status == 200 && is_replayed(&r) && r.body == truth.body {
+                    c.burst_replays += 1;
+                } else {
+                    failures.push(format!(
+                        "[{}] {key} (moved, record on {holder}): a concurrent duplicate on proxy {p}: {}",
+                        step.name,
+                        r.summary()
+                    ));
+                }
+            }
         }
         let r = m.send(i % 2, &reshard_request(key));
         if r.status == 200 && is_replayed(&r) && r.body == truth.body {
@@ -379,6 +404,7 @@ fn resharding_two_to_three_and_back_under_traffic_runs_no_key_twice() {
     wait_keys(&m, 20);
     let mut failures = Vec::new();
     let mut report = Vec::new();
+    let mut bursts = 0;
     for (way, steps) in [
         ("2 -> 3", procedure(OLD, NEW)),
         ("3 -> 2", procedure(NEW, OLD)),
@@ -395,6 +421,7 @@ fn resharding_two_to_three_and_back_under_traffic_runs_no_key_twice() {
                 wait_keys(&m, 10);
             }
             let c = checkpoint(&m, &placement, step, step_phase, &done, &mut failures);
+            bursts += c.bursts;
             report.push(format!("{way} step {}: {c:?}", step.name));
         }
     }
@@ -453,6 +480,11 @@ fn resharding_two_to_three_and_back_under_traffic_runs_no_key_twice() {
         m.diagnostics()
     );
     assert_eq!(m.upstream.total_executions(), runs.len() as u64);
+    assert!(
+        bursts > 0,
+        "no moved completed key got concurrent duplicates\n{}",
+        report.join("\n")
+    );
     for p in 0..2 {
         assert_eq!(m.counter(p, "store_errors"), 0, "{}", m.diagnostics());
         assert!(

@@ -84,6 +84,11 @@ fn run() -> Result<i32> {
     );
     println!("   Envoy log      {}", envoy.log_path.display());
     println!("   filter config  {FILTER_CONFIG}");
+    println!(
+        "                  (every other field at its default: records belong to the caller named by \
+         the Authorization header (`principal`); a store that cannot answer gets 503, never a \
+         second run (`failure_mode: \"closed\"`))"
+    );
 
     let mut w = Walk {
         base: envoy.url(),
@@ -148,6 +153,20 @@ fn run() -> Result<i32> {
     w.expect(
         changed.status == 422 && problem_type(&changed.body).ends_with(":payload-mismatch"),
         "422 payload-mismatch",
+    );
+
+    w.title("Another caller with the same key and body gets 422: a stored response goes only to its caller.");
+    let other = w.show(
+        &Request::post("/orders")
+            .key("demo-1")
+            .header("authorization", "Bearer someone-else")
+            .json(&order),
+    )?;
+    w.expect(
+        other.status == 422
+            && problem_type(&other.body).ends_with(":principal-mismatch")
+            && other.body != first.body,
+        "422 principal-mismatch, not the first caller's response",
     );
 
     w.title("A POST without a key (key.required) or with a bad key gets 400.");
