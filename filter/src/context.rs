@@ -13,7 +13,7 @@
 //!   `proxy_on_grpc_receive` / `proxy_on_grpc_close`), so a call outlives the
 //!   stream that made it. The stream that dispatched a call owns it while it lives; when
 //!   it is deleted its pending calls pass to the root, whose
-//!   [`RootContext::on_orphan_call_response`] gets their answers;
+//!   [`RootContext::on_orphan_call_answer`] gets their answers;
 //! - a root context that is done or deleted takes its callout entries with it (Envoy
 //!   cancels a root's pending calls when it destroys it), so the table holds only calls
 //!   that can still be answered.

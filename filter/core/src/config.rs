@@ -10,18 +10,21 @@ mod store;
 mod values;
 
 pub use defaults::*;
+pub use fields::MAX_RULES;
 pub use ordering::{
     EntitySource, OnStale, Ordering, VersionSource, VersionType, MAX_ENTITY_BYTES,
     MAX_VERSION_BYTES,
 };
-pub use rules::{DEFAULT_RECORDS, MAX_RULES};
+pub use rules::DEFAULT_RECORDS;
 pub use values::PSEUDO_HEADERS;
 
+use fields::in_range;
+pub use policy::metadata_property;
 use policy::parse_policy;
 use raw::RawConfig;
 use rules::parse_rules;
 use store::parse_store;
-use values::{header_name_ok, header_names, header_names_with, in_range, parse_status};
+use values::{header_name_ok, header_names, header_names_with, parse_status};
 
 use crate::head::RequestHead;
 use serde::Deserialize;
@@ -243,7 +246,7 @@ pub enum PrincipalSource {
     Cookie(String),
     /// `{"metadata": [namespace, key, …]}`: a value an earlier filter put in the
     /// stream's dynamic metadata (jwt_authn's payload: `sub`), read as the Envoy
-    /// property `property` (NUL-joined, `principal::metadata_property`).
+    /// property `property` (NUL-joined, `metadata_property`).
     Metadata { path: Vec<String>, property: String },
 }
 
@@ -371,6 +374,12 @@ impl Policy {
             included = true;
         }
         included
+    }
+
+    /// Whether this policy keeps unknown outcomes (and unsettled claims) until their TTL
+    /// (`on_unknown_outcome: "keep"`, the default).
+    pub fn keeps_unknown(&self) -> bool {
+        self.on_unknown_outcome == OnUnknownOutcome::Keep
     }
 
     /// Whether requests with this method are deduplicated.

@@ -87,17 +87,6 @@ fn trim(mut s: &[u8]) -> &[u8] {
     s
 }
 
-/// The Envoy property that holds dynamic metadata at `path` (the filter's namespace,
-/// then keys inside its struct), encoded as the glue asks for it: segments joined by NUL.
-pub fn metadata_property(path: &[String]) -> String {
-    let mut out = String::from("metadata\0filter_metadata");
-    for seg in path {
-        out.push('\0');
-        out.push_str(seg);
-    }
-    out
-}
-
 /// The caller's tag for record `record`: 8 bytes of SHA-256 over the record digest (a
 /// salt: one caller's tags differ from record to record) and the principal.
 fn tag(record: &Digest, principal: Option<&[u8]>) -> [u8; 8] {

@@ -43,7 +43,13 @@ use crate::response::Capture;
 use crate::response::StoredResponse;
 use answer::bad_key_reply;
 use etcd::{Claiming, Settling};
-use store::HeldClaim;
+
+/// A claim the stream holds (`Phase::Forwarded`, `Capturing`, `Detached`), in the store
+/// it was made in; its operations are the store interface's (`store.rs`).
+enum HeldClaim {
+    Shared(crate::store::Claim),
+    Etcd(etcd::EtcdClaim),
+}
 
 /// What the glue does next with the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]

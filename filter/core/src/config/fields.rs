@@ -13,9 +13,7 @@ pub use reference::reference_markdown;
 pub use schema::{json_schema, schema_text};
 
 use super::defaults::*;
-use super::rules::MAX_RULES;
-use super::values::in_range;
-use super::{Config, ConfigError};
+use super::{err, Config, ConfigError};
 
 /// One configuration field.
 #[derive(Debug, Clone, Copy)]
@@ -73,6 +71,20 @@ pub enum Item {
 
 /// The parts a `Item::Part` list may name besides `header:<name>`.
 pub const PARTS: [&str; 4] = ["method", "path", "query", "body"];
+
+pub(super) fn in_range(
+    field: &str,
+    v: Option<u64>,
+    default: u64,
+    low: u64,
+    high: u64,
+) -> Result<u64, ConfigError> {
+    let v = v.unwrap_or(default);
+    if v < low || v > high {
+        return Err(err(field, format!("{v} is out of range {low}..={high}")));
+    }
+    Ok(v)
+}
 
 /// Fixed integer bounds, both included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,6 +244,8 @@ pub const MAX_SHARD_NAME_BYTES: usize = 64;
 pub const MAX_CLUSTER_BYTES: usize = 256;
 /// Longest rule name.
 pub const MAX_RULE_NAME_BYTES: usize = 64;
+/// Most rules in one configuration (each request is matched against them in order).
+pub const MAX_RULES: usize = 128;
 /// Longest `principal.cookie` name.
 pub const MAX_PRINCIPAL_NAME_BYTES: usize = 256;
 /// Most entries of `principal.metadata` (the namespace and the keys inside it).

@@ -1,8 +1,8 @@
 //! `ordering`: the per-entity version guard (top level and per rule). Its types are
 //! config's own (the stream and the stores read them); parsed here.
 
-use super::policy::{json_pointer, parse_parts};
-use super::raw::{RawEntity, RawOrdering, RawVersion};
+use super::raw::{RawEntity, RawOnStale, RawOrdering, RawVersion};
+use super::values::{json_pointer, parse_parts};
 use super::*;
 
 /// The ordering guard of a policy: per entity, the highest version that completed is
@@ -55,13 +55,6 @@ pub enum OnStale {
     /// This 2xx status (for senders that retry until they get one), with
     /// `idempotent-stale: true`.
     Acknowledge { status: u16 },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(super) enum RawOnStale {
-    Reject,
-    Acknowledge,
 }
 
 /// Longest entity id and longest string version, in bytes.

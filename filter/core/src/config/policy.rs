@@ -2,6 +2,7 @@
 //! statuses and the payload a key is bound to.
 
 use super::raw::{RawPayload, RawPolicy, RawPrincipal, RawUpstream};
+use super::values::{json_pointer, parse_methods, parse_parts};
 use super::*;
 
 /// The policy fields under `prefix` (`""` at the top level, `rules[2].` in a rule). A
@@ -211,71 +212,6 @@ fn parse_upstream(
     }))
 }
 
-pub(super) fn parse_methods(field: &str, m: Vec<String>) -> Result<Vec<String>, ConfigError> {
-    if m.is_empty() {
-        return Err(err(field, "must list at least one method"));
-    }
-    for x in &m {
-        if x.is_empty() || !x.bytes().all(|b| b.is_ascii_uppercase()) {
-            return Err(err(
-                field,
-                format!("`{x}` is not an upper-case HTTP method"),
-            ));
-        }
-    }
-    Ok(m)
-}
-
-/// An RFC 6901 pointer into a JSON body, checked.
-pub(super) fn json_pointer(field: &str, p: String) -> Result<String, ConfigError> {
-    if p.is_empty() || !p.starts_with('/') {
-        return Err(err(
-            field,
-            format!("`{p}` is not an RFC 6901 pointer (must start with '/')"),
-        ));
-    }
-    if let Some(bad) = invalid_escape(&p) {
-        return Err(err(
-            field,
-            format!("`{p}` has an invalid escape `~{bad}` (only ~0 and ~1)"),
-        ));
-    }
-    Ok(p)
-}
-
-/// Parts of a request (keyless fingerprint, payload check), at least one, none twice.
-pub(super) fn parse_parts(
-    field: &str,
-    parts: Vec<String>,
-) -> Result<Vec<FingerprintPart>, ConfigError> {
-    if parts.is_empty() {
-        return Err(err(field, "must list at least one part"));
-    }
-    let mut out = Vec::new();
-    for p in parts {
-        let part = match p.as_str() {
-            "method" => FingerprintPart::Method,
-            "path" => FingerprintPart::Path,
-            "query" => FingerprintPart::Query,
-            "body" => FingerprintPart::Body,
-            other => match other.strip_prefix("header:") {
-                Some(h) if header_name_ok(h, true) => FingerprintPart::Header(h.to_ascii_lowercase()),
-                _ => {
-                    return Err(err(
-                        field,
-                        format!("`{other}`: expected \"method\", \"path\", \"query\", \"body\" or \"header:<name>\" (a header or :authority, :path, :method)"),
-                    ))
-                }
-            },
-        };
-        if out.contains(&part) {
-            return Err(err(field, format!("`{p}` is listed twice")));
-        }
-        out.push(part);
-    }
-    Ok(out)
-}
-
 pub(super) fn parse_payload(prefix: &str, raw: RawPayload) -> Result<PayloadConfig, ConfigError> {
     let f = |name: &str| format!("{prefix}{name}");
     let pointers = |field: &str, list: Vec<String>| -> Result<Vec<String>, ConfigError> {
@@ -312,21 +248,6 @@ pub(super) fn parse_payload(prefix: &str, raw: RawPayload) -> Result<PayloadConf
         ));
     }
     Ok(PayloadConfig { parts, json })
-}
-
-/// Returns the character after a `~` that is not `0` or `1`, if any.
-pub(super) fn invalid_escape(p: &str) -> Option<String> {
-    let mut chars = p.chars();
-    while let Some(c) = chars.next() {
-        if c == '~' {
-            match chars.next() {
-                Some('0') | Some('1') => {}
-                Some(o) => return Some(o.to_string()),
-                None => return Some(String::new()),
-            }
-        }
-    }
-    None
 }
 
 /// `principal`: exactly one of `header`, `cookie`, `metadata` or `none: true`.
@@ -403,8 +324,19 @@ fn parse_principal(prefix: &str, raw: RawPrincipal) -> Result<PrincipalSource, C
                 format!("`{bad}` is not a metadata key (1 to 256 bytes, no NUL)"),
             ));
         }
-        let property = crate::principal::metadata_property(&path);
+        let property = metadata_property(&path);
         return Ok(PrincipalSource::Metadata { path, property });
     }
     Ok(PrincipalSource::None)
+}
+
+/// The Envoy property that holds dynamic metadata at `path` (the filter's namespace,
+/// then keys inside its struct), encoded as the glue asks for it: segments joined by NUL.
+pub fn metadata_property(path: &[String]) -> String {
+    let mut out = String::from("metadata\0filter_metadata");
+    for seg in path {
+        out.push('\0');
+        out.push_str(seg);
+    }
+    out
 }

@@ -141,7 +141,7 @@ pub(super) struct RawOrdering {
     pub(super) entity: Option<RawEntity>,
     pub(super) version: Option<RawVersion>,
     pub(super) ttl_seconds: Option<u64>,
-    pub(super) on_stale: Option<super::ordering::RawOnStale>,
+    pub(super) on_stale: Option<RawOnStale>,
     pub(super) acknowledge_status: Option<u64>,
 }
 
@@ -222,4 +222,12 @@ pub(super) struct RawShard {
     pub(super) name: Option<String>,
     pub(super) cluster: Option<String>,
     pub(super) authority: Option<String>,
+}
+
+/// `ordering.on_stale` as written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum RawOnStale {
+    Reject,
+    Acknowledge,
 }

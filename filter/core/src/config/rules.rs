@@ -1,11 +1,10 @@
 //! `rules`: named routes with their own policy, and the `match` that selects one.
 
-use super::policy::{parse_methods, parse_policy};
+use super::fields::{MAX_RULES, MAX_RULE_NAME_BYTES};
+use super::policy::parse_policy;
 use super::raw::{RawMatch, RawRule};
+use super::values::parse_methods;
 use super::*;
-
-/// Most rules in one configuration (each request is matched against them in order).
-pub const MAX_RULES: usize = 128;
 
 /// The records group of the top-level policy, as `records_of` names it.
 pub const DEFAULT_RECORDS: &str = "default";
@@ -13,7 +12,7 @@ pub const DEFAULT_RECORDS: &str = "default";
 /// A rule name: 1-64 of `A-Z a-z 0-9 _ - .`; `default` is reserved for `records_of`.
 pub(super) fn rule_name_ok(name: &str) -> bool {
     !name.is_empty()
-        && name.len() <= super::fields::MAX_RULE_NAME_BYTES
+        && name.len() <= MAX_RULE_NAME_BYTES
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))

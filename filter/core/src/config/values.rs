@@ -1,6 +1,7 @@
-//! Checks of single values: header names, numbers in range, status classes.
+//! Checks of single values: header names, methods, JSON pointers, request parts, status classes.
 
-use super::{err, ConfigError, StatusRange};
+use super::fields::MAX_HEADERS;
+use super::{err, ConfigError, FingerprintPart, StatusRange};
 
 /// Pseudo-headers that may be named where request headers are named (scope, fingerprint).
 pub const PSEUDO_HEADERS: [&str; 3] = [":authority", ":path", ":method"];
@@ -29,7 +30,7 @@ pub(super) fn header_names_with(
     if !allow_empty && names.is_empty() {
         return Err(err(field, "must list at least one header"));
     }
-    if names.len() > super::fields::MAX_HEADERS {
+    if names.len() > MAX_HEADERS {
         return Err(err(field, "at most 16 headers"));
     }
     names
@@ -54,20 +55,6 @@ pub(super) fn header_names_with(
 
 fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-}
-
-pub(super) fn in_range(
-    field: &str,
-    v: Option<u64>,
-    default: u64,
-    low: u64,
-    high: u64,
-) -> Result<u64, ConfigError> {
-    let v = v.unwrap_or(default);
-    if v < low || v > high {
-        return Err(err(field, format!("{v} is out of range {low}..={high}")));
-    }
-    Ok(v)
 }
 
 pub(super) fn parse_status(field: &str, entry: &str) -> Result<StatusRange, ConfigError> {
@@ -189,4 +176,84 @@ pub(super) fn check_envoy_set_headers(
         return Err(request_id("principal.header"));
     }
     Ok(())
+}
+
+pub(super) fn parse_methods(field: &str, m: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    if m.is_empty() {
+        return Err(err(field, "must list at least one method"));
+    }
+    for x in &m {
+        if x.is_empty() || !x.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Err(err(
+                field,
+                format!("`{x}` is not an upper-case HTTP method"),
+            ));
+        }
+    }
+    Ok(m)
+}
+
+/// An RFC 6901 pointer into a JSON body, checked.
+pub(super) fn json_pointer(field: &str, p: String) -> Result<String, ConfigError> {
+    if p.is_empty() || !p.starts_with('/') {
+        return Err(err(
+            field,
+            format!("`{p}` is not an RFC 6901 pointer (must start with '/')"),
+        ));
+    }
+    if let Some(bad) = invalid_escape(&p) {
+        return Err(err(
+            field,
+            format!("`{p}` has an invalid escape `~{bad}` (only ~0 and ~1)"),
+        ));
+    }
+    Ok(p)
+}
+
+/// Parts of a request (keyless fingerprint, payload check), at least one, none twice.
+pub(super) fn parse_parts(
+    field: &str,
+    parts: Vec<String>,
+) -> Result<Vec<FingerprintPart>, ConfigError> {
+    if parts.is_empty() {
+        return Err(err(field, "must list at least one part"));
+    }
+    let mut out = Vec::new();
+    for p in parts {
+        let part = match p.as_str() {
+            "method" => FingerprintPart::Method,
+            "path" => FingerprintPart::Path,
+            "query" => FingerprintPart::Query,
+            "body" => FingerprintPart::Body,
+            other => match other.strip_prefix("header:") {
+                Some(h) if header_name_ok(h, true) => FingerprintPart::Header(h.to_ascii_lowercase()),
+                _ => {
+                    return Err(err(
+                        field,
+                        format!("`{other}`: expected \"method\", \"path\", \"query\", \"body\" or \"header:<name>\" (a header or :authority, :path, :method)"),
+                    ))
+                }
+            },
+        };
+        if out.contains(&part) {
+            return Err(err(field, format!("`{p}` is listed twice")));
+        }
+        out.push(part);
+    }
+    Ok(out)
+}
+
+/// Returns the character after a `~` that is not `0` or `1`, if any.
+pub(super) fn invalid_escape(p: &str) -> Option<String> {
+    let mut chars = p.chars();
+    while let Some(c) = chars.next() {
+        if c == '~' {
+            match chars.next() {
+                Some('0') | Some('1') => {}
+                Some(o) => return Some(o.to_string()),
+                None => return Some(String::new()),
+            }
+        }
+    }
+    None
 }

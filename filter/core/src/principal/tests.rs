@@ -70,7 +70,7 @@ fn a_metadata_principal_is_the_property_the_glue_read() {
         "jwt_payload".to_string(),
         "sub".to_string(),
     ];
-    let property = metadata_property(&path);
+    let property = crate::config::metadata_property(&path);
     assert_eq!(
         property,
         "metadata\0filter_metadata\0envoy.filters.http.jwt_authn\0jwt_payload\0sub"

@@ -6,11 +6,9 @@
 mod entity;
 mod settle;
 
-use super::plugin::keeps_unknown;
-use super::store::HeldClaim;
 use super::{
-    CallAnswer, Decision, DedupStream, Duplicate, Env, Phase, Plugin, Route, StoreCall, Transport,
-    Waiting,
+    CallAnswer, Decision, DedupStream, Duplicate, Env, HeldClaim, Phase, Plugin, Route, StoreCall,
+    Transport, Waiting,
 };
 use crate::config::{EtcdConfig, Policy, ShardConfig};
 use crate::etcd::{self, EtcdAnswer, EtcdRecord, LeasePlan, LeasePurpose};
@@ -493,7 +491,7 @@ impl DedupStream {
                         self.duplicate(p, env, Duplicate::InFlight { held_until: None }, unknown)
                     }
                     Some(r) => {
-                        let keeps = keeps_unknown(p.config.policy_at(self.rule));
+                        let keeps = p.config.policy_at(self.rule).keeps_unknown();
                         match classify(r, &c.payload, keeps, now) {
                             Existing::Duplicate(
                                 Duplicate::InFlight { held_until: None },
@@ -616,7 +614,7 @@ impl DedupStream {
             }
             None => None,
         };
-        let keeps = keeps_unknown(p.config.policy_at(self.rule));
+        let keeps = p.config.policy_at(self.rule).keeps_unknown();
         let there = read
             .and_then(|(_, value)| EtcdRecord::decode(&value, &c.digest))
             .map(|r| classify(r, &c.payload, keeps, now));
@@ -727,7 +725,7 @@ impl DedupStream {
                 }
             };
         };
-        let keeps = keeps_unknown(p.config.policy_at(self.rule));
+        let keeps = p.config.policy_at(self.rule).keeps_unknown();
         let found = match read {
             None => Existing::Over,
             Some((_, value)) => match EtcdRecord::decode(&value, &c.digest) {
@@ -951,7 +949,7 @@ fn attempt_timeout(ec: &EtcdStore, deadline_ms: u64, now_ms: u64) -> u64 {
 /// until its TTL, so a proxy that dies with the claim never lets the key run again.
 fn claim_lease(policy: &Policy, c: &Claiming) -> i64 {
     match c.completed_lease {
-        Some(completed) if keeps_unknown(policy) => completed,
+        Some(completed) if policy.keeps_unknown() => completed,
         _ => c.in_flight_lease,
     }
 }

@@ -4,7 +4,7 @@
 //! store side is `StoreState::claim_entity` / `settle_entity` (`store.rs`).
 
 use super::etcd::EtcdEntity;
-use super::store::HeldClaim;
+use super::HeldClaim;
 use super::{wake, Decision, DedupStream, Env, Phase, Plugin};
 use crate::config::{FailureMode, OnInFlight, OnStale, OnStoreFull};
 use crate::key::short_hex;

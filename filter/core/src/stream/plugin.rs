@@ -110,5 +110,5 @@ pub struct CallAnswer {
 
 /// Whether a policy keeps unknown outcomes (and unsettled claims) until their TTL.
 pub fn keeps_unknown(policy: &Policy) -> bool {
-    policy.on_unknown_outcome == crate::config::OnUnknownOutcome::Keep
+    policy.keeps_unknown()
 }

@@ -1,7 +1,8 @@
 //! The shared-data store's side of a stream: the claim in this proxy's shared data,
 //! and its completion, release or hold. Every call answers at once (no store call).
 
-use super::store::{layout_timed, HeldClaim};
+use super::store::layout_timed;
+use super::HeldClaim;
 use super::{wake, DedupStream, Duplicate, Env, Plugin};
 use crate::config::OnDuplicate;
 use crate::key::{short_hex, Digest};

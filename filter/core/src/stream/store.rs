@@ -5,15 +5,14 @@
 //! `etcd` returns the store call to make and carries its own config. This file is the
 //! only place in `stream` that chooses between the two.
 
-use super::etcd::{EntityOp, EtcdClaim, EtcdStore, Turn};
-use super::plugin::keeps_unknown;
-use super::{CallAnswer, Decision, DedupStream, Env, Phase, Plugin, StoreCall, Waiting};
+use super::etcd::{EntityOp, EtcdStore, Turn};
+use super::{CallAnswer, Decision, DedupStream, Env, HeldClaim, Phase, Plugin, StoreCall, Waiting};
 use crate::config::{Config, Eviction, Policy, StoreConfig};
 use crate::key::{Digest, RequestHead};
 use crate::ordering::entities::{Settle as EntitySettle, SharedEntities};
 use crate::ordering::Ordered;
 use crate::response::StoredResponse;
-use crate::store::{Claim, HostFault, Layout, StoreError, WAYS};
+use crate::store::{HostFault, Layout, StoreError, WAYS};
 use crate::wait::{POLL_ETCD_MS, RECHECK_SHARED_MS};
 use std::borrow::Cow;
 
@@ -26,12 +25,6 @@ pub enum StoreState {
     /// etcd, with its settings (a policy's lease timing follows from its TTLs and the
     /// budget of one store operation, `timeout_ms`) and where its calls go.
     Etcd(EtcdStore),
-}
-
-/// A claim the stream holds.
-pub(super) enum HeldClaim {
-    Shared(Claim),
-    Etcd(EtcdClaim),
 }
 
 impl HeldClaim {
@@ -70,7 +63,7 @@ impl StoreState {
                     policies().map(|p| p.ttl_ms).max().unwrap_or(0),
                 )
                 // Registered for as long as the longest-lived policy's claims may live.
-                .keeping_unknown(policies().any(keeps_unknown))
+                .keeping_unknown(policies().any(Policy::keeps_unknown))
                 .isolating_scopes(
                     *eviction == Eviction::Oldest,
                     usize::try_from(*scope_claims_per_bucket).unwrap_or(WAYS),
@@ -207,14 +200,14 @@ impl StoreState {
 pub(super) fn layout_timed<'l>(layout: &'l Layout, policy: &Policy) -> Cow<'l, Layout> {
     if policy.in_flight_timeout_ms == layout.in_flight_ms
         && policy.ttl_ms == layout.ttl_ms
-        && keeps_unknown(policy) == layout.keep_unknown
+        && policy.keeps_unknown() == layout.keep_unknown
     {
         Cow::Borrowed(layout)
     } else {
         Cow::Owned(layout.timed(
             policy.in_flight_timeout_ms,
             policy.ttl_ms,
-            keeps_unknown(policy),
+            policy.keeps_unknown(),
         ))
     }
 }
@@ -432,7 +425,7 @@ impl DedupStream {
                 self.entity_decided(p, env, owned, outcome)
             }
             StoreState::Etcd(ec) => {
-                let life = if keeps_unknown(policy) {
+                let life = if policy.keeps_unknown() {
                     policy.ttl_ms.max(policy.in_flight_timeout_ms)
                 } else {
                     policy.in_flight_timeout_ms

@@ -23,8 +23,7 @@ use crate::metrics::Counter;
 use crate::ordering::entities::{decode, encode, Entity, EntityClaim, Settle};
 use crate::ordering::{Ordered, Version};
 use crate::store::{HostFault, StoreError};
-use crate::stream::store::HeldClaim;
-use crate::stream::{CallAnswer, Decision, DedupStream, Env, Phase, Plugin, StoreCall};
+use crate::stream::{CallAnswer, Decision, DedupStream, Env, HeldClaim, Phase, Plugin, StoreCall};
 use std::sync::Arc;
 
 /// What an entity call is for.
