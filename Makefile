@@ -63,7 +63,10 @@ docs:
 
 # What `make test` checks of the docs: the book builds without an error or a
 # warning, and every relative link and #anchor of the book and the top-level
-# markdown files resolves (mdBook checks neither; .ci/check-docs.py).
+# markdown files resolves (mdBook checks neither); every section named in quotes
+# after its file (README "Quick start", in the docs, the templates' comments,
+# this Makefile and the sources) is a heading of that file; and every
+# configuration field the docs' prose names exists (.ci/check-docs.py).
 docs-check:
 	@command -v mdbook >/dev/null || bash .ci/install-deps.sh
 	@out=$$(mdbook build docs 2>&1) || { echo "$$out"; exit 1; }; \

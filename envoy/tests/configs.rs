@@ -93,7 +93,7 @@ fn envoy_templates() -> Vec<(std::path::PathBuf, String, usize)> {
 
 #[test]
 fn every_template_with_the_filter_logs_decision_record_and_rule() {
-    // README "Access logs": every shipped template logs the three per request.
+    // docs/src/operations/access-logs.md: every shipped template logs the three per request.
     for (file, text, filters) in envoy_templates() {
         for field in ["decision", "record", "rule"] {
             let wanted = format!("%FILTER_STATE(wasm.proxy_dedup_{field}:PLAIN)%");

@@ -95,7 +95,7 @@ fn a_module_whose_sha256_differs_is_refused_and_requests_fail_closed() {
 /// A server that answers 404 is refused the same way; under
 /// `failure_policy: FAIL_OPEN` Envoy then serves every request without the
 /// filter, so duplicates reach the service. This is why the template says
-/// FAIL_CLOSED (README, "Loading the module over HTTP").
+/// FAIL_CLOSED (docs/src/deployment/remote.md).
 #[test]
 fn with_fail_open_a_module_not_found_lets_duplicates_through() {
     let sha = sha256_hex(&dedup_module());

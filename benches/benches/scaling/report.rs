@@ -87,8 +87,8 @@ Shared data after the 90% fill above, key and value bytes as the filter writes \
 them: bucket records (one key per 16 records) and response slots (one key per \
 record with a stored response; here the 33-byte body with its `content-type`, \
 the record's digest and token). Envoy's own per-key overhead (its hash-map \
-entry and string headers) is not in these figures. The README's sizing formula \
-(\"Memory: the byte budget\") is `max_store_bytes` (the slot values, which the \
+entry and string headers) is not in these figures. The sizing formula \
+(docs/src/operations/sizing.md) is `store.max_store_bytes` (the slot values, which the \
 budget counts) + `capacity × 200 bytes` (records, keys and Envoy's map entries) \
 + the responses being stored. Measured, the known part of the second term is \
 the bucket share plus the slot key per record (columns 4 and 6), which leaves \
