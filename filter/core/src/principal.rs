@@ -87,11 +87,11 @@ fn trim(mut s: &[u8]) -> &[u8] {
     s
 }
 
-/// The caller's tag for record `record`: 8 bytes of SHA-256 over the record digest (a
-/// salt: one caller's tags differ from record to record) and the principal.
-fn tag(record: &Digest, principal: Option<&[u8]>) -> [u8; 8] {
+/// SHA-256 after `domain` of the record digest (a salt: one caller's hashes differ from
+/// record to record) and the principal, if any.
+fn caller_hash(domain: &[u8], record: &Digest, principal: Option<&[u8]>) -> Digest {
     let mut h = Sha256::new();
-    h.update(b"proxy-dedup principal v1\0");
+    h.update(domain);
     h.update(record);
     match principal {
         Some(p) => {
@@ -100,7 +100,12 @@ fn tag(record: &Digest, principal: Option<&[u8]>) -> [u8; 8] {
         }
         None => h.update([0]),
     }
-    let d = h.finalize();
+    h.finalize().into()
+}
+
+/// The caller's tag for record `record`: the first 8 bytes of its `caller_hash`.
+fn tag(record: &Digest, principal: Option<&[u8]>) -> [u8; 8] {
+    let d = caller_hash(b"proxy-dedup principal v1\0", record, principal);
     let mut t = [0u8; 8];
     t.copy_from_slice(&d[..8]);
     t
@@ -158,17 +163,7 @@ pub fn compare(stored: &Digest, mine: &Digest) -> PayloadMatch {
 /// Keyless mode: the record digest a caller's request takes when the fingerprint's own
 /// record is another caller's, so two callers' identical requests are two operations.
 pub fn caller_record(record: &Digest, principal: Option<&[u8]>) -> Digest {
-    let mut h = Sha256::new();
-    h.update(b"proxy-dedup caller record v1\0");
-    h.update(record);
-    match principal {
-        Some(p) => {
-            h.update([1]);
-            feed(&mut h, p);
-        }
-        None => h.update([0]),
-    }
-    h.finalize().into()
+    caller_hash(b"proxy-dedup caller record v1\0", record, principal)
 }
 
 #[cfg(test)]

@@ -180,6 +180,30 @@ pub(super) struct Claiming {
 }
 
 impl Claiming {
+    /// The read of the key on its shard under the other map of a resharding (`other`),
+    /// sent as `step` with a fresh budget of `timeout_ms`: the check of a won claim, or
+    /// a duplicate's look before it answers `409` (`DedupStream::peek`).
+    fn read_other_map(
+        &mut self,
+        ec: &EtcdStore,
+        other: &Arc<Route>,
+        step: ClaimStep,
+        now: u64,
+    ) -> StoreCall {
+        self.step = step;
+        self.retries = 0;
+        self.sent_ms = now;
+        self.deadline_ms = now.saturating_add(ec.config.timeout_ms);
+        let proto = ec.config.protocol;
+        self.call = ec.call(
+            other,
+            proto.range_path(),
+            proto.read_key(&self.key),
+            attempt_timeout(ec, self.deadline_ms, now),
+        );
+        self.call.clone()
+    }
+
     /// The claim this attempt won, at `mod_revision`, its completed record to carry
     /// `completed_lease`.
     fn won(self, mod_revision: i64, completed_lease: i64) -> EtcdClaim {
@@ -498,7 +522,7 @@ impl DedupStream {
                                 times,
                                 _,
                             ) if ec.check_route_of(&c.digest).is_some() => {
-                                self.peek(ec, env, c, times)
+                                self.peek(p, ec, env, c, times)
                             }
                             Existing::Duplicate(dup, times, learn) => {
                                 if let Some(entry) = learn {
@@ -561,28 +585,17 @@ impl DedupStream {
     /// from the record too (`peeked`), not `409`.
     fn peek<E: Env>(
         &mut self,
+        p: &Plugin,
         ec: &EtcdStore,
         env: &mut E,
         mut c: Box<Claiming>,
         in_flight: RecordTimes,
     ) -> Decision {
         let Some(other) = ec.check_route_of(&c.digest) else {
-            return Decision::Continue;
+            return self.duplicate(p, env, Duplicate::InFlight { held_until: None }, in_flight);
         };
-        let now = env.now_ms();
         c.in_flight_here = Some(in_flight);
-        c.step = ClaimStep::Peek;
-        c.retries = 0;
-        c.sent_ms = now;
-        c.deadline_ms = now.saturating_add(ec.config.timeout_ms);
-        let proto = ec.config.protocol;
-        c.call = ec.call(
-            other,
-            proto.range_path(),
-            proto.read_key(&c.key),
-            attempt_timeout(ec, c.deadline_ms, now),
-        );
-        let call = c.call.clone();
+        let call = c.read_other_map(ec, other, ClaimStep::Peek, env.now_ms());
         self.phase = Phase::Claiming(c);
         Decision::Call(call)
     }
@@ -650,21 +663,9 @@ impl DedupStream {
         completed_lease: i64,
     ) -> Decision {
         if let Some(other) = ec.check_route_of(&c.digest) {
-            let now = env.now_ms();
             c.won = Some((mod_revision, completed_lease));
-            c.step = ClaimStep::Check;
-            c.retries = 0;
-            c.sent_ms = now;
-            c.deadline_ms = now.saturating_add(ec.config.timeout_ms);
-            let proto = ec.config.protocol;
-            c.call = ec.call(
-                other,
-                proto.range_path(),
-                proto.read_key(&c.key),
-                attempt_timeout(ec, c.deadline_ms, now),
-            );
+            let call = c.read_other_map(ec, other, ClaimStep::Check, env.now_ms());
             env.count(Counter::ReshardChecks);
-            let call = c.call.clone();
             self.phase = Phase::Claiming(c);
             return Decision::Call(call);
         }
