@@ -594,6 +594,10 @@ fn each_decision_is_reported_once_for_access_logs() {
         (req("POST", "/o").key("k").body("other"), "mismatch"),
         (req("GET", "/o").key("k"), "bypassed"),
         (req("POST", "/o").key("k").key("k"), "bad_key"),
+        (
+            r.clone().header("authorization", "Bearer another"),
+            "principal_mismatch",
+        ),
     ];
     for (r, want) in decisions {
         let mut s = DedupStream::new(2);

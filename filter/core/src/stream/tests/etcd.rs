@@ -127,6 +127,26 @@ fn etcd_release_on_5xx_and_reset() {
     run(&p, &mut b, &r, ok("no")).assert_replays(b"paid");
 }
 
+/// Under `keep` an unsettled claim is kept until its TTL: past its in-flight lease (the
+/// in-flight time, the lease window and the budget), etcd still holds it, and a
+/// duplicate still gets `409 outcome-unknown`, never a second execution.
+#[test]
+fn a_kept_etcd_claim_outlives_its_in_flight_lease() {
+    let p = etcd_plugin(TTL_10_IN_FLIGHT_5);
+    let r = req("POST", "/o").key("k");
+    let (mut a, mut b) = two_proxies();
+    let t0 = a.now_ms;
+    let _stuck = send(&p, &mut a, &r).unwrap();
+    // In flight 5 s + a window of 1 s + the 500 ms budget: the in-flight lease is gone.
+    b.now_ms = t0 + 8_000;
+    let dup = run(&p, &mut b, &r, ok("twice"));
+    assert_eq!(
+        dup.problem_type(),
+        "urn:proxy-dedup:problem:outcome-unknown"
+    );
+    assert_eq!(b.count_of(Counter::Executed), 0);
+}
+
 #[test]
 fn a_kept_etcd_claim_still_in_flight_past_its_end_answers_as_an_unknown_outcome() {
     // Under `keep` a claim lives on the completed lease, so etcd still has it after its

@@ -781,3 +781,34 @@ fn concurrent_duplicates_of_a_moved_completed_key_are_all_replayed() {
     let dup = run(&step2, &mut z, &keyed(k2), ok("no"));
     assert_eq!(dup.problem_type(), "urn:proxy-dedup:problem:in-flight");
 }
+
+/// A duplicate's look at the other map is retried like any store call: one failure and
+/// it still answers from the record there; failures past the retries, and the claim in
+/// flight on its own shard is the answer (`409`), never a store error.
+#[test]
+fn a_duplicates_look_at_the_other_map_is_retried_then_answers_in_flight() {
+    let old = sharded("a", None, "");
+    let step2 = sharded("a,b", Some(("previous_shards", "a")), "");
+    for (failures, replayed) in [(1, true), (4, true), (5, false)] {
+        let fleet = Fleet::new();
+        let (mut x, mut y, mut z) = (fleet.proxy(1), fleet.proxy(2), fleet.proxy(3));
+        let k = &keys_on(&step2, "b", 1)[0];
+        assert_eq!(run(&old, &mut x, &keyed(k), ok(k)), executed(k));
+        let mut first = DedupStream::new(10);
+        let d = first.on_request_headers(&step2, &mut y, keyed(k).head, true);
+        let _check =
+            run_calls_until(&step2, &mut y, &mut first, d, |_, c| c.route.shard == "a").unwrap();
+        fleet.a.fail_next(failures);
+        let got = run(&step2, &mut z, &keyed(k), ok("no"));
+        if replayed {
+            got.assert_replays(k.as_bytes());
+        } else {
+            assert_eq!(
+                got.problem_type(),
+                "urn:proxy-dedup:problem:in-flight",
+                "{failures}"
+            );
+        }
+        assert_eq!(z.count_of(Counter::StoreErrors), 0, "{failures}");
+    }
+}
