@@ -18,6 +18,14 @@ mod vm;
 pub use abi::{LogLevel, MetricKind, Status};
 pub use callout::Handler;
 pub use envoy::{EnvoyBuilder, SimEnvoy, StreamState};
+
+/// The simulated Envoy's earlier name, kept for one release so tests written against
+/// it still build (with a warning that names the new one). See CHANGELOG.md.
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `SimEnvoy` (the test kit's real Envoy process is `EnvoyProcess`)"
+)]
+pub type Envoy = SimEnvoy;
 pub use error::Error;
 pub use grpc::{grpc_status, GrpcReply, GrpcRequest, GrpcServer};
 pub use http::{Headers, Reply, Request, Response, StreamId, UpstreamRequest};

@@ -12,6 +12,17 @@ fn modules_import_only_what_the_host_provides() {
     }
 }
 
+/// A test written against the old name still builds and runs (deprecated, one release).
+#[test]
+#[allow(deprecated)]
+fn the_old_name_envoy_still_builds_a_sim_envoy() {
+    let mut envoy: SimEnvoy = host_test::Envoy::builder(host_test::dist("empty_filter.wasm"))
+        .build()
+        .unwrap();
+    let resp = envoy.request(0, Request::post("/x").body("hi")).unwrap();
+    assert_eq!(resp.status, 200);
+}
+
 #[test]
 fn empty_filter_passes_requests_to_the_upstream() {
     let mut envoy = SimEnvoy::builder(host_test::dist("empty_filter.wasm"))
