@@ -1,4 +1,4 @@
-//! [`SimEnvoyBuilder`]: how a test configures a simulated Envoy, and `build`,
+//! [`EnvoyBuilder`]: how a test configures a simulated Envoy, and `build`,
 //! which loads the module and starts the VMs as Envoy 1.40 does.
 
 use super::*;

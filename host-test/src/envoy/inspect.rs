@@ -31,7 +31,7 @@ impl SimEnvoy {
 
     /// Host calls and bytes copied since the last [`SimEnvoy::reset_host_calls`],
     /// over every VM (empty unless built with
-    /// [`SimEnvoyBuilder::count_host_calls`]).
+    /// [`EnvoyBuilder::count_host_calls`](crate::EnvoyBuilder::count_host_calls)).
     pub fn host_calls(&self) -> crate::state::HostCalls {
         let mut all = crate::state::HostCalls::default();
         for vm in &self.vms {
