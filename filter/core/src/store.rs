@@ -231,6 +231,21 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         now_ms: u64,
         token: u64,
     ) -> Result<(ClaimOutcome, RecordTimes), StoreError> {
+        self.claim_beside(digest, payload, None, scope, now_ms, token)
+    }
+
+    /// `claim_timed`; a claim won also yields to a record of `legacy` (in any live
+    /// layout) that names no caller while this request names one: a keyless caller's
+    /// record from before callers were recorded (`stream.rs`, `legacy_record`).
+    pub fn claim_beside(
+        &self,
+        digest: &Digest,
+        payload: &Digest,
+        legacy: Option<&Digest>,
+        scope: u32,
+        now_ms: u64,
+        token: u64,
+    ) -> Result<(ClaimOutcome, RecordTimes), StoreError> {
         // This layout is in the registry before its claim is written...
         if self.layout.registered_until.get() < self.registration_needed(now_ms) {
             self.register(now_ms)?;
@@ -250,10 +265,21 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         // same: of two concurrent claims, the later registry read sees the other's
         // layout, and its lookup there finds the other's claim (written before that
         // read), so at least one yields and the key never runs twice.
-        for buckets in self.other_layouts(now_ms)? {
+        let others = self.other_layouts(now_ms)?;
+        for &buckets in &others {
             if let Some(found) = self.lookup(buckets, digest, payload, now_ms)? {
                 self.update_own(claim, None, None, |_| false)?;
                 return Ok(found);
+            }
+        }
+        if let Some(legacy) = legacy {
+            for buckets in std::iter::once(self.layout.buckets).chain(others) {
+                if let Some(found @ (ClaimOutcome::OtherCaller { unowned: true }, _)) =
+                    self.lookup(buckets, legacy, payload, now_ms)?
+                {
+                    self.update_own(claim, None, None, |_| false)?;
+                    return Ok(found);
+                }
             }
         }
         Ok((outcome, times))

@@ -218,9 +218,11 @@ pub struct DedupStream {
     /// Resharding (etcd): the record this duplicate waits on was found on the key's
     /// shard under the other map, so its re-checks read it there (`etcd::poll_call`).
     waits_on_other_map: bool,
-    /// Keyless mode: the record this caller's request takes when the fingerprint's own
-    /// record is another caller's (`principal::caller_record`); taken once.
-    caller_record: Option<Digest>,
+    /// Keyless mode, a named caller: the fingerprint's record as versions before callers
+    /// wrote it. The caller's request has a record of its own (`principal::caller_record`);
+    /// a claim won there yields to a record here that names no caller (`Unowned`), which
+    /// may be this caller's from before the upgrade.
+    legacy_record: Option<Digest>,
 }
 
 impl std::fmt::Debug for DedupStream {
@@ -262,7 +264,7 @@ impl DedupStream {
             calls: calls::Calls::default(),
             order: None,
             waits_on_other_map: false,
-            caller_record: None,
+            legacy_record: None,
         }
     }
 
@@ -523,16 +525,18 @@ impl DedupStream {
         }
         let digest = record_digest(cfg, &head, &key);
         // The record belongs to its caller: the stored payload digest is sealed with it,
-        // and a keyless request of another caller takes a record of its own.
+        // and a keyless request of a named caller is an operation of that caller's, in a
+        // record of its own (one record per caller and fingerprint, whatever becomes of
+        // another caller's).
         let caller = crate::principal::principal(&cfg.principal, &head);
         let payload = crate::principal::seal(&payload, &digest, caller.as_deref());
-        // Not with `principal: none`: every request is then the same caller, so a record
-        // of a named caller (written before the change) is refused, never run beside.
-        if key.source == crate::key::KeySource::Fingerprint
-            && cfg.principal != crate::config::PrincipalSource::None
-        {
-            self.caller_record = Some(crate::principal::caller_record(&digest, caller.as_deref()));
-        }
+        let digest = match caller.as_deref() {
+            Some(named) if key.source == crate::key::KeySource::Fingerprint => {
+                self.legacy_record = Some(digest);
+                crate::principal::caller_record(&digest, Some(named))
+            }
+            _ => digest,
+        };
         self.record = Some(digest);
         self.payload = Some(payload);
         self.claim(p, env, cfg, &head, digest, payload)

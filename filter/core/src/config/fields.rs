@@ -513,7 +513,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Text(r#"`{"header": "authorization"}`"#),
         applies: Applies::Policy,
         group: Group::Configuration,
-        meaning: r#"which part of a request names its caller: exactly one of `principal.header`, `principal.cookie`, `principal.metadata` or `principal.none`. A record belongs to the caller that made it: a request of another caller with the same key never gets its stored response (`422 principal-mismatch`, counted in `proxy_dedup_principal_mismatch`), and in keyless mode (`key.fingerprint`) another caller's identical request is an operation of its own and runs. A request that names no caller (the header absent or empty) is "no caller", a caller of its own. Records keep a salted 8-byte tag of the principal, never its bytes. See [Callers](../semantics/callers.md)."#,
+        meaning: r#"which part of a request names its caller: exactly one of `principal.header`, `principal.cookie`, `principal.metadata` or `principal.none`. A record belongs to the caller that made it: a request of another caller with the same key never gets its stored response (`422 principal-mismatch`, counted in `proxy_dedup_principal_mismatch`), and in keyless mode (`key.fingerprint`) a named caller's request has a record of its own, so another caller's identical request is an operation of its own and runs. A request that names no caller (the header absent or empty) is "no caller", a caller of its own. Records keep a salted 8-byte tag of the principal, never its bytes. See [Callers](../semantics/callers.md)."#,
     },
     Field {
         name: "principal.header",
@@ -545,7 +545,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Text(r#"none"#),
         applies: Applies::Policy,
         group: Group::Configuration,
-        meaning: r#"`true`: records name no caller (`false` is the default source, `authorization`); any caller's request with a key gets the key's stored response, as when the key alone is the secret (an upstream that scopes keys itself, a trusted internal network). Records written by named callers then answer `422 principal-mismatch` until they expire."#,
+        meaning: r#"`true`: records name no caller (`false` is the default source, `authorization`); any caller's request with a key gets the key's stored response, as when the key alone is the secret (an upstream that scopes keys itself, a trusted internal network). Keyed records written by named callers then answer `422 principal-mismatch` until they expire; in keyless mode a named caller's request had a record of its own, which a request naming no caller does not look for, so those requests run again (as when `key.fingerprint` changes)."#,
     },
     Field {
         name: "methods",

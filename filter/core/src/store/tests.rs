@@ -515,3 +515,51 @@ fn a_duplicate_learns_the_times_of_the_record_it_found() {
     );
     assert_eq!(times, RecordTimes::expiring(t0 + 60_000));
 }
+
+/// A keyless caller's claim on its own record yields to the fingerprint's record from
+/// before callers were recorded (its payload digest unsealed, as that version wrote it),
+/// in this layout or another live one, and to nothing else there.
+#[test]
+fn a_claim_beside_a_record_from_before_callers_yields_to_it_only() {
+    let (layout, shared) = (Layout::new("t", 64, 30_000, 60_000), FakeShared::new());
+    let store = SharedStore::new(&*shared, &layout);
+    let (old, own, other) = (digest(1), digest(2), digest(3));
+    let plain = [7u8; 32];
+    // The previous version's record of the fingerprint: the plain payload digest.
+    let c = claimed(store.claim(&old, &plain, 0, 1_000, 1));
+    store
+        .complete(&c, Some(&stored(200, "before")), 1_000)
+        .unwrap();
+    let named = crate::principal::seal(&plain, &old, Some(b"Bearer alice"));
+    let got = store
+        .claim_beside(&own, &named, Some(&old), 0, 2_000, 2)
+        .unwrap()
+        .0;
+    assert_eq!(got, ClaimOutcome::OtherCaller { unowned: true });
+    // Its own claim was released: another attempt finds its record free again.
+    assert!(matches!(
+        store.claim(&own, &named, 0, 2_001, 3).unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    // Another caller's sealed record there, or none, is no reason to yield.
+    let theirs = crate::principal::seal(&plain, &other, None);
+    let c = claimed(store.claim(&other, &theirs, 0, 3_000, 4));
+    store
+        .complete(&c, Some(&stored(200, "theirs")), 3_000)
+        .unwrap();
+    let mine = crate::principal::seal(&plain, &other, Some(b"Bearer bob"));
+    assert!(matches!(
+        store
+            .claim_beside(&digest(4), &mine, Some(&other), 0, 3_001, 5)
+            .unwrap()
+            .0,
+        ClaimOutcome::Claimed { .. }
+    ));
+    assert!(matches!(
+        store
+            .claim_beside(&digest(5), &mine, Some(&digest(6)), 0, 3_002, 6)
+            .unwrap()
+            .0,
+        ClaimOutcome::Claimed { .. }
+    ));
+}

@@ -75,19 +75,6 @@ impl DedupStream {
         dup: Duplicate,
         times: RecordTimes,
     ) -> Decision {
-        // Keyless: another caller's record of the same fingerprint; this caller's
-        // identical request is an operation of its own, with a record of its own. (Not
-        // an unowned one: that may be this caller's, written before callers were named.)
-        if let Duplicate::OtherCaller { unowned: false } = dup {
-            if let (Some(own), Some(payload)) = (self.caller_record.take(), self.payload) {
-                env.debug(format_args!(
-                    "stream {}: the fingerprint's record is another caller's; taking this caller's",
-                    self.id
-                ));
-                self.record = Some(own);
-                return self.claim_again(p, env, own, payload);
-            }
-        }
         let cfg = &p.config;
         let policy = cfg.policy_at(self.rule);
         let now = env.now_ms();

@@ -177,6 +177,9 @@ pub(super) struct Claiming {
     /// Resharding: the key's shard holds a claim in flight (these are its times) while
     /// the key is read on its shard under the other map (`ClaimStep::Peek`).
     pub(super) in_flight_here: Option<RecordTimes>,
+    /// Keyless, a named caller: the fingerprint's record from before callers were
+    /// recorded, read after the claim is won (`ClaimStep::Legacy`).
+    pub(super) legacy: Option<Digest>,
 }
 
 impl Claiming {
@@ -190,15 +193,36 @@ impl Claiming {
         step: ClaimStep,
         now: u64,
     ) -> StoreCall {
+        let body = ec.config.protocol.read_key(&self.key);
+        self.send_read(ec, other, body, step, now)
+    }
+
+    /// The read of `legacy`'s record (on its own shard) after this claim was won
+    /// (`ClaimStep::Legacy`, a fresh budget).
+    fn read_legacy(&mut self, ec: &EtcdStore, legacy: Digest, now: u64) -> StoreCall {
+        let key = etcd::record_key(&ec.config.prefix, &legacy);
+        let body = ec.config.protocol.read_key(&key);
+        let route = Arc::clone(ec.route_of(&legacy));
+        self.legacy = Some(legacy);
+        self.send_read(ec, &route, body, ClaimStep::Legacy, now)
+    }
+
+    fn send_read(
+        &mut self,
+        ec: &EtcdStore,
+        route: &Arc<Route>,
+        body: Vec<u8>,
+        step: ClaimStep,
+        now: u64,
+    ) -> StoreCall {
         self.step = step;
         self.retries = 0;
         self.sent_ms = now;
         self.deadline_ms = now.saturating_add(ec.config.timeout_ms);
-        let proto = ec.config.protocol;
         self.call = ec.call(
-            other,
-            proto.range_path(),
-            proto.read_key(&self.key),
+            route,
+            ec.config.protocol.range_path(),
+            body,
             attempt_timeout(ec, self.deadline_ms, now),
         );
         self.call.clone()
@@ -231,6 +255,9 @@ pub(super) enum ClaimStep {
     /// duplicate's, about to yield): reading the key under the other map, whose record,
     /// if completed, is the answer (`peeked`).
     Peek,
+    /// Keyless, a named caller, the claim won: reading the fingerprint's record from
+    /// before callers were recorded, which the claim yields to (`checked`).
+    Legacy,
 }
 
 pub(super) const MAX_ROUNDS: u32 = 8;
@@ -328,6 +355,7 @@ impl DedupStream {
             abandoned: false,
             won: None,
             in_flight_here: None,
+            legacy: None,
         };
         self.next_claim_call(p, ec, env, Box::new(c))
     }
@@ -411,7 +439,7 @@ impl DedupStream {
         mut c: Box<Claiming>,
         answer: CallAnswer,
     ) -> Decision {
-        if c.step == ClaimStep::Check {
+        if matches!(c.step, ClaimStep::Check | ClaimStep::Legacy) {
             return self.checked(p, env, ec, c, &answer);
         }
         if c.step == ClaimStep::Peek {
@@ -662,6 +690,12 @@ impl DedupStream {
         mod_revision: i64,
         completed_lease: i64,
     ) -> Decision {
+        if let Some(legacy) = self.legacy_record.take() {
+            c.won = Some((mod_revision, completed_lease));
+            let call = c.read_legacy(ec, legacy, env.now_ms());
+            self.phase = Phase::Claiming(c);
+            return Decision::Call(call);
+        }
         if let Some(other) = ec.check_route_of(&c.digest) {
             c.won = Some((mod_revision, completed_lease));
             let call = c.read_other_map(ec, other, ClaimStep::Check, env.now_ms());
@@ -702,12 +736,18 @@ impl DedupStream {
                 self.phase = Phase::Claiming(c);
                 return Decision::Call(call);
             }
-            let why = format!(
-                "reading the key on shard `{}` of {} failed (status {})",
-                c.call.route.shard,
-                ec.config.check.as_ref().map_or("", |k| k.role.field()),
-                answer.status
-            );
+            let why = match c.step {
+                ClaimStep::Legacy => format!(
+                    "reading the record from before callers on shard `{}` failed (status {})",
+                    c.call.route.shard, answer.status
+                ),
+                _ => format!(
+                    "reading the key on shard `{}` of {} failed (status {})",
+                    c.call.route.shard,
+                    ec.config.check.as_ref().map_or("", |k| k.role.field()),
+                    answer.status
+                ),
+            };
             let abandoned = c.abandoned;
             let owned = HeldClaim::Etcd(c.won(mod_revision, completed_lease));
             return match p.config.failure_mode {
@@ -727,6 +767,25 @@ impl DedupStream {
             };
         };
         let keeps = p.config.policy_at(self.rule).keeps_unknown();
+        if c.step == ClaimStep::Legacy {
+            // Only a record that names no caller is yielded to (it may be this caller's
+            // from before the upgrade); anything else is another caller's, or gone.
+            let old = c.legacy.take().unwrap_or(c.digest);
+            let found = read
+                .and_then(|(_, value)| EtcdRecord::decode(&value, &old))
+                .map(|r| classify(r, &c.payload, keeps, now));
+            if let Some(Existing::Duplicate(
+                dup @ Duplicate::OtherCaller { unowned: true },
+                times,
+                _,
+            )) = found
+            {
+                let owned = HeldClaim::Etcd(c.won(mod_revision, completed_lease));
+                return self.yield_unrun(p, env, owned, dup, times);
+            }
+            c.step = ClaimStep::Txn;
+            return self.claim_won(p, ec, env, c, mod_revision, completed_lease);
+        }
         let found = match read {
             None => Existing::Over,
             Some((_, value)) => match EtcdRecord::decode(&value, &c.digest) {
@@ -756,16 +815,30 @@ impl DedupStream {
                     env.local().insert(digest, entry, now);
                 }
                 self.waits_on_other_map = true;
-                match self.release_unrun(p, env, owned) {
-                    Some(call) => {
-                        if let Phase::Settling(st) = &mut self.phase {
-                            st.then_duplicate = Some((dup, times));
-                        }
-                        Decision::Call(call)
-                    }
-                    None => self.duplicate(p, env, dup, times),
-                }
+                self.yield_unrun(p, env, owned, dup, times)
             }
+        }
+    }
+
+    /// A won claim yields to a record a check found: it is released, never forwarded,
+    /// and the request is answered as that record's duplicate (once the release has
+    /// settled).
+    fn yield_unrun<E: Env>(
+        &mut self,
+        p: &Plugin,
+        env: &mut E,
+        owned: HeldClaim,
+        dup: Duplicate,
+        times: RecordTimes,
+    ) -> Decision {
+        match self.release_unrun(p, env, owned) {
+            Some(call) => {
+                if let Phase::Settling(st) = &mut self.phase {
+                    st.then_duplicate = Some((dup, times));
+                }
+                Decision::Call(call)
+            }
+            None => self.duplicate(p, env, dup, times),
         }
     }
 }

@@ -24,9 +24,10 @@ impl DedupStream {
         let token = env.new_token();
         let now = env.now_ms();
         let timed = layout_timed(layout, p.config.policy_at(self.rule));
-        let outcome = SharedStore::new(&*env, &timed).claim_timed(
+        let outcome = SharedStore::new(&*env, &timed).claim_beside(
             &digest,
             &payload,
+            self.legacy_record.as_ref(),
             self.scope_tag,
             now,
             token,

@@ -239,21 +239,6 @@ impl DedupStream {
         }
     }
 
-    /// Claims `digest` again in the configured store, the request's scope already known
-    /// (keyless mode: this caller's own record, see `caller_record`).
-    pub(super) fn claim_again<E: Env>(
-        &mut self,
-        p: &Plugin,
-        env: &mut E,
-        digest: Digest,
-        payload: Digest,
-    ) -> Decision {
-        match &p.store {
-            StoreState::SharedData(layout) => self.claim_shared(p, layout, env, digest, payload),
-            StoreState::Etcd(ec) => self.claim_etcd(p, ec, env, digest, payload),
-        }
-    }
-
     /// A woken waiter re-checks its record: shared data claims again at once; etcd
     /// claims when this worker's tier knows the record, else reads it (`Polling`) where
     /// it was found (during a resharding, perhaps on the other map's shard).

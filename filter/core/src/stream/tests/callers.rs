@@ -197,20 +197,22 @@ fn principal_none_shares_a_key_across_callers() {
     run(&p, &mut env, &keyed("k", "Bearer b"), ok("no")).assert_replays(b"one");
 }
 
-/// Switching callers off: a keyless record a named caller made before is refused to
-/// everyone until it expires, never run again beside it.
+/// With callers off, keyless requests of any caller with the same fingerprint are one
+/// operation, as before callers were recorded.
 #[test]
-fn switching_principal_off_never_runs_a_keyless_record_again() {
+fn principal_none_makes_identical_keyless_requests_one_operation() {
     let fp = r#""key": {"fingerprint": ["method", "path", "body"]}"#;
-    let on = plugin(&format!("{{{fp}}}"));
-    let off = plugin(&format!(r#"{{{fp}, "principal": {{"none": true}}}}"#));
-    let (_, mut env) = world();
-    let r = req("POST", "/cart/checkout")
-        .header("authorization", "Bearer bob")
-        .body("{}");
-    assert_eq!(run(&on, &mut env, &r, ok("bob")), executed("bob"));
-    let got = run(&off, &mut env, &r, ok("again"));
-    assert_eq!((got.status(), got.problem_type()), (422, MISMATCH.into()));
+    let (p, mut env) = one_worker(&format!(r#"{{{fp}, "principal": {{"none": true}}}}"#));
+    let checkout = |auth: &str| {
+        req("POST", "/cart/checkout")
+            .header("authorization", auth)
+            .body("{}")
+    };
+    assert_eq!(
+        run(&p, &mut env, &checkout("Bearer bob"), ok("bob")),
+        executed("bob")
+    );
+    run(&p, &mut env, &checkout("Bearer carol"), ok("no")).assert_replays(b"bob");
     assert_eq!(env.count_of(Counter::Executed), 1);
 }
 
@@ -258,6 +260,36 @@ fn a_record_from_before_callers_never_runs_again() {
         assert!(
             v["detail"].as_str().unwrap().contains("named no caller"),
             "{v}"
+        );
+    }
+}
+
+/// Keyless: a caller's operation lives in one record of its own, whatever becomes of
+/// another caller's identical request: when Bob's is released (his upstream answered
+/// 503), Carol's retry is still her replay, never a second run.
+#[test]
+fn a_keyless_callers_retry_never_runs_again_when_another_callers_record_goes() {
+    let fp = r#""key": {"fingerprint": ["method", "path", "body"]}"#;
+    for (store, p, mut a, mut b) in stores(fp) {
+        let checkout = |auth: &str| {
+            req("POST", "/cart/checkout")
+                .header("authorization", auth)
+                .body("{}")
+        };
+        let bob = send(&p, &mut a, &checkout("Bearer bob")).unwrap();
+        assert_eq!(
+            run(&p, &mut b, &checkout("Bearer carol"), ok("carol")),
+            executed("carol"),
+            "{store}"
+        );
+        respond(&p, &mut a, bob, answer(503, "busy"));
+        for env in [&mut a, &mut b] {
+            run(&p, env, &checkout("Bearer carol"), ok("again")).assert_replays(b"carol");
+        }
+        assert_eq!(
+            run(&p, &mut a, &checkout("Bearer bob"), ok("bob")),
+            executed("bob"),
+            "{store}: Bob's released request runs"
         );
     }
 }
