@@ -451,12 +451,7 @@ impl DedupStream {
             // Connection refused or reset, or a member without a leader: another member
             // may answer. Retry within the budget.
             if c.retries < MAX_RETRIES && now < c.deadline_ms {
-                c.retries += 1;
-                c.call.timeout_ms = attempt_timeout(ec, c.deadline_ms, now);
-                c.sent_ms = now;
-                let call = c.call.clone();
-                self.phase = Phase::Claiming(c);
-                return Decision::Call(call);
+                return self.resend(ec, c, now);
             }
             return self.store_failed(
                 p,
@@ -606,6 +601,16 @@ impl DedupStream {
         Decision::Call(call)
     }
 
+    /// Sends the claim's current call again (a retry within its budget).
+    fn resend(&mut self, ec: &EtcdStore, mut c: Box<Claiming>, now: u64) -> Decision {
+        c.retries += 1;
+        c.call.timeout_ms = attempt_timeout(ec, c.deadline_ms, now);
+        c.sent_ms = now;
+        let call = c.call.clone();
+        self.phase = Phase::Claiming(c);
+        Decision::Call(call)
+    }
+
     /// During a resharding, a claim that found another claim in flight on the key's shard
     /// reads the key on its shard under the other map before answering `409`: when several
     /// duplicates of a key completed under the other map arrive at once, the first to
@@ -645,13 +650,8 @@ impl DedupStream {
         let read = match check_read(&c.call, answer) {
             Some(read) => read,
             None if retry_check(answer, &c.call, c.retries, c.deadline_ms, now) => {
-                c.retries += 1;
                 c.in_flight_here = Some(here);
-                c.call.timeout_ms = attempt_timeout(ec, c.deadline_ms, now);
-                c.sent_ms = now;
-                let call = c.call.clone();
-                self.phase = Phase::Claiming(c);
-                return Decision::Call(call);
+                return self.resend(ec, c, now);
             }
             None => None,
         };
@@ -728,13 +728,8 @@ impl DedupStream {
         };
         let Some(read) = check_read(&c.call, answer) else {
             if retry_check(answer, &c.call, c.retries, c.deadline_ms, now) {
-                c.retries += 1;
                 c.won = Some((mod_revision, completed_lease));
-                c.call.timeout_ms = attempt_timeout(ec, c.deadline_ms, now);
-                c.sent_ms = now;
-                let call = c.call.clone();
-                self.phase = Phase::Claiming(c);
-                return Decision::Call(call);
+                return self.resend(ec, c, now);
             }
             let why = match c.step {
                 ClaimStep::Legacy => format!(

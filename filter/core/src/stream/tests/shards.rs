@@ -724,6 +724,23 @@ fn a_client_gone_during_a_moved_entitys_claim_releases_it_without_a_check_read()
     );
 }
 
+/// A claim yielding on a moved key's new shard: `key`, completed by proxy `x` before
+/// the move, whose duplicate on `y` (step 2) has claimed on b and has its check read of
+/// a out (returned unanswered, with its stream).
+fn a_yielding_claim_on_b(
+    old: &Plugin,
+    step2: &Plugin,
+    x: &mut FakeEnv,
+    y: &mut FakeEnv,
+    key: &str,
+) -> (DedupStream, StoreCall) {
+    assert_eq!(run(old, x, &keyed(key), ok(key)), executed(key));
+    let mut first = DedupStream::new(10);
+    let d = first.on_request_headers(step2, y, keyed(key).head, true);
+    let check = run_calls_until(step2, y, &mut first, d, |_, c| c.route.shard == "a").unwrap();
+    (first, check)
+}
+
 /// Duplicates of a key completed under the previous map arrive at once, through
 /// proxies on both steps: the first to claim on the key's new shard yields to the
 /// record, and a duplicate that finds that yielding claim is answered from the record
@@ -736,12 +753,8 @@ fn concurrent_duplicates_of_a_moved_completed_key_are_all_replayed() {
     let fleet = Fleet::new();
     let (mut x, mut y, mut z) = (fleet.proxy(1), fleet.proxy(2), fleet.proxy(3));
     let k = &keys_on(&step2, "b", 1)[0];
-    assert_eq!(run(&old, &mut x, &keyed(k), ok(k)), executed(k));
     // The first duplicate (step 2) has claimed on b; its check read of a is still out.
-    let mut first = DedupStream::new(10);
-    let d = first.on_request_headers(&step2, &mut y, keyed(k).head, true);
-    let check =
-        run_calls_until(&step2, &mut y, &mut first, d, |_, c| c.route.shard == "a").unwrap();
+    let (mut first, check) = a_yielding_claim_on_b(&old, &step2, &mut x, &mut y, k);
     assert_eq!(fleet.keys(&y), [1, 1, 0], "its claim stands on b");
     // Concurrent duplicates through a proxy on step 2 and one on step 1.
     let (got, calls) = {
@@ -793,11 +806,7 @@ fn a_duplicates_look_at_the_other_map_is_retried_then_answers_in_flight() {
         let fleet = Fleet::new();
         let (mut x, mut y, mut z) = (fleet.proxy(1), fleet.proxy(2), fleet.proxy(3));
         let k = &keys_on(&step2, "b", 1)[0];
-        assert_eq!(run(&old, &mut x, &keyed(k), ok(k)), executed(k));
-        let mut first = DedupStream::new(10);
-        let d = first.on_request_headers(&step2, &mut y, keyed(k).head, true);
-        let _check =
-            run_calls_until(&step2, &mut y, &mut first, d, |_, c| c.route.shard == "a").unwrap();
+        let _yielding = a_yielding_claim_on_b(&old, &step2, &mut x, &mut y, k);
         fleet.a.fail_next(failures);
         let got = run(&step2, &mut z, &keyed(k), ok("no"));
         if replayed {
