@@ -242,9 +242,9 @@ impl HttpContext for DedupHttp {
         }
         // The properties the policies' principals name (dynamic metadata an auth filter
         // earlier in the chain set); none unless a policy reads one.
-        for path in properties {
-            if let Some(v) = abi::property_at(&path) {
-                head.properties.push((path, v));
+        for path in properties.iter() {
+            if let Some(v) = abi::property_at(path) {
+                head.properties.push((path.clone(), v));
             }
         }
         match self.with_env(|s, p, env| s.on_request_headers(p, env, head, end_of_stream)) {

@@ -463,8 +463,9 @@ pub struct Config {
     /// and generates none, so it may be a key (`values::check_envoy_set_headers`).
     pub request_id_preserved: bool,
     /// The Envoy properties the glue reads at request headers for the policies'
-    /// principals (`PrincipalSource::Metadata`), each once.
-    pub metadata_properties: Vec<String>,
+    /// principals (`PrincipalSource::Metadata`), each once (shared: the glue takes it
+    /// for every request without a copy).
+    pub metadata_properties: std::sync::Arc<[String]>,
 }
 
 impl Default for Config {
@@ -482,7 +483,7 @@ impl Default for Config {
             role: DEFAULT_ROLE,
             store: StoreConfig::default(),
             request_id_preserved: DEFAULT_REQUEST_ID_PRESERVED,
-            metadata_properties: Vec::new(),
+            metadata_properties: std::sync::Arc::from(Vec::new()),
         }
     }
 }
@@ -664,7 +665,7 @@ impl TryFrom<RawConfig> for Config {
         }
         Ok(Config {
             request_id_preserved,
-            metadata_properties,
+            metadata_properties: metadata_properties.into(),
             policy,
             rules,
             max_waiters,

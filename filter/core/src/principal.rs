@@ -24,6 +24,7 @@ use crate::config::PrincipalSource;
 use crate::head::RequestHead;
 use crate::key::{feed, Digest};
 use sha2::{Digest as _, Sha256};
+use std::borrow::Cow;
 
 /// Bytes of the payload digest a sealed digest keeps as they are.
 const KEPT: usize = 20;
@@ -34,30 +35,42 @@ const NOBODY: [u8; 4] = *b"ANON";
 
 /// The principal of a request under `source`: the bytes that name its caller, `None`
 /// when the request names none (no such header, cookie or metadata, or an empty one).
-/// A header or cookie given more than once is all of its values, in order, each
-/// length-prefixed after their count, so no single value reads as that list.
-pub fn principal(source: &PrincipalSource, head: &RequestHead) -> Option<Vec<u8>> {
-    let values: Vec<&[u8]> = match source {
-        PrincipalSource::None => return None,
-        PrincipalSource::Header(name) => head.lines(name).collect(),
-        PrincipalSource::Cookie(name) => cookies(head, name),
-        PrincipalSource::Metadata { property, .. } => vec![head.property(property)?],
-    };
-    match values.as_slice() {
-        [] => None,
-        [[]] => None,
-        [one] => Some(one.to_vec()),
-        many => {
-            let mut out = Vec::new();
-            out.extend_from_slice(&u64::MAX.to_be_bytes());
-            out.extend_from_slice(&(many.len() as u64).to_be_bytes());
-            for v in many {
-                out.extend_from_slice(&(v.len() as u64).to_be_bytes());
-                out.extend_from_slice(v);
+/// One value is borrowed from the request as it is; a header or cookie given more than
+/// once is all of its values, in order, each length-prefixed after their count, so no
+/// single value reads as that list.
+pub fn principal<'h>(source: &'h PrincipalSource, head: &'h RequestHead) -> Option<Cow<'h, [u8]>> {
+    let one = |v: &'h [u8]| (!v.is_empty()).then_some(Cow::Borrowed(v));
+    match source {
+        PrincipalSource::None => None,
+        PrincipalSource::Metadata { property, .. } => one(head.property(property)?),
+        PrincipalSource::Header(name) => {
+            let mut lines = head.lines(name);
+            match (lines.next(), lines.next()) {
+                (None, _) => None,
+                (Some(v), None) => one(v),
+                _ => Some(Cow::Owned(all_of(head.lines(name)))),
             }
-            Some(out)
         }
+        PrincipalSource::Cookie(name) => match cookies(head, name).as_slice() {
+            [] => None,
+            [v] => one(v),
+            many => Some(Cow::Owned(all_of(many.iter().copied()))),
+        },
     }
+}
+
+/// Several values as one principal: a marker no single value's length can be, their
+/// count, then each length-prefixed.
+fn all_of<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
+    let values: Vec<&[u8]> = values.collect();
+    let mut out = Vec::new();
+    out.extend_from_slice(&u64::MAX.to_be_bytes());
+    out.extend_from_slice(&(values.len() as u64).to_be_bytes());
+    for v in values {
+        out.extend_from_slice(&(v.len() as u64).to_be_bytes());
+        out.extend_from_slice(v);
+    }
+    out
 }
 
 /// The values of cookie `name` in the request's `cookie` lines (RFC 6265: `a=1; b=2`),

@@ -575,7 +575,7 @@ fn a_principal_comes_from_one_source() {
     )
     .unwrap();
     assert_eq!(
-        c.metadata_properties,
+        c.metadata_properties.to_vec(),
         vec!["metadata\0filter_metadata\0jwt\0sub"]
     );
     assert_eq!(

@@ -121,7 +121,10 @@ fn a_stable_principal_replays_across_token_refreshes() {
         r#""principal": {"metadata": ["envoy.filters.http.jwt_authn", "jwt_payload", "sub"]}"#;
     let property = "metadata\0filter_metadata\0envoy.filters.http.jwt_authn\0jwt_payload\0sub";
     for (store, p, mut a, mut b) in stores(jwt) {
-        assert_eq!(p.config.metadata_properties, vec![property.to_string()]);
+        assert_eq!(
+            p.config.metadata_properties.to_vec(),
+            vec![property.to_string()]
+        );
         let of = |token: &str, sub: &str| keyed("k-jwt", token).property(property, sub);
         assert_eq!(
             run(&p, &mut a, &of("Bearer t1", "user-1"), ok("done")),
