@@ -94,6 +94,7 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 	python3 .ci/check-circles.py --self-test
+	python3 .ci/check-architecture.py --self-test
 
 fmt:
 	$(CARGO) fmt --all

@@ -13,8 +13,8 @@
 //! 1,000,000) for a quicker run.
 
 use dedup_benches::{Case, BASELINE, DEDUP};
-use dedup_core::local::{LocalEntry, LocalTier, MAX_BYTES, MAX_ENTRIES};
 use dedup_core::response::StoredResponse;
+use dedup_core::stores::etcd::local::{LocalEntry, LocalTier, MAX_BYTES, MAX_ENTRIES};
 use dedup_envoy::bench::{load_average, micros, no_write, write_section};
 use host_test::{EnvoyBuilder, Request, SimEnvoy};
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -5,12 +5,12 @@
 //! headers are not decoded (the call's message is the answer; a call without one
 //! failed).
 //!
-//! The txns are the filter's own claim txns (`dedup_core::etcdpb::claim_txn`): a
+//! The txns are the filter's own claim txns (`dedup_core::stores::etcd::pb::claim_txn`): a
 //! create-if-absent put with a lease of a fresh key, the failure branch reading it.
 
 use crate::error::Result;
 use crate::fail;
-use dedup_core::etcdpb;
+use dedup_core::stores::etcd::pb as etcdpb;
 use loopback_h2 as h2;
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -26,7 +26,7 @@ use suite::{etcd_filter_config, shard_map, Front, Multi, HOST, PREFIX};
 
 /// Where the filter keeps a key's record: its digest as the operator API computes it
 /// from a key and a host (`dedup_core::admin::parse`, the data plane's policy), and
-/// the shard a map gives it (`dedup_core::shards::pick`, the filter's own rendezvous
+/// the shard a map gives it (`dedup_core::stores::etcd::shards::pick`, the filter's own rendezvous
 /// hashing, pinned as a format). The tests check the prediction against what etcd
 /// holds.
 struct Placement {
@@ -49,7 +49,7 @@ impl Placement {
 
     /// The record's etcd key.
     fn record_key(&self, digest: &Digest) -> Vec<u8> {
-        dedup_core::etcd::record_key(PREFIX, digest).into_bytes()
+        dedup_core::stores::etcd::wire::record_key(PREFIX, digest).into_bytes()
     }
 }
 
@@ -57,9 +57,9 @@ impl Placement {
 fn shard_of<'a>(map: &[&'a str], digest: &Digest) -> &'a str {
     let seeds: Vec<u64> = map
         .iter()
-        .map(|n| dedup_core::shards::name_seed(n))
+        .map(|n| dedup_core::stores::etcd::shards::name_seed(n))
         .collect();
-    map[dedup_core::shards::pick(&seeds, digest).unwrap()]
+    map[dedup_core::stores::etcd::shards::pick(&seeds, digest).unwrap()]
 }
 
 /// The slug of a problem+json answer (`in-flight`, `store-unavailable`, ...).
@@ -822,7 +822,7 @@ fn operator_api_counts_finds_and_removes_records_per_shard() {
         expected["etcd_b"]
     );
     // A worker that completed or replayed the key keeps a copy for at most
-    // `dedup_core::local::MAX_AGE_MS` (5 s) and answers it until then: replays of
+    // `dedup_core::stores::etcd::local::MAX_AGE_MS` (5 s) and answers it until then: replays of
     // the first response, then one execution (bounded generously, not timed).
     let end = Instant::now() + Duration::from_secs(20);
     let again = loop {

@@ -8,7 +8,7 @@
 #![allow(clashing_extern_declarations)]
 
 use dedup_core::response::status_of;
-use dedup_core::store::{HostFault, SetError, SharedData};
+use dedup_core::shared_data::{HostFault, SetError, SharedData};
 use dedup_core::stream::CallAnswer;
 use dedup_core::wire::{decode_pairs, encode_pairs};
 use std::time::Duration;

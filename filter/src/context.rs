@@ -521,19 +521,14 @@ pub extern "C" fn proxy_on_grpc_receive(context_id: u32, token: u32, response_si
 
 /// A gRPC call that ended without a message: a non-zero status from the server, or
 /// Envoy's own (14 for a timeout, a reset or no healthy member). Handed over as status 0
-/// with the status and message in `etcdpb::status_body`.
+/// with the status and message as `CallAnswer::grpc_failure` shapes them.
 #[no_mangle]
 pub extern "C" fn proxy_on_grpc_close(context_id: u32, token: u32, status_code: u32) {
     let message = abi::grpc_status().map(|(_, m)| m).unwrap_or_default();
-    let body = dedup_core::etcdpb::status_body(status_code, &message);
     route_answer(
         context_id,
         token,
-        CallAnswer {
-            status: 0,
-            body,
-            ..Default::default()
-        },
+        CallAnswer::grpc_failure(status_code, &message),
         "proxy_on_grpc_close",
     );
 }

@@ -4,8 +4,7 @@
 //! (`read_call_answer`).
 
 use crate::abi;
-use dedup_core::etcdpb;
-use dedup_core::store::{HostFault, SetError, SharedData, SECRET_LEN};
+use dedup_core::shared_data::{HostFault, SetError, SharedData};
 use dedup_core::stream::{CallAnswer, StoreCall, Transport};
 use dedup_core::worker::{Host, Level};
 use std::time::Duration;
@@ -57,8 +56,8 @@ impl Host for AbiHost {
         abi::record(metric, value);
     }
 
-    fn random_bytes(&self) -> Result<[u8; SECRET_LEN], u16> {
-        abi::random_bytes::<SECRET_LEN>()
+    fn random_bytes(&self) -> Result<[u8; 32], u16> {
+        abi::random_bytes::<32>()
     }
 
     /// A random seed from WASI `random_get` (std's RandomState draws its keys from it).
@@ -108,7 +107,7 @@ pub(crate) fn dispatch(call: &StoreCall) -> Result<u32, CallAnswer> {
     let cluster = &call.route.cluster;
     match &call.route.transport {
         Transport::Grpc { upstream } => {
-            let Some((service, method)) = etcdpb::split_method(call.path) else {
+            let Some((service, method)) = call.grpc_method() else {
                 return Err(no_answer());
             };
             crate::context::dispatched(abi::dispatch_grpc_call(

@@ -329,14 +329,8 @@ impl HttpContext for DedupHttp {
             self.stream.response_body_read(body_size);
             return self.hold_response_for(call);
         }
-        let remote = self
-            .worker(|w| w.plugin.store.makes_calls())
-            .unwrap_or(false);
-        if self.stream.buffer_response_body(remote, body_size) {
-            Action::Pause
-        } else {
-            Action::Continue
-        }
+        let a = self.carry(|w, _, s, _| w.response_body_read(s, body_size));
+        act(a.unwrap_or(worker::Action::Continue))
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {

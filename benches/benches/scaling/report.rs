@@ -1,7 +1,7 @@
 //! The scaling bench's text for BENCHMARKS.md: its tables with what they show.
 
 use super::{Text, BATCHES, SMALL_STORE_BATCHES};
-use dedup_core::local::{MAX_BYTES, MAX_ENTRIES};
+use dedup_core::stores::etcd::local::{MAX_BYTES, MAX_ENTRIES};
 use dedup_envoy::bench::machine;
 
 /// The "## Scaling (host-test)" section of BENCHMARKS.md.
@@ -101,7 +101,7 @@ with the records: they live in the host's shared data, not in the VM.\n\n{}\n",
     );
     s += &format!(
         "The etcd store keeps no records in shared data; each worker keeps a tier of \
-completed records it has seen (`filter/core/src/local.rs`), bounded at \
+completed records it has seen (`filter/core/src/stores/etcd/local.rs`), bounded at \
 {MAX_ENTRIES} entries and {} MiB of counted bytes (entries older than 5 s are \
 not answered). Measured natively with a counting allocator (8192 entries \
 inserted, the bounds evicting; the module runs on wasm32, with 4-byte pointers, \

@@ -207,7 +207,10 @@ fn offline(args: &[String], out: &mut dyn Write, err: &mut dyn Write) -> std::io
             if let Ok(c) = dedup_core::Config::parse(config.as_bytes()) {
                 let previous = matches!(&c.store, dedup_core::config::StoreConfig::Etcd(e)
                     if e.check.as_ref().is_some_and(|k| k.role == dedup_core::config::CheckRole::Previous));
-                if let (true, Some(s)) = (previous, dedup_core::etcd::longest_key_life_s(&c)) {
+                if let (true, Some(s)) = (
+                    previous,
+                    dedup_core::stores::etcd::wire::longest_key_life_s(&c),
+                ) {
                     writeln!(
                         out,
                         "{file}: drop store.previous_shards no sooner than {s} s ({}) after every proxy runs this configuration, plus your clock skew",

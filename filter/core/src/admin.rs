@@ -3,14 +3,12 @@
 //! answers `GET /records?…`, `DELETE /records?…` and `GET /stats`, and nothing else.
 
 use crate::config::{Config, Policy};
-use crate::etcd::{self, EtcdAnswer, EtcdRecord};
 use crate::key::{record_digest, ClientKey, Digest, KeySource, RequestHead};
 use crate::metrics::Counter;
+use crate::record::RecordView;
 use crate::reply::{LocalReply, Problem};
-use crate::store::{Layout, Purge, RecordView, SharedStore};
-use crate::stream::{CallAnswer, Decision, Env, EtcdStore, Plugin, Route, StoreCall, StoreVisit};
+use crate::stream::{CallAnswer, Decision, Env, Operated, Operating, Operation, Plugin};
 use serde_json::{json, Value};
-use std::sync::Arc;
 
 /// One admin operation, parsed from the request. `rule` is the index of the rule named
 /// by `rule=<name>` (`None`: the top-level records).
@@ -239,7 +237,7 @@ pub fn parse(cfg: &Config, method: &str, path: &[u8]) -> Result<AdminOp, LocalRe
     })
 }
 
-fn hex(d: &Digest) -> String {
+pub(crate) fn hex(d: &Digest) -> String {
     let mut out = String::with_capacity(64);
     crate::key::push_hex(&mut out, d);
     out
@@ -254,25 +252,17 @@ fn json_reply(status: u16, v: Value) -> LocalReply {
     }
 }
 
-/// A record as JSON: state, expiry, age (by the policy's timeouts), payload digest, and
-/// the stored response's status and body size.
-/// `shared`: a shared-data record, whose kept claims (`on_unknown_outcome: "keep"`)
-/// expire at their TTL; an etcd claim's expiry stays its in-flight time (its lease ends it).
-fn record_json(
-    cfg: &Policy,
-    shared: bool,
-    digest: &Digest,
-    view: &RecordView,
-    now_ms: u64,
-) -> Value {
+/// A record as JSON: state, expiry, age (by the policy's timeouts), payload digest, the
+/// stored response's status and body size, and its shard when the store has shards.
+fn record_json(cfg: &Policy, digest: &Digest, view: &RecordView, now_ms: u64) -> Value {
     let keep = crate::stream::keeps_unknown(cfg);
     let life = match view.state {
-        "in_flight" if keep && shared => cfg.ttl_ms.max(cfg.in_flight_timeout_ms),
+        "in_flight" if keep && view.claim_lives_to_ttl => cfg.ttl_ms.max(cfg.in_flight_timeout_ms),
         "held" if keep => cfg.ttl_ms.max(cfg.in_flight_timeout_ms),
         "in_flight" | "held" => cfg.in_flight_timeout_ms,
         _ => cfg.ttl_ms,
     };
-    json!({
+    let mut found = json!({
         "record": hex(digest),
         "rule": cfg.rule,
         "state": view.state,
@@ -282,7 +272,11 @@ fn record_json(
         "payload_digest": hex(&view.payload),
         "status": view.response.map(|r| r.0),
         "body_bytes": view.response.map(|r| r.1),
-    })
+    });
+    if let Some(shard) = &view.shard {
+        found["shard"] = json!(shard);
+    }
+    found
 }
 
 fn not_found(digest: &Digest) -> LocalReply {
@@ -297,70 +291,28 @@ fn refused(detail: &str) -> LocalReply {
 const CLAIM_REFUSED: &str =
     "the record is a claim (in flight or held): its request may be running; add force=true to remove it anyway";
 
-/// An operator request, decided: shared data answers at once, etcd reads first.
-struct OnRequest<'a, E> {
-    admin: &'a mut AdminStream,
-    p: &'a Plugin,
-    env: &'a mut E,
-    op: AdminOp,
-    now: u64,
-    path: &'a [u8],
-    peer: &'a str,
-}
-
-impl<E: Env> StoreVisit for OnRequest<'_, E> {
-    type Out = Decision;
-    fn shared_data(self, layout: &Layout) -> Decision {
-        let r = self
-            .admin
-            .shared(self.p, layout, self.env, self.op, self.now, self.peer);
-        Decision::Reply(r)
-    }
-    fn etcd(self, ec: &EtcdStore) -> Decision {
-        self.admin
-            .etcd_request(ec, self.env, self.op, self.path, self.peer)
-    }
-}
-
-/// The answer to an operator request's store call (only etcd makes them).
-struct OnAnswer<'a, E> {
-    admin: &'a mut AdminStream,
-    p: &'a Plugin,
-    env: &'a mut E,
-    answer: CallAnswer,
-}
-
-impl<E: Env> StoreVisit for OnAnswer<'_, E> {
-    type Out = Decision;
-    fn shared_data(self, _layout: &Layout) -> Decision {
-        Decision::Continue
-    }
-    fn etcd(self, ec: &EtcdStore) -> Decision {
-        self.admin.etcd_answer(self.p, ec, self.env, self.answer)
-    }
-}
-
-/// An admin request on its way: shared data answers at once, etcd after calls.
-#[derive(Debug, Default)]
+/// An admin request on its way: answered at once, or after the store's calls.
+#[derive(Default)]
 pub struct AdminStream {
     op: Option<AdminOp>,
-    key: String,
-    /// Removal attempts (a record that changed between read and delete is read again).
-    rounds: u32,
-    /// etcd: the shard the call out goes to, and whether it is the key's shard under the
-    /// other map of a resharding (read when its own shard has no live record).
-    shard: Option<Arc<Route>>,
-    on_check: bool,
-    /// `GET /stats` on etcd: each shard's count so far, in the map's order.
-    counts: Vec<(String, u64)>,
+    /// The operation's continuation while its store call is out.
+    pending: Option<Box<dyn Operating>>,
+    /// Who asked (for the removal's log line).
+    peer: String,
+}
+
+impl std::fmt::Debug for AdminStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminStream").field("op", &self.op).finish()
+    }
 }
 
 impl AdminStream {
     /// The request's head arrived (an admin request is decided there).
-    pub fn on_request<E: Env>(
+    pub fn on_request(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         method: &str,
         path: &[u8],
         peer: &str,
@@ -369,301 +321,108 @@ impl AdminStream {
             Ok(op) => op,
             Err(reply) => return Decision::Reply(reply),
         };
-        let now = env.now_ms();
-        p.store.visit(OnRequest {
-            admin: self,
-            p,
-            env,
-            op,
-            now,
-            path,
-            peer,
-        })
-    }
-
-    /// An operation on etcd: the record (or the count) is read first.
-    pub(crate) fn etcd_request<E: Env>(
-        &mut self,
-        ec: &EtcdStore,
-        env: &mut E,
-        op: AdminOp,
-        path: &[u8],
-        peer: &str,
-    ) -> Decision {
-        let call = match &op {
-            AdminOp::Stats => {
-                self.counts.clear();
-                match ec.routes().first() {
-                    Some(first) => count_call(ec, first),
-                    None => return Decision::Reply(stats_reply(&self.counts)),
-                }
-            }
-            AdminOp::Get { digest: d, .. } | AdminOp::Delete { digest: d, .. } => {
-                self.key = etcd::record_key(&ec.config.prefix, d);
-                let route = Arc::clone(ec.route_of(d));
-                let call = read_call(ec, &route, &self.key);
-                self.shard = Some(route);
-                call
-            }
-        };
-        if matches!(op, AdminOp::Delete { .. }) {
-            env.warn(&format!(
-                "proxy-dedup admin: DELETE {} from {peer}",
-                String::from_utf8_lossy(path)
-            ));
-        }
-        self.op = Some(op);
-        Decision::Call(call)
-    }
-
-    /// An operation on shared data, answered at once.
-    pub(crate) fn shared<E: Env>(
-        &self,
-        p: &Plugin,
-        layout: &Layout,
-        env: &mut E,
-        op: AdminOp,
-        now: u64,
-        peer: &str,
-    ) -> LocalReply {
-        let failed = |e: crate::store::StoreError| {
-            Problem::StoreUnavailable.reply(&format!("shared data failed: {e}"), Vec::new())
-        };
-        let store = SharedStore::new(&*env, layout);
-        match op {
-            AdminOp::Stats => match store.stats(now) {
-                Ok(st) => json_reply(
-                    200,
-                    json!({
-                        "store": "shared_data",
-                        "buckets": st.buckets,
-                        "capacity": st.ways,
-                        "in_flight": st.in_flight,
-                        "held": st.held,
-                        "completed": st.completed,
-                        "completed_not_stored": st.completed_not_stored,
-                        "expired": st.expired,
-                        "other_layouts": st.other_layouts,
-                        "stored_bytes": st.stored_bytes,
-                        "max_store_bytes": p.config.max_store_bytes(),
-                    }),
-                ),
-                Err(e) => failed(e),
-            },
-            AdminOp::Get { digest: d, rule } => match store.inspect(&d, now) {
-                Ok(Some(view)) => json_reply(
-                    200,
-                    record_json(p.config.policy_at(rule), true, &d, &view, now),
-                ),
-                Ok(None) => not_found(&d),
-                Err(e) => failed(e),
-            },
-            AdminOp::Delete {
-                digest,
-                force,
-                rule,
-            } => {
-                let result = store.purge(&digest, force, now);
+        let operation = match &op {
+            AdminOp::Stats => Operation::Stats,
+            AdminOp::Get { digest, .. } => Operation::Get { digest: *digest },
+            AdminOp::Delete { digest, force, .. } => {
                 env.warn(&format!(
-                    "proxy-dedup admin: {peer} asked to remove record {} (force {force}): {:?}",
-                    hex(&digest),
-                    result.as_ref().map(|r| match r {
-                        Purge::Removed(_) => "removed",
-                        Purge::Refused(_) => "refused: a claim",
-                        Purge::NotFound => "not found",
-                    })
+                    "proxy-dedup admin: DELETE {} from {peer}",
+                    String::from_utf8_lossy(path)
                 ));
-                match result {
-                    Ok(Purge::Removed(view)) => {
-                        env.count(Counter::AdminRemoved);
-                        json_reply(
-                            200,
-                            json!({"removed": record_json(p.config.policy_at(rule), true, &digest, &view, now)}),
-                        )
-                    }
-                    Ok(Purge::Refused(_)) => refused(CLAIM_REFUSED),
-                    Ok(Purge::NotFound) => not_found(&digest),
-                    Err(e) => failed(e),
+                Operation::Delete {
+                    digest: *digest,
+                    force: *force,
                 }
             }
-        }
+        };
+        self.op = Some(op);
+        self.peer = peer.to_string();
+        let now = env.now_ms();
+        let operated = p.store.operate(p, env, &operation, now);
+        self.carry_on(p, env, operated, now)
     }
 
-    /// etcd answered the admin stream's call.
+    /// The store answered the admin stream's call.
     pub fn on_store_answer(
         &mut self,
         p: &Plugin,
-        env: &mut impl Env,
+        env: &mut dyn Env,
         answer: CallAnswer,
     ) -> Decision {
-        p.store.visit(OnAnswer {
-            admin: self,
-            p,
-            env,
-            answer,
-        })
+        let Some(pending) = self.pending.take() else {
+            return Decision::Continue;
+        };
+        let now = env.now_ms();
+        let operated = pending.answered(env, answer, now);
+        self.carry_on(p, env, operated, now)
     }
 
-    /// The answer to `etcd_request`'s read (or a delete that followed it).
-    pub(crate) fn etcd_answer<E: Env>(
+    /// A call to make (its continuation kept), or the operator's answer.
+    fn carry_on(
         &mut self,
         p: &Plugin,
-        ec: &EtcdStore,
-        env: &mut E,
-        answer: CallAnswer,
+        env: &mut dyn Env,
+        operated: Operated,
+        now: u64,
     ) -> Decision {
-        let now = env.now_ms();
+        if let Operated::Call(call, next) = operated {
+            self.pending = Some(next);
+            return Decision::Call(call);
+        }
         let Some(op) = self.op.clone() else {
             return Decision::Continue;
         };
-        let unavailable =
-            |why: String| Decision::Reply(Problem::StoreUnavailable.reply(&why, Vec::new()));
-        if op == AdminOp::Stats {
-            let routes = ec.routes();
-            let Some(route) = routes.get(self.counts.len()) else {
-                return Decision::Reply(stats_reply(&self.counts));
-            };
-            return match etcd::read_count(
-                ec.config.protocol.range_path(),
-                answer.status,
-                &answer.body,
-            ) {
-                Some(n) => {
-                    self.counts.push((route.shard.clone(), n));
-                    match routes.get(self.counts.len()) {
-                        Some(next) => Decision::Call(count_call(ec, next)),
-                        None => Decision::Reply(stats_reply(&self.counts)),
-                    }
-                }
-                None => unavailable(format!(
-                    "etcd shard `{}` answered {} without a count",
-                    route.shard, answer.status
-                )),
-            };
-        }
-        let shard = self
-            .shard
-            .as_ref()
-            .map_or(String::new(), |r| r.shard.clone());
-        let proto = ec.config.protocol;
-        let parsed = etcd::read_answer(proto.txn_path(), answer.status, &answer.body);
-        let (digest, delete, force, rule) = match op {
-            AdminOp::Get { digest, rule } => (digest, false, false, rule),
-            AdminOp::Delete {
-                digest,
-                force,
-                rule,
-            } => (digest, true, force, rule),
-            AdminOp::Stats => return Decision::Continue,
+        Decision::Reply(self.answer(p, env, &op, operated, now))
+    }
+
+    fn answer(
+        &self,
+        p: &Plugin,
+        env: &mut dyn Env,
+        op: &AdminOp,
+        operated: Operated,
+        now: u64,
+    ) -> LocalReply {
+        let (digest, rule) = match op {
+            AdminOp::Get { digest, rule } | AdminOp::Delete { digest, rule, .. } => {
+                (*digest, *rule)
+            }
+            AdminOp::Stats => ([0; 32], None),
         };
-        match parsed {
-            // Our delete went through.
-            Some(EtcdAnswer::Txn {
-                succeeded: true, ..
-            }) => Decision::Reply(json_reply(
-                200,
-                json!({"removed": {"record": hex(&digest), "shard": shard}}),
-            )),
-            Some(EtcdAnswer::Txn { existing: None, .. }) => self.not_here(ec, &digest),
-            Some(EtcdAnswer::Txn {
-                existing: Some((mod_revision, value)),
-                ..
-            }) => {
-                let Some(r) = EtcdRecord::decode(&value, &digest) else {
-                    return unavailable("the record cannot be read by this version".to_string());
+        if let AdminOp::Delete { force, .. } = op {
+            env.warn(&format!(
+                "proxy-dedup admin: {} asked to remove record {} (force {force}): {}",
+                self.peer,
+                hex(&digest),
+                match &operated {
+                    Operated::Removed { .. } => "removed",
+                    Operated::Refused => "refused: a claim",
+                    Operated::NotFound => "not found",
+                    _ => "failed",
+                }
+            ));
+        }
+        let policy = p.config.policy_at(rule);
+        match operated {
+            Operated::Stats(v) => json_reply(200, v),
+            Operated::Found(view) => json_reply(200, record_json(policy, &digest, &view, now)),
+            Operated::Removed { view, shard } => {
+                env.count(Counter::AdminRemoved);
+                let removed = match view {
+                    Some(view) => record_json(policy, &digest, &view, now),
+                    None => json!({"record": hex(&digest), "shard": shard}),
                 };
-                let claim = r.state.is_claim();
-                if !claim && r.expires_ms <= now {
-                    return self.not_here(ec, &digest);
-                }
-                let view = RecordView {
-                    state: r.state.name(),
-                    expires_ms: r.expires_ms,
-                    payload: r.payload,
-                    response: r.response.as_ref().map(|s| (s.status, s.body.len())),
-                    buckets: 0,
-                };
-                if !delete {
-                    let mut found =
-                        record_json(p.config.policy_at(rule), false, &digest, &view, now);
-                    found["shard"] = json!(shard);
-                    return Decision::Reply(json_reply(200, found));
-                }
-                if claim && !force {
-                    return Decision::Reply(refused(CLAIM_REFUSED));
-                }
-                self.rounds += 1;
-                if self.rounds > 4 {
-                    return unavailable("the record keeps changing; try again".to_string());
-                }
-                let Some(route) = self.shard.clone() else {
-                    return Decision::Continue;
-                };
-                Decision::Call(ec.call(
-                    &route,
-                    proto.txn_path(),
-                    proto.delete_txn(&self.key, mod_revision),
-                    ec.config.timeout_ms,
-                ))
+                json_reply(200, json!({ "removed": removed }))
             }
-            Some(EtcdAnswer::Error { code, message }) => {
-                unavailable(format!("etcd error {code}: {message}"))
+            Operated::Refused => refused(CLAIM_REFUSED),
+            Operated::NotFound => not_found(&digest),
+            Operated::Unavailable(why) => Problem::StoreUnavailable.reply(&why, Vec::new()),
+            // Carried on before this.
+            Operated::Call(..) => {
+                Problem::StoreUnavailable.reply("the store did not answer", Vec::new())
             }
-            _ => unavailable(format!("etcd answered {} unreadably", answer.status)),
         }
     }
-}
-
-impl AdminStream {
-    /// No live record on the shard read: during a resharding, the key's shard under the
-    /// other map is read next (a record written there still answers for the key).
-    fn not_here(&mut self, ec: &EtcdStore, digest: &Digest) -> Decision {
-        if !self.on_check {
-            if let Some(other) = ec.check_route_of(digest) {
-                let other = Arc::clone(other);
-                self.on_check = true;
-                self.rounds = 0;
-                let call = read_call(ec, &other, &self.key);
-                self.shard = Some(other);
-                return Decision::Call(call);
-            }
-        }
-        Decision::Reply(not_found(digest))
-    }
-}
-
-/// `GET /stats` on etcd: the records of each shard, and their sum.
-fn stats_reply(counts: &[(String, u64)]) -> LocalReply {
-    let shards: Vec<Value> = counts
-        .iter()
-        .map(|(name, n)| json!({"name": name, "records": n}))
-        .collect();
-    let total: u64 = counts.iter().map(|(_, n)| n).sum();
-    json_reply(
-        200,
-        json!({"store": "etcd", "records": total, "shards": shards}),
-    )
-}
-
-/// Counts the keys under the prefix on one shard (records and ordering entities).
-fn count_call(ec: &EtcdStore, route: &Arc<Route>) -> StoreCall {
-    ec.call(
-        route,
-        ec.config.protocol.range_path(),
-        ec.config.protocol.count_prefix(&ec.config.prefix),
-        ec.config.timeout_ms,
-    )
-}
-
-/// Reads a record: a delete whose compare never holds returns the current value.
-fn read_call(ec: &EtcdStore, route: &Arc<Route>, key: &str) -> StoreCall {
-    let proto = ec.config.protocol;
-    ec.call(
-        route,
-        proto.txn_path(),
-        proto.delete_txn(key, -1),
-        ec.config.timeout_ms,
-    )
 }
 
 #[cfg(test)]

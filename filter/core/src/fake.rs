@@ -1,11 +1,9 @@
 //! Test fakes: shared data with Envoy's exact rules, and an `Env` around it.
 #![allow(dead_code)]
 
-use crate::etcd::LeaseCache;
-use crate::local::LocalTier;
 use crate::metrics::Counter;
-use crate::store::{HostFault, SetError, SharedData};
-use crate::stream::Env;
+use crate::shared_data::{HostFault, SetError, SharedData};
+use crate::stream::{Env, StoreWorker};
 use crate::wait::Waiters;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -114,8 +112,8 @@ pub struct FakeEnv {
     pub now_ms: u64,
     pub next_token: u64,
     pub counters: HashMap<Counter, u64>,
-    pub leases: LeaseCache,
-    pub local: LocalTier,
+    /// What the configured store keeps per worker.
+    pub store: StoreWorker,
     pub etcd: Arc<FakeEtcd>,
     /// How far this worker's clock runs ahead of etcd's (leases follow etcd's clock).
     pub clock_ahead_ms: u64,
@@ -137,8 +135,7 @@ impl FakeEnv {
             now_ms: 1_700_000_000_000,
             next_token: worker << 48,
             counters: HashMap::new(),
-            leases: LeaseCache::default(),
-            local: LocalTier::default(),
+            store: StoreWorker::default(),
             etcd: FakeEtcd::new(),
             clock_ahead_ms: 0,
             warnings: Default::default(),
@@ -185,11 +182,8 @@ impl Env for FakeEnv {
     fn warn(&self, message: &str) {
         self.warnings.borrow_mut().push(message.to_string());
     }
-    fn leases(&mut self) -> &mut LeaseCache {
-        &mut self.leases
-    }
-    fn local(&mut self) -> &mut LocalTier {
-        &mut self.local
+    fn store_worker(&mut self) -> &mut StoreWorker {
+        &mut self.store
     }
     fn waiters(&mut self) -> &mut Waiters {
         &mut self.waiters
@@ -281,7 +275,10 @@ impl FakeEtcd {
 
     /// Rewrites every record value (its key ends in the digest's hex) through `f`, as
     /// another version of the filter could have written it.
-    pub fn rewrite_records(&self, f: impl Fn(&crate::key::Digest, &mut crate::etcd::EtcdRecord)) {
+    pub fn rewrite_records(
+        &self,
+        f: impl Fn(&crate::key::Digest, &mut crate::stores::etcd::wire::EtcdRecord),
+    ) {
         let mut inner = self.inner.lock().unwrap();
         for (k, v) in inner.kv.iter_mut() {
             let Some(hex) = k.len().checked_sub(64).map(|at| &k[at..]) else {
@@ -299,7 +296,7 @@ impl FakeEtcd {
             if !parsed {
                 continue;
             }
-            if let Some(mut rec) = crate::etcd::EtcdRecord::decode(&v.2, &digest) {
+            if let Some(mut rec) = crate::stores::etcd::wire::EtcdRecord::decode(&v.2, &digest) {
                 f(&digest, &mut rec);
                 v.2 = rec.encode(&digest);
             }
@@ -472,31 +469,31 @@ fn num(v: &serde_json::Value) -> i64 {
 
 /// A gRPC request message as the gateway's JSON request (what the fake applies).
 fn grpc_request_as_json(path: &str, body: &[u8]) -> (&'static str, Vec<u8>) {
-    use crate::etcdpb::testing::{all, bytes_of, int_of};
+    use crate::stores::etcd::pb::testing::{all, bytes_of, int_of};
     use serde_json::json;
     let fs = all(body);
     match path {
-        crate::etcdpb::LEASE_GRANT => {
+        crate::stores::etcd::pb::LEASE_GRANT => {
             let ttl = int_of(&fs, 1).unwrap_or(0);
             (
                 "/v3/lease/grant",
                 json!({"TTL": ttl.to_string()}).to_string().into_bytes(),
             )
         }
-        crate::etcdpb::RANGE if bytes_of(&fs, 2).is_empty() => {
+        crate::stores::etcd::pb::RANGE if bytes_of(&fs, 2).is_empty() => {
             // One key (a waiter's poll).
             let key = bytes_of(&fs, 1)[0];
             let j = json!({"key": b64(key)});
             ("/v3/kv/range", j.to_string().into_bytes())
         }
-        crate::etcdpb::RANGE => {
+        crate::stores::etcd::pb::RANGE => {
             let key = bytes_of(&fs, 1)[0];
             let end = bytes_of(&fs, 2)[0];
             assert_eq!(int_of(&fs, 9), Some(1));
             let j = json!({"key": b64(key), "range_end": b64(end), "count_only": true});
             ("/v3/kv/range", j.to_string().into_bytes())
         }
-        crate::etcdpb::TXN => {
+        crate::stores::etcd::pb::TXN => {
             let cmp = all(bytes_of(&fs, 1)[0]);
             let key = b64(bytes_of(&cmp, 3)[0]);
             let compare = match int_of(&cmp, 2) {
@@ -512,7 +509,7 @@ fn grpc_request_as_json(path: &str, body: &[u8]) -> (&'static str, Vec<u8>) {
                     .map(|op| {
                         let op = all(op);
                         let (f, inner) = match op[0] {
-                            (f, crate::etcdpb::Value::Bytes(b)) => (f, all(b)),
+                            (f, crate::stores::etcd::pb::Value::Bytes(b)) => (f, all(b)),
                             _ => panic!("request op"),
                         };
                         let k = b64(bytes_of(&inner, 1)[0]);
@@ -536,7 +533,7 @@ fn grpc_request_as_json(path: &str, body: &[u8]) -> (&'static str, Vec<u8>) {
 
 /// The gateway's JSON `kvs` as encoded `KeyValue` messages.
 fn json_kvs_as_grpc(kvs: &serde_json::Value) -> Vec<Vec<u8>> {
-    use crate::etcdpb::testing as pb;
+    use crate::stores::etcd::pb::testing as pb;
     kvs.as_array()
         .map(Vec::as_slice)
         .unwrap_or_default()
@@ -555,21 +552,29 @@ fn json_kvs_as_grpc(kvs: &serde_json::Value) -> Vec<Vec<u8>> {
 
 /// The gateway's JSON answer as the gRPC answer the glue would hand over.
 fn json_answer_as_grpc(path: &str, status: u16, body: &[u8]) -> (u16, Vec<u8>) {
-    use crate::etcdpb::testing as pb;
+    use crate::stores::etcd::pb::testing as pb;
     if status != 200 {
         if body.is_empty() {
-            return (0, crate::etcdpb::status_body(14, b"upstream connect error"));
+            return (
+                0,
+                crate::stores::etcd::pb::status_body(14, b"upstream connect error"),
+            );
         }
         let e: serde_json::Value = serde_json::from_slice(body).unwrap();
         let code = e["code"].as_i64().unwrap() as u32;
         let msg = e["message"].as_str().unwrap_or("");
-        return (0, crate::etcdpb::status_body(code, msg.as_bytes()));
+        return (
+            0,
+            crate::stores::etcd::pb::status_body(code, msg.as_bytes()),
+        );
     }
     let v: serde_json::Value = serde_json::from_slice(body).unwrap();
     let rev = num(&v["header"]["revision"]);
     let out = match path {
-        crate::etcdpb::LEASE_GRANT => pb::lease_response(rev, num(&v["ID"]), num(&v["TTL"])),
-        crate::etcdpb::RANGE => {
+        crate::stores::etcd::pb::LEASE_GRANT => {
+            pb::lease_response(rev, num(&v["ID"]), num(&v["TTL"]))
+        }
+        crate::stores::etcd::pb::RANGE => {
             pb::range_response(rev, &json_kvs_as_grpc(&v["kvs"]), num(&v["count"]))
         }
         _ => {
@@ -620,7 +625,7 @@ pub struct FakeHost {
     pub refuse_calls: std::cell::Cell<bool>,
     /// Histogram values recorded, (metric, value), in order.
     pub recorded: std::cell::RefCell<Vec<(u32, u64)>>,
-    pub random: Result<[u8; crate::store::SECRET_LEN], u16>,
+    pub random: Result<[u8; crate::stores::shared::SECRET_LEN], u16>,
 }
 
 /// Shared data and the shared queues of one Envoy process.
@@ -652,7 +657,7 @@ impl FakeHost {
             calls: Default::default(),
             refuse_calls: Default::default(),
             recorded: Default::default(),
-            random: Ok([seed as u8; crate::store::SECRET_LEN]),
+            random: Ok([seed as u8; crate::stores::shared::SECRET_LEN]),
         }
     }
 
@@ -710,7 +715,7 @@ impl crate::worker::Host for FakeHost {
     fn record(&self, metric: u32, value: u64) {
         self.recorded.borrow_mut().push((metric, value));
     }
-    fn random_bytes(&self) -> Result<[u8; crate::store::SECRET_LEN], u16> {
+    fn random_bytes(&self) -> Result<[u8; crate::stores::shared::SECRET_LEN], u16> {
         self.random
     }
     fn random_seed(&self) -> u64 {

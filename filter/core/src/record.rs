@@ -71,3 +71,22 @@ impl RecordTimes {
         }
     }
 }
+
+/// A record as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordView {
+    /// `in_flight`, `held` (outcome unknown), `completed` or `completed_not_stored`.
+    pub state: &'static str,
+    pub expires_ms: u64,
+    pub payload: crate::key::Digest,
+    /// The stored response's status and body size, when there is one.
+    pub response: Option<(u16, usize)>,
+    /// The layout (bucket count) it lives in (shared data; 0 elsewhere).
+    pub buckets: u64,
+    /// Whether a kept claim (`on_unknown_outcome: "keep"`) lives until the TTL in this
+    /// store's view (shared data); an etcd claim's expiry stays its in-flight time (its
+    /// lease ends it).
+    pub claim_lives_to_ttl: bool,
+    /// The shard it was found on (etcd).
+    pub shard: Option<String>,
+}

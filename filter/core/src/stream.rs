@@ -3,31 +3,29 @@
 //! glue feeds it callbacks and carries out the `Decision`s it returns.
 //!
 //! This file holds the phase machine, the request callbacks and the claim decision,
-//! shared by both stores. The other rooms: `plugin` (what a stream is given: config,
-//! the host seam `Env`, store calls), `completion` (the response side and the end of a
-//! won claim), `answer` (local replies: duplicates, bad keys, failure mode), `waiting`
-//! (wait mode), `store` (the one store interface: every store operation goes through
-//! it to the configured store's side), and each store's side: `shared` (claims in this
-//! proxy's shared data, answered at once) and `etcd` (the claim/settle protocol through
-//! store calls, with `etcd/settle`).
+//! whatever the store. The other rooms: `plugin` (what a stream is given: config, the
+//! host seam `Env`, store calls), `completion` (the response side and the end of a won
+//! claim), `answer` (local replies: duplicates, bad keys, failure mode), `waiting` (wait
+//! mode), `ordering` (the ordering guard's side), `detached` (detached execution), and
+//! `store`: the store interface (`Store`, `Held`, `Pending`), which each store implements
+//! in its own folder (`crate::stores`). Nothing here names a store.
 
 mod answer;
 mod calls;
 mod completion;
 mod detached;
-mod etcd;
 mod ordering;
 mod plugin;
-mod shared;
 mod store;
 mod waiting;
 
 pub use calls::{Answered, Holds};
 pub use detached::{classify_call, forwarded_header, UpstreamCall};
-pub use etcd::EtcdStore;
 pub use ordering::{APPLIED_VERSION_HEADER, STALE_HEADER};
 pub use plugin::{keeps_unknown, CallAnswer, Env, Plugin, Route, StoreCall, Transport};
-pub use store::{human_duration, StoreState, StoreVisit};
+pub use store::{
+    human_duration, Held, Operated, Operating, Operation, Pending, SetUpHost, Store, StoreWorker,
+};
 
 use crate::config::GrpcPolicy;
 use crate::key::{
@@ -42,14 +40,10 @@ use crate::reply::{LocalReply, Problem};
 use crate::response::Capture;
 use crate::response::StoredResponse;
 use answer::bad_key_reply;
-use etcd::{Claiming, Settling};
 
 /// A claim the stream holds (`Phase::Forwarded`, `Capturing`, `Detached`), in the store
-/// it was made in; its operations are the store interface's (`store.rs`).
-enum HeldClaim {
-    Shared(crate::store::Claim),
-    Etcd(etcd::EtcdClaim),
-}
+/// it was made in (which it carries): its operations are the store interface's.
+pub(crate) type HeldClaim = Box<dyn Held>;
 
 /// What the glue does next with the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,7 +65,7 @@ pub enum Decision {
     Upstream(UpstreamCall),
 }
 
-enum Phase {
+pub(crate) enum Phase {
     /// Nothing seen yet.
     Start,
     /// Not deduplicated (method, no key, failed open): the filter stays out of the way.
@@ -84,41 +78,33 @@ enum Phase {
     /// it close the connection). A body that grows past `max_body_bytes` is answered at
     /// once, unread.
     Draining(Box<LocalReply>),
-    /// Waiting for the remote store to answer a claim.
-    Claiming(Box<Claiming>),
-    /// An entity call (ordering, etcd) is out: its claim, or its settle before the
-    /// record's (`etcd/entity.rs`).
-    Ordering(Box<etcd::EntityCall>),
+    /// A store call is out (a claim, a waiter's read, an entity's call, a settle): the
+    /// store's own continuation, given the call's answer.
+    Calling(Box<dyn Pending>),
     /// Wait mode: a duplicate held until the first request's answer (see `on_wake`).
     Waiting(Box<Waiting>),
-    /// Wait mode, etcd: a read of the record is out.
-    Polling(Box<Waiting>),
     /// Claim won; waiting for the upstream's response headers.
     Forwarded(HeldClaim),
     /// Claim won; the detached call is out (`detached.rs`).
     Detached(HeldClaim),
     /// Claim won; collecting a storable response.
     Capturing(HeldClaim, Capture),
-    /// Completion, release or hold sent to etcd (`etcd/settle.rs`): retried within the
-    /// budget, then counted; the glue keeps the stream until then (holding the response
-    /// when one is on its way).
-    Settling(Box<Settling>),
     /// Answered locally, completed or released: nothing left to do.
     Finished,
 }
 
 /// The record a waiting duplicate waits for.
-struct Waiting {
-    digest: Digest,
-    payload: Digest,
+pub struct Waiting {
+    pub(crate) digest: Digest,
+    pub(crate) payload: Digest,
     /// Set when the first's outcome is unknown and its claim is held until then (ms).
-    held_until: Option<u64>,
+    pub(crate) held_until: Option<u64>,
     /// The claim's times as last read (what its 409 advertises).
-    times: RecordTimes,
+    pub(crate) times: RecordTimes,
 }
 
 /// What a claim found when the key was already taken.
-enum Duplicate {
+pub(crate) enum Duplicate {
     /// In flight; `held_until` is set when its outcome is unknown and it is held until
     /// then (ms), so the client learns how long to wait.
     InFlight {
@@ -137,7 +123,7 @@ enum Duplicate {
 impl Duplicate {
     /// What a record whose stored payload digest stands to the request's as `m` (not
     /// `Same`) answers.
-    fn mismatch(m: crate::principal::PayloadMatch) -> Option<Duplicate> {
+    pub(crate) fn mismatch(m: crate::principal::PayloadMatch) -> Option<Duplicate> {
         use crate::principal::PayloadMatch;
         match m {
             PayloadMatch::Same => None,
@@ -150,7 +136,7 @@ impl Duplicate {
 
 /// The request while its body arrives. The filter keeps no copy of the body: Envoy
 /// buffers it, and it is read once, at the end, for the hashes and the JSON pointer.
-struct Reading {
+pub(crate) struct Reading {
     head: RequestHead,
     header_key: Option<ClientKey>,
     /// Whether a keyless fingerprint may give the key.
@@ -190,39 +176,39 @@ impl Origin {
 
 /// The per-stream state machine.
 pub struct DedupStream {
-    id: u32,
-    phase: Phase,
+    pub(crate) id: u32,
+    pub(crate) phase: Phase,
     /// What the filter decided, for access logs (see `log_fields`).
-    verdict: Option<&'static str>,
-    record: Option<Digest>,
-    log_changed: bool,
+    pub(crate) verdict: Option<&'static str>,
+    pub(crate) record: Option<Digest>,
+    pub(crate) log_changed: bool,
     /// The request's payload digest, once decided.
-    payload: Option<Digest>,
+    pub(crate) payload: Option<Digest>,
     /// Wait mode: when this duplicate stops waiting (ms), once it waits.
-    wait_deadline: Option<u64>,
+    pub(crate) wait_deadline: Option<u64>,
     /// The rule whose policy this stream follows (`None`: the top-level fields).
-    rule: Option<usize>,
+    pub(crate) rule: Option<usize>,
     /// Detached execution: the call was sent (so nothing may resume the request), and
     /// when the client is answered `504 still-running` if the call is still out.
-    detached_sent: bool,
-    client_deadline: Option<u64>,
-    client_answered: bool,
+    pub(crate) detached_sent: bool,
+    pub(crate) client_deadline: Option<u64>,
+    pub(crate) client_answered: bool,
     /// The request's scope tag: kept beside its shared-data record (eviction and
     /// per-scope bounds), and bounding its scope's waiters; 0 until decided.
-    scope_tag: u32,
+    pub(crate) scope_tag: u32,
     /// What its calls hold back (`calls.rs`).
-    calls: calls::Calls,
+    pub(crate) calls: calls::Calls,
     /// The ordering guard: the request's entity and version, and its flight once
     /// claimed (`ordering.rs`).
-    order: Option<Box<ordering::OrderState>>,
+    pub(crate) order: Option<Box<ordering::OrderState>>,
     /// Resharding (etcd): the record this duplicate waits on was found on the key's
     /// shard under the other map, so its re-checks read it there (`etcd::poll_call`).
-    waits_on_other_map: bool,
+    pub(crate) waits_on_other_map: bool,
     /// Keyless mode, a named caller: the fingerprint's record as versions before callers
     /// wrote it. The caller's request has a record of its own (`principal::caller_record`);
     /// a claim won there yields to a record here that names no caller (`Unowned`), which
     /// may be this caller's from before the upgrade.
-    legacy_record: Option<Digest>,
+    pub(crate) legacy_record: Option<Digest>,
 }
 
 impl std::fmt::Debug for DedupStream {
@@ -232,13 +218,10 @@ impl std::fmt::Debug for DedupStream {
             Phase::Passthrough => "passthrough",
             Phase::Reading(_) => "reading",
             Phase::Draining(_) => "draining",
-            Phase::Claiming(_) => "claiming",
-            Phase::Ordering(_) => "ordering",
+            Phase::Calling(ref c) => c.name(),
             Phase::Waiting(_) => "waiting",
-            Phase::Polling(_) => "polling",
             Phase::Forwarded(_) => "forwarded",
             Phase::Detached(_) => "detached",
-            Phase::Settling(_) => "settling",
             Phase::Capturing(..) => "capturing",
             Phase::Finished => "finished",
         };
@@ -295,7 +278,7 @@ impl DedupStream {
         Some((self.verdict?, self.record.as_ref().map(short_hex)))
     }
 
-    fn decided(&mut self, verdict: &'static str) {
+    pub(crate) fn decided(&mut self, verdict: &'static str) {
         self.verdict = Some(verdict);
         self.log_changed = true;
     }
@@ -307,7 +290,11 @@ impl DedupStream {
 
     /// True while the stream waits (wait mode) for the first request's answer.
     pub fn waiting(&self) -> bool {
-        matches!(self.phase, Phase::Waiting(_) | Phase::Polling(_))
+        match &self.phase {
+            Phase::Waiting(_) => true,
+            Phase::Calling(c) => c.waiting(),
+            _ => false,
+        }
     }
 
     /// True while the request body is wanted (the glue reads it only then).
@@ -316,10 +303,10 @@ impl DedupStream {
     }
 
     /// Request headers arrived. `end_of_stream` means there is no body.
-    pub fn on_request_headers<E: Env>(
+    pub fn on_request_headers(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         head: RequestHead,
         end_of_stream: bool,
     ) -> Decision {
@@ -383,10 +370,10 @@ impl DedupStream {
     /// Request body arrived: Envoy has `buffered_len` bytes buffered. At the end of the
     /// stream `read_body` is called once for the whole body (`None`: it could not be
     /// read); before that the body is not copied at all.
-    pub fn on_request_body<E: Env>(
+    pub fn on_request_body(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         buffered_len: usize,
         end_of_stream: bool,
         read_body: impl FnOnce() -> Option<Vec<u8>>,
@@ -416,10 +403,10 @@ impl DedupStream {
     }
 
     /// Request trailers arrived: the body is complete; `read_body` reads it.
-    pub fn on_request_trailers<E: Env>(
+    pub fn on_request_trailers(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         read_body: impl FnOnce() -> Option<Vec<u8>>,
     ) -> Decision {
         match self.phase {
@@ -431,10 +418,10 @@ impl DedupStream {
 
     /// The body could not be read from the host: treated as a store failure
     /// (`failure_mode` decides), never as an empty body.
-    fn read_and_decide<E: Env>(
+    fn read_and_decide(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         read_body: impl FnOnce() -> Option<Vec<u8>>,
     ) -> Decision {
         let max_body_bytes = p.config.policy_at(self.rule).max_body_bytes;
@@ -452,15 +439,19 @@ impl DedupStream {
     }
 
     /// The remote store answered a call this stream made.
-    pub fn on_store_answer<E: Env>(
+    pub fn on_store_answer(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         answer: CallAnswer,
     ) -> Decision {
         let decision = match std::mem::replace(&mut self.phase, Phase::Finished) {
             Phase::Detached(owned) => self.upstream_answered(p, env, owned, answer),
-            other => self.store_answered(p, env, other, answer),
+            Phase::Calling(c) => c.answered(self, p, env, answer),
+            other => {
+                self.phase = other;
+                Decision::Continue
+            }
         };
         // A request sent detached never goes to the router as well.
         match decision {
@@ -470,7 +461,7 @@ impl DedupStream {
     }
 
     /// The whole request is known: find the key, claim it, and act on the outcome.
-    fn decide<E: Env>(&mut self, p: &Plugin, env: &mut E, raw_body: &[u8]) -> Decision {
+    fn decide(&mut self, p: &Plugin, env: &mut dyn Env, raw_body: &[u8]) -> Decision {
         let Phase::Reading(r) = std::mem::replace(&mut self.phase, Phase::Finished) else {
             return Decision::Continue;
         };
@@ -542,7 +533,7 @@ impl DedupStream {
         self.claim(p, env, cfg, &head, digest, payload)
     }
 
-    fn forward<E: Env>(&mut self, p: &Plugin, env: &mut E, owned: HeldClaim) -> Decision {
+    pub(crate) fn forward(&mut self, p: &Plugin, env: &mut dyn Env, owned: HeldClaim) -> Decision {
         let owned = match self.claim_entity(p, env, owned) {
             Ok(owned) => owned,
             Err(answer) => return answer,
@@ -565,7 +556,7 @@ impl DedupStream {
 
 /// Wait mode: a record this stream completed or released may have waiters, on any
 /// worker.
-fn wake<E: Env>(p: &Plugin, env: &mut E, digest: &Digest) {
+pub(crate) fn wake(p: &Plugin, env: &mut dyn Env, digest: &Digest) {
     if p.waits {
         env.wake_waiters(digest);
     }

@@ -4,17 +4,11 @@
 //! the board, and runs the streams `Waiters::take_due` names (from its tick or queue).
 
 use crate::key::Digest;
-use crate::store::{HostFault, SetError, SharedData, StoreError};
+use crate::shared_data::{HostFault, SetError, SharedData, StoreError};
 use std::collections::HashSet;
 
 /// Tick period of a worker while it holds waiters (ms); no tick without waiters.
 pub const TICK_MS: u64 = 100;
-/// Shared data: a waiter re-reads its record this often even without a wake-up (a claim
-/// that expired, a notification lost with a dead worker).
-pub const RECHECK_SHARED_MS: u64 = 500;
-/// etcd: a worker polls a record other waiters of it wait for this often (one read per
-/// record and worker), to learn another proxy's answer.
-pub const POLL_ETCD_MS: u64 = 250;
 /// Most workers on the board (older entries are dropped first).
 const MAX_BOARD: usize = 256;
 const MAX_ATTEMPTS: usize = 16;

@@ -1,6 +1,6 @@
 //! One worker (one VM per Envoy worker thread): the configured plugin and the state its
-//! streams share (etcd leases, the tier of completed records, wait mode's waiters, its
-//! wake-up queue and tick, claim tokens, streams that ended with a store call out).
+//! streams share (what its store keeps per worker, wait mode's waiters, its wake-up
+//! queue and tick, claim tokens, streams that ended with a store call out).
 //! The glue maps its root callbacks here (`configure`, `on_tick`, `on_queue_ready`,
 //! `on_orphan_answer`) and runs every stream callback through `run`, which gives the
 //! stream its `Env`. The host is the `Host` seam: the glue's host calls, or the fake.
@@ -11,13 +11,13 @@
 //! tick re-checks the rest: deadlines, and a periodic re-read (shared data) or poll
 //! (etcd) for what no queue reports.
 
-use crate::config::{Config, Role};
-use crate::etcd::LeaseCache;
+use crate::config::Config;
 use crate::key::Digest;
-use crate::local::LocalTier;
 use crate::metrics::Counter;
-use crate::store::{bucket_secret, SharedData, SharedStore, SECRET_LEN};
-use crate::stream::{CallAnswer, Decision, DedupStream, Env, Plugin, StoreCall};
+use crate::shared_data::SharedData;
+use crate::stream::{
+    CallAnswer, Decision, DedupStream, Env, Plugin, SetUpHost, StoreCall, StoreWorker,
+};
 use crate::wait::{announce, listeners, Waiters, TICK_MS};
 use std::collections::HashMap;
 
@@ -52,7 +52,7 @@ pub trait Host: SharedData {
     /// Records `value` in histogram `metric`.
     fn record(&self, metric: u32, value: u64);
     /// Fresh random bytes (WASI `random_get`; `Err`: its errno).
-    fn random_bytes(&self) -> Result<[u8; SECRET_LEN], u16>;
+    fn random_bytes(&self) -> Result<[u8; 32], u16>;
     /// A random per-VM seed for claim tokens.
     fn random_seed(&self) -> u64;
     fn set_tick_period(&self, period_ms: u32) -> Result<(), u32>;
@@ -80,10 +80,8 @@ struct State {
     /// Claim tokens: a random per-VM seed mixed with a counter.
     token_seed: u64,
     token_counter: u64,
-    /// etcd leases of this worker, reused across requests.
-    leases: LeaseCache,
-    /// Completed records this worker has seen (etcd store).
-    local: LocalTier,
+    /// What the configured store keeps per worker.
+    store: StoreWorker,
     /// Streams that ended with a store call out, by the call's token. Bounded by the
     /// calls in flight: every call has a timeout, and Envoy answers or cancels it.
     orphans: HashMap<u32, DedupStream>,
@@ -125,61 +123,23 @@ impl Worker {
                 }
             })
             .collect();
-        let mut plugin = Plugin::new(config);
+        let role = config.role;
+        let mut store = crate::stores::build(&config);
+        if let Err(e) = store.set_up(host, role) {
+            host.log(Level::Error, &format!("proxy-dedup: {e}"));
+            return None;
+        }
+        let plugin = Plugin::with_store(config, store);
         let store_call_ms = if plugin.store.makes_calls() {
             host.define_histogram("proxy_dedup_store_call_ms").ok()
         } else {
             None
         };
-        let namespace = plugin.config.namespace().to_string();
-        let role = plugin.config.role;
-        if let Some(layout) = plugin.store.layout_mut() {
-            // One secret per Envoy process keys the bucket choice; every worker must use
-            // the same, or a key would be claimed in two buckets.
-            let fresh = match host.random_bytes() {
-                Ok(b) => b,
-                Err(errno) => {
-                    host.log(
-                        Level::Error,
-                        &format!(
-                            "proxy-dedup: no random bytes for the bucket secret (errno {errno})"
-                        ),
-                    );
-                    return None;
-                }
-            };
-            match bucket_secret(host, &namespace, fresh) {
-                Ok(secret) => *layout = layout.clone().with_secret(secret),
-                Err(e) => {
-                    host.log(
-                        Level::Error,
-                        &format!("proxy-dedup: cannot set up the bucket secret: {e}"),
-                    );
-                    return None;
-                }
-            }
-            // Make this layout visible to the configurations already serving (a push).
-            // The admin role only reads the layouts the data plane registered.
-            let registered = match role {
-                Role::Data => SharedStore::new(host, layout)
-                    .register(host.now_ms())
-                    .map(|_| ()),
-                Role::Admin => Ok(()),
-            };
-            if let Err(e) = registered {
-                host.log(
-                    Level::Warn,
-                    &format!("proxy-dedup: cannot register the store layout yet: {e}"),
-                );
-            }
-        }
         host.log(
             Level::Info,
             &format!(
                 "proxy-dedup: configured; store: {}",
-                plugin
-                    .store
-                    .describe(crate::etcd::longest_key_life_s(&plugin.config))
+                plugin.store.describe(&plugin.config)
             ),
         );
         Some(Worker {
@@ -189,8 +149,7 @@ impl Worker {
                 store_call_ms,
                 token_seed: host.random_seed(),
                 token_counter: 0,
-                leases: LeaseCache::default(),
-                local: LocalTier::default(),
+                store: StoreWorker::default(),
                 orphans: HashMap::new(),
                 waiters: Waiters::default(),
                 queue: None,
@@ -398,10 +357,10 @@ pub struct WorkerEnv<'a, H> {
 }
 
 impl<H: Host> SharedData for WorkerEnv<'_, H> {
-    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, crate::store::HostFault> {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, crate::shared_data::HostFault> {
         self.host.get(key)
     }
-    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), crate::store::SetError> {
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), crate::shared_data::SetError> {
         self.host.set(key, value, cas)
     }
 }
@@ -440,12 +399,8 @@ impl<H: Host> Env for WorkerEnv<'_, H> {
         self.host.log(Level::Warn, message);
     }
 
-    fn leases(&mut self) -> &mut LeaseCache {
-        &mut self.state.leases
-    }
-
-    fn local(&mut self) -> &mut LocalTier {
-        &mut self.state.local
+    fn store_worker(&mut self) -> &mut StoreWorker {
+        &mut self.state.store
     }
 
     fn waiters(&mut self) -> &mut Waiters {
@@ -454,6 +409,19 @@ impl<H: Host> Env for WorkerEnv<'_, H> {
 
     fn wake_waiters(&mut self, digest: &Digest) {
         wake_everywhere(self.host, self.namespace, digest);
+    }
+}
+
+/// A store's set-up sees the worker's host.
+impl<H: Host> SetUpHost for H {
+    fn now_ms(&self) -> u64 {
+        Host::now_ms(self)
+    }
+    fn random_bytes(&self) -> Result<[u8; 32], u16> {
+        Host::random_bytes(self)
+    }
+    fn warn(&self, message: &str) {
+        self.log(Level::Warn, message);
     }
 }
 

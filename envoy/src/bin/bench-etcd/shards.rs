@@ -8,7 +8,7 @@
 //! round counted), which should not grow with the shards.
 
 use super::{etcd_version, warnings};
-use dedup_core::shards::{name_seed, pick};
+use dedup_core::stores::etcd::shards::{name_seed, pick};
 use dedup_envoy::bench::{
     envoy_version, load_average, no_write, process_cpu, run_stamp, table_header, table_row,
     write_load_chart, write_section, Case, ChartRow, Measured, Settings, BODY, CONNECTIONS,
@@ -187,7 +187,7 @@ fn start_case(
     })
 }
 
-/// The shard choice itself, natively: ns per `dedup_core::shards::pick` over `n`
+/// The shard choice itself, natively: ns per `dedup_core::stores::etcd::shards::pick` over `n`
 /// shards' seeds, for digests never seen before (the filter runs the same code as
 /// Wasm in V8, one choice per record and request it routes).
 fn pick_ns(n: usize) -> f64 {
@@ -535,7 +535,7 @@ shard on machines of its own so that the store's capacity grows with the shards,
 more than one machine to measure. What the run does show: **balance**: the records \
 spread {balance_text}; **etcd CPU per first execution**: {:.0} µs on 1 shard, {:.0} µs \
 on 2 (×{e2:.2}), {:.0} µs on 3 (×{e3:.2}), {etcd_text}; **the cost of the shard choice**: \
-natively on this machine `dedup_core::shards::pick` takes {:.1}, {:.1} and {:.1} ns over \
+natively on this machine `dedup_core::stores::etcd::shards::pick` takes {:.1}, {:.1} and {:.1} ns over \
 1, 2 and 3 shards (the filter runs it as Wasm, a small factor slower, once per store \
 call), against Envoy's {:.1}, {:.1} and {:.1} CPU µs per first execution on 1, 2 and 3 \
 shards; {envoy_text}.",

@@ -64,7 +64,7 @@ fn check_admin_api(p: &Plugin, admin_p: &Plugin, env: &mut FakeEnv) {
         admin(admin_p, env, "GET", &format!("/records?key=done&{q}")).status,
         404
     );
-    env.now_ms += crate::local::MAX_AGE_MS;
+    env.now_ms += crate::stores::etcd::local::MAX_AGE_MS;
     assert!(run(p, env, &r, ok("second")).reached_upstream());
     // Bad and foreign requests.
     assert_eq!(
@@ -279,7 +279,7 @@ fn admin_on_etcd_reads_without_deleting_and_gives_up_on_a_record_that_keeps_chan
         &mut a,
         CallAnswer {
             status: 0,
-            body: crate::etcdpb::status_body(8, b"etcdserver: too many requests"),
+            body: crate::stores::etcd::pb::status_body(8, b"etcdserver: too many requests"),
             ..Default::default()
         },
     );

@@ -122,13 +122,17 @@ fn etcd_config() {
                 ),
                 ("etcd-c", "etcd-c", "proxy-dedup/", 8000)
             );
-            assert_eq!(e.protocol, crate::etcd::Protocol::Grpc, "gRPC by default");
+            assert_eq!(
+                e.protocol,
+                crate::stores::etcd::wire::Protocol::Grpc,
+                "gRPC by default"
+            );
         }
         other => panic!("{other:?}"),
     }
     for (name, want) in [
-        ("grpc", crate::etcd::Protocol::Grpc),
-        ("json", crate::etcd::Protocol::Json),
+        ("grpc", crate::stores::etcd::wire::Protocol::Grpc),
+        ("json", crate::stores::etcd::wire::Protocol::Json),
     ] {
         let c = Config::parse(
             format!(r#"{{"store": {{"kind": "etcd", "cluster": "e", "protocol": "{name}"}}}}"#)

@@ -237,10 +237,10 @@ fn an_entity_claims_settles_and_never_lowers_its_applied_version() {
 #[test]
 fn a_full_entity_bucket_evicts_the_earliest_expiring_never_a_flight() {
     use crate::fake::FakeShared;
-    use crate::store::Layout;
+    use crate::stores::shared::Layout;
     let shared = FakeShared::new();
     let layout = Layout::new("t", 16, 1000, 1000).with_entities(16);
-    let store = entities::SharedEntities::new(&*shared, &layout);
+    let store = crate::stores::shared::SharedEntities::new(&*shared, &layout);
     let i = |s| v(VersionType::Integer, s);
     // 16 entities, one bucket: each completes version 1, expiring 1000 + k.
     for k in 0..16u8 {
@@ -282,7 +282,7 @@ fn a_full_entity_bucket_evicts_the_earliest_expiring_never_a_flight() {
     }
     assert_eq!(
         store.claim(&[100; 32], &i("1"), 300, 30, 900),
-        Err(crate::store::StoreError::BucketFull)
+        Err(crate::stores::shared::StoreError::BucketFull)
     );
 }
 
@@ -344,10 +344,10 @@ fn the_same_version_completing_again_keeps_the_expiry_of_the_completion_that_set
 #[test]
 fn a_new_entity_takes_an_expired_slot_without_counting_an_eviction() {
     use crate::fake::FakeShared;
-    use crate::store::Layout;
+    use crate::stores::shared::Layout;
     let shared = FakeShared::new();
     let layout = Layout::new("t", 16, 1000, 1000).with_entities(16);
-    let store = entities::SharedEntities::new(&*shared, &layout);
+    let store = crate::stores::shared::SharedEntities::new(&*shared, &layout);
     let i = |s| v(VersionType::Integer, s);
     for k in 0..16u8 {
         let d = [k; 32];
@@ -370,10 +370,10 @@ fn a_new_entity_takes_an_expired_slot_without_counting_an_eviction() {
 #[test]
 fn entities_live_in_their_buckets_keys_and_ending_an_unknown_flight_writes_nothing() {
     use crate::fake::FakeShared;
-    use crate::store::Layout;
+    use crate::stores::shared::Layout;
     let shared = FakeShared::new();
     let layout = Layout::new("ns", 16, 1000, 1000).with_entities(64);
-    let store = entities::SharedEntities::new(&*shared, &layout);
+    let store = crate::stores::shared::SharedEntities::new(&*shared, &layout);
     let i = |s| v(VersionType::Integer, s);
     let d = [5; 32];
     store.claim(&d, &i("1"), 1, 0, 100).unwrap();
@@ -396,7 +396,7 @@ fn entities_live_in_their_buckets_keys_and_ending_an_unknown_flight_writes_nothi
 #[test]
 fn a_full_entity_bucket_evicts_only_its_own_scopes_entities_unless_told_otherwise() {
     use crate::fake::FakeShared;
-    use crate::store::Layout;
+    use crate::stores::shared::Layout;
     let i = |s| v(VersionType::Integer, s);
     for any in [false, true] {
         let shared = FakeShared::new();
@@ -404,7 +404,7 @@ fn a_full_entity_bucket_evicts_only_its_own_scopes_entities_unless_told_otherwis
             .with_entities(16)
             .isolating_scopes(any, 16);
         // Tenant 7 fills the one bucket with applied versions.
-        let tenant = entities::SharedEntities::new(&*shared, &layout).scoped(7);
+        let tenant = crate::stores::shared::SharedEntities::new(&*shared, &layout).scoped(7);
         for k in 0..16u8 {
             let d = [k; 32];
             tenant.claim(&d, &i("1"), u64::from(k), 0, 100).unwrap();
@@ -415,7 +415,7 @@ fn a_full_entity_bucket_evicts_only_its_own_scopes_entities_unless_told_otherwis
             tenant.settle(&d, u64::from(k), &done, 0).unwrap();
         }
         // Tenant 9's new entity may not take tenant 7's slot, unless any scope's may go.
-        let other = entities::SharedEntities::new(&*shared, &layout).scoped(9);
+        let other = crate::stores::shared::SharedEntities::new(&*shared, &layout).scoped(9);
         let got = other.claim(&[99; 32], &i("1"), 99, 10, 200);
         if any {
             assert_eq!(
@@ -425,7 +425,7 @@ fn a_full_entity_bucket_evicts_only_its_own_scopes_entities_unless_told_otherwis
                 })
             );
         } else {
-            assert_eq!(got, Err(crate::store::StoreError::BucketFull));
+            assert_eq!(got, Err(crate::stores::shared::StoreError::BucketFull));
             // Tenant 7's own new entity evicts its own oldest.
             let own = tenant.claim(&[98; 32], &i("1"), 98, 10, 200);
             assert_eq!(

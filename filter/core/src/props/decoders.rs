@@ -3,10 +3,10 @@
 //! encoding then decoding gives back what was encoded. (Bucket records and the layouts
 //! registry are private to `store`: their properties are in `store_props.rs`.)
 
-use crate::etcd::{self, EtcdAnswer, EtcdRecord};
 use crate::jsonptr::{self, Target};
 use crate::record::RecordState;
 use crate::response::StoredResponse;
+use crate::stores::etcd::wire::{self as etcd, EtcdAnswer, EtcdRecord};
 use crate::wire;
 use base64::Engine as _;
 use proptest::prelude::*;
@@ -249,7 +249,7 @@ proptest! {
         status in prop::sample::select(vec![0u16, 200, 503]),
         cut in any::<prop::sample::Index>(),
     ) {
-        use crate::etcdpb;
+        use crate::stores::etcd::pb as etcdpb;
         for path in [etcdpb::TXN, etcdpb::LEASE_GRANT, etcdpb::RANGE] {
             let _ = etcd::read_answer(path, status, &bytes);
             let _ = etcd::read_count(path, status, &bytes);
@@ -280,7 +280,7 @@ proptest! {
         message in ".{0,20}",
         count in 0i64..i64::MAX,
     ) {
-        use crate::etcdpb::{self, testing as pb};
+        use crate::stores::etcd::pb::{self as etcdpb, testing as pb};
         let ops = match &existing {
             Some((m, v)) => vec![(1, pb::range_response(revision, &[pb::kv(b"key", 1, *m, v, lease)], 1))],
             None => vec![(1, pb::range_response(revision, &[], 0))],

@@ -13,7 +13,6 @@
 //! sequence, printed as "minimal failing input", with the trace of that run.
 
 use crate::config::Config;
-use crate::etcd::{self, EtcdAnswer};
 use crate::fake::{FakeEnv, FakeEtcd, FakeShared};
 use crate::key::RequestHead;
 use crate::metrics::Counter;
@@ -21,6 +20,7 @@ use crate::outcome::flags;
 use crate::props::decoders::config as proptest_config;
 use crate::reply::LocalReply;
 use crate::response::StoredResponse;
+use crate::stores::etcd::wire::{self as etcd, EtcdAnswer};
 use crate::stream::{CallAnswer, Decision, DedupStream, Origin, Plugin, StoreCall};
 use proptest::prelude::*;
 use std::sync::Arc;

@@ -10,7 +10,7 @@ use crate::record::RecordTimes;
 use crate::reply::{replay, LocalReply, Problem, EXPIRES_HEADER};
 
 impl DedupStream {
-    pub(super) fn bypass<E: Env>(&mut self, env: &mut E, why: &str) -> Decision {
+    pub(crate) fn bypass(&mut self, env: &mut dyn Env, why: &str) -> Decision {
         self.decided("bypassed");
         env.count(Counter::Bypassed);
         env.debug(format_args!("stream {}: bypass ({why})", self.id));
@@ -18,7 +18,7 @@ impl DedupStream {
         Decision::Continue
     }
 
-    pub(super) fn bad_key<E: Env>(&mut self, env: &mut E, e: KeyError) -> Decision {
+    pub(crate) fn bad_key(&mut self, env: &mut dyn Env, e: KeyError) -> Decision {
         let reply = bad_key_reply(env, e);
         self.reply(env, reply)
     }
@@ -26,9 +26,9 @@ impl DedupStream {
     /// A local reply decided at request headers: sent now when the request has no body
     /// (more), else once the body has arrived (`Phase::Draining`). The decision is
     /// recorded now, so the access log names it even if the client goes away first.
-    pub(super) fn reply_after_body<E: Env>(
+    pub(crate) fn reply_after_body(
         &mut self,
-        env: &mut E,
+        env: &mut dyn Env,
         reply: LocalReply,
         end_of_stream: bool,
     ) -> Decision {
@@ -41,7 +41,7 @@ impl DedupStream {
     }
 
     /// The reply of `Phase::Draining`, now that the body is in (or too large).
-    pub(super) fn send_drained_reply<E: Env>(&mut self, env: &mut E) -> Decision {
+    pub(crate) fn send_drained_reply(&mut self, env: &mut dyn Env) -> Decision {
         match std::mem::replace(&mut self.phase, Phase::Finished) {
             Phase::Draining(reply) => self.reply(env, *reply),
             other => {
@@ -51,7 +51,7 @@ impl DedupStream {
         }
     }
 
-    pub(super) fn reply<E: Env>(&mut self, env: &mut E, reply: LocalReply) -> Decision {
+    pub(crate) fn reply(&mut self, env: &mut dyn Env, reply: LocalReply) -> Decision {
         env.debug(format_args!(
             "stream {}: local reply {} ({})",
             self.id, reply.status, reply.details
@@ -68,10 +68,10 @@ impl DedupStream {
 
     /// Answers a request whose key is already taken; `times` are its record's, as the
     /// store knows them (what the answer advertises, see `Advertised`).
-    pub(super) fn duplicate<E: Env>(
+    pub(crate) fn duplicate(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         dup: Duplicate,
         times: RecordTimes,
     ) -> Decision {
@@ -171,9 +171,9 @@ impl DedupStream {
         }
     }
 
-    pub(super) fn not_stored<E: Env>(
+    pub(crate) fn not_stored(
         &mut self,
-        env: &mut E,
+        env: &mut dyn Env,
         headers: Vec<(String, Vec<u8>)>,
     ) -> Decision {
         env.count(Counter::ResponseNotStored);
@@ -184,7 +184,7 @@ impl DedupStream {
     /// No slot for the claim (the bucket is full of live claims): another key's traffic
     /// must never make this one run unrecorded, so it is refused unless the operator
     /// chose to fail open.
-    pub(super) fn store_full<E: Env>(&mut self, p: &Plugin, env: &mut E, why: &str) -> Decision {
+    pub(crate) fn store_full(&mut self, p: &Plugin, env: &mut dyn Env, why: &str) -> Decision {
         if p.config.on_store_full == OnStoreFull::Open {
             env.count(Counter::StoreErrors);
             env.warn(&format!(
@@ -199,10 +199,10 @@ impl DedupStream {
     }
 
     /// `503 store-full` with `detail` (its cause counted and logged as `why`).
-    pub(super) fn refuse_full<E: Env>(
+    pub(crate) fn refuse_full(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         why: &str,
         detail: &str,
     ) -> Decision {
@@ -216,7 +216,7 @@ impl DedupStream {
         self.reply(env, Problem::StoreFull.reply(detail, retry))
     }
 
-    pub(super) fn store_failed<E: Env>(&mut self, p: &Plugin, env: &mut E, why: &str) -> Decision {
+    pub(crate) fn store_failed(&mut self, p: &Plugin, env: &mut dyn Env, why: &str) -> Decision {
         env.count(Counter::StoreErrors);
         env.warn(&format!("stream {}: store error: {why}", self.id));
         match p.config.failure_mode {
@@ -237,7 +237,7 @@ impl DedupStream {
 }
 
 impl DedupStream {
-    fn fail_open<E: Env>(&mut self, env: &mut E) -> Decision {
+    fn fail_open(&mut self, env: &mut dyn Env) -> Decision {
         self.stop_waiting(env);
         env.count(Counter::FailedOpen);
         self.decided("failed_open");
@@ -299,7 +299,7 @@ impl Advertised {
 }
 
 /// `retry-after` for a key or entity held until `until_ms`: the seconds left, at least 1.
-pub(super) fn retry_after_held(until_ms: u64, now_ms: u64) -> u64 {
+pub(crate) fn retry_after_held(until_ms: u64, now_ms: u64) -> u64 {
     until_ms.saturating_sub(now_ms).div_ceil(1000).max(1)
 }
 
@@ -323,7 +323,7 @@ fn verdict_of(details: &str) -> &'static str {
 }
 
 /// The `400` problem for a bad key, counted.
-pub(super) fn bad_key_reply<E: Env>(env: &mut E, e: KeyError) -> LocalReply {
+pub(crate) fn bad_key_reply(env: &mut dyn Env, e: KeyError) -> LocalReply {
     env.count(Counter::BadKey);
     match e {
         KeyError::Missing { detail } => Problem::MissingKey.reply(&detail, Vec::new()),

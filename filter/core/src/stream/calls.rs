@@ -7,7 +7,7 @@ use super::DedupStream;
 
 /// The call state of a stream (see `DedupStream::call_sent`).
 #[derive(Debug, Default)]
-pub(super) struct Calls {
+pub(crate) struct Calls {
     /// The call this stream waits for, if any, and when it was sent (ms).
     pending: Option<u32>,
     pending_since_ms: u64,
@@ -123,7 +123,7 @@ impl DedupStream {
     /// before the end of the stream, so the body is buffered while it is still small
     /// enough to be stored; a larger one flows on (its duplicates get 409
     /// response-not-stored anyway).
-    /// (`store_makes_calls`: `StoreState::makes_calls`.)
+    /// (`store_makes_calls`: `Store::makes_calls`; the worker asks, `response_body_read`.)
     pub fn buffer_response_body(&mut self, store_makes_calls: bool, body_size: usize) -> bool {
         self.calls.response_seen = body_size;
         let buffer = store_makes_calls && self.capture_within_cap();

@@ -1,6 +1,6 @@
 //! The response side of a stream that won its claim: capturing the response, and the
 //! end of the claim, completed, released (never executed), or held when the outcome is
-//! unknown. Each store writes its own record (through `store`, to `shared` or `etcd`).
+//! unknown. The store writes its own record (through the claim it holds, `store.rs`).
 
 use super::{DedupStream, Env, HeldClaim, Origin, Phase, Plugin, StoreCall};
 use crate::config::OnUnknownOutcome;
@@ -37,10 +37,10 @@ impl DedupStream {
     /// Response headers. `origin` says where the response came from (Envoy's
     /// `response.code_details` and `response.flags`); `pairs` is called only when the
     /// response will be stored. Returns a store call to make (etcd).
-    pub fn on_response_headers<E: Env>(
+    pub fn on_response_headers(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         status: u16,
         origin: &Origin,
         pairs: impl FnOnce() -> Vec<(String, Vec<u8>)>,
@@ -77,10 +77,10 @@ impl DedupStream {
     }
 
     /// A response body chunk passed (only called while `wants_response_body`).
-    pub fn on_response_body<E: Env>(
+    pub fn on_response_body(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         chunk: &[u8],
         end_of_stream: bool,
     ) -> Option<StoreCall> {
@@ -94,7 +94,7 @@ impl DedupStream {
     }
 
     /// Response trailers arrived: the response is complete (trailers are not stored).
-    pub fn on_response_trailers<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Option<StoreCall> {
+    pub fn on_response_trailers(&mut self, p: &Plugin, env: &mut dyn Env) -> Option<StoreCall> {
         if matches!(self.phase, Phase::Capturing(..)) {
             return self.complete(p, env);
         }
@@ -106,10 +106,10 @@ impl DedupStream {
     /// never reached an upstream; otherwise its outcome is unknown (client gone, reset,
     /// timeout) and the claim is held. A response whose status arrived but whose body
     /// was cut counts as the upstream's answer: completed, response not kept.
-    pub fn on_stream_end<E: Env>(
+    pub fn on_stream_end(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         origin: &Origin,
     ) -> Option<StoreCall> {
         if self.wait_deadline.is_some() {
@@ -117,7 +117,7 @@ impl DedupStream {
             env.waiters().remove(self.id);
         }
         match std::mem::replace(&mut self.phase, Phase::Finished) {
-            Phase::Waiting(_) | Phase::Polling(_) => {
+            Phase::Waiting(_) => {
                 env.debug(format_args!(
                     "stream {}: the client left while waiting",
                     self.id
@@ -155,18 +155,18 @@ impl DedupStream {
                 self.phase = Phase::Detached(owned);
                 None
             }
-            Phase::Ordering(mut e) if matches!(e.op, super::etcd::EntityOp::Claim { .. }) => {
-                // As for a claim: a won entity claim is then released at once.
-                e.abandoned = true;
-                self.phase = Phase::Ordering(e);
-                None
-            }
-            Phase::Claiming(mut c) => {
-                // The client left while the claim was being decided: its answer still
-                // comes (the glue keeps the stream for it), and a claim won then is
-                // released, since nothing was forwarded.
-                c.abandoned = true;
-                self.phase = Phase::Claiming(c);
+            Phase::Calling(mut c) => {
+                // The client left while a store call was out: a waiter's read is of no
+                // use now; a claim's answer still comes (the glue keeps the stream for
+                // it), and a claim won then is released, since nothing was forwarded.
+                if c.client_gone() {
+                    self.phase = Phase::Calling(c);
+                } else {
+                    env.debug(format_args!(
+                        "stream {}: the client left while waiting",
+                        self.id
+                    ));
+                }
                 None
             }
             other => {
@@ -180,10 +180,10 @@ impl DedupStream {
     /// as "outcome unknown" until its TTL, so the key never runs again within it; under
     /// `on_unknown_outcome: "hold"` it is held until the in-flight timeout ends, under
     /// `"release"` released at once.
-    pub(super) fn unknown_outcome<E: Env>(
+    pub(crate) fn unknown_outcome(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         owned: HeldClaim,
         origin: &Origin,
     ) -> Option<StoreCall> {
@@ -215,7 +215,7 @@ impl DedupStream {
         self.hold_claim(p, env, owned, until_ms)
     }
 
-    pub(super) fn complete<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Option<StoreCall> {
+    pub(crate) fn complete(&mut self, p: &Plugin, env: &mut dyn Env) -> Option<StoreCall> {
         let Phase::Capturing(owned, capture) = std::mem::replace(&mut self.phase, Phase::Finished)
         else {
             return None;
@@ -228,10 +228,10 @@ impl DedupStream {
         self.complete_claim(p, env, owned, response, now)
     }
 
-    pub(super) fn release<E: Env>(
+    pub(crate) fn release(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         owned: HeldClaim,
     ) -> Option<StoreCall> {
         self.phase = Phase::Finished;

@@ -67,9 +67,9 @@ pub fn forwarded_header(name: &str) -> bool {
 
 impl DedupStream {
     /// A won claim under detached execution: ask the glue to send the request itself.
-    pub(super) fn send_detached<E: Env>(
+    pub(crate) fn send_detached(
         &mut self,
-        env: &mut E,
+        env: &mut dyn Env,
         owned: HeldClaim,
         d: &Detached,
     ) -> Decision {
@@ -102,7 +102,7 @@ impl DedupStream {
     /// The client-facing deadline (`upstream.client_timeout_ms`) of a detached call: at
     /// it the client is answered `504 still-running` and the call goes on; its answer
     /// then only completes the record.
-    pub(super) fn detached_deadline<E: Env>(&mut self, env: &mut E) -> Decision {
+    pub(crate) fn detached_deadline(&mut self, env: &mut dyn Env) -> Decision {
         let due = self.client_deadline.is_some_and(|d| env.now_ms() >= d);
         if !self.detached() || self.client_answered || !due {
             return Decision::Pause;
@@ -122,7 +122,7 @@ impl DedupStream {
 
     /// No waiter entry, and no client answer, once the call has answered or the client
     /// has gone.
-    pub(super) fn detached_over<E: Env>(&mut self, env: &mut E) {
+    pub(crate) fn detached_over(&mut self, env: &mut dyn Env) {
         if self.client_deadline.take().is_some() {
             env.waiters().remove(self.id);
         }
@@ -130,7 +130,7 @@ impl DedupStream {
 
     /// The detached call could not be dispatched (an unknown cluster, a bad header):
     /// nothing was sent, so the claim is released and the client gets a 503.
-    pub fn on_upstream_unsent<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Decision {
+    pub fn on_upstream_unsent(&mut self, p: &Plugin, env: &mut dyn Env) -> Decision {
         let Phase::Detached(owned) = std::mem::replace(&mut self.phase, Phase::Finished) else {
             return Decision::Continue;
         };
@@ -149,10 +149,10 @@ impl DedupStream {
     /// The detached call's answer: the record is completed, released or kept as an
     /// unknown outcome exactly as for a forwarded request, and the client (if still
     /// there) gets the answer once the store has it.
-    pub(super) fn upstream_answered<E: Env>(
+    pub(crate) fn upstream_answered(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         owned: HeldClaim,
         answer: CallAnswer,
     ) -> Decision {

@@ -1,22 +1,22 @@
 //! The ordering guard in a stream: after its record is claimed, a request claims its
 //! entity for its version (stale, another version in flight, or its turn), and when its
 //! record is completed, released or held, its entity's flight ends the same way. The
-//! store side is `StoreState::claim_entity` / `settle_entity` (`store.rs`).
+//! store side is the held claim's (`Held::claim_entity`, and the settle beside the
+//! record's in `Held::complete`, `release`, `hold`).
 
-use super::etcd::EtcdEntity;
 use super::HeldClaim;
-use super::{wake, Decision, DedupStream, Env, Phase, Plugin};
+use super::{Decision, DedupStream, Env, Phase, Plugin};
 use crate::config::{FailureMode, OnInFlight, OnStale, OnStoreFull};
 use crate::key::short_hex;
 use crate::metrics::Counter;
-use crate::ordering::entities::{EntityClaim, Settle, SharedEntities};
+use crate::ordering::entities::{EntityClaim, Settle};
 use crate::ordering::{Ordered, OrderingError, Version};
 use crate::record::RecordTimes;
 use crate::reply::{LocalReply, Problem};
-use crate::store::{Layout, StoreError};
+use crate::shared_data::StoreError;
 
 /// A stream's place in its entity's order.
-pub(super) struct OrderState {
+pub(crate) struct OrderState {
     ordered: Ordered,
     /// The flight's token, once the entity is claimed (`claimed`).
     token: u64,
@@ -24,22 +24,19 @@ pub(super) struct OrderState {
     /// Forwarded without its entity (the store failed under `failure_mode: "open"`):
     /// a completion still raises the entity's applied version.
     unordered: bool,
-    /// etcd: the claimed entity's lease and value, for the settle.
-    etcd: Option<EtcdEntity>,
 }
 
 impl OrderState {
-    pub(super) fn ordered(&self) -> &Ordered {
+    pub(crate) fn ordered(&self) -> &Ordered {
         &self.ordered
     }
 
-    pub(super) fn new(ordered: Ordered) -> Self {
+    pub(crate) fn new(ordered: Ordered) -> Self {
         OrderState {
             ordered,
             token: 0,
             claimed: false,
             unordered: false,
-            etcd: None,
         }
     }
 }
@@ -51,7 +48,7 @@ pub const APPLIED_VERSION_HEADER: &str = "idempotent-applied-version";
 
 impl DedupStream {
     /// A `400` for an entity or version that cannot be read.
-    pub(super) fn bad_order<E: Env>(&mut self, env: &mut E, e: OrderingError) -> Decision {
+    pub(crate) fn bad_order(&mut self, env: &mut dyn Env, e: OrderingError) -> Decision {
         env.count(Counter::BadKey);
         let reply = match e {
             OrderingError::MissingEntity(d) => Problem::MissingEntity.reply(&d, Vec::new()),
@@ -66,10 +63,10 @@ impl DedupStream {
     /// claimed, or the policy does not order, or the store failed open). `Err`: what the
     /// stream does instead (a store call out for the entity, or an answer, the record's
     /// claim released: the request did not run).
-    pub(super) fn claim_entity<E: Env>(
+    pub(crate) fn claim_entity(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         owned: HeldClaim,
     ) -> Result<HeldClaim, Decision> {
         let Some(order) = self.order.as_mut().filter(|o| !o.claimed) else {
@@ -78,14 +75,14 @@ impl DedupStream {
         let token = env.new_token();
         order.token = token;
         let now = env.now_ms();
-        self.claim_entity_in_store(p, env, owned, token, now)
+        owned.claim_entity(self, p, env, token, now)
     }
 
     /// What a claim of the entity found, for the won record claim `owned`.
-    pub(super) fn entity_decided<E: Env>(
+    pub(crate) fn entity_decided(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         owned: HeldClaim,
         outcome: Result<EntityClaim, StoreError>,
     ) -> Result<HeldClaim, Decision> {
@@ -170,10 +167,10 @@ impl DedupStream {
 
     /// Answers `d` (decided: its verdict and counters are in) and releases the won
     /// claim `owned`, never forwarded; with etcd the answer follows the release call.
-    pub(super) fn refuse<E: Env>(
+    pub(crate) fn refuse(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         owned: HeldClaim,
         d: Decision,
     ) -> Decision {
@@ -190,75 +187,34 @@ impl DedupStream {
 
     /// The client's answer, sent once the settle calls out (etcd: the entity's, then the
     /// record's) are done.
-    pub(super) fn reply_once_settled(&mut self, reply: Option<LocalReply>) {
-        match &mut self.phase {
-            Phase::Settling(st) => st.then_reply = reply,
-            Phase::Ordering(e) => e.reply_once_settled(reply),
-            _ => {}
+    pub(crate) fn reply_once_settled(&mut self, reply: Option<LocalReply>) {
+        if let Phase::Calling(c) = &mut self.phase {
+            c.reply_once_settled(reply);
         }
     }
 
-    /// Keeps what the etcd store needs to settle the claimed entity.
-    pub(super) fn entity_on_etcd(&mut self, held: EtcdEntity) {
+    /// The stream's entity is claimed (a store that claims it by calls says so).
+    pub(crate) fn entity_claimed(&mut self) {
         if let Some(o) = self.order.as_mut() {
-            o.etcd = Some(held);
             o.claimed = true;
         }
     }
 
-    /// The entity this stream settles, taken: (state, token, etcd), when it claimed the
+    /// The entity this stream settles, taken: (state, token), when it claimed the
     /// entity, or, forwarded unordered, when `how` is a completion (which raises the
     /// applied version whoever's flight stands).
-    pub(super) fn take_claimed_entity(
-        &mut self,
-        how: &Settle,
-    ) -> Option<(Ordered, u64, Option<EtcdEntity>)> {
+    pub(crate) fn take_claimed_entity(&mut self, how: &Settle) -> Option<(Ordered, u64)> {
         let completes = matches!(how, Settle::Complete { .. });
         let o = self
             .order
             .take()
             .filter(|o| o.claimed || (o.unordered && completes))?;
-        let OrderState {
-            ordered,
-            token,
-            etcd,
-            ..
-        } = *o;
-        Some((ordered, token, etcd))
-    }
-
-    /// Ends the entity's flight in shared data as the record's claim ended (no-op when
-    /// the stream holds no entity).
-    pub(super) fn settle_entity_shared<E: Env>(
-        &mut self,
-        p: &Plugin,
-        layout: &Layout,
-        env: &mut E,
-        how: Settle,
-    ) {
-        let Some((ordered, token, _)) = self.take_claimed_entity(&how) else {
-            return;
-        };
-        let now = env.now_ms();
-        let store = SharedEntities::new(&*env, layout).scoped(self.scope_tag);
-        match store.settle(&ordered.entity, token, &how, now) {
-            Ok(true) => {}
-            Ok(false) => env.count(Counter::ClaimsLost),
-            Err(e) => {
-                env.count(Counter::StoreErrors);
-                env.warn(&format!(
-                    "stream {}: settling entity {} failed: {e}",
-                    self.id,
-                    short_hex(&ordered.entity)
-                ));
-            }
-        }
-        // Waiters for the entity (another version, wait mode) try again.
-        wake(p, env, &ordered.entity);
+        let OrderState { ordered, token, .. } = *o;
+        Some((ordered, token))
     }
 
     /// The settle of a completion: the applied version rises to this request's.
-    pub(super) fn completed_entity(&self, p: &Plugin) -> Settle {
+    pub(crate) fn completed_entity(&self, p: &Plugin) -> Settle {
         let ttl_ms = p
             .config
             .policy_at(self.rule)
@@ -274,10 +230,10 @@ impl DedupStream {
         }
     }
 
-    fn stale<E: Env>(
+    fn stale(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         version: &Version,
         applied: &Version,
     ) -> Decision {
@@ -319,10 +275,10 @@ impl DedupStream {
         self.reply(env, reply)
     }
 
-    fn entity_busy<E: Env>(
+    fn entity_busy(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         running: &Version,
         held_until: Option<u64>,
     ) -> Decision {

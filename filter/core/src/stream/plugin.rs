@@ -1,45 +1,34 @@
-//! What a stream is given: the configured plugin (config and the per-store state derived
-//! from it), the host seam (`Env`), and the store calls a stream asks the glue to make.
+//! What a stream is given: the configured plugin (config and its store), the host seam
+//! (`Env`), and the store calls a stream asks the glue to make.
 
-use super::store::{layout_timed, StoreState};
+use super::store::{Store, StoreWorker};
 use crate::config::{Config, Policy};
-use crate::etcd::LeaseCache;
 use crate::key::Digest;
-use crate::local::LocalTier;
 use crate::metrics::Counter;
-use crate::store::{Layout, SharedData, StoreError};
+use crate::shared_data::SharedData;
 use crate::wait::Waiters;
-use std::borrow::Cow;
 use std::sync::Arc;
 
-/// A configured plugin: immutable config and what its store needs derived from it.
+/// A configured plugin: immutable config and its store (`Plugin::new`, in `stores`,
+/// chooses which).
 #[derive(Debug, Clone)]
 pub struct Plugin {
     pub config: Config,
-    /// The configured store (`store.rs`: the one place that tells the two apart).
-    pub store: StoreState,
+    /// The configured store, behind the store interface (`store.rs`).
+    pub store: Arc<dyn Store>,
     /// Whether any policy waits (`Config::waits`), so a completion knows at once
     /// whether to wake waiters.
     pub waits: bool,
 }
 
 impl Plugin {
-    pub fn new(config: Config) -> Self {
+    /// A plugin of `config` with `store` (set up already).
+    pub fn with_store(config: Config, store: Box<dyn Store>) -> Self {
         Plugin {
             waits: config.waits(),
-            store: StoreState::new(&config),
+            store: Arc::from(store),
             config,
         }
-    }
-
-    /// The shared-data layout (an error when the store is etcd: no layout exists).
-    pub fn layout(&self) -> Result<&Layout, StoreError> {
-        self.store.layout()
-    }
-
-    /// The shared-data layout with a policy's timing (borrowed when it is the layout's).
-    pub fn layout_for(&self, policy: &Policy) -> Result<Cow<'_, Layout>, StoreError> {
-        Ok(layout_timed(self.store.layout()?, policy))
     }
 }
 
@@ -53,10 +42,8 @@ pub trait Env: SharedData {
     /// A debug line; formatted only when the host logs at debug level.
     fn debug(&self, message: std::fmt::Arguments<'_>);
     fn warn(&self, message: &str);
-    /// This worker's leases (etcd store).
-    fn leases(&mut self) -> &mut LeaseCache;
-    /// This worker's tier of completed records (etcd store).
-    fn local(&mut self) -> &mut LocalTier;
+    /// What the configured store keeps per worker.
+    fn store_worker(&mut self) -> &mut StoreWorker;
     /// The duplicates this worker holds in wait mode.
     fn waiters(&mut self) -> &mut Waiters;
     /// A record this proxy completed or released: wake its waiters on every worker.
@@ -99,13 +86,48 @@ pub enum Transport {
 
 /// The answer to a `StoreCall`: the HTTP status (0 when the call failed without a
 /// response, e.g. reset) and the body. A gRPC call's answer is status 200 and the
-/// response message, or status 0 and `etcdpb::status_body` (the gRPC status and message).
+/// response message, or status 0 and the gRPC status (`CallAnswer::grpc_failure`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CallAnswer {
     pub status: u16,
     pub body: Vec<u8>,
     /// The answer's headers (pseudo-headers included); read for detached calls only.
     pub headers: Vec<(String, Vec<u8>)>,
+}
+
+impl StoreCall {
+    /// A gRPC call's service and method: its path is `/service/method`.
+    pub fn grpc_method(&self) -> Option<(&str, &str)> {
+        self.path.strip_prefix('/')?.split_once('/')
+    }
+}
+
+impl CallAnswer {
+    /// A gRPC call that ended without a message, with its `grpc-status` (the server's, or
+    /// Envoy's own: 14 for a timeout, a reset or no healthy member) and message: status 0,
+    /// and the status as a `google.rpc.Status` message (code: field 1, message: field 2),
+    /// which a store reads like any answer.
+    pub fn grpc_failure(code: u32, message: &[u8]) -> Self {
+        let mut body = Vec::with_capacity(message.len() + 8);
+        body.push(0x08); // field 1, varint
+        varint(&mut body, u64::from(code));
+        body.push(0x12); // field 2, length-delimited
+        varint(&mut body, message.len() as u64);
+        body.extend_from_slice(message);
+        CallAnswer {
+            status: 0,
+            body,
+            headers: Vec::new(),
+        }
+    }
+}
+
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
 }
 
 /// Whether a policy keeps unknown outcomes (and unsettled claims) until their TTL.

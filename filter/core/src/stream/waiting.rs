@@ -12,7 +12,7 @@ impl DedupStream {
     /// (replayed), a released key (claimed: this one executes), still in flight (it
     /// waits on, `Pause`), or, past `wait_timeout_ms`, 409 as in reject mode. With etcd
     /// the read is a store call (`Call`) whose answer goes to `on_store_answer`.
-    pub fn on_wake<E: Env>(&mut self, p: &Plugin, env: &mut E) -> Decision {
+    pub fn on_wake(&mut self, p: &Plugin, env: &mut dyn Env) -> Decision {
         if self.detached() {
             return self.detached_deadline(env);
         }
@@ -38,7 +38,7 @@ impl DedupStream {
     }
 
     /// Keeps a waiter waiting, or answers 409 once its deadline has passed.
-    pub(super) fn wait_on<E: Env>(&mut self, p: &Plugin, env: &mut E, w: Box<Waiting>) -> Decision {
+    pub(crate) fn wait_on(&mut self, p: &Plugin, env: &mut dyn Env, w: Box<Waiting>) -> Decision {
         if self.wait_deadline.is_some_and(|d| env.now_ms() < d) {
             self.phase = Phase::Waiting(w);
             return Decision::Pause;
@@ -56,10 +56,10 @@ impl DedupStream {
     /// Wait mode: a duplicate of a claim starts waiting (a place among this worker's
     /// `max_waiters`), or waits on. `None`: it answers 409 now (no place, or its
     /// `wait_timeout_ms` is over).
-    pub(super) fn start_or_keep_waiting<E: Env>(
+    pub(crate) fn start_or_keep_waiting(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         held_until: Option<u64>,
         times: RecordTimes,
     ) -> Option<Decision> {
@@ -69,10 +69,10 @@ impl DedupStream {
 
     /// The same, woken when `watch` changes: its record, or (ordering) the entity whose
     /// other version is in flight. A waiter always re-checks its own record first.
-    pub(super) fn start_or_keep_waiting_on<E: Env>(
+    pub(crate) fn start_or_keep_waiting_on(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         held_until: Option<u64>,
         times: RecordTimes,
         watch: crate::key::Digest,
@@ -123,7 +123,7 @@ impl DedupStream {
     }
 
     /// A waiting duplicate is answered or goes on: it leaves the worker's registry.
-    pub(super) fn stop_waiting<E: Env>(&mut self, env: &mut E) {
+    pub(crate) fn stop_waiting(&mut self, env: &mut dyn Env) {
         if self.wait_deadline.is_some() {
             env.waiters().remove(self.id);
         }

@@ -249,6 +249,20 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// After a response body callback that read up to `body_size`, not its end: whether
+    /// Envoy buffers the body (`Pause`). With a store reached by calls, the last bytes
+    /// must not reach the client before the store has the completed record
+    /// (`DedupStream::buffer_response_body`).
+    pub fn response_body_read(&self, stream: &mut DedupStream, body_size: usize) -> Action {
+        if stream.buffer_response_body(self.plugin.store.makes_calls(), body_size) {
+            Action::Pause
+        } else {
+            Action::Continue
+        }
+    }
+}
+
 /// While the response is held, later response callbacks keep it paused (buffered).
 pub fn response_action(stream: &DedupStream) -> Action {
     if stream.response_held() {

@@ -543,7 +543,7 @@ fn every_default_is_what_the_parser_gives_when_the_field_is_absent() {
 
 /// `store.max_store_bytes`'s default, as its formula in the table says.
 fn formula(capacity: u64, largest_replay: u64) -> u64 {
-    let buckets = capacity / crate::store::WAYS as u64;
+    let buckets = capacity / crate::stores::shared::WAYS as u64;
     DEFAULT_MAX_STORE_BYTES.max(buckets * (largest_replay + STORED_HEADERS_ALLOWANCE))
 }
 

@@ -26,7 +26,7 @@
 //! like any other.
 
 use super::*;
-use crate::ordering::entities::SharedEntities;
+use crate::stores::shared::SharedEntities;
 
 /// How a forwarded request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -375,7 +375,7 @@ fn etcd_a_claim_won_after_the_client_left_is_released() {
     let mut action = s.on_request_headers(&p, &mut a, r.head.clone(), true);
     // Grant leases, up to the claim txn itself.
     while let Decision::Call(c) = &action {
-        if crate::etcd::is_txn(c.path) {
+        if crate::stores::etcd::wire::is_txn(c.path) {
             break;
         }
         let answer = call(&a, c);
@@ -416,7 +416,7 @@ fn etcd_a_lease_grant_answered_late_never_shortens_the_claims_made_with_it() {
     let Decision::Call(grant) = action else {
         panic!("{action:?}")
     };
-    assert_eq!(grant.path, crate::etcdpb::LEASE_GRANT);
+    assert_eq!(grant.path, crate::stores::etcd::pb::LEASE_GRANT);
     let granted = call(&a, &grant);
     a.now_ms = t0 + 999;
     action = first.on_store_answer(&p, &mut a, granted);
@@ -438,8 +438,8 @@ fn etcd_a_lease_grant_answered_late_never_shortens_the_claims_made_with_it() {
 
 #[test]
 fn an_etcd_record_of_exactly_the_limit_keeps_its_response() {
-    use crate::etcd::EtcdRecord;
     use crate::record::RecordState;
+    use crate::stores::etcd::wire::EtcdRecord;
     let limit = 20_000;
     let p = plugin(&format!(
         r#"{{"max_replay_body_bytes": 3616,
@@ -503,14 +503,16 @@ fn etcd_a_completed_record_is_taken_over_at_its_expiry_while_its_lease_lives() {
 
 #[test]
 fn a_plugin_builds_the_state_of_its_own_store_only() {
-    use crate::stream::StoreState;
+    use crate::stores::etcd::EtcdStore;
+    use crate::stores::shared::SharedDataStore;
     let etcd = etcd_plugin(r#""ttl_seconds": 60"#);
-    assert!(matches!(&etcd.store, StoreState::Etcd(ec) if ec.config.timeout_ms == 500));
+    let ec = etcd.store.as_any().downcast_ref::<EtcdStore>();
+    assert!(ec.is_some_and(|ec| ec.config.timeout_ms == 500));
     assert!(etcd.store.makes_calls() && !plugin("{}").store.makes_calls());
     assert!(etcd.layout().is_err(), "etcd has no shared-data layout");
     assert!(etcd.layout_for(&etcd.config.policy).is_err());
     let shared = plugin("{}");
-    assert!(matches!(shared.store, StoreState::SharedData(_)));
+    assert!(shared.store.as_any().is::<SharedDataStore>());
     assert_eq!(
         shared.layout().unwrap().namespace(),
         shared.config.namespace()
@@ -537,7 +539,7 @@ fn store_calls_carry_the_route_of_their_store() {
         Route {
             cluster: "etcd".into(),
             shard: "etcd".into(),
-            shard_id: crate::shards::shard_id("etcd", "etcd", "etcd"),
+            shard_id: crate::stores::etcd::shards::shard_id("etcd", "etcd", "etcd"),
             transport: Transport::Grpc {
                 upstream: b"etcd".to_vec()
             }
@@ -549,7 +551,7 @@ fn store_calls_carry_the_route_of_their_store() {
     assert_eq!(
         first_call(&p).route.transport,
         Transport::Grpc {
-            upstream: crate::etcdpb::grpc_service("etcd", "etcd.internal")
+            upstream: crate::stores::etcd::pb::grpc_service("etcd", "etcd.internal")
         }
     );
     let json = first_call(&etcd_json_plugin(""));
@@ -558,7 +560,7 @@ fn store_calls_carry_the_route_of_their_store() {
         Route {
             cluster: "etcd".into(),
             shard: "etcd".into(),
-            shard_id: crate::shards::shard_id("etcd", "etcd", "etcd"),
+            shard_id: crate::stores::etcd::shards::shard_id("etcd", "etcd", "etcd"),
             transport: Transport::Http {
                 authority: "etcd".into()
             }

@@ -27,7 +27,7 @@ fn drive(
 ) -> (Decision, usize) {
     let mut n = 0;
     while let Decision::Call(c) = action {
-        let a = if crate::etcd::is_txn(c.path) {
+        let a = if crate::stores::etcd::wire::is_txn(c.path) {
             match txn(n) {
                 Some(a) => {
                     n += 1;
@@ -116,7 +116,7 @@ fn etcd_grpc_unavailable_deadline_and_failed_dispatch_are_retried_other_statuses
     let p = etcd_plugin(r#""failure_mode": "closed""#);
     let status = |code: u32, msg: &str| CallAnswer {
         status: 0,
-        body: crate::etcdpb::status_body(code, msg.as_bytes()),
+        body: crate::stores::etcd::pb::status_body(code, msg.as_bytes()),
         ..Default::default()
     };
     for (answer, retried) in [
@@ -153,13 +153,13 @@ fn etcd_grpc_unavailable_deadline_and_failed_dispatch_are_retried_other_statuses
         let (mut s, mut action) = start_keyed(&p, &mut a);
         // Leases first (from the fake), up to the claim txn.
         while let Decision::Call(c) = &action {
-            if crate::etcd::is_txn(c.path) {
+            if crate::stores::etcd::wire::is_txn(c.path) {
                 break;
             }
             let ans = call(&a, c);
             action = s.on_store_answer(&p, &mut a, ans);
         }
-        assert!(matches!(&action, Decision::Call(c) if c.path == crate::etcdpb::TXN));
+        assert!(matches!(&action, Decision::Call(c) if c.path == crate::stores::etcd::pb::TXN));
         let next = s.on_store_answer(&p, &mut a, answer.clone());
         assert_retried(&next, retried, format!("{answer:?}"));
     }
@@ -173,7 +173,7 @@ fn etcd_grpc_lease_not_found_on_a_claim_takes_fresh_leases() {
     let (decision, n) = drive(&p, &mut a, &mut s, first, |n| {
         (n < 2).then(|| CallAnswer {
             status: 0,
-            body: crate::etcdpb::status_body(5, b"etcdserver: requested lease not found"),
+            body: crate::stores::etcd::pb::status_body(5, b"etcdserver: requested lease not found"),
             ..Default::default()
         })
     });
@@ -376,7 +376,7 @@ fn etcd_a_completion_whose_lease_etcd_lost_is_written_again_with_a_fresh_lease()
     let p = etcd_plugin("");
     let lost = || CallAnswer {
         status: 0,
-        body: crate::etcdpb::status_body(5, b"etcdserver: requested lease not found"),
+        body: crate::stores::etcd::pb::status_body(5, b"etcdserver: requested lease not found"),
         ..Default::default()
     };
     // Lost once, twice: a fresh lease each time, and the completion lands. Three
@@ -391,7 +391,7 @@ fn etcd_a_completion_whose_lease_etcd_lost_is_written_again_with_a_fresh_lease()
         let grants = a.etcd.grants();
         let mut answered = 0;
         loop {
-            let answer = if crate::etcd::is_txn(c.path) && answered < losses {
+            let answer = if crate::stores::etcd::wire::is_txn(c.path) && answered < losses {
                 answered += 1;
                 lost()
             } else {
@@ -440,8 +440,8 @@ fn etcd_a_hold_whose_answer_was_lost_is_recognised() {
 
 #[test]
 fn etcd_settling_answers_say_what_happened_to_the_record() {
-    use crate::etcd::EtcdRecord;
     use crate::record::RecordState;
+    use crate::stores::etcd::wire::EtcdRecord;
     use base64::Engine as _;
     let p = etcd_json_plugin("");
     let b64 = base64::engine::general_purpose::STANDARD;

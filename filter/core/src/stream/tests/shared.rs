@@ -4,7 +4,7 @@
 use crate::key::{record_digest, ClientKey, KeySource};
 use crate::metrics::Counter;
 use crate::response::StoredResponse;
-use crate::store::{ClaimOutcome, SharedStore};
+use crate::stores::shared::{ClaimOutcome, SharedStore};
 use crate::testing::*;
 
 #[test]

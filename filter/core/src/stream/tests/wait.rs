@@ -294,7 +294,7 @@ fn etcd_a_waiter_on_another_proxy_polls_and_gets_the_replay() {
     // The poll is a read of the record, not a claim.
     match dup.on_wake(&p, &mut b) {
         Decision::Call(c) => {
-            assert_eq!(c.path, crate::etcdpb::RANGE);
+            assert_eq!(c.path, crate::stores::etcd::pb::RANGE);
             let got = call(&b, &c);
             assert_eq!(dup.on_store_answer(&p, &mut b, got), Decision::Pause);
         }
@@ -357,8 +357,11 @@ fn etcd_a_completed_poll_answers_this_workers_other_waiters_from_the_tier() {
 fn any_answer_to_a_poll_keeps_the_waiter_safe() {
     // Both protocols: gRPC (the default) and the JSON gateway.
     for (p, protocol) in [
-        (etcd_plugin(WAIT), crate::etcd::Protocol::Grpc),
-        (etcd_json_plugin(WAIT), crate::etcd::Protocol::Json),
+        (etcd_plugin(WAIT), crate::stores::etcd::wire::Protocol::Grpc),
+        (
+            etcd_json_plugin(WAIT),
+            crate::stores::etcd::wire::Protocol::Json,
+        ),
     ] {
         let (mut a, mut b) = two_proxies();
         let (r, _first) = sent(&p, &mut a, req("POST", "/orders").key("k").body("{}"));
@@ -381,7 +384,7 @@ fn any_answer_to_a_poll_keeps_the_waiter_safe() {
             ),
             // A RangeResponse with a kv but no header: not an answer etcd gives.
             (200, vec![0x12, 0x04, 0x18, 0x03, 0x2a, 0x00]),
-            (0, crate::etcdpb::status_body(14, b"no leader")),
+            (0, crate::stores::etcd::pb::status_body(14, b"no leader")),
         ];
         for i in 0..200 {
             let (status, body) = match bodies.get(i) {

@@ -9,10 +9,10 @@ use sha2::{Digest as _, Sha256};
 /// Bucket geometry and timing for one plugin configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
-    pub(super) namespace: String,
+    pub(crate) namespace: String,
     pub buckets: u64,
     /// Keys the bucket choice, so no client can aim keys at one bucket.
-    pub(super) secret: [u8; SECRET_LEN],
+    pub(crate) secret: [u8; SECRET_LEN],
     pub in_flight_ms: u64,
     pub ttl_ms: u64,
     /// `on_unknown_outcome: "keep"`: a claim lives until its TTL unless it is settled, so
@@ -32,20 +32,20 @@ pub struct Layout {
     /// Until when (ms) this VM knows the layouts registry holds this layout: a claim
     /// registers only past it, so a claim costs one registry read, made after its
     /// record is written.
-    pub(super) registered_until: RegisteredUntil,
+    pub(crate) registered_until: RegisteredUntil,
 }
 
 /// A cache of what the registry said (an atomic so a layout may be shared by threads in
 /// tests); not part of a layout's identity.
 #[derive(Debug, Default)]
-pub(super) struct RegisteredUntil(std::sync::atomic::AtomicU64);
+pub(crate) struct RegisteredUntil(std::sync::atomic::AtomicU64);
 
 impl RegisteredUntil {
-    pub(super) fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         self.0.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    pub(super) fn set(&self, until_ms: u64) {
+    pub(crate) fn set(&self, until_ms: u64) {
         self.0.store(until_ms, std::sync::atomic::Ordering::Relaxed);
     }
 }
@@ -209,7 +209,7 @@ impl Layout {
         key
     }
 
-    pub(super) fn registry_key(&self) -> String {
+    pub(crate) fn registry_key(&self) -> String {
         format!("{}/layouts", self.namespace)
     }
 

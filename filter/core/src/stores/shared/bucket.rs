@@ -8,54 +8,54 @@ use crate::principal::{compare, PayloadMatch};
 use crate::record::{RecordState, RecordTimes};
 use crate::wire::{Reader, WireError, Writer};
 
-pub(super) const BUCKET_VERSION: u8 = 1;
+pub(crate) const BUCKET_VERSION: u8 = 1;
 
-pub(super) const RECORD_LEN: usize = 32 + 1 + 8 + 8 + 32;
+pub(crate) const RECORD_LEN: usize = 32 + 1 + 8 + 8 + 32;
 
 /// The way byte of the bucket's slot-size entry. A reader without byte budgets skips it
 /// like any way number past `WAYS`, so buckets stay readable by the previous version.
-pub(super) const SLOTS_WAY: u8 = 0xFF;
+pub(crate) const SLOTS_WAY: u8 = 0xFF;
 
 /// The way byte of the bucket's scope-tag entry (`WAYS` u32, 0: unknown scope, as in a
 /// bucket the previous version wrote). A reader without scope tags skips it as it skips
 /// `SLOTS_WAY`, so buckets stay readable both ways.
-pub(super) const SCOPES_WAY: u8 = 0xFE;
+pub(crate) const SCOPES_WAY: u8 = 0xFE;
 
 /// The way byte of the bucket's completion entry: each way's TTL in seconds as its
 /// completed record was written (`WAYS` u32; 0: unknown, as in a bucket the previous
 /// version wrote), so the record's completion time is its expiry minus that TTL. A
 /// reader without it skips it like `SCOPES_WAY`, and a writer without it drops it:
 /// every way then reads as completed at an unknown time, never at a wrong one.
-pub(super) const TTLS_WAY: u8 = 0xFD;
+pub(crate) const TTLS_WAY: u8 = 0xFD;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Record {
+pub(crate) struct Record {
     /// The key's digest (scope and key): which request this record stands for.
-    pub(super) digest: Digest,
-    pub(super) state: RecordState,
+    pub(crate) digest: Digest,
+    pub(crate) state: RecordState,
     /// The claim's token: tells this claim from a later one of the same key.
-    pub(super) token: u64,
+    pub(crate) token: u64,
     /// In flight or held: when the claim lapses; completed: when the answer does.
-    pub(super) expires_ms: u64,
+    pub(crate) expires_ms: u64,
     /// The payload fingerprint: the same key with another payload is refused.
-    pub(super) payload: Digest,
+    pub(crate) payload: Digest,
 }
 
 /// The layouts in use: bucket counts and until when their records may live (ms).
 /// One small shared-data key per namespace, read by every claim.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) struct Registry {
-    pub(super) entries: Vec<(u64, u64)>,
+pub(crate) struct Registry {
+    pub(crate) entries: Vec<(u64, u64)>,
 }
 
-pub(super) const REGISTRY_VERSION: u8 = 1;
+pub(crate) const REGISTRY_VERSION: u8 = 1;
 
 /// A layout's entry is pushed forward at most once per this much time.
-pub(super) const REGISTRY_SLACK_MS: u64 = 3_600_000;
+pub(crate) const REGISTRY_SLACK_MS: u64 = 3_600_000;
 
 impl Registry {
     /// Version, then (bucket count, live until ms) pairs; a stray tail is ignored.
-    pub(super) fn decode(bytes: &[u8]) -> Registry {
+    pub(crate) fn decode(bytes: &[u8]) -> Registry {
         let mut r = Reader::new(bytes);
         let mut entries = Vec::new();
         if r.u8() == Ok(REGISTRY_VERSION) {
@@ -67,7 +67,7 @@ impl Registry {
     }
 
     /// The layouts other than `own` whose records may still live.
-    pub(super) fn others(&self, own: u64, now_ms: u64) -> Vec<u64> {
+    pub(crate) fn others(&self, own: u64, now_ms: u64) -> Vec<u64> {
         self.entries
             .iter()
             .filter(|(b, until)| *b != own && *until > now_ms)
@@ -75,7 +75,7 @@ impl Registry {
             .collect()
     }
 
-    pub(super) fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut w = Writer::with_capacity(1 + 16 * self.entries.len());
         w.u8(REGISTRY_VERSION);
         for &(buckets, until) in &self.entries {
@@ -88,14 +88,14 @@ impl Registry {
 /// A bucket: its record ways, and the bytes each way's response slot holds (as this
 /// store last wrote or blanked it), which the byte budget adds up.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) struct Bucket {
-    pub(super) ways: [Option<Record>; WAYS],
-    pub(super) slots: [u32; WAYS],
+pub(crate) struct Bucket {
+    pub(crate) ways: [Option<Record>; WAYS],
+    pub(crate) slots: [u32; WAYS],
     /// Each way's scope tag (`key::scope_tag`), set when a claim takes the way.
-    pub(super) scopes: [u32; WAYS],
+    pub(crate) scopes: [u32; WAYS],
     /// Each way's TTL (seconds) its completed record was written with; 0: unknown.
     /// Set by a completion, cleared when a claim takes the way.
-    pub(super) completed_ttl_s: [u32; WAYS],
+    pub(crate) completed_ttl_s: [u32; WAYS],
 }
 
 impl std::ops::Index<usize> for Bucket {
@@ -112,17 +112,17 @@ impl std::ops::IndexMut<usize> for Bucket {
 }
 
 impl Bucket {
-    pub(super) fn iter(&self) -> std::slice::Iter<'_, Option<Record>> {
+    pub(crate) fn iter(&self) -> std::slice::Iter<'_, Option<Record>> {
         self.ways.iter()
     }
 
     #[cfg(test)]
-    pub(super) fn iter_mut(&mut self) -> std::slice::IterMut<'_, Option<Record>> {
+    pub(crate) fn iter_mut(&mut self) -> std::slice::IterMut<'_, Option<Record>> {
         self.ways.iter_mut()
     }
 
     /// Bytes of all response slots of the bucket.
-    pub(super) fn slot_bytes(&self) -> u64 {
+    pub(crate) fn slot_bytes(&self) -> u64 {
         self.slots.iter().map(|&n| u64::from(n)).sum()
     }
 }
@@ -184,7 +184,7 @@ fn read_entry(entry: &[u8]) -> Result<Entry, WireError> {
     ))
 }
 
-pub(super) fn decode_bucket(bytes: &[u8]) -> Bucket {
+pub(crate) fn decode_bucket(bytes: &[u8]) -> Bucket {
     let mut out = Bucket::default();
     for entry in entries(bytes) {
         match read_entry(entry) {
@@ -205,7 +205,7 @@ pub(super) fn decode_bucket(bytes: &[u8]) -> Bucket {
 /// The records of `digest` in a bucket value, in way order, as `decode_bucket` would
 /// give them, but decoding only those: the other entries are told apart by their way,
 /// state and digest bytes in place.
-pub(super) fn records_of<'a>(
+pub(crate) fn records_of<'a>(
     bytes: &'a [u8],
     digest: &'a Digest,
 ) -> impl Iterator<Item = (usize, Record)> + 'a {
@@ -233,7 +233,7 @@ pub(super) fn records_of<'a>(
 
 /// The TTL (seconds) the completed record in `way` was written with, read from a bucket
 /// value without decoding it (0: unknown), as `decode_bucket` would give it.
-pub(super) fn completed_ttl_of(bytes: &[u8], way: usize) -> u32 {
+pub(crate) fn completed_ttl_of(bytes: &[u8], way: usize) -> u32 {
     let mut ttl = 0;
     for entry in entries(bytes).filter(|e| e.first() == Some(&TTLS_WAY)) {
         if let Ok(Entry::CompletedTtls(ttls)) = read_entry(entry) {
@@ -245,7 +245,7 @@ pub(super) fn completed_ttl_of(bytes: &[u8], way: usize) -> u32 {
 
 /// When a completed record completed (ms), given the TTL it was written with (0:
 /// unknown).
-pub(super) fn completed_at(r: &Record, ttl_s: u32) -> Option<u64> {
+pub(crate) fn completed_at(r: &Record, ttl_s: u32) -> Option<u64> {
     let completed = matches!(
         r.state,
         RecordState::Completed | RecordState::CompletedNotStored
@@ -253,7 +253,7 @@ pub(super) fn completed_at(r: &Record, ttl_s: u32) -> Option<u64> {
     (completed && ttl_s > 0).then(|| r.expires_ms.saturating_sub(u64::from(ttl_s) * 1000))
 }
 
-pub(super) fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
+pub(crate) fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
     let mut w = Writer::with_capacity(1 + (WAYS + 3) * (1 + RECORD_LEN));
     w.u8(BUCKET_VERSION);
     for (way, rec) in bucket.iter().enumerate() {
@@ -294,19 +294,19 @@ pub(super) fn encode_bucket(bucket: &Bucket) -> Vec<u8> {
 }
 
 /// Whether the claim's in-flight record is still in its way.
-pub(super) fn owns(b: &Bucket, claim: &Claim) -> bool {
+pub(crate) fn owns(b: &Bucket, claim: &Claim) -> bool {
     b[claim.way].as_ref().is_some_and(|r| {
         r.digest == claim.digest && r.token == claim.token && r.state == RecordState::InFlight
     })
 }
 
 /// Whether the claim's in-flight record is still in its way and unexpired at `now_ms`.
-pub(super) fn owns_at(b: &Bucket, claim: &Claim, now_ms: u64) -> bool {
+pub(crate) fn owns_at(b: &Bucket, claim: &Claim, now_ms: u64) -> bool {
     owns(b, claim) && b[claim.way].as_ref().is_some_and(|r| r.expires_ms > now_ms)
 }
 
 /// An empty way, else an expired one.
-pub(super) fn free_way(b: &Bucket, now_ms: u64) -> Option<usize> {
+pub(crate) fn free_way(b: &Bucket, now_ms: u64) -> Option<usize> {
     b.iter().position(Option::is_none).or_else(|| {
         b.iter()
             .position(|r| r.as_ref().is_some_and(|r| r.expires_ms <= now_ms))
@@ -318,7 +318,7 @@ pub(super) fn free_way(b: &Bucket, now_ms: u64) -> Option<usize> {
 /// then completed records closest to expiry. Unexpired in-flight ways are never
 /// chosen: their owner may be writing its slot. `None` when even all of them are not
 /// enough.
-pub(super) fn room_for(
+pub(crate) fn room_for(
     b: &Bucket,
     way: usize,
     size: u32,
@@ -360,7 +360,7 @@ pub(super) fn room_for(
 /// one (written before scope tags) may go: another scope's traffic never makes a key
 /// run twice. Claims (in flight or held) are never evicted, or a duplicate could run
 /// alongside its original.
-pub(super) fn oldest_completed(b: &Bucket, scope: Option<u32>) -> Option<usize> {
+pub(crate) fn oldest_completed(b: &Bucket, scope: Option<u32>) -> Option<usize> {
     b.iter()
         .enumerate()
         .filter_map(|(i, r)| r.as_ref().map(|r| (i, r)))
@@ -371,7 +371,7 @@ pub(super) fn oldest_completed(b: &Bucket, scope: Option<u32>) -> Option<usize> 
 }
 
 /// The unexpired claims (in flight or held) of scope `tag` in a bucket.
-pub(super) fn live_claims_of(b: &Bucket, tag: u32, now_ms: u64) -> usize {
+pub(crate) fn live_claims_of(b: &Bucket, tag: u32, now_ms: u64) -> usize {
     b.iter()
         .zip(b.scopes)
         .filter(|(r, t)| {
@@ -385,7 +385,7 @@ pub(super) fn live_claims_of(b: &Bucket, tag: u32, now_ms: u64) -> usize {
 /// The times a duplicate is told of an unexpired record (`ttl_s`: the TTL its completion
 /// was written with, 0: unknown): a claim's is when it stops counting as in flight, a
 /// held one's its hold's end, a completed one's its expiry and completion.
-pub(super) fn times_of(r: &Record, ttl_s: u32, layout: &Layout, now_ms: u64) -> RecordTimes {
+pub(crate) fn times_of(r: &Record, ttl_s: u32, layout: &Layout, now_ms: u64) -> RecordTimes {
     match r.state {
         // A kept claim lives until its TTL, but is in flight only for the in-flight time.
         RecordState::InFlight if !layout.claim_overdue(r.expires_ms, now_ms) => {
@@ -400,7 +400,7 @@ pub(super) fn times_of(r: &Record, ttl_s: u32, layout: &Layout, now_ms: u64) -> 
 }
 
 /// What a claim answers for an unexpired record of its digest.
-pub(super) fn existing(
+pub(crate) fn existing(
     r: &Record,
     payload: &Digest,
     buckets: u64,

@@ -3,20 +3,8 @@
 
 use super::{Registry, SharedData, SharedStore, StoreError, WAYS};
 use crate::key::Digest;
+use crate::record::RecordView;
 use crate::response::StoredResponse;
-
-/// A record as an operator sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecordView {
-    /// `in_flight`, `held` (outcome unknown), `completed` or `completed_not_stored`.
-    pub state: &'static str,
-    pub expires_ms: u64,
-    pub payload: Digest,
-    /// The stored response's status and body size, when there is one.
-    pub response: Option<(u16, usize)>,
-    /// The layout (bucket count) it lives in.
-    pub buckets: u64,
-}
 
 /// What a removal did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +72,8 @@ impl<S: SharedData + ?Sized> SharedStore<'_, S> {
                     None
                 };
                 let view = RecordView {
+                    claim_lives_to_ttl: true,
+                    shard: None,
                     state: r.state.name(),
                     expires_ms: r.expires_ms,
                     payload: r.payload,

@@ -13,10 +13,10 @@
 //! Leases are shared, not one per request: each worker keeps one lease per purpose and
 //! time window, and attaches it to every record created in that window (see `LeaseCache`).
 
-use crate::etcdpb;
 use crate::key::Digest;
 use crate::record::RecordState;
 use crate::response::StoredResponse;
+use crate::stores::etcd::pb as etcdpb;
 use crate::wire::{Reader, Writer};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;

@@ -12,24 +12,24 @@
 //! proxies' clocks (the value holds it); the applied version at its own.
 
 use super::settle::Settling;
+use super::wire::{self as etcd, EtcdAnswer, LeasePlan, LeasePurpose};
 use super::{
-    attempt_timeout, check_read, lease_lost, retry_check, retryable, EtcdStore, MAX_RETRIES,
-    MAX_ROUNDS,
+    attempt_timeout, check_read, lease_lost, retry_check, retryable, take_etcd_call, worker,
+    EtcdCall, EtcdHeld, EtcdStore, MAX_RETRIES, MAX_ROUNDS,
 };
 use crate::config::Policy;
-use crate::etcd::{self, EtcdAnswer, LeasePlan, LeasePurpose};
 use crate::key::Digest;
 use crate::metrics::Counter;
 use crate::ordering::entities::{decode, encode, Entity, EntityClaim, Settle};
 use crate::ordering::{Ordered, Version};
-use crate::store::{HostFault, StoreError};
-use crate::stream::{CallAnswer, Decision, DedupStream, Env, HeldClaim, Phase, Plugin, StoreCall};
+use crate::shared_data::{HostFault, StoreError};
+use crate::stream::{CallAnswer, Decision, DedupStream, Env, Phase, Plugin, StoreCall};
 use std::sync::Arc;
 
 /// What an entity call is for.
-pub(in crate::stream) enum EntityOp {
+pub(crate) enum EntityOp {
     /// Claiming the entity for the won record claim `owned`.
-    Claim { owned: HeldClaim },
+    Claim { owned: Box<EtcdHeld> },
     /// Ending the flight, then the record's own settle (`then`, sent once this is done).
     Settle {
         how: Settle,
@@ -38,8 +38,8 @@ pub(in crate::stream) enum EntityOp {
 }
 
 /// An entity call in progress (`Phase::Ordering`).
-pub(in crate::stream) struct EntityCall {
-    pub(in crate::stream) op: EntityOp,
+pub(crate) struct EntityCall {
+    pub(crate) op: EntityOp,
     key: String,
     entity: Digest,
     version: Version,
@@ -57,7 +57,7 @@ pub(in crate::stream) struct EntityCall {
     deadline_ms: u64,
     call: StoreCall,
     /// The client left while the claim was out: a won claim is released at once.
-    pub(in crate::stream) abandoned: bool,
+    pub(crate) abandoned: bool,
     /// Resharding: the claim won on the entity's shard, and `call` reads the entity on
     /// its shard under the other map (`checked`).
     checking: bool,
@@ -65,10 +65,7 @@ pub(in crate::stream) struct EntityCall {
 
 impl EntityCall {
     /// The reply sent once the record's settle after this one is done.
-    pub(in crate::stream) fn reply_once_settled(
-        &mut self,
-        reply: Option<crate::reply::LocalReply>,
-    ) {
+    pub(crate) fn reply_once_settled(&mut self, reply: Option<crate::reply::LocalReply>) {
         if let EntityOp::Settle {
             then: Some(then), ..
         } = &mut self.op
@@ -80,21 +77,21 @@ impl EntityCall {
 
 /// What a stream keeps of its entity on etcd once claimed, for the settle.
 #[derive(Debug, Clone)]
-pub(in crate::stream) struct EtcdEntity {
+pub(crate) struct EtcdEntity {
     lease: i64,
     seen: Option<(i64, Entity)>,
 }
 
 /// Whose turn an entity call is: the entity and version, the flight's token, and
 /// (claims) when the flight ends.
-pub(in crate::stream) struct Turn {
-    pub(in crate::stream) ordered: Ordered,
-    pub(in crate::stream) token: u64,
-    pub(in crate::stream) until_ms: u64,
+pub(crate) struct Turn {
+    pub(crate) ordered: Ordered,
+    pub(crate) token: u64,
+    pub(crate) until_ms: u64,
 }
 
 /// The etcd key of an entity.
-pub(in crate::stream) fn entity_key(prefix: &str, digest: &Digest) -> String {
+pub(crate) fn entity_key(prefix: &str, digest: &Digest) -> String {
     let mut k = String::with_capacity(prefix.len() + 66);
     k.push_str(prefix);
     k.push_str("o/");
@@ -132,12 +129,12 @@ fn entity_of(value: &[u8], digest: &Digest) -> Result<Entity, StoreError> {
 
 impl DedupStream {
     /// Starts the claim of the stream's entity on etcd for the won record claim `owned`.
-    pub(in crate::stream) fn claim_entity_etcd<E: Env>(
+    pub(crate) fn claim_entity_etcd(
         &mut self,
         p: &Plugin,
         ec: &EtcdStore,
-        env: &mut E,
-        owned: HeldClaim,
+        env: &mut dyn Env,
+        owned: Box<EtcdHeld>,
         turn: Turn,
     ) -> Decision {
         let now = env.now_ms();
@@ -170,11 +167,11 @@ impl DedupStream {
 
     /// Ends the entity's flight on etcd (`op`: `EntityOp::Settle`, how, and the record's
     /// own settle to send after it): the call to send first.
-    pub(in crate::stream) fn settle_entity_etcd<E: Env>(
+    pub(crate) fn settle_entity_etcd(
         &mut self,
         p: &Plugin,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         held: Option<EtcdEntity>,
         turn: Turn,
         op: EntityOp,
@@ -215,11 +212,11 @@ impl DedupStream {
     /// The next call of an entity operation: a lease grant if none is usable, else the
     /// txn writing what the operation makes of the entity as last seen; or, when it
     /// needs no write (stale, busy, nothing to settle), its end.
-    fn next_entity_call<E: Env>(
+    fn next_entity_call(
         &mut self,
         p: &Plugin,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         mut e: Box<EntityCall>,
     ) -> Decision {
         let now = env.now_ms();
@@ -228,7 +225,7 @@ impl DedupStream {
         let timeout = attempt_timeout(ec, e.deadline_ms, now);
         let lease = match e.lease {
             Some(l) => l,
-            None => match env.leases().get(
+            None => match worker(env).leases.get(
                 e.call.route.shard_id,
                 LeasePurpose::Completed,
                 &entity_plan(ec, policy),
@@ -248,7 +245,7 @@ impl DedupStream {
                     );
                     e.retries = 0;
                     let call = e.call.clone();
-                    self.phase = Phase::Ordering(e);
+                    self.phase = ec.pending(EtcdCall::Ordering(e));
                     return Decision::Call(call);
                 }
             },
@@ -268,11 +265,11 @@ impl DedupStream {
             EntityOp::Settle { how, .. } => {
                 state.settle(e.token, how, now);
                 if state == before && e.seen.is_some() {
-                    return self.entity_settled(p, env, e, true);
+                    return self.entity_settled(p, ec, env, e, true);
                 }
                 if e.seen.is_none() && !matches!(how, Settle::Complete { .. }) {
                     // Gone (its lease ended): no flight left to end.
-                    return self.entity_settled(p, env, e, false);
+                    return self.entity_settled(p, ec, env, e, false);
                 }
             }
         }
@@ -285,16 +282,16 @@ impl DedupStream {
         e.retries = 0;
         e.writing = Some(state);
         let call = e.call.clone();
-        self.phase = Phase::Ordering(e);
+        self.phase = ec.pending(EtcdCall::Ordering(e));
         Decision::Call(call)
     }
 
     /// The answer to an entity call.
-    pub(in crate::stream) fn entity_answered<E: Env>(
+    pub(crate) fn entity_answered(
         &mut self,
         p: &Plugin,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         mut e: Box<EntityCall>,
         answer: &CallAnswer,
     ) -> Decision {
@@ -308,11 +305,12 @@ impl DedupStream {
                 e.retries += 1;
                 e.call.timeout_ms = attempt_timeout(ec, e.deadline_ms, now);
                 let call = e.call.clone();
-                self.phase = Phase::Ordering(e);
+                self.phase = ec.pending(EtcdCall::Ordering(e));
                 return Decision::Call(call);
             }
             return self.entity_failed(
                 p,
+                ec,
                 env,
                 e,
                 format!("etcd unreachable (status {})", answer.status),
@@ -322,7 +320,7 @@ impl DedupStream {
             return match parsed {
                 Some(EtcdAnswer::Lease { id }) => {
                     let plan = entity_plan(ec, p.config.policy_at(self.rule));
-                    env.leases().put(
+                    worker(env).leases.put(
                         e.call.route.shard_id,
                         LeasePurpose::Completed,
                         &plan,
@@ -333,7 +331,9 @@ impl DedupStream {
                     // The last write was not sent: what was seen is read again.
                     self.next_entity_call(p, ec, env, e)
                 }
-                other => self.entity_failed(p, env, e, format!("lease grant failed: {other:?}")),
+                other => {
+                    self.entity_failed(p, ec, env, e, format!("lease grant failed: {other:?}"))
+                }
             };
         }
         match parsed {
@@ -365,7 +365,7 @@ impl DedupStream {
                             evicted_unexpired: false,
                         }),
                     ),
-                    EntityOp::Settle { .. } => self.entity_settled(p, env, e, true),
+                    EntityOp::Settle { .. } => self.entity_settled(p, ec, env, e, true),
                 }
             }
             Some(EtcdAnswer::Txn {
@@ -375,12 +375,12 @@ impl DedupStream {
             }) => {
                 e.rounds += 1;
                 if e.rounds > MAX_ROUNDS {
-                    return self.entity_failed(p, env, e, "etcd CAS contention".into());
+                    return self.entity_failed(p, ec, env, e, "etcd CAS contention".into());
                 }
                 e.seen = match existing {
                     Some((rev, value)) => match entity_of(&value, &e.entity) {
                         Ok(state) => Some((rev, state)),
-                        Err(err) => return self.entity_failed(p, env, e, err.to_string()),
+                        Err(err) => return self.entity_failed(p, ec, env, e, err.to_string()),
                     },
                     None => None,
                 };
@@ -388,17 +388,17 @@ impl DedupStream {
             }
             Some(EtcdAnswer::Error { code, message }) if lease_lost(code, &message) => {
                 // The lease we wrote with is gone: take a fresh one.
-                env.leases().forget(e.call.route.shard_id);
+                worker(env).leases.forget(e.call.route.shard_id);
                 e.lease = None;
                 e.rounds += 1;
                 if e.rounds > MAX_ROUNDS {
-                    return self.entity_failed(p, env, e, "etcd keeps losing leases".into());
+                    return self.entity_failed(p, ec, env, e, "etcd keeps losing leases".into());
                 }
                 // The write was refused: the entity is as last read.
                 e.writing = None;
                 self.next_entity_call(p, ec, env, e)
             }
-            other => self.entity_failed(p, env, e, format!("unexpected etcd answer {other:?}")),
+            other => self.entity_failed(p, ec, env, e, format!("unexpected etcd answer {other:?}")),
         }
     }
 
@@ -407,10 +407,10 @@ impl DedupStream {
     /// the same write-then-read as a record's claim, so of two versions claimed on two
     /// maps at once at least one sees the other, and a version at or below one applied
     /// under the other map is stale.
-    fn check_entity<E: Env>(
+    fn check_entity(
         &mut self,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         mut e: Box<EntityCall>,
         other: &Arc<crate::stream::Route>,
     ) -> Decision {
@@ -427,7 +427,7 @@ impl DedupStream {
         );
         env.count(Counter::ReshardChecks);
         let call = e.call.clone();
-        self.phase = Phase::Ordering(e);
+        self.phase = ec.pending(EtcdCall::Ordering(e));
         Decision::Call(call)
     }
 
@@ -437,11 +437,11 @@ impl DedupStream {
     /// record's claim, then the request is answered as stale or busy. A read that fails
     /// after its retries is a store error: `failure_mode: "open"` forwards (the flight
     /// stays claimed on its own shard), `"closed"` ends both claims and answers `503`.
-    fn entity_checked<E: Env>(
+    fn entity_checked(
         &mut self,
         p: &Plugin,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         mut e: Box<EntityCall>,
         answer: &CallAnswer,
     ) -> Decision {
@@ -454,7 +454,7 @@ impl DedupStream {
                     e.retries += 1;
                     e.call.timeout_ms = attempt_timeout(ec, e.deadline_ms, now);
                     let call = e.call.clone();
-                    self.phase = Phase::Ordering(e);
+                    self.phase = ec.pending(EtcdCall::Ordering(e));
                     return Decision::Call(call);
                 }
                 Err(StoreError::Host(HostFault(format!(
@@ -493,11 +493,11 @@ impl DedupStream {
 
     /// Ends the flight claimed on the entity's shard (released: nothing ran), then the
     /// record's claim, then answers as `outcome` (stale, busy, or a store error) says.
-    fn entity_yield<E: Env>(
+    fn entity_yield(
         &mut self,
         p: &Plugin,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         e: Box<EntityCall>,
         outcome: Result<EntityClaim, StoreError>,
     ) -> Decision {
@@ -519,13 +519,7 @@ impl DedupStream {
             Ok(owned) => return self.forward(p, env, owned),
             Err(d) => d,
         };
-        let then = match std::mem::replace(&mut self.phase, Phase::Finished) {
-            Phase::Settling(st) => Some(st),
-            other => {
-                self.phase = other;
-                None
-            }
-        };
+        let then = self.take_settling(ec);
         let Some(lease) = lease else {
             return d;
         };
@@ -545,10 +539,11 @@ impl DedupStream {
         }
     }
 
-    fn entity_failed<E: Env>(
+    fn entity_failed(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        ec: &EtcdStore,
+        env: &mut dyn Env,
         e: Box<EntityCall>,
         why: String,
     ) -> Decision {
@@ -562,17 +557,17 @@ impl DedupStream {
                     "stream {}: settling the entity on etcd failed: {why}",
                     self.id
                 ));
-                self.entity_settled(p, env, e, true)
+                self.entity_settled(p, ec, env, e, true)
             }
         }
     }
 
     /// A claim decided: its stream goes on (forwarded, refused, or released at once if
     /// its client left).
-    fn entity_claim_decided<E: Env>(
+    fn entity_claim_decided(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         e: Box<EntityCall>,
         outcome: Result<EntityClaim, StoreError>,
     ) -> Decision {
@@ -583,17 +578,20 @@ impl DedupStream {
             abandoned,
             ..
         } = *e;
-        let EntityOp::Claim { owned } = op else {
+        let EntityOp::Claim { mut owned } = op else {
             return Decision::Continue;
         };
         let claimed = matches!(outcome, Ok(EntityClaim::Claimed { .. }));
         if claimed {
             if let Some(lease) = lease {
-                self.entity_on_etcd(EtcdEntity { lease, seen });
+                // What the settle needs, kept with the claim.
+                owned.entity = Some(EtcdEntity { lease, seen });
+                self.entity_claimed();
             }
         }
+        let owned: crate::stream::HeldClaim = owned;
         if abandoned {
-            self.phase = crate::stream::Phase::Finished;
+            self.phase = Phase::Finished;
             return match claimed {
                 // Nothing was forwarded: the entity's flight and the record's claim end.
                 true => match self.release(p, env, owned) {
@@ -610,10 +608,11 @@ impl DedupStream {
     }
 
     /// A settle done (`ok`: confirmed or nothing to do): the record's own settle follows.
-    fn entity_settled<E: Env>(
+    fn entity_settled(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        ec: &EtcdStore,
+        env: &mut dyn Env,
         e: Box<EntityCall>,
         ok: bool,
     ) -> Decision {
@@ -626,13 +625,51 @@ impl DedupStream {
                 then: Some(then), ..
             } => {
                 let call = then.call.clone();
-                self.phase = Phase::Settling(then);
+                self.phase = ec.pending(EtcdCall::Settling(then));
                 Decision::Call(call)
             }
             _ => {
                 self.phase = Phase::Finished;
                 Decision::Continue
             }
+        }
+    }
+
+    /// The record's settle just built (`Settling`, in the phase), taken out to follow
+    /// an entity's call; any other phase is left as it is.
+    fn take_settling(&mut self, ec: &EtcdStore) -> Option<Box<Settling>> {
+        match take_etcd_call(&mut self.phase) {
+            Some(EtcdCall::Settling(st)) => Some(st),
+            Some(other) => {
+                self.phase = ec.pending(other);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// When the stream holds a claimed entity (`held`: what the claim kept of it), its
+    /// settle goes first and the record's (the `Settling` just built) follows: the call
+    /// to send first.
+    pub(crate) fn entity_first(
+        &mut self,
+        p: &Plugin,
+        ec: &EtcdStore,
+        env: &mut dyn Env,
+        how: Settle,
+        held: Option<EtcdEntity>,
+    ) -> Option<StoreCall> {
+        let (ordered, token) = self.take_claimed_entity(&how)?;
+        let then = self.take_settling(ec);
+        let turn = Turn {
+            ordered,
+            token,
+            until_ms: 0,
+        };
+        let op = EntityOp::Settle { how, then };
+        match self.settle_entity_etcd(p, ec, env, held, turn, op) {
+            Decision::Call(call) => Some(call),
+            _ => None,
         }
     }
 }

@@ -1,5 +1,10 @@
-//! The one-node store on Envoy shared data: set-associative buckets of records addressed
-//! by digest, claimed with CAS, plus one response slot per record way.
+//! The shared-data store, for one node: everything of it is in this folder. This file
+//! holds its records: set-associative buckets of records addressed by digest, claimed
+//! with CAS, plus one response slot per record way. The other rooms: `stream` (its side
+//! of the store interface: `SharedDataStore`, the claim a stream holds, and the stream's
+//! claim, completion, release and hold), `bucket` (the bucket codec), `layout` (the
+//! geometry and byte budget), `entities` (the ordering guard's entity buckets), `admin`
+//! (the operator view).
 //!
 //! Envoy shared data has no delete and no atomic insert-if-absent (a set on an absent key
 //! ignores its cas). So the store never writes one key per request: it writes a fixed
@@ -9,45 +14,31 @@
 
 use crate::key::Digest;
 use crate::response::StoredResponse;
+pub use crate::shared_data::{HostFault, SetError, SharedData, StoreError};
 
 mod admin;
 mod bucket;
+mod entities;
 mod layout;
+mod stream;
 pub use crate::record::RecordState;
 use crate::record::RecordTimes;
-pub use admin::{Purge, RecordView, StoreStats};
+pub use admin::{Purge, StoreStats};
 use bucket::{
     completed_ttl_of, decode_bucket, encode_bucket, existing, free_way, live_claims_of,
     oldest_completed, owns, owns_at, records_of, room_for, times_of, Bucket, Record, Registry,
     REGISTRY_SLACK_MS,
 };
+pub use entities::SharedEntities;
 pub use layout::Layout;
+pub use stream::SharedDataStore;
 
 pub use crate::geometry::WAYS;
 /// CAS attempts before a claim gives up and reports contention.
-const MAX_ATTEMPTS: usize = 64;
+use crate::shared_data::CAS_ATTEMPTS as MAX_ATTEMPTS;
 /// A completion whose claim owns its way for at least this long writes its response
 /// slot without reading it first (`SharedStore::complete`).
 const SLOT_WRITE_MARGIN_MS: u64 = 1_000;
-/// A failure of the shared-data host calls other than NotFound / CasMismatch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostFault(pub String);
-
-/// Result of a conditional set.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SetError {
-    CasMismatch,
-    Fault(HostFault),
-}
-
-/// Envoy's shared data as the store needs it (one call each, statuses mapped).
-pub trait SharedData {
-    /// `Ok(None)` when the key is absent; an empty value (tombstone) is `Some((vec![], cas))`.
-    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, HostFault>;
-    /// Envoy semantics: absent key ignores `cas`; `cas == 0` overwrites; stale cas mismatches.
-    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), SetError>;
-}
-
 /// A conditional set: `Ok(false)` when another writer changed the key first.
 fn cas_set<S: SharedData + ?Sized>(
     shared: &S,
@@ -60,20 +51,6 @@ fn cas_set<S: SharedData + ?Sized>(
         Err(SetError::CasMismatch) => Ok(false),
         Err(SetError::Fault(f)) => Err(StoreError::Host(f)),
     }
-}
-
-/// Why the store could not answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreError {
-    Host(HostFault),
-    /// Every attempt lost its CAS race.
-    Contention,
-    /// Every record in the bucket is an unexpired in-flight claim (or, under
-    /// `store.eviction: "own_scope"`, another scope's unexpired record).
-    BucketFull,
-    /// The claim's scope already holds `store.scope_claims_per_bucket` live claims in
-    /// its bucket.
-    ScopeFull,
 }
 
 /// Bytes of the per-process bucket secret.
@@ -102,26 +79,6 @@ pub fn bucket_secret<S: SharedData + ?Sized>(
         }
     }
     Err(StoreError::Contention)
-}
-
-impl std::fmt::Display for StoreError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StoreError::Host(h) => write!(f, "shared data failed: {}", h.0),
-            StoreError::Contention => write!(
-                f,
-                "shared data CAS contention after {MAX_ATTEMPTS} attempts"
-            ),
-            StoreError::BucketFull => write!(
-                f,
-                "bucket full of in-flight claims and other scopes' unexpired records"
-            ),
-            StoreError::ScopeFull => write!(
-                f,
-                "the scope holds its most live claims (store.scope_claims_per_bucket) in this bucket"
-            ),
-        }
-    }
 }
 
 /// A won claim: what completion and release need to find the record again.
@@ -669,7 +626,6 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
 }
 
 #[cfg(test)]
-#[path = "store_props.rs"]
 mod props;
 
 #[cfg(test)]

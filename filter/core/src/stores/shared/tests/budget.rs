@@ -6,7 +6,7 @@ use super::{claimed, completed, in_bucket};
 use crate::fake::FakeShared;
 use crate::key::Digest;
 use crate::response::StoredResponse;
-use crate::store::{ClaimOutcome, Completion, Layout, SharedStore, WAYS};
+use crate::stores::shared::{ClaimOutcome, Completion, Layout, SharedStore, WAYS};
 use crate::testing::*;
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 
 #[test]
 fn an_etcd_error_without_a_code_is_not_mistaken_for_a_known_one() {
-    use crate::etcd::{parse_answer, EtcdAnswer};
+    use crate::stores::etcd::wire::{parse_answer, EtcdAnswer};
     assert_eq!(
         parse_answer(br#"{"error": "boom"}"#),
         Some(EtcdAnswer::Error {
@@ -21,7 +21,7 @@ fn an_etcd_error_without_a_code_is_not_mistaken_for_a_known_one() {
 
 #[test]
 fn a_cached_lease_serves_its_window_and_not_a_millisecond_more() {
-    use crate::etcd::{LeaseCache, LeasePlan, LeasePurpose};
+    use crate::stores::etcd::wire::{LeaseCache, LeasePlan, LeasePurpose};
     let plan = LeasePlan {
         in_flight_window_ms: 500,
         completed_window_ms: 2_000,
@@ -60,8 +60,8 @@ fn a_cached_lease_serves_its_window_and_not_a_millisecond_more() {
 /// The byte formats, pinned: a format change fails here, and values written before it
 /// must still decode.
 mod format {
-    use crate::etcd::*;
     use crate::response::tests::format::{response, RESPONSE};
+    use crate::stores::etcd::wire::*;
     use crate::wire::unhex;
 
     /// An etcd record value as every version so far writes it (version 1, completed,
@@ -107,7 +107,7 @@ mod format {
 fn the_longest_key_life_is_the_longest_completed_lease_of_any_policy() {
     let life = |json: &str| {
         let c = crate::config::Config::parse(json.as_bytes()).unwrap();
-        crate::etcd::longest_key_life_s(&c)
+        crate::stores::etcd::wire::longest_key_life_s(&c)
     };
     assert_eq!(life("{}"), None, "shared data");
     // 60 s TTL, 10 s in flight, 1 s budget: 60 + (10 + 1.25 + 1) + 1 + 7.5 s -> 81 s.

@@ -1,33 +1,374 @@
-//! The etcd store's side of a stream: the claim protocol (lease grants, the claim
-//! transaction, takeover of an expired completed record), settling a won claim
-//! (completion, release, hold) with retries and a lease regrant, and the wait-mode
-//! read of a record. One classifier (`retryable`) decides what is retried.
+//! The etcd store, for several proxies: everything of it is in this folder. This file
+//! holds the store (`EtcdStore`: its settings and one call route per shard), its side of
+//! the store interface (the claim it holds, `EtcdHeld`; the call it has out, `EtcdCall`;
+//! what it keeps per worker, `EtcdWorker`), and the claim protocol (lease grants, the
+//! claim transaction, takeover of an expired completed record, a resharding's check, the
+//! wait-mode read of a record); one classifier (`retryable`) decides what is retried.
+//! The other rooms: `settle` (completion, release, hold, with retries and a lease
+//! regrant), `entity` (the ordering guard's entities), `wire` (records and the JSON
+//! gateway's messages, leases), `pb` (the gRPC messages), `local` (the per-worker tier of
+//! completed records), `shards` (where a digest lives: a pinned format), `admin` (the
+//! operator API's side).
 
+mod admin;
 mod entity;
+pub mod local;
+pub mod pb;
 mod settle;
+pub mod shards;
+pub mod wire;
 
-use super::{
-    CallAnswer, Decision, DedupStream, Duplicate, Env, HeldClaim, Phase, Plugin, Route, StoreCall,
-    Transport, Waiting,
-};
-use crate::config::{EtcdConfig, Policy, ShardConfig};
-use crate::etcd::{self, EtcdAnswer, EtcdRecord, LeasePlan, LeasePurpose};
-use crate::etcdpb;
-use crate::key::{short_hex, Digest};
-use crate::local::LocalEntry;
+use crate::config::{Config, EtcdConfig, Policy, Role, ShardConfig};
+use crate::key::{short_hex, Digest, RequestHead};
 use crate::metrics::Counter;
+use crate::ordering::entities::Settle as EntitySettle;
 use crate::principal::compare;
 use crate::record::{RecordState, RecordTimes};
-use crate::shards;
-use crate::wait::POLL_ETCD_MS;
-pub(super) use entity::{EntityCall, EntityOp, EtcdEntity, Turn};
-pub(super) use settle::Settling;
+use crate::response::StoredResponse;
+use crate::stream::{
+    human_duration, CallAnswer, Decision, DedupStream, Duplicate, Env, Held, HeldClaim, Operated,
+    Operation, Pending, Phase, Plugin, Route, SetUpHost, Store, StoreCall, Transport, Waiting,
+};
+pub(crate) use entity::{EntityCall, EntityOp, EtcdEntity, Turn};
+use local::{LocalEntry, LocalTier};
+use pb as etcdpb;
+pub(crate) use settle::Settling;
+use std::any::Any;
 use std::sync::Arc;
+use wire::{self as etcd, EtcdAnswer, EtcdRecord, LeaseCache, LeasePlan, LeasePurpose};
 
-/// The etcd store: its settings, and where its calls go: one route per shard (resolved
-/// once, carried by every `StoreCall`), with each shard's placement seed.
+/// A worker polls a record other waiters of it wait for this often (one read per record
+/// and worker), to learn another proxy's answer.
+pub const POLL_ETCD_MS: u64 = 250;
+
+/// The etcd store: a handle on its state, cloned into every claim and call it makes.
 #[derive(Debug, Clone)]
-pub struct EtcdStore {
+pub struct EtcdStore(Arc<EtcdState>);
+
+impl std::ops::Deref for EtcdStore {
+    type Target = EtcdState;
+    fn deref(&self) -> &EtcdState {
+        &self.0
+    }
+}
+
+/// What the etcd store keeps per worker: its leases, reused across requests (per shard),
+/// and its tier of completed records.
+#[derive(Debug, Default)]
+pub struct EtcdWorker {
+    pub leases: LeaseCache,
+    pub local: LocalTier,
+}
+
+/// This worker's etcd state.
+pub(crate) fn worker(env: &mut dyn Env) -> &mut EtcdWorker {
+    env.store_worker().get::<EtcdWorker>()
+}
+
+/// A call the etcd store has out for a stream: what its answer goes to.
+pub(crate) enum EtcdCall {
+    /// A claim (a lease grant, the claim txn, a resharding's read).
+    Claiming(Box<Claiming>),
+    /// An entity's call (ordering): its claim, or its settle before the record's.
+    Ordering(Box<EntityCall>),
+    /// A completion, release or hold, retried within the budget, then counted; the
+    /// worker keeps the stream until then (holding the response when one is on its way).
+    Settling(Box<Settling>),
+    /// Wait mode: a read of the record a duplicate waits for.
+    Polling(Box<Waiting>),
+}
+
+/// An `EtcdCall` with its store, as the stream's phase holds it.
+struct Out {
+    ec: EtcdStore,
+    call: EtcdCall,
+}
+
+impl Pending for Out {
+    fn answered(
+        self: Box<Self>,
+        s: &mut DedupStream,
+        p: &Plugin,
+        env: &mut dyn Env,
+        answer: CallAnswer,
+    ) -> Decision {
+        let Out { ec, call } = *self;
+        match call {
+            EtcdCall::Claiming(c) => s.claim_step(p, &ec, env, c, answer),
+            EtcdCall::Ordering(e) => s.entity_answered(p, &ec, env, e, &answer),
+            EtcdCall::Settling(st) => s.settled(p, &ec, env, st, &answer),
+            EtcdCall::Polling(w) => s.polled(p, &ec, env, w, &answer),
+        }
+    }
+
+    fn client_gone(&mut self) -> bool {
+        match &mut self.call {
+            EtcdCall::Claiming(c) => c.abandoned = true,
+            // As for a claim: a won entity claim is then released at once.
+            EtcdCall::Ordering(e) if matches!(e.op, EntityOp::Claim { .. }) => e.abandoned = true,
+            EtcdCall::Ordering(_) | EtcdCall::Settling(_) => {}
+            EtcdCall::Polling(_) => return false,
+        }
+        true
+    }
+
+    fn waiting(&self) -> bool {
+        matches!(self.call, EtcdCall::Polling(_))
+    }
+
+    fn reply_once_settled(&mut self, reply: Option<crate::reply::LocalReply>) {
+        match &mut self.call {
+            EtcdCall::Settling(st) => st.then_reply = reply,
+            EtcdCall::Ordering(e) => e.reply_once_settled(reply),
+            _ => {}
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self.call {
+            EtcdCall::Claiming(_) => "claiming",
+            EtcdCall::Ordering(_) => "ordering",
+            EtcdCall::Settling(_) => "settling",
+            EtcdCall::Polling(_) => "polling",
+        }
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+/// The etcd call in the stream's phase, if that is one.
+pub(crate) fn etcd_call_mut(phase: &mut Phase) -> Option<&mut EtcdCall> {
+    match phase {
+        Phase::Calling(c) => c.as_any_mut().downcast_mut::<Out>().map(|o| &mut o.call),
+        _ => None,
+    }
+}
+
+/// Takes the etcd call out of the stream's phase (left `Finished`); any other phase is
+/// left as it is.
+pub(crate) fn take_etcd_call(phase: &mut Phase) -> Option<EtcdCall> {
+    etcd_call_mut(phase)?;
+    match std::mem::replace(phase, Phase::Finished) {
+        Phase::Calling(c) => c.into_any().downcast::<Out>().ok().map(|o| o.call),
+        other => {
+            *phase = other;
+            None
+        }
+    }
+}
+
+/// A claim won on etcd, with its store, and what the stream keeps of its entity once
+/// claimed (ordering), for the settle.
+pub(crate) struct EtcdHeld {
+    ec: EtcdStore,
+    claim: EtcdClaim,
+    pub(crate) entity: Option<EtcdEntity>,
+}
+
+impl Held for EtcdHeld {
+    fn digest(&self) -> &Digest {
+        &self.claim.digest
+    }
+
+    fn complete(
+        self: Box<Self>,
+        s: &mut DedupStream,
+        p: &Plugin,
+        env: &mut dyn Env,
+        response: Option<StoredResponse>,
+        entity: EntitySettle,
+        now: u64,
+    ) -> Option<StoreCall> {
+        let EtcdHeld {
+            ec,
+            claim,
+            entity: held,
+        } = *self;
+        let call = s.complete_etcd(p, &ec, env, claim, response, now);
+        Some(s.entity_first(p, &ec, env, entity, held).unwrap_or(call))
+    }
+
+    fn release(
+        self: Box<Self>,
+        s: &mut DedupStream,
+        p: &Plugin,
+        env: &mut dyn Env,
+        forwarded: bool,
+    ) -> Option<StoreCall> {
+        let EtcdHeld {
+            ec,
+            claim,
+            entity: held,
+        } = *self;
+        if !forwarded {
+            return Some(s.unwind_etcd(&ec, env, &claim));
+        }
+        let call = s.release_etcd(&ec, env, &claim);
+        Some(
+            s.entity_first(p, &ec, env, EntitySettle::Release, held)
+                .unwrap_or(call),
+        )
+    }
+
+    fn hold(
+        self: Box<Self>,
+        s: &mut DedupStream,
+        p: &Plugin,
+        env: &mut dyn Env,
+        until_ms: Option<u64>,
+    ) -> Option<StoreCall> {
+        let EtcdHeld {
+            ec,
+            claim,
+            entity: held,
+        } = *self;
+        let call = s.hold_etcd(&ec, env, &claim, until_ms);
+        Some(
+            s.entity_first(p, &ec, env, EntitySettle::Hold { until_ms }, held)
+                .unwrap_or(call),
+        )
+    }
+
+    fn claim_entity(
+        self: Box<Self>,
+        s: &mut DedupStream,
+        p: &Plugin,
+        env: &mut dyn Env,
+        token: u64,
+        now: u64,
+    ) -> Result<Box<dyn Held>, Decision> {
+        let Some(order) = s.order.as_ref() else {
+            return Ok(self);
+        };
+        let ordered = order.ordered().clone();
+        let policy = p.config.policy_at(s.rule);
+        let life = if policy.keeps_unknown() {
+            policy.ttl_ms.max(policy.in_flight_timeout_ms)
+        } else {
+            policy.in_flight_timeout_ms
+        };
+        let turn = Turn {
+            ordered,
+            token,
+            until_ms: now.saturating_add(life),
+        };
+        let ec = self.ec.clone();
+        Err(s.claim_entity_etcd(p, &ec, env, self, turn))
+    }
+}
+
+impl Store for EtcdStore {
+    fn describe(&self, config: &Config) -> String {
+        let life_s = wire::longest_key_life_s(config);
+        format!(
+            "etcd via {} ({}), prefix `{}`{}{}",
+            describe_shards(&self.config.shards),
+            match self.config.protocol {
+                wire::Protocol::Grpc => "gRPC",
+                wire::Protocol::Json => "JSON gateway",
+            },
+            self.config.prefix,
+            match &self.config.check {
+                Some(c) => format!(
+                    "; resharding: also checking {} ({})",
+                    describe_shards(&c.shards),
+                    c.role.field()
+                ),
+                None => String::new(),
+            },
+            match (&self.config.check, life_s) {
+                (Some(c), Some(s)) if c.role == crate::config::CheckRole::Previous => format!(
+                    "; drop store.previous_shards no sooner than {s} s ({}) after every proxy runs this configuration, plus your clock skew",
+                    human_duration(s)
+                ),
+                _ => String::new(),
+            }
+        )
+    }
+
+    fn set_up(&mut self, _host: &dyn SetUpHost, _role: Role) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn makes_calls(&self) -> bool {
+        true
+    }
+
+    fn recheck_interval_ms(&self) -> u64 {
+        POLL_ETCD_MS
+    }
+
+    fn claim(
+        &self,
+        s: &mut DedupStream,
+        p: &Plugin,
+        env: &mut dyn Env,
+        policy: &Policy,
+        head: &RequestHead,
+        digest: Digest,
+        payload: Digest,
+    ) -> Decision {
+        // Only waiters are bounded per scope here (no secret is needed), so the tag is
+        // computed only when some policy waits.
+        if p.waits {
+            s.scope_tag = crate::key::scope_tag(policy, head, &[]);
+        }
+        s.claim_etcd(p, self, env, digest, payload)
+    }
+
+    /// A woken waiter claims when this worker's tier knows the record, else reads it
+    /// (`Polling`) where it was found (during a resharding, perhaps on the other map's
+    /// shard).
+    fn recheck(
+        &self,
+        s: &mut DedupStream,
+        p: &Plugin,
+        env: &mut dyn Env,
+        w: Box<Waiting>,
+        now: u64,
+    ) -> Decision {
+        if worker(env).local.get(&w.digest, now).is_some() {
+            return s.claim_etcd(p, self, env, w.digest, w.payload);
+        }
+        let call = poll_call(self, &w.digest, s.waits_on_other_map);
+        s.phase = self.pending(EtcdCall::Polling(w));
+        Decision::Call(call)
+    }
+
+    fn operate(&self, _p: &Plugin, _env: &mut dyn Env, op: &Operation, _now: u64) -> Operated {
+        self.operate_on(op)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A shard map in words: `cluster `etcd`` for one shard named after its cluster, else
+/// each shard's name and cluster.
+fn describe_shards(shards: &[ShardConfig]) -> String {
+    match shards {
+        [one] if one.name == one.cluster => format!("cluster `{}`", one.cluster),
+        _ => {
+            let list: Vec<String> = shards
+                .iter()
+                .map(|s| format!("`{}` (cluster `{}`)", s.name, s.cluster))
+                .collect();
+            format!("{} shards: {}", shards.len(), list.join(", "))
+        }
+    }
+}
+
+/// The etcd store's state: its settings, and where its calls go: one route per shard
+/// (resolved once, carried by every `StoreCall`), with each shard's placement seed.
+#[derive(Debug)]
+pub struct EtcdState {
     pub config: EtcdConfig,
     shards: Vec<Arc<Route>>,
     seeds: Vec<u64>,
@@ -65,6 +406,29 @@ fn route(config: &EtcdConfig, shard: &ShardConfig) -> Arc<Route> {
 
 impl EtcdStore {
     pub fn new(config: EtcdConfig) -> Self {
+        EtcdStore(Arc::new(EtcdState::new(config)))
+    }
+
+    /// A call out of this store, as the stream's phase holds it.
+    pub(crate) fn pending(&self, call: EtcdCall) -> Phase {
+        Phase::Calling(Box::new(Out {
+            ec: self.clone(),
+            call,
+        }))
+    }
+
+    /// A claim won on this store.
+    pub(crate) fn held(&self, claim: EtcdClaim) -> HeldClaim {
+        Box::new(EtcdHeld {
+            ec: self.clone(),
+            claim,
+            entity: None,
+        })
+    }
+}
+
+impl EtcdState {
+    fn new(config: EtcdConfig) -> Self {
         let routes = |list: &[ShardConfig]| -> (Vec<Arc<Route>>, Vec<u64>) {
             (
                 list.iter().map(|s| route(&config, s)).collect(),
@@ -84,7 +448,7 @@ impl EtcdStore {
             };
             route(&config, &none)
         });
-        EtcdStore {
+        EtcdState {
             config,
             first,
             shards,
@@ -131,55 +495,55 @@ impl EtcdStore {
     }
 }
 
-pub(super) struct EtcdClaim {
+pub(crate) struct EtcdClaim {
     /// The shard the record was claimed on (its settle goes there too).
-    pub(super) route: Arc<Route>,
-    pub(super) key: String,
-    pub(super) digest: Digest,
-    pub(super) payload: Digest,
-    pub(super) token: u64,
-    pub(super) mod_revision: i64,
-    pub(super) completed_lease: i64,
+    pub(crate) route: Arc<Route>,
+    pub(crate) key: String,
+    pub(crate) digest: Digest,
+    pub(crate) payload: Digest,
+    pub(crate) token: u64,
+    pub(crate) mod_revision: i64,
+    pub(crate) completed_lease: i64,
     /// The lease and expiry the in-flight record was written with (a hold keeps both).
-    pub(super) in_flight_lease: i64,
-    pub(super) expires_ms: u64,
+    pub(crate) in_flight_lease: i64,
+    pub(crate) expires_ms: u64,
 }
 
 /// An etcd claim in progress.
-pub(super) struct Claiming {
+pub(crate) struct Claiming {
     /// The record's shard (the claim's calls go there; `call` may be a resharding's
     /// read of another).
-    pub(super) route: Arc<Route>,
-    pub(super) key: String,
-    pub(super) digest: Digest,
-    pub(super) payload: Digest,
-    pub(super) token: u64,
-    pub(super) step: ClaimStep,
+    pub(crate) route: Arc<Route>,
+    pub(crate) key: String,
+    pub(crate) digest: Digest,
+    pub(crate) payload: Digest,
+    pub(crate) token: u64,
+    pub(crate) step: ClaimStep,
     /// CAS rounds (claim, takeover) so far.
-    pub(super) rounds: u32,
+    pub(crate) rounds: u32,
     /// Transport retries of the current call.
-    pub(super) retries: u32,
-    pub(super) deadline_ms: u64,
-    pub(super) call: StoreCall,
+    pub(crate) retries: u32,
+    pub(crate) deadline_ms: u64,
+    pub(crate) call: StoreCall,
     /// When `call` was last sent (a lease's window starts then).
-    pub(super) sent_ms: u64,
+    pub(crate) sent_ms: u64,
     /// The lease the completed record will carry, fixed when the claim txn is built.
-    pub(super) completed_lease: Option<i64>,
+    pub(crate) completed_lease: Option<i64>,
     /// The in-flight lease and expiry of the record the last claim txn writes.
-    pub(super) in_flight_lease: i64,
-    pub(super) expires_ms: u64,
+    pub(crate) in_flight_lease: i64,
+    pub(crate) expires_ms: u64,
     /// The client left before the claim was decided: a claim won now was never
     /// forwarded, so it is released at once (certainly not executed).
-    pub(super) abandoned: bool,
+    pub(crate) abandoned: bool,
     /// Resharding: the claim won on its shard at this (mod revision, completed lease)
     /// while its record is read on the key's shard under the other map.
-    pub(super) won: Option<(i64, i64)>,
+    pub(crate) won: Option<(i64, i64)>,
     /// Resharding: the key's shard holds a claim in flight (these are its times) while
     /// the key is read on its shard under the other map (`ClaimStep::Peek`).
-    pub(super) in_flight_here: Option<RecordTimes>,
+    pub(crate) in_flight_here: Option<RecordTimes>,
     /// Keyless, a named caller: the fingerprint's record from before callers were
     /// recorded, read after the claim is won (`ClaimStep::Legacy`).
-    pub(super) legacy: Option<Digest>,
+    pub(crate) legacy: Option<Digest>,
 }
 
 impl Claiming {
@@ -246,7 +610,7 @@ impl Claiming {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ClaimStep {
+pub(crate) enum ClaimStep {
     Grant(LeasePurpose),
     Txn,
     /// Resharding: reading the key on its shard under the other map.
@@ -260,20 +624,20 @@ pub(super) enum ClaimStep {
     Legacy,
 }
 
-pub(super) const MAX_ROUNDS: u32 = 8;
+pub(crate) const MAX_ROUNDS: u32 = 8;
 
-pub(super) const MAX_RETRIES: u32 = 4;
+pub(crate) const MAX_RETRIES: u32 = 4;
 
 impl DedupStream {
     /// The answer to a waiter's read of its etcd record: still a claim (wait on), a
     /// completed record (learnt by this worker's tier, so its other waiters answer
     /// without a round trip, then answered like any duplicate), or gone or over (claim
     /// it). A failed read waits on until the next check.
-    pub(super) fn polled<E: Env>(
+    pub(crate) fn polled(
         &mut self,
         p: &Plugin,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         mut w: Box<Waiting>,
         answer: &CallAnswer,
     ) -> Decision {
@@ -285,7 +649,7 @@ impl DedupStream {
                 self.wait_on(p, env, w)
             }
             Polled::Completed(entry) => {
-                env.local().insert(w.digest, entry, now);
+                worker(env).local.insert(w.digest, entry, now);
                 env.waiters().wake(&w.digest);
                 self.claim_etcd(p, ec, env, w.digest, w.payload)
             }
@@ -303,18 +667,18 @@ impl DedupStream {
         }
     }
 
-    pub(super) fn claim_etcd<E: Env>(
+    pub(crate) fn claim_etcd(
         &mut self,
         p: &Plugin,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         digest: Digest,
         payload: Digest,
     ) -> Decision {
         let now = env.now_ms();
         // Where the key's record is found is decided again by this claim (and its check).
         self.waits_on_other_map = false;
-        if let Some(e) = env.local().get(&digest, now) {
+        if let Some(e) = worker(env).local.get(&digest, now) {
             let dup = match Duplicate::mismatch(compare(&e.payload, &payload)) {
                 Some(m) => m,
                 None => match &e.response {
@@ -362,10 +726,10 @@ impl DedupStream {
 
     /// A won etcd claim goes on, unless its client left meanwhile: then nothing was
     /// forwarded and the claim is released at once.
-    fn forward_unless_abandoned<E: Env>(
+    fn forward_unless_abandoned(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         owned: HeldClaim,
         abandoned: bool,
     ) -> Decision {
@@ -384,19 +748,23 @@ impl DedupStream {
 
     /// The next call of a claim: a lease grant if this worker has no usable lease, else
     /// the claim txn.
-    fn next_claim_call<E: Env>(
+    fn next_claim_call(
         &mut self,
         p: &Plugin,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         mut c: Box<Claiming>,
     ) -> Decision {
         let now = env.now_ms();
         let timeout_ms = attempt_timeout(ec, c.deadline_ms, now);
         let plan = lease_plan(ec, p.config.policy_at(self.rule));
         let shard = c.route.shard_id;
-        let in_flight = env.leases().get(shard, LeasePurpose::InFlight, &plan, now);
-        let completed = env.leases().get(shard, LeasePurpose::Completed, &plan, now);
+        let in_flight = worker(env)
+            .leases
+            .get(shard, LeasePurpose::InFlight, &plan, now);
+        let completed = worker(env)
+            .leases
+            .get(shard, LeasePurpose::Completed, &plan, now);
         let proto = ec.config.protocol;
         let (step, path, body) = match (in_flight, completed) {
             (None, _) => (
@@ -427,15 +795,15 @@ impl DedupStream {
         c.sent_ms = now;
         c.call = ec.call(&c.route, path, body, timeout_ms);
         let call = c.call.clone();
-        self.phase = Phase::Claiming(c);
+        self.phase = ec.pending(EtcdCall::Claiming(c));
         Decision::Call(call)
     }
 
-    pub(super) fn claim_step<E: Env>(
+    pub(crate) fn claim_step(
         &mut self,
         p: &Plugin,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         mut c: Box<Claiming>,
         answer: CallAnswer,
     ) -> Decision {
@@ -469,14 +837,15 @@ impl DedupStream {
         match (c.step, parsed) {
             (ClaimStep::Grant(purpose), EtcdAnswer::Lease { id }) => {
                 let plan = lease_plan(ec, p.config.policy_at(self.rule));
-                env.leases()
+                worker(env)
+                    .leases
                     .put(c.route.shard_id, purpose, &plan, id, c.sent_ms);
                 self.next_claim_call(p, ec, env, c)
             }
             (ClaimStep::Txn, EtcdAnswer::Error { code, message }) if lease_lost(code, &message) => {
                 // A lease we cached is gone (revoked, or etcd lost it): take fresh ones
                 // (this shard's; the others' are their own clusters').
-                env.leases().forget(c.route.shard_id);
+                worker(env).leases.forget(c.route.shard_id);
                 c.rounds += 1;
                 if c.rounds > MAX_ROUNDS {
                     return self.store_failed(p, env, "etcd keeps losing leases");
@@ -549,7 +918,7 @@ impl DedupStream {
                             }
                             Existing::Duplicate(dup, times, learn) => {
                                 if let Some(entry) = learn {
-                                    env.local().insert(c.digest, entry, now);
+                                    worker(env).local.insert(c.digest, entry, now);
                                 }
                                 self.duplicate(p, env, dup, times)
                             }
@@ -565,11 +934,11 @@ impl DedupStream {
     /// A completed record past its TTL by our clock (its lease has not run out yet):
     /// take it over, conditional on it being unchanged since we read it. A clock
     /// running ahead by D takes it over D early.
-    fn take_over<E: Env>(
+    fn take_over(
         &mut self,
         p: &Plugin,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         mut c: Box<Claiming>,
         mod_revision: i64,
         now: u64,
@@ -577,7 +946,10 @@ impl DedupStream {
         let policy = p.config.policy_at(self.rule);
         let plan = lease_plan(ec, policy);
         let shard = c.route.shard_id;
-        let Some(lease) = env.leases().get(shard, LeasePurpose::InFlight, &plan, now) else {
+        let Some(lease) = worker(env)
+            .leases
+            .get(shard, LeasePurpose::InFlight, &plan, now)
+        else {
             return self.next_claim_call(p, ec, env, c);
         };
         let rec = in_flight_record(policy, &c, now);
@@ -597,7 +969,7 @@ impl DedupStream {
         c.retries = 0;
         c.sent_ms = now;
         let call = c.call.clone();
-        self.phase = Phase::Claiming(c);
+        self.phase = ec.pending(EtcdCall::Claiming(c));
         Decision::Call(call)
     }
 
@@ -607,7 +979,7 @@ impl DedupStream {
         c.call.timeout_ms = attempt_timeout(ec, c.deadline_ms, now);
         c.sent_ms = now;
         let call = c.call.clone();
-        self.phase = Phase::Claiming(c);
+        self.phase = ec.pending(EtcdCall::Claiming(c));
         Decision::Call(call)
     }
 
@@ -616,11 +988,11 @@ impl DedupStream {
     /// duplicates of a key completed under the other map arrive at once, the first to
     /// claim here yields to that record, and the others, finding its claim, are answered
     /// from the record too (`peeked`), not `409`.
-    fn peek<E: Env>(
+    fn peek(
         &mut self,
         p: &Plugin,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         mut c: Box<Claiming>,
         in_flight: RecordTimes,
     ) -> Decision {
@@ -629,7 +1001,7 @@ impl DedupStream {
         };
         c.in_flight_here = Some(in_flight);
         let call = c.read_other_map(ec, other, ClaimStep::Peek, env.now_ms());
-        self.phase = Phase::Claiming(c);
+        self.phase = ec.pending(EtcdCall::Claiming(c));
         Decision::Call(call)
     }
 
@@ -637,10 +1009,10 @@ impl DedupStream {
     /// completed one (or one of another payload or caller) answers the request; anything
     /// else, or a read that fails after its retries, leaves the claim in flight here the
     /// answer (`409 in-flight`, or waiting in wait mode).
-    fn peeked<E: Env>(
+    fn peeked(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         ec: &EtcdStore,
         mut c: Box<Claiming>,
         answer: &CallAnswer,
@@ -662,7 +1034,7 @@ impl DedupStream {
         if let Some(Existing::Duplicate(dup, times, learn)) = there {
             if !matches!(dup, Duplicate::InFlight { .. }) {
                 if let Some(entry) = learn {
-                    env.local().insert(c.digest, entry, now);
+                    worker(env).local.insert(c.digest, entry, now);
                 }
                 env.debug(format_args!(
                     "stream {}: record {} is in flight here and settled under the other map; answering from that",
@@ -681,11 +1053,11 @@ impl DedupStream {
     /// (a fresh budget of `timeout_ms`): a proxy still writing under the other map wrote
     /// there first, or reads this claim after it, so of two claims on two maps at least
     /// one sees the other (`checked`).
-    fn claim_won<E: Env>(
+    fn claim_won(
         &mut self,
         p: &Plugin,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         mut c: Box<Claiming>,
         mod_revision: i64,
         completed_lease: i64,
@@ -693,18 +1065,18 @@ impl DedupStream {
         if let Some(legacy) = self.legacy_record.take() {
             c.won = Some((mod_revision, completed_lease));
             let call = c.read_legacy(ec, legacy, env.now_ms());
-            self.phase = Phase::Claiming(c);
+            self.phase = ec.pending(EtcdCall::Claiming(c));
             return Decision::Call(call);
         }
         if let Some(other) = ec.check_route_of(&c.digest) {
             c.won = Some((mod_revision, completed_lease));
             let call = c.read_other_map(ec, other, ClaimStep::Check, env.now_ms());
             env.count(Counter::ReshardChecks);
-            self.phase = Phase::Claiming(c);
+            self.phase = ec.pending(EtcdCall::Claiming(c));
             return Decision::Call(call);
         }
         let abandoned = c.abandoned;
-        let owned = HeldClaim::Etcd(c.won(mod_revision, completed_lease));
+        let owned = ec.held(c.won(mod_revision, completed_lease));
         self.forward_unless_abandoned(p, env, owned, abandoned)
     }
 
@@ -714,10 +1086,10 @@ impl DedupStream {
     /// request is answered as that record's duplicate (a replay, `409`, `422`). A read
     /// that fails after its retries is a store error (`failure_mode`; open forwards with
     /// the claim kept).
-    fn checked<E: Env>(
+    fn checked(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         ec: &EtcdStore,
         mut c: Box<Claiming>,
         answer: &CallAnswer,
@@ -744,7 +1116,7 @@ impl DedupStream {
                 ),
             };
             let abandoned = c.abandoned;
-            let owned = HeldClaim::Etcd(c.won(mod_revision, completed_lease));
+            let owned = ec.held(c.won(mod_revision, completed_lease));
             return match p.config.failure_mode {
                 crate::config::FailureMode::Open => {
                     env.count(Counter::StoreErrors);
@@ -775,7 +1147,7 @@ impl DedupStream {
                 _,
             )) = found
             {
-                let owned = HeldClaim::Etcd(c.won(mod_revision, completed_lease));
+                let owned = ec.held(c.won(mod_revision, completed_lease));
                 return self.yield_unrun(p, env, owned, dup, times);
             }
             c.step = ClaimStep::Txn;
@@ -796,7 +1168,7 @@ impl DedupStream {
         let shard = c.call.route.shard.clone();
         let abandoned = c.abandoned;
         let digest = c.digest;
-        let owned = HeldClaim::Etcd(c.won(mod_revision, completed_lease));
+        let owned = ec.held(c.won(mod_revision, completed_lease));
         match found {
             Existing::Over => self.forward_unless_abandoned(p, env, owned, abandoned),
             Existing::Duplicate(dup, times, learn) => {
@@ -807,7 +1179,7 @@ impl DedupStream {
                     short_hex(&digest)
                 ));
                 if let Some(entry) = learn {
-                    env.local().insert(digest, entry, now);
+                    worker(env).local.insert(digest, entry, now);
                 }
                 self.waits_on_other_map = true;
                 self.yield_unrun(p, env, owned, dup, times)
@@ -818,17 +1190,17 @@ impl DedupStream {
     /// A won claim yields to a record a check found: it is released, never forwarded,
     /// and the request is answered as that record's duplicate (once the release has
     /// settled).
-    fn yield_unrun<E: Env>(
+    fn yield_unrun(
         &mut self,
         p: &Plugin,
-        env: &mut E,
+        env: &mut dyn Env,
         owned: HeldClaim,
         dup: Duplicate,
         times: RecordTimes,
     ) -> Decision {
         match self.release_unrun(p, env, owned) {
             Some(call) => {
-                if let Phase::Settling(st) = &mut self.phase {
+                if let Some(EtcdCall::Settling(st)) = etcd_call_mut(&mut self.phase) {
                     st.then_duplicate = Some((dup, times));
                 }
                 Decision::Call(call)
@@ -839,13 +1211,13 @@ impl DedupStream {
 }
 
 /// A resharding check's read of one key (`read_one`'s answer), `None` when it failed.
-pub(super) fn check_read(call: &StoreCall, answer: &CallAnswer) -> Option<Option<(i64, Vec<u8>)>> {
+pub(crate) fn check_read(call: &StoreCall, answer: &CallAnswer) -> Option<Option<(i64, Vec<u8>)>> {
     etcd::read_one(call.path, answer.status, &answer.body)
 }
 
 /// Whether a failed check read is sent again: a failure a retry may get past, within
 /// the retries and the budget (as every store call).
-pub(super) fn retry_check(
+pub(crate) fn retry_check(
     answer: &CallAnswer,
     call: &StoreCall,
     retries: u32,
@@ -931,7 +1303,7 @@ fn lease_lost(code: i64, message: &str) -> bool {
     code == 5 || message.contains("lease not found")
 }
 
-pub(super) enum Polled {
+pub(crate) enum Polled {
     /// In flight or held (when its outcome is unknown, until then): wait on.
     Claimed {
         held_until: Option<u64>,
@@ -951,7 +1323,7 @@ pub(super) enum Polled {
 /// only after a claim on its own shard and that claim's check (`claim_etcd`), so a
 /// waiter's re-check costs one call while the record stays in flight, not a claim, a
 /// check and a release.
-pub(super) fn poll_call(ec: &EtcdStore, digest: &Digest, on_other_map: bool) -> StoreCall {
+pub(crate) fn poll_call(ec: &EtcdStore, digest: &Digest, on_other_map: bool) -> StoreCall {
     let other = on_other_map.then(|| ec.check_route_of(digest)).flatten();
     ec.call(
         other.unwrap_or_else(|| ec.route_of(digest)),

@@ -2,7 +2,7 @@
 
 use crate::response::StoredResponse;
 
-use crate::local::{LocalEntry, LocalTier, MAX_AGE_MS, MAX_BYTES, MAX_ENTRIES};
+use crate::stores::etcd::local::{LocalEntry, LocalTier, MAX_AGE_MS, MAX_BYTES, MAX_ENTRIES};
 
 fn d(i: usize) -> [u8; 32] {
     let mut x = [0u8; 32];

@@ -6,7 +6,7 @@ mod budget;
 use crate::fake::FakeShared;
 use crate::key::Digest;
 use crate::response::StoredResponse;
-use crate::store::{Claim, ClaimOutcome, Layout, SharedStore, StoreError, WAYS};
+use crate::stores::shared::{Claim, ClaimOutcome, Layout, SharedStore, StoreError, WAYS};
 use crate::testing::*;
 use std::sync::Arc;
 
@@ -332,7 +332,7 @@ fn a_completion_whose_empty_slot_exists_after_all_still_stores_its_response() {
     let store = SharedStore::new(&*shared, &layout);
     let d = digest(4);
     let claim = claimed(store.claim(&d, &[0; 32], 0, 0, 1));
-    use crate::store::SharedData;
+    use crate::stores::shared::SharedData;
     let slot = layout.response_key(claim.buckets, claim.bucket, claim.way);
     shared.set(&slot, b"", u32::MAX).unwrap();
     let body = stored(201, "kept");
@@ -345,7 +345,7 @@ fn a_completion_whose_empty_slot_exists_after_all_still_stores_its_response() {
 fn tombstoned_and_garbage_buckets_read_as_empty() {
     let (layout, shared) = (Layout::new("t", 16, 1_000, 1_000), FakeShared::new());
     let d = digest(5);
-    use crate::store::SharedData;
+    use crate::stores::shared::SharedData;
     shared
         .set(&layout.bucket_key(layout.bucket_of(&d)), b"", 0)
         .unwrap();
@@ -363,7 +363,7 @@ fn tombstoned_and_garbage_buckets_read_as_empty() {
 
 #[test]
 fn the_bucket_secret_is_created_once_and_keys_the_bucket_choice() {
-    use crate::store::bucket_secret;
+    use crate::stores::shared::bucket_secret;
     let shared = FakeShared::new();
     // Another worker creates it between our read and our create: we read theirs.
     let s2 = shared.clone();
@@ -406,7 +406,7 @@ fn concurrent_claims_under_two_layouts_run_once() {
 
 #[test]
 fn store_errors_say_what_failed() {
-    use crate::store::{HostFault, StoreError};
+    use crate::stores::shared::{HostFault, StoreError};
     assert!(StoreError::Host(HostFault("boom".into()))
         .to_string()
         .contains("boom"));

@@ -5,20 +5,19 @@
 
 use super::EtcdStore;
 use super::{attempt_timeout, lease_lost, lease_plan, retryable, EtcdClaim, MAX_RETRIES};
-use crate::etcd::{self, EtcdAnswer, EtcdRecord, LeasePurpose};
+use super::{etcd_call_mut, worker, EtcdCall};
 use crate::key::Digest;
-use crate::local::LocalEntry;
 use crate::metrics::Counter;
 use crate::record::{RecordState, RecordTimes};
 use crate::response::StoredResponse;
-use crate::stream::{
-    wake, CallAnswer, Decision, DedupStream, Duplicate, Env, Phase, Plugin, StoreCall,
-};
+use crate::stores::etcd::local::LocalEntry;
+use crate::stores::etcd::wire::{self as etcd, EtcdAnswer, EtcdRecord, LeasePurpose};
+use crate::stream::{wake, CallAnswer, Decision, DedupStream, Duplicate, Env, Plugin, StoreCall};
 use std::sync::Arc;
 
 /// What a settling call does to the claim's record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(in crate::stream) enum Settle {
+pub(crate) enum Settle {
     Complete,
     Release,
     Hold,
@@ -34,32 +33,32 @@ impl Settle {
     }
 }
 
-pub(in crate::stream) struct Settling {
-    pub(in crate::stream) kind: Settle,
+pub(crate) struct Settling {
+    pub(crate) kind: Settle,
     /// Kept to learn the completed record locally once etcd confirms it.
-    pub(in crate::stream) learned: Option<(Digest, LocalEntry)>,
-    pub(in crate::stream) digest: Digest,
-    pub(in crate::stream) token: u64,
+    pub(crate) learned: Option<(Digest, LocalEntry)>,
+    pub(crate) digest: Digest,
+    pub(crate) token: u64,
     /// Resent on a transport failure within the budget.
-    pub(in crate::stream) call: StoreCall,
-    pub(in crate::stream) retries: u32,
-    pub(in crate::stream) deadline_ms: u64,
+    pub(crate) call: StoreCall,
+    pub(crate) retries: u32,
+    pub(crate) deadline_ms: u64,
     /// A completion whose lease etcd no longer has is written again with a fresh one.
-    pub(in crate::stream) regrant: Option<Regrant>,
+    pub(crate) regrant: Option<Regrant>,
     /// Detached execution: the client's answer, sent once the record is settled.
-    pub(in crate::stream) then_reply: Option<crate::reply::LocalReply>,
+    pub(crate) then_reply: Option<crate::reply::LocalReply>,
     /// A claim that yielded to a live record on its other shard (resharding): answered
     /// as that record's duplicate once the release is done.
-    pub(in crate::stream) then_duplicate: Option<(Duplicate, RecordTimes)>,
+    pub(crate) then_duplicate: Option<(Duplicate, RecordTimes)>,
 }
 
 /// What a completion needs to be written again with a fresh lease.
-pub(in crate::stream) struct Regrant {
-    pub(in crate::stream) key: String,
-    pub(in crate::stream) mod_revision: i64,
+pub(crate) struct Regrant {
+    pub(crate) key: String,
+    pub(crate) mod_revision: i64,
     /// A lease grant is out (`call` is that grant), sent at this time.
-    pub(in crate::stream) granting: Option<u64>,
-    pub(in crate::stream) rounds: u8,
+    pub(crate) granting: Option<u64>,
+    pub(crate) rounds: u8,
 }
 
 impl DedupStream {
@@ -67,11 +66,11 @@ impl DedupStream {
     /// budget (the response is held meanwhile); a failed compare is checked against the
     /// current record, because a retried write whose first attempt went through fails
     /// its compare on our own record.
-    pub(in crate::stream) fn settled<E: Env>(
+    pub(crate) fn settled(
         &mut self,
         p: &Plugin,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         mut st: Box<Settling>,
         answer: &CallAnswer,
     ) -> Decision {
@@ -80,7 +79,7 @@ impl DedupStream {
         let now = env.now_ms();
         if !retryable {
             if let Some(next) = self.regranted(p, ec, env, &mut st, &parsed, now) {
-                self.phase = Phase::Settling(st);
+                self.phase = ec.pending(EtcdCall::Settling(st));
                 return Decision::Call(next);
             }
         }
@@ -88,7 +87,7 @@ impl DedupStream {
             st.retries += 1;
             st.call.timeout_ms = attempt_timeout(ec, st.deadline_ms, now);
             let call = st.call.clone();
-            self.phase = Phase::Settling(st);
+            self.phase = ec.pending(EtcdCall::Settling(st));
             return Decision::Call(call);
         }
         let confirmed = match &parsed {
@@ -124,7 +123,7 @@ impl DedupStream {
                     st.kind.what()
                 ));
                 if let Some((digest, entry)) = st.learned {
-                    env.local().insert(digest, entry, now);
+                    worker(env).local.insert(digest, entry, now);
                 }
                 // A hold wakes waiters too: kept until its TTL, they are answered now;
                 // held until the in-flight timeout, they wait on.
@@ -161,11 +160,11 @@ impl DedupStream {
     /// cached at claim time; the in-flight record is still there, or the compare would
     /// have failed first): take a fresh completed lease and write the completion again,
     /// twice at most, within the budget. Returns the next call, if any.
-    pub(in crate::stream) fn regranted<E: Env>(
+    pub(crate) fn regranted(
         &mut self,
         p: &Plugin,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         st: &mut Settling,
         parsed: &Option<EtcdAnswer>,
         now: u64,
@@ -178,7 +177,7 @@ impl DedupStream {
             };
             r.granting = None;
             let plan = lease_plan(ec, p.config.policy_at(self.rule));
-            env.leases().put(
+            worker(env).leases.put(
                 st.call.route.shard_id,
                 LeasePurpose::Completed,
                 &plan,
@@ -215,7 +214,7 @@ impl DedupStream {
             "stream {}: completion: etcd lost its lease; writing it again with a fresh one",
             self.id
         ));
-        env.leases().forget(st.call.route.shard_id);
+        worker(env).leases.forget(st.call.route.shard_id);
         r.rounds += 1;
         r.granting = Some(now);
         st.call = ec.call(
@@ -231,7 +230,7 @@ impl DedupStream {
     }
 
     /// Sends a completion or release txn and waits for it in `Settling`.
-    pub(in crate::stream) fn settle(
+    pub(crate) fn settle(
         &mut self,
         ec: &EtcdStore,
         now: u64,
@@ -247,7 +246,7 @@ impl DedupStream {
             body,
             attempt_timeout(ec, deadline_ms, now),
         );
-        self.phase = Phase::Settling(Box::new(Settling {
+        self.phase = ec.pending(EtcdCall::Settling(Box::new(Settling {
             kind,
             learned: learned.map(|l| (o.digest, l)),
             digest: o.digest,
@@ -258,17 +257,17 @@ impl DedupStream {
             regrant: None,
             then_reply: None,
             then_duplicate: None,
-        }));
+        })));
         call
     }
 
     /// An unknown outcome: mark the record held. Held until its in-flight expiry, it
     /// stays on the in-flight lease, which alone ends it; kept until `until_ms` (its
     /// TTL), it moves to the completed lease, as a completion would.
-    pub(in crate::stream) fn hold_etcd<E: Env>(
+    pub(crate) fn hold_etcd(
         &mut self,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         o: &EtcdClaim,
         until_ms: Option<u64>,
     ) -> StoreCall {
@@ -293,20 +292,20 @@ impl DedupStream {
     }
 
     /// Releases a won claim never forwarded (its entity refused it): not counted.
-    pub(in crate::stream) fn unwind_etcd<E: Env>(
+    pub(crate) fn unwind_etcd(
         &mut self,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         o: &EtcdClaim,
     ) -> StoreCall {
         let body = ec.config.protocol.delete_txn(&o.key, o.mod_revision);
         self.settle(ec, env.now_ms(), o, Settle::Release, body, None)
     }
 
-    pub(in crate::stream) fn release_etcd<E: Env>(
+    pub(crate) fn release_etcd(
         &mut self,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         o: &EtcdClaim,
     ) -> StoreCall {
         env.count(Counter::Released);
@@ -316,11 +315,11 @@ impl DedupStream {
 
     /// Writes the completed record on the completed lease (without the response when
     /// etcd would refuse its size), and keeps what a lease regrant needs.
-    pub(in crate::stream) fn complete_etcd<E: Env>(
+    pub(crate) fn complete_etcd(
         &mut self,
         p: &Plugin,
         ec: &EtcdStore,
-        env: &mut E,
+        env: &mut dyn Env,
         o: EtcdClaim,
         response: Option<StoredResponse>,
         now: u64,
@@ -356,7 +355,7 @@ impl DedupStream {
             response: record.response,
         };
         let call = self.settle(ec, now, &o, Settle::Complete, body, Some(learned));
-        if let Phase::Settling(st) = &mut self.phase {
+        if let Some(EtcdCall::Settling(st)) = etcd_call_mut(&mut self.phase) {
             st.regrant = Some(Regrant {
                 key: o.key,
                 mod_revision: o.mod_revision,
