@@ -19,9 +19,6 @@ pub(crate) struct DedupHttp {
     stream: DedupStream,
     /// Set when the plugin serves the admin API (`"role": "admin"`).
     admin: Option<AdminStream>,
-    /// Request body bytes Envoy holds for us (the last body callback's size): a
-    /// detached call sends exactly these.
-    request_body_len: usize,
 }
 
 /// Where the response came from, as Envoy says (`Origin::from_properties`).
@@ -38,7 +35,6 @@ impl DedupHttp {
             shared,
             stream: DedupStream::new(context_id),
             admin: None,
-            request_body_len: 0,
         }
     }
 
@@ -66,9 +62,7 @@ impl DedupHttp {
         f: impl FnOnce(&mut Worker, &mut Io, &mut DedupStream, Answerer<'_>) -> R,
     ) -> Option<R> {
         let mut w = self.shared.as_ref()?.try_borrow_mut().ok()?;
-        let mut io = Io {
-            request_body_len: self.request_body_len,
-        };
+        let mut io = Io;
         let by = match self.admin.as_mut() {
             Some(admin) => Answerer::Admin(admin),
             None => Answerer::Stream,
@@ -118,10 +112,7 @@ fn act(a: worker::Action) -> Action {
 }
 
 /// A stream's host calls, as `Worker`'s carrying out needs them.
-struct Io {
-    /// Request body bytes Envoy holds for us: a detached call sends exactly these.
-    request_body_len: usize,
-}
+struct Io;
 
 impl StreamIo for Io {
     /// The live request (its headers, hop-by-hop ones dropped, and its buffered body)
@@ -134,7 +125,7 @@ impl StreamIo for Io {
             .collect();
         // The whole body, or no call at all: a call with a body cut short would run
         // another request than the client's.
-        let body = match self.request_body_len {
+        let body = match call.body_len {
             0 => Vec::new(),
             len => match abi::buffer(abi::BUFFER_REQUEST_BODY, 0, len)? {
                 body if body.len() == len => body,
@@ -254,39 +245,24 @@ impl HttpContext for DedupHttp {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if self.stream.request_waits_on_call() {
-            // Body arriving while a store call is out: Envoy buffers it; keep waiting.
-            return Action::Pause;
-        }
-        if !self.stream.reading_request() {
-            return Action::Continue;
-        }
-        self.request_body_len = body_size;
-        // Envoy buffers the body while we pause; it is read once, when complete.
-        let decision = self.with_env(|s, p, env| {
-            s.on_request_body(p, env, body_size, end_of_stream, || {
-                read_request_body(body_size)
-            })
+        let a = self.carry(|w, io, s, by| {
+            w.request_body(
+                &AbiHost,
+                io,
+                s,
+                by,
+                body_size,
+                end_of_stream,
+                read_request_body,
+            )
         });
-        match decision {
-            Some(d) => self.drive(d),
-            None => Action::Continue,
-        }
+        act(a.unwrap_or(worker::Action::Continue))
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        if self.stream.request_waits_on_call() {
-            return Action::Pause;
-        }
-        if !self.stream.reading_request() {
-            return Action::Continue;
-        }
-        let decision = self
-            .with_env(|s, p, env| s.on_request_trailers(p, env, || read_request_body(usize::MAX)));
-        match decision {
-            Some(d) => self.drive(d),
-            None => Action::Continue,
-        }
+        let a =
+            self.carry(|w, io, s, by| w.request_trailers(&AbiHost, io, s, by, read_request_body));
+        act(a.unwrap_or(worker::Action::Continue))
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {

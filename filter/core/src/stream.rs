@@ -209,6 +209,9 @@ pub struct DedupStream {
     /// a claim won there yields to a record here that names no caller (`Unowned`), which
     /// may be this caller's from before the upgrade.
     pub(crate) legacy_record: Option<Digest>,
+    /// Request body bytes Envoy holds for us (the last body callback's size): a
+    /// detached call sends exactly these.
+    pub(crate) request_body_len: usize,
 }
 
 impl std::fmt::Debug for DedupStream {
@@ -248,6 +251,7 @@ impl DedupStream {
             order: None,
             waits_on_other_map: false,
             legacy_record: None,
+            request_body_len: 0,
         }
     }
 
@@ -388,6 +392,7 @@ impl DedupStream {
         if !matches!(self.phase, Phase::Reading(_)) {
             return Decision::Continue;
         }
+        self.request_body_len = buffered_len;
         if buffered_len > max_body_bytes {
             env.count(Counter::BodyTooLarge);
             let detail = format!(

@@ -17,6 +17,10 @@ use crate::response::{kept_headers, Capture};
 pub struct UpstreamCall {
     pub cluster: String,
     pub timeout_ms: u64,
+    /// Request body bytes Envoy holds (the last body callback's size): the call sends
+    /// exactly these, or none at all (a call with a body cut short would run another
+    /// request than the client's).
+    pub body_len: usize,
 }
 
 /// Bodies of the local replies Envoy's async client gives for a call that may have
@@ -90,6 +94,7 @@ impl DedupStream {
         Decision::Upstream(UpstreamCall {
             cluster: d.cluster.clone(),
             timeout_ms: d.timeout_ms,
+            body_len: self.request_body_len,
         })
     }
 

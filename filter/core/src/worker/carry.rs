@@ -250,6 +250,54 @@ impl Worker {
 }
 
 impl Worker {
+    /// A request body callback (`body_size` bytes buffered): held while a call is out
+    /// (Envoy buffers it), passed when the stream does not read it, else read (`read`,
+    /// the whole buffered body, at its end) and decided.
+    #[allow(clippy::too_many_arguments)]
+    pub fn request_body<H: Host, S: StreamIo>(
+        &mut self,
+        host: &H,
+        io: &mut S,
+        stream: &mut DedupStream,
+        by: Answerer<'_>,
+        body_size: usize,
+        end_of_stream: bool,
+        read: impl FnOnce(usize) -> Option<Vec<u8>>,
+    ) -> Action {
+        if stream.request_waits_on_call() {
+            return Action::Pause;
+        }
+        if !stream.reading_request() {
+            return Action::Continue;
+        }
+        let d = self.run(host, |p, env| {
+            stream.on_request_body(p, env, body_size, end_of_stream, || read(body_size))
+        });
+        self.drive(host, io, stream, by, d)
+    }
+
+    /// Request trailers: the body is complete (`read` reads it all), as for the body's
+    /// end.
+    pub fn request_trailers<H: Host, S: StreamIo>(
+        &mut self,
+        host: &H,
+        io: &mut S,
+        stream: &mut DedupStream,
+        by: Answerer<'_>,
+        read: impl FnOnce(usize) -> Option<Vec<u8>>,
+    ) -> Action {
+        if stream.request_waits_on_call() {
+            return Action::Pause;
+        }
+        if !stream.reading_request() {
+            return Action::Continue;
+        }
+        let d = self.run(host, |p, env| {
+            stream.on_request_trailers(p, env, || read(usize::MAX))
+        });
+        self.drive(host, io, stream, by, d)
+    }
+
     /// After a response body callback that read up to `body_size`, not its end: whether
     /// Envoy buffers the body (`Pause`). With a store reached by calls, the last bytes
     /// must not reach the client before the store has the completed record

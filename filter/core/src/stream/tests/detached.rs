@@ -236,3 +236,24 @@ fn a_client_deadline_must_be_below_the_call_timeout() {
         "upstream.detached"
     );
 }
+
+/// The detached call sends exactly the body Envoy buffers (the last body callback's
+/// size), whatever the chunks it came in.
+#[test]
+fn the_detached_call_sends_the_whole_buffered_body() {
+    for (store, p) in plugins() {
+        let mut env = env_for(store);
+        let body = br#"{"amount": 12345}"#;
+        let r = req("POST", "/charges").key("k");
+        let mut s = DedupStream::new(1);
+        let d = s.on_request_headers(&p, &mut env, r.head.clone(), false);
+        assert_eq!(d, Decision::Pause, "{store}");
+        let d = s.on_request_body(&p, &mut env, 7, false, || None);
+        assert_eq!(d, Decision::Pause, "{store}");
+        let d = s.on_request_body(&p, &mut env, body.len(), true, || Some(body.to_vec()));
+        match settle(&p, &mut env, &mut s, d) {
+            Decision::Upstream(call) => assert_eq!(call.body_len, body.len(), "{store}"),
+            other => panic!("{store}: expected the detached call, got {other:?}"),
+        }
+    }
+}
