@@ -4,6 +4,9 @@
 //! store through the store interface (`stream::Store`).
 
 pub mod etcd;
+/// A third store, for tests: what adding a store takes (ARCHITECTURE.md, Adding a store).
+#[cfg(test)]
+pub mod memory;
 pub mod shared;
 
 use crate::config::{Config, StoreConfig};
