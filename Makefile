@@ -92,7 +92,7 @@ test-compat: wasm
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets --features dedup-benches/criterion -- -D warnings
 	python3 .ci/check-circles.py --self-test
 	python3 .ci/check-architecture.py --self-test
 
@@ -100,7 +100,7 @@ fmt:
 	$(CARGO) fmt --all
 
 bench: wasm
-	$(CARGO) bench --locked -p dedup-benches
+	$(CARGO) bench --locked -p dedup-benches --features criterion
 
 # wrk against real Envoys (BENCHMARKS.md): bench-envoy's sections, then bench-etcd's
 # (the etcd store, the sharded store). BENCH_PART=load, cost, calls, etcd or shards
