@@ -12,15 +12,20 @@ WASM_TARGET ?= wasm32-wasip1
 WASM_DIR    := target/wasm
 WASM_RUSTUP ?= $(shell rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) && echo yes)
 ifeq ($(WASM_RUSTUP),yes)
-WASM_BUILD  := CARGO_TARGET_DIR=$(WASM_DIR) RUSTFLAGS="-C target-feature=+simd128" \
+WASM_CARGO  := RUSTFLAGS="-C target-feature=+simd128" \
 	cargo build --release --locked --target $(WASM_TARGET)
 else
 DEB_CARGO   ?= /usr/bin/cargo
-WASM_BUILD  := RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc CARGO_TARGET_DIR=$(WASM_DIR) \
+WASM_CARGO  := RUSTC_BOOTSTRAP=1 RUSTC=/usr/bin/rustc \
 	CARGO_TARGET_WASM32_WASIP1_LINKER=/usr/lib/llvm-19/bin/wasm-ld \
 	RUSTFLAGS="-L/usr/lib/wasm32-wasi -C target-feature=+simd128" \
 	$(DEB_CARGO) build --release --locked -Zbuild-std=std,panic_abort --target $(WASM_TARGET)
 endif
+WASM_BUILD  := CARGO_TARGET_DIR=$(WASM_DIR) $(WASM_CARGO)
+# The phase-timed filter (dedup-core's `phases`, never shipped) for `make bench-envoy`
+# and its host-test check, in a target directory of its own (the same crate with
+# another feature would rebuild over the shipped one).
+WASM_PHASES_BUILD := CARGO_TARGET_DIR=$(WASM_DIR)-phases $(WASM_CARGO) -p dedup-filter --features phase-timing
 WASM_CRATES := dedup_filter empty_filter shared_data_probe abi_probe hostcall_probe
 CARGO       ?= cargo
 
@@ -31,8 +36,10 @@ deps:
 
 wasm: deps
 	$(WASM_BUILD) $(addprefix -p ,$(subst _,-,$(WASM_CRATES)))
+	$(WASM_PHASES_BUILD)
 	@mkdir -p dist
 	@for c in $(WASM_CRATES); do cp $(WASM_DIR)/$(WASM_TARGET)/release/$$c.wasm dist/; done
+	@cp $(WASM_DIR)-phases/$(WASM_TARGET)/release/dedup_filter.wasm dist/dedup_filter_phases.wasm
 	@ls -l dist/*.wasm
 
 # The module as an OCI image for Istio's WasmPlugin, in dist/oci (an OCI image

@@ -65,6 +65,30 @@ end
 "#
 );
 
+/// Every request a new key and a new entity at version 1 (`x-entity`, `x-version`): a
+/// first execution whose entity the ordering guard claims and settles
+/// (`ORDERING_CONFIG`).
+pub const ORDERED_LUA: &str = concat!(
+    numbered_lua!(),
+    r#"  prefix = "bench-" .. (args[1] or "run") .. "-" .. tid .. "-"
+end
+function request()
+  counter = counter + 1
+  return wrk.format("POST", "/orders", {
+    ["Content-Type"] = "application/json",
+    ["Idempotency-Key"] = prefix .. counter,
+    ["X-Entity"] = prefix .. counter,
+    ["X-Version"] = "1",
+  }, BODY)
+end
+"#
+);
+
+/// The filter's configuration for `ORDERED_LUA`: the ordering guard on the entity and
+/// version headers.
+pub const ORDERING_CONFIG: &str =
+    r#"{"ordering": {"entity": {"header": "x-entity"}, "version": {"header": "x-version"}}}"#;
+
 /// Every request: the same key and body, answered from the stored response.
 pub const REPLAY_LUA: &str = concat!(
     post_orders_lua!(),

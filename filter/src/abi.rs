@@ -203,6 +203,19 @@ pub fn forget_log_level() {
     let _ = LOG_LEVEL.try_with(|l| l.set(None));
 }
 
+/// Nanoseconds since the Unix epoch by the host's clock (0 if it cannot say): the
+/// phase-timed build's clock (`dedup_core::phases`).
+pub fn now_ns() -> u64 {
+    let mut ns = 0u64;
+    // SAFETY: valid out-pointer.
+    let status = unsafe { proxy_get_current_time_nanoseconds(&mut ns) };
+    if status == OK {
+        ns
+    } else {
+        0
+    }
+}
+
 /// Milliseconds since the Unix epoch by the host's clock (0 if it cannot say).
 pub fn now_ms() -> u64 {
     let mut ns = 0u64;
@@ -504,9 +517,18 @@ pub fn set_property(name: &str, value: &[u8]) -> Result<(), u32> {
 }
 
 pub fn increment(id: u32) {
+    add(id, 1);
+}
+
+/// Adds `n` to counter `id` (Envoy refuses an offset at or below 0).
+pub fn add(id: u32, n: u64) {
+    let offset = i64::try_from(n).unwrap_or(i64::MAX);
+    if offset <= 0 {
+        return;
+    }
     // SAFETY: no pointers.
     unsafe {
-        proxy_increment_metric(id, 1);
+        proxy_increment_metric(id, offset);
     }
 }
 

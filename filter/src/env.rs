@@ -52,6 +52,10 @@ impl Host for AbiHost {
         abi::increment(metric);
     }
 
+    fn add(&self, metric: u32, n: u64) {
+        abi::add(metric, n);
+    }
+
     fn record(&self, metric: u32, value: u64) {
         abi::record(metric, value);
     }

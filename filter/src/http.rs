@@ -8,6 +8,7 @@ use crate::SharedWorker;
 use dedup_core::admin::AdminStream;
 use dedup_core::config::Role;
 use dedup_core::key::{text, RequestHead};
+use dedup_core::phases::{span, Phase};
 use dedup_core::reply::LocalReply;
 use dedup_core::response::status_of;
 use dedup_core::stream::{forwarded_header, CallAnswer, Origin, StoreCall, UpstreamCall};
@@ -143,6 +144,7 @@ impl StreamIo for Io {
     }
 
     fn send_reply(&mut self, r: &LocalReply) {
+        let _t = span(Phase::LocalReply);
         if let Err(status) = abi::send_local_response(r.status, r.details, &r.headers, &r.body) {
             abi::log(
                 abi::LOG_ERROR,
@@ -155,6 +157,7 @@ impl StreamIo for Io {
     /// `%FILTER_STATE(wasm.proxy_dedup_record:PLAIN)%` and
     /// `%FILTER_STATE(wasm.proxy_dedup_rule:PLAIN)%`.
     fn report(&mut self, verdict: &str, record: Option<[u8; 12]>, rule: Option<&str>) {
+        let _t = span(Phase::LogProperties);
         let mut failed = abi::set_property("proxy_dedup_decision", verdict.as_bytes()).err();
         if let Some(record) = record {
             failed = failed.or(abi::set_property("proxy_dedup_record", &record).err());
@@ -188,6 +191,7 @@ impl StreamIo for Io {
 
 /// The buffered request body, up to `size` bytes; `None` (logged) when unreadable.
 fn read_request_body(size: usize) -> Option<Vec<u8>> {
+    let _t = span(Phase::BodyRead);
     match abi::buffer(abi::BUFFER_REQUEST_BODY, 0, size) {
         Ok(body) => Some(body),
         Err(status) => {
@@ -202,6 +206,7 @@ fn read_request_body(size: usize) -> Option<Vec<u8>> {
 
 /// The request head from Envoy's header map (`RequestHead::from_pairs`).
 fn request_head() -> Option<RequestHead> {
+    let _t = span(Phase::HeadRead);
     let pairs = abi::header_pairs(abi::MAP_REQUEST_HEADERS).ok()?;
     Some(RequestHead::from_pairs(pairs, || {
         abi::property_at("request\0protocol")

@@ -32,6 +32,8 @@ pub extern "C" fn _initialize() {
     std::panic::set_hook(Box::new(|info| {
         abi::log(abi::LOG_CRITICAL, &format!("proxy-dedup panicked: {info}"));
     }));
+    // The phase-timed build reads the host's clock at each phase's ends.
+    dedup_core::phases::set_clock(abi::now_ns);
     context::set_root_context(|_| -> Box<dyn RootContext> { Box::new(DedupRoot::new()) });
 }
 

@@ -10,11 +10,11 @@ use dedup_envoy::bench::{
     added_us, ceiling_config, counters_list, envoy_version, load_average, measure_interleaved,
     no_write, priced, run_stamp, table_header, table_row, write_load_chart, write_section,
     BenchFilter, Case, CeilingRoute, ChartRow, Load, Measured, Settings, BIG_BODY_BYTES, BODY,
-    CONNECTIONS, FILTER_CALLS, FLOOR_CALLS, GET_LUA, KEYLESS_64K_LUA, NO_KEY_LUA, PROBED_CALLS,
-    REPLAY_LUA, THREADS, UNIQUE_LUA,
+    CONNECTIONS, FILTER_CALLS, FLOOR_CALLS, GET_LUA, KEYLESS_64K_LUA, NO_KEY_LUA, ORDERED_LUA,
+    ORDERING_CONFIG, PROBED_CALLS, REPLAY_LUA, THREADS, UNIQUE_LUA,
 };
 use dedup_envoy::config::WORKERS;
-use dedup_envoy::paths::{dedup_wasm, empty_wasm, hostcall_probe_wasm};
+use dedup_envoy::paths::{dedup_wasm, dist_wasm, empty_wasm, hostcall_probe_wasm};
 use dedup_envoy::{DemoUpstream, EnvoyConfig, Result};
 
 const WARMUP_SECONDS: u64 = 1;
@@ -28,9 +28,9 @@ fn start_case(name: &str, config: EnvoyConfig, script: &str, prime: bool) -> Res
     Ok(case)
 }
 
-/// `BENCH_PART=load`, `cost` or `calls` (or a comma list, e.g. `calls,cost`: the
-/// filter-cost section prices host calls only when `calls` ran first in the same run)
-/// runs only those sections.
+/// `BENCH_PART=load`, `cost`, `calls` or `phases` (or a comma list, e.g. `calls,cost`:
+/// the filter-cost section prices host calls only when `calls` ran first in the same
+/// run) runs only those sections.
 fn part(name: &str) -> bool {
     std::env::var("BENCH_PART").map_or(true, |p| p.is_empty() || p.split(',').any(|x| x == name))
 }
@@ -45,6 +45,9 @@ fn run() -> Result<()> {
     }
     if part("cost") {
         filter_cost(&per_call)?;
+    }
+    if part("phases") {
+        phases()?;
     }
     Ok(())
 }
@@ -361,6 +364,13 @@ fn filter_cost(per_call: &[(String, f64)]) -> Result<()> {
             4,
             Answer,
         ),
+        case(
+            "dedup with ordering, first execution",
+            CostWasm::Dedup(ORDERING_CONFIG),
+            ORDERED_LUA,
+            9,
+            Answer,
+        ),
     ];
     let cases = wanted_cases(&cases);
     let load_before = load_average();
@@ -645,6 +655,129 @@ fn profile_table(cases: &[CostCase], started: &[Case], seconds: u64) -> Result<S
         ));
     }
     Ok(t)
+}
+
+/// The phase-timed module's cases: name, filter configuration, wrk script, primed.
+const PHASE_CASES: [(&str, &str, &str, bool); 3] = [
+    ("first execution", "{}", UNIQUE_LUA, false),
+    ("replay", "{}", REPLAY_LUA, true),
+    (
+        "first execution with ordering",
+        ORDERING_CONFIG,
+        ORDERED_LUA,
+        false,
+    ),
+];
+
+/// `BENCH_PART=phases`: where a request's time goes inside the filter. The phase-timed
+/// module (`dist/dedup_filter_phases.wasm`, `--features phase-timing`) in the filter-cost
+/// setup (one worker pinned, wrk pinned to the other core, the upstream a
+/// `direct_response` listener of the same Envoy); after a warm-up, one run per case,
+/// and each phase's counters read before and after it: its mean µs per request and its
+/// calls per request. Writes "## Where the time goes".
+fn phases() -> Result<()> {
+    let Settings { seconds, .. } = Settings::from_env()?;
+    let module = dist_wasm("dedup_filter_phases.wasm")?;
+    let load_before = load_average();
+    let mut tables = String::new();
+    for (name, config, script, prime) in PHASE_CASES {
+        let filters = [
+            BenchFilter::Buffer,
+            BenchFilter::Wasm {
+                module: module.clone(),
+                config: config.into(),
+            },
+        ];
+        let envoy_config = ceiling_config(CeilingRoute::Answer, &filters, 1, Some(ENVOY_CPU))?;
+        let mut c = Case::start_with("bench-phases", name, envoy_config, script, COST_LOAD)?;
+        if prime {
+            c.prime_replay_key()?;
+        }
+        c.warm_up(WARMUP_SECONDS)?;
+        let before = c.envoy.dedup_counters()?;
+        c.measure(seconds, 1, 32)?;
+        let after = c.envoy.dedup_counters()?;
+        let delta = |k: &str| {
+            after
+                .get(k)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(before.get(k).copied().unwrap_or(0))
+        };
+        // The phases of the requests reported (every worker reports every 16 streams).
+        let requests = delta("phase_head_read_count").max(1) as f64;
+        let mut rows: Vec<(&str, f64, f64)> = dedup_core::phases::Phase::ALL
+            .iter()
+            .map(|p| {
+                let n = p.name();
+                let ns = delta(&format!("phase_{n}_ns")) as f64;
+                let count = delta(&format!("phase_{n}_count")) as f64;
+                (n, ns / requests / 1000.0, count / requests)
+            })
+            .filter(|(_, _, calls)| *calls > 0.0)
+            .collect();
+        rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let m = c.best()?;
+        let cpu = c.cpu_us().unwrap_or(f64::NAN);
+        // Top-level phases do not nest in one another; `complete` holds its reads and
+        // writes, `entity` its store calls: the sum counts them once.
+        let nested = [
+            "shared_read",
+            "bucket_decode",
+            "bucket_encode",
+            "shared_write",
+        ];
+        let top: f64 = rows
+            .iter()
+            .filter(|(n, ..)| {
+                !(nested.contains(n)
+                    && rows
+                        .iter()
+                        .any(|(m, ..)| *m == "complete" || *m == "entity"))
+            })
+            .map(|(_, us, _)| us)
+            .sum();
+        let mut t = format!(
+            "### {name}\n\n{:.0} req/s, Envoy {cpu:.1} CPU µs per request (the phase-timed build; its clock reads add to it). Phases, most time first:\n\n| phase | µs per request | calls per request | share of the Envoy CPU µs |\n|---|---:|---:|---:|\n",
+            m.rps
+        );
+        for (n, us, calls) in &rows {
+            t.push_str(&format!(
+                "| `{n}` | {us:.2} | {calls:.2} | {:.0}% |\n",
+                100.0 * us / cpu
+            ));
+        }
+        t.push_str(&format!(
+            "\nThe phases' own time: {top:.1} µs per request of {cpu:.1} ({:.0}%); the rest is Envoy's HTTP work, V8's entry into the module and the filter's code between phases.\n\n",
+            100.0 * top / cpu
+        ));
+        println!("{t}");
+        tables.push_str(&t);
+    }
+    if no_write() {
+        return Ok(());
+    }
+    let section = format!(
+        "## Where the time goes\n\n\
+`make bench-envoy` (`BENCH_PART=phases` for this section alone): the phase-timed \
+module (`dist/dedup_filter_phases.wasm`, built by `make wasm` with the `phase-timing` \
+feature, never shipped) reads Envoy's clock at both ends of each phase and reports the \
+time and count per phase as counters (`proxy_dedup_phase_<phase>_ns`, `_count`; \
+filter/core/src/phases.rs says where each phase starts and ends). The setup is the \
+filter-cost one: Envoy {} with `--concurrency 1` pinned to CPU {ENVOY_CPU}, wrk \
+`-t{} -c{}` pinned to CPU {WRK_CPU}, the upstream a `direct_response` listener of the \
+same Envoy. One {seconds} s run per case after a warm-up; load average before: {}. \
+Phases may nest (`complete` holds its shared-data reads and writes, `entity` the \
+entity's); a clock read costs a host call, so the absolute figures are a little \
+above the shipped module's, and the shares are what to read.\n\n{}\n",
+        envoy_version(),
+        COST_LOAD.threads,
+        COST_LOAD.connections,
+        load_before,
+        tables
+    );
+    write_section("## Where the time goes", &section)?;
+    Ok(())
 }
 
 fn main() {

@@ -712,6 +712,9 @@ impl crate::worker::Host for FakeHost {
     fn increment(&self, metric: u32) {
         *self.increments.borrow_mut().entry(metric).or_default() += 1;
     }
+    fn add(&self, metric: u32, n: u64) {
+        *self.increments.borrow_mut().entry(metric).or_default() += n;
+    }
     fn record(&self, metric: u32, value: u64) {
         self.recorded.borrow_mut().push((metric, value));
     }

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod ordering;
 pub mod outcome;
 pub mod payload;
+pub mod phases;
 pub mod principal;
 pub mod record;
 pub mod reply;

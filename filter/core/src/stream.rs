@@ -35,6 +35,7 @@ use crate::key::{
 use crate::key::{Digest, ShortHex};
 use crate::metrics::Counter;
 use crate::payload::{payload_digest, AmbiguousPayload};
+use crate::phases::{span, Phase as Timed};
 use crate::record::RecordTimes;
 use crate::reply::{LocalReply, Problem};
 use crate::response::Capture;
@@ -315,7 +316,10 @@ impl DedupStream {
         end_of_stream: bool,
     ) -> Decision {
         env.count(Counter::Requests);
-        let (rule, cfg) = p.config.select(&head);
+        let (rule, cfg) = {
+            let _t = span(Timed::RuleSelect);
+            p.config.select(&head)
+        };
         self.rule = rule;
         if cfg.bypass {
             return self.bypass(env, "bypassed by its rule");
@@ -339,7 +343,11 @@ impl DedupStream {
             let reply = Problem::AmbiguousScope.reply(&detail, Vec::new());
             return self.reply_after_body(env, reply, end_of_stream);
         }
-        let header_key = match header_key(cfg, &head) {
+        let header_key = {
+            let _t = span(Timed::Key);
+            header_key(cfg, &head)
+        };
+        let header_key = match header_key {
             Some(Ok(k)) => Some(k),
             Some(Err(e)) => {
                 let reply = bad_key_reply(env, e);
@@ -476,13 +484,16 @@ impl DedupStream {
             header_key,
             fingerprint,
         } = *r;
-        let mut hasher = BodyHasher::default();
-        hasher.update(raw_body);
-        let body = hasher.finish();
+        let body = {
+            let _t = span(Timed::BodyHash);
+            let mut hasher = BodyHasher::default();
+            hasher.update(raw_body);
+            hasher.finish()
+        };
         let mut absent_reason = None;
         let key = match (header_key, &cfg.json_pointer) {
             (Some(k), _) => Some(k),
-            (None, Some(ptr)) => match json_key(cfg, ptr, raw_body) {
+            (None, Some(ptr)) => match keyed_by_json(cfg, ptr, raw_body) {
                 JsonKey::Found(k) => Some(k),
                 JsonKey::Invalid(e) => return self.bad_key(env, e),
                 JsonKey::Absent(reason) => {
@@ -492,7 +503,13 @@ impl DedupStream {
             },
             _ => None,
         };
-        let key = match key.or_else(|| fingerprint.then(|| fingerprint_key(cfg, &head, &body))) {
+        let key = key.or_else(|| {
+            fingerprint.then(|| {
+                let _t = span(Timed::Key);
+                fingerprint_key(cfg, &head, &body)
+            })
+        });
+        let key = match key {
             Some(k) => k,
             None if cfg.key_required => {
                 let detail = format!(
@@ -506,7 +523,11 @@ impl DedupStream {
             None => return self.bypass(env, absent_reason.as_deref().unwrap_or("no key")),
         };
         // Before the record: like the other 400s, an ambiguous payload names no record.
-        let payload = match payload_digest(&cfg.payload, &head, &body, raw_body) {
+        let payload = {
+            let _t = span(Timed::PayloadDigest);
+            payload_digest(&cfg.payload, &head, &body, raw_body)
+        };
+        let payload = match payload {
             Ok(d) => d,
             Err(AmbiguousPayload(detail)) => {
                 env.count(Counter::BadKey);
@@ -519,19 +540,26 @@ impl DedupStream {
                 Err(e) => return self.bad_order(env, e),
             }
         }
-        let digest = record_digest(cfg, &head, &key);
-        // The record belongs to its caller: the stored payload digest is sealed with it,
-        // and a keyless request of a named caller is an operation of that caller's, in a
-        // record of its own (one record per caller and fingerprint, whatever becomes of
-        // another caller's).
-        let caller = crate::principal::principal(&cfg.principal, &head);
-        let payload = crate::principal::seal(&payload, &digest, caller.as_deref());
-        let digest = match caller.as_deref() {
-            Some(named) if key.source == crate::key::KeySource::Fingerprint => {
-                self.legacy_record = Some(digest);
-                crate::principal::caller_record(&digest, Some(named))
-            }
-            _ => digest,
+        let digest = {
+            let _t = span(Timed::RecordDigest);
+            record_digest(cfg, &head, &key)
+        };
+        let (payload, digest) = {
+            let _t = span(Timed::Principal);
+            // The record belongs to its caller: the stored payload digest is sealed with it,
+            // and a keyless request of a named caller is an operation of that caller's, in a
+            // record of its own (one record per caller and fingerprint, whatever becomes of
+            // another caller's).
+            let caller = crate::principal::principal(&cfg.principal, &head);
+            let payload = crate::principal::seal(&payload, &digest, caller.as_deref());
+            let digest = match caller.as_deref() {
+                Some(named) if key.source == crate::key::KeySource::Fingerprint => {
+                    self.legacy_record = Some(digest);
+                    crate::principal::caller_record(&digest, Some(named))
+                }
+                _ => digest,
+            };
+            (payload, digest)
         };
         self.record = Some(digest);
         self.payload = Some(payload);
@@ -557,6 +585,12 @@ impl DedupStream {
         self.phase = Phase::Forwarded(owned);
         Decision::Continue
     }
+}
+
+/// The key at a JSON pointer of the body (timed as the key's phase).
+fn keyed_by_json(cfg: &crate::config::Policy, ptr: &str, raw_body: &[u8]) -> JsonKey {
+    let _t = span(Timed::Key);
+    json_key(cfg, ptr, raw_body)
 }
 
 /// Wait mode: a record this stream completed or released may have waiters, on any

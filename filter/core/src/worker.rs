@@ -26,6 +26,8 @@ pub use carry::{response_action, Action, Answerer, Side, StreamIo};
 
 /// How long past its waiters' deadlines a worker stays on the board.
 const BOARD_MARGIN_MS: u64 = 5_000;
+/// The phase-timed build reports its phases' counters once per this many streams.
+pub const PHASE_REPORT_EVERY: u32 = 16;
 /// Most items taken from the queue in one callback.
 const MAX_DEQUEUE: usize = 4096;
 
@@ -49,6 +51,8 @@ pub trait Host: SharedData {
     fn define_counter(&self, name: &str) -> Result<u32, u32>;
     fn define_histogram(&self, name: &str) -> Result<u32, u32>;
     fn increment(&self, metric: u32);
+    /// Adds `n` to counter `metric`.
+    fn add(&self, metric: u32, n: u64);
     /// Records `value` in histogram `metric`.
     fn record(&self, metric: u32, value: u64);
     /// Fresh random bytes (WASI `random_get`; `Err`: its errno).
@@ -82,6 +86,10 @@ struct State {
     token_counter: u64,
     /// What the configured store keeps per worker.
     store: StoreWorker,
+    /// The phase-timed build: each phase's counters (ns, count), and the streams ended
+    /// since they were last reported.
+    phase_metrics: Vec<(crate::phases::Phase, Option<u32>, Option<u32>)>,
+    ended: u32,
     /// Streams that ended with a store call out, by the call's token. Bounded by the
     /// calls in flight: every call has a timeout, and Envoy answers or cancels it.
     orphans: HashMap<u32, DedupStream>,
@@ -123,6 +131,23 @@ impl Worker {
                 }
             })
             .collect();
+        let phase_metrics = if crate::phases::ENABLED {
+            crate::phases::Phase::ALL
+                .iter()
+                .map(|&ph| {
+                    let name = ph.name();
+                    let ns = host
+                        .define_counter(&format!("proxy_dedup_phase_{name}_ns"))
+                        .ok();
+                    let n = host
+                        .define_counter(&format!("proxy_dedup_phase_{name}_count"))
+                        .ok();
+                    (ph, ns, n)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let role = config.role;
         let mut store = crate::stores::build(&config);
         if let Err(e) = store.set_up(host, role) {
@@ -150,6 +175,8 @@ impl Worker {
                 token_seed: host.random_seed(),
                 token_counter: 0,
                 store: StoreWorker::default(),
+                phase_metrics,
+                ended: 0,
                 orphans: HashMap::new(),
                 waiters: Waiters::default(),
                 queue: None,
@@ -157,6 +184,33 @@ impl Worker {
                 ticking: false,
             },
         })
+    }
+
+    /// A stream ended: in the phase-timed build, every `PHASE_REPORT_EVERY` streams the
+    /// time and count of each phase so far go to its counters.
+    pub fn stream_ended<H: Host>(&mut self, host: &H) {
+        if !crate::phases::ENABLED {
+            return;
+        }
+        let st = &mut self.state;
+        st.ended += 1;
+        if st.ended < PHASE_REPORT_EVERY {
+            return;
+        }
+        st.ended = 0;
+        for (phase, ns, n) in crate::phases::take() {
+            if n == 0 {
+                continue;
+            }
+            if let Some(&(_, ns_id, n_id)) = st.phase_metrics.iter().find(|m| m.0 == phase) {
+                if let Some(id) = ns_id {
+                    host.add(id, ns);
+                }
+                if let Some(id) = n_id {
+                    host.add(id, n);
+                }
+            }
+        }
     }
 
     /// The histogram of store-call round trips, when the store makes calls.

@@ -13,6 +13,7 @@
 //! present: CasMismatch), and every later change is a CAS on the value read.
 
 use crate::key::Digest;
+use crate::phases::{span, Phase};
 use crate::response::StoredResponse;
 pub use crate::shared_data::{HostFault, SetError, SharedData, StoreError};
 
@@ -46,6 +47,7 @@ fn cas_set<S: SharedData + ?Sized>(
     value: &[u8],
     cas: u32,
 ) -> Result<bool, StoreError> {
+    let _t = span(Phase::SharedWrite);
     match shared.set(key, value, cas) {
         Ok(()) => Ok(true),
         Err(SetError::CasMismatch) => Ok(false),
@@ -137,15 +139,26 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         SharedStore { shared, layout }
     }
 
+    /// A shared-data read (timed as one in the phase-timed build).
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, crate::shared_data::HostFault> {
+        let _t = span(Phase::SharedRead);
+        self.shared.get(key)
+    }
+
     fn read(&self, buckets: u64, bucket: u64) -> Result<(Bucket, u32), StoreError> {
         let (bytes, cas) = self.read_bytes(buckets, bucket)?;
-        Ok((decode_bucket(&bytes), cas))
+        Ok((
+            {
+                let _t = span(Phase::BucketDecode);
+                decode_bucket(&bytes)
+            },
+            cas,
+        ))
     }
 
     /// A bucket's value as stored (empty when absent) and its cas.
     fn read_bytes(&self, buckets: u64, bucket: u64) -> Result<(Vec<u8>, u32), StoreError> {
         match self
-            .shared
             .get(&self.layout.bucket_key_in(buckets, bucket))
             .map_err(StoreError::Host)?
         {
@@ -158,7 +171,11 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
     /// Writes a bucket; `Ok(false)` when another writer got there first.
     fn write(&self, buckets: u64, bucket: u64, b: &Bucket, cas: u32) -> Result<bool, StoreError> {
         let key = self.layout.bucket_key_in(buckets, bucket);
-        cas_set(self.shared, &key, &encode_bucket(b), cas)
+        let bytes = {
+            let _t = span(Phase::BucketEncode);
+            encode_bucket(b)
+        };
+        cas_set(self.shared, &key, &bytes, cas)
     }
 
     /// Claims `digest` for a request with payload fingerprint `payload`, atomically across
@@ -252,7 +269,6 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
     /// The other layouts whose records may still live, as the registry says now.
     fn other_layouts(&self, now_ms: u64) -> Result<Vec<u64>, StoreError> {
         let reg = match self
-            .shared
             .get(&self.layout.registry_key())
             .map_err(StoreError::Host)?
         {
@@ -270,7 +286,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         let own = self.layout.buckets;
         let needed = self.registration_needed(now_ms);
         for _ in 0..MAX_ATTEMPTS {
-            let (mut reg, cas) = match self.shared.get(&key).map_err(StoreError::Host)? {
+            let (mut reg, cas) = match self.get(&key).map_err(StoreError::Host)? {
                 Some((bytes, cas)) => (Registry::decode(&bytes), cas),
                 None => (Registry::default(), u32::MAX),
             };
@@ -332,7 +348,10 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                 }
             }
             let mine = mine.map(|(way, _)| way);
-            let mut b = decode_bucket(&bytes);
+            let mut b = {
+                let _t = span(Phase::BucketDecode);
+                decode_bucket(&bytes)
+            };
             if scope > 0 && live_claims_of(&b, scope, now_ms) >= self.layout.scope_claims {
                 return Err(StoreError::ScopeFull);
             }
@@ -434,7 +453,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                 if attempt == MAX_ATTEMPTS {
                     return Err(StoreError::Contention);
                 }
-                let slot_cas = match self.shared.get(&slot).map_err(StoreError::Host)? {
+                let slot_cas = match self.get(&slot).map_err(StoreError::Host)? {
                     Some((_, cas)) => cas,
                     None => u32::MAX,
                 };
@@ -494,9 +513,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
                             // new owner of that way writes its slot after the write, the
                             // blank below fails instead of erasing its response.
                             let key = self.layout.response_key(claim.buckets, claim.bucket, v);
-                            if let Some((_, slot_cas)) =
-                                self.shared.get(&key).map_err(StoreError::Host)?
-                            {
+                            if let Some((_, slot_cas)) = self.get(&key).map_err(StoreError::Host)? {
                                 victims.push((key, slot_cas));
                             }
                         }
@@ -546,7 +563,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
 
     /// Empties a slot if it still holds the response of `claim`.
     fn blank_slot_of(&self, key: &str, claim: &Claim) -> Result<(), StoreError> {
-        match self.shared.get(key).map_err(StoreError::Host)? {
+        match self.get(key).map_err(StoreError::Host)? {
             Some((bytes, cas)) if StoredResponse::belongs(&bytes, &claim.digest, claim.token) => {
                 self.blank(key, cas)
             }
@@ -614,7 +631,7 @@ impl<'a, S: SharedData + ?Sized> SharedStore<'a, S> {
         let key = self
             .layout
             .response_key(completed.buckets, completed.bucket, completed.way);
-        match self.shared.get(&key).map_err(StoreError::Host)? {
+        match self.get(&key).map_err(StoreError::Host)? {
             Some((bytes, _)) => Ok(StoredResponse::decode(
                 &bytes,
                 &completed.digest,

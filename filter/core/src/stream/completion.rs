@@ -6,6 +6,7 @@ use super::{DedupStream, Env, HeldClaim, Origin, Phase, Plugin, StoreCall};
 use crate::config::OnUnknownOutcome;
 use crate::metrics::Counter;
 use crate::outcome::{classify, Outcome};
+use crate::phases::{span, Phase as Timed};
 use crate::response::Capture;
 
 impl DedupStream {
@@ -68,7 +69,10 @@ impl DedupStream {
             }
             Outcome::Unknown => return self.unknown_outcome(p, env, owned, origin),
         }
-        let capture = Capture::new(status, pairs(), policy.max_replay_body_bytes);
+        let capture = {
+            let _t = span(Timed::Capture);
+            Capture::new(status, pairs(), policy.max_replay_body_bytes)
+        };
         self.phase = Phase::Capturing(owned, capture);
         if end_of_stream {
             return self.complete(p, env);
@@ -85,7 +89,10 @@ impl DedupStream {
         end_of_stream: bool,
     ) -> Option<StoreCall> {
         if let Phase::Capturing(_, capture) = &mut self.phase {
-            capture.body(chunk);
+            {
+                let _t = span(Timed::Capture);
+                capture.body(chunk);
+            }
             if end_of_stream {
                 return self.complete(p, env);
             }
@@ -225,6 +232,7 @@ impl DedupStream {
             env.count(Counter::ResponseNotStored);
         }
         let now = env.now_ms();
+        let _t = span(Timed::Complete);
         self.complete_claim(p, env, owned, response, now)
     }
 

@@ -75,6 +75,7 @@ impl DedupStream {
         let token = env.new_token();
         order.token = token;
         let now = env.now_ms();
+        let _t = crate::phases::span(crate::phases::Phase::Entity);
         owned.claim_entity(self, p, env, token, now)
     }
 

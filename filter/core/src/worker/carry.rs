@@ -231,6 +231,7 @@ impl Worker {
         call: Option<StoreCall>,
     ) {
         self.report(io, stream);
+        self.stream_ended(host);
         let mut token = stream.pending_call();
         if let Some(call) = call {
             match host.dispatch(&call) {

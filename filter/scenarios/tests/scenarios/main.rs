@@ -25,6 +25,7 @@ mod detached;
 mod etcd;
 mod hardening;
 mod ordering;
+mod phases;
 mod rules;
 mod wait;
 

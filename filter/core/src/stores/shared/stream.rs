@@ -177,7 +177,10 @@ impl Store for SharedDataStore {
         digest: Digest,
         payload: Digest,
     ) -> Decision {
-        s.scope_tag = self.layout.scope_tag(policy, head);
+        s.scope_tag = {
+            let _t = crate::phases::span(crate::phases::Phase::ScopeTag);
+            self.layout.scope_tag(policy, head)
+        };
         s.claim_shared(p, self, env, digest, payload)
     }
 
