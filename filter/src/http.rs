@@ -1,19 +1,20 @@
-//! The HTTP context: reads what Envoy offers, hands it to `DedupStream`, and carries out
-//! the action it returns.
+//! The HTTP context: each of Envoy's stream callbacks goes to one `Worker` call (which
+//! decides, and says whether to pause), with the host calls that read what Envoy offers
+//! (header maps, bodies, properties) and the per-stream ones it carries out with (`Io`:
+//! a detached call, a local reply, the access-log properties, a resume).
 
 use crate::abi;
 use crate::context::{Action, Context, HttpContext};
 use crate::env::AbiHost;
 use crate::SharedWorker;
 use dedup_core::admin::AdminStream;
-use dedup_core::config::Role;
 use dedup_core::key::{text, RequestHead};
 use dedup_core::phases::{span, Phase};
 use dedup_core::reply::LocalReply;
 use dedup_core::response::status_of;
-use dedup_core::stream::{forwarded_header, CallAnswer, Origin, StoreCall, UpstreamCall};
-use dedup_core::worker::{self, response_action, Answerer, Side, StreamIo, Worker, WorkerEnv};
-use dedup_core::{Decision, DedupStream, Plugin};
+use dedup_core::stream::{forwarded_header, CallAnswer, Origin, UpstreamCall};
+use dedup_core::worker::{self, Answerer, Side, StreamIo, Worker};
+use dedup_core::DedupStream;
 
 pub(crate) struct DedupHttp {
     shared: Option<SharedWorker>,
@@ -39,25 +40,9 @@ impl DedupHttp {
         }
     }
 
-    /// Runs a stream callback `f` through the worker (`Worker::run`: the plugin and the
-    /// stream's `Env`); `None` when there is no worker or a callback re-enters it.
-    fn with_env<R>(
-        &mut self,
-        f: impl FnOnce(&mut DedupStream, &Plugin, &mut WorkerEnv<'_, AbiHost>) -> R,
-    ) -> Option<R> {
-        let stream = &mut self.stream;
-        let mut w = self.shared.as_ref()?.try_borrow_mut().ok()?;
-        Some(w.run(&AbiHost, |p, env| f(stream, p, env)))
-    }
-
-    /// Runs `f` on the worker, when there is one and it is not running already.
-    fn worker<R>(&self, f: impl FnOnce(&mut Worker) -> R) -> Option<R> {
-        let mut w = self.shared.as_ref()?.try_borrow_mut().ok()?;
-        Some(f(&mut w))
-    }
-
     /// Runs `f` with the worker, this stream's host calls and the stream (what
-    /// `Worker`'s carrying out needs); `None` as `worker`.
+    /// `Worker`'s carrying out needs); `None` when there is no worker (a context without
+    /// configuration) or a callback re-enters it.
     fn carry<R>(
         &mut self,
         f: impl FnOnce(&mut Worker, &mut Io, &mut DedupStream, Answerer<'_>) -> R,
@@ -69,38 +54,6 @@ impl DedupHttp {
             None => Answerer::Stream,
         };
         Some(f(&mut w, &mut io, &mut self.stream, by))
-    }
-
-    /// Carries out a request-path decision (`Worker::drive`).
-    fn drive(&mut self, decision: Decision) -> Action {
-        let a = self.carry(|w, io, s, by| w.drive(&AbiHost, io, s, by, decision));
-        act(a.unwrap_or(worker::Action::Continue))
-    }
-
-    /// A response-path store call (`Worker::hold_response_for`).
-    fn hold_response_for(&mut self, call: Option<StoreCall>) -> Action {
-        let a = self.carry(|w, io, s, _| w.hold_response_for(&AbiHost, io, s, call));
-        act(a.unwrap_or(worker::Action::Continue))
-    }
-
-    /// An admin request (`"role": "admin"`): answered from the store, never forwarded.
-    fn admin_request(&mut self, head: &RequestHead) -> Action {
-        if self.shared.is_none() {
-            return Action::Continue;
-        }
-        let peer = abi::property(&["source", "address"])
-            .map(|v| String::from_utf8_lossy(&v).into_owned())
-            .unwrap_or_default();
-        let mut admin = AdminStream::default();
-        let Some(decision) = self.worker(|w| {
-            w.with_env(&AbiHost, |p, env| {
-                admin.on_request(p, env, &head.method, &head.path, &peer)
-            })
-        }) else {
-            return Action::Continue;
-        };
-        self.admin = Some(admin);
-        self.drive(decision)
     }
 }
 
@@ -189,6 +142,20 @@ impl StreamIo for Io {
     }
 }
 
+/// `len` bytes of the response body from `start`; `None` (logged) when unreadable.
+fn read_response_body(start: usize, len: usize) -> Option<Vec<u8>> {
+    match abi::buffer(abi::BUFFER_RESPONSE_BODY, start, len) {
+        Ok(chunk) => Some(chunk),
+        Err(status) => {
+            abi::log(
+                abi::LOG_WARN,
+                &format!("proxy-dedup: cannot read response body (status {status})"),
+            );
+            None
+        }
+    }
+}
+
 /// The buffered request body, up to `size` bytes; `None` (logged) when unreadable.
 fn read_request_body(size: usize) -> Option<Vec<u8>> {
     let _t = span(Phase::BodyRead);
@@ -217,36 +184,24 @@ fn request_head() -> Option<RequestHead> {
 
 impl HttpContext for DedupHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some((role, properties)) = self.worker(|w| {
-            let c = &w.plugin.config;
-            (c.role, c.metadata_properties.clone())
-        }) else {
+        // A context without configuration (or a callback re-entering the worker) passes.
+        let Some(Ok(mut w)) = self.shared.as_ref().map(|s| s.try_borrow_mut()) else {
             return Action::Continue;
         };
-        // One header-map read: the whole head. (Methods no policy deduplicates skip the
-        // filter in Envoy's matcher, in the shipped templates; a pre-read of `:method`
-        // would cost every deduplicated request a second call.)
-        let Some(mut head) = request_head() else {
-            abi::log(
-                abi::LOG_WARN,
-                "proxy-dedup: cannot read request headers; passing through",
-            );
-            return Action::Continue;
-        };
-        if role == Role::Admin {
-            return self.admin_request(&head);
-        }
-        // The properties the policies' principals name (dynamic metadata an auth filter
-        // earlier in the chain set); none unless a policy reads one.
-        for path in properties.iter() {
-            if let Some(v) = abi::property_at(path) {
-                head.properties.push((path.clone(), v));
-            }
-        }
-        match self.with_env(|s, p, env| s.on_request_headers(p, env, head, end_of_stream)) {
-            Some(d) => self.drive(d),
-            None => Action::Continue,
-        }
+        act(w.request_headers(
+            &AbiHost,
+            &mut Io,
+            &mut self.stream,
+            &mut self.admin,
+            end_of_stream,
+            request_head,
+            abi::property_at,
+            || {
+                abi::property(&["source", "address"])
+                    .map(|v| String::from_utf8_lossy(&v).into_owned())
+                    .unwrap_or_default()
+            },
+        ))
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
@@ -271,54 +226,32 @@ impl HttpContext for DedupHttp {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        if !self.stream.holds_claim() {
-            return Action::Continue;
-        }
-        let pairs = abi::header_pairs(abi::MAP_RESPONSE_HEADERS).unwrap_or_default();
-        let status = status_of(&pairs);
-        let origin = response_origin();
-        let call = self
-            .with_env(|s, p, env| {
-                s.on_response_headers(p, env, status, &origin, move || pairs, end_of_stream)
+        let a = self.carry(|w, io, s, _| {
+            w.response_headers(&AbiHost, io, s, end_of_stream, || {
+                let pairs = abi::header_pairs(abi::MAP_RESPONSE_HEADERS).unwrap_or_default();
+                (status_of(&pairs), pairs, response_origin())
             })
-            .flatten();
-        self.hold_response_for(call)
+        });
+        act(a.unwrap_or(worker::Action::Continue))
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.stream.wants_response_body() {
-            return act(response_action(&self.stream));
-        }
-        let start = self.stream.response_chunk_start(body_size);
-        let call = match abi::buffer(abi::BUFFER_RESPONSE_BODY, start, body_size - start) {
-            Ok(chunk) => {
-                self.with_env(|s, p, env| s.on_response_body(p, env, &chunk, end_of_stream))
-            }
-            Err(status) => {
-                abi::log(
-                    abi::LOG_WARN,
-                    &format!("proxy-dedup: cannot read response body (status {status})"),
-                );
-                self.with_env(|s, p, env| {
-                    s.on_response_body_unreadable();
-                    s.on_response_body(p, env, &[], end_of_stream)
-                })
-            }
-        }
-        .flatten();
-        if end_of_stream {
-            self.stream.response_body_read(body_size);
-            return self.hold_response_for(call);
-        }
-        let a = self.carry(|w, _, s, _| w.response_body_read(s, body_size));
+        let a = self.carry(|w, io, s, _| {
+            w.response_body(
+                &AbiHost,
+                io,
+                s,
+                body_size,
+                end_of_stream,
+                read_response_body,
+            )
+        });
         act(a.unwrap_or(worker::Action::Continue))
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        let call = self
-            .with_env(|s, p, env| s.on_response_trailers(p, env))
-            .flatten();
-        self.hold_response_for(call)
+        let a = self.carry(|w, io, s, _| w.response_trailers(&AbiHost, io, s));
+        act(a.unwrap_or(worker::Action::Continue))
     }
 
     fn on_wake(&mut self) {
@@ -326,19 +259,7 @@ impl HttpContext for DedupHttp {
     }
 
     fn on_log(&mut self) {
-        if self.stream.handed_over() {
-            return;
-        }
-        // Envoy's properties are read only when the stream's end is classified by them.
-        let origin = if self.stream.origin_matters_at_end() {
-            response_origin()
-        } else {
-            Origin::default()
-        };
-        let call = self
-            .with_env(|s, p, env| s.on_stream_end(p, env, &origin))
-            .flatten();
-        let _ = self.carry(|w, io, s, _| w.end_stream(&AbiHost, io, s, call));
+        let _ = self.carry(|w, io, s, _| w.stream_end(&AbiHost, io, s, response_origin));
     }
 }
 

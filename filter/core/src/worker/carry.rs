@@ -8,8 +8,10 @@
 
 use super::{Host, Worker};
 use crate::admin::AdminStream;
+use crate::config::Role;
+use crate::key::RequestHead;
 use crate::reply::LocalReply;
-use crate::stream::{CallAnswer, Decision, DedupStream, Holds, StoreCall, UpstreamCall};
+use crate::stream::{CallAnswer, Decision, DedupStream, Holds, Origin, StoreCall, UpstreamCall};
 
 /// What a stream callback tells Envoy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -299,11 +301,143 @@ impl Worker {
         self.drive(host, io, stream, by, d)
     }
 
+    /// Request headers: the head is read (`read_head`; `None`: unreadable, the request
+    /// passes) with the properties the policies' principals name (`read_property`:
+    /// dynamic metadata an auth filter earlier in the chain set; none unless a policy
+    /// reads one). The operator API's plugin (`"role": "admin"`) answers it from the
+    /// store (`admin`, kept for its store calls' answers; `peer`: who asks); a data-plane
+    /// stream decides, and the decision is carried out (`drive`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn request_headers<H: Host, S: StreamIo>(
+        &mut self,
+        host: &H,
+        io: &mut S,
+        stream: &mut DedupStream,
+        admin: &mut Option<AdminStream>,
+        end_of_stream: bool,
+        read_head: impl FnOnce() -> Option<RequestHead>,
+        mut read_property: impl FnMut(&str) -> Option<Vec<u8>>,
+        peer: impl FnOnce() -> String,
+    ) -> Action {
+        let Some(mut head) = read_head() else {
+            host.log(
+                super::Level::Warn,
+                "proxy-dedup: cannot read request headers; passing through",
+            );
+            return Action::Continue;
+        };
+        if self.plugin.config.role == Role::Admin {
+            let peer = peer();
+            let mut a = AdminStream::default();
+            let d = self.with_env(host, |p, env| {
+                a.on_request(p, env, &head.method, &head.path, &peer)
+            });
+            let a = admin.insert(a);
+            return self.drive(host, io, stream, Answerer::Admin(a), d);
+        }
+        for path in self.plugin.config.metadata_properties.iter() {
+            if let Some(v) = read_property(path) {
+                head.properties.push((path.clone(), v));
+            }
+        }
+        let d = self.run(host, |p, env| {
+            stream.on_request_headers(p, env, head, end_of_stream)
+        });
+        self.drive(host, io, stream, Answerer::Stream, d)
+    }
+
+    /// Response headers: a stream that holds a claim reads them (`read`: the status, the
+    /// header pairs and where the response came from) and decides; a response-path call
+    /// it needs holds the response (`hold_response_for`). Any other stream passes.
+    pub fn response_headers<H: Host, S: StreamIo>(
+        &mut self,
+        host: &H,
+        io: &mut S,
+        stream: &mut DedupStream,
+        end_of_stream: bool,
+        read: impl FnOnce() -> (u16, Vec<(String, Vec<u8>)>, Origin),
+    ) -> Action {
+        if !stream.holds_claim() {
+            return Action::Continue;
+        }
+        let (status, pairs, origin) = read();
+        let call = self.run(host, |p, env| {
+            stream.on_response_headers(p, env, status, &origin, move || pairs, end_of_stream)
+        });
+        self.hold_response_for(host, io, stream, call)
+    }
+
+    /// A response body callback (`body_size` bytes offered): while the response is
+    /// captured, its new bytes are read (`read(start, len)`; `None`: unreadable, kept
+    /// without a body rather than truncated) and kept; at its end the completion holds
+    /// the response; before it, the body is buffered or passed (`buffer_or_pass`). A
+    /// response not captured passes, or stays held while a call holds it.
+    pub fn response_body<H: Host, S: StreamIo>(
+        &mut self,
+        host: &H,
+        io: &mut S,
+        stream: &mut DedupStream,
+        body_size: usize,
+        end_of_stream: bool,
+        read: impl FnOnce(usize, usize) -> Option<Vec<u8>>,
+    ) -> Action {
+        if !stream.wants_response_body() {
+            return response_action(stream);
+        }
+        let start = stream.response_chunk_start(body_size);
+        let chunk = read(start, body_size.saturating_sub(start));
+        let call = self.run(host, |p, env| match chunk {
+            Some(chunk) => stream.on_response_body(p, env, &chunk, end_of_stream),
+            None => {
+                stream.on_response_body_unreadable();
+                stream.on_response_body(p, env, &[], end_of_stream)
+            }
+        });
+        if end_of_stream {
+            stream.response_body_read(body_size);
+            return self.hold_response_for(host, io, stream, call);
+        }
+        self.buffer_or_pass(stream, body_size)
+    }
+
+    /// Response trailers: the response is complete.
+    pub fn response_trailers<H: Host, S: StreamIo>(
+        &mut self,
+        host: &H,
+        io: &mut S,
+        stream: &mut DedupStream,
+    ) -> Action {
+        let call = self.run(host, |p, env| stream.on_response_trailers(p, env));
+        self.hold_response_for(host, io, stream, call)
+    }
+
+    /// The stream's end (Envoy's log callback): the stream classifies it, reading where
+    /// the response came from (`origin`) only when that decides; then `end_stream`. A
+    /// stream handed over to the orphans has nothing left here.
+    pub fn stream_end<H: Host, S: StreamIo>(
+        &mut self,
+        host: &H,
+        io: &mut S,
+        stream: &mut DedupStream,
+        origin: impl FnOnce() -> Origin,
+    ) {
+        if stream.handed_over() {
+            return;
+        }
+        let origin = if stream.origin_matters_at_end() {
+            origin()
+        } else {
+            Origin::default()
+        };
+        let call = self.run(host, |p, env| stream.on_stream_end(p, env, &origin));
+        self.end_stream(host, io, stream, call);
+    }
+
     /// After a response body callback that read up to `body_size`, not its end: whether
     /// Envoy buffers the body (`Pause`). With a store reached by calls, the last bytes
     /// must not reach the client before the store has the completed record
     /// (`DedupStream::buffer_response_body`).
-    pub fn response_body_read(&self, stream: &mut DedupStream, body_size: usize) -> Action {
+    fn buffer_or_pass(&self, stream: &mut DedupStream, body_size: usize) -> Action {
         if stream.buffer_response_body(self.plugin.store.makes_calls(), body_size) {
             Action::Pause
         } else {
