@@ -313,6 +313,7 @@ impl DedupStream {
                     headers,
                     body,
                     details: "proxy_dedup_stale",
+                    problem: None,
                 }
             }
         };
