@@ -6,6 +6,7 @@
 //! where with problem+json it raised `APIError: Invalid response object from API`. The
 //! app is `tests/clients/stripe_charges.py`; this test reads what it saw. Also a
 //! template's answer as a client gets it, and a template Envoy must refuse.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
