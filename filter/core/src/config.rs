@@ -1,6 +1,7 @@
 //! Plugin configuration: the JSON contract, parsed strictly and checked once at `on_configure`.
 
 mod defaults;
+mod errors;
 pub mod fields;
 mod ordering;
 mod policy;
@@ -10,6 +11,10 @@ mod store;
 mod values;
 
 pub use defaults::*;
+pub use errors::{
+    is_json, ErrorBody, ErrorFormat, Template, TemplateValues, JSON_CONTENT_TYPE,
+    PROBLEM_JSON_CONTENT_TYPE,
+};
 pub use fields::MAX_RULES;
 pub use ordering::{
     EntitySource, OnStale, Ordering, VersionSource, VersionType, MAX_ENTITY_BYTES,
@@ -314,6 +319,9 @@ pub struct Policy {
     /// `advertise_expiry`: replays and 409s carry `idempotency-expires` (and replays
     /// `age`) when their record knows the time.
     pub advertise_expiry: bool,
+    /// `errors`: how this policy's error answers are written (problem+json, Stripe's
+    /// shape, a template).
+    pub errors: ErrorFormat,
 }
 
 /// Detached execution: the filter sends a key's first execution to `cluster` with
@@ -358,6 +366,7 @@ impl Default for Policy {
             detached: None,
             ordering: None,
             advertise_expiry: DEFAULT_ADVERTISE_EXPIRY,
+            errors: ErrorFormat::default(),
         }
     }
 }
@@ -554,6 +563,19 @@ impl Config {
     /// The rule named `name`.
     pub fn rule_named(&self, name: &str) -> Option<&Rule> {
         self.rules.iter().find(|r| r.name == name)
+    }
+
+    /// How the filter's error answers are written for a request of the rule named
+    /// `rule` (`None`: the top level): that policy's `errors`, but problem+json from
+    /// the operator API (`role: "admin"`), whatever the policies say.
+    pub fn error_format(&self, rule: Option<&str>) -> Option<&ErrorFormat> {
+        if self.role == Role::Admin {
+            return None;
+        }
+        let policy = rule
+            .and_then(|name| self.rule_named(name))
+            .map_or(&self.policy, |r| &r.policy);
+        Some(&policy.errors)
     }
 }
 
