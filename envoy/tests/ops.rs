@@ -243,7 +243,7 @@ impl World {
             "missing-key",
         );
         // A slow first request and its duplicate meanwhile.
-        let slow = req(&k3, json!({"n": 3})).header("x-demo-delay-ms", "300");
+        let slow = req(&k3, json!({"n": 3})).header("x-demo-delay-ms", "500");
         let addr = self.proxies[p].addr();
         let background = {
             let slow = slow.clone();
@@ -324,7 +324,7 @@ impl World {
         let before = counter_of(&self.proxies[p], "outcome_unknown");
         let slow = self
             .shared_req("/orders/ops", &lost, "shop")
-            .header("x-demo-delay-ms", "800");
+            .header("x-demo-delay-ms", "1500");
         let gone = dedup_envoy::client::send_or_give_up(
             self.proxies[p].addr(),
             &slow,
