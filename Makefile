@@ -37,10 +37,11 @@ wasm: deps
 
 # The module as an OCI image for Istio's WasmPlugin, in dist/oci (an OCI image
 # layout); prints the module's sha256 and the image digest
-# (docs/src/deployment/oci.md). `make oci OCI_TAG=1.2.3` for another tag.
-OCI_TAG ?= 0.1.0
+# (docs/src/deployment/oci.md). Tagged with the workspace's version (Cargo.toml,
+# oci-image's default); `make oci OCI_TAG=1.2.3` for another tag.
+OCI_TAG ?=
 oci: wasm
-	$(CARGO) run --locked -q -p dedup-tools --bin oci-image -- --out dist/oci --tag $(OCI_TAG)
+	$(CARGO) run --locked -q -p dedup-tools --bin oci-image -- --out dist/oci $(if $(OCI_TAG),--tag $(OCI_TAG))
 
 # The configuration reference and JSON Schema, generated from the filter's field table
 # (filter/core/src/config/fields.rs); a dedup-core test fails when the committed files
