@@ -565,8 +565,8 @@ fn the_rules_pass_promtool_on_series_from_real_envoys() {
     assert!(out.contains("SUCCESS"), "{out}");
 }
 
-/// The `expr` text of every rule in a rules file, and the file's lines that hold
-/// them (block scalars included).
+/// The numbers of the lines of a rules file that hold its rules' `expr` (a block
+/// scalar's lines included).
 fn expr_lines(rules: &str) -> Vec<usize> {
     let mut lines = Vec::new();
     let mut block: Option<usize> = None;
