@@ -9,6 +9,7 @@ pub mod envoy_filter;
 pub mod envoy_yaml;
 pub mod error;
 pub mod http;
+pub mod inline;
 pub mod oci;
 pub mod paths;
 pub mod render;
