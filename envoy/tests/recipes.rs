@@ -102,7 +102,11 @@ fn curl(line: &str) -> (Request, Option<Duration>) {
             url if !url.starts_with('-') => {
                 let rest = url.split_once("://").map_or(url, |(_, r)| r);
                 let at = rest.find('/').unwrap_or(rest.len());
-                path = Some(if at == rest.len() { "/".to_string() } else { rest[at..].to_string() });
+                path = Some(if at == rest.len() {
+                    "/".to_string()
+                } else {
+                    rest[at..].to_string()
+                });
             }
             other => panic!("the test knows no curl option {other} ({line})"),
         }
@@ -145,7 +149,9 @@ fn expectation(comment: &str, line: &str) -> Expect {
 fn transcript(page: &str) -> Vec<Step> {
     let at = page.find("\n## Try it").expect("a `## Try it` section");
     let section = &page[at..];
-    let section = section[10..].find("\n## ").map_or(section, |e| &section[..e + 10]);
+    let section = section[10..]
+        .find("\n## ")
+        .map_or(section, |e| &section[..e + 10]);
     let mut lines = section.lines().peekable();
     let mut steps = Vec::new();
     while let Some(l) = lines.next() {
@@ -158,7 +164,9 @@ fn transcript(page: &str) -> Vec<Step> {
             cmd.push_str(lines.next().unwrap_or(""));
         }
         if let Some(s) = cmd.strip_prefix("sleep ") {
-            steps.push(Step::Sleep(Duration::from_secs_f64(s.trim().parse().unwrap())));
+            steps.push(Step::Sleep(Duration::from_secs_f64(
+                s.trim().parse().unwrap(),
+            )));
         } else if cmd.starts_with("curl ") {
             let comment = lines
                 .next()
@@ -247,7 +255,11 @@ fn run_page(rel: &str) -> usize {
     let page = std::fs::read_to_string(&page_path).unwrap();
     let (template, json) = pair(&page_path, &page);
     let steps = transcript(&page);
-    assert!(steps.len() >= 2, "{rel}: a transcript of {} steps", steps.len());
+    assert!(
+        steps.len() >= 2,
+        "{rel}: a transcript of {} steps",
+        steps.len()
+    );
     let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
     let upstream = DemoUpstream::start(0, false).unwrap();
     let filter_json = std::fs::read_to_string(&json).unwrap();
@@ -259,7 +271,11 @@ fn run_page(rel: &str) -> usize {
         dedupctl_render(&template, &json, &config),
         "{rel}: the kit's rendering differs from dedupctl render's"
     );
-    let name = Path::new(rel).file_stem().unwrap().to_string_lossy().into_owned();
+    let name = Path::new(rel)
+        .file_stem()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
     let envoy = EnvoyProcess::start(&format!("recipe-{name}"), config)
         .unwrap_or_else(|e| panic!("{rel}: {e}"));
     let mut executed: Vec<(Request, Response)> = Vec::new();
@@ -276,7 +292,10 @@ fn run_page(rel: &str) -> usize {
                 if expect == Expect::NoAnswer {
                     let p = patience.unwrap_or_else(|| panic!("`{line}`: no answer needs curl -m"));
                     let gone = send_or_give_up(envoy.addr(), &req, p, Leave::Close).unwrap();
-                    assert!(matches!(gone, GiveUp::GaveUp), "`{line}` was answered: {gone:?}");
+                    assert!(
+                        matches!(gone, GiveUp::GaveUp),
+                        "`{line}` was answered: {gone:?}"
+                    );
                     checked += 1;
                     continue;
                 }
@@ -304,15 +323,38 @@ fn the_transcript_reader_reads_curl_lines_and_answers() {
     let page = "x\n## Try it\n```console\n$ curl -si -m 1 localhost:10000/v1/a?b=1 -H 'idempotency-key: k 1' \\\n  -H \"x-q: it's\" -d '{\"a\": 1}'\n# no answer within 1 s\n$ sleep 0.5\n$ curl -s -X PATCH http://h/p\n# 409 in-flight: still\n$ curl -s h/p\n# 200 replayed\n```\n## Next\n$ curl x\n";
     let steps = transcript(page);
     assert_eq!(steps.len(), 4, "{steps:?}");
-    let Step::Send { req, patience, expect, .. } = &steps[0] else { panic!() };
-    assert_eq!((req.method.as_str(), req.path.as_str()), ("POST", "/v1/a?b=1"));
-    assert!(req.headers.contains(&("idempotency-key".into(), "k 1".into())));
+    let Step::Send {
+        req,
+        patience,
+        expect,
+        ..
+    } = &steps[0]
+    else {
+        panic!()
+    };
+    assert_eq!(
+        (req.method.as_str(), req.path.as_str()),
+        ("POST", "/v1/a?b=1")
+    );
+    assert!(req
+        .headers
+        .contains(&("idempotency-key".into(), "k 1".into())));
     assert!(req.headers.contains(&("x-q".into(), "it's".into())));
-    assert_eq!((*patience, expect), (Some(Duration::from_secs(1)), &Expect::NoAnswer));
+    assert_eq!(
+        (*patience, expect),
+        (Some(Duration::from_secs(1)), &Expect::NoAnswer)
+    );
     assert!(matches!(steps[1], Step::Sleep(d) if d == Duration::from_millis(500)));
-    let Step::Send { req, expect, .. } = &steps[2] else { panic!() };
-    assert_eq!((req.method.as_str(), expect), ("PATCH", &Expect::Problem(409, "in-flight".into())));
-    let Step::Send { expect, .. } = &steps[3] else { panic!() };
+    let Step::Send { req, expect, .. } = &steps[2] else {
+        panic!()
+    };
+    assert_eq!(
+        (req.method.as_str(), expect),
+        ("PATCH", &Expect::Problem(409, "in-flight".into()))
+    );
+    let Step::Send { expect, .. } = &steps[3] else {
+        panic!()
+    };
     assert_eq!(expect, &Expect::Replayed);
 }
 

@@ -246,7 +246,9 @@ pub fn clusters_of_files(files: &[String]) -> Result<Vec<String>, String> {
         let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
         let i = inspect(&text).map_err(|e| format!("{f}: {e}"))?;
         if !i.defines_clusters {
-            return Err(format!("{f}: defines no clusters (static_resources.clusters)"));
+            return Err(format!(
+                "{f}: defines no clusters (static_resources.clusters)"
+            ));
         }
         out.extend(i.clusters);
     }
@@ -337,7 +339,13 @@ pub fn check_command(
             return Ok(1);
         }
     };
-    let ok = report(file, &i, (!from.is_empty()).then_some(&others[..]), out, err)?;
+    let ok = report(
+        file,
+        &i,
+        (!from.is_empty()).then_some(&others[..]),
+        out,
+        err,
+    )?;
     Ok(if ok { 0 } else { 1 })
 }
 
@@ -429,8 +437,14 @@ spec:
         assert_eq!(i.filters.len(), 2);
         assert_eq!(i.filters[0].at, "WasmPlugin proxy-dedup, pluginConfig");
         let plugin: Json = serde_json::from_str(i.filters[0].config.as_ref().unwrap()).unwrap();
-        assert_eq!(plugin, serde_json::json!({"key": {"required": true}, "ttl_seconds": 60}));
-        assert_eq!(i.filters[1].at, "EnvoyFilter proxy-dedup, filter proxy_dedup");
+        assert_eq!(
+            plugin,
+            serde_json::json!({"key": {"required": true}, "ttl_seconds": 60})
+        );
+        assert_eq!(
+            i.filters[1].at,
+            "EnvoyFilter proxy-dedup, filter proxy_dedup"
+        );
         let p = problems(i.filters[1].config.as_ref().unwrap(), None, "istio.yaml");
         assert!(p[0].contains("`ttl_second`"), "{p:?}");
     }

@@ -26,9 +26,7 @@ const END_YAML: &str = "# inline end";
 /// One file's text with its inline copies brought up to date; the markers whose
 /// copies changed (their line numbers and specs).
 pub fn sync_text(path: &Path, text: &str) -> Result<(String, Vec<(usize, String)>), String> {
-    let yaml = path
-        .extension()
-        .is_some_and(|e| e == "yaml" || e == "yml");
+    let yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
     let dir = path.parent().unwrap_or(Path::new("."));
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
     let mut out = String::with_capacity(text.len());
@@ -118,8 +116,9 @@ fn generate(dir: &Path, spec: &str, yaml: bool, indent: &str) -> Result<String, 
                 Some("json") => Ok(fenced("json", &text)),
                 Some("md") => {
                     let body = match anchor {
-                        Some(a) => anchor_region(&text, a)
-                            .ok_or(format!("{file} has no ANCHOR: {a}"))?,
+                        Some(a) => {
+                            anchor_region(&text, a).ok_or(format!("{file} has no ANCHOR: {a}"))?
+                        }
                         None => text,
                     };
                     Ok(body)
@@ -127,7 +126,9 @@ fn generate(dir: &Path, spec: &str, yaml: bool, indent: &str) -> Result<String, 
                 _ => Err(format!("{file}: no language for this file")),
             }
         }
-        _ => Err("expected `<!-- inline: FILE -->` or `<!-- inline: render TEMPLATE CONFIG -->`".into()),
+        _ => Err(
+            "expected `<!-- inline: FILE -->` or `<!-- inline: render TEMPLATE CONFIG -->`".into(),
+        ),
     }
 }
 
@@ -161,7 +162,13 @@ fn yaml_field(file: &Path, field: &str, indent: &str) -> Result<String, String> 
                 .trim_end()
                 .lines()
                 .enumerate()
-                .map(|(n, l)| if n == 0 { l.to_string() } else { format!("{cont}{l}") })
+                .map(|(n, l)| {
+                    if n == 0 {
+                        l.to_string()
+                    } else {
+                        format!("{cont}{l}")
+                    }
+                })
                 .collect();
             format!("{indent}{field}: {}\n", body.join("\n"))
         }
@@ -193,8 +200,8 @@ fn yaml_field(file: &Path, field: &str, indent: &str) -> Result<String, String> 
     Ok(out)
 }
 
-/// The files that may hold markers: `docs/src/**/*.md` and `envoy/configs/**/*.yaml`
-/// under `root`, sorted.
+/// The files that may hold markers under `root`: `envoy/configs/**/*.yaml`, then
+/// `docs/src/**/*.md`, each sorted.
 pub fn files(root: &Path) -> Vec<PathBuf> {
     fn walk(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -210,9 +217,13 @@ pub fn files(root: &Path) -> Vec<PathBuf> {
         }
     }
     let mut out = Vec::new();
-    walk(&root.join("docs/src"), "md", &mut out);
     walk(&root.join("envoy/configs"), "yaml", &mut out);
     out.sort();
+    // The book after the YAML files: a page may show an Istio file, written first.
+    let mut pages = Vec::new();
+    walk(&root.join("docs/src"), "md", &mut pages);
+    pages.sort();
+    out.extend(pages);
     out
 }
 
@@ -225,8 +236,16 @@ mod tests {
     fn markers_are_filled_and_a_stale_copy_is_reported() {
         let dir = std::env::temp_dir().join(format!("inline-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("c.json"), "{\"key\": {\"required\": true},\n \"replayed_header\": \"x-it's\"}\n").unwrap();
-        std::fs::write(dir.join("a.md"), "x\n<!-- ANCHOR: s -->\nkept\n<!-- ANCHOR_END: s -->\n").unwrap();
+        std::fs::write(
+            dir.join("c.json"),
+            "{\"key\": {\"required\": true},\n \"replayed_header\": \"x-it's\"}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("a.md"),
+            "x\n<!-- ANCHOR: s -->\nkept\n<!-- ANCHOR_END: s -->\n",
+        )
+        .unwrap();
         let md = "# P\n<!-- inline: c.json -->\nold\n<!-- inline end -->\n<!-- inline: a.md:s -->\n<!-- inline end -->\n";
         let (out, changed) = sync_text(&dir.join("p.md"), md).unwrap();
         assert_eq!(
@@ -240,7 +259,10 @@ mod tests {
         let y = "spec:\n  # inline: c.json as pluginConfig\n  # inline end\n  v:\n    # inline: c.json as value\n    # inline end\n";
         let (out, _) = sync_text(&dir.join("w.yaml"), y).unwrap();
         let doc = &yaml_rust2::YamlLoader::load_from_str(&out).unwrap()[0];
-        assert_eq!(doc["spec"]["pluginConfig"]["replayed_header"].as_str(), Some("x-it's"));
+        assert_eq!(
+            doc["spec"]["pluginConfig"]["replayed_header"].as_str(),
+            Some("x-it's")
+        );
         assert_eq!(
             doc["spec"]["v"]["value"].as_str(),
             Some("{\"key\": {\"required\": true}, \"replayed_header\": \"x-it's\"}")

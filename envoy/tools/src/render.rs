@@ -69,7 +69,9 @@ fn plain_safe(v: &str, flow: bool) -> bool {
     let Some(first) = v.chars().next() else {
         return false;
     };
-    if "-?:,[]{}#&*!|>'\"%@`".contains(first) && !(first == '-' && v.len() > 1 && !v.starts_with("- ")) {
+    if "-?:,[]{}#&*!|>'\"%@`".contains(first)
+        && !(first == '-' && v.len() > 1 && !v.starts_with("- "))
+    {
         return false;
     }
     if v != v.trim() || v.contains(": ") || v.ends_with(':') || v.contains(" #") {
@@ -138,8 +140,7 @@ fn context(line: &str, at: usize, len: usize) -> Option<Context> {
     };
     let after = after.trim_start();
     let whole = before.is_empty()
-        && (after.trim().is_empty()
-            || (depth > 0 && after.starts_with([',', '}', ']'])));
+        && (after.trim().is_empty() || (depth > 0 && after.starts_with([',', '}', ']'])));
     Some(Context::Bare {
         flow: depth > 0,
         whole,
@@ -238,7 +239,10 @@ pub fn fill(template: &str, vars: &[(&str, String)]) -> Result<String, String> {
 /// The placeholders of `template` outside comments, in order of first use.
 pub fn placeholders(template: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for line in template.lines().filter(|l| !l.trim_start().starts_with('#')) {
+    for line in template
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+    {
         let mut rest = line;
         while let Some(at) = rest.find("{{") {
             let Some(len) = rest[at..].find("}}") else {
@@ -291,14 +295,18 @@ impl Render {
                 "--config" => {
                     let v = value()?;
                     let (name, file) = match v.split_once('=') {
-                        Some((n, f)) if !n.contains('/') && !n.is_empty() => (n.to_string(), f.to_string()),
+                        Some((n, f)) if !n.contains('/') && !n.is_empty() => {
+                            (n.to_string(), f.to_string())
+                        }
                         _ => ("FILTER_CONFIG".to_string(), v),
                     };
                     r.configs.push((name, file));
                 }
                 "--set" => {
                     let v = value()?;
-                    let (n, x) = v.split_once('=').ok_or(format!("--set {v}: expected NAME=VALUE"))?;
+                    let (n, x) = v
+                        .split_once('=')
+                        .ok_or(format!("--set {v}: expected NAME=VALUE"))?;
                     r.set.push((n.to_string(), x.to_string()));
                 }
                 "--clusters-from" => r.clusters_from.push(value()?),
@@ -330,7 +338,9 @@ impl Render {
             vars.push((name.clone(), one_line_json(&text)));
         }
         let wanted = placeholders(&template);
-        if wanted.iter().any(|w| w == "FILTER_CONFIG") && !vars.iter().any(|(n, _)| n == "FILTER_CONFIG") {
+        if wanted.iter().any(|w| w == "FILTER_CONFIG")
+            && !vars.iter().any(|(n, _)| n == "FILTER_CONFIG")
+        {
             return Err(one(format!(
                 "{} has {{{{FILTER_CONFIG}}}}: give the filter's configuration with --config FILE",
                 self.template
@@ -368,7 +378,10 @@ impl Render {
         let passed = crate::envoy_yaml::report(&self.template, &i, given, &mut ok_lines, &mut bad)
             .unwrap_or(false);
         if !passed {
-            return Err(String::from_utf8_lossy(&bad).lines().map(str::to_string).collect());
+            return Err(String::from_utf8_lossy(&bad)
+                .lines()
+                .map(str::to_string)
+                .collect());
         }
         let _ = err.write_all(&ok_lines);
         Ok(text)
@@ -434,7 +447,8 @@ mod tests {
         )
         .unwrap();
         let y = yaml(&out);
-        let back: serde_json::Value = serde_json::from_str(y["a"]["value"].as_str().unwrap()).unwrap();
+        let back: serde_json::Value =
+            serde_json::from_str(y["a"]["value"].as_str().unwrap()).unwrap();
         let want: serde_json::Value = serde_json::from_str(config).unwrap();
         assert_eq!(back, want);
         assert_eq!(y["a"]["re"].as_str(), Some("PO\"ST|\\d"));
@@ -443,9 +457,15 @@ mod tests {
     #[test]
     fn bare_values_stay_plain_or_are_quoted_whole() {
         let t = "p: { port_value: {{P}} }\nf: {{W}}\nu: http://h:{{P}}/m\nx: a{{W}}\n";
-        let vars = [("P", "8080".to_string()), ("W", "/tmp/a #b.wasm".to_string())];
+        let vars = [
+            ("P", "8080".to_string()),
+            ("W", "/tmp/a #b.wasm".to_string()),
+        ];
         let err = fill(t, &vars).unwrap_err();
-        assert!(err.contains("{{W}} is part of a plain YAML scalar"), "{err}");
+        assert!(
+            err.contains("{{W}} is part of a plain YAML scalar"),
+            "{err}"
+        );
         let out = fill(&t.replace("x: a{{W}}\n", ""), &vars).unwrap();
         let y = yaml(&out);
         assert_eq!(y["p"]["port_value"].as_i64(), Some(8080));
@@ -466,7 +486,10 @@ mod tests {
         let err = fill("a: {{X}}\nb: '{{Y}}'\nc: {{X}}\n", &[]).unwrap_err();
         assert_eq!(err, "no value for {{X}}, {{Y}}");
         assert!(fill("v: '{{C}}'\n", &[("C", "a\nb".into())]).is_err());
-        assert_eq!(placeholders("a: {{X}} # {{Z}}\n# {{W}}\nb: '{{Y}}{{X}}'\n"), ["X", "Y"]);
+        assert_eq!(
+            placeholders("a: {{X}} # {{Z}}\n# {{W}}\nb: '{{Y}}{{X}}'\n"),
+            ["X", "Y"]
+        );
     }
 
     #[test]

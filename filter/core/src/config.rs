@@ -658,7 +658,10 @@ fn whole_number(token: &str) -> Option<String> {
     if exponent.is_none() && frac.is_none() {
         return None;
     }
-    if int.is_empty() || !int.bytes().all(|d| d.is_ascii_digit()) || (int.len() > 1 && int.starts_with('0')) {
+    if int.is_empty()
+        || !int.bytes().all(|d| d.is_ascii_digit())
+        || (int.len() > 1 && int.starts_with('0'))
+    {
         return None;
     }
     let frac = frac.unwrap_or("");
@@ -667,7 +670,9 @@ fn whole_number(token: &str) -> Option<String> {
     }
     // The value is `int frac` × 10^(exponent − frac's length).
     let mut digits = format!("{int}{frac}");
-    let shift = exponent.unwrap_or(0).checked_sub(i32::try_from(frac.len()).ok()?)?;
+    let shift = exponent
+        .unwrap_or(0)
+        .checked_sub(i32::try_from(frac.len()).ok()?)?;
     if shift >= 0 {
         if shift > 20 {
             return None;

@@ -58,33 +58,96 @@ impl Gen {
 /// valid for it (alone), those after are not.
 fn strings(name: &str) -> Vec<String> {
     let v: &[&str] = match name {
-        "key.headers" | "principal.header" | "replayed_header" | "ordering.entity.header"
-        | "ordering.version.header" | "rules[].match.header.name" => &[
-            "x-tenant", "X-Api-Key", "idempotency-key", "x-a", "|", "bad header", "",
-            "x-request-id", "x-forwarded-for", ":authority",
+        "key.headers"
+        | "principal.header"
+        | "replayed_header"
+        | "ordering.entity.header"
+        | "ordering.version.header"
+        | "rules[].match.header.name" => &[
+            "x-tenant",
+            "X-Api-Key",
+            "idempotency-key",
+            "x-a",
+            "|",
+            "bad header",
+            "",
+            "x-request-id",
+            "x-forwarded-for",
+            ":authority",
         ],
-        "scope.headers" => &["x-tenant", ":authority", ":PATH", "x-a", "|", "X-Tenant", "bad header", "", "x-request-id"],
+        "scope.headers" => &[
+            "x-tenant",
+            ":authority",
+            ":PATH",
+            "x-a",
+            "|",
+            "X-Tenant",
+            "bad header",
+            "",
+            "x-request-id",
+        ],
         "principal.cookie" => &["sid", "|", "bad;", "", "a b"],
-        "key.json_pointer" | "payload.json_pointers" | "payload.ignore_json_pointers"
-        | "ordering.entity.json_pointer" | "ordering.version.json_pointer" => {
-            &["/id", "/a~1b", "/", "|", "/a~2", "id", "", "/a~"]
+        "key.json_pointer"
+        | "payload.json_pointers"
+        | "payload.ignore_json_pointers"
+        | "ordering.entity.json_pointer"
+        | "ordering.version.json_pointer" => &["/id", "/a~1b", "/", "|", "/a~2", "id", "", "/a~"],
+        "rules[].match.path_prefix" | "rules[].match.path_exact" => {
+            &["/v1", "/", "|", "/a?b", "v1", "/a\u{1}"]
         }
-        "rules[].match.path_prefix" | "rules[].match.path_exact" => &["/v1", "/", "|", "/a?b", "v1", "/a\u{1}"],
-        "rules[].match.authority" => &["api.example.com", "API.example.com:8080", "|", "a b", "x/y", ""],
+        "rules[].match.authority" => &[
+            "api.example.com",
+            "API.example.com:8080",
+            "|",
+            "a b",
+            "x/y",
+            "",
+        ],
         "rules[].match.header.equals" => &["v", "", "|", "a\nb"],
         "store.authority" => &["etcd", "|", "a b", ""],
-        "store.prefix" => &["proxy-dedup/", "|", "", "a\u{7f}", "üüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüü"],
+        "store.prefix" => &[
+            "proxy-dedup/",
+            "|",
+            "",
+            "a\u{7f}",
+            "üüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüüü",
+        ],
         "upstream.cluster" => &["service", "payments", "|", "", "a\u{7}"],
-        "principal.metadata" => &["envoy.filters.http.jwt_authn", "jwt_payload", "sub", "|", "", "a\u{0}b"],
-        "store_statuses" => &["2xx", "4xx", "409", "!404", "!2xx", "|", "600", "abc", "2XX"],
+        "principal.metadata" => &[
+            "envoy.filters.http.jwt_authn",
+            "jwt_payload",
+            "sub",
+            "|",
+            "",
+            "a\u{0}b",
+        ],
+        "store_statuses" => &[
+            "2xx", "4xx", "409", "!404", "!2xx", "|", "600", "abc", "2XX",
+        ],
         "rules[].name" | "rules[].records_of" => &["a", "b", "|", "default", "bad name", "zz"],
         "store.namespace" => &["ns", "proxy-dedup", "|", "a/b", ""],
-        "store.cluster" => &["etcd", "etcd_a", "|", "", "a-cluster-name-longer-than-sixty-four-characters-is-no-shard-name-x"],
+        "store.cluster" => &[
+            "etcd",
+            "etcd_a",
+            "|",
+            "",
+            "a-cluster-name-longer-than-sixty-four-characters-is-no-shard-name-x",
+        ],
         "store.kind" => &["etcd", "shared_data", "|", "bogus"],
         "store.protocol" => &["grpc", "json", "|", "h3"],
         "store.eviction" => &["own_scope", "oldest", "|", "newest"],
         "methods" => &["POST", "PUT", "|", "get", ""],
-        "parts" => &["method", "path", "body", "query", "header:x-a", "header::authority", "|", "header:bad h", "bogus"],
+        "parts" => &[
+            "method",
+            "path",
+            "body",
+            "query",
+            "header:x-a",
+            "header::authority",
+            "|",
+            "header:bad h",
+            "bogus",
+        ],
         _ => &["x", "|", ""],
     };
     v.iter().map(|s| s.to_string()).collect()
@@ -124,7 +187,10 @@ fn item(g: &mut Gen, item: Item, list: &str) -> Value {
                 s.insert("name".into(), json!(g.pick(&["a", "b", "", "a b", "c"])));
             }
             if g.chance(90) {
-                s.insert("cluster".into(), json!(g.pick(&["etcd_a", "etcd_b", "etcd_c", ""])));
+                s.insert(
+                    "cluster".into(),
+                    json!(g.pick(&["etcd_a", "etcd_b", "etcd_c", ""])),
+                );
             }
             if g.chance(20) {
                 s.insert("authority".into(), json!(g.pick(&["h", "a b"])));
@@ -220,9 +286,9 @@ fn unchecked(field: &str) -> bool {
     let f = normalized(field);
     let bare = f.strip_prefix("rules[].").unwrap_or(&f);
     UNCHECKED.iter().any(|(u, _)| {
-        [f.as_str(), bare].iter().any(|x| {
-            *x == *u || x.starts_with(&format!("{u}[")) || x.starts_with(&format!("{u}."))
-        })
+        [f.as_str(), bare]
+            .iter()
+            .any(|x| *x == *u || x.starts_with(&format!("{u}[")) || x.starts_with(&format!("{u}.")))
     })
 }
 
@@ -293,8 +359,12 @@ fn the_named_cases_agree() {
     assert!(ok(json!({"ordering": {"enabled": false}})));
     assert!(ok(json!({"ttl_seconds": null})));
     // And its false passes: both refuse.
-    assert!(!ok(json!({"payload": {"json_pointers": ["/a"], "ignore_json_pointers": ["/b"]}})));
-    assert!(!ok(json!({"store": {"kind": "etcd", "shards": [{"cluster": "a"}], "next_shards": [{"cluster": "a"}], "previous_shards": [{"cluster": "a"}]}})));
+    assert!(!ok(
+        json!({"payload": {"json_pointers": ["/a"], "ignore_json_pointers": ["/b"]}})
+    ));
+    assert!(!ok(
+        json!({"store": {"kind": "etcd", "shards": [{"cluster": "a"}], "next_shards": [{"cluster": "a"}], "previous_shards": [{"cluster": "a"}]}})
+    ));
     assert!(Config::parse(br#"{"ttl_seconds": 1e3}"#).is_ok());
 }
 
@@ -306,7 +376,10 @@ fn the_generated_configurations_are_both_valid_and_not() {
     let (mut valid, mut refused_by_schema, mut only_parser) = (0, 0, 0);
     for seed in 1..=1500u64 {
         let rate = [0, 0, 0, 2, 5, 10, 30][(seed % 7) as usize];
-        let doc = object(&mut Gen(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1, rate), "");
+        let doc = object(
+            &mut Gen(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1, rate),
+            "",
+        );
         match agree(&doc, &schema) {
             Ok(true) if Config::parse(doc.to_string().as_bytes()).is_ok() => valid += 1,
             Ok(true) => only_parser += 1,
@@ -315,5 +388,8 @@ fn the_generated_configurations_are_both_valid_and_not() {
         }
     }
     eprintln!("{valid} valid, {refused_by_schema} refused by both, {only_parser} refused by the parser alone (UNCHECKED)");
-    assert!(valid >= 300 && refused_by_schema >= 300, "{valid} valid, {refused_by_schema} refused");
+    assert!(
+        valid >= 300 && refused_by_schema >= 300,
+        "{valid} valid, {refused_by_schema} refused"
+    );
 }

@@ -17,7 +17,11 @@ fn main() -> std::process::ExitCode {
         let Ok(text) = std::fs::read_to_string(&path) else {
             continue;
         };
-        let shown = path.strip_prefix(&root).unwrap_or(&path).display().to_string();
+        let shown = path
+            .strip_prefix(&root)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
         match dedup_tools::inline::sync_text(&path, &text) {
             Err(e) => {
                 eprintln!("{e}");

@@ -238,7 +238,12 @@ fn check(schema: &Value, v: &Value, at: &str, errors: &mut Vec<String>) {
                 }
             }
             "oneOf" => {
-                let n = rule.as_array().unwrap().iter().filter(|s| valid(s, v)).count();
+                let n = rule
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|s| valid(s, v))
+                    .count();
                 if n != 1 {
                     fail(format!("matches {n} of {rule}, not exactly one"));
                 }

@@ -111,10 +111,13 @@ fn is(name: &str, v: Value) -> Value {
 /// The pattern of a string field, or of a list's entries, by the field's name.
 fn pattern_of(name: &str) -> Option<&'static str> {
     Some(match name {
-        "key.headers" | "principal.header" | "replayed_header" | "ordering.entity.header"
-        | "ordering.version.header" | "rules[].match.header.name" | "principal.cookie" => {
-            HEADER_NAME
-        }
+        "key.headers"
+        | "principal.header"
+        | "replayed_header"
+        | "ordering.entity.header"
+        | "ordering.version.header"
+        | "rules[].match.header.name"
+        | "principal.cookie" => HEADER_NAME,
         "scope.headers" => HEADER_OR_PSEUDO,
         "key.json_pointer"
         | "payload.json_pointers"
@@ -230,7 +233,10 @@ fn field_schema(f: &Field) -> Value {
             s.insert("contains".into(), json!({"pattern": INCLUDING_STATUS}));
         }
         "rules[].name" => {
-            s.insert("not".into(), json!({"const": super::super::DEFAULT_RECORDS}));
+            s.insert(
+                "not".into(),
+                json!({"const": super::super::DEFAULT_RECORDS}),
+            );
         }
         _ => {}
     }
@@ -345,7 +351,11 @@ fn object_schema(parent: &str, nullable: bool) -> Value {
             }));
         }
         "ordering.entity" => {
-            c["oneOf"] = json!([given(&["header"]), given(&["json_pointer"]), given(&["parts"])]);
+            c["oneOf"] = json!([
+                given(&["header"]),
+                given(&["json_pointer"]),
+                given(&["parts"])
+            ]);
         }
         "ordering.version" => {
             c["oneOf"] = json!([given(&["header"]), given(&["json_pointer"])]);
