@@ -27,7 +27,7 @@ use std::time::Duration;
 enum Step {
     Send {
         line: String,
-        req: Request,
+        req: Box<Request>,
         /// `curl -m N`: the client's patience.
         patience: Option<Duration>,
         expect: Expect,
@@ -176,7 +176,7 @@ fn transcript(page: &str) -> Vec<Step> {
             steps.push(Step::Send {
                 expect: expectation(comment, &cmd),
                 line: cmd,
-                req,
+                req: Box::new(req),
                 patience,
             });
         }
@@ -309,7 +309,7 @@ fn run_page(rel: &str) -> usize {
                     .map(|(_, r)| r);
                 check(&line, &expect, &r, last);
                 if expect == Expect::Executed {
-                    executed.push((req, r));
+                    executed.push((*req, r));
                 }
                 checked += 1;
             }
