@@ -52,10 +52,13 @@ oci: wasm
 
 # The configuration reference and JSON Schema, generated from the filter's field table
 # (filter/core/src/config/fields.rs); a dedup-core test fails when the committed files
-# differ from what this writes.
+# differ from what this writes. Then the inline copies of files in the book and the
+# Istio files (`<!-- inline: PATH -->`, dedup_tools::inline): docs-check fails when
+# one differs from its source.
 docs-ref:
 	$(CARGO) run --locked -q -p dedup-tools --bin dedupctl -- reference > docs/src/reference/fields.md
 	$(CARGO) run --locked -q -p dedup-tools --bin dedupctl -- schema > docs/config.schema.json
+	$(CARGO) run --locked -q -p dedup-tools --bin sync-inline
 
 # Everything: the docs' build and links (docs-check), native logic tests, the scenarios of the built module in host-test (filter/scenarios),
 # real-Envoy end-to-end tests (they start Envoy, the demo upstream and etcd).

@@ -7,7 +7,8 @@
 //!   dedupctl [--addr HOST:PORT] [--json] get   --key K [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer] [--rule NAME]
 //!   dedupctl [--addr HOST:PORT] [--json] purge --key K [--authority H] [--scope NAME=VALUE]... [--rule NAME] [--force]
 //!   dedupctl [--addr HOST:PORT] [--json] stats
-//!   dedupctl check-config FILE
+//!   dedupctl check-config FILE [--clusters-from FILE]...
+//!   dedupctl render TEMPLATE --config FILE [--config NAME=FILE]... [--set NAME=VALUE]... [--clusters-from FILE]... [--out FILE]
 //!   dedupctl envoy-filter FILE [--wasm PATH] [--vm-id ID] [--indent N]
 //!   dedupctl methods FILE
 //!   dedupctl schema
@@ -15,7 +16,10 @@
 //!   dedupctl --help | --version
 //!
 //! `check-config` parses FILE (the filter's JSON configuration) with the filter's own
-//! parser and prints the error, naming the field, that Envoy would log. `envoy-filter`
+//! parser and prints the error, naming the field, that Envoy would log; given an Envoy
+//! or Istio YAML file instead, it checks every proxy-dedup filter in it and the clusters
+//! they name (`envoy_yaml`). `render` fills a shipped template from a JSON file
+//! (`render`), then checks the result the same way. `envoy-filter`
 //! prints the `http_filters` entry for it: the filter wrapped in Envoy's matching, so
 //! requests whose method no policy deduplicates never enter Wasm. `methods` prints the
 //! value of the shipped templates' `{{DEDUP_METHODS}}` for it (e.g. `POST|PATCH`).
@@ -36,7 +40,8 @@ use std::time::Duration;
 
 const USAGE: &str = "usage: dedupctl [--addr HOST:PORT] [--json] get|purge|stats \
 [--key K] [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer] [--rule NAME] [--force]
-       dedupctl check-config FILE
+       dedupctl check-config FILE [--clusters-from FILE]...
+       dedupctl render TEMPLATE --config FILE [--config NAME=FILE]... [--set NAME=VALUE]... [--clusters-from FILE]... [--out FILE]
        dedupctl envoy-filter FILE [--wasm PATH] [--vm-id ID] [--indent N]
        dedupctl methods FILE
        dedupctl schema | reference
@@ -218,6 +223,9 @@ fn offline(args: &[String], out: &mut dyn Write, err: &mut dyn Write) -> std::io
             return Ok(2);
         }
     };
+    if command == "check-config" && crate::envoy_yaml::is_yaml(file, &config) {
+        return crate::envoy_yaml::check_command(file, &config, &rest[1..], out, err);
+    }
     let mut wasm = "/etc/envoy/dedup_filter.wasm".to_string();
     let mut vm_id = "proxy_dedup".to_string();
     let mut indent = 10usize;
@@ -299,6 +307,9 @@ fn try_run(all: &[String], out: &mut dyn Write, err: &mut dyn Write) -> std::io:
             return Ok(0);
         }
         _ => {}
+    }
+    if all.first().map(String::as_str) == Some("render") {
+        return crate::render::command(&all[1..], out, err);
     }
     if matches!(
         all.first().map(String::as_str),

@@ -10,7 +10,7 @@ mod reference;
 mod schema;
 
 pub use reference::reference_markdown;
-pub use schema::{json_schema, schema_text};
+pub use schema::{json_schema, schema_text, UNCHECKED};
 
 use super::defaults::*;
 use super::{err, Config, ConfigError};
