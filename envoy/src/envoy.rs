@@ -163,21 +163,25 @@ impl EnvoyProcess {
 
     /// `envoy --mode validate`: parses the config and builds every listener,
     /// filter (loading the Wasm module and running on_configure) and cluster
-    /// without serving. Returns the log on failure.
+    /// without serving. Returns the log on failure (in validate mode Envoy logs
+    /// to standard error, not to `--log-path`).
     pub fn validate(name: &str, yaml: &str) -> Result<()> {
         let dir = scratch_dir(name)?;
         let cfg_path = dir.join("envoy.yaml");
         std::fs::write(&cfg_path, yaml)?;
         let log_path = dir.join("envoy.log");
+        let stderr_path = dir.join("stderr.log");
         let mut cmd = envoy_command(&cfg_path, &log_path, WORKERS, None, &["--mode", "validate"]);
-        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        cmd.stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&stderr_path)?));
         let mut child = spawn(cmd)?;
         match child.wait_exit(READY_TIMEOUT) {
             Some(0) => Ok(()),
             Some(code) => fail!(
-                "envoy --mode validate {} exited {code}:\n{}",
+                "envoy --mode validate {} exited {code}:\n{}{}",
                 cfg_path.display(),
-                log_tail(&log_path, 15)
+                log_tail(&log_path, 15),
+                log_tail(&stderr_path, 15)
             ),
             None => fail!("envoy --mode validate did not finish"),
         }

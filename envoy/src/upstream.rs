@@ -9,7 +9,9 @@
 //! executes the request and then resets the connection without answering;
 //! `x-demo-fault: cut` sends the status line, headers and half the body, then
 //! resets. `GET /__executions` returns the counts as JSON, `POST /__reset`
-//! clears them; neither is counted.
+//! clears them; neither is counted. `POST /v1/charges` answers like Stripe's
+//! charges endpoint as well: a `charge` object (`id`, `amount`, `currency` from
+//! the form body) that Stripe's SDKs read.
 //!
 //! Started with `start_recording`, it also keeps every execution (request
 //! headers and body, the status and body it sent, when) for the chaos soak's
@@ -404,6 +406,8 @@ fn handle(head: &Head, body: &[u8], shared: &Shared) -> (u16, Value, Duration) {
     });
     if status >= 400 {
         payload["error"] = json!(format!("failing on demand with {status}"));
+    } else if method == "POST" && path == "/v1/charges" {
+        charge(&mut payload, order_id, body);
     }
     // A large response on demand (memory budget tests).
     let pad = head
@@ -415,6 +419,25 @@ fn handle(head: &Head, body: &[u8], shared: &Shared) -> (u16, Value, Duration) {
         payload["pad"] = json!("p".repeat(pad));
     }
     (status, payload, Duration::from_millis(delay_ms))
+}
+
+/// Makes `payload` a Stripe charge object (Stripe's SDKs build a `Charge` from
+/// `"object": "charge"`): its id from the execution's order id, `amount` and
+/// `currency` from the form-encoded body, as Stripe's API answers a created charge.
+fn charge(payload: &mut Value, order_id: u64, body: &[u8]) {
+    let form = String::from_utf8_lossy(body);
+    let field = |name: &str| {
+        form.split('&')
+            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+            .map(str::to_string)
+    };
+    payload["id"] = json!(format!("ch_demo{order_id:012}"));
+    payload["object"] = json!("charge");
+    payload["amount"] = json!(field("amount").and_then(|a| a.parse::<u64>().ok()));
+    payload["currency"] = json!(field("currency"));
+    payload["status"] = json!("succeeded");
+    payload["paid"] = json!(true);
+    payload["livemode"] = json!(false);
 }
 
 /// The value of query parameter `name` in the request line `start`.

@@ -27,7 +27,7 @@ fn config_files() -> Vec<std::path::PathBuf> {
 }
 
 fn is_istio(text: &str) -> bool {
-    text.contains("kind: WasmPlugin")
+    text.contains("kind: WasmPlugin") || text.contains("kind: EnvoyFilter")
 }
 
 #[test]
@@ -217,56 +217,39 @@ fn lds_and_jwt_scope_configs_serve_traffic() {
     assert_problem(&r, 400, "missing-key");
 }
 
-/// The Istio WasmPlugin's `pluginConfig` is the filter's configuration; it is
-/// written as a JSON flow mapping between marker comments so that this test can
-/// hand it to the filter in a real Envoy.
+/// The Istio files, one way each (a WasmPlugin, an EnvoyFilter), carry one filter
+/// configuration, envoy/configs/recipes/istio.json: each file's is read back as
+/// `dedupctl check-config` reads it, must be that JSON, and is handed to the filter in
+/// a real Envoy.
 #[test]
-fn istio_example_plugin_config_is_accepted_by_the_filter() {
+fn istio_files_carry_the_one_recipe_config_and_the_filter_accepts_it() {
     let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
-    let mut checked = 0;
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(config_file("recipes/istio.json")).unwrap())
+            .unwrap();
+    let mut kinds = Vec::new();
     for file in config_files() {
         let text = std::fs::read_to_string(&file).unwrap();
         if !is_istio(&text) {
             continue;
         }
-        let (start, end) = markers(&text, "# pluginConfig-begin", "# pluginConfig-end");
-        let block = &text[start..end];
-        let json_text: String = block
-            .lines()
-            .skip(1)
-            .map(|l| l.split_once("pluginConfig:").map(|(_, r)| r).unwrap_or(l))
-            .collect::<Vec<_>>()
-            .join("\n");
-        let value: serde_json::Value = serde_json::from_str(json_text.trim()).unwrap_or_else(|e| {
-            panic!(
-                "{}: pluginConfig is not JSON ({e}): {json_text}",
-                file.display()
-            )
-        });
-        let cfg = EnvoyConfig::single_node(8080, &wasm, &value.to_string()).unwrap();
-        EnvoyProcess::validate("istio-plugin-config", &cfg.render().unwrap())
+        let found = dedup_tools::envoy_yaml::inspect(&text).unwrap();
+        assert_eq!(
+            found.filters.len(),
+            1,
+            "{}: one variant per file",
+            file.display()
+        );
+        let config = found.filters[0].config.clone().unwrap();
+        let got: serde_json::Value = serde_json::from_str(&config).unwrap();
+        assert_eq!(got, want, "{}: not recipes/istio.json", file.display());
+        let cfg = EnvoyConfig::single_node(8080, &wasm, &config).unwrap();
+        EnvoyProcess::validate("istio-config", &cfg.render().unwrap())
             .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        checked += 1;
-        // The EnvoyFilter alternative carries the configuration as a string.
-        for line in text
-            .lines()
-            .filter(|l| l.trim_start().starts_with("value: '{"))
-        {
-            let raw = line.trim_start().trim_start_matches("value: '").trim_end();
-            let raw = raw
-                .strip_suffix('\'')
-                .expect("single-quoted value")
-                .replace("''", "'");
-            let cfg = EnvoyConfig::single_node(8080, &wasm, &raw).unwrap();
-            EnvoyProcess::validate("istio-envoyfilter-config", &cfg.render().unwrap())
-                .unwrap_or_else(|e| panic!("{}: EnvoyFilter value {raw}: {e}", file.display()));
-            checked += 1;
-        }
+        kinds.push(found.filters[0].at.split(' ').next().unwrap().to_string());
     }
-    assert!(
-        checked >= 2,
-        "no Istio WasmPlugin/EnvoyFilter example found"
-    );
+    kinds.sort();
+    assert_eq!(kinds, ["EnvoyFilter", "WasmPlugin"]);
 }
 
 #[test]

@@ -7,14 +7,19 @@
 //!   dedupctl [--addr HOST:PORT] [--json] get   --key K [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer] [--rule NAME]
 //!   dedupctl [--addr HOST:PORT] [--json] purge --key K [--authority H] [--scope NAME=VALUE]... [--rule NAME] [--force]
 //!   dedupctl [--addr HOST:PORT] [--json] stats
-//!   dedupctl check-config FILE
+//!   dedupctl check-config FILE [--clusters-from FILE]...
+//!   dedupctl render TEMPLATE --config FILE [--config NAME=FILE]... [--set NAME=VALUE]... [--clusters-from FILE]... [--out FILE]
 //!   dedupctl envoy-filter FILE [--wasm PATH] [--vm-id ID] [--indent N]
 //!   dedupctl methods FILE
 //!   dedupctl schema
 //!   dedupctl reference
+//!   dedupctl --help | --version
 //!
 //! `check-config` parses FILE (the filter's JSON configuration) with the filter's own
-//! parser and prints the error, naming the field, that Envoy would log. `envoy-filter`
+//! parser and prints the error, naming the field, that Envoy would log; given an Envoy
+//! or Istio YAML file instead, it checks every proxy-dedup filter in it and the clusters
+//! they name (`envoy_yaml`). `render` fills a shipped template from a JSON file
+//! (`render`), then checks the result the same way. `envoy-filter`
 //! prints the `http_filters` entry for it: the filter wrapped in Envoy's matching, so
 //! requests whose method no policy deduplicates never enter Wasm. `methods` prints the
 //! value of the shipped templates' `{{DEDUP_METHODS}}` for it (e.g. `POST|PATCH`).
@@ -23,7 +28,10 @@
 //! `make docs-ref` writes them to docs/config.schema.json and docs/src/reference/fields.md.
 //!
 //! Exit status: 0 when the API answered 2xx, 1 when it refused (404, 409, 400), 2 on
-//! usage or connection errors.
+//! usage or connection errors. `--help` (anywhere a flag may stand) prints the usage and
+//! what each command does on standard output and exits 0; `--version` prints
+//! `dedupctl <version>`, the workspace's version (the filter's: both are built from one
+//! `Cargo.toml`).
 
 use crate::client::{send, Request};
 use std::io::Write;
@@ -32,10 +40,44 @@ use std::time::Duration;
 
 const USAGE: &str = "usage: dedupctl [--addr HOST:PORT] [--json] get|purge|stats \
 [--key K] [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer] [--rule NAME] [--force]
-       dedupctl check-config FILE
+       dedupctl check-config FILE [--clusters-from FILE]...
+       dedupctl render TEMPLATE --config FILE [--config NAME=FILE]... [--set NAME=VALUE]... [--clusters-from FILE]... [--out FILE]
        dedupctl envoy-filter FILE [--wasm PATH] [--vm-id ID] [--indent N]
        dedupctl methods FILE
-       dedupctl schema | reference";
+       dedupctl schema | reference
+       dedupctl --help | --version";
+
+/// What `--help` adds to [`USAGE`]: each command in a line or two, the exit status.
+const HELP: &str = "\
+commands:
+  get           look up a record through the filter's operator API (a listener where the
+                filter runs with \"role\": \"admin\"; --addr, default 127.0.0.1:9902)
+  purge         remove a record (--force: also one in flight or with an unknown outcome)
+  stats         the store's record counts
+  check-config  parse FILE (the filter's JSON configuration) with the filter's own parser:
+                \"ok\", or the error Envoy would log, naming the field
+  envoy-filter  the http_filters entry of FILE for an Envoy config
+  methods       the methods FILE deduplicates, as the templates' {{DEDUP_METHODS}}
+  schema        the configuration's JSON Schema
+  reference     the configuration's markdown reference
+options:
+  --json        print the operator API's JSON answer as it is
+  -h, --help    this text
+  -V, --version the version (the filter module's too)
+exit status: 0 done (the API answered 2xx); 1 refused (404, 409, 400) or an invalid
+configuration; 2 usage or connection error.
+";
+
+/// `--help`'s text: the usage, then [`HELP`].
+fn help(out: &mut dyn Write) -> std::io::Result<u8> {
+    write!(out, "{USAGE}\n\n{HELP}")?;
+    Ok(0)
+}
+
+/// Whether `arg` asks for the help text.
+fn is_help(arg: &str) -> bool {
+    matches!(arg, "-h" | "--help")
+}
 
 /// Percent-encodes a query component (unreserved characters stay).
 fn encode(s: &str) -> String {
@@ -50,6 +92,8 @@ fn encode(s: &str) -> String {
 }
 
 struct Args {
+    /// `--help` among the flags: print the help, nothing else.
+    help: bool,
     addr: String,
     json: bool,
     command: String,
@@ -58,6 +102,7 @@ struct Args {
 
 fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
+        help: false,
         addr: "127.0.0.1:9902".to_string(),
         json: false,
         command: String::new(),
@@ -80,7 +125,10 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                     .ok_or(format!("--scope {v}: expected NAME=VALUE"))?;
                 a.query.push((format!("scope.{name}"), val.to_string()));
             }
-            "-h" | "--help" => return Err(USAGE.to_string()),
+            "-h" | "--help" => {
+                a.help = true;
+                return Ok(a);
+            }
             "get" | "purge" | "stats" if a.command.is_empty() => a.command = arg,
             other => return Err(format!("unexpected `{other}`\n{USAGE}")),
         }
@@ -161,6 +209,9 @@ fn offline(args: &[String], out: &mut dyn Write, err: &mut dyn Write) -> std::io
         Some((c, rest)) => (c.as_str(), rest),
         None => return Ok(2),
     };
+    if rest.iter().any(|a| is_help(a)) {
+        return help(out);
+    }
     let Some(file) = rest.first() else {
         writeln!(err, "{command} needs a configuration file\n{USAGE}")?;
         return Ok(2);
@@ -172,6 +223,9 @@ fn offline(args: &[String], out: &mut dyn Write, err: &mut dyn Write) -> std::io
             return Ok(2);
         }
     };
+    if command == "check-config" && crate::envoy_yaml::is_yaml(file, &config) {
+        return crate::envoy_yaml::check_command(file, &config, &rest[1..], out, err);
+    }
     let mut wasm = "/etc/envoy/dedup_filter.wasm".to_string();
     let mut vm_id = "proxy_dedup".to_string();
     let mut indent = 10usize;
@@ -239,6 +293,11 @@ pub fn run(args: &[String], out: &mut dyn Write, err: &mut dyn Write) -> u8 {
 
 fn try_run(all: &[String], out: &mut dyn Write, err: &mut dyn Write) -> std::io::Result<u8> {
     match all.first().map(String::as_str) {
+        Some("-h" | "--help" | "help") => return help(out),
+        Some("-V" | "--version") if all.len() == 1 => {
+            writeln!(out, "dedupctl {}", env!("CARGO_PKG_VERSION"))?;
+            return Ok(0);
+        }
         Some("schema") if all.len() == 1 => {
             write!(out, "{}", dedup_core::config::fields::schema_text())?;
             return Ok(0);
@@ -249,6 +308,9 @@ fn try_run(all: &[String], out: &mut dyn Write, err: &mut dyn Write) -> std::io:
         }
         _ => {}
     }
+    if all.first().map(String::as_str) == Some("render") {
+        return crate::render::command(&all[1..], out, err);
+    }
     if matches!(
         all.first().map(String::as_str),
         Some("check-config" | "envoy-filter" | "methods")
@@ -256,6 +318,7 @@ fn try_run(all: &[String], out: &mut dyn Write, err: &mut dyn Write) -> std::io:
         return offline(all, out, err);
     }
     let args = match parse(all.iter().cloned()) {
+        Ok(a) if a.help => return help(out),
         Ok(a) => a,
         Err(e) => {
             writeln!(err, "{e}")?;

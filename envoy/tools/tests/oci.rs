@@ -1,11 +1,14 @@
 //! `make oci`'s image through a real registry: the `oci-image` binary writes
 //! the layout, skopeo pushes it to Debian's docker-registry on loopback and
 //! pulls it back, and the module comes out byte for byte under the same
-//! digests. The registry is then read the way Istio's image fetcher reads it.
+//! digests. The registry is then read the way Istio's image fetcher reads it, and a
+//! plain Envoy loads the module from the registry's blob URL (`vm_config.code.remote`,
+//! the variant docs/src/deployment/kubernetes.md gives for a registry).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use dedup_envoy::paths::{config_file, dedup_wasm, empty_wasm, scratch_dir};
 use dedup_envoy::registry::Registry;
+use dedup_envoy::{EnvoyConfig, EnvoyProcess, Request};
 use dedup_tools::oci::{digest, find_layer, sha256_hex, Image, MODULE_LAYER, REF_NAME};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -149,6 +152,40 @@ fn make_oci_is_deterministic_and_survives_a_real_registry() {
     assert_eq!(pulled_manifest, want.manifest);
     let (layer, _) = find_layer(&pulled_manifest, MODULE_LAYER).unwrap();
     assert_eq!(blob(&pulled, &layer), module, "the pulled module differs");
+
+    // Plain Envoy, no Istio: remote code from the registry's blob URL, checked by the
+    // module's SHA-256 (the module layer's digest).
+    let blob_path = format!("/v2/{REPO}/blobs/{}", want.module_digest());
+    let template = std::fs::read_to_string(config_file("remote-module.yaml")).unwrap();
+    let uri = "http://127.0.0.1:{{MODULE_PORT}}/dedup_filter.wasm";
+    assert!(template.contains(uri), "remote-module.yaml's uri moved");
+    let from_registry = dir.join("remote-from-registry.yaml");
+    std::fs::write(
+        &from_registry,
+        template.replace(
+            uri,
+            &format!("http://127.0.0.1:{{{{MODULE_PORT}}}}{blob_path}"),
+        ),
+    )
+    .unwrap();
+    let mut cfg = EnvoyConfig::remote_module(
+        1,
+        registry.addr().port(),
+        &sha256_hex(&module),
+        r#"{"key": {"required": true}}"#,
+    )
+    .unwrap();
+    cfg.template = from_registry;
+    let envoy = EnvoyProcess::start("oci-remote", cfg).unwrap_or_else(|e| panic!("{e}"));
+    // A module that failed to load would leave the listener without the filter,
+    // answering 503 (FAIL_CLOSED): the filter's own 400 shows it loaded.
+    let r = envoy.send(&Request::post("/orders").body("{}")).unwrap();
+    assert_eq!(r.status, 400, "{}\n{}", r.summary(), envoy.log());
+    assert_eq!(
+        dedup_envoy::problem_type(&r.body),
+        "urn:proxy-dedup:problem:missing-key"
+    );
+    drop(envoy);
     drop(registry);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -249,6 +249,7 @@ fn json_reply(status: u16, v: Value) -> LocalReply {
         headers: vec![("content-type".to_string(), b"application/json".to_vec())],
         body: v.to_string().into_bytes(),
         details: "proxy_dedup_admin",
+        problem: None,
     }
 }
 

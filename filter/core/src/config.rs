@@ -1,6 +1,7 @@
 //! Plugin configuration: the JSON contract, parsed strictly and checked once at `on_configure`.
 
 mod defaults;
+mod errors;
 pub mod fields;
 mod ordering;
 mod policy;
@@ -10,6 +11,10 @@ mod store;
 mod values;
 
 pub use defaults::*;
+pub use errors::{
+    is_json, ErrorBody, ErrorFormat, Template, TemplateValues, JSON_CONTENT_TYPE,
+    PROBLEM_JSON_CONTENT_TYPE,
+};
 pub use fields::MAX_RULES;
 pub use ordering::{
     EntitySource, OnStale, Ordering, VersionSource, VersionType, MAX_ENTITY_BYTES,
@@ -314,6 +319,9 @@ pub struct Policy {
     /// `advertise_expiry`: replays and 409s carry `idempotency-expires` (and replays
     /// `age`) when their record knows the time.
     pub advertise_expiry: bool,
+    /// `errors`: how this policy's error answers are written (problem+json, Stripe's
+    /// shape, a template).
+    pub errors: ErrorFormat,
 }
 
 /// Detached execution: the filter sends a key's first execution to `cluster` with
@@ -358,6 +366,7 @@ impl Default for Policy {
             detached: None,
             ordering: None,
             advertise_expiry: DEFAULT_ADVERTISE_EXPIRY,
+            errors: ErrorFormat::default(),
         }
     }
 }
@@ -498,7 +507,8 @@ impl Config {
         if !text.trim_start().starts_with('{') {
             return Err(err("(root)", "the configuration must be a JSON object"));
         }
-        let mut de = serde_json::Deserializer::from_str(text);
+        let text = integral_numbers(text);
+        let mut de = serde_json::Deserializer::from_str(&text);
         let raw: RawConfig = serde_path_to_error::deserialize(&mut de).map_err(serde_error)?;
         de.end().map_err(|e| err("(root)", e.to_string()))?;
         Config::try_from(raw)
@@ -555,6 +565,19 @@ impl Config {
     pub fn rule_named(&self, name: &str) -> Option<&Rule> {
         self.rules.iter().find(|r| r.name == name)
     }
+
+    /// How the filter's error answers are written for a request of the rule named
+    /// `rule` (`None`: the top level): that policy's `errors`, but problem+json from
+    /// the operator API (`role: "admin"`), whatever the policies say.
+    pub fn error_format(&self, rule: Option<&str>) -> Option<&ErrorFormat> {
+        if self.role == Role::Admin {
+            return None;
+        }
+        let policy = rule
+            .and_then(|name| self.rule_named(name))
+            .map_or(&self.policy, |r| &r.policy);
+        Some(&policy.errors)
+    }
 }
 
 impl RuleMatch {
@@ -583,6 +606,117 @@ impl RuleMatch {
                 }
             })
     }
+}
+
+/// `text` with every number written with a fraction or an exponent that is a whole
+/// number in range (`60.0`, `6e1`, `1.5e3`) written as its digits (`60`, `60`, `1500`):
+/// an integer field takes what JSON Schema calls an integer (a number with no
+/// fractional part, whatever its notation), so the filter and the schema
+/// (`docs/config.schema.json`) agree. Exact (decimal digits, no float); a number with a
+/// fraction (`1.5`), or too large for 20 digits, stays as written and is refused by the
+/// field as before. Strings are left alone.
+fn integral_numbers(text: &str) -> std::borrow::Cow<'_, str> {
+    let b = text.as_bytes();
+    let mut out: Option<String> = None;
+    let (mut i, mut copied) = (0usize, 0usize);
+    let mut in_string = false;
+    while i < b.len() {
+        let c = b[i];
+        if in_string {
+            match c {
+                b'\\' => i += 1,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        if c == b'"' {
+            in_string = true;
+            i += 1;
+            continue;
+        }
+        if !(c == b'-' || c.is_ascii_digit()) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        i += 1;
+        while i < b.len() && matches!(b[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-') {
+            i += 1;
+        }
+        let token = text.get(start..i).unwrap_or("");
+        if let Some(digits) = whole_number(token) {
+            let o = out.get_or_insert_with(|| String::with_capacity(text.len()));
+            o.push_str(text.get(copied..start).unwrap_or(""));
+            o.push_str(&digits);
+            copied = i;
+        }
+    }
+    match out {
+        Some(mut o) => {
+            o.push_str(text.get(copied..).unwrap_or(""));
+            std::borrow::Cow::Owned(o)
+        }
+        None => std::borrow::Cow::Borrowed(text),
+    }
+}
+
+/// The digits of a JSON number token with a fraction or exponent that is a whole
+/// number of at most 20 digits (`None`: an integer already, not whole, or not a number).
+fn whole_number(token: &str) -> Option<String> {
+    let (negative, rest) = match token.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, token),
+    };
+    let (mantissa, exponent) = match rest.find(['e', 'E']) {
+        Some(at) => (&rest[..at], Some(rest[at + 1..].parse::<i32>().ok()?)),
+        None => (rest, None),
+    };
+    let (int, frac) = match mantissa.split_once('.') {
+        Some((i, f)) => (i, Some(f)),
+        None => (mantissa, None),
+    };
+    if exponent.is_none() && frac.is_none() {
+        return None;
+    }
+    if int.is_empty()
+        || !int.bytes().all(|d| d.is_ascii_digit())
+        || (int.len() > 1 && int.starts_with('0'))
+    {
+        return None;
+    }
+    let frac = frac.unwrap_or("");
+    if !frac.bytes().all(|d| d.is_ascii_digit()) || (mantissa.contains('.') && frac.is_empty()) {
+        return None;
+    }
+    // The value is `int frac` × 10^(exponent − frac's length).
+    let mut digits = format!("{int}{frac}");
+    let shift = exponent
+        .unwrap_or(0)
+        .checked_sub(i32::try_from(frac.len()).ok()?)?;
+    if shift >= 0 {
+        if shift > 20 {
+            return None;
+        }
+        digits.extend(std::iter::repeat_n('0', shift as usize));
+    } else {
+        let cut = digits.len().checked_sub(shift.unsigned_abs() as usize)?;
+        if !digits[cut..].bytes().all(|d| d == b'0') {
+            return None;
+        }
+        digits.truncate(cut);
+    }
+    let digits = digits.trim_start_matches('0');
+    let digits = if digits.is_empty() { "0" } else { digits };
+    if digits.len() > 20 {
+        return None;
+    }
+    Some(if negative && digits != "0" {
+        format!("-{digits}")
+    } else {
+        digits.to_string()
+    })
 }
 
 /// Turns a serde error into a field-naming error, e.g. `key.max_length`.

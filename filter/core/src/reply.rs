@@ -1,5 +1,7 @@
-//! Local replies: RFC 9457 problem+json errors and replays of stored responses.
+//! Local replies: errors (RFC 9457 problem+json as built, rewritten once in a policy's
+//! `errors` format where they leave the core) and replays of stored responses.
 
+use crate::config::{ErrorBody, ErrorFormat, TemplateValues};
 use crate::response::StoredResponse;
 
 /// The header that tells a client when the record behind an answer stops answering
@@ -14,6 +16,16 @@ pub struct LocalReply {
     pub body: Vec<u8>,
     /// Envoy's response code details (`%RESPONSE_CODE_DETAILS%` in access logs).
     pub details: &'static str,
+    /// The problem an error answer reports, with its detail (`None`: not an error,
+    /// e.g. a replay): what `in_format` writes the body from.
+    pub problem: Option<ProblemDetail>,
+}
+
+/// An error answer's problem and detail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProblemDetail {
+    pub problem: Problem,
+    pub detail: String,
 }
 
 impl LocalReply {
@@ -23,6 +35,62 @@ impl LocalReply {
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_slice())
     }
+
+    /// This answer as a policy's `errors` format writes it (`None`: as built): an
+    /// error's body and `content-type` rewritten, its status too for Stripe's
+    /// idempotency errors (`Problem::stripe`); its other headers, and any answer that
+    /// is not an error, unchanged.
+    pub fn in_format(mut self, format: Option<&ErrorFormat>) -> LocalReply {
+        let (Some(format), Some(p)) = (format, self.problem.as_ref()) else {
+            return self;
+        };
+        if format.is_default() {
+            return self;
+        }
+        let (problem, detail) = (p.problem, p.detail.as_str());
+        match &format.body {
+            ErrorBody::ProblemJson => {}
+            ErrorBody::Stripe => {
+                let stripe = problem.stripe();
+                self.status = stripe.status;
+                self.body = serde_json::json!({"error": {
+                    "type": stripe.kind,
+                    "code": stripe.code,
+                    "message": detail,
+                }})
+                .to_string()
+                .into_bytes();
+            }
+            ErrorBody::Template(template) => {
+                let retry_after = self
+                    .header("retry-after")
+                    .and_then(|v| std::str::from_utf8(v).ok());
+                self.body = template.render(&TemplateValues {
+                    status: self.status,
+                    slug: problem.slug(),
+                    title: problem.title(),
+                    detail,
+                    retry_after,
+                });
+            }
+        }
+        for (name, value) in self.headers.iter_mut() {
+            if name.eq_ignore_ascii_case("content-type") {
+                *value = format.content_type.as_bytes().to_vec();
+            }
+        }
+        self
+    }
+}
+
+/// A problem as Stripe's API writes it: what Stripe's SDKs choose their error class by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StripeError {
+    pub status: u16,
+    /// `error.type`: `idempotency_error`, `invalid_request_error` or `api_error`.
+    pub kind: &'static str,
+    /// `error.code`: the slug in Stripe's snake case, Stripe's own code where it has one.
+    pub code: &'static str,
 }
 
 /// The problems the filter answers with; `slug` names the problem type.
@@ -129,7 +197,58 @@ impl Problem {
         }
     }
 
-    fn title(self) -> &'static str {
+    /// This problem in Stripe's terms. stripe-python picks its error class by status,
+    /// then `error.type` (`specific_v1_api_error`): `IdempotencyError` only for a `400`
+    /// or `404` with type `idempotency_error`, `InvalidRequestError` for other `400`s,
+    /// `APIError` for the rest, and it retries `409` and `5xx` itself; stripe-node picks
+    /// by `error.type` alone. So the problems of a key already used (in flight, unknown
+    /// outcome, completed, another payload or caller) answer `400 idempotency_error`,
+    /// as Stripe's API answers a key reused with other parameters, and both SDKs raise
+    /// their idempotency error for them; an in-flight one keeps Stripe's own code for
+    /// it, `idempotency_key_in_use` (Stripe sends that as a `409`, which stripe-python
+    /// retries, then raises as a bare `APIError`). A request the filter cannot use is
+    /// an `invalid_request_error` at its own status; a store or upstream that failed an
+    /// `api_error` at its own `5xx`, which the SDKs retry, as `retry-after` asks.
+    pub fn stripe(self) -> StripeError {
+        let (idempotency, request, api) =
+            ("idempotency_error", "invalid_request_error", "api_error");
+        let (kind, code) = match self {
+            Problem::InFlight => (idempotency, "idempotency_key_in_use"),
+            Problem::OutcomeUnknown => (idempotency, "outcome_unknown"),
+            Problem::AlreadyCompleted => (idempotency, "already_completed"),
+            Problem::ResponseNotStored => (idempotency, "response_not_stored"),
+            Problem::PayloadMismatch => (idempotency, "payload_mismatch"),
+            Problem::PrincipalMismatch => (idempotency, "principal_mismatch"),
+            Problem::MissingKey => (request, "missing_key"),
+            Problem::InvalidKey => (request, "invalid_key"),
+            Problem::AmbiguousKey => (request, "ambiguous_key"),
+            Problem::AmbiguousScope => (request, "ambiguous_scope"),
+            Problem::AmbiguousPayload => (request, "ambiguous_payload"),
+            Problem::StaleVersion => (request, "stale_version"),
+            Problem::MissingEntity => (request, "missing_entity"),
+            Problem::InvalidEntity => (request, "invalid_entity"),
+            Problem::MissingVersion => (request, "missing_version"),
+            Problem::InvalidVersion => (request, "invalid_version"),
+            Problem::BodyTooLarge => (request, "body_too_large"),
+            Problem::StoreUnavailable => (api, "store_unavailable"),
+            Problem::StoreFull => (api, "store_full"),
+            Problem::UpstreamUnavailable => (api, "upstream_unavailable"),
+            Problem::UpstreamFailed => (api, "upstream_failed"),
+            Problem::StillRunning => (api, "still_running"),
+            Problem::BadAdminRequest => (request, "bad_admin_request"),
+            Problem::NoSuchRecord => (request, "no_such_record"),
+            Problem::RecordIsClaim => (request, "record_is_claim"),
+            Problem::NotAdminPath => (request, "not_admin_path"),
+        };
+        let status = if kind == idempotency {
+            400
+        } else {
+            self.status()
+        };
+        StripeError { status, kind, code }
+    }
+
+    pub fn title(self) -> &'static str {
         match self {
             Problem::MissingKey => "Idempotency key missing",
             Problem::InvalidKey => "Idempotency key invalid",
@@ -213,6 +332,10 @@ impl Problem {
             headers,
             body: body.to_string().into_bytes(),
             details: self.details(),
+            problem: Some(ProblemDetail {
+                problem: self,
+                detail: detail.to_string(),
+            }),
         }
     }
 }
@@ -227,5 +350,9 @@ pub fn replay(resp: StoredResponse, replayed_header: &str) -> LocalReply {
         headers,
         body: resp.body,
         details: "proxy_dedup_replayed",
+        problem: None,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -163,7 +163,8 @@ impl Worker {
         host.log(
             Level::Info,
             &format!(
-                "proxy-dedup: configured; store: {}",
+                "proxy-dedup {}: configured; store: {}",
+                env!("CARGO_PKG_VERSION"),
                 plugin.store.describe(&plugin.config)
             ),
         );

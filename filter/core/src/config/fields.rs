@@ -10,7 +10,7 @@ mod reference;
 mod schema;
 
 pub use reference::reference_markdown;
-pub use schema::{json_schema, schema_text};
+pub use schema::{json_schema, schema_text, UNCHECKED};
 
 use super::defaults::*;
 use super::{err, Config, ConfigError};
@@ -250,6 +250,10 @@ pub const MAX_RULES: usize = 128;
 pub const MAX_PRINCIPAL_NAME_BYTES: usize = 256;
 /// Most entries of `principal.metadata` (the namespace and the keys inside it).
 pub const MAX_METADATA_PATH: usize = 8;
+/// Longest `errors.content_type`.
+pub const MAX_CONTENT_TYPE_BYTES: usize = 256;
+/// Longest `errors.body` template.
+pub const MAX_ERROR_TEMPLATE_BYTES: usize = 4096;
 
 pub const KEY_MAX_LENGTH: Range = Range { min: 1, max: 4096 };
 pub const MAX_WAITERS: Range = Range {
@@ -656,6 +660,40 @@ pub const FIELDS: &[Field] = &[
         applies: Applies::Policy,
         group: Group::Configuration,
         meaning: r#"whether replays and `409`/`422` answers tell the client when their record stops answering: `idempotency-expires` (an HTTP date, rounded up to the second), and on a replay `age` (whole seconds since the record completed, shared data only). A header is left out when the record does not know the time. `false` sends neither (a replay then carries the stored response's own headers of those names). Top level and per rule (see [Outcomes](../semantics/outcomes.md#when-a-record-stops-answering))."#,
+    },
+    Field {
+        name: "errors",
+        ty: Type::Object,
+        default: Shown::Text(r#"`{"format": "problem+json"}`"#),
+        applies: Applies::Policy,
+        group: Group::Configuration,
+        meaning: r#"the body of the filter's own error answers (`400`, `409`, `422`, `503`, …), so clients read them as they read the API's own errors (the `errors.*` fields below). An `errors` given in a rule replaces the top level's as a whole. The status codes and headers (`retry-after`, `idempotency-expires`, …) are the same in every format, but for Stripe's idempotency errors; replays are the stored response, untouched; the operator API always answers problem+json. See [Error bodies](../semantics/outcomes.md#error-bodies)."#,
+    },
+    Field {
+        name: "errors.format",
+        ty: Type::Enum(&["problem+json", "stripe", "template"]),
+        default: Shown::Json(Value::Str("problem+json")),
+        applies: Applies::Policy,
+        group: Group::Configuration,
+        meaning: r#"`"problem+json"`: RFC 9457, `{"type": "urn:proxy-dedup:problem:<slug>", "title", "status", "detail"}`. `"stripe"`: Stripe's shape, `{"error": {"type", "code", "message"}}` with the detail as the message, for clients on Stripe's SDKs; the idempotency problems (`in-flight`, `outcome-unknown`, `already-completed`, `response-not-stored`, `payload-mismatch`, `principal-mismatch`) answer `400` with type `idempotency_error` there, the status Stripe's own API gives them and the only one Stripe's SDKs raise their `IdempotencyError` for (see [the mapping](../semantics/outcomes.md#stripe)). `"template"`: `errors.body`, filled in."#,
+    },
+    Field {
+        name: "errors.content_type",
+        ty: Type::String(Len::new(1, Some(MAX_CONTENT_TYPE_BYTES))),
+        default: Shown::Text(
+            r#"`"application/problem+json"` for `"problem+json"`, `"application/json"` for `"stripe"` and `"template"`"#,
+        ),
+        applies: Applies::Policy,
+        group: Group::Configuration,
+        meaning: r#"the `content-type` of an error answer ({range} visible ASCII characters), in any format (e.g. `"application/json"` for clients that refuse problem+json). With a JSON type (`application/json`, `application/*+json`) a template must render as JSON."#,
+    },
+    Field {
+        name: "errors.body",
+        ty: Type::String(Len::new(1, Some(MAX_ERROR_TEMPLATE_BYTES))),
+        default: Shown::Text(r#"none (required with `"template"`)"#),
+        applies: Applies::Policy,
+        group: Group::Configuration,
+        meaning: r#"with `format: "template"` only: the body ({range} bytes), where `{{status}}`, `{{type}}` (the problem's slug, `in-flight`), `{{title}}`, `{{detail}}` and `{{retry_after}}` (the `retry-after` seconds, empty without one) are written JSON-escaped, for the inside of a JSON string, and `{{status_json}}`, `{{type_json}}`, … as a whole JSON value (a quoted string; a number for `status` and `retry_after`, `null` for a missing `retry_after`). E.g. `{"code": "{{type}}", "msg": {{detail_json}}, "retry_in": {{retry_after_json}}}`. Every `{{` opens a variable; an unknown one is refused, and with a JSON `errors.content_type` so is a template that does not render as JSON for every answer."#,
     },
     Field {
         name: "capacity",

@@ -68,24 +68,15 @@ pub(super) fn parse_ordering(
     raw: RawOrdering,
 ) -> Result<Option<Ordering>, ConfigError> {
     let f = |name: &str| format!("{prefix}ordering.{name}");
+    // Every field given is checked, also under `enabled: false` (which needs neither
+    // the entity nor the version), so the schema and the parser agree on it.
     let entity = match raw.entity {
-        Some(e) => parse_entity(&f("entity"), e)?,
-        None if raw.enabled == Some(false) => return Ok(None),
-        None => {
-            return Err(err(
-                &f("entity"),
-                "is required: where the entity id is (`header`, `json_pointer` or `parts`)",
-            ))
-        }
+        Some(e) => Some(parse_entity(&f("entity"), e)?),
+        None => None,
     };
-    let (version, version_type) = match raw.version {
-        Some(v) => parse_version(&f("version"), v)?,
-        None => {
-            return Err(err(
-                &f("version"),
-                "is required: where the version is (`header` or `json_pointer`)",
-            ))
-        }
+    let version = match raw.version {
+        Some(v) => Some(parse_version(&f("version"), v)?),
+        None => None,
     };
     let ttl_ms = fields::ORDERING_TTL_SECONDS.check(
         &f("ttl_seconds"),
@@ -112,6 +103,18 @@ pub(super) fn parse_ordering(
     if raw.enabled == Some(false) {
         return Ok(None);
     }
+    let Some(entity) = entity else {
+        return Err(err(
+            &f("entity"),
+            "is required: where the entity id is (`header`, `json_pointer` or `parts`)",
+        ));
+    };
+    let Some((version, version_type)) = version else {
+        return Err(err(
+            &f("version"),
+            "is required: where the version is (`header` or `json_pointer`)",
+        ));
+    };
     Ok(Some(Ordering {
         entity,
         version,

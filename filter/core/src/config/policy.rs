@@ -78,6 +78,9 @@ pub(super) fn parse_policy(
     if let Some(a) = raw.advertise_expiry {
         out.advertise_expiry = a;
     }
+    if let Some(e) = raw.errors {
+        out.errors = super::errors::parse_errors(prefix, e)?;
+    }
     out.ttl_ms =
         fields::TTL_SECONDS.check(&f("ttl_seconds"), raw.ttl_seconds, base.ttl_ms / 1000)? * 1000;
     out.in_flight_timeout_ms = fields::IN_FLIGHT_TIMEOUT_SECONDS.check(

@@ -28,6 +28,7 @@ macro_rules! with_policy_fields {
                 grpc: GrpcPolicy,
                 ordering: RawOrdering,
                 advertise_expiry: bool,
+                errors: RawErrors,
             ]
             $($input)*
         }
@@ -222,6 +223,25 @@ pub(super) struct RawShard {
     pub(super) name: Option<String>,
     pub(super) cluster: Option<String>,
     pub(super) authority: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawErrors {
+    pub(super) format: Option<RawErrorFormat>,
+    pub(super) content_type: Option<String>,
+    pub(super) body: Option<String>,
+}
+
+/// `errors.format` as written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub(super) enum RawErrorFormat {
+    #[serde(rename = "problem+json")]
+    ProblemJson,
+    #[serde(rename = "stripe")]
+    Stripe,
+    #[serde(rename = "template")]
+    Template,
 }
 
 /// `ordering.on_stale` as written.

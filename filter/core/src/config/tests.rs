@@ -1,6 +1,7 @@
 //! Tests of configuration parsing: documented defaults, bounds at both ends, and errors that
 //! name the field.
 
+use super::{integral_numbers, whole_number};
 use crate::config::{Config, FailureMode, OnDuplicate, OnInFlight, PrincipalSource};
 use crate::stream::Plugin;
 use crate::testing::*;
@@ -633,4 +634,32 @@ fn a_small_waiter_pool_leaves_room_for_another_scope() {
     assert_eq!(per_scope(512), 256);
     assert_eq!(per_scope(100_000), 256);
     assert_eq!(Config::parse(b"{}").unwrap().max_waiters_per_scope, 256);
+}
+
+/// An integer field takes a whole number in any JSON notation (JSON Schema's
+/// `integer`), a number with a fraction is refused naming the field, and strings and
+/// out-of-range numbers are left as they were.
+#[test]
+fn a_whole_number_in_any_notation_is_an_integer() {
+    for (written, want) in [
+        ("60.0", 60),
+        ("6e1", 60),
+        ("6.0E+1", 60),
+        ("1.5e3", 1500),
+        ("600e-1", 60),
+    ] {
+        let c = Config::parse(format!(r#"{{"ttl_seconds": {written}}}"#).as_bytes()).unwrap();
+        assert_eq!(c.policy.ttl_ms, want * 1000, "{written}");
+    }
+    for written in ["60.5", "6.05e1", "1e30", "-60.0", "01.0"] {
+        let e = Config::parse(format!(r#"{{"ttl_seconds": {written}}}"#).as_bytes()).unwrap_err();
+        assert_eq!(e.field, "ttl_seconds", "{written}: {e}");
+    }
+    assert_eq!(
+        integral_numbers(r#"{"a": "1.0e3", "b": [2.50e1, 7]}"#),
+        r#"{"a": "1.0e3", "b": [25, 7]}"#
+    );
+    assert_eq!(whole_number("-0.0").as_deref(), Some("0"));
+    assert_eq!(whole_number("12"), None);
+    assert_eq!(whole_number("1."), None);
 }

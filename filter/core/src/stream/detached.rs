@@ -203,6 +203,7 @@ impl DedupStream {
             headers,
             body: answer.body,
             details: "proxy_dedup_detached",
+            problem: None,
         };
         self.then_reply(call, reply)
     }

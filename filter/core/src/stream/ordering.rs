@@ -270,6 +270,7 @@ impl DedupStream {
                     headers,
                     body,
                     details: "proxy_dedup_stale",
+                    problem: None,
                 }
             }
         };

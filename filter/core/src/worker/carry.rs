@@ -122,14 +122,15 @@ impl Worker {
         }
     }
 
-    /// Carries out a final decision: a local reply is sent and the stream stays paused,
-    /// as Envoy expects after one.
+    /// Carries out a final decision: a local reply is sent (an error in its policy's
+    /// `errors` format) and the stream stays paused, as Envoy expects after one.
     fn apply<S: StreamIo>(&self, io: &mut S, stream: &mut DedupStream, d: Decision) -> Action {
         self.report(io, stream);
         match d {
             Decision::Continue => Action::Continue,
             Decision::Reply(r) => {
-                io.send_reply(&r);
+                let format = self.plugin.config.error_format(stream.rule(&self.plugin));
+                io.send_reply(&r.in_format(format));
                 Action::Pause
             }
             // Calls are followed by `drive`; nothing else is final.

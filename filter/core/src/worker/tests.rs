@@ -37,6 +37,9 @@ fn configure_defines_every_counter_and_times_store_calls_only_for_etcd() {
     assert_eq!(*host.metrics.borrow(), names);
     assert_eq!(w.store_call_ms(), None);
     assert!(host.logged(Level::Info, "configured; store: shared data, "));
+    // The module's version leads the line (CHANGELOG, `dedupctl --version`).
+    let version = format!("proxy-dedup {}: configured", env!("CARGO_PKG_VERSION"));
+    assert!(host.logged(Level::Info, &version), "{version}");
 
     let host = FakeHost::new(FakeVm::new(), 1);
     let w = worker(&host, ETCD);

@@ -2,7 +2,7 @@
 //! configuration page): one table per group, rows in the table's order, columns
 //! field | default | meaning.
 
-use super::{Applies, Field, Group, Type, FIELDS};
+use super::{Applies, Field, Group, Type, FIELDS, UNCHECKED};
 
 /// The groups in the order the reference lists them, with their headings. The prose
 /// around the tables lives in the book (docs/src/reference/configuration.md includes
@@ -52,7 +52,27 @@ pub fn reference_markdown() -> String {
             rules_rows(&mut out);
         }
     }
+    unchecked(&mut out);
     out
+}
+
+/// What only the filter checks: the rules the JSON Schema cannot say.
+fn unchecked(out: &mut String) {
+    out.push_str(
+        "
+## What only the filter checks
+
+         `docs/config.schema.json` checks every field's type, bounds and syntax, and the          rules between fields of one object (one etcd cluster or shards, `detached` and its          cluster, one principal source, `json_pointers` or `ignore_json_pointers`, an          ordering's entity and version unless `enabled: false`, a bypassed rule's missing          policy fields, …). It takes `null` for a field wherever the filter does (as if          absent), and a whole number in any notation (`60`, `60.0`, `6e1`) as an integer,          as the filter does. A JSON Schema cannot compare one field's value with another's,          look across rules or shard maps, fold case, or count bytes, so these rules are the          filter's alone (`dedupctl check-config` checks them):
+
+         | field | rule |\n|---|---|\n",
+    );
+    for (field, rule) in UNCHECKED {
+        row2(out, field, rule);
+    }
+}
+
+fn row2(out: &mut String, field: &str, rule: &str) {
+    out.push_str(&format!("| `{field}` | {rule} |\n"));
 }
 
 /// The policy fields a rule may override, and what it cannot set.

@@ -139,6 +139,14 @@ fn context(path: &str) -> Json {
         }
         set(&mut doc, &format!("{prefix}ordering"), o);
     }
+    if inner == "errors.body" {
+        // A template, under a content type that takes any text.
+        set(
+            &mut doc,
+            &format!("{prefix}errors"),
+            json!({"format": "template", "content_type": "text/plain"}),
+        );
+    }
     match field(&table_name(path)).map(|f| f.applies) {
         Some(Applies::Etcd) if path == "store.shards" => {
             set(&mut doc, "store", json!({"kind": "etcd"}))
@@ -159,7 +167,15 @@ fn doc_with(path: &str, value: Json) -> Json {
     let mut doc = context(path);
     let needs_cluster = value == json!(true) && path.ends_with("upstream.detached");
     let etcd = path == "store.kind" && value == json!("etcd");
+    let template = path.ends_with("errors.format") && value == json!("template");
     set(&mut doc, path, value);
+    if template {
+        set(
+            &mut doc,
+            &path.replace("errors.format", "errors.body"),
+            json!("{\"error\": \"{{type}}\"}"),
+        );
+    }
     if needs_cluster {
         set(
             &mut doc,
@@ -261,6 +277,9 @@ fn sample(f: &Field) -> Json {
             "ordering.entity.header" | "ordering.version.header" => "x",
             "principal.header" => "x-api-key",
             "principal.cookie" => "session",
+            "errors.content_type" => "application/json",
+            // Under `context`'s `text/plain`: any text, so its first character repeated too.
+            "errors.body" => "x",
             "ordering.entity.json_pointer" | "ordering.version.json_pointer" => "/i",
             other => panic!("no sample string for `{other}`: add one"),
         }),
@@ -304,6 +323,7 @@ fn the_table_names_exactly_the_fields_the_parser_accepts() {
         ("ordering.entity", "ordering.entity"),
         ("ordering.version", "ordering.version"),
         ("principal", "principal"),
+        ("errors", "errors"),
         ("store", "store"),
         ("rules[0]", "rules[]"),
         ("rules[0].match", "rules[].match"),
@@ -314,6 +334,7 @@ fn the_table_names_exactly_the_fields_the_parser_accepts() {
         ("rules[0].upstream", "upstream"),
         ("rules[0].ordering", "ordering"),
         ("rules[0].principal", "principal"),
+        ("rules[0].errors", "errors"),
     ];
     for (at, table) in &objects {
         let mut parser = accepted_names(at);
@@ -734,7 +755,14 @@ fn the_schema_has_every_field_of_the_table_where_it_applies() {
                     f.name
                 )
             }
-            Type::Enum(values) => assert_eq!(s["enum"], json!(values), "{}", f.name),
+            // Every value, and `null` (the parser's "absent") but where it is required.
+            Type::Enum(values) => {
+                let mut want = json!(values);
+                if !matches!(f.default, Shown::Text("required")) {
+                    want.as_array_mut().unwrap().push(Json::Null);
+                }
+                assert_eq!(s["enum"], want, "{}", f.name)
+            }
             _ => {}
         }
         if f.applies == Applies::Policy && !f.name.contains('.') {
@@ -853,6 +881,21 @@ fn every_default_that_is_no_value_says_what_the_parser_does() {
                     panic!("{:?}", c.store)
                 };
                 assert_eq!(e.check, None);
+            }
+            "errors" => assert_eq!(p.errors, crate::config::ErrorFormat::default()),
+            "errors.content_type" => {
+                let of = |format: &str| {
+                    let c = parse(&json!({"errors": {"format": format, "body": "{}"}}));
+                    let c = c.or_else(|_| parse(&json!({"errors": {"format": format}})));
+                    c.unwrap().policy.errors.content_type
+                };
+                assert_eq!(p.errors.content_type, "application/problem+json");
+                assert_eq!(of("stripe"), "application/json");
+                assert_eq!(of("template"), "application/json");
+            }
+            "errors.body" => {
+                let e = parse(&json!({"errors": {"format": "template"}})).unwrap_err();
+                assert_eq!(e.field, "errors.body", "{e}");
             }
             "rules[].match.methods" => assert_eq!(rule(json!({})).matcher.methods, None),
             "rules[].match.authority" => assert_eq!(rule(json!({})).matcher.authority, None),

@@ -291,3 +291,59 @@ fn a_completion_whose_call_fails_is_resent_with_the_response_still_held() {
     w.call_answered(&host, &mut io, &mut s, Answerer::Stream, token, a);
     assert_eq!(io.resumed.last(), Some(&Side::Response));
 }
+
+#[test]
+fn a_local_reply_leaves_in_its_policys_error_format_and_the_operator_api_in_problem_json() {
+    let host = FakeHost::new(FakeVm::new(), 1);
+    let mut w = worker(
+        &host,
+        r#"{"errors": {"format": "stripe"},
+            "rules": [{"name": "t", "match": {"path_prefix": "/t"},
+                       "errors": {"format": "template", "body": "{\"code\": \"{{type}}\", \"s\": {{status_json}}}"}}]}"#,
+    );
+    // The first request with each key is forwarded; the second, still in flight, is not.
+    let mut replies = Vec::new();
+    for path in ["/orders", "/t/1"] {
+        for _ in 0..2 {
+            let (mut s, mut io) = (DedupStream::new(3), FakeIo::default());
+            let head = req("POST", path).key(path).head;
+            let d = w.run(&host, |p, env| s.on_request_headers(p, env, head, true));
+            w.drive(&host, &mut io, &mut s, Answerer::Stream, d);
+            replies.extend(io.replies);
+        }
+    }
+    let [stripe, template] = &replies[..] else {
+        panic!("{replies:?}")
+    };
+    // The top level's format: Stripe's, whose in-flight answer is a 400.
+    assert_eq!(stripe.status, 400);
+    let v: serde_json::Value = serde_json::from_slice(&stripe.body).unwrap();
+    assert_eq!(v["error"]["type"], "idempotency_error");
+    assert_eq!(v["error"]["code"], "idempotency_key_in_use");
+    assert!(stripe.header("retry-after").is_some());
+    // The rule's own.
+    assert_eq!(template.status, 409);
+    assert_eq!(template.body, br#"{"code": "in-flight", "s": 409}"#);
+    assert_eq!(
+        template.header("content-type"),
+        Some(&b"application/json"[..])
+    );
+    // The operator API answers problem+json whatever its configuration's `errors` say.
+    let mut admin_w = worker(
+        &host,
+        r#"{"role": "admin", "errors": {"format": "stripe"}}"#,
+    );
+    let mut admin = crate::admin::AdminStream::default();
+    let (mut s, mut io) = (DedupStream::new(4), FakeIo::default());
+    let d = admin_w.with_env(&host, |p, env| {
+        admin.on_request(p, env, "GET", b"/nowhere", "127.0.0.1:1")
+    });
+    admin_w.drive(&host, &mut io, &mut s, Answerer::Admin(&mut admin), d);
+    assert_eq!(io.replies.len(), 1);
+    assert_eq!(
+        io.replies[0].header("content-type"),
+        Some(&b"application/problem+json"[..]),
+        "{:?}",
+        String::from_utf8_lossy(&io.replies[0].body)
+    );
+}
