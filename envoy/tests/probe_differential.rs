@@ -441,10 +441,14 @@ fn normalize(text: &str) -> String {
     let mut out = String::new();
     let mut rest = text;
     loop {
-        let next = ["x-envoy-upstream-service-time", "x-request-id", "content-length="]
-            .iter()
-            .filter_map(|n| rest.find(n).map(|at| (at, n.len())))
-            .min();
+        let next = [
+            "x-envoy-upstream-service-time",
+            "x-request-id",
+            "content-length=",
+        ]
+        .iter()
+        .filter_map(|n| rest.find(n).map(|at| (at, n.len())))
+        .min();
         let Some((at, len)) = next else {
             out.push_str(rest);
             return out;
