@@ -70,6 +70,7 @@ pub const UNCHECKED: &[(&str, &str)] = &[
     ("store.prefix", "at most 128 bytes (UTF-8), not characters"),
     ("upstream.cluster", "at most 256 bytes (UTF-8), not characters"),
     ("principal.metadata", "each entry at most 256 bytes (UTF-8), not characters"),
+    ("errors.body", "names only the variables `{{status}}`, `{{type}}`, `{{title}}`, `{{detail}}`, `{{retry_after}}` (or their `_json` forms) and closes every `{{`; with a JSON `content_type`, renders as JSON whatever the values"),
     ("(root)", "a member named twice in one object (JSON Schema sees only one of them)"),
 ];
 
@@ -134,6 +135,8 @@ fn pattern_of(name: &str) -> Option<&'static str> {
         "store_statuses" => STATUS,
         "rules[].name" => RULE_NAME,
         "store.namespace" => NAMESPACE,
+        // Visible ASCII and inner spaces.
+        "errors.content_type" => "^[!-~]([ -~]*[!-~])?$",
         _ => return None,
     })
 }
@@ -314,6 +317,12 @@ fn object_schema(parent: &str, nullable: bool) -> Value {
             c["if"] = is("kind", "etcd".into());
             c["then"] = then;
             c["else"] = none_of(names(Applies::Etcd));
+        }
+        // A body with a template, which needs one.
+        "errors" => {
+            c["if"] = is("format", "template".into());
+            c["then"] = given(&["body"]);
+            c["else"] = none_of(["body"]);
         }
         "upstream" => {
             c["if"] = is("detached", true.into());
