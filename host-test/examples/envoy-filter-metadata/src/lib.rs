@@ -30,7 +30,10 @@ impl HttpContext for Echo {
         let Ok(value) = String::from_utf8(bytes) else {
             return Action::Continue;
         };
-        let headers = vec![("Powered-By", "proxy-wasm"), ("uppercased-metadata", &value)];
+        let headers = vec![
+            ("Powered-By", "proxy-wasm"),
+            ("uppercased-metadata", &value),
+        ];
         let body = format!("Custom response with Envoy metadata: {value:?}\n");
         self.send_http_response(200, headers, Some(body.as_bytes()));
         Action::Pause

@@ -29,11 +29,7 @@ impl RootContext for Greeter {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
-        info!(
-            "It's {}, your lucky number is {}.",
-            utc(now),
-            random_byte()
-        );
+        info!("It's {}, your lucky number is {}.", utc(now), random_byte());
     }
 }
 
