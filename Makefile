@@ -26,6 +26,8 @@ WASM_BUILD  := CARGO_TARGET_DIR=$(WASM_DIR) $(WASM_CARGO)
 # and its host-test check, in a target directory of its own (the same crate with
 # another feature would rebuild over the shipped one).
 WASM_PHASES_BUILD := CARGO_TARGET_DIR=$(WASM_DIR)-phases $(WASM_CARGO) -p dedup-filter --features phase-timing
+# The filter, host-test's probes, and host-test's acceptance examples (host-test/examples:
+# after the proxy-wasm Rust SDK's, on the registry's proxy-wasm; example_*.wasm).
 WASM_CRATES := dedup_filter empty_filter shared_data_probe abi_probe hostcall_probe \
 	example_hello_world example_http_headers example_http_body example_http_config example_http_auth_random example_grpc_auth_random example_envoy_filter_metadata
 CARGO       ?= cargo

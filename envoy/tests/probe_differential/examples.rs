@@ -281,7 +281,8 @@ struct Seen {
     status: u16,
     /// As the client got them, in order, but for what the connection manager
     /// and the codec add (`date`, `server`, `transfer-encoding`, and
-    /// `content-length: 0` on an empty body; README, "Known differences").
+    /// `content-length: 0` on an empty body: among the differences from
+    /// Envoy that host-test's manual lists).
     headers: Vec<(String, String)>,
     body: String,
     /// The stream was reset after the response headers.
