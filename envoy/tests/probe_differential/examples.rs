@@ -129,43 +129,57 @@ fn grpcbin(status: Arc<Mutex<u32>>) -> GrpcServer {
 // ---------- the examples and their cases ----------
 
 /// One example filter: its module, the name it runs under (listener, plugin
-/// name, vm_id) and its plugin configuration.
+/// name, vm_id), its plugin configuration, and whether its router adds no
+/// `x-envoy-*` header (`suppress_envoy_headers`).
 #[derive(Clone, Copy)]
 struct Example {
     name: &'static str,
     wasm: &'static str,
     config: &'static str,
+    suppress: bool,
 }
 
 const HEADERS: Example = Example {
     name: "http_headers",
     wasm: "example_http_headers.wasm",
     config: "",
+    suppress: false,
 };
 const BODY: Example = Example {
     name: "http_body",
     wasm: "example_http_body.wasm",
     config: "",
+    suppress: false,
 };
 const CONFIG: Example = Example {
     name: "http_config",
     wasm: "example_http_config.wasm",
     config: "The secret to life is meaningless unless you discover it yourself",
+    suppress: false,
 };
 const HTTP_AUTH: Example = Example {
     name: "http_auth_random",
     wasm: "example_http_auth_random.wasm",
     config: "",
+    suppress: false,
 };
 const GRPC_AUTH: Example = Example {
     name: "grpc_auth_random",
     wasm: "example_grpc_auth_random.wasm",
     config: "",
+    suppress: false,
 };
 const METADATA: Example = Example {
     name: "envoy_filter_metadata",
     wasm: "example_envoy_filter_metadata.wasm",
     config: "",
+    suppress: false,
+};
+/// http_headers behind a router told to add no `x-envoy-*` header.
+const HEADERS_QUIET: Example = Example {
+    name: "http_headers_quiet",
+    suppress: true,
+    ..HEADERS
 };
 /// hello_world loaded as an HTTP filter (it has no HTTP context; no request
 /// is sent to it): a main-thread VM and a worker's, both ticking.
@@ -173,12 +187,14 @@ const HELLO_FILTER: Example = Example {
     name: "hello_filter",
     wasm: "example_hello_world.wasm",
     config: "",
+    suppress: false,
 };
 /// hello_world as the SDK ships it: a bootstrap singleton service.
 const HELLO_SINGLETON: &str = "hello_singleton";
 
-const FILTERS: [Example; 7] = [
+const FILTERS: [Example; 8] = [
     HEADERS,
+    HEADERS_QUIET,
     BODY,
     CONFIG,
     HTTP_AUTH,
@@ -232,6 +248,7 @@ fn cases() -> Vec<Case> {
             HEADERS,
             Request::get("/direct").header("x-tenant", "t1"),
         ),
+        case("quiet-routed", HEADERS_QUIET, Request::get("/index.html")),
         case("body-secret", BODY, Request::get("/secret")),
         case("body-plain", BODY, Request::get("/plain")),
         // Not UTF-8: the filter panics at the end of the body (the response
@@ -265,6 +282,10 @@ fn cases() -> Vec<Case> {
         status(
             case("grpc-odd-status", GRPC_AUTH, grpc("/grpcbin.GRPCBin/Index")),
             3,
+        ),
+        status(
+            case("grpc-even-error", GRPC_AUTH, grpc("/grpcbin.GRPCBin/Index")),
+            4,
         ),
         case(
             "metadata-set",
@@ -492,8 +513,10 @@ fn envoy_yaml(admin: u16, ports: &[u16], upstream: u16, grpcbin: u16) -> String 
                   code: {{ local: {{ filename: {wasm} }} }}
           - name: envoy.filters.http.router
             typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"#,
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+              suppress_envoy_headers: {suppress}"#,
             name = example.name,
+            suppress = example.suppress,
             config = example.config,
             wasm = wasm.display(),
         ));
@@ -578,6 +601,7 @@ fn host_envoy(
         .vm_id(example.name)
         .plugin_config(example.config)
         .route_timeout(Duration::from_secs(5))
+        .suppress_envoy_headers(example.suppress)
         .upstream(move |req: &UpstreamRequest| routed(req, &seen))
         .cluster_addr("httpbin", &upstream.to_string())
         .grpc_cluster_addr("grpcbin", &grpcbin.to_string())
