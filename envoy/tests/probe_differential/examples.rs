@@ -320,8 +320,9 @@ fn client_headers(headers: Vec<(String, String)>, body: &[u8]) -> Vec<(String, S
     headers
         .into_iter()
         .filter(|(k, v)| {
-            !matches!(k.as_str(), "date" | "server" | "transfer-encoding")
-                && !(k == "content-length" && v == "0" && body.is_empty())
+            let codec = matches!(k.as_str(), "date" | "server" | "transfer-encoding");
+            let empty_length = k == "content-length" && v == "0" && body.is_empty();
+            !(codec || empty_length)
         })
         .map(|(k, v)| (k, normalize(&v)))
         .map(|(k, v)| match k.as_str() {

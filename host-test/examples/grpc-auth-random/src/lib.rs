@@ -55,7 +55,7 @@ impl HttpContext for GrpcGate {
 
 impl Context for GrpcGate {
     fn on_grpc_call_response(&mut self, _token: u32, status_code: u32, _message_size: usize) {
-        if status_code % 2 == 0 {
+        if status_code.is_multiple_of(2) {
             info!("Access granted.");
             self.resume_http_request();
         } else {

@@ -39,7 +39,7 @@ impl Context for CoinGate {
         let even = self
             .get_http_call_response_body(0, body_size)
             .and_then(|body| body.first().copied())
-            .is_some_and(|byte| byte % 2 == 0);
+            .is_some_and(|byte| byte.is_multiple_of(2));
         if even {
             info!("Access granted.");
             self.resume_http_request();
