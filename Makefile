@@ -26,7 +26,10 @@ WASM_BUILD  := CARGO_TARGET_DIR=$(WASM_DIR) $(WASM_CARGO)
 # and its host-test check, in a target directory of its own (the same crate with
 # another feature would rebuild over the shipped one).
 WASM_PHASES_BUILD := CARGO_TARGET_DIR=$(WASM_DIR)-phases $(WASM_CARGO) -p dedup-filter --features phase-timing
-WASM_CRATES := dedup_filter empty_filter shared_data_probe abi_probe hostcall_probe
+# The filter, host-test's probes, and host-test's acceptance examples (host-test/examples:
+# after the proxy-wasm Rust SDK's, on the registry's proxy-wasm; example_*.wasm).
+WASM_CRATES := dedup_filter empty_filter shared_data_probe abi_probe hostcall_probe \
+	example_hello_world example_http_headers example_http_body example_http_config example_http_auth_random example_grpc_auth_random example_envoy_filter_metadata
 CARGO       ?= cargo
 
 .PHONY: deps wasm oci docs docs-check docs-ref test test-compat test-native test-host test-envoy lint fmt bench bench-envoy profile chaos mutants demo clean
@@ -62,7 +65,8 @@ docs-ref:
 
 # Everything: the docs' build and links (docs-check), native logic tests, the scenarios of the built module in host-test (filter/scenarios),
 # real-Envoy end-to-end tests (they start Envoy, the demo upstream and etcd).
-TEST_PACKAGES := --locked --workspace --exclude dedup-filter --exclude empty-filter --exclude shared-data-probe --exclude abi-probe --exclude hostcall-probe
+TEST_PACKAGES := --locked --workspace --exclude dedup-filter --exclude empty-filter --exclude shared-data-probe --exclude abi-probe --exclude hostcall-probe \
+	--exclude example-hello-world --exclude example-http-headers --exclude example-http-body --exclude example-http-config --exclude example-http-auth-random --exclude example-grpc-auth-random --exclude example-envoy-filter-metadata
 test: wasm docs-check
 	$(CARGO) test $(TEST_PACKAGES)
 

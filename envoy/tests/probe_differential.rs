@@ -3,9 +3,13 @@
 //! callout servers and the probe's own log (callbacks with their raw context
 //! ids, tokens and statuses) see must agree: gRPC calls and streams, gRPC
 //! local replies, header edits, properties, callout lifetimes and headers,
-//! the main-thread VM. A difference is a bug in host-test's fidelity.
+//! the main-thread VM. A difference is a bug in host-test's fidelity. The
+//! acceptance examples (host-test/examples, after the SDK's) run here too:
+//! `probe_differential/examples.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "probe_differential/examples.rs"]
+mod examples;
 #[path = "common/host.rs"]
 mod host;
 
@@ -142,8 +146,7 @@ struct Case {
     settle: Duration,
     /// The request reaches the upstream: its response callbacks are left
     /// out (Envoy delivers an HTTP/1.1 upstream body without end of stream,
-    /// then an empty end-of-stream call, and adds
-    /// `x-envoy-upstream-service-time`; host-test does neither).
+    /// then an empty end-of-stream call; host-test does not).
     upstream_answers: bool,
 }
 
@@ -479,7 +482,7 @@ struct Seen {
 }
 
 /// Response headers worth comparing (the rest differ by design: date,
-/// server, x-envoy-upstream-service-time).
+/// server; the router's headers are compared in `examples.rs`).
 /// (`content-length` too: Envoy's HTTP/1.1 codec adds `content-length: 0`
 /// to a response that ends with its headers; host-test reports the headers
 /// as the filter chain left them.)
@@ -512,7 +515,7 @@ fn grpc_calls(calls: &[GrpcRequest]) -> Vec<String> {
 // ---------- real Envoy ----------
 
 struct RealEnvoy {
-    _child: ChildGuard,
+    child: ChildGuard,
     listen: u16,
     log_path: PathBuf,
 }
@@ -613,6 +616,12 @@ static_resources:
             cluster("slow", echo, false),
             cluster("grpc_refused", refused, true),
         );
+        RealEnvoy::launch(name, concurrency, &yaml, listen, admin)
+    }
+
+    /// Runs Envoy on `yaml` (whose admin listens on `admin`) until it is ready;
+    /// `listen` is the listener [`RealEnvoy::addr`] names.
+    fn launch(name: &str, concurrency: u32, yaml: &str, listen: u16, admin: u16) -> RealEnvoy {
         let dir = scratch_dir(&format!("probe-{name}")).unwrap();
         let cfg = dir.join("envoy.yaml");
         std::fs::write(&cfg, yaml).unwrap();
@@ -632,7 +641,7 @@ static_resources:
             .stderr(Stdio::null());
         let child = spawn(cmd).unwrap();
         let envoy = RealEnvoy {
-            _child: child,
+            child,
             listen,
             log_path,
         };

@@ -185,7 +185,9 @@ impl Request {
 /// What the upstream (or a cluster, for `proxy_http_call`) received.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UpstreamRequest {
-    /// All headers, pseudo headers included, as the filter left them.
+    /// All headers, pseudo headers included, as the filter left them; for
+    /// the route's upstream, the router's `x-envoy-expected-rq-timeout-ms`
+    /// (the route timeout) last, unless `suppress_envoy_headers`.
     pub headers: Headers,
     pub body: Vec<u8>,
     pub trailers: Headers,
@@ -395,8 +397,11 @@ impl Reply {
 
     /// `:status` first, then the headers, with a content-length as an
     /// upstream HTTP/1.1 server would send (for an answer cut mid-body, a
-    /// length larger than what arrives).
-    pub(crate) fn envoy_headers(&self) -> Headers {
+    /// length larger than what arrives); last, when the router times the
+    /// answer, its `x-envoy-upstream-service-time` in milliseconds (Envoy's
+    /// router appends it to the upstream's headers before the filters see
+    /// them, unless `suppress_envoy_headers`).
+    pub(crate) fn envoy_headers(&self, service_time: Option<std::time::Duration>) -> Headers {
         let mut h: Headers = vec![(":status".into(), self.status.to_string())];
         h.extend(self.headers.iter().cloned());
         let mut len: usize = self.chunks.iter().map(Vec::len).sum();
@@ -410,6 +415,12 @@ impl Reply {
             && header_get(&self.headers, "transfer-encoding").is_none()
         {
             h.push(("content-length".into(), len.to_string()));
+        }
+        if let Some(t) = service_time {
+            h.push((
+                "x-envoy-upstream-service-time".into(),
+                t.as_millis().to_string(),
+            ));
         }
         h
     }

@@ -35,7 +35,9 @@ pub struct EnvoyBuilder {
     wasm: PathBuf,
     workers: usize,
     main_thread_vm: bool,
+    bootstrap_singleton: bool,
     config_check: bool,
+    suppress_envoy_headers: bool,
     plugin_config: Vec<u8>,
     vm_config: Vec<u8>,
     vm_id: String,
@@ -70,6 +72,15 @@ impl EnvoyBuilder {
         /// data, queues and metrics with the workers and keeps ticking when a
         /// worker's VM fails.
         main_thread_vm(on: bool) = on;
+        /// Envoy's `bootstrap_extensions` Wasm service with `singleton: true`
+        /// (`envoy.bootstrap.wasm`, as the SDK ships its hello_world) instead of
+        /// an HTTP filter (default off): the plugin runs in the main thread's VM
+        /// alone, no worker VM and no stream ([`SimEnvoy::workers`] is 0; its
+        /// log lines carry `worker == 0`). As in Envoy 1.40, with
+        /// [`EnvoyBuilder::config_check`] on it starts twice (`on_vm_start`,
+        /// `on_configure`) and ticks once per period. `workers` and
+        /// `main_thread_vm` do not apply.
+        bootstrap_singleton(on: bool) = on;
         /// The short-lived copy of the plugin Envoy starts and configures once
         /// before serving (default on, as Envoy): `on_vm_start` and
         /// `on_configure` run one more time, first, in a VM that is then dropped
@@ -96,6 +107,11 @@ impl EnvoyBuilder {
         log_level(level: LogLevel) = level;
         /// Route timeout for an upstream that never answers (default 15 s, as Envoy).
         route_timeout(timeout: Duration) = timeout;
+        /// The router filter's `suppress_envoy_headers` (default false, as
+        /// Envoy): true drops the `x-envoy-upstream-service-time` the router
+        /// otherwise adds to an upstream's response headers (last, after the
+        /// upstream's own), where the filter sees it.
+        suppress_envoy_headers(on: bool) = on;
         /// Request buffer limit (Envoy's per_connection_buffer_limit_bytes,
         /// default 1 MiB): a filter buffering more gets Envoy's 413.
         buffer_limit(bytes: usize) = bytes;
@@ -168,9 +184,17 @@ impl EnvoyBuilder {
             cluster_name: self.cluster_name,
             route_metadata: self.route_metadata,
         });
+        // A singleton service has the main thread's VM and no worker's.
+        let (workers, main_thread_vm) = if self.bootstrap_singleton {
+            (0, true)
+        } else {
+            (self.workers, self.main_thread_vm)
+        };
         let mut envoy = SimEnvoy {
             vms: Vec::new(),
-            workers: self.workers,
+            workers,
+            singleton: self.bootstrap_singleton,
+            suppress_envoy_headers: self.suppress_envoy_headers,
             shared: shared.clone(),
             plugin: plugin.clone(),
             allow_stop: self.allow_on_headers_stop_iteration,
@@ -200,9 +224,9 @@ impl EnvoyBuilder {
         };
         // VMs by index: the workers, then the main thread's, then (while it
         // lives) the short-lived copy Envoy configures before serving.
-        let main = usize::from(self.main_thread_vm);
+        let main = usize::from(main_thread_vm);
         let check = usize::from(self.config_check);
-        for index in 0..self.workers + main + check {
+        for index in 0..workers + main + check {
             let mut state = VmState::new(shared.clone(), plugin.clone(), index);
             state.rng ^= self.random_seed.wrapping_mul(0xd134_2543_de82_ef95);
             if self.count_host_calls {
@@ -214,16 +238,16 @@ impl EnvoyBuilder {
             envoy.ticks.push(None);
         }
         if self.config_check {
-            let index = self.workers + main;
+            let index = workers + main;
             envoy.start_vm(index)?;
             envoy.vms.pop();
             envoy.next_ctx.pop();
             envoy.ticks.pop();
         }
-        if self.main_thread_vm {
-            envoy.start_vm(self.workers)?;
+        if main_thread_vm {
+            envoy.start_vm(workers)?;
         }
-        for worker in 0..self.workers {
+        for worker in 0..workers {
             envoy.start_vm(worker)?;
         }
         envoy.pump();
@@ -238,7 +262,9 @@ impl SimEnvoy {
             wasm: wasm.as_ref().to_path_buf(),
             workers: 1,
             main_thread_vm: true,
+            bootstrap_singleton: false,
             config_check: true,
+            suppress_envoy_headers: false,
             plugin_config: Vec::new(),
             vm_config: Vec::new(),
             vm_id: String::new(),

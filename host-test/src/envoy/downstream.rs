@@ -6,6 +6,11 @@ use super::*;
 impl SimEnvoy {
     /// Opens a stream on `worker` without sending anything yet.
     pub fn start(&mut self, worker: usize, request: Request) -> Result<StreamId, Error> {
+        if self.singleton {
+            return Err(Error::Usage(
+                "a bootstrap singleton service has no worker and serves no stream".into(),
+            ));
+        }
         if worker >= self.workers {
             return Err(Error::Usage(format!(
                 "worker {worker} does not exist ({} workers)",
@@ -40,6 +45,7 @@ impl SimEnvoy {
                 resp: Dir::new(),
                 upstream: Upstream::NotYet,
                 upstream_request: None,
+                upstream_sent_ns: 0,
                 upstream_headers_sent: false,
                 local_reply: false,
                 bypass: false,

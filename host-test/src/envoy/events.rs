@@ -83,11 +83,10 @@ impl SimEnvoy {
             let s = self.vms[worker].store.data_mut();
             match response {
                 Some(reply) => {
-                    let mut headers = reply.envoy_headers();
-                    if reply.kind == ReplyKind::Response {
-                        // The router times every upstream answer.
-                        headers.push(("x-envoy-upstream-service-time".into(), "0".into()));
-                    }
+                    // The async client's router times every upstream answer
+                    // (in process: its virtual delay).
+                    let timed = reply.kind == ReplyKind::Response;
+                    let headers = reply.envoy_headers(timed.then_some(reply.delay));
                     let body = reply.body_bytes();
                     let counts = (headers.len(), body.len(), 0);
                     s.callout_response = Some(CalloutResponse {
@@ -115,8 +114,13 @@ impl SimEnvoy {
         self.run_deferred(worker, d);
     }
 
+    /// Ticks every VM whose timer is due, in Envoy's order: the main
+    /// thread's VM first (Envoy starts it before the workers', so its
+    /// timer fires first within a period), then the workers' by index.
     pub(super) fn fire_ticks(&mut self, now: u64) {
-        for worker in 0..self.vms.len() {
+        let main = (self.vms.len() > self.workers).then_some(self.workers);
+        let order: Vec<usize> = main.into_iter().chain(0..self.workers).collect();
+        for worker in order {
             let Some((at, period)) = self.ticks[worker] else {
                 continue;
             };

@@ -149,6 +149,9 @@ struct StreamDriver {
     resp: Dir,
     upstream: Upstream,
     upstream_request: Option<UpstreamRequest>,
+    /// When the whole request reached the upstream (virtual ns): the
+    /// router times its answer from there.
+    upstream_sent_ns: u64,
     upstream_headers_sent: bool,
     local_reply: bool,
     /// VM failed and fail-open: the filter is skipped.
@@ -191,6 +194,10 @@ pub struct SimEnvoy {
     /// The workers' VMs, then the main thread's.
     vms: Vec<Vm>,
     workers: usize,
+    /// A bootstrap singleton service: the main thread's VM only.
+    singleton: bool,
+    /// The router's `suppress_envoy_headers`.
+    suppress_envoy_headers: bool,
     shared: Shared,
     plugin: Arc<PluginInfo>,
     allow_stop: bool,

@@ -43,6 +43,7 @@ impl SimEnvoy {
     }
 
     pub(super) fn end_of_stream_out(&mut self, sid: u64, side: Side) {
+        let now = self.now_ns();
         let Some(s) = self.streams.get_mut(&sid) else {
             return;
         };
@@ -54,8 +55,16 @@ impl SimEnvoy {
         match side {
             Side::Request => {
                 if s.upstream == Upstream::NotYet {
+                    let mut headers = s.req.out_headers.clone().unwrap_or_default();
+                    if !self.suppress_envoy_headers && !self.route_timeout.is_zero() {
+                        // The router tells the upstream how long it will wait.
+                        headers.push((
+                            "x-envoy-expected-rq-timeout-ms".into(),
+                            self.route_timeout.as_millis().to_string(),
+                        ));
+                    }
                     let req = UpstreamRequest {
-                        headers: s.req.out_headers.clone().unwrap_or_default(),
+                        headers,
                         // The request is whole: its bytes move on (Envoy copies
                         // nothing here either).
                         body: std::mem::take(&mut s.req.out_body),
@@ -63,6 +72,7 @@ impl SimEnvoy {
                     };
                     s.upstream_request = Some(req.clone());
                     s.upstream = Upstream::Awaiting(req);
+                    s.upstream_sent_ns = now;
                     self.upstream_calls += 1;
                 }
             }

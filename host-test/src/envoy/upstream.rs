@@ -128,7 +128,11 @@ impl SimEnvoy {
             o.code = Some(reply.status);
             o.flags |= reply.flags;
         }
-        let headers = reply.envoy_headers();
+        // The router times the answer from the end of the request, unless
+        // it is told to add no x-envoy-* header.
+        let sent = self.streams.get(&sid).map_or(0, |s| s.upstream_sent_ns);
+        let service_time = Duration::from_nanos(self.now_ns().saturating_sub(sent));
+        let headers = reply.envoy_headers((!self.suppress_envoy_headers).then_some(service_time));
         let chunks: Vec<Vec<u8>> = reply.chunks.into_iter().filter(|c| !c.is_empty()).collect();
         self.headers_in(sid, Side::Response, headers, complete && chunks.is_empty());
         let n = chunks.len();

@@ -31,10 +31,18 @@ impl SimEnvoy {
             Ok(r) => Call::Done(r),
             Err(e) => {
                 self.vms[worker].failed = true;
-                lock(&self.shared).log(
+                // Envoy's line (cpp-host's fail message, as V8 words the
+                // trap), then wasmtime's backtrace for whoever runs at debug.
+                let mut shared = lock(&self.shared);
+                shared.log(
                     worker,
-                    LogLevel::Critical,
-                    format!("Function: {name} failed: {e:#}"),
+                    LogLevel::Error,
+                    format!("Function: {name} failed: {}", uncaught(&e)),
+                );
+                shared.log(
+                    worker,
+                    LogLevel::Debug,
+                    format!("Function: {name} failed (wasmtime): {e:#}"),
                 );
                 Call::Trapped
             }
@@ -235,3 +243,32 @@ impl SimEnvoy {
 
 /// The root context id a VM starts with.
 const ROOT: u32 = 1;
+
+/// A trap as Envoy 1.40's V8 reports it, e.g. `Uncaught RuntimeError:
+/// unreachable` (seen for a Rust panic, which ends in `unreachable`; the
+/// other messages are V8's for the same traps). An error that is no trap (a
+/// host call that failed the VM, such as WASI `proc_exit`) keeps its own words.
+fn uncaught(error: &wasmtime::Error) -> String {
+    use wasmtime::Trap;
+    let Some(trap) = error.downcast_ref::<Trap>() else {
+        return error.root_cause().to_string();
+    };
+    let message = match trap {
+        Trap::StackOverflow => {
+            return "Uncaught RangeError: Maximum call stack size exceeded".into()
+        }
+        Trap::UnreachableCodeReached => "unreachable",
+        Trap::MemoryOutOfBounds => "memory access out of bounds",
+        Trap::HeapMisaligned => "operation does not support unaligned accesses",
+        Trap::TableOutOfBounds => "table index is out of bounds",
+        Trap::IndirectCallToNull | Trap::BadSignature => {
+            "null function or function signature mismatch"
+        }
+        // wasmtime does not tell a remainder from a division by zero.
+        Trap::IntegerDivisionByZero => "divide by zero",
+        Trap::IntegerOverflow => "divide result unrepresentable",
+        Trap::BadConversionToInteger => "float unrepresentable in integer range",
+        other => return format!("Uncaught RuntimeError: {other}"),
+    };
+    format!("Uncaught RuntimeError: {message}")
+}

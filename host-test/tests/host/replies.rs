@@ -171,3 +171,57 @@ fn empty_filter_module_needs_no_configuration() {
     }
     assert_eq!(envoy.upstream_calls(), 3);
 }
+
+/// http_headers (host-test/examples), which logs every header it sees.
+fn header_logger(suppress: bool) -> SimEnvoy {
+    SimEnvoy::builder(host_test::dist("example_http_headers.wasm"))
+        .suppress_envoy_headers(suppress)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn the_router_times_an_upstream_answer_where_the_filter_sees_it() {
+    let mut envoy = header_logger(false);
+    let id = envoy.start(0, Request::get("/orders")).unwrap();
+    envoy.send_request(id).unwrap();
+    // The router tells the upstream how long it waits (the route timeout).
+    let sent = envoy.upstream_request(id).unwrap();
+    assert_eq!(
+        sent.headers.last(),
+        Some(&("x-envoy-expected-rq-timeout-ms".into(), "15000".into()))
+    );
+    envoy.advance(std::time::Duration::from_millis(250));
+    let reply = Reply::ok().header("content-type", "text/plain").body("ok");
+    envoy.respond(id, reply).unwrap();
+    let resp = envoy.response(id).unwrap();
+    let names: Vec<&str> = resp.headers.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "content-type",
+            "content-length",
+            "x-envoy-upstream-service-time"
+        ],
+        "appended after the upstream's own headers"
+    );
+    assert_eq!(resp.header("x-envoy-upstream-service-time"), Some("250"));
+    assert!(envoy.log_contains("#2 <- x-envoy-upstream-service-time: 250"));
+    // Not on what Envoy answers itself.
+    envoy.set_upstream(|_| Reply::connect_failure());
+    let refused = envoy.request(0, Request::get("/")).unwrap();
+    assert_eq!(refused.header("x-envoy-upstream-service-time"), None);
+}
+
+#[test]
+fn suppress_envoy_headers_drops_the_router_s_headers() {
+    let mut envoy = header_logger(true);
+    let id = envoy.start(0, Request::get("/orders")).unwrap();
+    envoy.send_request(id).unwrap();
+    let sent = envoy.upstream_request(id).unwrap();
+    assert!(sent.header("x-envoy-expected-rq-timeout-ms").is_none());
+    envoy.respond(id, Reply::ok()).unwrap();
+    let resp = envoy.response(id).unwrap();
+    assert_eq!(resp.header("x-envoy-upstream-service-time"), None);
+    assert!(!envoy.log_contains("x-envoy-upstream-service-time"));
+}

@@ -1,7 +1,7 @@
 //! Metrics, timers and the clock, callouts, traps.
 
 use crate::*;
-use host_test::{Reply, Request};
+use host_test::{LogLevel, Reply, Request};
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::time::Duration;
@@ -60,6 +60,72 @@ fn ticks_only_on_workers_without_the_main_thread_vm() {
         .unwrap();
     envoy.advance(Duration::from_millis(100));
     assert_eq!(envoy.counter("probe_ticks"), Some(2), "one per worker");
+}
+
+#[test]
+fn ticks_fire_on_the_main_thread_vm_first_then_the_workers() {
+    let mut envoy = probe_builder()
+        .workers(2)
+        .log_level(LogLevel::Debug)
+        .plugin_config(r#"{"tick_ms": 100}"#)
+        .build()
+        .unwrap();
+    envoy.advance(Duration::from_millis(200));
+    let order: Vec<usize> = envoy
+        .logs()
+        .iter()
+        .filter(|l| l.message.starts_with("probe tick at"))
+        .map(|l| l.worker)
+        .collect();
+    // The main thread's VM is `workers()` (2): Envoy starts it first, so in
+    // each period its timer fires before the workers'.
+    assert_eq!(order, vec![2, 0, 1, 2, 0, 1]);
+}
+
+/// hello_world (host-test/examples) as the SDK ships it, a bootstrap singleton.
+fn hello_singleton() -> SimEnvoy {
+    SimEnvoy::builder(host_test::dist("example_hello_world.wasm"))
+        .bootstrap_singleton(true)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_bootstrap_singleton_starts_twice_and_ticks_once_per_period() {
+    let mut envoy = hello_singleton();
+    assert_eq!(envoy.workers(), 0);
+    let lines = |e: &SimEnvoy, text: &str| -> Vec<usize> {
+        e.logs()
+            .iter()
+            .filter(|l| l.message.contains(text))
+            .map(|l| l.worker)
+            .collect()
+    };
+    // The copy Envoy configures first, then the main thread's VM: both on the
+    // main thread (the VM after the workers, of which there are none).
+    assert_eq!(lines(&envoy, "Hello, World!").len(), 2);
+    envoy.advance(Duration::from_millis(4_999));
+    assert!(lines(&envoy, "lucky number").is_empty());
+    envoy.advance(Duration::from_millis(1));
+    assert_eq!(lines(&envoy, "lucky number"), vec![0]);
+    envoy.advance(Duration::from_secs(10));
+    assert_eq!(lines(&envoy, "lucky number"), vec![0, 0, 0]);
+    assert!(matches!(
+        envoy.start(0, Request::get("/")),
+        Err(host_test::Error::Usage(_))
+    ));
+}
+
+#[test]
+fn the_same_module_as_an_http_filter_starts_three_times_and_ticks_twice() {
+    let mut envoy = SimEnvoy::builder(host_test::dist("example_hello_world.wasm"))
+        .build()
+        .unwrap();
+    let count =
+        |e: &SimEnvoy, text: &str| e.logs().iter().filter(|l| l.message.contains(text)).count();
+    assert_eq!(count(&envoy, "Hello, World!"), 3);
+    envoy.advance(Duration::from_secs(5));
+    assert_eq!(count(&envoy, "lucky number"), 2);
 }
 
 #[test]
@@ -194,7 +260,15 @@ fn trap_fails_the_stream_and_the_worker_only() {
         envoy.log_contains("probe: trap requested"),
         "the SDK panic hook logs first"
     );
-    assert!(envoy.log_contains("Function: proxy_on_request_headers failed"));
+    // Envoy's words and level for the trap (V8: a Rust panic ends in
+    // `unreachable`); wasmtime's backtrace is not at this level.
+    let trap = envoy.log_lines(LogLevel::Trace, "Function: proxy_on_request_headers failed");
+    assert_eq!(trap.len(), 1, "{trap:?}");
+    assert_eq!(trap[0].level, LogLevel::Error);
+    assert_eq!(
+        trap[0].message,
+        "Function: proxy_on_request_headers failed: Uncaught RuntimeError: unreachable"
+    );
 
     // Later streams on the failed worker: 503 at once, upstream untouched.
     let resp = envoy.request(0, Request::get("/")).unwrap();
@@ -205,6 +279,25 @@ fn trap_fails_the_stream_and_the_worker_only() {
     let resp = envoy.request(1, Request::get("/")).unwrap();
     assert_eq!(resp.status, 200);
     assert_eq!(resp.header("x-probe-response-seen"), Some("200"));
+}
+
+#[test]
+fn a_trap_s_wasmtime_backtrace_is_logged_at_debug_level() {
+    let mut envoy = probe_builder().log_level(LogLevel::Debug).build().unwrap();
+    envoy.request(0, get_probe("trap", &[])).unwrap();
+    let debug: Vec<_> = envoy
+        .logs()
+        .into_iter()
+        .filter(|l| {
+            l.message
+                .starts_with("Function: proxy_on_request_headers failed")
+        })
+        .map(|l| (l.level, l.message))
+        .collect();
+    assert_eq!(debug.len(), 2, "{debug:?}");
+    assert_eq!(debug[0].0, LogLevel::Error);
+    assert_eq!(debug[1].0, LogLevel::Debug);
+    assert!(debug[1].1.contains("wasm backtrace"), "{}", debug[1].1);
 }
 
 #[test]
