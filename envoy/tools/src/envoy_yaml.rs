@@ -233,9 +233,14 @@ pub fn problems(config: &str, defined: Option<&[String]>, file: &str) -> Vec<Str
 /// Whether a file given to `check-config` is YAML (an Envoy or Istio file), not the
 /// filter's JSON: by its name, else by its first character.
 pub fn is_yaml(path: &str, text: &str) -> bool {
+    // A `.json` file, or JSON text (an object, or an array the filter refuses with its
+    // own message), is the filter's configuration itself.
+    if path.ends_with(".json") {
+        return false;
+    }
     path.ends_with(".yaml")
         || path.ends_with(".yml")
-        || !(text.trim_start().starts_with('{') || text.trim().is_empty())
+        || !(text.trim_start().starts_with(['{', '[']) || text.trim().is_empty())
 }
 
 /// The clusters other files define (`--clusters-from`): a listener file's filter may
