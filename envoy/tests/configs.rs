@@ -189,9 +189,13 @@ fn lds_and_jwt_scope_configs_serve_traffic() {
     }
     drop(envoy);
 
-    let cfg =
-        EnvoyConfig::from_template(&config_file("jwt-scope.yaml"), upstream.port(), &wasm, "{}")
-            .unwrap();
+    let cfg = EnvoyConfig::from_template(
+        &config_file("jwt-scope.yaml"),
+        upstream.port(),
+        &wasm,
+        &jwt_recipe(),
+    )
+    .unwrap();
     let envoy =
         EnvoyProcess::start("configs-jwt", cfg).unwrap_or_else(|e| panic!("jwt-scope: {e}"));
     let req = Request::post("/orders/config-check").key("jwt").body("{}");
@@ -373,4 +377,35 @@ fn the_single_node_template_skips_exactly_the_methods_the_config_does_not_dedupl
     let again = envoy.send(&put).unwrap();
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     assert_eq!(envoy.dedup_counter("requests").unwrap(), 2);
+}
+
+/// The benchmarks' Envoy (`benches/envoy/ceiling.yaml`, `bench::ceiling_config`) starts
+/// and serves both its routes: `make bench-envoy` cannot break unseen.
+#[test]
+fn the_benchmarks_ceiling_config_serves_both_routes() {
+    use dedup_envoy::bench::{ceiling_config, BenchFilter, CeilingRoute};
+    let wasm = dedup_wasm().unwrap_or_else(|e| panic!("{e}"));
+    let filters = [
+        BenchFilter::Buffer,
+        BenchFilter::Wasm {
+            module: wasm,
+            config: "{}".into(),
+        },
+    ];
+    for (route, name) in [
+        (CeilingRoute::Direct, "direct"),
+        (CeilingRoute::Answer, "answer"),
+    ] {
+        let cfg = ceiling_config(route, &filters, 1, None).unwrap();
+        let envoy = EnvoyProcess::start(&format!("configs-ceiling-{name}"), cfg)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let req = Request::post("/orders").key("ceiling").body("{\"a\": 1}");
+        let first = envoy.send(&req).unwrap();
+        assert_eq!(first.status, 200, "{name}: {}", first.summary());
+        let again = envoy.send(&req).unwrap();
+        assert_eq!(again.status, 200, "{name}: {}", again.summary());
+        // Envoy's own direct_response is no upstream's answer: never stored.
+        let stored = matches!(route, CeilingRoute::Answer);
+        assert_eq!(is_replayed(&again), stored, "{name}: {}", again.summary());
+    }
 }

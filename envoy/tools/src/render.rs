@@ -4,7 +4,8 @@
 //! exactly what users get.
 //!
 //! Where a placeholder stands decides how its value is written:
-//! - alone on its line (`{{HTTP_FILTERS}}`): a block of YAML, inserted as it is;
+//! - alone on its line (`{{HTTP_FILTERS}}`): a block of YAML, each of its lines
+//!   inserted at the placeholder's indentation;
 //! - inside a single-quoted scalar (`value: '{{FILTER_CONFIG}}'`): `'` doubled (a JSON
 //!   configuration's `#`, `&`, `"` and `:` need nothing there);
 //! - inside a double-quoted scalar (`regex: "{{DEDUP_METHODS}}"`): escaped as JSON
@@ -195,7 +196,14 @@ pub fn fill(template: &str, vars: &[(&str, String)]) -> Result<String, String> {
         {
             match vars.iter().find(|(n, _)| *n == name) {
                 Some((_, v)) => {
-                    out.push_str(v);
+                    // Each line of the block at the placeholder's indentation.
+                    let indent = &line[..line.len() - line.trim_start().len()];
+                    for l in v.split_inclusive('\n') {
+                        if !l.trim().is_empty() {
+                            out.push_str(indent);
+                        }
+                        out.push_str(l);
+                    }
                     if line.ends_with('\n') && !v.ends_with('\n') {
                         out.push('\n');
                     }
@@ -270,7 +278,7 @@ pub const DEFAULTS: [(&str, &str); 4] = [
     ("WASM_PATH", "/etc/envoy/dedup_filter.wasm"),
 ];
 
-pub const USAGE: &str = "dedupctl render TEMPLATE --config FILE [--config NAME=FILE]... [--set NAME=VALUE]... [--clusters-from FILE]... [--out FILE]";
+pub const USAGE: &str = "dedupctl render TEMPLATE --config FILE [--config NAME=FILE]... [--set NAME=VALUE]... [--members CLUSTER=HOST:PORT[,HOST:PORT]...]... [--clusters-from FILE]... [--out FILE]";
 
 /// What a render is given.
 #[derive(Debug, Clone, Default)]
@@ -282,6 +290,8 @@ pub struct Render {
     pub set: Vec<(String, String)>,
     /// Files whose clusters the rendered filters may name too (an LDS listener's bootstrap).
     pub clusters_from: Vec<String>,
+    /// The etcd clusters' members (`crate::members`).
+    pub members: Vec<crate::members::Members>,
     pub out: Option<String>,
 }
 
@@ -310,6 +320,7 @@ impl Render {
                     r.set.push((n.to_string(), x.to_string()));
                 }
                 "--clusters-from" => r.clusters_from.push(value()?),
+                "--members" => r.members.push(crate::members::Members::parse(&value()?)?),
                 "--out" | "-o" => r.out = Some(value()?),
                 other if other.starts_with('-') || !r.template.is_empty() => {
                     return Err(format!("unexpected `{other}`"))
@@ -338,6 +349,12 @@ impl Render {
             vars.push((name.clone(), one_line_json(&text)));
         }
         let wanted = placeholders(&template);
+        if let Some((name, file)) = self.configs.iter().find(|(n, _)| !wanted.contains(n)) {
+            return Err(one(format!(
+                "{} has no {{{{{name}}}}}: the configuration {file} would not be used",
+                self.template
+            )));
+        }
         if wanted.iter().any(|w| w == "FILTER_CONFIG")
             && !vars.iter().any(|(n, _)| n == "FILTER_CONFIG")
         {
@@ -365,6 +382,8 @@ impl Render {
         let text = fill(&template, &refs).map_err(|e| {
             one(format!("{}: {e} (give it with --set NAME=VALUE, or --config NAME=FILE for a filter configuration)", self.template))
         })?;
+        let text = crate::members::apply(&text, &self.members)
+            .map_err(|e| one(format!("{}: {e}", self.template)))?;
         let others = crate::envoy_yaml::clusters_of_files(&self.clusters_from).map_err(one)?;
         let i = crate::envoy_yaml::inspect(&text)
             .map_err(|e| one(format!("{} rendered: {e}", self.template)))?;
@@ -473,6 +492,25 @@ mod tests {
         assert_eq!(y["u"].as_str(), Some("http://h:8080/m"));
         let flow = fill("p: { a: {{W}}, b: 1 }\n", &[("W", "x,y".into())]).unwrap();
         assert_eq!(yaml(&flow)["p"]["a"].as_str(), Some("x,y"));
+    }
+
+    #[test]
+    fn a_block_takes_the_indentation_of_its_placeholder() {
+        let t = "routes:\n- match: {}\n  {{ROUTE}}\n{{MORE}}\n";
+        let out = fill(
+            t,
+            &[
+                ("ROUTE", "route: {cluster: a}\nextra: 1".into()),
+                ("MORE", "  - x\n\n  - y\n".into()),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            "routes:\n- match: {}\n  route: {cluster: a}\n  extra: 1\n  - x\n\n  - y\n"
+        );
+        let y = yaml(&out.replace("  - x\n\n  - y\n", ""));
+        assert_eq!(y["routes"][0]["route"]["cluster"].as_str(), Some("a"));
     }
 
     #[test]
