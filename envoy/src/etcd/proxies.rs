@@ -8,6 +8,7 @@ use crate::config::{EnvoyConfig, LDS_LISTENER, SINGLE_NODE_LDS};
 use crate::envoy::EnvoyProcess;
 use crate::paths::config_file;
 use crate::{fail, Result};
+use dedup_tools::members::{self, cluster_copy, etcd_cluster_span, Members};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -145,41 +146,30 @@ pub fn etcd_proxy_config(
     Ok(config)
 }
 
-/// The template's `etcd` cluster entry (`  - name: etcd`, to the next entry or the end):
-/// where it starts and ends.
-fn etcd_cluster_span(template: &str) -> Result<(usize, usize)> {
-    const ENTRY: &str = "  - name: etcd\n";
-    let Some(start) = template.find(ENTRY) else {
-        fail!("the template has no `  - name: etcd` cluster");
-    };
-    let body_from = start + ENTRY.len();
-    let mut len = 0;
-    for line in template[body_from..].split_inclusive('\n') {
-        let indent = line.len() - line.trim_start().len();
-        let text = line.trim();
-        if !text.is_empty() && (indent < 4 || line.starts_with("  - ")) {
-            break;
-        }
-        len += line.len();
-    }
-    Ok((start, body_from + len))
+/// The shards as `dedupctl render --members` values: each shard's Envoy cluster with
+/// its members on loopback.
+fn shard_members(shards: &[(&str, Vec<u16>)]) -> Vec<Members> {
+    shards
+        .iter()
+        .map(|(cluster, ports)| Members {
+            cluster: cluster.to_string(),
+            hosts: ports
+                .iter()
+                .map(|p| ("127.0.0.1".to_string(), *p))
+                .collect(),
+        })
+        .collect()
 }
 
 /// The template's `etcd` cluster once per shard: a copy named after the shard's Envoy
 /// cluster (`name` and `cluster_name`), its `# etcd member N` lines pointing at that
-/// shard's members. What a user does by hand: one copy of the cluster per shard.
+/// shard's members. What a user does with `dedupctl render --members`.
 fn shard_cluster_copies(template: &str, shards: &[(&str, Vec<u16>)]) -> Result<String> {
-    let (start, end) = etcd_cluster_span(template)?;
+    let (start, end) = etcd_cluster_span(template).map_err(crate::Error)?;
     let block = &template[start..end];
     let mut copies = String::new();
-    for (cluster, ports) in shards {
-        let named = block
-            .replacen("  - name: etcd\n", &format!("  - name: {cluster}\n"), 1)
-            .replace(
-                "cluster_name: etcd\n",
-                &format!("cluster_name: {cluster}\n"),
-            );
-        copies.push_str(&render_etcd_endpoints(&named, ports)?);
+    for m in shard_members(shards) {
+        copies.push_str(&cluster_copy(block, &m).map_err(crate::Error)?);
     }
     Ok(copies)
 }
@@ -187,13 +177,7 @@ fn shard_cluster_copies(template: &str, shards: &[(&str, Vec<u16>)]) -> Result<S
 /// The template's `etcd` cluster (the `  - name: etcd` entry, to the next entry or the
 /// end) written once per shard of a sharded store, in its place (`shard_cluster_copies`).
 pub fn render_shard_clusters(template: &str, shards: &[(&str, Vec<u16>)]) -> Result<String> {
-    let (start, end) = etcd_cluster_span(template)?;
-    let copies = shard_cluster_copies(template, shards)?;
-    Ok(format!(
-        "{}{copies}{}",
-        &template[..start],
-        &template[end..]
-    ))
+    members::apply(template, &shard_members(shards)).map_err(crate::Error)
 }
 
 /// `bootstrap` (a template whose `static_resources.clusters` list ends the file, as

@@ -8,7 +8,7 @@
 //!   dedupctl [--addr HOST:PORT] [--json] purge --key K [--authority H] [--scope NAME=VALUE]... [--rule NAME] [--force]
 //!   dedupctl [--addr HOST:PORT] [--json] stats
 //!   dedupctl check-config FILE [--clusters-from FILE]...
-//!   dedupctl render TEMPLATE --config FILE [--config NAME=FILE]... [--set NAME=VALUE]... [--clusters-from FILE]... [--out FILE]
+//!   dedupctl render TEMPLATE --config FILE [--config NAME=FILE]... [--set NAME=VALUE]... [--members CLUSTER=HOST:PORT[,HOST:PORT]...]... [--clusters-from FILE]... [--out FILE]
 //!   dedupctl envoy-filter FILE [--wasm PATH] [--vm-id ID] [--indent N]
 //!   dedupctl methods FILE
 //!   dedupctl schema
@@ -41,7 +41,7 @@ use std::time::Duration;
 const USAGE: &str = "usage: dedupctl [--addr HOST:PORT] [--json] get|purge|stats \
 [--key K] [--authority H] [--scope NAME=VALUE]... [--source header|json_pointer] [--rule NAME] [--force]
        dedupctl check-config FILE [--clusters-from FILE]...
-       dedupctl render TEMPLATE --config FILE [--config NAME=FILE]... [--set NAME=VALUE]... [--clusters-from FILE]... [--out FILE]
+       dedupctl render TEMPLATE --config FILE [--config NAME=FILE]... [--set NAME=VALUE]... [--members CLUSTER=HOST:PORT[,HOST:PORT]...]... [--clusters-from FILE]... [--out FILE]
        dedupctl envoy-filter FILE [--wasm PATH] [--vm-id ID] [--indent N]
        dedupctl methods FILE
        dedupctl schema | reference

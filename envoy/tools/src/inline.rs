@@ -8,8 +8,9 @@
 //! - `<!-- inline: PATH -->`: the file, fenced as `yaml` or `json` by its extension;
 //! - `<!-- inline: PATH.md:ANCHOR -->`: the markdown between `ANCHOR: name` and
 //!   `ANCHOR_END: name` (a whole `.md` file without one), as it is;
-//! - `<!-- inline: render TEMPLATE CONFIG -->`: `dedupctl render TEMPLATE --config
-//!   CONFIG` with its default ports and module path, fenced as `yaml`.
+//! - `<!-- inline: render TEMPLATE CONFIG [--members CLUSTER=HOST:PORT,…]… -->`:
+//!   `dedupctl render TEMPLATE --config CONFIG [--members …]` with its default ports and
+//!   module path, fenced as `yaml`.
 //!
 //! In YAML (`envoy/configs/**/*.yaml`), between `# inline: PATH as FIELD` and
 //! `# inline end`, at the marker's indentation: `FIELD: ` and the JSON file, as a
@@ -92,13 +93,22 @@ fn generate(dir: &Path, spec: &str, yaml: bool, indent: &str) -> Result<String, 
         return yaml_field(&dir.join(file), field, indent);
     }
     match words[..] {
-        ["render", template, config] => {
+        ["render", template, config, ref more @ ..] => {
+            // `--members CLUSTER=HOST:PORT,…` pairs may follow (`dedupctl render`'s).
+            let mut members = Vec::new();
+            for pair in more.chunks(2) {
+                match pair {
+                    ["--members", m] => members.push(crate::members::Members::parse(m)?),
+                    _ => return Err(format!("after the render pair, only `--members CLUSTER=HOST:PORT,…`: {}", pair.join(" "))),
+                }
+            }
             let r = crate::render::Render {
                 template: dir.join(template).display().to_string(),
                 configs: vec![(
                     "FILTER_CONFIG".into(),
                     dir.join(config).display().to_string(),
                 )],
+                members,
                 ..Default::default()
             };
             let text = r.run(&mut std::io::sink()).map_err(|e| e.join("; "))?;
@@ -127,7 +137,7 @@ fn generate(dir: &Path, spec: &str, yaml: bool, indent: &str) -> Result<String, 
             }
         }
         _ => Err(
-            "expected `<!-- inline: FILE -->` or `<!-- inline: render TEMPLATE CONFIG -->`".into(),
+            "expected `<!-- inline: FILE -->` or `<!-- inline: render TEMPLATE CONFIG [--members CLUSTER=HOST:PORT,…]… -->`".into(),
         ),
     }
 }

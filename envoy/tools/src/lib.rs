@@ -10,6 +10,7 @@ pub mod envoy_yaml;
 pub mod error;
 pub mod http;
 pub mod inline;
+pub mod members;
 pub mod oci;
 pub mod paths;
 pub mod render;
