@@ -88,7 +88,8 @@ fn another_callers_identical_keyless_request_is_its_own_operation() {
 #[test]
 fn a_refreshed_token_of_the_same_subject_is_replayed_through_jwt_metadata() {
     let s = Stack::start_with("callers-jwt", |port, wasm| {
-        EnvoyConfig::from_template(&config_file("jwt-scope.yaml"), port, wasm, "{}").unwrap()
+        EnvoyConfig::from_template(&config_file("jwt-scope.yaml"), port, wasm, &jwt_recipe())
+            .unwrap()
     });
     let (key, kid) = example_jwt_key();
     let token = |sub: &str, iat_shift: u64| {

@@ -772,7 +772,7 @@ fn jwt_claim_scopes_records_and_a_client_header_cannot_override_it() {
 
     let run = |name: &str, template_path: &std::path::Path, key_prefix: &str| {
         let s = Stack::start_with(name, |upstream_port, wasm| {
-            EnvoyConfig::from_template(template_path, upstream_port, wasm, "{}")
+            EnvoyConfig::from_template(template_path, upstream_port, wasm, &jwt_recipe())
                 .unwrap_or_else(|e| panic!("{e}"))
         });
         let path = "/orders/jwt";

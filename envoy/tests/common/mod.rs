@@ -373,6 +373,13 @@ pub fn example_jwt_claims(tenant: Option<&str>) -> Value {
     c
 }
 
+/// The filter configuration jwt-scope.yaml is rendered with
+/// (envoy/configs/recipes/jwt-tenants.json: scoped by x-tenant, the caller the
+/// token's `sub`).
+pub fn jwt_recipe() -> String {
+    std::fs::read_to_string(dedup_envoy::paths::config_file("recipes/jwt-tenants.json")).unwrap()
+}
+
 /// A token jwt-scope.yaml accepts, signed with the example key.
 pub fn example_jwt(tenant: Option<&str>) -> String {
     let (key, kid) = example_jwt_key();
