@@ -9,6 +9,16 @@
 //!
 //! It speaks the ABI (0.2.1) itself, like the dedup filter's glue: every value the
 //! host returns is allocated through `proxy_on_memory_allocate` and freed here.
+//!
+//! Two more configurations mimic the dedup filter's own requests with no logic in
+//! between: `mimic_first_execution` makes a first execution's host calls (the
+//! `FILTER_CALLS` host-test counts for it, in the same hooks, on values of the same
+//! sizes: a 1.4 KB bucket of one of 6,250 keys read and written back, the registry read,
+//! the response slot and the bucket written at the response's end) and pauses the
+//! request at its headers as the filter does; `mimic_replay` makes a replay's (the
+//! bucket and the response slot read, the stored answer sent as a local reply). What the
+//! dedup filter costs over its mimic is its own Wasm; what the mimic costs over the empty
+//! filter is the calls and the pause, whatever code makes them.
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -61,6 +71,8 @@ enum Call {
     IncrementMetric,
     Time,
     LogLevel,
+    MimicFirst,
+    MimicReplay,
 }
 
 /// Every call, by the name the configuration gives it.
@@ -80,7 +92,17 @@ const CALLS: &[(&str, Call)] = &[
     ("increment_metric", Call::IncrementMetric),
     ("get_current_time_nanoseconds", Call::Time),
     ("get_log_level", Call::LogLevel),
+    ("mimic_first_execution", Call::MimicFirst),
+    ("mimic_replay", Call::MimicReplay),
 ];
+
+/// The mimics' bucket keys (one per 16 records of the default 100,000), their size, and
+/// the size of a stored response (the demo service's small JSON answer with its headers).
+const MIMIC_BUCKETS: u32 = 6_250;
+const MIMIC_BUCKET_BYTES: usize = 1_400;
+const MIMIC_SLOT_BYTES: usize = 220;
+const MIMIC_REGISTRY: &str = "hostcall-probe/registry";
+const MIMIC_SLOT: &str = "hostcall-probe/slot";
 
 thread_local! {
     static CALL: Cell<Call> = const { Cell::new(Call::None) };
@@ -88,6 +110,94 @@ thread_local! {
     static METRIC: Cell<u32> = const { Cell::new(0) };
     /// Bytes the calls returned, summed so no call is dead code.
     static SEEN: Cell<usize> = const { Cell::new(0) };
+    /// The mimics' request count: which bucket key the next request uses.
+    static REQUEST: Cell<u32> = const { Cell::new(0) };
+}
+
+fn mimic() -> Option<Call> {
+    Some(CALL.with(Cell::get)).filter(|c| matches!(c, Call::MimicFirst | Call::MimicReplay))
+}
+
+/// The bucket key of this request (a name as long as the filter's).
+fn bucket_key() -> String {
+    format!(
+        "hostcall-probe/b/{:08x}",
+        REQUEST.with(Cell::get) % MIMIC_BUCKETS
+    )
+}
+
+/// Reads a key and writes `len` bytes back on its cas.
+fn read_and_write(key: &str, len: usize) {
+    let (mut p, mut l, mut cas) = (std::ptr::null_mut(), 0, 0);
+    // SAFETY: pointer and length of a live string; out-pointers valid.
+    let s = unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut p, &mut l, &mut cas) };
+    took(s, p, l);
+    set_shared(key, len, cas);
+}
+
+fn set_shared(key: &str, len: usize, cas: u32) {
+    let value = vec![5u8; len];
+    // SAFETY: pointers and lengths of live buffers.
+    let s =
+        unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas) };
+    seen(s as usize);
+}
+
+fn set_state(name: &str, value: &str) {
+    // SAFETY: pointers and lengths of live strings.
+    let s = unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) };
+    seen(s as usize);
+}
+
+fn count() {
+    // SAFETY: no pointers.
+    seen(unsafe { proxy_increment_metric(METRIC.with(Cell::get), 1) } as usize);
+}
+
+fn now() {
+    let mut t = 0;
+    // SAFETY: out-pointer valid.
+    unsafe { proxy_get_current_time_nanoseconds(&mut t) };
+    seen(t as usize & 1);
+}
+
+fn request_body(size: u32) {
+    let (mut p, mut l) = (std::ptr::null_mut(), 0);
+    // SAFETY: out-pointers valid for the call.
+    let s = unsafe { proxy_get_buffer_bytes(BUF_REQUEST_BODY, 0, size as usize, &mut p, &mut l) };
+    took(s, p, l);
+}
+
+/// The request is whole: the mimic's claim (first execution) or replay.
+fn mimic_decide(call: Call, body_size: u32) -> u32 {
+    request_body(body_size);
+    now();
+    count();
+    if call == Call::MimicFirst {
+        read_and_write(&bucket_key(), MIMIC_BUCKET_BYTES);
+        get_shared(MIMIC_REGISTRY);
+        set_state("proxy_dedup_decision", "executed");
+        set_state("proxy_dedup_record", "0123456789ab");
+        count();
+        return 0;
+    }
+    get_shared(&bucket_key());
+    get_shared(MIMIC_SLOT);
+    let headers = [
+        ("content-type".to_string(), "application/json".to_string()),
+        ("idempotent-replayed".to_string(), "true".to_string()),
+        (
+            "idempotency-expires".to_string(),
+            "Tue, 08 Dec 2026 07:00:00 GMT".to_string(),
+        ),
+    ];
+    let body = [b'r'; 60];
+    let map = abi::encode_pairs(&headers);
+    seen(abi::local_response(200, "proxy_dedup_replay", &body, &map, -1) as usize);
+    set_state("proxy_dedup_decision", "replayed");
+    set_state("proxy_dedup_record", "0123456789ab");
+    count();
+    1
 }
 
 fn seen(len: usize) {
@@ -138,6 +248,17 @@ pub extern "C" fn proxy_on_configure(_ctx: u32, size: u32) -> u32 {
     };
     CALL.with(|c| c.set(call));
     N.with(|c| c.set(n));
+    if call == Call::MimicReplay {
+        // What a replay reads: its bucket and its response slot.
+        for b in 0..MIMIC_BUCKETS {
+            REQUEST.with(|r| r.set(b));
+            set_shared(&bucket_key(), MIMIC_BUCKET_BYTES, 0);
+        }
+        set_shared(MIMIC_SLOT, MIMIC_SLOT_BYTES, 0);
+    }
+    if call == Call::MimicFirst {
+        set_shared(MIMIC_REGISTRY, 17, 0);
+    }
     // A record of a typical bucket's size to read back.
     let value = [7u8; 96];
     // SAFETY: pointers and lengths of live buffers.
@@ -173,7 +294,17 @@ fn pairs(map: u32) {
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_request_headers(_ctx: u32, _n: u32, _eos: u32) -> u32 {
+pub extern "C" fn proxy_on_request_headers(_ctx: u32, _n: u32, eos: u32) -> u32 {
+    if mimic().is_some() {
+        REQUEST.with(|r| r.set(r.get().wrapping_add(1)));
+        pairs(MAP_REQUEST_HEADERS);
+        let mut level = 0;
+        // SAFETY: out-pointer valid.
+        unsafe { proxy_get_log_level(&mut level) };
+        seen(level as usize);
+        // The filter pauses the request until its body is whole.
+        return u32::from(eos == 0);
+    }
     repeat(Call::HeaderValue, || {
         seen(
             abi::header(MAP_REQUEST_HEADERS, ":path")
@@ -237,6 +368,14 @@ pub extern "C" fn proxy_on_request_headers(_ctx: u32, _n: u32, _eos: u32) -> u32
 
 #[no_mangle]
 pub extern "C" fn proxy_on_request_body(_ctx: u32, size: u32, eos: u32) -> u32 {
+    if let Some(call) = mimic() {
+        // StopIterationAndBuffer until the end, as the filter.
+        return if eos != 0 {
+            mimic_decide(call, size)
+        } else {
+            1
+        };
+    }
     if eos != 0 {
         repeat(Call::RequestBody, || {
             let (mut p, mut l) = (std::ptr::null_mut(), 0);
@@ -252,6 +391,15 @@ pub extern "C" fn proxy_on_request_body(_ctx: u32, size: u32, eos: u32) -> u32 {
 
 #[no_mangle]
 pub extern "C" fn proxy_on_response_headers(_ctx: u32, _n: u32, _eos: u32) -> u32 {
+    if mimic() == Some(Call::MimicFirst) {
+        pairs(MAP_RESPONSE_HEADERS);
+        seen(
+            abi::property("response\0code_details")
+                .1
+                .map_or(0, |v| v.len()),
+        );
+        return 0;
+    }
     repeat(Call::ResponsePairs, || pairs(MAP_RESPONSE_HEADERS));
     repeat(Call::ReplaceHeader, || {
         seen(abi::replace(MAP_RESPONSE_HEADERS, "x-probe", "1") as usize)
@@ -260,7 +408,25 @@ pub extern "C" fn proxy_on_response_headers(_ctx: u32, _n: u32, _eos: u32) -> u3
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_response_body(_ctx: u32, _size: u32, _eos: u32) -> u32 {
+pub extern "C" fn proxy_on_response_body(_ctx: u32, size: u32, eos: u32) -> u32 {
+    if mimic() == Some(Call::MimicFirst) {
+        let (mut p, mut l) = (std::ptr::null_mut(), 0);
+        // SAFETY: out-pointers valid for the call.
+        let s = unsafe { proxy_get_buffer_bytes(1, 0, size as usize, &mut p, &mut l) };
+        took(s, p, l);
+        if eos != 0 {
+            // The completion: the bucket read, the slot written, the bucket written.
+            now();
+            let key = bucket_key();
+            let (mut p, mut l, mut cas) = (std::ptr::null_mut(), 0, 0);
+            // SAFETY: pointer and length of a live string; out-pointers valid.
+            let s =
+                unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut p, &mut l, &mut cas) };
+            took(s, p, l);
+            set_shared(MIMIC_SLOT, MIMIC_SLOT_BYTES, 0);
+            set_shared(&key, MIMIC_BUCKET_BYTES, cas);
+        }
+    }
     0
 }
 
