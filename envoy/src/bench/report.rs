@@ -199,7 +199,14 @@ pub fn write_section(heading: &str, section: &str) -> Result<()> {
 /// by `section`, or with `section` appended. A blank line separates it from a
 /// following section; the text ends with one newline.
 fn replace_section(old: &str, heading: &str, section: &str) -> String {
-    match old.find(heading) {
+    // The heading as a whole line: `## Workers` is not inside `### Workers`, nor a prefix
+    // of `## Workers and more`.
+    let start = old.match_indices(heading).map(|(at, _)| at).find(|&at| {
+        let rest = &old[at + heading.len()..];
+        (at == 0 || old[..at].ends_with('\n'))
+            && (rest.is_empty() || rest.starts_with(['\n', '\r']))
+    });
+    match start {
         Some(start) => {
             let after = &old[start + 2..];
             match after.find("\n## ") {
@@ -234,6 +241,18 @@ mod tests {
             replace_section(OLD, "## Envoy load", "## Envoy load\n\nnew envoy\n"),
             "# Benchmarks\n\n## A\n\nold a\n\n## etcd store\n\nold etcd\n\n## Envoy load\n\nnew envoy\n"
         );
+    }
+
+    #[test]
+    fn a_heading_inside_a_deeper_heading_or_a_longer_one_is_not_the_section() {
+        let old = "# B\n\n## Scaling\n\n### Workers\n\nhost-test\n\n## Workers and more\n\nx\n";
+        assert_eq!(
+            replace_section(old, "## Workers", "## Workers\n\nnew\n"),
+            format!("{}\n\n## Workers\n\nnew\n", old.trim_end())
+        );
+        let with = format!("{old}\n## Workers\n\nold\n\n## Z\n\nz\n");
+        assert!(replace_section(&with, "## Workers", "## Workers\n\nnew\n")
+            .ends_with("### Workers\n\nhost-test\n\n## Workers and more\n\nx\n\n## Workers\n\nnew\n\n## Z\n\nz\n"));
     }
 
     #[test]

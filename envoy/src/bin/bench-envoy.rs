@@ -16,6 +16,7 @@ use dedup_envoy::bench::{
 use dedup_envoy::config::WORKERS;
 use dedup_envoy::paths::{dedup_wasm, dist_wasm, empty_wasm, hostcall_probe_wasm};
 use dedup_envoy::{DemoUpstream, EnvoyConfig, Result};
+use std::path::PathBuf;
 
 const WARMUP_SECONDS: u64 = 1;
 
@@ -28,7 +29,7 @@ fn start_case(name: &str, config: EnvoyConfig, script: &str, prime: bool) -> Res
     Ok(case)
 }
 
-/// `BENCH_PART=load`, `cost`, `calls` or `phases` (or a comma list, e.g. `calls,cost`:
+/// `BENCH_PART=load`, `cost`, `calls`, `phases` or `workers` (or a comma list, e.g. `calls,cost`:
 /// the filter-cost section prices host calls only when `calls` ran first in the same
 /// run) runs only those sections.
 fn part(name: &str) -> bool {
@@ -48,6 +49,9 @@ fn run() -> Result<()> {
     }
     if part("phases") {
         phases()?;
+    }
+    if part("workers") {
+        workers()?;
     }
     Ok(())
 }
@@ -240,6 +244,10 @@ enum CostWasm {
     Dedup(&'static str),
     /// The dedup filter in the shipped templates' matcher (`dedupctl envoy-filter`).
     Matched(&'static str),
+    /// The host-call probe with this configuration (a mimic of the filter's calls).
+    Probe(&'static str),
+    /// The dedup module `BENCH_BEFORE` names (a build before a change), this config.
+    Before(&'static str),
 }
 
 /// One case of the filter-cost section: its filters, the wrk script, the
@@ -266,13 +274,14 @@ fn filter_cost(per_call: &[(String, f64)]) -> Result<()> {
     let Settings { seconds, rounds } = Settings::from_env()?;
     let dedup = dedup_wasm()?;
     let empty = empty_wasm()?;
+    let probe = hostcall_probe_wasm()?;
     eprintln!(
         "bench-envoy, filter cost: Envoy --concurrency 1 on CPU {ENVOY_CPU}, wrk -t{} -c{} on CPU {WRK_CPU}, {rounds} rounds of {seconds} s",
         COST_LOAD.threads, COST_LOAD.connections
     );
     use CeilingRoute::{Answer, Direct};
     const BIG: &str = KEYLESS_64K_LUA;
-    const KEYLESS: &str = r#"{"key": {"fingerprint": ["method", "path", "body"]}}"#;
+    const KEYLESS: &str = KEYLESS_CONFIG;
     // 90% of the default capacity (100000 records).
     const FULL: u64 = 90_000;
     let case = |name, wasm, script, baseline, route| CostCase {
@@ -371,7 +380,46 @@ fn filter_cost(per_call: &[(String, f64)]) -> Result<()> {
             9,
             Answer,
         ),
+        // The filter's host calls and pause with no logic between them
+        // (hostcall-probe's mimics): what any code making those calls pays.
+        case(
+            "mimic of a first execution's calls",
+            CostWasm::Probe("mimic_first_execution"),
+            UNIQUE_LUA,
+            2,
+            Answer,
+        ),
+        case(
+            "mimic of a replay's calls",
+            CostWasm::Probe("mimic_replay"),
+            REPLAY_LUA,
+            5,
+            Answer,
+        ),
     ];
+    // `BENCH_BEFORE=path.wasm`: the same first execution and replay with that module
+    // too, interleaved in the same run (a change's before and after).
+    let before = std::env::var("BENCH_BEFORE")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .map(std::path::PathBuf::from);
+    let mut cases = cases.to_vec();
+    if before.is_some() {
+        cases.push(case(
+            "before: dedup, first execution, empty store",
+            CostWasm::Before("{}"),
+            UNIQUE_LUA,
+            2,
+            Answer,
+        ));
+        cases.push(case(
+            "before: dedup, replay",
+            CostWasm::Before("{}"),
+            REPLAY_LUA,
+            5,
+            Answer,
+        ));
+    }
     let cases = wanted_cases(&cases);
     let load_before = load_average();
     let mut started = Vec::new();
@@ -389,6 +437,14 @@ fn filter_cost(per_call: &[(String, f64)]) -> Result<()> {
             }),
             CostWasm::Matched(config) => filters.push(BenchFilter::Matched {
                 module: dedup.clone(),
+                config: config.into(),
+            }),
+            CostWasm::Probe(config) => filters.push(BenchFilter::Wasm {
+                module: probe.clone(),
+                config: config.into(),
+            }),
+            CostWasm::Before(config) => filters.push(BenchFilter::Wasm {
+                module: before.clone().unwrap_or_else(|| dedup.clone()),
                 config: config.into(),
             }),
         }
@@ -447,6 +503,8 @@ with the reason for each), the filter's calls are those host-test counts for it 
 is its own Wasm and Envoy's work around the calls.\n\n{floors}"
         )
     };
+    let mimics = mimic_table(&added);
+    println!("{mimics}");
     let profile = if std::env::var("BENCH_PERF").is_ok_and(|v| v == "1") {
         let t = profile_table(&cases, &started, seconds)?;
         println!("{t}");
@@ -494,7 +552,7 @@ and still taking new keys (evicting) while measured. A replay never goes upstrea
 baseline is the empty filter on a route where Envoy answers by itself \
 (`direct_response`): the ceiling no filter can pass. {rounds} rounds of {seconds} s, \
 interleaved, best round per case. Run: {}. Load average before this run: {load_before} \
-(above ~1 means other work competed for the cores).\n\n{table}{floors}\n{profile}\n\
+(above ~1 means other work competed for the cores).\n\n{table}{floors}\n{mimics}{profile}\n\
 Filter counters after each case:\n\n{counters}",
         envoy_version(),
         COST_LOAD.threads,
@@ -505,6 +563,36 @@ Filter counters after each case:\n\n{counters}",
     );
     write_section("## Filter cost in Envoy", &section)?;
     Ok(())
+}
+
+/// The dedup cases and their mimics (hostcall-probe making the same host calls in the
+/// same hooks, with the same pause, and nothing else): the filter's own logic is the
+/// difference. Empty when the cases did not run.
+fn mimic_table(added: &[(&str, f64)]) -> String {
+    let of = |name: &str| added.iter().find(|(n, _)| *n == name).map(|(_, us)| *us);
+    let mut rows = String::new();
+    for (case, mimic) in [
+        (
+            "dedup, first execution, empty store",
+            "mimic of a first execution's calls",
+        ),
+        ("dedup, replay", "mimic of a replay's calls"),
+    ] {
+        if let (Some(c), Some(m)) = (of(case), of(mimic)) {
+            rows.push_str(&format!("| {case} | {c:+.1} | {m:+.1} | {:+.1} |\n", c - m));
+        }
+    }
+    if rows.is_empty() {
+        return String::new();
+    }
+    format!(
+        "The calls against the logic: each dedup case beside its mimic \
+(`host-test/probes/hostcall-probe`, `mimic_*`: the host calls host-test counts for the case, \
+in the same hooks, on values of the same sizes, with the same pause of the request, and \
+no other code), both as added CPU µs over the same baseline. The mimic's figure is what \
+any filter making those calls pays in this Envoy; the rest is the filter's own Wasm.\n\n\
+| case | added CPU µs | its mimic's | the filter's own logic |\n|---|---:|---:|---:|\n{rows}\n"
+    )
 }
 
 /// Calls the probe makes per request in each per-call case.
@@ -658,7 +746,7 @@ fn profile_table(cases: &[CostCase], started: &[Case], seconds: u64) -> Result<S
 }
 
 /// The phase-timed module's cases: name, filter configuration, wrk script, primed.
-const PHASE_CASES: [(&str, &str, &str, bool); 3] = [
+const PHASE_CASES: [(&str, &str, &str, bool); 4] = [
     ("first execution", "{}", UNIQUE_LUA, false),
     ("replay", "{}", REPLAY_LUA, true),
     (
@@ -667,7 +755,17 @@ const PHASE_CASES: [(&str, &str, &str, bool); 3] = [
         ORDERED_LUA,
         false,
     ),
+    // `body_hash` here is BLAKE3's own time over 64 KiB in V8.
+    (
+        "keyless 64 KiB, first execution",
+        KEYLESS_CONFIG,
+        KEYLESS_64K_LUA,
+        false,
+    ),
 ];
+
+/// Keyless mode on method, path and body (the 64 KiB cases).
+const KEYLESS_CONFIG: &str = r#"{"key": {"fingerprint": ["method", "path", "body"]}}"#;
 
 /// `BENCH_PART=phases`: where a request's time goes inside the filter. The phase-timed
 /// module (`dist/dedup_filter_phases.wasm`, `--features phase-timing`) in the filter-cost
@@ -777,6 +875,105 @@ above the shipped module's, and the shares are what to read.\n\n{}\n",
         tables
     );
     write_section("## Where the time goes", &section)?;
+    Ok(())
+}
+
+/// The worker counts of `BENCH_PART=workers`: `BENCH_WORKERS` (comma-separated, e.g.
+/// `1,2,4,8,12` on a larger machine), else 1 and 2.
+fn worker_counts() -> Result<Vec<u32>> {
+    let text = std::env::var("BENCH_WORKERS").unwrap_or_else(|_| "1,2".into());
+    let mut counts = Vec::new();
+    for w in text.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        match w.parse::<u32>() {
+            Ok(n) if (1..=256).contains(&n) => counts.push(n),
+            _ => dedup_envoy::fail!("BENCH_WORKERS: {w:?} is not a worker count (1-256)"),
+        }
+    }
+    if counts.is_empty() {
+        dedup_envoy::fail!("BENCH_WORKERS names no worker count");
+    }
+    Ok(counts)
+}
+
+/// `BENCH_PART=workers`: how throughput grows with Envoy's workers. At each worker
+/// count, the empty filter, first executions and replays (small POSTs, the upstream a
+/// listener of the same Envoy), Envoy and wrk unpinned, wrk with one thread and 16
+/// connections per worker; cases interleaved over the rounds, the best round kept.
+/// Writes "## Workers".
+fn workers() -> Result<()> {
+    let Settings { seconds, rounds } = Settings::from_env()?;
+    let counts = worker_counts()?;
+    let dedup = dedup_wasm()?;
+    let empty = empty_wasm()?;
+    let load_before = load_average();
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let kinds: [(&str, &PathBuf, &str, bool); 3] = [
+        ("empty filter, POST", &empty, NO_KEY_LUA, false),
+        ("dedup, first execution", &dedup, UNIQUE_LUA, false),
+        ("dedup, replay", &dedup, REPLAY_LUA, true),
+    ];
+    let mut table = String::from(
+        "| workers | case | req/s | req/s per worker | vs the empty filter at this count | vs this case at 1 worker |\n|---:|---|---:|---:|---:|---:|\n",
+    );
+    let mut at_one: Vec<Option<f64>> = vec![None; kinds.len()];
+    for &n in &counts {
+        let load = Load {
+            threads: n,
+            connections: 16 * n,
+            cpus: None,
+        };
+        let mut started = Vec::new();
+        for (name, module, script, prime) in kinds {
+            let filters = [
+                BenchFilter::Buffer,
+                BenchFilter::Wasm {
+                    module: module.clone(),
+                    config: "{}".into(),
+                },
+            ];
+            let config = ceiling_config(CeilingRoute::Answer, &filters, n, None)?;
+            let c = Case::start_with(
+                "bench-workers",
+                &format!("{name}, {n} workers"),
+                config,
+                script,
+                load,
+            )?;
+            if prime {
+                c.prime_replay_key()?;
+            }
+            c.warm_up(WARMUP_SECONDS)?;
+            started.push(c);
+        }
+        measure_interleaved(&mut started, seconds, rounds, 36)?;
+        let empty_rps = started[0].best()?.rps;
+        for (i, ((name, ..), c)) in kinds.iter().zip(&started).enumerate() {
+            let rps = c.best()?.rps;
+            let base = *at_one[i].get_or_insert(rps / f64::from(n));
+            table.push_str(&format!(
+                "| {n} | {name} | {rps:.0} | {:.0} | {:.2} | {:.2} |\n",
+                rps / f64::from(n),
+                rps / empty_rps,
+                rps / base
+            ));
+        }
+    }
+    println!("\n{table}");
+    if no_write() {
+        return Ok(());
+    }
+    let section = format!(
+        "## Workers\n\n\
+`make bench-envoy` (`BENCH_PART=workers` for this section alone; `BENCH_WORKERS=1,2,4,8` \
+for other counts): Envoy {} with `--concurrency N` and wrk `-tN -c16N`, neither pinned, on \
+a machine of {cores} cores, the upstream a listener of the same Envoy; at each count the \
+three cases interleaved over {rounds} rounds of {seconds} s, the best kept. Load average \
+before: {load_before}. \"vs this case at 1 worker\" is the throughput over the first \
+count's per-worker throughput (the first count, scaled, when it is not 1): linear \
+scaling doubles it with the workers.\n\n{table}\n",
+        envoy_version(),
+    );
+    write_section("## Workers", &section)?;
     Ok(())
 }
 
