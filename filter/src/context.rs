@@ -31,7 +31,32 @@ use dedup_core::callouts::Callouts;
 use dedup_core::stream::CallAnswer;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
+
+/// Contexts by id. Envoy assigns the ids (no client picks one), so the map needs no
+/// keyed hash: a multiplication spreads them, where std's SipHash cost more than the
+/// lookup on every callback.
+type ById<T> = HashMap<u32, T, BuildHasherDefault<IdHasher>>;
+
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u32(&mut self, id: u32) {
+        self.0 = u64::from(id).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
 
 /// Runs a stream's `on_wake` from a root callback (tick, queue), with the stream as the
 /// effective context so that its resume or local reply acts on it. False when there is
@@ -108,8 +133,8 @@ struct Active {
 #[derive(Default)]
 struct Vm {
     new_root: Cell<Option<NewRootContext>>,
-    roots: RefCell<HashMap<u32, Slot<Box<dyn RootContext>>>>,
-    streams: RefCell<HashMap<u32, Stream>>,
+    roots: RefCell<ById<Slot<Box<dyn RootContext>>>>,
+    streams: RefCell<ById<Stream>>,
     callouts: RefCell<Callouts>,
     active: Cell<Active>,
 }

@@ -162,7 +162,12 @@ fn read_pairs(bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>, WireError> {
         if data.u8().is_err() && i + 1 < count {
             return Err(WireError);
         }
-        out.push((String::from_utf8_lossy(name).into_owned(), value.to_vec()));
+        // Names are ASCII in practice: the check without the lossy decoder's chunking.
+        let name = match std::str::from_utf8(name) {
+            Ok(n) => n.to_owned(),
+            Err(_) => String::from_utf8_lossy(name).into_owned(),
+        };
+        out.push((name, value.to_vec()));
     }
     Ok(out)
 }
