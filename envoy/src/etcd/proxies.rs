@@ -177,6 +177,9 @@ fn shard_cluster_copies(template: &str, shards: &[(&str, Vec<u16>)]) -> Result<S
 /// The template's `etcd` cluster (the `  - name: etcd` entry, to the next entry or the
 /// end) written once per shard of a sharded store, in its place (`shard_cluster_copies`).
 pub fn render_shard_clusters(template: &str, shards: &[(&str, Vec<u16>)]) -> Result<String> {
+    if shards.is_empty() {
+        fail!("a sharded store needs one shard at least");
+    }
     members::apply(template, &shard_members(shards)).map_err(crate::Error)
 }
 
