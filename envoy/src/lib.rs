@@ -16,6 +16,7 @@ pub mod files;
 pub mod paths;
 pub mod ports;
 pub mod process;
+pub mod regions;
 pub mod registry;
 pub mod relay;
 pub mod signals;

@@ -8,6 +8,12 @@
 //! (timeouts), not a refusal. Healing lets the held bytes through, as TCP
 //! retransmission would after a short partition. A target that refuses (a
 //! killed member) makes the relay reset the accepted connection.
+//!
+//! Started with a one-way delay (`start_delayed`), it is also a long link: every
+//! byte reaches the other side that long after it was read, in order, both ways
+//! (a network latency, not a bandwidth limit). The connection itself is made at
+//! once: the links it stands for (a proxy to a remote region's etcd) are long-lived
+//! HTTP/2 connections, whose handshake is not what a request waits for.
 
 use crate::Result;
 use std::collections::HashMap;
@@ -19,6 +25,8 @@ use std::time::Duration;
 
 struct Shared {
     target: SocketAddr,
+    /// Added to every byte's passage, each way.
+    delay: Duration,
     cut: Mutex<bool>,
     healed: Condvar,
     stop: AtomicBool,
@@ -68,11 +76,17 @@ pub struct Relay {
 impl Relay {
     /// Listen on a free 127.0.0.1 port and forward each connection to `target`.
     pub fn start(target: SocketAddr) -> Result<Relay> {
+        Self::start_delayed(target, Duration::ZERO)
+    }
+
+    /// `start`, every byte delayed by `one_way` in each direction.
+    pub fn start_delayed(target: SocketAddr, one_way: Duration) -> Result<Relay> {
         let (addr, shared) = crate::accept::spawn(
             "relay",
             0,
             Shared {
                 target,
+                delay: one_way,
                 cut: Mutex::new(false),
                 healed: Condvar::new(),
                 stop: AtomicBool::new(false),
@@ -171,7 +185,47 @@ fn relay_connection(client: TcpStream, shared: &Arc<Shared>) {
 }
 
 /// Copy `from` to `to` until either side closes; hold the bytes while cut.
-fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared) {
+fn pump(from: TcpStream, to: TcpStream, shared: &Arc<Shared>) {
+    if shared.delay.is_zero() {
+        return pump_now(from, to, shared);
+    }
+    // A writer sends each chunk when its time comes; the reader never waits for it.
+    let (tx, rx) = std::sync::mpsc::channel::<(std::time::Instant, Vec<u8>)>();
+    let s = shared.clone();
+    let writer = std::thread::Builder::new()
+        .name("relay-delay".into())
+        .spawn(move || {
+            let mut to = to;
+            for (due, bytes) in rx {
+                let now = std::time::Instant::now();
+                if due > now {
+                    std::thread::sleep(due - now);
+                }
+                if !s.wait_open() || to.write_all(&bytes).is_err() {
+                    return;
+                }
+            }
+        });
+    let Ok(writer) = writer else {
+        return;
+    };
+    let mut from = from;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let due = std::time::Instant::now() + shared.delay;
+        if tx.send((due, buf[..n].to_vec())).is_err() {
+            break;
+        }
+    }
+    drop(tx);
+    let _ = writer.join();
+}
+
+fn pump_now(mut from: TcpStream, mut to: TcpStream, shared: &Shared) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf) {
