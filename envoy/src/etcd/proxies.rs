@@ -8,7 +8,7 @@ use crate::config::{EnvoyConfig, LDS_LISTENER, SINGLE_NODE_LDS};
 use crate::envoy::EnvoyProcess;
 use crate::paths::config_file;
 use crate::{fail, Result};
-use dedup_tools::members::{self, cluster_copy, etcd_cluster_span, Members};
+use dedup_tools::members::{self, cluster_copies, etcd_cluster_span, Members, MEMBER_MARKER};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -16,8 +16,6 @@ use std::time::{Duration, Instant};
 /// The multi-proxy template: listener -> dedup filter (etcd store) -> router,
 /// plus the `etcd` cluster.
 pub const MULTI_PROXY_ETCD: &str = "multi-proxy-etcd.yaml";
-/// Marker at the end of each etcd endpoint line of the template.
-const MEMBER_MARKER: &str = "# etcd member ";
 
 /// Put the members' client ports into the template's etcd endpoint lines:
 /// each line ending in `# etcd member N` gets `port_value: <port of member N>`.
@@ -166,12 +164,7 @@ fn shard_members(shards: &[(&str, Vec<u16>)]) -> Vec<Members> {
 /// shard's members. What a user does with `dedupctl render --members`.
 fn shard_cluster_copies(template: &str, shards: &[(&str, Vec<u16>)]) -> Result<String> {
     let (start, end) = etcd_cluster_span(template).map_err(crate::Error)?;
-    let block = &template[start..end];
-    let mut copies = String::new();
-    for m in shard_members(shards) {
-        copies.push_str(&cluster_copy(block, &m).map_err(crate::Error)?);
-    }
-    Ok(copies)
+    cluster_copies(&template[start..end], &shard_members(shards)).map_err(crate::Error)
 }
 
 /// The template's `etcd` cluster (the `  - name: etcd` entry, to the next entry or the

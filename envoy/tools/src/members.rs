@@ -146,15 +146,23 @@ pub fn apply(text: &str, members: &[Members]) -> Result<String, String> {
         }
     }
     let (start, end) = etcd_cluster_span(text)?;
-    let block = &text[start..end];
     // The template's own cluster first (when named), then the copies in the given order.
     let mut ordered: Vec<&Members> = members.iter().filter(|m| m.cluster == "etcd").collect();
     ordered.extend(members.iter().filter(|m| m.cluster != "etcd"));
+    let copies = cluster_copies(&text[start..end], ordered)?;
+    Ok(format!("{}{copies}{}", &text[..start], &text[end..]))
+}
+
+/// The `etcd` cluster entry `block` once per `members`, in order (`cluster_copy`).
+pub fn cluster_copies<'m>(
+    block: &str,
+    members: impl IntoIterator<Item = &'m Members>,
+) -> Result<String, String> {
     let mut copies = String::new();
-    for m in ordered {
+    for m in members {
         copies.push_str(&cluster_copy(block, m)?);
     }
-    Ok(format!("{}{copies}{}", &text[..start], &text[end..]))
+    Ok(copies)
 }
 
 #[cfg(test)]

@@ -65,21 +65,6 @@ fn filter_config(n: usize) -> String {
     json!({"store": {"kind": "etcd", "shards": shards}}).to_string()
 }
 
-/// The template with its `etcd` cluster down to one member: the endpoint lines of
-/// members 2 and 3 dropped (each shard here is a single-member etcd).
-fn single_member(template: &str) -> String {
-    template
-        .split_inclusive('\n')
-        .filter(|line| {
-            let code = line.trim_start();
-            code.starts_with('#')
-                || !["# etcd member 2", "# etcd member 3"]
-                    .iter()
-                    .any(|m| line.trim_end().ends_with(m))
-        })
-        .collect()
-}
-
 /// `multi-proxy-etcd.yaml` with its `etcd` cluster once per shard of `etcds`
 /// (`etcd_a`, `etcd_b`, … each pointing at its one member), and the filter on
 /// `store.shards` over them. Written as `file` in the first shard's directory.
@@ -93,7 +78,8 @@ fn proxy_config(etcds: &[EtcdCluster], port: u16, wasm: &Path, file: &str) -> Re
         .enumerate()
         .map(|(i, e)| (CLUSTERS[i], e.proxy_ports()))
         .collect();
-    let rendered = render_shard_clusters(&single_member(&template), &shards)?;
+    // Each copy lists its shard's members only: one line here.
+    let rendered = render_shard_clusters(&template, &shards)?;
     let path = first.dir.join(file);
     std::fs::write(&path, rendered)?;
     let mut config = EnvoyConfig::single_node(port, wasm, &filter_config(etcds.len()))?;
@@ -561,13 +547,13 @@ mod tests {
     #[test]
     fn each_shard_cluster_is_one_member() {
         let template = std::fs::read_to_string(config_file(MULTI_PROXY_ETCD)).unwrap();
-        let one = single_member(&template);
-        assert_eq!(one.matches("# etcd member 1\n").count(), 1);
-        assert!(!one.contains("# etcd member 2\n") && !one.contains("# etcd member 3\n"));
-        // The comment that explains the markers stays.
-        assert!(one.contains("\"# etcd member N\""));
         let out =
-            render_shard_clusters(&one, &[("etcd_a", vec![5001]), ("etcd_b", vec![6001])]).unwrap();
+            render_shard_clusters(&template, &[("etcd_a", vec![5001]), ("etcd_b", vec![6001])])
+                .unwrap();
+        // One member line per shard cluster; the comment that explains the markers stays.
+        assert_eq!(out.matches("# etcd member 1\n").count(), 2);
+        assert!(!out.contains("# etcd member 2\n") && !out.contains("# etcd member 3\n"));
+        assert!(out.contains("\"# etcd member N\""));
         assert!(out.contains("port_value: 5001 ") && out.contains("port_value: 6001 "));
         assert!(out.contains("  - name: etcd_b\n"));
         assert_eq!(
