@@ -91,13 +91,16 @@ fn shell_words(line: &str) -> Vec<String> {
     out
 }
 
-/// The port of a `curl` URL (`localhost:10001/x`, `http://h:10000`; 80 without one).
-fn url_port(url: &str) -> u16 {
+/// A `curl` URL's port (80 without one) and its path with the query (`/` without one):
+/// `localhost:10001/x?y`, `http://h:10000`.
+fn url_parts(url: &str) -> (u16, String) {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let host = &rest[..rest.find('/').unwrap_or(rest.len())];
-    host.rsplit_once(':').map_or(80, |(_, p)| {
+    let at = rest.find('/').unwrap_or(rest.len());
+    let port = rest[..at].rsplit_once(':').map_or(80, |(_, p)| {
         p.parse().unwrap_or_else(|_| panic!("port of {url}"))
-    })
+    });
+    let path = if at == rest.len() { "/" } else { &rest[at..] };
+    (port, path.to_string())
 }
 
 /// A `curl` command line as the request it sends and the port it sends it to.
@@ -121,14 +124,9 @@ fn curl(line: &str) -> (Request, Option<Duration>, u16) {
                 patience = Some(Duration::from_secs_f64(it.next().unwrap().parse().unwrap()))
             }
             url if !url.starts_with('-') => {
-                port = url_port(url);
-                let rest = url.split_once("://").map_or(url, |(_, r)| r);
-                let at = rest.find('/').unwrap_or(rest.len());
-                path = Some(if at == rest.len() {
-                    "/".to_string()
-                } else {
-                    rest[at..].to_string()
-                });
+                let (p, target) = url_parts(url);
+                port = p;
+                path = Some(target);
             }
             other => panic!("the test knows no curl option {other} ({line})"),
         }
@@ -180,24 +178,14 @@ fn expectation(comment: &str, line: &str) -> Expect {
 /// The `## Try it` section's transcript: its `$ curl` and `$ sleep` lines, each curl with
 /// the `#` line under it (a command continued with `\` is joined).
 fn transcript(page: &str) -> Vec<Step> {
-    let mut lines = try_it(page).lines().peekable();
     let mut steps = Vec::new();
-    while let Some(l) = lines.next() {
-        let Some(cmd) = l.strip_prefix("$ ") else {
-            continue;
-        };
-        let mut cmd = cmd.to_string();
-        while cmd.ends_with('\\') {
-            cmd.pop();
-            cmd.push_str(lines.next().unwrap_or(""));
-        }
+    for (cmd, next) in commands(try_it(page)) {
         if let Some(s) = cmd.strip_prefix("sleep ") {
             steps.push(Step::Sleep(Duration::from_secs_f64(
                 s.trim().parse().unwrap(),
             )));
         } else if cmd.starts_with("curl ") {
-            let comment = lines
-                .next()
+            let comment = next
                 .filter(|c| c.starts_with('#'))
                 .unwrap_or_else(|| panic!("no `# answer` line under `{cmd}`"));
             let (req, patience, port) = curl(&cmd);
@@ -213,6 +201,25 @@ fn transcript(page: &str) -> Vec<Step> {
     steps
 }
 
+/// The section's `$ …` commands (a command continued with `\` joined), each with the
+/// line that follows it.
+fn commands(section: &str) -> Vec<(String, Option<&str>)> {
+    let mut out = Vec::new();
+    let mut lines = section.lines().peekable();
+    while let Some(l) = lines.next() {
+        let Some(cmd) = l.strip_prefix("$ ") else {
+            continue;
+        };
+        let mut cmd = cmd.to_string();
+        while cmd.ends_with('\\') {
+            cmd.pop();
+            cmd.push_str(lines.next().unwrap_or(""));
+        }
+        out.push((cmd, lines.peek().copied()));
+    }
+    out
+}
+
 /// The `## Try it` section of a page.
 fn try_it(page: &str) -> &str {
     let at = page.find("\n## Try it").expect("a `## Try it` section");
@@ -225,22 +232,15 @@ fn try_it(page: &str) -> &str {
 /// The section's `$ dedupctl render …` commands (continued lines joined), as the words
 /// after `dedupctl`: one per proxy.
 fn render_lines(section: &str) -> Vec<Vec<String>> {
-    let mut out = Vec::new();
-    let mut lines = section.lines();
-    while let Some(l) = lines.next() {
-        let Some(cmd) = l.strip_prefix("$ dedupctl render ") else {
-            continue;
-        };
-        let mut cmd = cmd.to_string();
-        while cmd.ends_with('\\') {
-            cmd.pop();
-            cmd.push_str(lines.next().unwrap_or(""));
-        }
-        let mut words = vec!["render".to_string()];
-        words.extend(shell_words(&cmd));
-        out.push(words);
-    }
-    out
+    commands(section)
+        .into_iter()
+        .filter_map(|(cmd, _)| {
+            let args = cmd.strip_prefix("dedupctl render ")?;
+            let mut words = vec!["render".to_string()];
+            words.extend(shell_words(args));
+            Some(words)
+        })
+        .collect()
 }
 
 /// One proxy of a page, as its render line names it.
