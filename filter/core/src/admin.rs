@@ -2,7 +2,7 @@
 //! admin-only listener with the same `vm_id` and store settings as the data plane, it
 //! answers `GET /records?…`, `DELETE /records?…` and `GET /stats`, and nothing else.
 
-use crate::config::{Config, Policy};
+use crate::config::{Config, Home, Policy};
 use crate::key::{record_digest, ClientKey, Digest, KeySource, RequestHead};
 use crate::metrics::Counter;
 use crate::record::RecordView;
@@ -16,10 +16,12 @@ use serde_json::{json, Value};
 pub enum AdminOp {
     Get {
         digest: Digest,
+        home: Home,
         rule: Option<usize>,
     },
     Delete {
         digest: Digest,
+        home: Home,
         force: bool,
         rule: Option<usize>,
     },
@@ -227,13 +229,16 @@ pub fn parse(cfg: &Config, method: &str, path: &[u8]) -> Result<AdminOp, LocalRe
             value: key.into_bytes(),
         },
     );
+    // The record's home, as the data plane decides it from the same scope.
+    let home = cfg.store.home_of(&head);
     Ok(match method {
         "DELETE" => AdminOp::Delete {
             digest,
+            home,
             force,
             rule,
         },
-        _ => AdminOp::Get { digest, rule },
+        _ => AdminOp::Get { digest, home, rule },
     })
 }
 
@@ -324,14 +329,23 @@ impl AdminStream {
         };
         let operation = match &op {
             AdminOp::Stats => Operation::Stats,
-            AdminOp::Get { digest, .. } => Operation::Get { digest: *digest },
-            AdminOp::Delete { digest, force, .. } => {
+            AdminOp::Get { digest, home, .. } => Operation::Get {
+                digest: *digest,
+                home: *home,
+            },
+            AdminOp::Delete {
+                digest,
+                home,
+                force,
+                ..
+            } => {
                 env.warn(&format!(
                     "proxy-dedup admin: DELETE {} from {peer}",
                     String::from_utf8_lossy(path)
                 ));
                 Operation::Delete {
                     digest: *digest,
+                    home: *home,
                     force: *force,
                 }
             }
@@ -385,7 +399,7 @@ impl AdminStream {
         now: u64,
     ) -> LocalReply {
         let (digest, rule) = match op {
-            AdminOp::Get { digest, rule } | AdminOp::Delete { digest, rule, .. } => {
+            AdminOp::Get { digest, rule, .. } | AdminOp::Delete { digest, rule, .. } => {
                 (*digest, *rule)
             }
             AdminOp::Stats => ([0; 32], None),

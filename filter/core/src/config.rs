@@ -6,11 +6,13 @@ pub mod fields;
 mod ordering;
 mod policy;
 mod raw;
+mod regions;
 mod rules;
 mod store;
 mod values;
 
 pub use defaults::*;
+pub use regions::{Home, HomeRule, Regions};
 pub use errors::{
     is_json, ErrorBody, ErrorFormat, Template, TemplateValues, JSON_CONTENT_TYPE,
     PROBLEM_JSON_CONTENT_TYPE,
@@ -102,6 +104,9 @@ pub struct EtcdConfig {
     pub max_record_bytes: usize,
     /// etcd's gRPC API (an HTTP/2 cluster) or its JSON gateway.
     pub protocol: Protocol,
+    /// Regions (`store.region`, `store.home`): this proxy's region and the rule that
+    /// gives each record its home region (`None`: every shard serves every key).
+    pub regions: Option<Regions>,
 }
 
 /// One etcd cluster of the store.
@@ -113,6 +118,8 @@ pub struct ShardConfig {
     pub cluster: String,
     /// `:authority` of the calls.
     pub authority: String,
+    /// The region its members are in (`shards[].region`; with `store.home` only).
+    pub region: Option<String>,
 }
 
 /// The shard map checked besides `store.shards` while records move between maps.
@@ -120,6 +127,9 @@ pub struct ShardConfig {
 pub struct ShardCheck {
     pub role: CheckRole,
     pub shards: Vec<ShardConfig>,
+    /// The home rule under that map (`store.next_home` or `store.previous_home`, else
+    /// `store.home`; `None` without regions).
+    pub home: Option<HomeRule>,
 }
 
 /// Which step of a resharding the checked map stands for.
@@ -136,6 +146,14 @@ impl CheckRole {
         match self {
             CheckRole::Next => "store.next_shards",
             CheckRole::Previous => "store.previous_shards",
+        }
+    }
+
+    /// The home rule of that map (regions).
+    pub fn home_field(self) -> &'static str {
+        match self {
+            CheckRole::Next => "store.next_home",
+            CheckRole::Previous => "store.previous_home",
         }
     }
 }
@@ -778,6 +796,14 @@ impl TryFrom<RawConfig> for Config {
             largest_replay as u64,
         )?;
         store.check_record_room(&policy, &rules)?;
+        if let StoreConfig::Etcd(ec) = &store {
+            let scopes = std::iter::once((String::new(), policy.scope_headers.as_slice())).chain(
+                rules.iter().enumerate().map(|(i, r)| {
+                    (format!("rules[{i}]."), r.policy.scope_headers.as_slice())
+                }),
+            );
+            regions::check_home_in_scope(ec, scopes)?;
+        }
         let request_id_preserved = raw
             .request_id_preserved
             .unwrap_or(DEFAULT_REQUEST_ID_PRESERVED);

@@ -1,7 +1,7 @@
 //! Test fakes: shared data with Envoy's exact rules, and an `Env` around it.
 #![allow(dead_code)]
 
-use crate::metrics::Counter;
+use crate::metrics::{Counter, Remote};
 use crate::shared_data::{HostFault, SetError, SharedData};
 use crate::stream::{Env, StoreWorker};
 use crate::wait::Waiters;
@@ -112,6 +112,8 @@ pub struct FakeEnv {
     pub now_ms: u64,
     pub next_token: u64,
     pub counters: HashMap<Counter, u64>,
+    /// Regions: remote calls by kind and home region index.
+    pub remote: HashMap<(Remote, u16), u64>,
     /// What the configured store keeps per worker.
     pub store: StoreWorker,
     pub etcd: Arc<FakeEtcd>,
@@ -135,6 +137,7 @@ impl FakeEnv {
             now_ms: 1_700_000_000_000,
             next_token: worker << 48,
             counters: HashMap::new(),
+            remote: HashMap::new(),
             store: StoreWorker::default(),
             etcd: FakeEtcd::new(),
             clock_ahead_ms: 0,
@@ -174,6 +177,9 @@ impl Env for FakeEnv {
     }
     fn count(&mut self, counter: Counter) {
         *self.counters.entry(counter).or_default() += 1;
+    }
+    fn count_remote(&mut self, what: Remote, region: u16) {
+        *self.remote.entry((what, region)).or_default() += 1;
     }
     fn debug(&self, message: std::fmt::Arguments<'_>) {
         // Formatting is part of what is tested: it must not panic.

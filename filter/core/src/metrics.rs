@@ -80,6 +80,34 @@ pub enum Counter {
     StoreUnavailable,
 }
 
+/// Regions (etcd store): calls to a shard of another region than this proxy's,
+/// counted per home region: `proxy_dedup_remote_claims.<region>` and
+/// `proxy_dedup_remote_completions.<region>` (defined for every region but the proxy's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Remote {
+    /// Claims sent to a record's home region (a claim attempt: its txn, whatever the
+    /// answer; a woken waiter's claim counts again).
+    Claims,
+    /// Completions (the completed record written) sent to a record's home region.
+    Completions,
+}
+
+impl Remote {
+    pub const ALL: [Remote; 2] = [Remote::Claims, Remote::Completions];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Remote::Claims => "proxy_dedup_remote_claims",
+            Remote::Completions => "proxy_dedup_remote_completions",
+        }
+    }
+
+    /// The counter of `region`.
+    pub fn metric(self, region: &str) -> String {
+        format!("{}.{region}", self.name())
+    }
+}
+
 impl Counter {
     pub const ALL: [Counter; 31] = [
         Counter::Requests,

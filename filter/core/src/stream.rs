@@ -205,6 +205,9 @@ pub struct DedupStream {
     /// Resharding (etcd): the record this duplicate waits on was found on the key's
     /// shard under the other map, so its re-checks read it there (`etcd::poll_call`).
     pub(crate) waits_on_other_map: bool,
+    /// Regions (etcd): the home region of the request's record (and of its ordering
+    /// entity), decided from its head at the claim.
+    pub(crate) home: crate::config::Home,
     /// Keyless mode, a named caller: the fingerprint's record as versions before callers
     /// wrote it. The caller's request has a record of its own (`principal::caller_record`);
     /// a claim won there yields to a record here that names no caller (`Unowned`), which
@@ -251,6 +254,7 @@ impl DedupStream {
             calls: calls::Calls::default(),
             order: None,
             waits_on_other_map: false,
+            home: crate::config::Home::default(),
             legacy_record: None,
             request_body_len: 0,
         }

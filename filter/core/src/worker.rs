@@ -13,7 +13,7 @@
 
 use crate::config::Config;
 use crate::key::Digest;
-use crate::metrics::Counter;
+use crate::metrics::{Counter, Remote};
 use crate::shared_data::SharedData;
 use crate::stream::{
     CallAnswer, Decision, DedupStream, Env, Plugin, SetUpHost, StoreCall, StoreWorker,
@@ -79,6 +79,9 @@ pub struct Worker {
 struct State {
     /// Metric ids indexed by `Counter::index`; `None` if the host refused to define one.
     metrics: Vec<Option<u32>>,
+    /// Regions: the remote claims' and completions' metric ids, by home region index
+    /// (`None` for this proxy's own region, or if the host refused one).
+    remote_metrics: Vec<(Option<u32>, Option<u32>)>,
     /// Histogram of store-call round trips in ms (a store reached by calls).
     store_call_ms: Option<u32>,
     /// Claim tokens: a random per-VM seed mixed with a counter.
@@ -148,6 +151,7 @@ impl Worker {
         } else {
             Vec::new()
         };
+        let remote_metrics = remote_metrics(host, &config);
         let role = config.role;
         let mut store = crate::stores::build(&config);
         if let Err(e) = store.set_up(host, role) {
@@ -172,6 +176,7 @@ impl Worker {
             plugin,
             state: State {
                 metrics,
+                remote_metrics,
                 store_call_ms,
                 token_seed: host.random_seed(),
                 token_counter: 0,
@@ -444,6 +449,17 @@ impl<H: Host> Env for WorkerEnv<'_, H> {
         }
     }
 
+    fn count_remote(&mut self, what: Remote, region: u16) {
+        let ids = self.state.remote_metrics.get(usize::from(region));
+        let id = ids.and_then(|ids| match what {
+            Remote::Claims => ids.0,
+            Remote::Completions => ids.1,
+        });
+        if let Some(id) = id {
+            self.host.increment(id);
+        }
+    }
+
     fn debug(&self, message: std::fmt::Arguments<'_>) {
         if self.host.debug_enabled() {
             self.host.log(Level::Debug, &message.to_string());
@@ -491,3 +507,41 @@ pub fn splitmix64(mut x: u64) -> u64 {
 
 #[cfg(test)]
 mod tests;
+
+/// Regions: the remote claims' and completions' counters of every home region but this
+/// proxy's, by region index (none without regions).
+fn remote_metrics<H: Host>(host: &H, config: &Config) -> Vec<(Option<u32>, Option<u32>)> {
+    let crate::config::StoreConfig::Etcd(ec) = &config.store else {
+        return Vec::new();
+    };
+    let Some(r) = &ec.regions else {
+        return Vec::new();
+    };
+    let define = |what: Remote, region: &str| {
+        let name = what.metric(region);
+        match host.define_counter(&name) {
+            Ok(id) => Some(id),
+            Err(status) => {
+                host.log(
+                    Level::Warn,
+                    &format!("proxy-dedup: cannot define metric {name} (status {status})"),
+                );
+                None
+            }
+        }
+    };
+    r.home
+        .regions
+        .iter()
+        .map(|region| {
+            if *region == r.local {
+                (None, None)
+            } else {
+                (
+                    define(Remote::Claims, region),
+                    define(Remote::Completions, region),
+                )
+            }
+        })
+        .collect()
+}

@@ -240,6 +240,10 @@ pub const MAX_ETCD_PREFIX_BYTES: usize = 128;
 pub const MAX_SHARDS: usize = 16;
 /// Longest shard name.
 pub const MAX_SHARD_NAME_BYTES: usize = 64;
+/// Most entries of a home rule's `map` (`store.home.map`).
+pub const MAX_HOME_MAP: usize = 4096;
+/// Longest header value a home rule's `map` names.
+pub const MAX_HOME_VALUE_BYTES: usize = 256;
 /// Longest `upstream.cluster`.
 pub const MAX_CLUSTER_BYTES: usize = 256;
 /// Longest rule name.

@@ -214,6 +214,19 @@ pub(super) struct RawStore {
     pub(super) shards: Option<Vec<RawShard>>,
     pub(super) previous_shards: Option<Vec<RawShard>>,
     pub(super) next_shards: Option<Vec<RawShard>>,
+    pub(super) region: Option<String>,
+    pub(super) home: Option<RawHome>,
+    pub(super) previous_home: Option<RawHome>,
+    pub(super) next_home: Option<RawHome>,
+}
+
+/// `store.home` (and the previous or next home rule of a re-homing).
+#[derive(Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHome {
+    pub(super) header: Option<String>,
+    pub(super) map: Option<std::collections::BTreeMap<String, String>>,
+    pub(super) default: Option<String>,
 }
 
 /// An entry of `store.shards` (and of the previous or next map).
@@ -223,6 +236,7 @@ pub(super) struct RawShard {
     pub(super) name: Option<String>,
     pub(super) cluster: Option<String>,
     pub(super) authority: Option<String>,
+    pub(super) region: Option<String>,
 }
 
 #[derive(Deserialize, Default)]

@@ -1,6 +1,6 @@
 //! The `store` object: shared data or etcd, and the budgets each store needs checked.
 
-use super::raw::{RawShard, RawStore};
+use super::raw::{RawHome, RawShard, RawStore};
 use super::*;
 
 /// `store.max_store_bytes`. By default 128 MiB, raised when needed so that every bucket's
@@ -43,6 +43,14 @@ impl StoreConfig {
         match self {
             StoreConfig::SharedData { namespace, .. } => namespace,
             StoreConfig::Etcd(_) => DEFAULT_NAMESPACE,
+        }
+    }
+
+    /// Where `head`'s record lives (regions; `Home::default()` for every other store).
+    pub fn home_of(&self, head: &RequestHead) -> Home {
+        match self {
+            StoreConfig::Etcd(ec) => ec.home_of(head),
+            StoreConfig::SharedData { .. } => Home::default(),
         }
     }
 
@@ -122,6 +130,10 @@ pub(super) fn parse_store(
         ("store.shards", st.shards.is_some()),
         ("store.previous_shards", st.previous_shards.is_some()),
         ("store.next_shards", st.next_shards.is_some()),
+        ("store.region", st.region.is_some()),
+        ("store.home", st.home.is_some()),
+        ("store.previous_home", st.previous_home.is_some()),
+        ("store.next_home", st.next_home.is_some()),
     ];
     match kind {
         "shared_data" => {
@@ -197,6 +209,7 @@ pub(super) fn parse_store(
                     "only applies to store.kind \"shared_data\" (etcd uses store.prefix)",
                 ));
             }
+            let one = st.cluster.is_some();
             let shards = match (st.cluster, st.shards) {
                 (Some(_), Some(_)) => {
                     return Err(err(
@@ -218,6 +231,7 @@ pub(super) fn parse_store(
                         name: None,
                         cluster: Some(cluster),
                         authority: st.authority,
+                        region: None,
                     };
                     parse_shards("store", vec![one])?
                 }
@@ -226,28 +240,18 @@ pub(super) fn parse_store(
                     "required for store.kind \"etcd\": the Envoy cluster of the etcd members (or store.shards)",
                 )),
             };
-            let check = match (st.previous_shards, st.next_shards) {
-                (Some(_), Some(_)) => {
-                    return Err(err(
-                        "store.next_shards",
-                        "set store.previous_shards or store.next_shards, not both: one resharding at a time",
-                    ))
-                }
-                (Some(list), None) => Some((CheckRole::Previous, list)),
-                (None, Some(list)) => Some((CheckRole::Next, list)),
-                (None, None) => None,
-            };
-            let check = match check {
-                Some((role, list)) => {
-                    let checked = parse_shards(role.field(), list)?;
-                    same_names_same_clusters(role.field(), &checked, &shards)?;
-                    Some(ShardCheck {
-                        role,
-                        shards: checked,
-                    })
-                }
-                None => None,
-            };
+            let (check, regions) = parse_moves_and_regions(
+                &shards,
+                one,
+                Moves {
+                    previous_shards: st.previous_shards,
+                    next_shards: st.next_shards,
+                    region: st.region,
+                    home: st.home,
+                    previous_home: st.previous_home,
+                    next_home: st.next_home,
+                },
+            )?;
             let prefix = st.prefix.unwrap_or_else(|| DEFAULT_ETCD_PREFIX.to_string());
             if prefix.is_empty()
                 || prefix.len() > fields::MAX_ETCD_PREFIX_BYTES
@@ -287,6 +291,7 @@ pub(super) fn parse_store(
                 timeout_ms,
                 max_record_bytes,
                 protocol,
+                regions,
             }))
         }
         other => Err(err(
@@ -355,10 +360,15 @@ fn parse_shards(field: &str, list: Vec<RawShard>) -> Result<Vec<ShardConfig>, Co
                 format!("`{cluster}` is the cluster of two shards of one map"),
             ));
         }
+        let region = match raw.region {
+            Some(r) => Some(super::regions::region_name(&at("region"), r)?),
+            None => None,
+        };
         out.push(ShardConfig {
             name,
             cluster,
             authority,
+            region,
         });
     }
     Ok(out)
@@ -373,6 +383,16 @@ fn same_names_same_clusters(
 ) -> Result<(), ConfigError> {
     for (i, s) in checked.iter().enumerate() {
         for c in current {
+            if c.name == s.name && c.cluster == s.cluster && c.region != s.region {
+                return Err(err(
+                    &format!("{field}[{i}].region"),
+                    format!(
+                        "shard `{}` is in region `{}` in store.shards: a shard in both maps is in the same region",
+                        s.name,
+                        c.region.as_deref().unwrap_or("(none)")
+                    ),
+                ));
+            }
             if c.name == s.name && (c.cluster != s.cluster || c.authority != s.authority) {
                 return Err(err(
                     &format!("{field}[{i}].cluster"),
@@ -394,4 +414,138 @@ fn same_names_same_clusters(
         }
     }
     Ok(())
+}
+
+/// The fields of a move between maps (resharding, re-homing) and of regions, as written.
+struct Moves {
+    previous_shards: Option<Vec<RawShard>>,
+    next_shards: Option<Vec<RawShard>>,
+    region: Option<String>,
+    home: Option<RawHome>,
+    previous_home: Option<RawHome>,
+    next_home: Option<RawHome>,
+}
+
+/// The other map of a resharding or re-homing (its shards, or the current ones, and its
+/// home rule, or the current one), and the regions (`store.region`, `store.home`).
+/// `one`: the map is the one `store.cluster`.
+fn parse_moves_and_regions(
+    shards: &[ShardConfig],
+    one: bool,
+    m: Moves,
+) -> Result<(Option<ShardCheck>, Option<Regions>), ConfigError> {
+    use super::regions::{every_shard_has_a_region, parse_home, region_name};
+    let role = |shards: bool, home: bool| (shards, home);
+    let previous = role(m.previous_shards.is_some(), m.previous_home.is_some());
+    let next = role(m.next_shards.is_some(), m.next_home.is_some());
+    if (previous.0 || previous.1) && (next.0 || next.1) {
+        let field = if next.0 {
+            "store.next_shards"
+        } else {
+            "store.next_home"
+        };
+        return Err(err(
+            field,
+            "set the previous map (store.previous_shards, store.previous_home) or the next one (store.next_shards, store.next_home), not both: one move at a time",
+        ));
+    }
+    let (role, other_shards, other_home) = if previous.0 || previous.1 {
+        (CheckRole::Previous, m.previous_shards, m.previous_home)
+    } else {
+        (CheckRole::Next, m.next_shards, m.next_home)
+    };
+    let other_shards = match other_shards {
+        Some(list) => {
+            let checked = parse_shards(role.field(), list)?;
+            same_names_same_clusters(role.field(), &checked, shards)?;
+            Some(checked)
+        }
+        None => None,
+    };
+    let Some(home) = m.home else {
+        let stray = [
+            ("store.region", m.region.is_some()),
+            (role.home_field(), other_home.is_some()),
+        ];
+        if let Some((field, _)) = stray.iter().find(|(_, set)| *set) {
+            return Err(err(
+                field,
+                "needs store.home: regions are set by store.region, store.home and each shard's `region`",
+            ));
+        }
+        let maps = std::iter::once(("store.shards", shards))
+            .chain(other_shards.as_deref().map(|s| (role.field(), s)));
+        for (field, list) in maps {
+            if let Some(i) = list.iter().position(|s| s.region.is_some()) {
+                return Err(err(
+                    &format!("{field}[{i}].region"),
+                    "needs store.home: without a home rule a shard's region places nothing",
+                ));
+            }
+        }
+        return Ok((
+            other_shards.map(|shards| ShardCheck {
+                role,
+                shards,
+                home: None,
+            }),
+            None,
+        ));
+    };
+    every_shard_has_a_region("store.shards", shards, one)?;
+    let rule = parse_home("store.home", home, "store.shards", shards)?;
+    let local = match m.region {
+        Some(r) => region_name("store.region", r)?,
+        None => {
+            return Err(err(
+                "store.region",
+                "required with store.home: the region this proxy runs in",
+            ))
+        }
+    };
+    if !rule.regions.contains(&local) {
+        return Err(err(
+            "store.region",
+            format!(
+                "region `{local}` has no shard in store.shards (its regions: {})",
+                rule.regions.join(", ")
+            ),
+        ));
+    }
+    let check = if other_shards.is_some() || other_home.is_some() {
+        let map_field = if other_shards.is_some() {
+            role.field()
+        } else {
+            "store.shards"
+        };
+        let list = other_shards.unwrap_or_else(|| shards.to_vec());
+        every_shard_has_a_region(map_field, &list, false)?;
+        let home_rule = match other_home {
+            Some(h) => parse_home(role.home_field(), h, map_field, &list)?,
+            // The current rule, resolved against the other map's regions.
+            None => parse_home(
+                "store.home",
+                RawHome {
+                    header: Some(rule.header.clone()),
+                    map: (!rule.map.is_empty()).then(|| {
+                        rule.map
+                            .iter()
+                            .map(|(v, i)| (v.clone(), rule.region(*i).to_string()))
+                            .collect()
+                    }),
+                    default: Some(rule.region(rule.default).to_string()),
+                },
+                map_field,
+                &list,
+            )?,
+        };
+        Some(ShardCheck {
+            role,
+            shards: list,
+            home: Some(home_rule),
+        })
+    } else {
+        None
+    };
+    Ok((check, Some(Regions { local, home: rule })))
 }

@@ -18,9 +18,9 @@ mod settle;
 pub mod shards;
 pub mod wire;
 
-use crate::config::{Config, EtcdConfig, Policy, Role, ShardConfig};
+use crate::config::{Config, EtcdConfig, Home, HomeRule, Policy, Role, ShardConfig};
 use crate::key::{short_hex, Digest, RequestHead};
-use crate::metrics::Counter;
+use crate::metrics::{Counter, Remote};
 use crate::ordering::entities::Settle as EntitySettle;
 use crate::principal::compare;
 use crate::record::{RecordState, RecordTimes};
@@ -319,6 +319,7 @@ impl Store for EtcdStore {
         if p.waits {
             s.scope_tag = crate::key::scope_tag(policy, head, &[]);
         }
+        s.home = self.config.home_of(head);
         s.claim_etcd(p, self, env, digest, payload)
     }
 
@@ -336,7 +337,7 @@ impl Store for EtcdStore {
         if worker(env).local.get(&w.digest, now).is_some() {
             return s.claim_etcd(p, self, env, w.digest, w.payload);
         }
-        let call = poll_call(self, &w.digest, s.waits_on_other_map);
+        let call = poll_call(self, s.home, &w.digest, s.waits_on_other_map);
         s.phase = self.pending(EtcdCall::Polling(w));
         Decision::Call(call)
     }
@@ -366,18 +367,58 @@ fn describe_shards(shards: &[ShardConfig]) -> String {
 }
 
 /// The etcd store's state: its settings, and where its calls go: one route per shard
-/// (resolved once, carried by every `StoreCall`), with each shard's placement seed.
+/// (resolved once, carried by every `StoreCall`), grouped by home region with each
+/// shard's placement seed.
 #[derive(Debug)]
 pub struct EtcdState {
     pub config: EtcdConfig,
+    /// `store.shards`, in the configured order (the operator API's counts).
     shards: Vec<Arc<Route>>,
-    seeds: Vec<u64>,
-    /// The other map of a resharding (empty without one).
-    check: Vec<Arc<Route>>,
-    check_seeds: Vec<u64>,
+    /// `store.shards` by home region.
+    placed: Placed,
+    /// The other map of a resharding or re-homing (no groups without one).
+    check: Placed,
     /// The first shard: what `route_of` gives should the map be empty (the config
     /// refuses that; a store call to no cluster then fails as a store error).
     first: Arc<Route>,
+}
+
+/// A shard map as placement sees it: one group per home region (its shards' routes and
+/// seeds, in the map's order), or one group of every shard without regions.
+#[derive(Debug, Default)]
+struct Placed {
+    groups: Vec<(Vec<Arc<Route>>, Vec<u64>)>,
+}
+
+impl Placed {
+    /// `routes` (of `shards`, in order) grouped by the regions of `home`.
+    fn new(shards: &[ShardConfig], routes: &[Arc<Route>], home: Option<&HomeRule>) -> Placed {
+        let group = |keep: &dyn Fn(&ShardConfig) -> bool| {
+            let mut g = (Vec::new(), Vec::new());
+            for (s, r) in shards.iter().zip(routes) {
+                if keep(s) {
+                    g.0.push(Arc::clone(r));
+                    g.1.push(shards::name_seed(&s.name));
+                }
+            }
+            g
+        };
+        let groups = match home {
+            None => vec![group(&|_| true)],
+            Some(h) => h
+                .regions
+                .iter()
+                .map(|name| group(&|s| s.region.as_deref() == Some(name.as_str())))
+                .collect(),
+        };
+        Placed { groups }
+    }
+
+    /// The shard of region `region` that `digest` ranks highest.
+    fn pick(&self, region: u16, digest: &Digest) -> Option<&Arc<Route>> {
+        let (routes, seeds) = self.groups.get(usize::from(region))?;
+        shards::pick(seeds, digest).and_then(|i| routes.get(i))
+    }
 }
 
 fn route(config: &EtcdConfig, shard: &ShardConfig) -> Arc<Route> {
@@ -396,7 +437,19 @@ fn route(config: &EtcdConfig, shard: &ShardConfig) -> Arc<Route> {
             authority: shard.authority.clone(),
         },
     };
+    // A shard of another region than this proxy's: its home region's index, for the
+    // remote-call counters.
+    let remote = match (&config.regions, &shard.region) {
+        (Some(r), Some(region)) if *region != r.local => r
+            .home
+            .regions
+            .iter()
+            .position(|n| n == region)
+            .and_then(|i| u16::try_from(i).ok()),
+        _ => None,
+    };
     Arc::new(Route {
+        remote,
         cluster: shard.cluster.clone(),
         shard: shard.name.clone(),
         shard_id: shards::shard_id(&shard.name, &shard.cluster, &shard.authority),
@@ -429,22 +482,31 @@ impl EtcdStore {
 
 impl EtcdState {
     fn new(config: EtcdConfig) -> Self {
-        let routes = |list: &[ShardConfig]| -> (Vec<Arc<Route>>, Vec<u64>) {
-            (
-                list.iter().map(|s| route(&config, s)).collect(),
-                list.iter().map(|s| shards::name_seed(&s.name)).collect(),
-            )
+        let routes = |list: &[ShardConfig]| -> Vec<Arc<Route>> {
+            list.iter().map(|s| route(&config, s)).collect()
         };
-        let (shards, seeds) = routes(&config.shards);
-        let (check, check_seeds) = match &config.check {
-            Some(c) => routes(&c.shards),
-            None => (Vec::new(), Vec::new()),
+        let shards = routes(&config.shards);
+        let placed = Placed::new(
+            &config.shards,
+            &shards,
+            config.regions.as_ref().map(|r| &r.home),
+        );
+        let check = match &config.check {
+            Some(c) => {
+                // The other map's shards are never this proxy's remote calls' measure.
+                let mut plain = config.clone();
+                plain.regions = None;
+                let list: Vec<Arc<Route>> = c.shards.iter().map(|s| route(&plain, s)).collect();
+                Placed::new(&c.shards, &list, c.home.as_ref())
+            }
+            None => Placed::default(),
         };
         let first = shards.first().cloned().unwrap_or_else(|| {
             let none = ShardConfig {
                 name: String::new(),
                 cluster: String::new(),
                 authority: String::new(),
+                region: None,
             };
             route(&config, &none)
         });
@@ -452,25 +514,23 @@ impl EtcdState {
             config,
             first,
             shards,
-            seeds,
+            placed,
             check,
-            check_seeds,
         }
     }
 
-    /// The shard `digest` (a record's or an entity's) lives on.
-    pub(crate) fn route_of(&self, digest: &Digest) -> &Arc<Route> {
-        shards::pick(&self.seeds, digest)
-            .and_then(|i| self.shards.get(i))
-            .unwrap_or(&self.first)
+    /// The shard a record (or an ordering entity) of digest `digest` and home `home`
+    /// lives on: rendezvous hashing over its home region's shards.
+    pub(crate) fn route_of(&self, home: Home, digest: &Digest) -> &Arc<Route> {
+        self.placed.pick(home.now, digest).unwrap_or(&self.first)
     }
 
-    /// The shard `digest` lives on under the other map of a resharding, when that is
-    /// another shard than `route_of`'s (`None`: no resharding, or the key stays put).
-    pub(crate) fn check_route_of(&self, digest: &Digest) -> Option<&Arc<Route>> {
-        let i = shards::pick(&self.check_seeds, digest)?;
-        let other = self.check.get(i)?;
-        (other.shard_id != self.route_of(digest).shard_id).then_some(other)
+    /// The shard `digest` lives on under the other map of a resharding or re-homing,
+    /// when that is another shard than `route_of`'s (`None`: no move, or the key stays
+    /// put).
+    pub(crate) fn check_route_of(&self, home: Home, digest: &Digest) -> Option<&Arc<Route>> {
+        let other = self.check.pick(home.check, digest)?;
+        (other.shard_id != self.route_of(home, digest).shard_id).then_some(other)
     }
 
     /// The shards of the current map, in the configured order.
@@ -514,6 +574,8 @@ pub(crate) struct Claiming {
     /// The record's shard (the claim's calls go there; `call` may be a resharding's
     /// read of another).
     pub(crate) route: Arc<Route>,
+    /// The record's home (regions), for the other map's shard of a move.
+    pub(crate) home: Home,
     pub(crate) key: String,
     pub(crate) digest: Digest,
     pub(crate) payload: Digest,
@@ -566,7 +628,7 @@ impl Claiming {
     fn read_legacy(&mut self, ec: &EtcdStore, legacy: Digest, now: u64) -> StoreCall {
         let key = etcd::record_key(&ec.config.prefix, &legacy);
         let body = ec.config.protocol.read_key(&key);
-        let route = Arc::clone(ec.route_of(&legacy));
+        let route = Arc::clone(ec.route_of(self.home, &legacy));
         self.legacy = Some(legacy);
         self.send_read(ec, &route, body, ClaimStep::Legacy, now)
     }
@@ -695,7 +757,10 @@ impl DedupStream {
             return self.duplicate(p, env, dup, times);
         }
         let token = env.new_token();
-        let route = Arc::clone(ec.route_of(&digest));
+        let route = Arc::clone(ec.route_of(self.home, &digest));
+        if let Some(region) = route.remote {
+            env.count_remote(Remote::Claims, region);
+        }
         let c = Claiming {
             call: ec.call(
                 &route,
@@ -704,6 +769,7 @@ impl DedupStream {
                 ec.config.timeout_ms,
             ),
             route,
+            home: self.home,
             key: etcd::record_key(&ec.config.prefix, &digest),
             digest,
             payload,
@@ -913,7 +979,7 @@ impl DedupStream {
                                 Duplicate::InFlight { held_until: None },
                                 times,
                                 _,
-                            ) if ec.check_route_of(&c.digest).is_some() => {
+                            ) if ec.check_route_of(c.home, &c.digest).is_some() => {
                                 self.peek(p, ec, env, c, times)
                             }
                             Existing::Duplicate(dup, times, learn) => {
@@ -996,7 +1062,7 @@ impl DedupStream {
         mut c: Box<Claiming>,
         in_flight: RecordTimes,
     ) -> Decision {
-        let Some(other) = ec.check_route_of(&c.digest) else {
+        let Some(other) = ec.check_route_of(c.home, &c.digest) else {
             return self.duplicate(p, env, Duplicate::InFlight { held_until: None }, in_flight);
         };
         c.in_flight_here = Some(in_flight);
@@ -1068,7 +1134,7 @@ impl DedupStream {
             self.phase = ec.pending(EtcdCall::Claiming(c));
             return Decision::Call(call);
         }
-        if let Some(other) = ec.check_route_of(&c.digest) {
+        if let Some(other) = ec.check_route_of(c.home, &c.digest) {
             c.won = Some((mod_revision, completed_lease));
             let call = c.read_other_map(ec, other, ClaimStep::Check, env.now_ms());
             env.count(Counter::ReshardChecks);
@@ -1323,10 +1389,17 @@ pub(crate) enum Polled {
 /// only after a claim on its own shard and that claim's check (`claim_etcd`), so a
 /// waiter's re-check costs one call while the record stays in flight, not a claim, a
 /// check and a release.
-pub(crate) fn poll_call(ec: &EtcdStore, digest: &Digest, on_other_map: bool) -> StoreCall {
-    let other = on_other_map.then(|| ec.check_route_of(digest)).flatten();
+pub(crate) fn poll_call(
+    ec: &EtcdStore,
+    home: Home,
+    digest: &Digest,
+    on_other_map: bool,
+) -> StoreCall {
+    let other = on_other_map
+        .then(|| ec.check_route_of(home, digest))
+        .flatten();
     ec.call(
-        other.unwrap_or_else(|| ec.route_of(digest)),
+        other.unwrap_or_else(|| ec.route_of(home, digest)),
         ec.config.protocol.range_path(),
         ec.config
             .protocol

@@ -4,7 +4,7 @@
 use super::store::{Store, StoreWorker};
 use crate::config::{Config, Policy};
 use crate::key::Digest;
-use crate::metrics::Counter;
+use crate::metrics::{Counter, Remote};
 use crate::shared_data::SharedData;
 use crate::wait::Waiters;
 use std::sync::Arc;
@@ -39,6 +39,9 @@ pub trait Env: SharedData {
     /// A token unique to this claim (random, or counter-based with a random seed).
     fn new_token(&mut self) -> u64;
     fn count(&mut self, counter: Counter);
+    /// Regions: a call of kind `what` to the home region of index `region` (never this
+    /// proxy's own; `Route::remote`).
+    fn count_remote(&mut self, what: Remote, region: u16);
     /// A debug line; formatted only when the host logs at debug level.
     fn debug(&self, message: std::fmt::Arguments<'_>);
     fn warn(&self, message: &str);
@@ -66,6 +69,9 @@ pub struct StoreCall {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     pub cluster: String,
+    /// Regions: the index of the shard's region among the home regions when it is not
+    /// this proxy's (its claims and completions count as remote), else `None`.
+    pub remote: Option<u16>,
     /// The shard's name (for logs and the operator API) and what its leases are cached
     /// under (`shards::shard_id`).
     pub shard: String,

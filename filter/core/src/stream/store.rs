@@ -9,7 +9,7 @@
 //! response path), its continuation kept in the `Pending`.
 
 use super::{CallAnswer, Decision, DedupStream, Env, Plugin, StoreCall, Waiting};
-use crate::config::{Config, Policy, Role};
+use crate::config::{Config, Home, Policy, Role};
 use crate::key::{Digest, RequestHead};
 use crate::ordering::entities::Settle;
 use crate::record::RecordView;
@@ -72,11 +72,15 @@ pub trait Store: std::fmt::Debug + Send + Sync {
 pub enum Operation {
     /// The store's counts.
     Stats,
-    /// The live record of `digest`.
-    Get { digest: Digest },
+    /// The live record of `digest` (homed at `home`, with regions).
+    Get { digest: Digest, home: Home },
     /// Removes the live record of `digest`; a claim (its request may be running) only
     /// with `force`.
-    Delete { digest: Digest, force: bool },
+    Delete {
+        digest: Digest,
+        home: Home,
+        force: bool,
+    },
 }
 
 /// What the store answered an operation: done, or a call to make first.

@@ -5,6 +5,7 @@
 
 use super::wire::{self as etcd, EtcdAnswer, EtcdRecord};
 use super::EtcdStore;
+use crate::config::Home;
 use crate::key::Digest;
 use crate::record::RecordView;
 use crate::stream::{CallAnswer, Env, Operated, Operating, Operation, Route, StoreCall};
@@ -22,6 +23,8 @@ struct EtcdOperation {
     /// other map of a resharding (read when its own shard has no live record).
     shard: Option<Arc<Route>>,
     on_check: bool,
+    /// The record's home (regions).
+    home: Home,
     /// `Stats`: each shard's count so far, in the map's order.
     counts: Vec<(String, u64)>,
 }
@@ -36,6 +39,7 @@ impl EtcdStore {
             rounds: 0,
             shard: None,
             on_check: false,
+            home: Home::default(),
             counts: Vec::new(),
         };
         let call = match *op {
@@ -43,9 +47,10 @@ impl EtcdStore {
                 Some(first) => count_call(self, first),
                 None => return Operated::Stats(stats(&o.counts)),
             },
-            Operation::Get { digest } | Operation::Delete { digest, .. } => {
+            Operation::Get { digest, home } | Operation::Delete { digest, home, .. } => {
                 o.key = etcd::record_key(&self.config.prefix, &digest);
-                let route = Arc::clone(self.route_of(&digest));
+                o.home = home;
+                let route = Arc::clone(self.route_of(home, &digest));
                 let call = read_call(self, &route, &o.key);
                 o.shard = Some(route);
                 call
@@ -61,8 +66,8 @@ impl Operating for EtcdOperation {
         let unavailable = Operated::Unavailable;
         let (digest, delete, force) = match self.op {
             Operation::Stats => return self.counted(&answer),
-            Operation::Get { digest } => (digest, false, false),
-            Operation::Delete { digest, force } => (digest, true, force),
+            Operation::Get { digest, .. } => (digest, false, false),
+            Operation::Delete { digest, force, .. } => (digest, true, force),
         };
         let shard = self
             .shard
@@ -153,7 +158,7 @@ impl EtcdOperation {
     /// other map is read next (a record written there still answers for the key).
     fn not_here(mut self: Box<Self>, digest: &Digest) -> Operated {
         if !self.on_check {
-            if let Some(other) = self.ec.check_route_of(digest) {
+            if let Some(other) = self.ec.check_route_of(self.home, digest) {
                 let other = Arc::clone(other);
                 self.on_check = true;
                 self.rounds = 0;

@@ -154,7 +154,7 @@ impl DedupStream {
             retries: 0,
             deadline_ms,
             call: ec.call(
-                ec.route_of(&turn.ordered.entity),
+                ec.route_of(self.home, &turn.ordered.entity),
                 ec.config.protocol.txn_path(),
                 Vec::new(),
                 1,
@@ -198,7 +198,7 @@ impl DedupStream {
             retries: 0,
             deadline_ms: now.saturating_add(ec.config.timeout_ms),
             call: ec.call(
-                ec.route_of(&turn.ordered.entity),
+                ec.route_of(self.home, &turn.ordered.entity),
                 ec.config.protocol.txn_path(),
                 Vec::new(),
                 1,
@@ -345,7 +345,7 @@ impl DedupStream {
                 e.seen = e.writing.take().map(|s| (revision, s));
                 match e.op {
                     EntityOp::Claim { .. } if !e.abandoned => {
-                        match ec.check_route_of(&e.entity).map(Arc::clone) {
+                        match ec.check_route_of(self.home, &e.entity).map(Arc::clone) {
                             Some(other) => self.check_entity(ec, env, e, &other),
                             None => self.entity_claim_decided(
                                 p,

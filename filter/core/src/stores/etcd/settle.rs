@@ -7,7 +7,7 @@ use super::EtcdStore;
 use super::{attempt_timeout, lease_lost, lease_plan, retryable, EtcdClaim, MAX_RETRIES};
 use super::{etcd_call_mut, worker, EtcdCall};
 use crate::key::Digest;
-use crate::metrics::Counter;
+use crate::metrics::{Counter, Remote};
 use crate::record::{RecordState, RecordTimes};
 use crate::response::StoredResponse;
 use crate::stores::etcd::local::LocalEntry;
@@ -354,6 +354,9 @@ impl DedupStream {
             expires_ms,
             response: record.response,
         };
+        if let Some(region) = o.route.remote {
+            env.count_remote(Remote::Completions, region);
+        }
         let call = self.settle(ec, now, &o, Settle::Complete, body, Some(learned));
         if let Some(EtcdCall::Settling(st)) = etcd_call_mut(&mut self.phase) {
             st.regrant = Some(Regrant {

@@ -217,12 +217,12 @@ impl Store for SharedDataStore {
                 })),
                 Err(e) => failed(e),
             },
-            Operation::Get { digest } => match store.inspect(&digest, now) {
+            Operation::Get { digest, .. } => match store.inspect(&digest, now) {
                 Ok(Some(view)) => Operated::Found(view),
                 Ok(None) => Operated::NotFound,
                 Err(e) => failed(e),
             },
-            Operation::Delete { digest, force } => match store.purge(&digest, force, now) {
+            Operation::Delete { digest, force, .. } => match store.purge(&digest, force, now) {
                 Ok(Purge::Removed(view)) => Operated::Removed {
                     view: Some(view),
                     shard: None,

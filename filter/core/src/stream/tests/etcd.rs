@@ -537,6 +537,7 @@ fn store_calls_carry_the_route_of_their_store() {
     assert_eq!(
         *grpc.route,
         Route {
+            remote: None,
             cluster: "etcd".into(),
             shard: "etcd".into(),
             shard_id: crate::stores::etcd::shards::shard_id("etcd", "etcd", "etcd"),
@@ -558,6 +559,7 @@ fn store_calls_carry_the_route_of_their_store() {
     assert_eq!(
         *json.route,
         Route {
+            remote: None,
             cluster: "etcd".into(),
             shard: "etcd".into(),
             shard_id: crate::stores::etcd::shards::shard_id("etcd", "etcd", "etcd"),
