@@ -12,7 +12,6 @@ mod store;
 mod values;
 
 pub use defaults::*;
-pub use regions::{Home, HomeRule, Regions};
 pub use errors::{
     is_json, ErrorBody, ErrorFormat, Template, TemplateValues, JSON_CONTENT_TYPE,
     PROBLEM_JSON_CONTENT_TYPE,
@@ -22,6 +21,7 @@ pub use ordering::{
     EntitySource, OnStale, Ordering, VersionSource, VersionType, MAX_ENTITY_BYTES,
     MAX_VERSION_BYTES,
 };
+pub use regions::{Home, HomeRule, Regions};
 pub use rules::DEFAULT_RECORDS;
 pub use values::PSEUDO_HEADERS;
 
@@ -798,9 +798,10 @@ impl TryFrom<RawConfig> for Config {
         store.check_record_room(&policy, &rules)?;
         if let StoreConfig::Etcd(ec) = &store {
             let scopes = std::iter::once((String::new(), policy.scope_headers.as_slice())).chain(
-                rules.iter().enumerate().map(|(i, r)| {
-                    (format!("rules[{i}]."), r.policy.scope_headers.as_slice())
-                }),
+                rules
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| (format!("rules[{i}]."), r.policy.scope_headers.as_slice())),
             );
             regions::check_home_in_scope(ec, scopes)?;
         }

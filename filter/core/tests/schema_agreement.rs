@@ -105,6 +105,16 @@ fn strings(name: &str) -> Vec<String> {
         ],
         "rules[].match.header.equals" => &["v", "", "|", "a\nb"],
         "store.authority" => &["etcd", "|", "a b", ""],
+        "store.region"
+        | "store.home.default"
+        | "store.next_home.default"
+        | "store.previous_home.default"
+        | "store.home.map"
+        | "store.next_home.map"
+        | "store.previous_home.map" => &["eu", "us", "|", "", "a b"],
+        "store.home.header" | "store.next_home.header" | "store.previous_home.header" => {
+            &["x-tenant", "x-a", "|", "", "bad header"]
+        }
         "store.prefix" => &[
             "proxy-dedup/",
             "|",
@@ -195,6 +205,9 @@ fn item(g: &mut Gen, item: Item, list: &str) -> Value {
             if g.chance(20) {
                 s.insert("authority".into(), json!(g.pick(&["h", "a b"])));
             }
+            if g.chance(40) {
+                s.insert("region".into(), json!(g.pick(&["eu", "us", "", "a b"])));
+            }
             Value::Object(s)
         }
         _ => json!(g.pick_str(&strings(list))),
@@ -233,6 +246,15 @@ fn value(g: &mut Gen, f: &Field) -> Value {
             let most = len.max.unwrap_or(4).min(4);
             let n = g.below(most + 2);
             Value::Array((0..n).map(|_| item(g, *it, f.name)).collect())
+        }
+        Type::Map(_) => {
+            let n = g.below(3);
+            let mut m = Map::new();
+            for _ in 0..n {
+                let key = g.pick(&["acme", "globex", ""]);
+                m.insert(key.to_string(), json!(g.pick_str(&strings(f.name))));
+            }
+            Value::Object(m)
         }
     }
 }

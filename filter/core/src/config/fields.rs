@@ -48,6 +48,8 @@ pub enum Type {
     Enum(&'static [&'static str]),
     /// A list of `Len` entries.
     List(Item, Len),
+    /// An object of `Len` entries, each a string (its rules in the field's meaning).
+    Map(Len),
 }
 
 /// What a list holds.
@@ -65,7 +67,7 @@ pub enum Item {
     String,
     /// A rule: an object with the `rules[].*` fields and the policy fields.
     Rule,
-    /// An etcd shard: `{"name", "cluster", "authority"}` (its rules in the field's meaning).
+    /// An etcd shard: `{"name", "cluster", "authority", "region"}` (its rules in the field's meaning).
     Shard,
 }
 
@@ -368,7 +370,7 @@ impl Field {
                 };
                 Some(format!("{} – {below}`{}`{times}", u.min, u.field))
             }
-            Type::String(l) | Type::List(_, l) => len(l),
+            Type::String(l) | Type::List(_, l) | Type::Map(l) => len(l),
             Type::Object | Type::Bool | Type::Enum(_) => None,
         }
     }
@@ -1107,7 +1109,7 @@ pub const FIELDS: &[Field] = &[
         default: Shown::Text(r#"one shard, `store.cluster`"#),
         applies: Applies::Etcd,
         group: Group::Etcd,
-        meaning: r#"the etcd clusters records are spread over ({range}), each an independent etcd cluster: `{"name": "a", "cluster": "etcd_a", "authority": "etcd_a"}` (`cluster` required; `name` defaults to the cluster, 1-64 visible ASCII characters; `authority` as `store.authority`, defaulting to the cluster). A record (and an ordering entity) lives on the shard its digest ranks highest by rendezvous hashing over the names, so adding or removing one shard moves only the keys that must move; names and clusters are unique in a map, and a shard keeps its records while its name stays. Changing the map of a live deployment needs the [resharding procedure](../deployment/sharding.md)."#,
+        meaning: r#"the etcd clusters records are spread over ({range}), each an independent etcd cluster: `{"name": "a", "cluster": "etcd_a", "authority": "etcd_a"}` (`cluster` required; `name` defaults to the cluster, 1-64 visible ASCII characters; `authority` as `store.authority`, defaulting to the cluster; `region`, 1-64 visible ASCII characters, the region its members are in: required on every shard with `store.home`, refused without it). A record (and an ordering entity) lives on the shard its digest ranks highest by rendezvous hashing over the names (with regions, over its home region's shards only), so adding or removing one shard moves only the keys that must move; names and clusters are unique in a map, and a shard keeps its records while its name stays. Changing the map of a live deployment needs the [resharding procedure](../deployment/sharding.md)."#,
     },
     Field {
         name: "store.next_shards",
@@ -1124,6 +1126,110 @@ pub const FIELDS: &[Field] = &[
         applies: Applies::Etcd,
         group: Group::Etcd,
         meaning: r#"step 2 of a resharding: the map being moved from ({range}), kept until every key written under it is gone from etcd: the wait the configuration's log line and `dedupctl check-config` print for this step, the longest completed lease of any policy (see [the procedure, step 3](../deployment/sharding.md)). Checked like `store.next_shards`: a claim won under `store.shards` yields to a live record on the key's previous shard, so a key completed before the move is replayed, never run again."#,
+    },
+    Field {
+        name: "store.region",
+        ty: Type::String(Len::new(1, None)),
+        default: Shown::Text(r#"none; required with `store.home`"#),
+        applies: Applies::Etcd,
+        group: Group::Etcd,
+        meaning: r#"the region this proxy runs in (1-64 visible ASCII characters), a region of `store.shards`. It places nothing (a record's home never depends on where the request landed); a claim or completion sent to another region's shard counts in that region's `proxy_dedup_remote_claims.<region>` or `proxy_dedup_remote_completions.<region>`. See [Many regions](../deployment/regions.md)."#,
+    },
+    Field {
+        name: "store.home",
+        ty: Type::Object,
+        default: Shown::Text(r#"none: no regions, every shard serves every key"#),
+        applies: Applies::Etcd,
+        group: Group::Etcd,
+        meaning: r#"home-region records: every record lives on the shards of one region, its home, given by `header` (through `map` when set) or `default`, a function of the record's identity, never of where the request landed. Needs `store.shards`, each with its `region`, and `store.region`. A request landing elsewhere sends its claim and completion to its home region's etcd (two cross-region round trips); its duplicates, from any region, meet that record. Changing a key's home (a `map` entry, the `default`, a region added) is a re-homing: use `store.next_home`, then `store.previous_home`, as a resharding. See [Many regions](../deployment/regions.md)."#,
+    },
+    Field {
+        name: "store.home.header",
+        ty: Type::String(Len::new(1, None)),
+        default: Shown::Text("required"),
+        applies: Applies::Etcd,
+        group: Group::Etcd,
+        meaning: r#"the header (or `:authority`) whose value names a record's home region, or its `map` entry. It must be one of `scope.headers`, and of every rule's (refused otherwise, `store.home.header`), so that a key's home is part of its record's identity; like any scope header it must come from a trusted source (a JWT claim copied by Envoy, a header your edge sets), or a client could give one key two homes."#,
+    },
+    Field {
+        name: "store.home.map",
+        ty: Type::Map(Len::new(1, Some(MAX_HOME_MAP))),
+        default: Shown::Text(r#"none: the header's value is a region's name"#),
+        applies: Applies::Etcd,
+        group: Group::Etcd,
+        meaning: r#"header value → home region (`{"acme": "eu-west", "globex": "us-east"}`; {range} entries, values of 1-256 bytes, compared exactly), each region one of `store.shards`. With a map, a value not in it is homed in `default`."#,
+    },
+    Field {
+        name: "store.home.default",
+        ty: Type::String(Len::new(1, None)),
+        default: Shown::Text("required"),
+        applies: Applies::Etcd,
+        group: Group::Etcd,
+        meaning: r#"the home region of a record whose header is absent, or names no region (without `map`) or no entry (with it); a region of `store.shards`. There is no "the region the request landed in": that would let one key be claimed in two homes."#,
+    },
+    Field {
+        name: "store.next_home",
+        ty: Type::Object,
+        default: Shown::Text(r#"none"#),
+        applies: Applies::Etcd,
+        group: Group::Etcd,
+        meaning: r#"step 1 of a re-homing: the home rule being moved to (`header`, `map`, `default`, as `store.home`), applied to `store.next_shards` when given, else to `store.shards`. Claims are still written under `store.home`; one won there also reads the key in its home under this rule when that is another shard, and yields to a live record there. Not with the previous map's fields."#,
+    },
+    Field {
+        name: "store.next_home.header",
+        ty: Type::String(Len::new(1, None)),
+        default: Shown::Text("required"),
+        applies: Applies::Etcd,
+        group: Group::Etcd,
+        meaning: r#"as `store.home.header`: one of `scope.headers` (and of every rule's)."#,
+    },
+    Field {
+        name: "store.next_home.map",
+        ty: Type::Map(Len::new(1, Some(MAX_HOME_MAP))),
+        default: Shown::Text(r#"none"#),
+        applies: Applies::Etcd,
+        group: Group::Etcd,
+        meaning: r#"as `store.home.map` ({range} entries)."#,
+    },
+    Field {
+        name: "store.next_home.default",
+        ty: Type::String(Len::new(1, None)),
+        default: Shown::Text("required"),
+        applies: Applies::Etcd,
+        group: Group::Etcd,
+        meaning: r#"as `store.home.default`, a region of the map this rule goes with."#,
+    },
+    Field {
+        name: "store.previous_home",
+        ty: Type::Object,
+        default: Shown::Text(r#"none"#),
+        applies: Applies::Etcd,
+        group: Group::Etcd,
+        meaning: r#"step 2 of a re-homing: the home rule being moved from (as `store.home`), applied to `store.previous_shards` when given, else to `store.shards`, kept until every record written under it has expired (the wait the configuration's log line prints, as for `store.previous_shards`). A claim won under `store.home` yields to a live record in the key's previous home, so a key completed before the move is replayed, never run again."#,
+    },
+    Field {
+        name: "store.previous_home.header",
+        ty: Type::String(Len::new(1, None)),
+        default: Shown::Text("required"),
+        applies: Applies::Etcd,
+        group: Group::Etcd,
+        meaning: r#"as `store.home.header`: one of `scope.headers` (and of every rule's)."#,
+    },
+    Field {
+        name: "store.previous_home.map",
+        ty: Type::Map(Len::new(1, Some(MAX_HOME_MAP))),
+        default: Shown::Text(r#"none"#),
+        applies: Applies::Etcd,
+        group: Group::Etcd,
+        meaning: r#"as `store.home.map` ({range} entries)."#,
+    },
+    Field {
+        name: "store.previous_home.default",
+        ty: Type::String(Len::new(1, None)),
+        default: Shown::Text("required"),
+        applies: Applies::Etcd,
+        group: Group::Etcd,
+        meaning: r#"as `store.home.default`, a region of the map this rule goes with."#,
     },
     Field {
         name: "store.protocol",

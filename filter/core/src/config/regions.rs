@@ -174,15 +174,14 @@ pub(super) fn parse_home(
             ))
         }
     };
-    let default = match raw.default {
-        Some(d) => index(&format!("{field}.default"), &d)?,
-        None => {
-            return Err(err(
+    let default =
+        match raw.default {
+            Some(d) => index(&format!("{field}.default"), &d)?,
+            None => return Err(err(
                 &format!("{field}.default"),
                 "required: the home of a record whose header is absent or names no known region",
-            ))
-        }
-    };
+            )),
+        };
     let mut map = BTreeMap::new();
     if let Some(m) = raw.map {
         let at = format!("{field}.map");
@@ -227,9 +226,11 @@ pub(super) fn check_home_in_scope<'a>(
     let Some(r) = &ec.regions else {
         return Ok(());
     };
-    let rules = std::iter::once(("store.home", &r.home)).chain(ec.check.as_ref().and_then(
-        |c| c.home.as_ref().map(|h| (c.role.home_field(), h)),
-    ));
+    let rules = std::iter::once(("store.home", &r.home)).chain(
+        ec.check
+            .as_ref()
+            .and_then(|c| c.home.as_ref().map(|h| (c.role.home_field(), h))),
+    );
     for (field, rule) in rules {
         for (prefix, headers) in scopes.clone() {
             if !headers.iter().any(|h| *h == rule.header) {

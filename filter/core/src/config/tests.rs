@@ -663,3 +663,178 @@ fn a_whole_number_in_any_notation_is_an_integer() {
     assert_eq!(whole_number("12"), None);
     assert_eq!(whole_number("1."), None);
 }
+
+/// Regions: `store.region`, each shard's `region`, `store.home` and the home rules of a
+/// re-homing, each mistake refused with its field named.
+#[test]
+fn regions_are_read_and_every_mistake_is_named() {
+    const SHARDS: &str = r#""shards": [{"name": "a", "cluster": "etcd_a", "region": "eu"},
+        {"name": "c", "cluster": "etcd_c", "region": "us"}]"#;
+    const HOME: &str = r#""home": {"header": "x-region", "default": "us"}"#;
+    let doc = |store: &str, top: &str| {
+        let sep = if top.is_empty() { "" } else { ", " };
+        format!(
+            r#"{{"scope": {{"headers": ["x-region", "x-tenant"]}}, "store": {{"kind": "etcd", {store}}}{sep}{top}}}"#
+        )
+    };
+    let ok =
+        Config::parse(doc(&format!(r#"{SHARDS}, "region": "eu", {HOME}"#), "").as_bytes()).unwrap();
+    let crate::config::StoreConfig::Etcd(ec) = &ok.store else {
+        panic!("etcd")
+    };
+    let r = ec.regions.as_ref().unwrap();
+    assert_eq!(r.local, "eu");
+    assert_eq!(r.home.regions, ["eu", "us"]);
+    assert_eq!((r.home.header.as_str(), r.home.default), ("x-region", 1));
+    assert_eq!(ec.shards[0].region.as_deref(), Some("eu"));
+    // The home header's case is folded like any header name.
+    let folded = doc(
+        &format!(r#"{SHARDS}, "region": "eu", "home": {{"header": "X-Region", "default": "eu"}}"#),
+        "",
+    );
+    assert!(Config::parse(folded.as_bytes()).is_ok(), "{folded}");
+    for (store, top, field) in [
+        // The home header must be in every policy's scope.
+        (
+            format!(r#"{SHARDS}, "region": "eu", "home": {{"header": "x-home", "default": "us"}}"#),
+            "",
+            "store.home.header",
+        ),
+        (
+            format!(r#"{SHARDS}, "region": "eu", {HOME}"#),
+            r#""rules": [{"name": "x", "match": {"path_prefix": "/x"}, "scope": {"headers": ["x-tenant"]}}]"#,
+            "store.home.header",
+        ),
+        // Every region named has a shard.
+        (
+            format!(
+                r#"{SHARDS}, "region": "eu", "home": {{"header": "x-region", "default": "ap"}}"#
+            ),
+            "",
+            "store.home.default",
+        ),
+        (
+            format!(
+                r#"{SHARDS}, "region": "eu", "home": {{"header": "x-tenant", "map": {{"acme": "ap"}}, "default": "eu"}}"#
+            ),
+            "",
+            "store.home.map.acme",
+        ),
+        (
+            format!(
+                r#"{SHARDS}, "region": "eu", "home": {{"header": "x-tenant", "map": {{}}, "default": "eu"}}"#
+            ),
+            "",
+            "store.home.map",
+        ),
+        (
+            format!(r#"{SHARDS}, "region": "ap", {HOME}"#),
+            "",
+            "store.region",
+        ),
+        (format!(r#"{SHARDS}, {HOME}"#), "", "store.region"),
+        (
+            format!(r#"{SHARDS}, "region": "eu", "home": {{"default": "us"}}"#),
+            "",
+            "store.home.header",
+        ),
+        (
+            format!(r#"{SHARDS}, "region": "eu", "home": {{"header": "x-region"}}"#),
+            "",
+            "store.home.default",
+        ),
+        (
+            format!(
+                r#"{SHARDS}, "region": "eu", "home": {{"header": "x region", "default": "us"}}"#
+            ),
+            "",
+            "store.home.header",
+        ),
+        // Regions need a home rule, and a home rule needs regions on every shard.
+        (SHARDS.to_string(), "", "store.shards[0].region"),
+        (
+            r#""cluster": "etcd", "region": "eu""#.to_string(),
+            "",
+            "store.region",
+        ),
+        (
+            format!(r#""cluster": "etcd", "region": "eu", {HOME}"#),
+            "",
+            "store.home",
+        ),
+        (
+            format!(
+                r#""shards": [{{"cluster": "etcd_a", "region": "eu"}}, {{"cluster": "etcd_c"}}], "region": "eu", {HOME}"#
+            ),
+            "",
+            "store.shards[1].region",
+        ),
+        (
+            format!(
+                r#"{SHARDS}, "region": "eu", {HOME}, "next_shards": [{{"name": "a", "cluster": "etcd_a"}}]"#
+            ),
+            "",
+            "store.next_shards[0].region",
+        ),
+        (
+            format!(
+                r#"{SHARDS}, "region": "eu", {HOME}, "next_shards": [{{"name": "a", "cluster": "etcd_a", "region": "us"}}]"#
+            ),
+            "",
+            "store.next_shards[0].region",
+        ),
+        // One move at a time, and a next home rule is checked like the current one.
+        (
+            format!(
+                r#"{SHARDS}, "region": "eu", {HOME}, "previous_home": {HOME_EU}, "next_shards": {MAP}"#,
+                HOME_EU = r#"{"header": "x-region", "default": "eu"}"#,
+                MAP = r#"[{"name": "a", "cluster": "etcd_a", "region": "eu"}]"#
+            ),
+            "",
+            "store.next_shards",
+        ),
+        (
+            format!(
+                r#"{SHARDS}, "region": "eu", {HOME}, "next_home": {{"header": "x-region", "default": "ap"}}"#
+            ),
+            "",
+            "store.next_home.default",
+        ),
+        (
+            format!(
+                r#"{SHARDS}, "region": "eu", {HOME}, "next_home": {{"header": "x-other", "default": "eu"}}"#
+            ),
+            "",
+            "store.next_home.header",
+        ),
+        (
+            r#""cluster": "etcd", "next_home": {"header": "x-region", "default": "eu"}"#
+                .to_string(),
+            "",
+            "store.next_home",
+        ),
+    ] {
+        let d = doc(&store, top);
+        assert_eq!(cfg_err(&d).0, field, "{d}");
+    }
+    // Shared data has no regions.
+    assert_eq!(cfg_err(r#"{"store": {"region": "eu"}}"#).0, "store.region");
+    // A re-homing's next rule, resolved against the same shards.
+    let moving = Config::parse(
+        doc(
+            &format!(
+                r#"{SHARDS}, "region": "eu", {HOME}, "next_home": {{"header": "x-region", "default": "eu"}}"#
+            ),
+            "",
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let crate::config::StoreConfig::Etcd(ec) = &moving.store else {
+        panic!("etcd")
+    };
+    let check = ec.check.as_ref().unwrap();
+    assert_eq!(check.role, crate::config::CheckRole::Next);
+    assert_eq!(check.shards.len(), 2);
+    assert_eq!(check.home.as_ref().unwrap().default, 0);
+}

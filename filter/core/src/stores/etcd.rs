@@ -267,24 +267,40 @@ impl Store for EtcdStore {
     fn describe(&self, config: &Config) -> String {
         let life_s = wire::longest_key_life_s(config);
         format!(
-            "etcd via {} ({}), prefix `{}`{}{}",
+            "etcd via {} ({}), prefix `{}`{}{}{}",
             describe_shards(&self.config.shards),
             match self.config.protocol {
                 wire::Protocol::Grpc => "gRPC",
                 wire::Protocol::Json => "JSON gateway",
             },
             self.config.prefix,
+            match &self.config.regions {
+                Some(r) => format!(
+                    "; regions: this proxy in `{}`, records homed by header `{}`{} (else `{}`)",
+                    r.local,
+                    r.home.header,
+                    if r.home.map.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" through a map of {}", r.home.map.len())
+                    },
+                    r.home.region(r.home.default)
+                ),
+                None => String::new(),
+            },
             match &self.config.check {
                 Some(c) => format!(
-                    "; resharding: also checking {} ({})",
+                    "; {}: also checking {} ({})",
+                    if moves_home(c, &self.config) { "re-homing" } else { "resharding" },
                     describe_shards(&c.shards),
-                    c.role.field()
+                    moved_fields(c, &self.config)
                 ),
                 None => String::new(),
             },
             match (&self.config.check, life_s) {
                 (Some(c), Some(s)) if c.role == crate::config::CheckRole::Previous => format!(
-                    "; drop store.previous_shards no sooner than {s} s ({}) after every proxy runs this configuration, plus your clock skew",
+                    "; drop {} no sooner than {s} s ({}) after every proxy runs this configuration, plus your clock skew",
+                    moved_fields(c, &self.config).replace(", ", " and "),
                     human_duration(s)
                 ),
                 _ => String::new(),
@@ -348,6 +364,29 @@ impl Store for EtcdStore {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+/// Whether the other map of a move has another home rule than the current one.
+fn moves_home(c: &crate::config::ShardCheck, config: &EtcdConfig) -> bool {
+    match (&c.home, &config.regions) {
+        (Some(h), Some(r)) => {
+            h.header != r.home.header
+                || h.regions != r.home.regions
+                || h.default != r.home.default
+                || h.map != r.home.map
+        }
+        _ => false,
+    }
+}
+
+/// The fields that set the other map of a move: its shards, its home rule, or both.
+fn moved_fields(c: &crate::config::ShardCheck, config: &EtcdConfig) -> String {
+    let shards = c.shards != config.shards;
+    match (shards, moves_home(c, config)) {
+        (true, true) => format!("{}, {}", c.role.field(), c.role.home_field()),
+        (false, true) => c.role.home_field().to_string(),
+        _ => c.role.field().to_string(),
     }
 }
 

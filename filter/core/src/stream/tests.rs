@@ -11,6 +11,7 @@ mod expiry;
 mod glue;
 mod identity;
 mod ordering;
+mod regions;
 mod rules;
 mod shards;
 mod shared;

@@ -89,6 +89,43 @@ fn the_configuration_log_names_every_shard_and_the_map_being_checked() {
     }
 }
 
+/// Regions: the log names this proxy's region and the home rule, a re-homing names the
+/// field to drop, and each other region gets its remote counters.
+#[test]
+fn the_configuration_log_names_the_regions_and_a_re_homing() {
+    let shards = r#"[{"name": "a", "cluster": "etcd-a", "region": "eu"},
+        {"name": "c", "cluster": "etcd-c", "region": "us"}]"#;
+    let home = r#"{"header": "x-tenant", "map": {"acme": "us"}, "default": "eu"}"#;
+    let moved = r#"{"header": "x-tenant", "map": {"acme": "eu"}, "default": "eu"}"#;
+    for (extra, line) in [
+        (
+            String::new(),
+            "; regions: this proxy in `eu`, records homed by header `x-tenant` through a map of 1 (else `eu`)",
+        ),
+        (
+            format!(r#", "previous_home": {moved}"#),
+            "; re-homing: also checking 2 shards: `a` (cluster `etcd-a`), `c` (cluster `etcd-c`) \
+             (store.previous_home); drop store.previous_home no sooner than",
+        ),
+    ] {
+        let host = FakeHost::new(FakeVm::new(), 1);
+        let config = format!(
+            r#"{{"scope": {{"headers": ["x-tenant"]}}, "store": {{"kind": "etcd", "region": "eu",
+                "shards": {shards}, "home": {home}{extra}, "timeout_ms": 500}}}}"#
+        );
+        worker(&host, &config);
+        assert!(host.logged(Level::Info, line), "{line}");
+        let names: Vec<String> = host.metrics.borrow().clone();
+        for want in [
+            "proxy_dedup_remote_claims.us",
+            "proxy_dedup_remote_completions.us",
+        ] {
+            assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+        }
+        assert!(!names.iter().any(|n| n.ends_with(".eu")), "{names:?}");
+    }
+}
+
 #[test]
 fn configure_refuses_a_bad_config_and_a_missing_secret() {
     let host = FakeHost::new(FakeVm::new(), 1);

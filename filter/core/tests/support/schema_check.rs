@@ -157,10 +157,25 @@ fn check(schema: &Value, v: &Value, at: &str, errors: &mut Vec<String>) {
                     }
                 }
             }
-            "minProperties" => {
+            "minProperties" | "maxProperties" => {
                 if let Some(o) = v.as_object() {
-                    if (o.len() as u64) < rule.as_u64().unwrap() {
-                        fail(format!("fewer than {rule} properties"));
+                    let (n, bound) = (o.len() as u64, rule.as_u64().unwrap());
+                    if (key == "minProperties" && n < bound)
+                        || (key == "maxProperties" && n > bound)
+                    {
+                        fail(format!("{n} properties, beyond its {key} {bound}"));
+                    }
+                }
+            }
+            "propertyNames" => {
+                if let Some(o) = v.as_object() {
+                    for name in o.keys() {
+                        check(
+                            rule,
+                            &Value::String(name.clone()),
+                            &format!("{at}.{name}"),
+                            errors,
+                        );
                     }
                 }
             }

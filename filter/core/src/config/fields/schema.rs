@@ -61,6 +61,22 @@ pub const UNCHECKED: &[(&str, &str)] = &[
     ("store.shards", "names and clusters unique within a map"),
     ("store.previous_shards", "names and clusters unique within the map; a shard named in both maps is the same cluster (and authority), and a cluster keeps its name"),
     ("store.next_shards", "as `store.previous_shards`"),
+    ("store.shards[].region", "required on every shard with `store.home`, refused without it; a shard in both maps of a move is in the same region"),
+    ("store.previous_shards[].region", "as `store.shards[].region`"),
+    ("store.next_shards[].region", "as `store.shards[].region`"),
+    ("store.region", "only with `store.home`, and required with it; names a region of `store.shards`"),
+    ("store.home", "needs `store.shards` (not `store.cluster`)"),
+    ("store.home.header", "one of `scope.headers`, and of every rule's"),
+    ("store.home.default", "a region of `store.shards`"),
+    ("store.home.map", "each value a region of `store.shards`; keys of 1-256 bytes"),
+    ("store.next_home", "only with `store.home`; not with `store.previous_shards` or `store.previous_home`"),
+    ("store.next_home.header", "as `store.home.header`"),
+    ("store.next_home.default", "a region of the next map (`store.next_shards`, else `store.shards`)"),
+    ("store.next_home.map", "as `store.home.map`, against the next map"),
+    ("store.previous_home", "only with `store.home`; not with `store.next_shards` or `store.next_home`"),
+    ("store.previous_home.header", "as `store.home.header`"),
+    ("store.previous_home.default", "a region of the previous map (`store.previous_shards`, else `store.shards`)"),
+    ("store.previous_home.map", "as `store.home.map`, against the previous map"),
     ("scope.headers", "no header twice, compared case-insensitively; `x-request-id` only with `request_id_preserved: true`"),
     ("key.fingerprint", "no part twice, header names compared case-insensitively; no `header:x-request-id` without `request_id_preserved: true`"),
     ("payload.parts", "no part twice, header names compared case-insensitively"),
@@ -153,6 +169,7 @@ fn item_schema(item: Item, list: &str) -> Value {
                 "name": {"type": ["string", "null"], "minLength": 1, "maxLength": super::MAX_SHARD_NAME_BYTES, "pattern": VISIBLE},
                 "cluster": {"type": "string", "minLength": 1},
                 "authority": {"type": ["string", "null"], "minLength": 1, "pattern": AUTHORITY},
+                "region": {"type": ["string", "null"], "minLength": 1, "maxLength": super::MAX_SHARD_NAME_BYTES, "pattern": VISIBLE},
             },
             "required": ["cluster"],
             "additionalProperties": false,
@@ -217,9 +234,21 @@ fn field_schema(f: &Field) -> Value {
             lengths(&mut m, len, "minItems", "maxItems");
             m
         }
+        Type::Map(len) => {
+            let value = json!({"type": "string", "minLength": 1, "maxLength": super::MAX_SHARD_NAME_BYTES, "pattern": VISIBLE});
+            let mut m = Map::from_iter([
+                ("additionalProperties".into(), value),
+                (
+                    "propertyNames".into(),
+                    json!({"minLength": 1, "maxLength": super::MAX_HOME_VALUE_BYTES}),
+                ),
+            ]);
+            lengths(&mut m, len, "minProperties", "maxProperties");
+            m
+        }
     };
     let t = match &f.ty {
-        Type::Object => "object",
+        Type::Object | Type::Map(_) => "object",
         Type::Bool => "boolean",
         Type::Integer(_) | Type::IntegerUpTo(_) => "integer",
         Type::String(_) | Type::Enum(_) => "string",

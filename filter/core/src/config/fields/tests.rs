@@ -99,6 +99,49 @@ fn table_name(path: &str) -> String {
 }
 
 /// The smallest configuration around `path` that a valid value there completes.
+/// A field of regions (`store.region`, the home rules).
+fn is_regional(path: &str) -> bool {
+    path == "store.region"
+        || ["store.home", "store.next_home", "store.previous_home"]
+            .iter()
+            .any(|h| path == *h || path.starts_with(&format!("{h}.")))
+}
+
+/// A regions configuration that parses, the field at `path` left for the test to set:
+/// one shard in region `r`, this proxy in `r`, homed by scope header `x-h`.
+fn regioned(path: &str) -> Json {
+    let mut store = json!({
+        "kind": "etcd",
+        "shards": [{"cluster": "e", "region": "r"}],
+        "region": "r",
+        "home": {"header": "x-h", "default": "r"},
+    });
+    for h in ["store.next_home", "store.previous_home"] {
+        if path.starts_with(&format!("{h}.")) {
+            set(
+                &mut store,
+                &h["store.".len()..],
+                json!({"header": "x-h", "default": "r"}),
+            );
+        }
+    }
+    let mut doc = json!({"scope": {"headers": ["x-h"]}, "store": store});
+    if path.starts_with("store.") {
+        // The field's own value comes from the test.
+        if let Some(last) = path.rsplit('.').next() {
+            let parent = &path[..path.len() - last.len() - 1];
+            if let Some(o) = get_mut(&mut doc, parent).and_then(Json::as_object_mut) {
+                o.remove(last);
+            }
+        }
+    }
+    doc
+}
+
+fn get_mut<'a>(doc: &'a mut Json, path: &str) -> Option<&'a mut Json> {
+    path.split('.').try_fold(doc, |d, k| d.get_mut(k))
+}
+
 fn context(path: &str) -> Json {
     let mut doc = json!({});
     let (prefix, inner) = match path.strip_prefix("rules[0].") {
@@ -146,6 +189,9 @@ fn context(path: &str) -> Json {
             &format!("{prefix}errors"),
             json!({"format": "template", "content_type": "text/plain"}),
         );
+    }
+    if is_regional(path) {
+        return regioned(path);
     }
     match field(&table_name(path)).map(|f| f.applies) {
         Some(Applies::Etcd) if path == "store.shards" => {
@@ -260,7 +306,16 @@ fn sample(f: &Field) -> Json {
         Type::IntegerUpTo(u) => json!(u.min),
         Type::Enum(values) => json!(values[0]),
         Type::List(item, len) => items(*item, len.min.max(1)),
+        Type::Map(_) => json!({"v": "r"}),
         Type::String(_) => json!(match f.name {
+            // `regioned`'s one region and scope header.
+            "store.region"
+            | "store.home.default"
+            | "store.next_home.default"
+            | "store.previous_home.default" => "r",
+            "store.home.header" | "store.next_home.header" | "store.previous_home.header" => {
+                "x-h"
+            }
             "key.json_pointer" => "/id",
             "replayed_header" => "x-replayed",
             "store.namespace" => "n",
@@ -335,6 +390,9 @@ fn the_table_names_exactly_the_fields_the_parser_accepts() {
         ("rules[0].ordering", "ordering"),
         ("rules[0].principal", "principal"),
         ("rules[0].errors", "errors"),
+        ("store.home", "store.home"),
+        ("store.next_home", "store.next_home"),
+        ("store.previous_home", "store.previous_home"),
     ];
     for (at, table) in &objects {
         let mut parser = accepted_names(at);
@@ -397,12 +455,14 @@ fn a_store_field_of_the_other_kind_is_refused_naming_it() {
         }
         set(&mut doc, f.name, sample(f));
         let e = parse(&doc).unwrap_err();
-        assert_eq!(e.field, f.name, "{doc}: {e}");
+        // A field of an object in `store` (`store.home.header`): the object is named.
+        let top: Vec<&str> = f.name.splitn(3, '.').take(2).collect();
+        assert_eq!(e.field, top.join("."), "{doc}: {e}");
         assert!(e.reason.contains("only applies to store.kind"), "{e}");
         assert!(schema_accepts(&doc).is_err(), "the schema accepts {doc}");
         checked += 1;
     }
-    assert_eq!(checked, 14);
+    assert_eq!(checked, 27);
 }
 
 /// The bound of an `UpTo` field at `path`, with its bounding field at `bound` (or, with
@@ -874,6 +934,24 @@ fn every_default_that_is_no_value_says_what_the_parser_does() {
                     (e.shards[0].name.as_str(), e.shards[0].cluster.as_str()),
                     ("etcd-c", "etcd-c")
                 );
+            }
+            "store.region" | "store.home" | "store.next_home" | "store.previous_home" => {
+                let c = parse(&json!({"store": {"kind": "etcd", "cluster": "etcd-c"}})).unwrap();
+                let StoreConfig::Etcd(e) = c.store else {
+                    panic!("{:?}", c.store)
+                };
+                assert_eq!((e.regions, e.check), (None, None));
+            }
+            "store.home.map" | "store.next_home.map" | "store.previous_home.map" => {
+                let c = parse(&regioned(f.name)).unwrap();
+                let StoreConfig::Etcd(e) = c.store else {
+                    panic!("{:?}", c.store)
+                };
+                let rule = match f.name {
+                    "store.home.map" => e.regions.map(|r| r.home),
+                    _ => e.check.and_then(|c| c.home),
+                };
+                assert!(rule.unwrap().map.is_empty(), "{}", f.name);
             }
             "store.previous_shards" | "store.next_shards" => {
                 let c = parse(&json!({"store": {"kind": "etcd", "cluster": "etcd-c"}})).unwrap();

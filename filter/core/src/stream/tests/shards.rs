@@ -11,14 +11,14 @@ use crate::testing::*;
 use std::sync::Arc;
 
 /// Three etcd clusters, `etcd_a`, `etcd_b`, `etcd_c`, each granting its own lease ids.
-struct Fleet {
-    a: Arc<FakeEtcd>,
-    b: Arc<FakeEtcd>,
-    c: Arc<FakeEtcd>,
+pub(super) struct Fleet {
+    pub(super) a: Arc<FakeEtcd>,
+    pub(super) b: Arc<FakeEtcd>,
+    pub(super) c: Arc<FakeEtcd>,
 }
 
 impl Fleet {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Fleet {
             a: FakeEtcd::with_lease_ids_from(100_000),
             b: FakeEtcd::with_lease_ids_from(200_000),
@@ -27,7 +27,7 @@ impl Fleet {
     }
 
     /// A proxy (its one worker) reaching the fleet.
-    fn proxy(&self, worker: u64) -> FakeEnv {
+    pub(super) fn proxy(&self, worker: u64) -> FakeEnv {
         let mut env = FakeEnv::new(FakeShared::new(), worker);
         for (name, e) in [
             ("etcd_a", &self.a),
@@ -41,7 +41,7 @@ impl Fleet {
         env
     }
 
-    fn keys(&self, env: &FakeEnv) -> [usize; 3] {
+    pub(super) fn keys(&self, env: &FakeEnv) -> [usize; 3] {
         [&self.a, &self.b, &self.c].map(|e| e.key_count(env.now_ms))
     }
 }
@@ -242,14 +242,14 @@ fn a_failed_check_fails_as_failure_mode_says_and_closed_releases_the_claim() {
 }
 
 /// One stream driven a call at a time.
-struct Driven {
+pub(super) struct Driven {
     s: DedupStream,
     next: Option<StoreCall>,
     end: Option<Decision>,
 }
 
 impl Driven {
-    fn start(p: &Plugin, env: &mut FakeEnv, r: Req) -> Self {
+    pub(super) fn start(p: &Plugin, env: &mut FakeEnv, r: Req) -> Self {
         let mut s = DedupStream::new(1);
         let d = s.on_request_headers(p, env, r.head, true);
         let mut me = Driven {
@@ -277,11 +277,11 @@ impl Driven {
 }
 
 /// One stream on its plugin and proxy, driven a call at a time.
-type Side<'a> = (&'a Plugin, &'a mut FakeEnv, &'a mut Driven);
+pub(super) type Side<'a> = (&'a Plugin, &'a mut FakeEnv, &'a mut Driven);
 
 /// Runs two streams to their ends, the bits of `schedule` (`bits` of them, cycled)
 /// choosing whose call etcd answers next while both have one out: how many forwarded.
-fn interleave(schedule: u32, bits: u32, x: Side, y: Side) -> usize {
+pub(super) fn interleave(schedule: u32, bits: u32, x: Side, y: Side) -> usize {
     let ((px, ex, dx), (py, ey, dy)) = (x, y);
     let mut t = 0;
     while dx.next.is_some() || dy.next.is_some() {
