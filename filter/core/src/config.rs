@@ -106,7 +106,7 @@ pub struct EtcdConfig {
     pub protocol: Protocol,
     /// Regions (`store.region`, `store.home`): this proxy's region and the rule that
     /// gives each record its home region (`None`: every shard serves every key).
-    pub regions: Option<Regions>,
+    pub regions: Option<Box<Regions>>,
 }
 
 /// One etcd cluster of the store.

@@ -233,7 +233,7 @@ pub(super) fn check_home_in_scope<'a>(
     );
     for (field, rule) in rules {
         for (prefix, headers) in scopes.clone() {
-            if !headers.iter().any(|h| *h == rule.header) {
+            if !headers.contains(&rule.header) {
                 return Err(err(
                     &format!("{field}.header"),
                     format!(

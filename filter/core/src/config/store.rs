@@ -433,7 +433,7 @@ fn parse_moves_and_regions(
     shards: &[ShardConfig],
     one: bool,
     m: Moves,
-) -> Result<(Option<ShardCheck>, Option<Regions>), ConfigError> {
+) -> Result<(Option<ShardCheck>, Option<Box<Regions>>), ConfigError> {
     use super::regions::{every_shard_has_a_region, parse_home, region_name};
     let role = |shards: bool, home: bool| (shards, home);
     let previous = role(m.previous_shards.is_some(), m.previous_home.is_some());
@@ -547,5 +547,5 @@ fn parse_moves_and_regions(
     } else {
         None
     };
-    Ok((check, Some(Regions { local, home: rule })))
+    Ok((check, Some(Box::new(Regions { local, home: rule }))))
 }
