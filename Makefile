@@ -95,11 +95,12 @@ docs-check:
 # in Envoy; not oci (no Envoy in it), chaos (a soak that takes the machine)
 # nor probe_differential (it holds host-test to Envoy 1.40 exactly), nor
 # kubernetes (its manifests pin Envoy 1.40); ops checks the alert rules on the
-# older Envoy's own /stats/prometheus, recipes runs the book's Try it sections. More
+# older Envoy's own /stats/prometheus, recipes runs the book's Try it sections, regions the
+# multi-region suite under its simulated latency. More
 # versions: `make test-compat ENVOY_COMPAT_VERSIONS="1.36.4 1.38.2"` (not 1.38.3:
 # that pip build has no V8).
 ENVOY_COMPAT_VERSIONS ?= 1.36.4
-ENVOY_SUITES ?= e2e callers differential hardening configs multi_proxy multi_proxy_shards remote admin budget envoy_version wait wait_etcd rules exact_identity identity detached tenants ordering ordering_etcd stripe_sdk ops recipes
+ENVOY_SUITES ?= e2e callers differential hardening configs multi_proxy multi_proxy_shards remote admin budget envoy_version wait wait_etcd rules exact_identity identity detached tenants ordering ordering_etcd stripe_sdk ops recipes regions
 test-compat: wasm
 	@set -e; for v in $(ENVOY_COMPAT_VERSIONS); do \
 		bin=$$(bash .ci/install-envoy.sh $$v target/envoy-$$v); \

@@ -15,10 +15,10 @@ mod proxies;
 pub use gateway::{base64_decode, base64_encode, EtcdKey, LeaseTtl};
 pub use proxies::{
     append_shard_clusters, cluster_hosts_health, etcd_hosts_health, etcd_proxy_config,
-    multi_proxy_config, multi_proxy_json_config, render_etcd_endpoints, render_shard_clusters,
-    sharded_bootstrap_config, sharded_proxy_config, sharded_proxy_json_config,
-    sharded_proxy_lds_config, wait_cluster_hosts_healthy, wait_etcd_hosts_healthy,
-    without_http2_options, MULTI_PROXY_ETCD,
+    multi_proxy_config, multi_proxy_json_config, proxy_config_on_ports, render_etcd_endpoints,
+    render_shard_clusters, sharded_bootstrap_config, sharded_proxy_config,
+    sharded_proxy_json_config, sharded_proxy_lds_config, wait_cluster_hosts_healthy,
+    wait_etcd_hosts_healthy, without_http2_options, MULTI_PROXY_ETCD,
 };
 
 use crate::client::{self, Request};

@@ -6,11 +6,18 @@
 //! directly. Cutting a region off cuts every path into it and out of it; its proxies
 //! still reach their own etcd, as a region that lost its links but not its power.
 
-use crate::etcd::EtcdCluster;
+use crate::etcd::{proxy_config_on_ports, EtcdCluster};
 use crate::relay::Relay;
-use crate::{fail, Result};
+use crate::{fail, EnvoyConfig, Result};
+use serde_json::{json, Value};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
+
+/// The Envoy cluster through which every proxy reaches region `name`'s etcd.
+pub fn cluster_of(name: &str) -> String {
+    format!("etcd_{name}")
+}
 
 /// One region: its etcd cluster, and the relays through which each other region
 /// reaches it.
@@ -91,6 +98,40 @@ impl Regions {
             Some((_, relays)) => Ok(relays.iter().map(Relay::port).collect()),
             None => fail!("regions: no path from {from} to {to}"),
         }
+    }
+
+    /// The filter's `store` for a proxy of region `from`: one shard per region (named
+    /// after it, its cluster `cluster_of`), records homed by `home` (`store.home`).
+    pub fn store(&self, from: &str, home: Value) -> Value {
+        let shards: Vec<Value> = self
+            .regions
+            .iter()
+            .map(|r| json!({"name": r.name, "cluster": cluster_of(&r.name), "region": r.name}))
+            .collect();
+        json!({"kind": "etcd", "region": from, "shards": shards, "home": home})
+    }
+
+    /// The Envoy configuration of a proxy in region `from` (`multi-proxy-etcd.yaml`,
+    /// or with `lds` the listener by LDS): one cluster per region (`cluster_of`), its
+    /// own region's members reached directly, the others' through the delayed relays.
+    pub fn proxy_config(
+        &self,
+        from: &str,
+        upstream_port: u16,
+        wasm: &Path,
+        filter_config: &str,
+        lds: bool,
+    ) -> Result<EnvoyConfig> {
+        let mut shards = Vec::new();
+        for r in &self.regions {
+            shards.push((cluster_of(&r.name), self.ports(from, &r.name)?));
+        }
+        let named: Vec<(&str, Vec<u16>)> = shards
+            .iter()
+            .map(|(c, p)| (c.as_str(), p.clone()))
+            .collect();
+        let dir = &self.region(from)?.etcd.dir;
+        proxy_config_on_ports(dir, &named, upstream_port, wasm, filter_config, lds)
     }
 
     /// Cuts region `name` off: nothing passes on any path into it or out of it.

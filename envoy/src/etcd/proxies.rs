@@ -209,6 +209,33 @@ fn shard_ports<'a>(shards: &[(&'a str, &EtcdCluster)]) -> Result<Vec<(&'a str, V
         .collect())
 }
 
+/// `multi-proxy-etcd.yaml` with its `etcd` cluster once per shard, each shard's members
+/// given by port (`render_shard_clusters`), written in `dir`: a proxy of one region
+/// reaching each region's etcd its own way (`regions::Regions::proxy_config`). With
+/// `lds`, the listener comes by LDS (`single-node-lds.yaml`), so that a test can push
+/// another filter configuration.
+pub fn proxy_config_on_ports(
+    dir: &Path,
+    shards: &[(&str, Vec<u16>)],
+    upstream_port: u16,
+    wasm: &Path,
+    filter_config: &str,
+    lds: bool,
+) -> Result<EnvoyConfig> {
+    let rendered = if lds {
+        append_shard_clusters(&read_template(&config_file(SINGLE_NODE_LDS))?, shards)?
+    } else {
+        render_shard_clusters(&read_template(&config_file(MULTI_PROXY_ETCD))?, shards)?
+    };
+    let path = write_template(dir, "regions-template", &rendered)?;
+    let mut config = EnvoyConfig::single_node(upstream_port, wasm, filter_config)?;
+    config.template = path;
+    if lds {
+        config.lds_template = Some(config_file(LDS_LISTENER));
+    }
+    Ok(config)
+}
+
 /// `rendered` as the template of a config on fresh ports: written next to the first
 /// shard's logs.
 fn sharded_config(
@@ -236,9 +263,15 @@ pub fn sharded_proxy_config(
     wasm: &Path,
     filter_config: &str,
 ) -> Result<EnvoyConfig> {
-    let template = read_template(&config_file(MULTI_PROXY_ETCD))?;
-    let rendered = render_shard_clusters(&template, &shard_ports(shards)?)?;
-    sharded_config(shards, &rendered, upstream_port, wasm, filter_config)
+    let ports = shard_ports(shards)?;
+    proxy_config_on_ports(
+        &shards[0].1.dir,
+        &ports,
+        upstream_port,
+        wasm,
+        filter_config,
+        false,
+    )
 }
 
 /// `sharded_proxy_config` for `store.protocol: "json"`: every shard's cluster on
@@ -280,15 +313,15 @@ pub fn sharded_proxy_lds_config(
     wasm: &Path,
     filter_config: &str,
 ) -> Result<EnvoyConfig> {
-    let mut config = sharded_bootstrap_config(
-        &config_file(SINGLE_NODE_LDS),
-        shards,
+    let ports = shard_ports(shards)?;
+    proxy_config_on_ports(
+        &shards[0].1.dir,
+        &ports,
         upstream_port,
         wasm,
         filter_config,
-    )?;
-    config.lds_template = Some(config_file(LDS_LISTENER));
-    Ok(config)
+        true,
+    )
 }
 
 fn read_template(path: &Path) -> Result<String> {
