@@ -263,6 +263,13 @@ fn a_retry_in_another_region_runs_once_and_only_remote_homes_cross_regions() {
     assert_eq!((in_a, in_b), (3, 3), "{}", w.diagnostics());
     // b completed in a only the warm-up's key (its duplicate of pay-1 completed nothing).
     assert_eq!(w.remote("b", "completions", "a"), 1, "warm-b only");
+    // In Prometheus' text, as the metrics page says.
+    let prom = w.proxy("a").prometheus().unwrap();
+    let line = prom
+        .lines()
+        .find(|l| l.starts_with("proxy_dedup_remote_claims_b"))
+        .unwrap_or_else(|| panic!("no remote claims in:\n{prom}"));
+    assert!(line.ends_with(" 2"), "warm-a and pay-2: {line}");
     assert_eq!(
         counter_of(w.proxy("a"), "executed") + counter_of(w.proxy("b"), "executed"),
         6
