@@ -73,22 +73,14 @@ impl EtcdConfig {
     /// Where `head`'s record lives: its home region under each map (`Home::default()`
     /// without regions).
     pub fn home_of(&self, head: &RequestHead) -> Home {
-        let Some(r) = &self.regions else {
-            return Home::default();
-        };
         Home {
-            now: r.home.index_of(head),
+            now: self.regions.as_ref().map_or(0, |r| r.home.index_of(head)),
             check: self
                 .check
                 .as_ref()
                 .and_then(|c| c.home.as_ref())
                 .map_or(0, |h| h.index_of(head)),
         }
-    }
-
-    /// The name of this proxy's region (`store.region`), if regions are set.
-    pub fn local_region(&self) -> Option<&str> {
-        self.regions.as_ref().map(|r| r.local.as_str())
     }
 }
 
@@ -223,14 +215,16 @@ pub(super) fn check_home_in_scope<'a>(
     ec: &EtcdConfig,
     scopes: impl Iterator<Item = (String, &'a [String])> + Clone,
 ) -> Result<(), ConfigError> {
-    let Some(r) = &ec.regions else {
-        return Ok(());
-    };
-    let rules = std::iter::once(("store.home", &r.home)).chain(
-        ec.check
-            .as_ref()
-            .and_then(|c| c.home.as_ref().map(|h| (c.role.home_field(), h))),
-    );
+    let rules = ec
+        .regions
+        .as_ref()
+        .map(|r| ("store.home", &r.home))
+        .into_iter()
+        .chain(
+            ec.check
+                .as_ref()
+                .and_then(|c| c.home.as_ref().map(|h| (c.role.home_field(), h))),
+        );
     for (field, rule) in rules {
         for (prefix, headers) in scopes.clone() {
             if !headers.contains(&rule.header) {

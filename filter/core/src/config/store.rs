@@ -383,16 +383,6 @@ fn same_names_same_clusters(
 ) -> Result<(), ConfigError> {
     for (i, s) in checked.iter().enumerate() {
         for c in current {
-            if c.name == s.name && c.cluster == s.cluster && c.region != s.region {
-                return Err(err(
-                    &format!("{field}[{i}].region"),
-                    format!(
-                        "shard `{}` is in region `{}` in store.shards: a shard in both maps is in the same region",
-                        s.name,
-                        c.region.as_deref().unwrap_or("(none)")
-                    ),
-                ));
-            }
             if c.name == s.name && (c.cluster != s.cluster || c.authority != s.authority) {
                 return Err(err(
                     &format!("{field}[{i}].cluster"),
@@ -426,20 +416,21 @@ struct Moves {
     next_home: Option<RawHome>,
 }
 
-/// The other map of a resharding or re-homing (its shards, or the current ones, and its
-/// home rule, or the current one), and the regions (`store.region`, `store.home`).
-/// `one`: the map is the one `store.cluster`.
+/// The regions (`store.region`, `store.home`) and the other map of a resharding or
+/// re-homing: its shards (or the current ones) and its home rule. Each map places by
+/// regions (every shard with a region, and a home rule) or not at all (no region on any
+/// shard: over all its shards, as before regions), so a deployment can adopt regions,
+/// or drop them, by the same two steps. `one`: the map is the one `store.cluster`.
 fn parse_moves_and_regions(
     shards: &[ShardConfig],
     one: bool,
     m: Moves,
 ) -> Result<(Option<ShardCheck>, Option<Box<Regions>>), ConfigError> {
     use super::regions::{every_shard_has_a_region, parse_home, region_name};
-    let role = |shards: bool, home: bool| (shards, home);
-    let previous = role(m.previous_shards.is_some(), m.previous_home.is_some());
-    let next = role(m.next_shards.is_some(), m.next_home.is_some());
-    if (previous.0 || previous.1) && (next.0 || next.1) {
-        let field = if next.0 {
+    let previous = m.previous_shards.is_some() || m.previous_home.is_some();
+    let next = m.next_shards.is_some() || m.next_home.is_some();
+    if previous && next {
+        let field = if m.next_shards.is_some() {
             "store.next_shards"
         } else {
             "store.next_home"
@@ -449,7 +440,7 @@ fn parse_moves_and_regions(
             "set the previous map (store.previous_shards, store.previous_home) or the next one (store.next_shards, store.next_home), not both: one move at a time",
         ));
     }
-    let (role, other_shards, other_home) = if previous.0 || previous.1 {
+    let (role, other_shards, other_home) = if previous {
         (CheckRole::Previous, m.previous_shards, m.previous_home)
     } else {
         (CheckRole::Next, m.next_shards, m.next_home)
@@ -462,90 +453,107 @@ fn parse_moves_and_regions(
         }
         None => None,
     };
-    let Some(home) = m.home else {
-        let stray = [
-            ("store.region", m.region.is_some()),
-            (role.home_field(), other_home.is_some()),
-        ];
-        if let Some((field, _)) = stray.iter().find(|(_, set)| *set) {
-            return Err(err(
-                field,
-                "needs store.home: regions are set by store.region, store.home and each shard's `region`",
-            ));
-        }
-        let maps = std::iter::once(("store.shards", shards))
-            .chain(other_shards.as_deref().map(|s| (role.field(), s)));
-        for (field, list) in maps {
-            if let Some(i) = list.iter().position(|s| s.region.is_some()) {
+    // The current map.
+    let regions = match m.home {
+        None => {
+            if m.region.is_some() {
                 return Err(err(
-                    &format!("{field}[{i}].region"),
+                    "store.region",
+                    "needs store.home: regions are set by store.region, store.home and each shard's `region`",
+                ));
+            }
+            if let Some(i) = shards.iter().position(|s| s.region.is_some()) {
+                return Err(err(
+                    &format!("store.shards[{i}].region"),
                     "needs store.home: without a home rule a shard's region places nothing",
                 ));
             }
+            None
         }
-        return Ok((
-            other_shards.map(|shards| ShardCheck {
-                role,
-                shards,
-                home: None,
-            }),
-            None,
-        ));
-    };
-    every_shard_has_a_region("store.shards", shards, one)?;
-    let rule = parse_home("store.home", home, "store.shards", shards)?;
-    let local = match m.region {
-        Some(r) => region_name("store.region", r)?,
-        None => {
-            return Err(err(
-                "store.region",
-                "required with store.home: the region this proxy runs in",
-            ))
+        Some(home) => {
+            every_shard_has_a_region("store.shards", shards, one)?;
+            let rule = parse_home("store.home", home, "store.shards", shards)?;
+            let local = match m.region {
+                Some(r) => region_name("store.region", r)?,
+                None => {
+                    return Err(err(
+                        "store.region",
+                        "required with store.home: the region this proxy runs in",
+                    ))
+                }
+            };
+            if !rule.regions.contains(&local) {
+                return Err(err(
+                    "store.region",
+                    format!(
+                        "region `{local}` has no shard in store.shards (its regions: {})",
+                        rule.regions.join(", ")
+                    ),
+                ));
+            }
+            Some(Box::new(Regions { local, home: rule }))
         }
     };
-    if !rule.regions.contains(&local) {
+    if other_shards.is_none() && other_home.is_none() {
+        return Ok((None, regions));
+    }
+    // The other map: its own shards or the current ones, its own rule or the current one.
+    let map_field = if other_shards.is_some() {
+        role.field()
+    } else {
+        "store.shards"
+    };
+    if other_shards.is_none() && other_home.is_some() && regions.is_none() {
         return Err(err(
-            "store.region",
+            role.home_field(),
             format!(
-                "region `{local}` has no shard in store.shards (its regions: {})",
-                rule.regions.join(", ")
+                "needs {} with each shard's `region`: store.shards has no regions",
+                role.field()
             ),
         ));
     }
-    let check = if other_shards.is_some() || other_home.is_some() {
-        let map_field = if other_shards.is_some() {
-            role.field()
-        } else {
-            "store.shards"
-        };
-        let list = other_shards.unwrap_or_else(|| shards.to_vec());
-        every_shard_has_a_region(map_field, &list, false)?;
-        let home_rule = match other_home {
-            Some(h) => parse_home(role.home_field(), h, map_field, &list)?,
+    let list = other_shards.unwrap_or_else(|| shards.to_vec());
+    let regional = list.iter().any(|s| s.region.is_some());
+    let home = match (other_home, &regions) {
+        (Some(h), _) => {
+            every_shard_has_a_region(map_field, &list, false)?;
+            Some(parse_home(role.home_field(), h, map_field, &list)?)
+        }
+        (None, Some(r)) if regional => {
+            every_shard_has_a_region(map_field, &list, false)?;
             // The current rule, resolved against the other map's regions.
-            None => parse_home(
-                "store.home",
-                RawHome {
-                    header: Some(rule.header.clone()),
-                    map: (!rule.map.is_empty()).then(|| {
-                        rule.map
-                            .iter()
-                            .map(|(v, i)| (v.clone(), rule.region(*i).to_string()))
-                            .collect()
-                    }),
-                    default: Some(rule.region(rule.default).to_string()),
-                },
-                map_field,
-                &list,
-            )?,
-        };
+            let raw = RawHome {
+                header: Some(r.home.header.clone()),
+                map: (!r.home.map.is_empty()).then(|| {
+                    r.home
+                        .map
+                        .iter()
+                        .map(|(v, i)| (v.clone(), r.home.region(*i).to_string()))
+                        .collect()
+                }),
+                default: Some(r.home.region(r.home.default).to_string()),
+            };
+            Some(parse_home("store.home", raw, map_field, &list)?)
+        }
+        (None, None) if regional => {
+            let i = list.iter().position(|s| s.region.is_some()).unwrap_or(0);
+            return Err(err(
+                &format!("{map_field}[{i}].region"),
+                format!(
+                    "needs {}: a map with regions needs its home rule",
+                    role.home_field()
+                ),
+            ));
+        }
+        // A map without regions: placed over all its shards.
+        (None, _) => None,
+    };
+    Ok((
         Some(ShardCheck {
             role,
             shards: list,
-            home: Some(home_rule),
-        })
-    } else {
-        None
-    };
-    Ok((check, Some(Box::new(Regions { local, home: rule }))))
+            home,
+        }),
+        regions,
+    ))
 }

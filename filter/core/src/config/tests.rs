@@ -769,19 +769,23 @@ fn regions_are_read_and_every_mistake_is_named() {
             "",
             "store.shards[1].region",
         ),
+        // A map with regions needs a home rule that names only its regions.
         (
             format!(
-                r#"{SHARDS}, "region": "eu", {HOME}, "next_shards": [{{"name": "a", "cluster": "etcd_a"}}]"#
+                r#"{SHARDS}, "region": "eu", {HOME}, "next_shards": [{{"name": "a", "cluster": "etcd_a", "region": "eu"}}]"#
             ),
+            "",
+            "store.home.default",
+        ),
+        (
+            r#""shards": [{"name": "a", "cluster": "etcd_a"}], "next_shards": [{"name": "a", "cluster": "etcd_a", "region": "eu"}]"#.to_string(),
             "",
             "store.next_shards[0].region",
         ),
         (
-            format!(
-                r#"{SHARDS}, "region": "eu", {HOME}, "next_shards": [{{"name": "a", "cluster": "etcd_a", "region": "us"}}]"#
-            ),
+            r#""shards": [{"name": "a", "cluster": "etcd_a"}], "next_shards": [{"name": "a", "cluster": "etcd_a", "region": "eu"}, {"name": "c", "cluster": "etcd_c"}], "next_home": {"header": "x-region", "default": "eu"}"#.to_string(),
             "",
-            "store.next_shards[0].region",
+            "store.next_shards[1].region",
         ),
         // One move at a time, and a next home rule is checked like the current one.
         (
@@ -813,9 +817,35 @@ fn regions_are_read_and_every_mistake_is_named() {
             "",
             "store.next_home",
         ),
+        (
+            r#""cluster": "etcd", "next_home": {"header": "x-other", "default": "eu"}, "next_shards": [{"cluster": "etcd", "region": "eu"}]"#.to_string(),
+            "",
+            "store.next_home.header",
+        ),
     ] {
         let d = doc(&store, top);
         assert_eq!(cfg_err(&d).0, field, "{d}");
+    }
+    // Adopting regions, and dropping them, by the two steps: a map without regions
+    // beside one with.
+    for (store, role) in [
+        (
+            r#""shards": [{"name": "a", "cluster": "etcd_a"}], "next_shards": [{"name": "a", "cluster": "etcd_a", "region": "eu"}, {"name": "c", "cluster": "etcd_c", "region": "us"}], "next_home": {"header": "x-region", "default": "eu"}"#.to_string(),
+            crate::config::CheckRole::Next,
+        ),
+        (
+            format!(r#"{SHARDS}, "region": "eu", {HOME}, "previous_shards": [{{"name": "a", "cluster": "etcd_a"}}]"#),
+            crate::config::CheckRole::Previous,
+        ),
+    ] {
+        let c = Config::parse(doc(&store, "").as_bytes()).unwrap();
+        let crate::config::StoreConfig::Etcd(ec) = &c.store else {
+            panic!("etcd")
+        };
+        let check = ec.check.as_ref().unwrap();
+        assert_eq!(check.role, role);
+        assert_eq!(check.home.is_some(), role == crate::config::CheckRole::Next);
+        assert_eq!(ec.regions.is_some(), role == crate::config::CheckRole::Previous);
     }
     // Shared data has no regions.
     assert_eq!(cfg_err(r#"{"store": {"region": "eu"}}"#).0, "store.region");

@@ -297,3 +297,67 @@ fn the_operator_api_reads_a_record_in_its_home() {
     );
     assert_eq!(absent.status, 404, "another scope, another record");
 }
+
+/// A sharded deployment without regions adopts them by the same two steps: its old map
+/// (placed over all its shards) is the other map while records move to their homes.
+#[test]
+fn adopting_regions_by_the_two_steps_never_runs_a_key_twice() {
+    let old_map = r#"[{"name": "a", "cluster": "etcd_a"}, {"name": "c", "cluster": "etcd_c"}]"#;
+    let home = r#"{"header": "x-tenant", "map": {"acme": "us"}, "default": "eu"}"#;
+    let scoped = |store: &str| {
+        plugin(&format!(
+            r#"{{"scope": {{"headers": ["x-tenant"]}},
+                "store": {{"kind": "etcd", "timeout_ms": 500, {store}}}}}"#
+        ))
+    };
+    let old = scoped(&format!(r#""shards": {old_map}"#));
+    let step1 = scoped(&format!(
+        r#""shards": {old_map}, "next_shards": {SHARDS}, "next_home": {home}"#
+    ));
+    let step2 = scoped(&format!(
+        r#""region": "eu", "shards": {SHARDS}, "home": {home}, "previous_shards": {old_map}"#
+    ));
+    let done = scoped(&format!(
+        r#""region": "eu", "shards": {SHARDS}, "home": {home}"#
+    ));
+    let fleet = Fleet::new();
+    let (mut x, mut y, mut z) = (fleet.proxy(1), fleet.proxy(2), fleet.proxy(3));
+    let tenant = |key: &str, t: &str| req("POST", "/orders").key(key).header("x-tenant", t);
+    let mut moved = 0;
+    for i in 0..12 {
+        let (k, t) = (format!("k{i}"), if i % 2 == 0 { "acme" } else { "initech" });
+        assert_eq!(run(&old, &mut x, &tenant(&k, t), ok(&k)), executed(&k));
+        run(&step1, &mut y, &tenant(&k, t), ok("no")).assert_replays(k.as_bytes());
+        run(&step2, &mut z, &tenant(&k, t), ok("no")).assert_replays(k.as_bytes());
+        // A key whose shard changed would run again without the old map.
+        let before = shard_of(&old, tenant(&k, t));
+        if before != shard_of(&done, tenant(&k, t)) {
+            moved += 1;
+        }
+    }
+    assert!(moved >= 3, "{moved} of 12 keys moved");
+    assert_eq!(z.count_of(Counter::ReshardYielded), moved);
+    assert_eq!(
+        y.count_of(Counter::Executed) + z.count_of(Counter::Executed),
+        0
+    );
+    // Mid-push, step 1 and step 2 race for a fresh key of each tenant.
+    for t in ["acme", "initech"] {
+        let mut forwarded_once = 0;
+        for schedule in 0u32..1 << 8 {
+            let fleet = Fleet::new();
+            let (mut x, mut y) = (fleet.proxy(1), fleet.proxy(2));
+            let mut dx = Driven::start(&step1, &mut x, tenant("race", t));
+            let mut dy = Driven::start(&step2, &mut y, tenant("race", t));
+            let n = interleave(
+                schedule,
+                8,
+                (&step1, &mut x, &mut dx),
+                (&step2, &mut y, &mut dy),
+            );
+            assert!(n <= 1, "{t} schedule {schedule:#b}: both forwarded");
+            forwarded_once += n;
+        }
+        assert!(forwarded_once > 0, "{t}");
+    }
+}
