@@ -144,18 +144,21 @@ profile: wasm
 # shared data under seeded clients and faults, then the at-most-once checker.
 # `make chaos SECONDS=600 SEED=42`; BROKEN=release, BROKEN=hold, BROKEN=no-scope or BROKEN=no-ordering runs a
 # deliberately broken configuration that the checker must catch. SHARDS=2 shards
-# the etcd store over two 3-member clusters, faulted both. Its short
-# variant runs in `make test` (envoy/tests/chaos.rs).
+# the etcd store over two 3-member clusters, faulted both. REGIONS=1 runs it on two
+# simulated regions (each its etcd and its proxy, records homed by x-home-region, the
+# regions cut apart); REGIONS=1 BROKEN=per-region must be caught. Its short
+# variants run in `make test` (envoy/tests/chaos.rs).
 SECONDS ?= 60
 SEED    ?=
 CLIENTS ?= 24
 BROKEN  ?=
 SHARDS  ?= 1
 DEFAULTS ?=
+REGIONS ?=
 chaos: wasm
 	$(CARGO) run --locked -q -p dedup-envoy --bin chaos -- --seconds $(SECONDS) --clients $(CLIENTS) \
 		--shards $(SHARDS) $(if $(SEED),--seed $(SEED)) $(if $(BROKEN),--broken $(BROKEN)) \
-		$(if $(DEFAULTS),--defaults true)
+		$(if $(DEFAULTS),--defaults true) $(if $(REGIONS),--regions true)
 
 # Mutation testing of dedup-core (cargo-mutants from crates.io, installed on first use;
 # docs/src/testing/core.md). Not part of `make test`: about an hour on 2 cores. It runs on

@@ -11,6 +11,10 @@
 //! And a shorter soak with the etcd store sharded over two 3-member clusters
 //! (`make chaos SHARDS=2`), every fault on either shard, both at once too; the
 //! "hold" soak runs sharded as well, so a broken build is caught there too.
+//! And the regions variant (`make chaos REGIONS=1`): two simulated regions, each its
+//! etcd and its proxy, records homed by a scope header, clients retrying across
+//! regions while the regions are cut apart; then the same with each region on its
+//! own etcd and no home rule, which the checker must catch running a key twice.
 //!
 //! The soaks take the machine: they run one at a time. `CHAOS_SEED` picks
 //! another seed than the fixed one.
@@ -42,6 +46,20 @@ fn soak_on(seconds: u64, broken: Option<Broken>, shards: usize) -> Report {
         broken,
         shards,
         defaults: false,
+        regions: false,
+    })
+}
+
+/// A soak of the regions variant.
+fn soak_regions(seconds: u64, broken: Option<Broken>) -> Report {
+    run_soak(Options {
+        seconds,
+        seed: seed(),
+        clients: 24,
+        broken,
+        shards: 1,
+        defaults: false,
+        regions: true,
     })
 }
 
@@ -192,6 +210,7 @@ fn short_soak_with_every_default_runs_no_key_twice() {
         broken: None,
         shards: 1,
         defaults: true,
+        regions: false,
     });
     assert_eq!(
         report.violations_of(Rule::AtMostOnce),
@@ -200,4 +219,59 @@ fn short_soak_with_every_default_runs_no_key_twice() {
         report.fault_log()
     );
     assert_clean(&report);
+}
+
+/// Two regions (`make chaos REGIONS=1`), 40 ms apart one way, each its one-member etcd
+/// and its proxy; keys homed in either by a scope header, every attempt to either
+/// region, while the nemesis cuts the regions apart, kills and freezes a region's etcd
+/// and restarts and reconfigures the proxies: no violation, and the run crossed
+/// regions (claims sent to the other region, replays answered in one region from an
+/// execution through the other, records in both).
+#[test]
+fn short_soak_across_two_regions_cut_apart_finds_no_violation() {
+    let report = soak_regions(25, None);
+    assert_clean(&report);
+    let faults = report.fault_counts();
+    assert!(
+        faults.get("region cut off").copied().unwrap_or(0) > 0,
+        "no region cut in this run: {faults:?}"
+    );
+    let regions = report.regions_figures();
+    assert!(
+        regions.replays_across > 0 && regions.away > 0,
+        "nothing crossed regions: {}",
+        regions.line()
+    );
+    for (region, claims, completions) in &regions.remote {
+        assert!(
+            *claims > 0 && *completions > 0,
+            "region {region} sent no claim or completion to the other: {}",
+            regions.line()
+        );
+    }
+    for (region, keys) in &report.shard_keys {
+        assert!(
+            keys.is_some_and(|k| k > 0),
+            "region {region}: {keys:?} keys"
+        );
+    }
+    assert!(
+        report.execs.len() >= 100,
+        "{} executions",
+        report.execs.len()
+    );
+}
+
+/// Each region on its own etcd with no home rule (option (c) of the regions page,
+/// `BROKEN=per-region`): a retry in the other region runs the key again, and the
+/// checker must flag it; no replay can cross regions there.
+#[test]
+fn regions_on_their_own_stores_without_a_home_rule_are_caught() {
+    let report = soak_regions(15, Some(Broken::PerRegion));
+    assert!(
+        report.violations_of(Rule::AtMostOnce) > 0,
+        "with a store per region and no home rule a retry in the other region runs again, \
+         and the checker must flag it; it found nothing (report above)"
+    );
+    assert_eq!(report.regions_figures().replays_across, 0);
 }

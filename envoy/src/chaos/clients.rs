@@ -13,6 +13,11 @@
 //! waiting early (a client timeout that closes, or a hang-up that resets),
 //! and may ask the upstream to be slow, fail or reset (per the nemesis's
 //! upstream weather).
+//!
+//! In the regions variant every request also carries its record's home region
+//! (`regions::home_of`, a function of tenant and key, or of tenant and entity),
+//! and the two proxies are the two regions': a retry lands in the other region one
+//! time in two, and a race sends one key to both regions at once.
 
 use super::cluster::Cluster;
 use super::history::{
@@ -21,6 +26,7 @@ use super::history::{
     VERSION_HEADER,
 };
 use super::nemesis::{Nemesis, Weather};
+use super::regions::{home_of, HOME_HEADER};
 use super::rng::Rng;
 use crate::client::{problem_type, send_or_give_up, GiveUp, Leave, Request};
 use std::collections::HashMap;
@@ -279,6 +285,16 @@ impl<'a> Client<'a> {
             req = req
                 .header(ENTITY_HEADER, entity)
                 .header(VERSION_HEADER, &version.to_string());
+        }
+        if self.cluster.regions.is_some() {
+            // One home per record (and per entity: all its versions share it).
+            let subject = match &ordered {
+                Some((entity, _)) => entity.as_str(),
+                None => key,
+            };
+            if let Some(home) = home_of(&tenant, subject) {
+                req = req.header(HOME_HEADER, home);
+            }
         }
         match form {
             KeyForm::Missing => {}

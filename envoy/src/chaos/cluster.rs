@@ -2,7 +2,9 @@
 //! them, the etcd store sharded over them by `store.shards`), the recording demo
 //! upstream, proxies A and B (2 workers each, etcd store) and proxy C (2
 //! workers, shared data), every listener served by LDS from a file so its
-//! filter configuration can be pushed. Built on the harness's launchers.
+//! filter configuration can be pushed. Built on the harness's launchers. (The
+//! regions variant builds its own world of two regions and two proxies:
+//! `super::regions`.)
 
 use super::checker::ProxyCounters;
 use super::history::{
@@ -14,6 +16,7 @@ use crate::etcd::{
     etcd_proxy_config, render_shard_clusters, wait_cluster_hosts_healthy, EtcdCluster,
 };
 use crate::paths::{config_file, dedup_wasm, workspace_root};
+use crate::regions::Regions;
 use crate::upstream::DemoUpstream;
 use crate::{fail, Result};
 use serde_json::{json, Value};
@@ -36,6 +39,9 @@ pub const ORDERING_TTL: Duration = Duration::from_secs(3600);
 /// (about 1 s with the harness's election timeout).
 pub const STORE_TIMEOUT_MS: u64 = 2000;
 
+/// The prefix of the filter's keys in etcd (its default `store.prefix`).
+const KEY_PREFIX: &str = "proxy-dedup/";
+
 /// The most etcd shards the soak starts (each a 3-member cluster).
 pub const MAX_SHARDS: usize = 4;
 const SHARD_NAMES: [&str; MAX_SHARDS] = ["a", "b", "c", "d"];
@@ -46,6 +52,9 @@ const SHARD_NAMES: [&str; MAX_SHARDS] = ["a", "b", "c", "d"];
 pub struct Shards(usize);
 
 impl Shards {
+    /// One etcd cluster, unsharded.
+    pub const ONE: Shards = Shards(1);
+
     /// `n` shards, 1 to [`MAX_SHARDS`].
     pub fn new(n: usize) -> Option<Shards> {
         (1..=MAX_SHARDS).contains(&n).then_some(Shards(n))
@@ -96,6 +105,10 @@ pub enum Broken {
     /// The ordered rule's guard off (`"ordering": {"enabled": false}`): stale versions
     /// reach the upstream, and versions of one entity run at once.
     NoOrdering,
+    /// Regions variant only: no home rule, each region's proxy on its own region's
+    /// etcd alone (option (c) of the regions page): a retry in the other region runs
+    /// again.
+    PerRegion,
 }
 
 impl Broken {
@@ -105,6 +118,7 @@ impl Broken {
             "hold" | "hold-on-unknown" => Some(Broken::HoldOnUnknown),
             "no-scope" | "no-tenant-scope" => Some(Broken::NoTenantScope),
             "no-ordering" => Some(Broken::NoOrdering),
+            "per-region" | "no-home" => Some(Broken::PerRegion),
             _ => None,
         }
     }
@@ -115,6 +129,18 @@ impl Broken {
             Broken::HoldOnUnknown => "hold (on_unknown_outcome: \"hold\")",
             Broken::NoTenantScope => "no-scope (no scope.headers)",
             Broken::NoOrdering => "no-ordering (the ordered rule's guard off)",
+            Broken::PerRegion => "per-region (no home rule: each region on its own etcd)",
+        }
+    }
+
+    /// The `make chaos` knob that selects it.
+    pub fn knob(&self) -> &'static str {
+        match self {
+            Broken::ReleaseOnUnknown => "BROKEN=release",
+            Broken::HoldOnUnknown => "BROKEN=hold",
+            Broken::NoTenantScope => "BROKEN=no-scope",
+            Broken::NoOrdering => "BROKEN=no-ordering",
+            Broken::PerRegion => "BROKEN=per-region",
         }
     }
 }
@@ -133,6 +159,17 @@ pub fn filter_config(
     shards: Shards,
     defaults: bool,
 ) -> String {
+    filter_value(domain, broken, variant, shards, defaults).to_string()
+}
+
+/// `filter_config` as JSON, for a variant to build on (`super::regions`).
+pub fn filter_value(
+    domain: Domain,
+    broken: Option<Broken>,
+    variant: u32,
+    shards: Shards,
+    defaults: bool,
+) -> Value {
     if defaults {
         return defaults_config(domain, shards);
     }
@@ -179,13 +216,14 @@ pub fn filter_config(
         Some(Broken::HoldOnUnknown) => cfg["on_unknown_outcome"] = json!("hold"),
         Some(Broken::NoTenantScope) => cfg["scope"] = json!({"headers": Value::Array(Vec::new())}),
         Some(Broken::NoOrdering) => cfg["rules"][1]["ordering"] = json!({"enabled": false}),
-        None => {}
+        // The regions variant's: its store (`super::regions`).
+        Some(Broken::PerRegion) | None => {}
     }
-    cfg.to_string()
+    cfg
 }
 
 /// The soak's workload on a configuration of defaults (see `filter_config`).
-fn defaults_config(domain: Domain, shards: Shards) -> String {
+fn defaults_config(domain: Domain, shards: Shards) -> Value {
     let mut cfg = json!({
         "key": {"required": true},
         "scope": {"headers": [TENANT_HEADER]},
@@ -204,7 +242,7 @@ fn defaults_config(domain: Domain, shards: Shards) -> String {
         store["kind"] = json!("etcd");
         cfg["store"] = store;
     }
-    cfg.to_string()
+    cfg
 }
 
 /// The TTLs the checker holds the soak to: the configured ones, or the defaults'.
@@ -223,13 +261,27 @@ pub fn ttls(defaults: bool) -> (Duration, Duration) {
 pub struct Proxy {
     pub name: &'static str,
     pub domain: Domain,
+    /// The region it runs in (the regions variant), else `None`.
+    pub region: Option<&'static str>,
     label: String,
     /// Listener port of the current process (clients read it per attempt).
     port: AtomicU16,
     envoy: Mutex<Option<EnvoyProcess>>,
     counters: Mutex<ProxyCounters>,
+    /// Its filter configuration at variant 0 and 1: a push alternates them.
+    configs: [String; 2],
     variant: Mutex<u32>,
     started_at: Mutex<Duration>,
+}
+
+/// A proxy to start: its Envoy configuration (filter configuration `configs[0]`)
+/// and what it is.
+pub struct ProxyPlan {
+    pub name: &'static str,
+    pub domain: Domain,
+    pub region: Option<&'static str>,
+    pub envoy: EnvoyConfig,
+    pub configs: [String; 2],
 }
 
 impl Proxy {
@@ -257,16 +309,74 @@ impl Proxy {
     }
 }
 
+/// Start every planned proxy at once; each on the etcd store waits until it sees
+/// every member of `store` healthy.
+pub fn start_proxies(
+    plans: Vec<ProxyPlan>,
+    store: &[(String, usize)],
+    epoch: Instant,
+) -> Result<Vec<Proxy>> {
+    let started: Vec<Result<EnvoyProcess>> = std::thread::scope(|s| {
+        let handles: Vec<_> = plans
+            .iter()
+            .map(|p| {
+                let label = format!("chaos-proxy-{}", p.name);
+                let c = p.envoy.clone();
+                s.spawn(move || EnvoyProcess::start(&label, c))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| fail_thread()))
+            .collect()
+    });
+    let mut proxies = Vec::new();
+    for (e, plan) in started.into_iter().zip(plans) {
+        let e = e?;
+        if plan.domain == Domain::Etcd {
+            wait_store_healthy(&e, store, Duration::from_secs(15))?;
+        }
+        proxies.push(Proxy {
+            name: plan.name,
+            domain: plan.domain,
+            region: plan.region,
+            label: format!("chaos-proxy-{}", plan.name),
+            port: AtomicU16::new(e.config.listen_port),
+            envoy: Mutex::new(Some(e)),
+            counters: Mutex::new(ProxyCounters::default()),
+            configs: plan.configs,
+            variant: Mutex::new(0),
+            started_at: Mutex::new(epoch.elapsed()),
+        });
+    }
+    Ok(proxies)
+}
+
 // Fields drop in order: proxies before the upstream and etcd they use.
 pub struct Cluster {
     pub proxies: Vec<Proxy>,
     pub upstream: DemoUpstream,
-    /// The etcd clusters, one per shard (index = shard).
+    /// The etcd clusters, one per shard (index = shard); none in the regions variant.
     pub etcds: Vec<Mutex<EtcdCluster>>,
+    /// The regions variant's regions (each its etcd) and the links between them.
+    pub regions: Option<Mutex<Regions>>,
     pub epoch: Instant,
     pub shards: Shards,
-    broken: Option<Broken>,
-    defaults: bool,
+    /// The Envoy clusters of the etcd store and their members: what a proxy on it
+    /// waits to see healthy.
+    store: Vec<(String, usize)>,
+}
+
+/// The soak's listener (by LDS; a 2 s route timeout).
+pub fn listener_template() -> PathBuf {
+    templates_dir().join("chaos-listener.yaml")
+}
+
+fn templates_dir() -> PathBuf {
+    workspace_root()
+        .join("envoy")
+        .join("tests")
+        .join("templates")
 }
 
 /// The chaos etcd template with its `etcd` cluster once per shard (the members'
@@ -287,10 +397,14 @@ fn etcd_template(shards: Shards, etcds: &[EtcdCluster], template: &Path) -> Resu
     Ok(path)
 }
 
-/// Wait until `envoy` sees every member of every shard healthy.
-fn wait_store_healthy(envoy: &EnvoyProcess, shards: Shards, limit: Duration) -> Result<()> {
-    for i in 0..shards.count() {
-        wait_cluster_hosts_healthy(envoy, &shards.cluster(i), 3, limit)?;
+/// Wait until `envoy` sees every member of every cluster of `store` healthy.
+fn wait_store_healthy(
+    envoy: &EnvoyProcess,
+    store: &[(String, usize)],
+    limit: Duration,
+) -> Result<()> {
+    for (cluster, members) in store {
+        wait_cluster_hosts_healthy(envoy, cluster, *members, limit)?;
     }
     Ok(())
 }
@@ -310,23 +424,24 @@ impl Cluster {
             })
             .collect::<Result<Vec<_>>>()?;
         let upstream = DemoUpstream::start_recording()?;
-        let templates = workspace_root()
-            .join("envoy")
-            .join("tests")
-            .join("templates");
-        let listener = templates.join("chaos-listener.yaml");
-        let etcd_template = etcd_template(shards, &etcds, &templates.join("chaos-etcd.yaml"))?;
-        let mut configs = Vec::new();
-        for domain in [Domain::Etcd, Domain::Etcd, Domain::SharedData] {
-            let fc = filter_config(domain, broken, 0, shards, defaults);
+        let etcd_template =
+            etcd_template(shards, &etcds, &templates_dir().join("chaos-etcd.yaml"))?;
+        let mut plans = Vec::new();
+        for (name, domain) in [
+            ("A", Domain::Etcd),
+            ("B", Domain::Etcd),
+            ("C", Domain::SharedData),
+        ] {
+            let configs = [0, 1].map(|v| filter_config(domain, broken, v, shards, defaults));
+            let fc = &configs[0];
             let mut c = match domain {
                 // Unsharded: the template's `# etcd member N` lines get the members'
                 // relays; sharded, `etcd_template` has written each shard's already.
                 Domain::Etcd if shards.count() == 1 => {
-                    etcd_proxy_config(&etcds[0], &etcd_template, upstream.port(), &wasm, &fc)?
+                    etcd_proxy_config(&etcds[0], &etcd_template, upstream.port(), &wasm, fc)?
                 }
                 Domain::Etcd => {
-                    let mut c = EnvoyConfig::single_node(upstream.port(), &wasm, &fc)?;
+                    let mut c = EnvoyConfig::single_node(upstream.port(), &wasm, fc)?;
                     c.template = etcd_template.clone();
                     c
                 }
@@ -334,54 +449,47 @@ impl Cluster {
                     &config_file(crate::config::SINGLE_NODE_LDS),
                     upstream.port(),
                     &wasm,
-                    &fc,
+                    fc,
                 )?,
             };
-            c.lds_template = Some(listener.clone());
-            configs.push((domain, c));
-        }
-        let names = ["A", "B", "C"];
-        let started: Vec<Result<EnvoyProcess>> = std::thread::scope(|s| {
-            let handles: Vec<_> = configs
-                .iter()
-                .enumerate()
-                .map(|(i, (_, c))| {
-                    let label = format!("chaos-proxy-{}", names[i]);
-                    let c = c.clone();
-                    s.spawn(move || EnvoyProcess::start(&label, c))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| fail_thread()))
-                .collect()
-        });
-        let mut proxies = Vec::new();
-        for (i, (e, (domain, _))) in started.into_iter().zip(configs).enumerate() {
-            let e = e?;
-            if domain == Domain::Etcd {
-                wait_store_healthy(&e, shards, Duration::from_secs(15))?;
-            }
-            proxies.push(Proxy {
-                name: names[i],
+            c.lds_template = Some(listener_template());
+            plans.push(ProxyPlan {
+                name,
                 domain,
-                label: format!("chaos-proxy-{}", names[i]),
-                port: AtomicU16::new(e.config.listen_port),
-                envoy: Mutex::new(Some(e)),
-                counters: Mutex::new(ProxyCounters::default()),
-                variant: Mutex::new(0),
-                started_at: Mutex::new(epoch.elapsed()),
+                region: None,
+                envoy: c,
+                configs,
             });
         }
-        Ok(Cluster {
+        let store: Vec<(String, usize)> = (0..shards.count())
+            .map(|i| (shards.cluster(i), 3))
+            .collect();
+        let proxies = start_proxies(plans, &store, epoch)?;
+        Ok(Cluster::new(
+            proxies, upstream, etcds, None, epoch, shards, store,
+        ))
+    }
+
+    /// The cluster of processes started: `etcds` (one per shard) or `regions`, and
+    /// `store`, the etcd store's Envoy clusters with their member counts.
+    pub fn new(
+        proxies: Vec<Proxy>,
+        upstream: DemoUpstream,
+        etcds: Vec<EtcdCluster>,
+        regions: Option<Regions>,
+        epoch: Instant,
+        shards: Shards,
+        store: Vec<(String, usize)>,
+    ) -> Cluster {
+        Cluster {
             proxies,
             upstream,
             etcds: etcds.into_iter().map(Mutex::new).collect(),
+            regions: regions.map(Mutex::new),
             epoch,
             shards,
-            broken,
-            defaults,
-        })
+            store,
+        }
     }
 
     pub fn now(&self) -> Duration {
@@ -395,13 +503,22 @@ impl Cluster {
     }
 
     /// Keys under the filter's prefix in each shard's etcd (records and ordering
-    /// entities), by shard name; `None` for a shard that did not answer.
-    pub fn keys_per_shard(&self) -> Vec<(&'static str, Option<u64>)> {
+    /// entities), by shard name (by region in the regions variant); `None` for a shard
+    /// that did not answer.
+    pub fn keys_per_shard(&self) -> Vec<(String, Option<u64>)> {
+        if let Some(regions) = &self.regions {
+            let regions = regions.lock().unwrap_or_else(|e| e.into_inner());
+            return regions
+                .regions
+                .iter()
+                .map(|r| (r.name.clone(), r.etcd.count_keys(KEY_PREFIX).ok()))
+                .collect();
+        }
         (0..self.shards.count())
             .map(|i| {
                 (
-                    self.shards.name(i),
-                    self.etcd(i).count_keys("proxy-dedup/").ok(),
+                    self.shards.name(i).to_string(),
+                    self.etcd(i).count_keys(KEY_PREFIX).ok(),
                 )
             })
             .collect()
@@ -446,8 +563,9 @@ impl Cluster {
         drop(old);
         let envoy = EnvoyProcess::start(&p.label, config)?;
         if p.domain == Domain::Etcd {
-            // Serving already; health checks settle in about one interval.
-            let _ = wait_store_healthy(&envoy, self.shards, Duration::from_secs(5));
+            // Serving already; health checks settle in about one interval (a region
+            // cut off stays unhealthy: the wait gives up, the proxy serves on).
+            let _ = wait_store_healthy(&envoy, &self.store, Duration::from_secs(5));
         }
         p.port.store(envoy.config.listen_port, Ordering::SeqCst);
         *p.started_at.lock().unwrap_or_else(|e| e.into_inner()) = self.now();
@@ -468,7 +586,7 @@ impl Cluster {
             *v += 1;
             *v
         };
-        let cfg = filter_config(p.domain, self.broken, variant, self.shards, self.defaults);
+        let cfg = p.configs[(variant % 2) as usize].clone();
         let stat = "listener_manager.lds.update_success";
         let before = envoy.stat(stat)?;
         envoy.push_filter_config(&cfg)?;

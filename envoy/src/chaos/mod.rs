@@ -5,7 +5,9 @@
 //! pushes their configuration and makes the upstream slow, failing or
 //! resetting (a share of the requests are ordered deliveries, through an
 //! `ordering` rule); then a checker reads the whole history (see `checker` for the
-//! rules) and prints the figures.
+//! rules) and prints the figures. With `--regions true`, two simulated regions
+//! instead, each its etcd and its proxy, records homed by a scope header, while the
+//! nemesis also cuts the regions apart (`regions`).
 //!
 //! The seed fixes the fault schedule and every client's choices; thread
 //! timing still differs between runs, so a seed replays the same pressure,
@@ -16,6 +18,7 @@ pub mod clients;
 pub mod cluster;
 pub mod history;
 pub mod nemesis;
+pub mod regions;
 pub mod rng;
 
 use crate::Result;
@@ -41,6 +44,9 @@ pub struct Options {
     /// Every field that decides what runs and when at its default (`--defaults`):
     /// `failure_mode`, TTLs, `store.timeout_ms`, ... (see `cluster::filter_config`).
     pub defaults: bool,
+    /// The regions variant (`--regions true`): two regions, each its etcd and its
+    /// proxy, every client on both (see `regions`).
+    pub regions: bool,
 }
 
 pub struct Report {
@@ -55,7 +61,53 @@ pub struct Report {
     pub operations: u64,
     /// Keys under the filter's prefix in each shard's etcd after the run, by name
     /// (`None`: the shard did not answer).
-    pub shard_keys: Vec<(&'static str, Option<u64>)>,
+    pub shard_keys: Vec<(String, Option<u64>)>,
+}
+
+/// How a regions run crossed regions (`Report::regions_figures`).
+#[derive(Debug, Clone)]
+pub struct RegionFigures {
+    /// Attempts with a well-formed key, and those sent to the proxy of another region
+    /// than their record's home (their claims crossed regions).
+    pub attempts: usize,
+    pub away: usize,
+    /// Operations with a well-formed key sent more than once (retried, or raced), and
+    /// those whose attempts reached both regions.
+    pub retried: usize,
+    pub both: usize,
+    /// Replays answered by one region's proxy from an execution made through the other
+    /// region's.
+    pub replays_across: usize,
+    /// Times the nemesis cut the regions apart.
+    pub cuts: usize,
+    /// Answers `503 store-unavailable` (a home out of reach, under `failure_mode: "closed"`).
+    pub unavailable: usize,
+    /// Per proxy: its region, and the claims and completions it sent to the other
+    /// region (`remote_claims.<region>`, `remote_completions.<region>`).
+    pub remote: Vec<(&'static str, u64, u64)>,
+}
+
+impl RegionFigures {
+    pub fn line(&self) -> String {
+        let remote: Vec<String> = self
+            .remote
+            .iter()
+            .map(|(r, claims, completions)| {
+                format!("from {r}: {claims} claims, {completions} completions")
+            })
+            .collect();
+        format!(
+            "regions: {} of {} keyed attempts landed outside their record's home; {} of {} operations sent more than once had attempts in both regions; {} replays crossed regions (answered in one from an execution through the other); {} region cuts, {} answers 503 store-unavailable; remote calls {}",
+            self.away,
+            self.attempts,
+            self.both,
+            self.retried,
+            self.replays_across,
+            self.cuts,
+            self.unavailable,
+            remote.join("; ")
+        )
+    }
 }
 
 /// Start everything, soak, drain, check.
@@ -64,11 +116,26 @@ pub fn run(options: &Options) -> Result<Report> {
     let Some(shards) = Shards::new(options.shards) else {
         crate::fail!("--shards must be 1 to {MAX_SHARDS}, not {}", options.shards);
     };
-    let cluster = Cluster::start(options.broken, shards, options.defaults, epoch)?;
+    let cluster = match options.regions {
+        true if shards.count() > 1 || options.defaults => {
+            crate::fail!("--regions runs on its own store: without --shards and --defaults")
+        }
+        true => regions::start(options.broken, epoch)?,
+        false if options.broken == Some(Broken::PerRegion) => {
+            crate::fail!(
+                "--broken per-region is a configuration of the regions variant: add --regions true"
+            )
+        }
+        false => Cluster::start(options.broken, shards, options.defaults, epoch)?,
+    };
     let nemesis = Nemesis::new();
     let soak_start = Instant::now();
     let deadline = soak_start + Duration::from_secs(options.seconds);
-    let on_etcd = (options.clients * 3 / 4).max(1);
+    // The regions variant has no shared-data proxy: every client is on etcd there.
+    let on_etcd = match cluster.proxies.len() {
+        2 => options.clients.max(2),
+        _ => (options.clients * 3 / 4).max(1),
+    };
     let feed = clients::OrderedFeed::default();
     let attempts: Vec<Attempt> = std::thread::scope(|s| {
         let nem = s.spawn(|| nemesis.run(&cluster, options.seed, deadline));
@@ -188,11 +255,12 @@ impl Report {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "chaos soak: seed {}, {} s ({:.1} s run), {} clients, configuration: {}",
+            "chaos soak: seed {}, {} s ({:.1} s run), {} clients, {}configuration: {}",
             o.seed,
             o.seconds,
             self.soak.as_secs_f64(),
             o.clients,
+            if o.regions { "two regions, " } else { "" },
             match (o.broken, o.defaults) {
                 (Some(b), _) => b.name(),
                 (None, true) =>
@@ -251,6 +319,9 @@ impl Report {
             "detached: {gave_up} operations on the detached route whose client gave up were retried; {got_replay} of them got the replay of their one execution"
         );
         let _ = writeln!(s, "{}", self.ordered_line());
+        if o.regions {
+            let _ = writeln!(s, "{}", self.regions_figures().line());
+        }
         let _ = writeln!(
             s,
             "answers: {} replays, 409: {}, 422: {}, 400: {}, 5xx: {}",
@@ -318,7 +389,7 @@ impl Report {
         }
         let _ = writeln!(
             s,
-            "seed {} (replay the schedule: make chaos SEED={} SECONDS={}{}{})",
+            "seed {} (replay the schedule: make chaos SEED={} SECONDS={}{}{}{}{})",
             o.seed,
             o.seed,
             o.seconds,
@@ -326,13 +397,11 @@ impl Report {
                 1 => String::new(),
                 n => format!(" SHARDS={n}"),
             },
-            match o.broken {
-                Some(Broken::ReleaseOnUnknown) => " BROKEN=release",
-                Some(Broken::HoldOnUnknown) => " BROKEN=hold",
-                Some(Broken::NoTenantScope) => " BROKEN=no-scope",
-                Some(Broken::NoOrdering) => " BROKEN=no-ordering",
-                None => "",
-            }
+            if o.regions { " REGIONS=1" } else { "" },
+            if o.defaults { " DEFAULTS=1" } else { "" },
+            o.broken
+                .map(|b| format!(" {}", b.knob()))
+                .unwrap_or_default()
         );
         s
     }
@@ -341,6 +410,24 @@ impl Report {
     /// run and, sharded, the etcd faults each took.
     pub fn etcd_line(&self) -> String {
         let keys = |k: &Option<u64>| k.map_or("?".to_string(), |k| k.to_string());
+        if self.options.regions {
+            let per_region: Vec<String> = self
+                .shard_keys
+                .iter()
+                .enumerate()
+                .map(|(i, (name, k))| {
+                    let faults = self.faults.iter().filter(|e| e.shard == Some(i)).count();
+                    format!("{name}: {} keys, {faults} etcd faults", keys(k))
+                })
+                .collect();
+            return format!(
+                "etcd store: {} regions ({} ms one way between them), each a {}-member etcd; after the run {}",
+                regions::NAMES.len(),
+                regions::ONE_WAY.as_millis(),
+                regions::MEMBERS,
+                per_region.join("; ")
+            );
+        }
         if self.options.shards <= 1 {
             let n = self.shard_keys.first().map(|(_, k)| keys(k));
             return format!(
@@ -447,6 +534,95 @@ impl Report {
         let retried = ops.values().filter(|e| e.1).count();
         let replayed = ops.values().filter(|e| e.2).count();
         (retried, replayed)
+    }
+
+    /// The regions variant's figures: how the attempts, executions and replays
+    /// crossed regions, and the proxies' remote counters.
+    pub fn regions_figures(&self) -> RegionFigures {
+        let region = |proxy: usize| regions::NAMES.get(proxy).copied().unwrap_or("?");
+        let home = |a: &Attempt| {
+            let subject = match (&a.ordered, &a.key) {
+                (Some((entity, _)), _) => entity.as_str(),
+                (None, Some(key)) => key.as_str(),
+                (None, None) => "",
+            };
+            regions::home_region(&a.tenant, subject)
+        };
+        let keyed: Vec<&Attempt> = self
+            .attempts
+            .iter()
+            .filter(|a| a.form == history::KeyForm::Good)
+            .collect();
+        let away = keyed.iter().filter(|a| home(a) != region(a.proxy)).count();
+        // Per operation: its attempts, and the proxies they went to (a bit each).
+        let mut proxies_of: BTreeMap<(usize, u64), (usize, u8)> = BTreeMap::new();
+        for a in &keyed {
+            let e = proxies_of.entry((a.client, a.op)).or_insert((0, 0));
+            e.0 += 1;
+            e.1 |= 1 << a.proxy.min(7);
+        }
+        let retried = proxies_of.values().filter(|(n, _)| *n > 1).count();
+        let both = proxies_of
+            .values()
+            .filter(|(_, m)| m.count_ones() > 1)
+            .count();
+        let through: std::collections::HashMap<&str, usize> = self
+            .attempts
+            .iter()
+            .map(|a| (a.request_id.as_str(), a.proxy))
+            .collect();
+        let by_order: std::collections::HashMap<u64, &Exec> =
+            self.execs.iter().map(|e| (e.order_id, e)).collect();
+        let replays_across = keyed
+            .iter()
+            .filter(|a| {
+                a.answer()
+                    .filter(|r| r.replayed)
+                    .and_then(|r| r.order_id)
+                    .and_then(|o| by_order.get(&o))
+                    .and_then(|e| e.request_id.as_deref())
+                    .and_then(|r| through.get(r))
+                    .is_some_and(|p| *p != a.proxy)
+            })
+            .count();
+        let remote = |c: &ProxyCounters, what: &str| -> u64 {
+            c.totals
+                .iter()
+                .filter(|(k, _)| k.starts_with(what))
+                .map(|(_, v)| v)
+                .sum()
+        };
+        RegionFigures {
+            attempts: keyed.len(),
+            away,
+            retried,
+            both,
+            replays_across,
+            cuts: self
+                .faults
+                .iter()
+                .filter(|e| e.kind == nemesis::REGION_CUT)
+                .count(),
+            unavailable: keyed
+                .iter()
+                .filter(|a| {
+                    a.answer()
+                        .is_some_and(|r| r.problem.as_deref() == Some("store-unavailable"))
+                })
+                .count(),
+            remote: self
+                .counters
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    (
+                        region(i),
+                        remote(c, "remote_claims."),
+                        remote(c, "remote_completions."),
+                    )
+                })
+                .collect(),
+        }
     }
 
     /// The nemesis's events in order, one per line.

@@ -15,15 +15,23 @@
 //! - upstream lane: windows in which requests ask the upstream to answer
 //!   slowly (some beyond the route timeout), with 5xx or 429, or to reset
 //!   (before answering, or mid-body). Outside them a few requests do too.
+//! - regions lane (the regions variant, in place of the etcd lane): cut a region
+//!   off (with two regions, every link between them) and heal it; kill -9 a
+//!   region's etcd and restart it; SIGSTOP it longer than `store.timeout_ms`. One
+//!   fault at a time, a cut first.
 //!
 //! Each lane first runs every kind of its faults once (in a seeded order),
 //! so even a short run injects every kind, then draws kinds at random.
 
 use super::cluster::{Cluster, STORE_TIMEOUT_MS};
 use super::rng::Rng;
+use crate::regions::Regions;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+/// The kind of the regions lane's cut (`Regions::cut`).
+pub const REGION_CUT: &str = "region cut off";
 
 #[derive(Debug, Clone)]
 pub struct FaultEvent {
@@ -172,7 +180,10 @@ impl Nemesis {
         let together = (c.shards.count() > 1)
             .then(|| Duration::from_millis(Rng::fork(seed, 1000).between(1500, 4000)));
         std::thread::scope(|s| {
-            for shard in 0..c.shards.count() {
+            if let Some(regions) = &c.regions {
+                s.spawn(move || self.regions_lane(c, regions, Rng::fork(seed, 1004), deadline));
+            }
+            for shard in (0..c.shards.count()).filter(|_| c.regions.is_none()) {
                 let label = if shard == 0 {
                     1001
                 } else {
@@ -311,12 +322,19 @@ impl Nemesis {
                     Ok(down) => self.record(
                         c,
                         "proxy kill -9 and restart",
-                        format!("proxy {} (etcd store) down {down:?}", c.proxies[i].name),
+                        format!(
+                            "proxy {} ({}) down {down:?}",
+                            c.proxies[i].name,
+                            match c.proxies[i].region {
+                                Some(r) => format!("region {r}"),
+                                None => "etcd store".into(),
+                            }
+                        ),
                     ),
                     Err(e) => self.error(c, format!("restarting proxy {}: {e}", c.proxies[i].name)),
                 }
             } else {
-                let i = rng.index(3);
+                let i = rng.index(c.proxies.len());
                 let at = c.now();
                 match c.push_config(i) {
                     Ok(fields) => self.log().push(FaultEvent {
@@ -333,6 +351,83 @@ impl Nemesis {
                 }
             }
         }
+    }
+
+    /// The regions variant's faults, one at a time: the first a cut, then each other
+    /// kind once, then a cut one time in two. The region's etcd is healthy again
+    /// before the next.
+    fn regions_lane(&self, c: &Cluster, regions: &Mutex<Regions>, mut rng: Rng, deadline: Instant) {
+        let lock = || regions.lock().unwrap_or_else(|e| e.into_inner());
+        let names: Vec<String> = lock().regions.iter().map(|r| r.name.clone()).collect();
+        let mut first = vec![1u8, 2];
+        rng.shuffle(&mut first);
+        let mut round = std::iter::once(0u8).chain(first);
+        loop {
+            if !sleep_until_or(deadline, Duration::from_millis(rng.between(1500, 4000))) {
+                return;
+            }
+            let kind = round.next().unwrap_or_else(|| match rng.percent(50) {
+                true => 0,
+                false => 1 + rng.below(2) as u8,
+            });
+            let i = rng.index(names.len());
+            let name = &names[i];
+            match kind {
+                0 => {
+                    let cut = Duration::from_millis(rng.between(1500, 5000));
+                    if let Err(e) = lock().cut(name) {
+                        self.error(c, format!("cutting region {name} off: {e}"));
+                        continue;
+                    }
+                    self.record(
+                        c,
+                        REGION_CUT,
+                        format!("region {name} cut off from the others for {cut:?} (held bytes pass on heal)"),
+                    );
+                    std::thread::sleep(cut);
+                    if let Err(e) = lock().heal(name) {
+                        self.error(c, format!("healing region {name}: {e}"));
+                    }
+                }
+                1 => {
+                    let down = Duration::from_millis(rng.between(1000, 4000));
+                    lock().regions[i].etcd.kill(0);
+                    self.record_region(
+                        c,
+                        i,
+                        "region etcd kill -9",
+                        format!("region {name}'s etcd down {down:?}, then restarted"),
+                    );
+                    std::thread::sleep(down);
+                    if let Err(e) = lock().regions[i].etcd.restart(0) {
+                        self.error(c, format!("restarting region {name}'s etcd: {e}"));
+                    }
+                }
+                _ => {
+                    let paused = Duration::from_millis(STORE_TIMEOUT_MS + rng.between(500, 2500));
+                    lock().regions[i].etcd.pause(0);
+                    self.record_region(c, i, "region etcd SIGSTOP", format!("region {name}'s etcd stopped {paused:?} (store.timeout_ms {STORE_TIMEOUT_MS})"));
+                    std::thread::sleep(paused);
+                    lock().regions[i].etcd.resume(0);
+                }
+            }
+            if let Err(e) = lock().regions[i].etcd.wait_healthy(Duration::from_secs(30)) {
+                self.error(
+                    c,
+                    format!("region {name}'s etcd not healthy after a fault: {e}"),
+                );
+            }
+        }
+    }
+
+    /// An etcd fault on region `i` (its index among the regions and the proxies').
+    fn record_region(&self, c: &Cluster, i: usize, kind: &'static str, detail: String) {
+        self.log().push(FaultEvent {
+            at: c.now(),
+            kind,
+            detail,
+            shard: Some(i),
+        });
     }
 
     fn upstream_lane(&self, c: &Cluster, mut rng: Rng, deadline: Instant) {
