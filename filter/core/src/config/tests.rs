@@ -847,6 +847,25 @@ fn regions_are_read_and_every_mistake_is_named() {
         assert_eq!(check.home.is_some(), role == crate::config::CheckRole::Next);
         assert_eq!(ec.regions.is_some(), role == crate::config::CheckRole::Previous);
     }
+    // A region's name is a shard name's: 1-64 visible ASCII characters.
+    let long = "r".repeat(65);
+    for bad in ["", "a b", "é", long.as_str()] {
+        let d = doc(
+            &format!(
+                r#""shards": [{{"cluster": "etcd_a", "region": "{bad}"}}], "region": "{bad}", "home": {{"header": "x-region", "default": "{bad}"}}"#
+            ),
+            "",
+        );
+        assert_eq!(cfg_err(&d).0, "store.shards[0].region", "{d}");
+    }
+    let longest = "r".repeat(64);
+    let d = doc(
+        &format!(
+            r#""shards": [{{"cluster": "etcd_a", "region": "{longest}"}}], "region": "{longest}", "home": {{"header": "x-region", "default": "{longest}"}}"#
+        ),
+        "",
+    );
+    assert!(Config::parse(d.as_bytes()).is_ok(), "{d}");
     // Shared data has no regions.
     assert_eq!(cfg_err(r#"{"store": {"region": "eu"}}"#).0, "store.region");
     // A re-homing's next rule, resolved against the same shards.
