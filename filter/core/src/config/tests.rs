@@ -866,6 +866,68 @@ fn regions_are_read_and_every_mistake_is_named() {
         "",
     );
     assert!(Config::parse(d.as_bytes()).is_ok(), "{d}");
+    // A next map with regions and no rule of its own takes the current rule, map and all.
+    for home in [
+        HOME,
+        r#""home": {"header": "x-tenant", "map": {"acme": "us"}, "default": "eu"}"#,
+    ] {
+        let d = doc(
+            &format!(
+                r#"{SHARDS}, "region": "eu", {home}, "next_shards": [{{"name": "a", "cluster": "etcd_a", "region": "eu"}},
+                   {{"name": "b", "cluster": "etcd_b", "region": "eu"}}, {{"name": "c", "cluster": "etcd_c", "region": "us"}}]"#
+            ),
+            "",
+        );
+        let c = Config::parse(d.as_bytes()).unwrap_or_else(|e| panic!("{d}: {e}"));
+        let crate::config::StoreConfig::Etcd(ec) = &c.store else {
+            panic!("etcd")
+        };
+        let (now, next) = (
+            &ec.regions.as_ref().unwrap().home,
+            ec.check.as_ref().unwrap().home.as_ref().unwrap(),
+        );
+        assert_eq!(
+            (&next.header, &next.map, next.default),
+            (&now.header, &now.map, now.default)
+        );
+    }
+    // A home rule's header is a header name; its map is bounded, and so are its values.
+    let (field, reason) = cfg_err(&doc(
+        &format!(r#"{SHARDS}, "region": "eu", "home": {{"header": "x region", "default": "us"}}"#),
+        "",
+    ));
+    assert_eq!(field, "store.home.header");
+    assert!(reason.contains("not a valid header name"), "{reason}");
+    let map_of = |n: usize, value: &dyn Fn(usize) -> String| {
+        let entries: Vec<String> = (0..n).map(|i| format!(r#""{}": "eu""#, value(i))).collect();
+        doc(
+            &format!(
+                r#"{SHARDS}, "region": "eu", "home": {{"header": "x-tenant", "map": {{{}}}, "default": "eu"}}"#,
+                entries.join(", ")
+            ),
+            "",
+        )
+    };
+    let most = crate::config::fields::MAX_HOME_MAP;
+    assert!(Config::parse(map_of(most, &|i| format!("t{i}")).as_bytes()).is_ok());
+    assert_eq!(
+        cfg_err(&map_of(most + 1, &|i| format!("t{i}"))).0,
+        "store.home.map"
+    );
+    let longest = crate::config::fields::MAX_HOME_VALUE_BYTES;
+    assert!(Config::parse(map_of(1, &|_| "v".repeat(longest)).as_bytes()).is_ok());
+    for bad in ["v".repeat(longest + 1), String::new()] {
+        assert_eq!(cfg_err(&map_of(1, &|_| bad.clone())).0, "store.home.map");
+    }
+    // A shard's name is bounded too.
+    let named = |n: usize| {
+        format!(
+            r#"{{"store": {{"kind": "etcd", "shards": [{{"cluster": "a", "name": "{}"}}]}}}}"#,
+            "x".repeat(n)
+        )
+    };
+    assert!(Config::parse(named(64).as_bytes()).is_ok());
+    assert_eq!(cfg_err(&named(65)).0, "store.shards[0].name");
     // Shared data has no regions.
     assert_eq!(cfg_err(r#"{"store": {"region": "eu"}}"#).0, "store.region");
     // A re-homing's next rule, resolved against the same shards.
