@@ -107,6 +107,19 @@ fn the_configuration_log_names_the_regions_and_a_re_homing() {
             "; re-homing: also checking 2 shards: `a` (cluster `etcd-a`), `c` (cluster `etcd-c`) \
              (store.previous_home); drop store.previous_home no sooner than",
         ),
+        (
+            format!(
+                r#", "previous_home": {moved}, "previous_shards": [{{"name": "a", "cluster": "etcd-a", "region": "eu"}}]"#
+            ),
+            "; re-homing: also checking 1 shards: `a` (cluster `etcd-a`) \
+             (store.previous_shards, store.previous_home); drop store.previous_shards and \
+             store.previous_home no sooner than",
+        ),
+        (
+            r#", "next_shards": [{"name": "a", "cluster": "etcd-a", "region": "eu"}, {"name": "c", "cluster": "etcd-c", "region": "us"}, {"name": "b", "cluster": "etcd-b", "region": "us"}]"#.to_string(),
+            "; resharding: also checking 3 shards: `a` (cluster `etcd-a`), `c` (cluster `etcd-c`), \
+             `b` (cluster `etcd-b`) (store.next_shards)",
+        ),
     ] {
         let host = FakeHost::new(FakeVm::new(), 1);
         let config = format!(
