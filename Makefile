@@ -121,7 +121,8 @@ bench: wasm
 	$(CARGO) bench --locked -p dedup-benches --features criterion
 
 # wrk against real Envoys (BENCHMARKS.md): bench-envoy's sections, then bench-etcd's
-# (the etcd store, the sharded store). BENCH_PART=load, cost, calls, phases, workers, etcd or shards
+# (the etcd store, the sharded store, regions under their simulated latency).
+# BENCH_PART=load, cost, calls, phases, workers, etcd, shards or regions
 # (comma-separated) runs only those; BENCH_NO_WRITE=1 leaves BENCHMARKS.md alone.
 bench-envoy: wasm
 	$(CARGO) run --locked --release -p dedup-envoy --bin bench-envoy

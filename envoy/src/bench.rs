@@ -410,6 +410,11 @@ impl Case {
         comma_list(&self.cpu_rounds, 1)
     }
 
+    /// Every round's req/s, in the order run.
+    pub fn rounds(&self) -> &[f64] {
+        &self.rounds
+    }
+
     /// Every round's req/s: "1234, 1300, 1250".
     pub fn rounds_text(&self) -> String {
         comma_list(&self.rounds, 0)

@@ -10,10 +10,13 @@
 //! the shared-data case of the same load, and writes the "## etcd store"
 //! section of BENCHMARKS.md with its chart, benches/charts/etcd-store.svg. Then
 //! the sharded store (`shards.rs`: 1, 2 and 3 shards), the "## etcd shards"
+//! section; then regions (`regions.rs`: keys homed locally and remotely under a
+//! simulated 40 ms one-way delay, against a single region), the "## Regions"
 //! section. `BENCH_SECONDS` (default 3) per round, `BENCH_ROUNDS` (default 3),
-//! `BENCH_NO_WRITE=1` to leave BENCHMARKS.md alone, `BENCH_PART=etcd` or
-//! `shards` (or both, comma-separated; unset: both) for one section alone.
+//! `BENCH_NO_WRITE=1` to leave BENCHMARKS.md alone, `BENCH_PART=etcd`, `shards`
+//! or `regions` (or several, comma-separated; unset: all) for some sections alone.
 
+mod regions;
 mod shards;
 
 use dedup_envoy::bench::{
@@ -118,6 +121,9 @@ fn run() -> Result<()> {
     }
     if part("shards") {
         shards::run(&settings)?;
+    }
+    if part("regions") {
+        regions::run(&settings)?;
     }
     Ok(())
 }
