@@ -453,7 +453,9 @@ fn parse_moves_and_regions(
         }
         None => None,
     };
-    // The current map.
+    // The current map (its rule kept as written, to be read again against the other
+    // map's regions when that map has none of its own).
+    let current_home = m.home.clone();
     let regions = match m.home {
         None => {
             if m.region.is_some() {
@@ -519,20 +521,9 @@ fn parse_moves_and_regions(
             every_shard_has_a_region(map_field, &list, false)?;
             Some(parse_home(role.home_field(), h, map_field, &list)?)
         }
-        (None, Some(r)) if regional => {
+        (None, Some(_)) if regional => {
             every_shard_has_a_region(map_field, &list, false)?;
-            // The current rule, resolved against the other map's regions.
-            let raw = RawHome {
-                header: Some(r.home.header.clone()),
-                map: (!r.home.map.is_empty()).then(|| {
-                    r.home
-                        .map
-                        .iter()
-                        .map(|(v, i)| (v.clone(), r.home.region(*i).to_string()))
-                        .collect()
-                }),
-                default: Some(r.home.region(r.home.default).to_string()),
-            };
+            let raw = current_home.unwrap_or_default();
             Some(parse_home("store.home", raw, map_field, &list)?)
         }
         (None, None) if regional => {

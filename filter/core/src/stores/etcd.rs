@@ -452,7 +452,9 @@ impl Placed {
     }
 }
 
-fn route(config: &EtcdConfig, shard: &ShardConfig) -> Arc<Route> {
+/// The route of `shard`; `counted`: a shard of `store.shards`, whose calls to another
+/// region than this proxy's count as remote (the other map's never do).
+fn route(config: &EtcdConfig, shard: &ShardConfig, counted: bool) -> Arc<Route> {
     let transport = match config.protocol {
         // The cluster by name (`:authority` is then the cluster's name), or a
         // `GrpcService` carrying the shard's authority when that was set to something
@@ -471,7 +473,7 @@ fn route(config: &EtcdConfig, shard: &ShardConfig) -> Arc<Route> {
     // A shard of another region than this proxy's: its home region's index, for the
     // remote-call counters.
     let remote = match (&config.regions, &shard.region) {
-        (Some(r), Some(region)) if *region != r.local => r
+        (Some(r), Some(region)) if counted && *region != r.local => r
             .home
             .regions
             .iter()
@@ -513,23 +515,17 @@ impl EtcdStore {
 
 impl EtcdState {
     fn new(config: EtcdConfig) -> Self {
-        let routes = |list: &[ShardConfig]| -> Vec<Arc<Route>> {
-            list.iter().map(|s| route(&config, s)).collect()
+        let routes = |list: &[ShardConfig], counted: bool| -> Vec<Arc<Route>> {
+            list.iter().map(|s| route(&config, s, counted)).collect()
         };
-        let shards = routes(&config.shards);
+        let shards = routes(&config.shards, true);
         let placed = Placed::new(
             &config.shards,
             &shards,
             config.regions.as_ref().map(|r| &r.home),
         );
         let check = match &config.check {
-            Some(c) => {
-                // The other map's shards are never this proxy's remote calls' measure.
-                let mut plain = config.clone();
-                plain.regions = None;
-                let list: Vec<Arc<Route>> = c.shards.iter().map(|s| route(&plain, s)).collect();
-                Placed::new(&c.shards, &list, c.home.as_ref())
-            }
+            Some(c) => Placed::new(&c.shards, &routes(&c.shards, false), c.home.as_ref()),
             None => Placed::default(),
         };
         let first = shards.first().cloned().unwrap_or_else(|| {
@@ -539,7 +535,7 @@ impl EtcdState {
                 authority: String::new(),
                 region: None,
             };
-            route(&config, &none)
+            route(&config, &none, false)
         });
         EtcdState {
             config,
@@ -605,8 +601,6 @@ pub(crate) struct Claiming {
     /// The record's shard (the claim's calls go there; `call` may be a resharding's
     /// read of another).
     pub(crate) route: Arc<Route>,
-    /// The record's home (regions), for the other map's shard of a move.
-    pub(crate) home: Home,
     pub(crate) key: String,
     pub(crate) digest: Digest,
     pub(crate) payload: Digest,
@@ -654,12 +648,12 @@ impl Claiming {
         self.send_read(ec, other, body, step, now)
     }
 
-    /// The read of `legacy`'s record (on its own shard) after this claim was won
-    /// (`ClaimStep::Legacy`, a fresh budget).
-    fn read_legacy(&mut self, ec: &EtcdStore, legacy: Digest, now: u64) -> StoreCall {
+    /// The read of `legacy`'s record (on its own shard: the same home, `home`) after
+    /// this claim was won (`ClaimStep::Legacy`, a fresh budget).
+    fn read_legacy(&mut self, ec: &EtcdStore, home: Home, legacy: Digest, now: u64) -> StoreCall {
         let key = etcd::record_key(&ec.config.prefix, &legacy);
         let body = ec.config.protocol.read_key(&key);
-        let route = Arc::clone(ec.route_of(self.home, &legacy));
+        let route = Arc::clone(ec.route_of(home, &legacy));
         self.legacy = Some(legacy);
         self.send_read(ec, &route, body, ClaimStep::Legacy, now)
     }
@@ -800,7 +794,6 @@ impl DedupStream {
                 ec.config.timeout_ms,
             ),
             route,
-            home: self.home,
             key: etcd::record_key(&ec.config.prefix, &digest),
             digest,
             payload,
@@ -1010,7 +1003,7 @@ impl DedupStream {
                                 Duplicate::InFlight { held_until: None },
                                 times,
                                 _,
-                            ) if ec.check_route_of(c.home, &c.digest).is_some() => {
+                            ) if ec.check_route_of(self.home, &c.digest).is_some() => {
                                 self.peek(p, ec, env, c, times)
                             }
                             Existing::Duplicate(dup, times, learn) => {
@@ -1093,7 +1086,7 @@ impl DedupStream {
         mut c: Box<Claiming>,
         in_flight: RecordTimes,
     ) -> Decision {
-        let Some(other) = ec.check_route_of(c.home, &c.digest) else {
+        let Some(other) = ec.check_route_of(self.home, &c.digest) else {
             return self.duplicate(p, env, Duplicate::InFlight { held_until: None }, in_flight);
         };
         c.in_flight_here = Some(in_flight);
@@ -1161,11 +1154,11 @@ impl DedupStream {
     ) -> Decision {
         if let Some(legacy) = self.legacy_record.take() {
             c.won = Some((mod_revision, completed_lease));
-            let call = c.read_legacy(ec, legacy, env.now_ms());
+            let call = c.read_legacy(ec, self.home, legacy, env.now_ms());
             self.phase = ec.pending(EtcdCall::Claiming(c));
             return Decision::Call(call);
         }
-        if let Some(other) = ec.check_route_of(c.home, &c.digest) {
+        if let Some(other) = ec.check_route_of(self.home, &c.digest) {
             c.won = Some((mod_revision, completed_lease));
             let call = c.read_other_map(ec, other, ClaimStep::Check, env.now_ms());
             env.count(Counter::ReshardChecks);
