@@ -38,6 +38,10 @@ function init(args)
     };
 }
 
+/// `numbered_lua!()` for scripts built at run time (`format!`): what follows goes on
+/// with `init`.
+pub const NUMBERED_LUA: &str = numbered_lua!();
+
 /// The start of a script whose every request is a JSON POST /orders.
 macro_rules! post_orders_lua {
     () => {

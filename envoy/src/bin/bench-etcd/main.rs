@@ -48,10 +48,28 @@ enum Store {
     EtcdJson,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// What a case's requests are (every part of bench-etcd measures both).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Load {
     FirstExecutions,
     Replays,
+}
+
+impl Load {
+    fn name(self) -> &'static str {
+        match self {
+            Load::FirstExecutions => "first executions",
+            Load::Replays => "replays",
+        }
+    }
+
+    /// The counter of what a round of this load does: executions or replays.
+    fn counter(self) -> &'static str {
+        match self {
+            Load::FirstExecutions => "executed",
+            Load::Replays => "replayed",
+        }
+    }
 }
 
 fn start_case(store: Store, load: Load, config: EnvoyConfig) -> Result<Case> {
@@ -62,10 +80,7 @@ fn start_case(store: Store, load: Load, config: EnvoyConfig) -> Result<Case> {
             Store::Etcd => "etcd (gRPC)",
             Store::EtcdJson => "etcd (JSON gateway)",
         },
-        match load {
-            Load::FirstExecutions => "first executions",
-            Load::Replays => "replays",
-        }
+        load.name()
     );
     let script = match load {
         Load::FirstExecutions => UNIQUE_LUA,

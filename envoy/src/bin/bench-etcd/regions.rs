@@ -11,11 +11,11 @@
 //! counted), and times requests one at a time: a first execution through one proxy,
 //! then its replay through another proxy of `a` whose worker tier has not seen it.
 
-use super::{etcd_version, warnings};
+use super::{etcd_version, warnings, Load};
 use dedup_core::config::DEFAULT_REPLAYED_HEADER;
 use dedup_envoy::bench::{
     envoy_version, load_average, no_write, run_stamp, table_header, table_row, write_section, Case,
-    Load as WrkLoad, Measured, Settings, BODY, CONNECTIONS, THREADS,
+    Load as WrkLoad, Measured, Settings, BODY, CONNECTIONS, NUMBERED_LUA, THREADS,
 };
 use dedup_envoy::etcd::wait_cluster_hosts_healthy;
 use dedup_envoy::paths::dedup_wasm;
@@ -79,22 +79,6 @@ impl Setup {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Load {
-    FirstExecutions,
-    Replays,
-}
-
-impl Load {
-    fn name(self) -> &'static str {
-        match self {
-            Load::FirstExecutions => "first executions",
-            Load::Replays => "replays",
-        }
-    }
-}
-
-/// The cases, in the order they run in each round: (load, setup, wrk connections).
 const CASES: [(Load, Setup, u32); 7] = [
     (Load::FirstExecutions, Setup::Single, CONNECTIONS),
     (Load::FirstExecutions, Setup::Local, CONNECTIONS),
@@ -126,15 +110,7 @@ fn filter_config(setup: Setup, regional: &Value) -> String {
 fn script(load: Load, home: &str, replay_key: &str) -> String {
     match load {
         Load::FirstExecutions => format!(
-            r#"
-local threads = 0
-function setup(thread)
-  threads = threads + 1
-  thread:set("tid", threads)
-end
-function init(args)
-  counter = 0
-  prefix = "bench-" .. (args[1] or "run") .. "-" .. tid .. "-"
+            r#"{NUMBERED_LUA}  prefix = "bench-" .. (args[1] or "run") .. "-" .. tid .. "-"
 end
 function request()
   counter = counter + 1

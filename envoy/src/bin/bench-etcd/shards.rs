@@ -7,7 +7,7 @@
 //! processes' utime + stime around each measured round, over the executions the
 //! round counted), which should not grow with the shards.
 
-use super::{etcd_version, warnings};
+use super::{etcd_version, warnings, Load};
 use dedup_core::stores::etcd::shards::{name_seed, pick};
 use dedup_envoy::bench::{
     envoy_version, load_average, no_write, process_cpu, run_stamp, table_header, table_row,
@@ -33,29 +33,6 @@ const CLUSTERS: [&str; 3] = ["etcd_a", "etcd_b", "etcd_c"];
 const PREFIX: &str = "proxy-dedup/";
 /// Within this of the 1-shard figure, the etcd CPU per first execution is "flat".
 const FLAT: f64 = 0.15;
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Load {
-    FirstExecutions,
-    Replays,
-}
-
-impl Load {
-    fn name(self) -> &'static str {
-        match self {
-            Load::FirstExecutions => "first executions",
-            Load::Replays => "replays",
-        }
-    }
-
-    /// The counter of what a round of this load does: executions or replays.
-    fn counter(self) -> &'static str {
-        match self {
-            Load::FirstExecutions => "executed",
-            Load::Replays => "replayed",
-        }
-    }
-}
 
 /// `{"store": {"kind": "etcd", "shards": [...]}}` over the first `n` shards.
 fn filter_config(n: usize) -> String {
