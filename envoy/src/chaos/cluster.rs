@@ -19,6 +19,7 @@ use crate::paths::{config_file, dedup_wasm, workspace_root};
 use crate::regions::Regions;
 use crate::upstream::DemoUpstream;
 use crate::{fail, Result};
+use dedup_core::config::DEFAULT_ETCD_PREFIX;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -38,9 +39,6 @@ pub const ORDERING_TTL: Duration = Duration::from_secs(3600);
 /// `store.timeout_ms` (pushes alternate it with 2500): above etcd's failover
 /// (about 1 s with the harness's election timeout).
 pub const STORE_TIMEOUT_MS: u64 = 2000;
-
-/// The prefix of the filter's keys in etcd (its default `store.prefix`).
-const KEY_PREFIX: &str = "proxy-dedup/";
 
 /// The most etcd shards the soak starts (each a 3-member cluster).
 pub const MAX_SHARDS: usize = 4;
@@ -511,14 +509,14 @@ impl Cluster {
             return regions
                 .regions
                 .iter()
-                .map(|r| (r.name.clone(), r.etcd.count_keys(KEY_PREFIX).ok()))
+                .map(|r| (r.name.clone(), r.etcd.count_keys(DEFAULT_ETCD_PREFIX).ok()))
                 .collect();
         }
         (0..self.shards.count())
             .map(|i| {
                 (
                     self.shards.name(i).to_string(),
-                    self.etcd(i).count_keys(KEY_PREFIX).ok(),
+                    self.etcd(i).count_keys(DEFAULT_ETCD_PREFIX).ok(),
                 )
             })
             .collect()
