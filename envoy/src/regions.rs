@@ -19,6 +19,16 @@ pub fn cluster_of(name: &str) -> String {
     format!("etcd_{name}")
 }
 
+/// The filter's `store` for a proxy of region `from` among regions `names`: one shard
+/// per region (named after it, its cluster `cluster_of`), records homed by `home`.
+pub fn store_of(names: &[&str], from: &str, home: Value) -> Value {
+    let shards: Vec<Value> = names
+        .iter()
+        .map(|r| json!({"name": r, "cluster": cluster_of(r), "region": r}))
+        .collect();
+    json!({"kind": "etcd", "region": from, "shards": shards, "home": home})
+}
+
 /// One region: its etcd cluster, and the relays through which each other region
 /// reaches it.
 pub struct Region {
@@ -103,12 +113,8 @@ impl Regions {
     /// The filter's `store` for a proxy of region `from`: one shard per region (named
     /// after it, its cluster `cluster_of`), records homed by `home` (`store.home`).
     pub fn store(&self, from: &str, home: Value) -> Value {
-        let shards: Vec<Value> = self
-            .regions
-            .iter()
-            .map(|r| json!({"name": r.name, "cluster": cluster_of(&r.name), "region": r.name}))
-            .collect();
-        json!({"kind": "etcd", "region": from, "shards": shards, "home": home})
+        let names: Vec<&str> = self.regions.iter().map(|r| r.name.as_str()).collect();
+        store_of(&names, from, home)
     }
 
     /// The Envoy configuration of a proxy in region `from` (`multi-proxy-etcd.yaml`,

@@ -22,7 +22,7 @@ use super::cluster::{
 };
 use super::history::{fnv1a, Domain};
 use crate::paths::dedup_wasm;
-use crate::regions::{cluster_of, Regions};
+use crate::regions::{cluster_of, store_of, Regions};
 use crate::upstream::DemoUpstream;
 use crate::Result;
 use serde_json::{json, Value};
@@ -71,15 +71,11 @@ pub fn filter_config(from: &str, broken: Option<Broken>, variant: u32) -> String
     let timeout = cfg["store"]["timeout_ms"].clone();
     cfg["store"] = match broken {
         Some(Broken::PerRegion) => json!({"kind": "etcd", "cluster": cluster_of(from)}),
-        _ => {
-            // As `Regions::store` writes it.
-            let shards: Vec<Value> = NAMES
-                .iter()
-                .map(|r| json!({"name": r, "cluster": cluster_of(r), "region": r}))
-                .collect();
-            json!({"kind": "etcd", "region": from, "shards": shards,
-                   "home": {"header": HOME_HEADER, "default": DEFAULT_HOME}})
-        }
+        _ => store_of(
+            &NAMES,
+            from,
+            json!({"header": HOME_HEADER, "default": DEFAULT_HOME}),
+        ),
     };
     cfg["store"]["timeout_ms"] = timeout;
     cfg.to_string()
