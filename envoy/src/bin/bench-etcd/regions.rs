@@ -854,11 +854,8 @@ mod tests {
 
     #[test]
     fn every_setup_parses_and_homes_its_requests_as_named() {
-        // The shape of `Regions::store` for a proxy in `a` (its test kit's own tests
-        // start etcds; this one stays pure).
-        let regional = json!({"kind": "etcd", "region": LOCAL, "home": home_rule(),
-            "shards": [{"name": "a", "cluster": "etcd_a", "region": "a"},
-                       {"name": "b", "cluster": "etcd_b", "region": "b"}]});
+        // `Regions::store` for a proxy in `a`, without starting the regions' etcds.
+        let regional = dedup_envoy::regions::store_of(&["a", "b"], LOCAL, home_rule());
         for setup in [Setup::Single, Setup::Local, Setup::Remote] {
             let text = filter_config(setup, &regional);
             Config::parse(text.as_bytes()).unwrap_or_else(|e| panic!("{setup:?}: {e}"));
